@@ -1,0 +1,6 @@
+"""Model architectures, checkpoints with metadata, and the one image preprocessing used everywhere."""
+
+from models.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
+from models.resnet import ARCHITECTURES, build_model, model_from_meta
+
+__all__ = ["ARCHITECTURES", "ModelMeta", "build_model", "load_checkpoint", "model_from_meta", "save_checkpoint"]

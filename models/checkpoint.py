@@ -1,0 +1,128 @@
+"""Checkpoints: weights + self-describing metadata, saved atomically, loaded without unpickling objects.
+
+File layout (one ``torch.save`` dict, readable with ``torch.load(weights_only=True)``):
+
+- ``format``: the string ``"spml-checkpoint"``
+- ``meta``: :class:`ModelMeta` serialised as a JSON string (so it can never carry code)
+- ``model``: the network's state dict
+- ``training`` (optional): resume state - optimizer, scheduler, scaler, EMA, RNG, method state
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "spml-checkpoint"
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def package_version() -> str:
+    """The installed version of this package (``"unknown"`` when run from a bare source tree)."""
+    try:
+        return importlib_metadata.version("spml")
+    except importlib_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass
+class ModelMeta:
+    """Everything needed to rebuild, preprocess for and interpret a trained model."""
+
+    classes: list[str]
+    arch: str
+    image_size: int
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    resize: str = "squash"  # resize to image_size x image_size, aspect ratio not kept (as the papers do)
+    lgconv: bool = False
+    output: str = "logits"  # the network outputs logits; probabilities = sigmoid(logits)
+    method: str = ""
+    method_hparams: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # name, source, fingerprint, observed, split seed...
+    metrics: dict[str, Any] = field(default_factory=dict)
+    thresholds: list[float] | None = None
+    epoch: int = 0
+    package_version: str = field(default_factory=package_version)
+
+    def to_json(self) -> str:
+        """Serialise to a JSON string."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelMeta:
+        """Parse a JSON string written by :meth:`to_json`; unknown keys (from newer versions) are ignored."""
+        raw = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in raw.items() if k in known}
+        for key in ("mean", "std"):
+            if key in kwargs:
+                kwargs[key] = tuple(float(x) for x in kwargs[key])
+        return cls(**kwargs)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` into a temp file beside ``path`` and rename it into place (no half-written files)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(
+    path: Path,
+    model_state: dict[str, torch.Tensor],
+    meta: ModelMeta,
+    training: dict[str, Any] | None = None,
+) -> None:
+    """Write weights + metadata (+ optional resume state) to ``path`` atomically."""
+    payload: dict[str, Any] = {"format": FORMAT, "meta": meta.to_json(), "model": model_state}
+    if training is not None:
+        payload["training"] = training
+    atomic_torch_save(payload, path)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: metadata, weights, and the resume state when present."""
+
+    meta: ModelMeta
+    model: dict[str, torch.Tensor]
+    training: dict[str, Any] | None
+    path: Path
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Load a checkpoint written by :func:`save_checkpoint` with ``weights_only=True`` (no arbitrary code).
+
+    Raises ``ValueError`` for files that are not checkpoints of this package.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # pickle refusing a global, truncated file, not a zip...
+        raise ValueError(f"{path}: not a loadable checkpoint ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an spml checkpoint (no '{FORMAT}' format marker)")
+    return Checkpoint(
+        meta=ModelMeta.from_json(payload["meta"]),
+        model=payload["model"],
+        training=payload.get("training"),
+        path=path,
+    )

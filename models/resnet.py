@@ -1,0 +1,122 @@
+"""torchvision ResNets with a linear multi-label head (logits out, one per class)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torchvision import models as tvm
+
+if TYPE_CHECKING:
+    from models.checkpoint import ModelMeta
+
+ARCHITECTURES: dict[str, Callable[..., tvm.ResNet]] = {
+    "resnet18": tvm.resnet18,
+    "resnet34": tvm.resnet34,
+    "resnet50": tvm.resnet50,
+    "resnet101": tvm.resnet101,
+}
+
+# "imagenet" means the weights the papers used (torchvision's IMAGENET1K_V1); any other torchvision weight
+# enum member name (e.g. IMAGENET1K_V2) is accepted as well.
+_PAPER_WEIGHTS = "IMAGENET1K_V1"
+
+
+class MultiLabelResNet(nn.Module):
+    """A torchvision ResNet backbone (fc removed) + global average pool + ``Linear(features, C)``.
+
+    ``forward(x)`` takes a normalised float batch ``(N, 3, H, W)`` and returns logits ``(N, C)``.
+    """
+
+    def __init__(self, backbone: tvm.ResNet, num_classes: int) -> None:
+        super().__init__()
+        in_features = backbone.fc.in_features
+        backbone.fc = nn.Identity()
+        self.backbone = backbone
+        self.head = nn.Linear(in_features, num_classes)
+
+    @property
+    def num_features(self) -> int:
+        """Width of the pooled feature vector fed to the head."""
+        return self.head.in_features
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Pooled backbone features ``(N, num_features)``."""
+        return self.backbone(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def _torchvision_weights(arch: str, name: str) -> object:
+    enum = tvm.get_model_weights(arch)
+    key = _PAPER_WEIGHTS if name.lower() == "imagenet" else name
+    try:
+        return enum[key]
+    except KeyError:
+        valid = ", ".join(["imagenet", *enum.__members__])
+        raise ValueError(f"unknown weights {name!r} for {arch}; use none, a file, or one of: {valid}") from None
+
+
+def _load_weights_file(model: MultiLabelResNet, path: Path) -> str:
+    """Load backbone (and head, when shapes match) weights from ``path``; returns a one-line report."""
+    # weights_only=True: never unpickle arbitrary objects from a user-supplied file.
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+        obj = obj["model"]  # one of our own checkpoints
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a state dict, got {type(obj).__name__}")
+    state = {}
+    for key, value in obj.items():
+        k = key.removeprefix("module.")
+        if not k.startswith(("backbone.", "head.")):
+            k = "head." + k[3:] if k.startswith("fc.") else "backbone." + k
+        state[k] = value
+    own = model.state_dict()
+    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    missing = [k for k in own if k not in usable]
+    model.load_state_dict(usable, strict=False)
+    skipped = len(state) - len(usable)
+    head_missing = sum(k.startswith("head.") for k in missing)
+    back_missing = len(missing) - head_missing
+    if back_missing:
+        examples = [k for k in missing if not k.startswith("head.")][:3]
+        raise ValueError(
+            f"{path}: {back_missing} backbone tensors missing or of the wrong shape (e.g. {examples}); "
+            "is it a checkpoint of the same architecture?"
+        )
+    return f"loaded {len(usable)} tensors from {path} ({skipped} skipped, head {'new' if head_missing else 'loaded'})"
+
+
+def build_model(arch: str, num_classes: int, weights: str = "none") -> MultiLabelResNet:
+    """Build ``arch`` (resnet18/34/50/101) with a ``num_classes`` linear head.
+
+    ``weights``: ``none`` (random init), ``imagenet`` (torchvision IMAGENET1K_V1, downloaded by torchvision
+    on first use), another torchvision weight name, or a path to a state dict / checkpoint file.
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHITECTURES)}")
+    if num_classes < 1:
+        raise ValueError("num_classes must be >= 1")
+    tv_weights = None
+    path: Path | None = None
+    if weights.lower() != "none":
+        candidate = Path(weights).expanduser()
+        if candidate.suffix in {".pt", ".pth", ".bin"} or candidate.exists():
+            if not candidate.is_file():
+                raise FileNotFoundError(f"weights file not found: {candidate}")
+            path = candidate
+        else:
+            tv_weights = _torchvision_weights(arch, weights)
+    model = MultiLabelResNet(ARCHITECTURES[arch](weights=tv_weights), num_classes)
+    if path is not None:
+        print(_load_weights_file(model, path))
+    return model
+
+
+def model_from_meta(meta: ModelMeta) -> MultiLabelResNet:
+    """Rebuild the (randomly initialised) network a checkpoint's metadata describes; load weights after."""
+    return build_model(meta.arch, len(meta.classes), weights="none")

@@ -1,0 +1,141 @@
+"""Training: runs on the tiny built-in dataset, resume equivalence, CLI errors, method losses."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import load_checkpoint
+from train.__main__ import main
+from train.config import TrainConfig
+from train.methods import METHODS, get_method, make_hparams
+from train.methods.an import assume_negative_loss
+from train.trainer import Trainer
+
+FAST = ["--data", "builtin:tiny", "--image-size", "32", "--batch-size", "16", "--no-progress"]
+
+
+def _cfg(tmp_path: Path, **kw: object) -> TrainConfig:
+    base = {"data": "builtin:tiny", "image_size": 32, "batch_size": 16, "epochs": 2, "workers": 0,
+            "progress": False, "runs_dir": str(tmp_path)}
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
+    summary = Trainer(_cfg(tmp_path, name="r", ema=0.9, clip_grad=1.0)).fit()
+    run = tmp_path / "r"
+    assert {p.name for p in run.iterdir()} >= {"config.json", "metrics.jsonl", "best.pt", "last.pt", "summary.json"}
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2]
+    assert all(0 <= x["val_mAP"] <= 100 and x["loss"] > 0 and "val_mAP_ema" in x for x in lines)
+    assert summary["test"]["num_images"] == 80 and 0 < summary["test"]["mAP"] <= 100
+    best = load_checkpoint(run / "best.pt")
+    assert best.training is None and best.meta.metrics["test"]["mAP"] == pytest.approx(summary["test"]["mAP"])
+    assert best.meta.data["source"] == "builtin:tiny@seed0" and len(best.meta.data["fingerprint"]) == 16
+    assert best.meta.method == "an" and best.meta.image_size == 32 and len(best.meta.classes) == 20
+    config = json.loads((run / "config.json").read_text())
+    assert config["config"]["ema"] == 0.9 and config["resolved"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  workers: int) -> None:
+    straight = Trainer(_cfg(tmp_path, name="straight", workers=workers, ema=0.5))
+    straight.fit()
+
+    calls = {"n": 0}
+    original = Trainer.save_last
+
+    def save_then_die(self: Trainer, epoch: int) -> None:
+        original(self, epoch)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "save_last", save_then_die)
+    assert main([*FAST, "--epochs", "2", "--workers", str(workers), "--ema", "0.5",
+                 "--runs-dir", str(tmp_path), "--name", "resumed"]) == 130
+    assert load_checkpoint(tmp_path / "resumed" / "last.pt").training["epoch"] == 1
+    assert main(["--resume", str(tmp_path / "resumed")]) == 0
+
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "last.pt")
+    for key, value in a.model.items():
+        torch.testing.assert_close(b.model[key], value, rtol=0, atol=0, msg=key)
+    lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
+    sa = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    sb = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert sa["test"]["mAP"] == sb["test"]["mAP"]
+    assert main(["--resume", str(tmp_path / "resumed")]) == 0  # already finished: says so, exits 0
+
+
+def test_train_never_imports_gradio_or_onnxruntime(builtin_cache: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['train', *{FAST!r}, '--epochs', '1', '--runs-dir', {str(tmp_path)!r}, '--name', 'iso']\n"
+        "try:\n    runpy.run_module('train', run_name='__main__')\nexcept SystemExit as e:\n    assert e.code == 0, e\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('gradio', 'onnxruntime', 'gradio_client'))\n"
+        "print('IMPORTED', bad)\n"
+    )
+    env = {**os.environ, "SPML_CACHE": str(builtin_cache)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "IMPORTED []" in out.stdout
+    assert (tmp_path / "iso" / "best.pt").is_file()
+
+
+def test_cli_help_and_usage_errors(builtin_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0 and "--observed" in capsys.readouterr().out
+    assert main([*FAST, "--observed", "partial:2", "--runs-dir", str(tmp_path)]) == 2
+    assert "partial:R" in capsys.readouterr().err
+    assert main([*FAST, "--hp", "nope=1", "--runs-dir", str(tmp_path)]) == 2
+    assert "no hyperparameter 'nope'" in capsys.readouterr().err
+    assert main(["--data", "csv:/does/not/exist.csv", "--runs-dir", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["--method", "nope"])
+    assert exc.value.code == 2
+
+
+def test_existing_run_name_is_refused(builtin_cache: Path, tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    assert main([*FAST, "--runs-dir", str(tmp_path), "--name", "taken"]) == 2
+
+
+def test_an_loss_value_by_hand() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.0], [0.5, 3.0, -2.0]])
+    z = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    p = [[1 / (1 + math.exp(-v)) for v in row] for row in logits.tolist()]
+    expected = 0.0
+    for i in range(2):
+        for j in range(3):
+            expected += -math.log(p[i][j] + 1e-5) if z[i, j] == 1 else -math.log(1 - p[i][j] + 1e-5)
+    expected /= 6
+    assert assume_negative_loss(logits, z).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_bce_oracle_trains_on_full_labels_and_an_on_observed() -> None:
+    from train.methods.base import MethodContext
+
+    ctx = MethodContext(num_classes=3, num_train=2, train_observed=torch.zeros(2, 3), expected_positives=1.5,
+                        epochs=1)
+    batch = {"observed": torch.tensor([[1.0, 0, 0]]), "full": torch.tensor([[1.0, 1, 0]])}
+    logits = torch.tensor([[0.3, 0.2, -0.1]])
+    an = get_method("an")(ctx, make_hparams(METHODS["an"], {}))
+    bce = get_method("bce")(ctx, make_hparams(METHODS["bce"], {}))
+    assert an.loss(logits, batch).loss.item() == pytest.approx(assume_negative_loss(logits, batch["observed"]).item())
+    assert bce.loss(logits, batch).loss.item() == pytest.approx(assume_negative_loss(logits, batch["full"]).item())
+    assert an.loss(logits, batch).loss.item() != pytest.approx(bce.loss(logits, batch).loss.item())
+    with pytest.raises(ValueError, match="unknown method"):
+        get_method("magic")

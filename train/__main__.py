@@ -1,0 +1,51 @@
+"""``python -m train``: see ``python -m train --help``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from train.config import TrainConfig, build_parser, config_from_args
+from train.data.types import DataError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, train (or resume), print the summary. Returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from train.trainer import CONFIG_FILE, Trainer
+
+    try:
+        if args.resume:
+            run_dir = Path(args.resume)
+            if not run_dir.is_dir():
+                run_dir = Path(args.runs_dir or "runs") / args.resume
+            config_path = run_dir / CONFIG_FILE
+            if not config_path.is_file():
+                parser.error(f"--resume {args.resume}: no {CONFIG_FILE} in {run_dir}")
+            cfg = TrainConfig.from_dict(json.loads(config_path.read_text())["config"])
+            for machine_specific in ("device", "workers", "progress"):
+                if getattr(args, machine_specific) is not None:
+                    setattr(cfg, machine_specific, getattr(args, machine_specific))
+            trainer = Trainer(cfg, run_dir=run_dir, resume=True)
+            if trainer.start_epoch > cfg.epochs:
+                print(f"{run_dir} already finished all {cfg.epochs} epochs")
+                return 0
+        else:
+            cfg = config_from_args(args)
+            trainer = Trainer(cfg)
+        trainer.fit()
+    except KeyboardInterrupt:
+        where = getattr(locals().get("trainer"), "run_dir", None)
+        print(f"\ninterrupted; continue with: python -m train --resume {where}" if where else "\ninterrupted",
+              file=sys.stderr)
+        return 130
+    except (DataError, ValueError, FileExistsError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

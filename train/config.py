@@ -1,0 +1,183 @@
+"""Training configuration: one dataclass, its CLI, and the presets that change several defaults at once."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from models.resnet import ARCHITECTURES
+from train.data.protocol import PROTOCOL_SEED, parse_observed
+
+
+def default_workers() -> int:
+    """DataLoader workers: leave one core to the training process, at most 4."""
+    return max(0, min(4, (os.cpu_count() or 1) - 1))
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a training run (saved as the run's config.json; ``--resume`` reloads it)."""
+
+    data: str = "builtin"
+    observed: str = "single"
+    val_fraction: float = 0.2
+    protocol_seed: int = PROTOCOL_SEED
+    method: str = "an"
+    hp: dict[str, str] = field(default_factory=dict)
+    arch: str = "resnet18"
+    weights: str = "none"
+    image_size: int = 64
+    epochs: int = 8
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    optimizer: str = "adam"
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    scheduler: str = "onecycle"
+    amp: str = "auto"
+    channels_last: str = "auto"
+    ema: float = 0.0
+    clip_grad: float = 0.0
+    seed: int = 0
+    workers: int = field(default_factory=default_workers)
+    device: str = "auto"
+    runs_dir: str = "runs"
+    name: str = ""
+    progress: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of all fields."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+# Presets: named bundles of defaults; explicit flags still win.
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": {},  # the defaults: a few minutes on a 2-core CPU on the built-in dataset
+    "paper": {  # Cole et al. / EM / OPML: ResNet-50 ImageNet, 448 px, Adam, no schedule, 10 epochs
+        "arch": "resnet50", "weights": "imagenet", "image_size": 448, "batch_size": 8, "eval_batch_size": 32,
+        "epochs": 10, "optimizer": "adam", "lr": 1e-5, "scheduler": "none",
+    },
+}
+
+_DESCRIPTION = """\
+Train a multi-label image classifier from single-positive (or full / partial) labels.
+
+With no --data it trains on the built-in procedural dataset (generated on first use into ~/.cache/spml or
+$SPML_CACHE). Everything a run produces goes to RUNS_DIR/NAME/: config.json, metrics.jsonl (one line per
+epoch), best.pt (best val mAP), last.pt (for --resume) and summary.json (test metrics of the best epoch).
+"""
+
+_EPILOG = """\
+examples:
+  python -m train                                   # AN on the built-in dataset, CPU-friendly defaults
+  python -m train --method bce                      # the full-label oracle (upper bound)
+  python -m train --data voc:/data/VOCdevkit --preset paper --method an
+  python -m train --data my_images/labels.csv --observed full
+  python -m train --resume runs/builtin-default-an-resnet18-20261121-101500
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m train`` argument parser (defaults are None so presets can fill them)."""
+    from train.methods import METHODS
+
+    p = argparse.ArgumentParser(
+        prog="python -m train", description=_DESCRIPTION, epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d = TrainConfig()
+    g = p.add_argument_group("data and protocol")
+    g.add_argument("--data", help="dataset: builtin[:tiny|default|large][@seedN], csv:FILE, voc:DIR, coco:DIR "
+                   f"or a path (auto-detected). Default: {d.data}")
+    g.add_argument("--observed", help="training labels: single (one positive per image, the papers' "
+                   f"protocol), full, or partial:R (each label kept with probability R). Default: {d.observed}")
+    g.add_argument("--val-fraction", type=float, help=f"share of train held out as val. Default: {d.val_fraction}")
+    g.add_argument("--protocol-seed", type=int, help="seed of label sampling and the split, the same for every "
+                   f"method. Default: {d.protocol_seed}")
+    g = p.add_argument_group("method")
+    g.add_argument("--method", choices=sorted(METHODS), help=f"training method. Default: {d.method}")
+    g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
+                   help="set a method hyperparameter (repeatable)")
+    g = p.add_argument_group("model")
+    g.add_argument("--arch", choices=sorted(ARCHITECTURES), help=f"backbone. Default: {d.arch}")
+    g.add_argument("--weights", help="none, imagenet (torchvision IMAGENET1K_V1, needs internet once), another "
+                   f"torchvision weight name, or a state-dict/checkpoint FILE. Default: {d.weights}")
+    g.add_argument("--image-size", type=int, help=f"input side in pixels. Default: {d.image_size}")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--preset", choices=sorted(PRESETS), help="bundle of defaults: cpu (built-in data on a "
+                   "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs)")
+    g.add_argument("--epochs", type=int, help=f"Default: {d.epochs}")
+    g.add_argument("--batch-size", type=int, help=f"Default: {d.batch_size}")
+    g.add_argument("--eval-batch-size", type=int, help=f"Default: {d.eval_batch_size}")
+    g.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], help=f"Default: {d.optimizer}")
+    g.add_argument("--lr", type=float, help=f"(peak) learning rate. Default: {d.lr}")
+    g.add_argument("--weight-decay", type=float, help=f"Default: {d.weight_decay}")
+    g.add_argument("--momentum", type=float, help=f"SGD momentum. Default: {d.momentum}")
+    g.add_argument("--scheduler", choices=["none", "onecycle", "cosine"], help=f"per-step LR schedule. "
+                   f"Default: {d.scheduler}")
+    g.add_argument("--amp", choices=["auto", "off", "bf16", "fp16"], help="mixed precision (auto: bf16 on "
+                   "CUDA GPUs that support it, else fp16; off on CPU)")
+    g.add_argument("--channels-last", choices=["auto", "on", "off"], help="channels_last memory format "
+                   "(auto: on for CUDA)")
+    g.add_argument("--ema", type=float, help="EMA decay of the weights, e.g. 0.999 (0 = off). Val picks the "
+                   "better of the raw and EMA weights each epoch")
+    g.add_argument("--clip-grad", type=float, help="max gradient norm (0 = off)")
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, help="seed of torch/numpy/python (init, shuffling, augmentation)")
+    g.add_argument("--workers", type=int, help=f"DataLoader workers. Default here: {d.workers}")
+    g.add_argument("--device", help="auto, cpu, cuda or cuda:N. Default: auto")
+    g.add_argument("--runs-dir", help=f"where run folders go. Default: {d.runs_dir}")
+    g.add_argument("--name", help="run folder name. Default: DATA-METHOD-ARCH-TIMESTAMP")
+    g.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                   help="no progress bars (one line per epoch only)")
+    g.add_argument("--resume", metavar="RUN", help="continue an interrupted run (folder or name) from its "
+                   "last.pt: model, optimizer, scheduler, scaler, EMA, method state and RNG")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Resolve defaults < preset < explicit flags into a validated :class:`TrainConfig`."""
+    values: dict[str, Any] = dict(PRESETS[args.preset]) if args.preset else {}
+    for f in dataclasses.fields(TrainConfig):
+        given = getattr(args, f.name, None)
+        if given is not None:
+            values[f.name] = given
+    if isinstance(values.get("hp"), list):
+        hp: dict[str, str] = {}
+        for item in values["hp"]:
+            if "=" not in item:
+                raise ValueError(f"--hp expects NAME=VALUE, got {item!r}")
+            key, value = item.split("=", 1)
+            hp[key.strip()] = value.strip()
+        values["hp"] = hp
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise ``ValueError`` with a readable message for inconsistent settings."""
+    parse_observed(cfg.observed)
+    checks = [
+        (cfg.epochs >= 1, "--epochs must be >= 1"),
+        (cfg.batch_size >= 1 and cfg.eval_batch_size >= 1, "batch sizes must be >= 1"),
+        (cfg.lr > 0, "--lr must be > 0"),
+        (cfg.image_size >= 16, "--image-size must be >= 16"),
+        (0.0 <= cfg.ema < 1.0, "--ema must be in [0, 1)"),
+        (cfg.clip_grad >= 0, "--clip-grad must be >= 0"),
+        (cfg.workers >= 0, "--workers must be >= 0"),
+        (0.0 < cfg.val_fraction < 1.0, "--val-fraction must be in (0, 1)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)

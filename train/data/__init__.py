@@ -1,0 +1,5 @@
+"""Datasets: the built-in procedural dataset, loaders for CSV / VOC / COCO, and the SPML protocol."""
+
+from train.data.types import DataError, DatasetSplits, LabelledImages
+
+__all__ = ["DataError", "DatasetSplits", "LabelledImages"]

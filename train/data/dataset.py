@@ -1,0 +1,47 @@
+"""The torch ``Dataset`` over a :class:`LabelledImages`: decoded, transformed images plus label rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from models.preprocess import read_image
+from train.data.types import LabelledImages
+
+
+class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
+    """Items are dicts: ``images`` (transformed float tensor), ``observed`` and ``full`` (float (C,) label
+    rows; observed = full when no observed matrix is given) and ``index`` (the row number)."""
+
+    def __init__(
+        self,
+        images: LabelledImages,
+        transform: Callable[[torch.Tensor], torch.Tensor],
+        observed: np.ndarray | None = None,
+    ) -> None:
+        self.paths: list[Path] = list(images.paths)
+        self.full = torch.from_numpy(images.labels.astype(np.float32))
+        self.observed = self.full if observed is None else torch.from_numpy(np.asarray(observed, dtype=np.float32))
+        if self.observed.shape != self.full.shape:
+            raise ValueError("observed labels must have the same shape as the full labels")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        path = self.paths[index]
+        try:
+            image = read_image(path)
+        except Exception as exc:
+            raise OSError(f"cannot read image {path}: {exc}") from exc
+        return {
+            "images": self.transform(image),
+            "observed": self.observed[index],
+            "full": self.full[index],
+            "index": torch.tensor(index, dtype=torch.long),
+        }

@@ -1,0 +1,149 @@
+"""One registry of dataset kinds, and ``load_dataset(spec)`` that turns a spec string into ``DatasetSplits``.
+
+Spec forms: ``kind:argument`` with kind in ``DATASET_KINDS`` (``builtin:tiny``, ``builtin:default@seed3``,
+``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``), ``builtin`` alone
+(= ``builtin:default``), or a bare path whose kind is detected from its contents.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from train.data.coco import find_coco_year, load_coco
+from train.data.csv_format import CSV_FILENAME, load_csv
+from train.data.types import DataError, DatasetSplits
+from train.data.voc import find_voc_dirs, load_voc
+
+__all__ = ["DATASET_KINDS", "describe_kinds", "detect_kind", "load_dataset", "parse_builtin_argument"]
+
+DEFAULT_PRESET = "default"
+_BUILTIN_ARG = re.compile(r"^(?P<preset>[A-Za-z0-9_.-]*)(?:@seed(?P<seed>\d+))?$")
+_KIND_PREFIX = re.compile(r"^(?P<kind>[A-Za-z][A-Za-z0-9_-]+):(?P<arg>.*)$", re.DOTALL)
+
+
+def parse_builtin_argument(argument: str) -> tuple[str, int]:
+    """Parse ``preset[@seedN]`` (empty preset = ``default``, no seed = 0) into ``(preset, seed)``."""
+    match = _BUILTIN_ARG.match(argument.strip())
+    if match is None:
+        raise DataError(f"bad builtin dataset spec 'builtin:{argument}' (use builtin:<preset>[@seed<N>])")
+    return match.group("preset") or DEFAULT_PRESET, int(match.group("seed") or 0)
+
+
+def _load_builtin(argument: str) -> DatasetSplits:
+    """``builtin:<preset>[@seed<N>]``: generate (or reuse) the procedural dataset and load its CSV."""
+    preset, seed = parse_builtin_argument(argument)
+    from train.data import builtin  # lazy: generating the built-in dataset is someone else's module
+
+    presets = getattr(builtin, "PRESETS", None)
+    if presets is not None and preset not in presets:
+        raise DataError(
+            f"unknown builtin preset {preset!r} (known: {', '.join(sorted(presets))}); "
+            "use builtin:<preset>[@seed<N>]"
+        )
+    folder = Path(builtin.ensure_builtin(preset=preset, seed=seed))
+    splits = load_csv(folder / CSV_FILENAME)
+    splits.name = f"builtin-{preset}"
+    splits.source = f"builtin:{preset}@seed{seed}"
+    return splits
+
+
+def _csv_file(argument: str) -> Path:
+    """Resolve a ``csv:`` argument: a CSV file, or a folder meaning ``folder/labels.csv``."""
+    path = Path(argument).expanduser().resolve()
+    if path.is_dir():
+        csv_path = path / CSV_FILENAME
+        if not csv_path.is_file():
+            raise DataError(f"{path}: folder has no {CSV_FILENAME}")
+        return csv_path
+    if not path.is_file():
+        raise DataError(f"{path}: CSV file not found")
+    return path
+
+
+def _load_csv_spec(argument: str) -> DatasetSplits:
+    """``csv:<labels.csv or folder>``: load the generic CSV format."""
+    return load_csv(_csv_file(argument))
+
+
+def _load_voc_spec(argument: str) -> DatasetSplits:
+    """``voc:<VOCdevkit or VOCdevkit/VOC20xx>``: load PASCAL VOC."""
+    return load_voc(Path(argument))
+
+
+def _load_coco_spec(argument: str) -> DatasetSplits:
+    """``coco:<root with annotations/instances_*.json>``: load MS-COCO."""
+    return load_coco(Path(argument))
+
+
+DATASET_KINDS: dict[str, Callable[[str], DatasetSplits]] = {
+    "builtin": _load_builtin,
+    "csv": _load_csv_spec,
+    "voc": _load_voc_spec,
+    "coco": _load_coco_spec,
+}
+
+_FORMS: dict[str, str] = {
+    "builtin": "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, default, large)",
+    "csv": "csv:<labels.csv | folder>         generic CSV (image,labels[,split]; classes.txt optional)",
+    "voc": "voc:<VOCdevkit | VOC20xx folder>  PASCAL VOC 2007/2012",
+    "coco": "coco:<root>                       MS-COCO 2014/2017 (annotations/instances_*.json)",
+}
+
+
+def describe_kinds() -> str:
+    """Return a multi-line help text listing the accepted dataset spec forms (for the CLI ``--help``)."""
+    lines = ["Dataset specs:"]
+    lines += [f"  {_FORMS.get(kind, f'{kind}:<argument>')}" for kind in DATASET_KINDS]
+    lines.append(
+        "  <path>                            auto-detected: a .csv file or a folder with labels.csv, a VOC "
+        "folder, or a COCO root"
+    )
+    return "\n".join(lines)
+
+
+def detect_kind(path: Path) -> str | None:
+    """Return the dataset kind (``csv``/``voc``/``coco``) of an existing bare path, or None if unknown."""
+    path = Path(path).expanduser().resolve()
+    if path.is_file():
+        return "csv" if path.suffix.lower() == ".csv" else None
+    if not path.is_dir():
+        return None
+    if (path / CSV_FILENAME).is_file():
+        return "csv"
+    if find_voc_dirs(path):
+        return "voc"
+    if find_coco_year(path) is not None or any((path / "annotations").glob("instances_*.json")):
+        return "coco"
+    return None
+
+
+def load_dataset(spec: str) -> DatasetSplits:
+    """Load the dataset named by ``spec`` (``kind:argument``, ``builtin``, or a bare path) as DatasetSplits.
+
+    An unknown kind or a path whose kind cannot be detected raises ``DataError`` listing the accepted forms.
+    """
+    spec = spec.strip()
+    if not spec:
+        raise DataError(f"empty dataset spec\n{describe_kinds()}")
+    if spec == "builtin":
+        return DATASET_KINDS["builtin"]("")
+    if spec in DATASET_KINDS and not Path(spec).exists():
+        raise DataError(f"dataset spec {spec!r} needs an argument: {_FORMS.get(spec, spec)}")
+    match = _KIND_PREFIX.match(spec)
+    if match is not None and match.group("kind") in DATASET_KINDS:
+        return DATASET_KINDS[match.group("kind")](match.group("arg"))
+
+    path = Path(spec).expanduser()
+    if path.exists():
+        kind = detect_kind(path)
+        if kind is None:
+            raise DataError(f"{path.resolve()}: cannot tell what kind of dataset this is\n{describe_kinds()}")
+        return DATASET_KINDS[kind](str(path))
+    if match is not None:
+        raise DataError(
+            f"unknown dataset kind {match.group('kind')!r} in {spec!r} "
+            f"(known: {', '.join(DATASET_KINDS)})\n{describe_kinds()}"
+        )
+    raise DataError(f"{path.resolve()}: no such file or folder\n{describe_kinds()}")

@@ -1,0 +1,149 @@
+"""The method interface and registry.
+
+A method is an ``nn.Module`` (so any state it keeps - label matrices, pseudo-labels, queues - is saved in
+checkpoints through ``state_dict`` and moved to the device with the model) with these hooks:
+
+- :meth:`Method.training_step` - per batch: the loss (the default runs the model and calls :meth:`loss`);
+- :meth:`Method.param_groups` - optional extra optimiser parameter groups (e.g. a label estimator);
+- :meth:`Method.on_epoch_end` - optional step after each training epoch (e.g. pseudo-labelling), given a
+  function that predicts the whole training set.
+
+Hyperparameters are a dataclass per method (``Hparams``); the CLI sets them with ``--hp name=value``, and
+``presets`` holds per-dataset published values. Adding a method = one file with a ``@register`` class plus
+its import line in ``train/methods/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+LOG_EPSILON = 1e-5  # Cole et al.'s neg_log epsilon, used by every probability-space loss
+
+
+def neg_log(x: torch.Tensor) -> torch.Tensor:
+    """``-log(x + 1e-5)``, the reference code's negative log of a probability."""
+    return -torch.log(x + LOG_EPSILON)
+
+
+@dataclass
+class MethodContext:
+    """What a method may know about the training set when it is built."""
+
+    num_classes: int
+    num_train: int
+    train_observed: torch.Tensor  # (N_train, C) float 0/1: the observed labels of the training set
+    expected_positives: float  # k: mean number of positives per training image (Cole's lookup)
+    epochs: int
+    dataset: str = ""  # dataset name, used to pick a preset
+
+
+@dataclass
+class LossOutput:
+    """A training step's loss and scalar values to log (averaged per epoch)."""
+
+    loss: torch.Tensor
+    logs: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclass
+class EpochEndContext:
+    """Given to :meth:`Method.on_epoch_end`: the epoch (1-based) and a train-set predictor.
+
+    ``predict_train(augment)`` returns the model's probabilities ``(N_train, C)`` in dataset order, in eval
+    mode; ``augment=True`` uses the training transform (as EM-APL's reference code does).
+    """
+
+    epoch: int
+    predict_train: Callable[[bool], torch.Tensor]
+    train_full_labels: torch.Tensor | None = None  # for logging label-recovery only, never for training
+
+
+@dataclass
+class MethodHparams:
+    """Base class of a method's hyperparameters (empty)."""
+
+
+class Method(nn.Module):
+    """Base class of a training method (loss + optional state and hooks)."""
+
+    name: ClassVar[str] = ""
+    Hparams: ClassVar[type[MethodHparams]] = MethodHparams
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    uses_full_labels: ClassVar[bool] = False  # oracle methods train on the annotated labels
+    description: ClassVar[str] = ""
+
+    def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.hp = hparams
+
+    def targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The label matrix the method trains on: annotated labels for oracles, else the observed ones."""
+        return batch["full"] if self.uses_full_labels else batch["observed"]
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """Loss from the model's logits ``(N, C)`` and the batch (keys images, observed, full, index)."""
+        raise NotImplementedError
+
+    def training_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """One batch: run ``model`` and return the loss. Losses are computed in float32."""
+        logits = model(batch["images"])
+        return self.loss(logits.float(), batch)
+
+    def param_groups(self, lr: float) -> list[dict[str, Any]]:
+        """Extra optimiser parameter groups (default: none)."""
+        return []
+
+    def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
+        """Called after each training epoch; returns values to log (default: nothing)."""
+        return {}
+
+    def hparams_dict(self) -> dict[str, Any]:
+        """The hyperparameters as a JSON-able dict (stored in checkpoints)."""
+        return dataclasses.asdict(self.hp)
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator adding a method to :data:`METHODS` under ``cls.name``."""
+    if not cls.name or cls.name in METHODS:
+        raise ValueError(f"method name {cls.name!r} is empty or registered twice")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def _convert(value: str, annotation: Any, default: Any) -> Any:
+    kind = annotation if isinstance(annotation, type) else type(default)
+    if kind is bool:
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected a boolean, got {value!r}")
+    return kind(value)
+
+
+def make_hparams(method: type[Method], overrides: dict[str, str], dataset: str = "") -> MethodHparams:
+    """Build a method's hyperparameters: dataclass defaults, then the preset for ``dataset`` if the method
+    has one, then ``overrides`` (strings from ``--hp``), converted to each field's type."""
+    fields = {f.name: f for f in dataclasses.fields(method.Hparams)}
+    values: dict[str, Any] = dict(method.presets.get(dataset, {}))
+    for key, raw in overrides.items():
+        if key not in fields:
+            valid = ", ".join(fields) or "(none)"
+            raise ValueError(f"method {method.name!r} has no hyperparameter {key!r}; valid: {valid}")
+        f = fields[key]
+        default = f.default if f.default is not dataclasses.MISSING else None
+        try:
+            values[key] = _convert(raw, f.type if not isinstance(f.type, str) else None, default)
+        except ValueError as exc:
+            raise ValueError(f"--hp {key}={raw}: {exc}") from None
+    return method.Hparams(**values)

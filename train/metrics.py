@@ -1,0 +1,106 @@
+"""Multi-label metrics: per-class AP, mAP, overall/per-class F1 (OF1, CF1).
+
+Average precision is the step-wise (non-interpolated) AP that scikit-learn's ``average_precision_score``
+computes, tied scores grouped into one threshold.
+
+Classes without any positive: their AP is undefined and returned as NaN. ``mean_average_precision``
+EXCLUDES them from the mean by default (``empty="exclude"``) and the count is reported by
+:func:`evaluate`; the papers' code instead counts them as AP = 0 (``empty="zero"``), which only matters
+on small or odd splits (every class has positives on the VOC/COCO/NUS/CUB val and test sets).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
+    """AP of one class: ``scores`` (N,) any real values, ``labels`` (N,) 0/1. NaN if there is no positive."""
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    labels = np.asarray(labels).ravel().astype(bool)
+    n_pos = int(labels.sum())
+    if n_pos == 0:
+        return float("nan")
+    order = np.argsort(-scores, kind="mergesort")
+    s, y = scores[order], labels[order]
+    tp = np.cumsum(y)
+    # The last index of each group of tied scores is one threshold.
+    last = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]
+    tp_at = tp[last].astype(np.float64)
+    precision = tp_at / (last + 1)
+    recall = tp_at / n_pos
+    delta = np.diff(np.r_[0.0, recall])
+    return float(np.sum(delta * precision))
+
+
+def per_class_ap(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """AP for each column of ``scores``/``labels`` (N, C); NaN for classes without positives."""
+    scores = np.asarray(scores)
+    labels = np.asarray(labels)
+    if scores.shape != labels.shape or scores.ndim != 2:
+        raise ValueError(f"scores and labels must both be (N, C); got {scores.shape} and {labels.shape}")
+    return np.array([average_precision(scores[:, c], labels[:, c]) for c in range(scores.shape[1])])
+
+
+def mean_average_precision(scores: np.ndarray, labels: np.ndarray, empty: str = "exclude") -> float:
+    """Macro mAP in percent. ``empty``: ``"exclude"`` classes without positives (default) or count them as
+    ``"zero"`` (the papers' code). NaN when no class has a positive and ``empty="exclude"``."""
+    ap = per_class_ap(scores, labels)
+    if empty == "zero":
+        return float(100.0 * np.nan_to_num(ap, nan=0.0).mean())
+    if empty != "exclude":
+        raise ValueError("empty must be 'exclude' or 'zero'")
+    valid = ~np.isnan(ap)
+    return float(100.0 * ap[valid].mean()) if valid.any() else float("nan")
+
+
+def f1_scores(probs: np.ndarray, labels: np.ndarray, thresholds: float | np.ndarray = 0.5) -> dict[str, float]:
+    """Overall (micro) and per-class (macro) precision/recall/F1 in percent at ``thresholds``
+    (a scalar or one value per class). CF1 = harmonic mean of the per-class-averaged P and R (ML-GCN's
+    definition); a class with no prediction has precision 0, with no positive recall 0."""
+    probs = np.asarray(probs, dtype=np.float64)
+    labels = np.asarray(labels).astype(bool)
+    pred = probs >= np.asarray(thresholds, dtype=np.float64)
+    tp = (pred & labels).sum(0).astype(np.float64)
+    n_pred = pred.sum(0).astype(np.float64)
+    n_pos = labels.sum(0).astype(np.float64)
+
+    def ratio(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        return np.divide(a, b, out=np.zeros_like(a), where=b > 0)
+
+    def hmean(p: float, r: float) -> float:
+        return 2 * p * r / (p + r) if p + r > 0 else 0.0
+
+    op = float(ratio(tp.sum(), n_pred.sum()))
+    orec = float(ratio(tp.sum(), n_pos.sum()))
+    cp = float(ratio(tp, n_pred).mean())
+    cr = float(ratio(tp, n_pos).mean())
+    return {
+        "OP": 100 * op, "OR": 100 * orec, "OF1": 100 * hmean(op, orec),
+        "CP": 100 * cp, "CR": 100 * cr, "CF1": 100 * hmean(cp, cr),
+    }
+
+
+def evaluate(
+    logits: np.ndarray, labels: np.ndarray, classes: list[str] | None = None, threshold: float = 0.5
+) -> dict[str, Any]:
+    """All metrics for logits (N, C) against 0/1 labels: mAP (both conventions), OF1/CF1 at ``threshold``
+    on sigmoid probabilities, per-class AP (None for classes without positives) and their count."""
+    logits = np.asarray(logits, dtype=np.float64)
+    probs = 1.0 / (1.0 + np.exp(-np.clip(logits, -60, 60)))
+    ap = per_class_ap(logits, labels)  # ranking on logits: no ties from sigmoid saturating at 1.0
+    names = classes if classes is not None else [str(i) for i in range(len(ap))]
+    valid = ~np.isnan(ap)
+    return {
+        "mAP": float(100 * ap[valid].mean()) if valid.any() else float("nan"),
+        "mAP_zero_empty": float(100 * np.nan_to_num(ap, nan=0.0).mean()),
+        "classes_without_positives": int((~valid).sum()),
+        **f1_scores(probs, labels, threshold),
+        "per_class_AP": {
+            n: (None if np.isnan(a) else round(100 * float(a), 4)) for n, a in zip(names, ap, strict=True)
+        },
+        "num_images": len(logits),
+    }

@@ -1,0 +1,432 @@
+"""The training loop: data + protocol, model, method, optimisation, evaluation, run folder, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD, ModelMeta, load_checkpoint, save_checkpoint
+from models.preprocess import EvalTransform, TrainTransform
+from models.resnet import build_model
+from train.config import TrainConfig
+from train.data.dataset import ImageLabelDataset
+from train.data.protocol import ProtocolSplits, build_protocol, parse_observed
+from train.data.registry import load_dataset
+from train.methods import EpochEndContext, Method, MethodContext, get_method, make_hparams
+from train.metrics import evaluate
+from train.runs import BEST, LAST
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def log(message: str) -> None:
+    """Print a status line (through tqdm so it does not break an active progress bar)."""
+    tqdm.write(message, file=sys.stderr)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda if available else cpu; otherwise ``torch.device(name)`` (checked to exist)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def capture_rng() -> dict[str, Any]:
+    """All RNG states as tensors/lists (loadable with ``weights_only=True``)."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
+                  int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng`."""
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class Precision:
+    """Autocast settings for the device."""
+
+    dtype: torch.dtype | None  # None = no autocast
+    device_type: str
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The autocast context (or a no-op)."""
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+def resolve_precision(amp: str, device: torch.device) -> Precision:
+    """``auto``: bf16 on CUDA GPUs that support it, fp16 on older ones, none on CPU."""
+    if amp == "off" or (amp == "auto" and device.type != "cuda"):
+        return Precision(None, device.type)
+    if amp == "auto":
+        return Precision(torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16, device.type)
+    return Precision(torch.bfloat16 if amp == "bf16" else torch.float16, device.type)
+
+
+def make_run_name(cfg: TrainConfig, dataset_name: str) -> str:
+    """``DATA-METHOD-ARCH-YYYYmmdd-HHMMSS``."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{dataset_name}-{cfg.method}-{cfg.arch}-{stamp}"
+
+
+def predict(
+    model: nn.Module,
+    loader: DataLoader[dict[str, torch.Tensor]],
+    device: torch.device,
+    precision: Precision,
+    channels_last: bool,
+    desc: str = "",
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``model`` in eval mode over ``loader``; returns (logits float32 (N, C), full labels (N, C))."""
+    was_training = model.training
+    model.eval()
+    logits, labels = [], []
+    with torch.inference_mode():
+        for batch in tqdm(loader, desc=desc, leave=False, disable=not progress, file=sys.stderr):
+            x = batch["images"].to(device, non_blocking=True)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with precision.autocast():
+                out = model(x)
+            logits.append(out.float().cpu())
+            labels.append(batch["full"])
+    model.train(was_training)
+    return torch.cat(logits).numpy(), torch.cat(labels).numpy()
+
+
+class Trainer:
+    """Builds everything from a :class:`TrainConfig` and runs (or resumes) training in ``run_dir``."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path | None = None, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.precision = resolve_precision(cfg.amp, self.device)
+        self.channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and self.device.type == "cuda")
+        seed_everything(cfg.seed)
+
+        self.dataset = load_dataset(cfg.data)
+        self.splits: ProtocolSplits = build_protocol(
+            self.dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed
+        )
+        self.classes = self.splits.classes
+        name = cfg.name or make_run_name(cfg, self.dataset.name)
+        self.run_dir = Path(run_dir) if run_dir else Path(cfg.runs_dir) / name
+        if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
+            raise FileExistsError(f"run folder {self.run_dir} already exists and is not empty; pick another --name")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        num_classes = len(self.classes)
+        self.model = build_model(cfg.arch, num_classes, cfg.weights).to(self.device)
+        if self.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        method_cls = get_method(cfg.method)
+        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
+        ctx = MethodContext(
+            num_classes=num_classes,
+            num_train=len(self.splits.train),
+            train_observed=torch.from_numpy(self.splits.train_observed.astype(np.float32)),
+            expected_positives=float(self.splits.train.labels.sum(1).mean()),
+            epochs=cfg.epochs,
+            dataset=self.dataset.name,
+        )
+        self.method: Method = method_cls(ctx, self.hparams).to(self.device)
+
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+        self.eval_transform = EvalTransform(cfg.image_size, mean, std)
+        self.train_set = ImageLabelDataset(self.splits.train, TrainTransform(cfg.image_size, mean, std),
+                                           self.splits.train_observed)
+        self.loader_generator = torch.Generator()
+        self.train_loader = DataLoader(
+            self.train_set, batch_size=cfg.batch_size, shuffle=True, generator=self.loader_generator,
+            num_workers=cfg.workers, drop_last=len(self.train_set) > cfg.batch_size,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.val_loader = self._eval_loader(ImageLabelDataset(self.splits.val, self.eval_transform))
+
+        params = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
+        params += self.method.param_groups(cfg.lr)
+        self.optimizer = self._make_optimizer(params)
+        self.steps_per_epoch = len(self.train_loader)
+        self.scheduler = self._make_scheduler()
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.dtype == torch.float16)
+        self.ema = (
+            AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema), use_buffers=True)
+            if cfg.ema > 0 else None
+        )
+        self.start_epoch = 1
+        self.best_map = -math.inf
+        self.best_epoch = 0
+        if resume:
+            self._load_resume_state()
+
+    # ----------------------------------------------------------------- construction helpers
+    def _eval_loader(self, dataset: ImageLabelDataset) -> DataLoader[dict[str, torch.Tensor]]:
+        return DataLoader(dataset, batch_size=self.cfg.eval_batch_size, shuffle=False,
+                          num_workers=self.cfg.workers, pin_memory=self.device.type == "cuda")
+
+    def _make_optimizer(self, params: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        c = self.cfg
+        if c.optimizer == "adam":
+            return torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay)
+        if c.optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+        if c.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, nesterov=True)
+        raise ValueError(f"unknown optimizer {c.optimizer!r}")
+
+    def _make_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
+        total = self.cfg.epochs * self.steps_per_epoch
+        if self.cfg.scheduler == "none" or total == 0:
+            return None
+        if self.cfg.scheduler == "onecycle":
+            max_lr = [g["lr"] for g in self.optimizer.param_groups]
+            return torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=max_lr, total_steps=total, pct_start=0.2)
+        if self.cfg.scheduler == "cosine":
+            return torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=total)
+        raise ValueError(f"unknown scheduler {self.cfg.scheduler!r}")
+
+    # ----------------------------------------------------------------- metadata and checkpoints
+    def meta(self, epoch: int, metrics: dict[str, Any]) -> ModelMeta:
+        """The checkpoint metadata for the current model."""
+        return ModelMeta(
+            classes=list(self.classes), arch=self.cfg.arch, image_size=self.cfg.image_size,
+            method=self.cfg.method, method_hparams=self.method.hparams_dict(),
+            data={
+                "name": self.dataset.name, "source": self.dataset.source, "fingerprint": self.splits.fingerprint,
+                "observed": str(self.splits.observed), "protocol_seed": self.cfg.protocol_seed,
+                "val_fraction": self.cfg.val_fraction, "num_train": len(self.splits.train),
+                "num_val": len(self.splits.val),
+            },
+            metrics=metrics, epoch=epoch,
+        )
+
+    def save_last(self, epoch: int) -> None:
+        """Write last.pt with everything ``--resume`` needs."""
+        training = {
+            "epoch": epoch, "best_map": self.best_map, "best_epoch": self.best_epoch,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "scaler": self.scaler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema else None,
+            "method": self.method.state_dict(),
+            "rng": capture_rng(),
+        }
+        save_checkpoint(self.run_dir / LAST, self.model.state_dict(), self.meta(epoch, {}), training)
+
+    def _load_resume_state(self) -> None:
+        path = self.run_dir / LAST
+        ckpt = load_checkpoint(path, map_location=self.device)
+        if ckpt.training is None:
+            raise ValueError(f"{path} holds no training state; cannot resume")
+        if ckpt.meta.data.get("fingerprint") != self.splits.fingerprint:
+            raise ValueError(f"{path}: the dataset changed since this run started (fingerprint "
+                             f"{ckpt.meta.data.get('fingerprint')} != {self.splits.fingerprint})")
+        t = ckpt.training
+        self.model.load_state_dict(ckpt.model)
+        self.method.load_state_dict(t["method"])
+        self.optimizer.load_state_dict(t["optimizer"])
+        if self.scheduler is not None and t["scheduler"] is not None:
+            self.scheduler.load_state_dict(t["scheduler"])
+        self.scaler.load_state_dict(t["scaler"])
+        if self.ema is not None and t["ema"] is not None:
+            self.ema.load_state_dict(t["ema"])
+        restore_rng(t["rng"])
+        self.start_epoch = int(t["epoch"]) + 1
+        self.best_map = float(t["best_map"])
+        self.best_epoch = int(t["best_epoch"])
+        # Drop metric lines of epochs that ran after this checkpoint (they will run again).
+        metrics = self.run_dir / METRICS_FILE
+        if metrics.exists():
+            lines = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
+            kept = [ln for ln in lines if json.loads(ln).get("epoch", 0) < self.start_epoch]
+            metrics.write_text("".join(ln + "\n" for ln in kept))
+        log(f"resuming {self.run_dir} at epoch {self.start_epoch}/{self.cfg.epochs} "
+            f"(best val mAP so far {self.best_map:.2f} at epoch {self.best_epoch})")
+
+    # ----------------------------------------------------------------- training
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        if self.channels_last:
+            out["images"] = out["images"].contiguous(memory_format=torch.channels_last)
+        return out
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        """One pass over the training set; returns mean loss, method logs and throughput."""
+        self.model.train()
+        self.loader_generator.manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        sums: dict[str, float] = {}
+        seen, start = 0, time.perf_counter()
+        bar = tqdm(self.train_loader, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
+                   disable=not self.cfg.progress, file=sys.stderr, unit="batch")
+        trainable = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for step, raw in enumerate(bar):
+            batch = self._to_device(raw)
+            with self.precision.autocast():
+                out = self.method.training_step(self.model, batch)
+            loss = out.loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch}, step {step + 1}; try a lower "
+                                         "--lr, --clip-grad 1.0, or --amp off")
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            if self.cfg.clip_grad > 0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(trainable, self.cfg.clip_grad)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            if self.ema is not None:
+                self.ema.update_parameters(self.model)
+            n = batch["images"].shape[0]
+            seen += n
+            sums["loss"] = sums.get("loss", 0.0) + loss.item() * n
+            for key, value in out.logs.items():
+                sums[key] = sums.get(key, 0.0) + float(value) * n
+            rate = seen / (time.perf_counter() - start)
+            bar.set_postfix(loss=f"{sums['loss'] / seen:.4f}", img_s=f"{rate:.0f}")
+        elapsed = time.perf_counter() - start
+        stats = {k: v / max(seen, 1) for k, v in sums.items()}
+        stats.update(train_images_per_s=seen / elapsed if elapsed > 0 else 0.0, train_seconds=elapsed,
+                     lr=self.optimizer.param_groups[0]["lr"])
+        return stats
+
+    def predict_train(self, augment: bool) -> torch.Tensor:
+        """Probabilities (N_train, C) of the current model over the training set, in dataset order."""
+        transform = self.train_set.transform if augment else self.eval_transform
+        dataset = ImageLabelDataset(self.splits.train, transform, self.splits.train_observed)
+        logits, _ = predict(self.model, self._eval_loader(dataset), self.device, self.precision,
+                            self.channels_last, "predict train", self.cfg.progress)
+        return torch.sigmoid(torch.from_numpy(logits))
+
+    def _evaluate_loader(
+        self, model: nn.Module, loader: DataLoader[dict[str, torch.Tensor]], desc: str
+    ) -> dict[str, Any]:
+        logits, labels = predict(
+            model, loader, self.device, self.precision, self.channels_last, desc, self.cfg.progress
+        )
+        return evaluate(logits, labels, self.classes)
+
+    def fit(self) -> dict[str, Any]:
+        """Train from ``start_epoch`` to ``cfg.epochs``, then test the best checkpoint; returns the summary."""
+        cfg = self.cfg
+        (self.run_dir / CONFIG_FILE).write_text(json.dumps(
+            {"config": cfg.to_dict(), "resolved": {
+                "device": str(self.device), "amp": str(self.precision.dtype), "channels_last": self.channels_last,
+                "method_hparams": self.method.hparams_dict(), "torch": torch.__version__,
+                "dataset": self.dataset.name, "source": self.dataset.source, "fingerprint": self.splits.fingerprint,
+                "splits": self.splits.summary(), "notes": self.dataset.notes,
+            }}, indent=2) + "\n")
+        if self.start_epoch == 1:
+            log(f"run {self.run_dir}: {cfg.method} on {self.dataset.name} ({self.splits.summary()}), {cfg.arch} "
+                f"@{cfg.image_size}px, {self.device}" + (f", {self.precision.dtype}" if self.precision.dtype else ""))
+        for epoch in range(self.start_epoch, cfg.epochs + 1):
+            stats = self.train_epoch(epoch)
+            stats.update(self.method.on_epoch_end(EpochEndContext(
+                epoch=epoch, predict_train=self.predict_train,
+                train_full_labels=torch.from_numpy(self.splits.train.labels.astype(np.float32)),
+            )))
+            val = self._evaluate_loader(self.model, self.val_loader, "val")
+            candidates: list[tuple[str, nn.Module, dict[str, Any]]] = [("model", self.model, val)]
+            if self.ema is not None:
+                ema_val = self._evaluate_loader(self.ema.module, self.val_loader, "val ema")
+                candidates.append(("ema", self.ema.module, ema_val))
+            which, chosen, chosen_val = max(candidates, key=lambda c: _score(c[2]["mAP"]))
+            record = {"epoch": epoch, **{k: round(v, 6) for k, v in stats.items()},
+                      "val_mAP": val["mAP"], "val_OF1": val["OF1"], "val_CF1": val["CF1"]}
+            if self.ema is not None:
+                record["val_mAP_ema"] = candidates[1][2]["mAP"]
+            improved = _score(chosen_val["mAP"]) > self.best_map
+            if improved:
+                self.best_map, self.best_epoch = _score(chosen_val["mAP"]), epoch
+                val_summary = {k: v for k, v in chosen_val.items() if k != "per_class_AP"}
+                save_checkpoint(self.run_dir / BEST, chosen.state_dict(),
+                                self.meta(epoch, {"val": val_summary, "weights": which}))
+            record["best"] = improved
+            with (self.run_dir / METRICS_FILE).open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            self.save_last(epoch)
+            log(f"epoch {epoch}/{cfg.epochs}  loss {stats['loss']:.4f}  val mAP {val['mAP']:.2f}"
+                + (f"  (ema {record['val_mAP_ema']:.2f})" if self.ema is not None else "")
+                + f"  {stats['train_images_per_s']:.0f} img/s" + ("  *best*" if improved else ""))
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        """Evaluate the best checkpoint on val and test, store the metrics in best.pt, write summary.json."""
+        best = load_checkpoint(self.run_dir / BEST, map_location=self.device)
+        model = build_model(self.cfg.arch, len(self.classes)).to(self.device)
+        model.load_state_dict(best.model)
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        metrics: dict[str, Any] = {"val": self._evaluate_loader(model, self.val_loader, "val (best)")}
+        if self.splits.test is not None:
+            test_loader = self._eval_loader(ImageLabelDataset(self.splits.test, self.eval_transform))
+            metrics["test"] = self._evaluate_loader(model, test_loader, "test (best)")
+        else:
+            log("no test split in this dataset: reporting validation metrics only")
+        compact = {k: {m: v for m, v in d.items() if m != "per_class_AP"} for k, d in metrics.items()}
+        compact["weights"] = best.meta.metrics.get("weights", "model")
+        best.meta.metrics = compact
+        save_checkpoint(self.run_dir / BEST, best.model, best.meta)
+        summary = {
+            "run": str(self.run_dir), "method": self.cfg.method, "dataset": self.dataset.name,
+            "observed": str(self.splits.observed), "arch": self.cfg.arch, "image_size": self.cfg.image_size,
+            "epochs": self.cfg.epochs, "best_epoch": self.best_epoch, **metrics,
+        }
+        (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        line = f"best epoch {self.best_epoch}: val mAP {metrics['val']['mAP']:.2f}"
+        if "test" in metrics:
+            t = metrics["test"]
+            line += f" | test mAP {t['mAP']:.2f}  OF1 {t['OF1']:.2f}  CF1 {t['CF1']:.2f}"
+        log(line)
+        log(f"saved {self.run_dir / BEST}  (export it with: python -m export {self.run_dir})")
+        return summary
+
+
+def _score(value: float) -> float:
+    return -math.inf if value is None or math.isnan(value) else float(value)
