@@ -77,6 +77,9 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     os.close(fd)
     try:
         torch.save(obj, tmp)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

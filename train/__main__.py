@@ -8,6 +8,7 @@ from pathlib import Path
 
 from train.config import TrainConfig, build_parser, config_from_args
 from train.data.types import DataError
+from train.runs import default_runs_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             run_dir = Path(args.resume)
             if not run_dir.is_dir():
-                run_dir = Path(args.runs_dir or "runs") / args.resume
+                run_dir = Path(args.runs_dir or default_runs_dir()) / args.resume
             config_path = run_dir / CONFIG_FILE
             if not config_path.is_file():
                 parser.error(f"--resume {args.resume}: no {CONFIG_FILE} in {run_dir}")

@@ -10,6 +10,7 @@ from typing import Any
 
 from models.resnet import ARCHITECTURES
 from train.data.protocol import PROTOCOL_SEED, parse_observed
+from train.runs import default_runs_dir
 
 
 def default_workers() -> int:
@@ -45,7 +46,7 @@ class TrainConfig:
     seed: int = 0
     workers: int = field(default_factory=default_workers)
     device: str = "auto"
-    runs_dir: str = "runs"
+    runs_dir: str = field(default_factory=lambda: str(default_runs_dir()))
     name: str = ""
     progress: bool = True
 

@@ -6,31 +6,38 @@ import os
 from pathlib import Path
 
 DEFAULT_RUNS_DIR = Path(os.environ.get("SPML_RUNS", "runs"))
+
+
+def default_runs_dir() -> Path:
+    """``$SPML_RUNS`` if set (read at call time), else ``./runs``."""
+    return Path(os.environ.get("SPML_RUNS", "runs"))
 BEST = "best.pt"
 LAST = "last.pt"
 
 
-def list_runs(runs_dir: Path = DEFAULT_RUNS_DIR) -> list[Path]:
-    """Run folders under ``runs_dir`` that hold a best checkpoint, oldest first (by its mtime)."""
-    runs_dir = Path(runs_dir)
+def list_runs(runs_dir: Path | None = None) -> list[Path]:
+    """Run folders under ``runs_dir`` (default: :func:`default_runs_dir`) that hold a best checkpoint, oldest
+    first (by its mtime)."""
+    runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     if not runs_dir.is_dir():
         return []
     runs = [p for p in runs_dir.iterdir() if (p / BEST).is_file()]
     return sorted(runs, key=lambda p: (p / BEST).stat().st_mtime)
 
 
-def latest_run(runs_dir: Path = DEFAULT_RUNS_DIR) -> Path:
+def latest_run(runs_dir: Path | None = None) -> Path:
     """The run whose best checkpoint was written last; ``FileNotFoundError`` naming ``runs_dir`` if none."""
+    runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     runs = list_runs(runs_dir)
     if not runs:
         raise FileNotFoundError(
-            f"no trained run found under {Path(runs_dir).resolve()} (train one with `python -m train`, "
+            f"no trained run found under {runs_dir.resolve()} (train one with `python -m train`, "
             "or pass a run folder or checkpoint path)"
         )
     return runs[-1]
 
 
-def resolve_checkpoint(target: str | Path | None, runs_dir: Path = DEFAULT_RUNS_DIR) -> Path:
+def resolve_checkpoint(target: str | Path | None, runs_dir: Path | None = None) -> Path:
     """Turn ``None`` (latest run), a run folder, or a checkpoint file into a checkpoint path."""
     if target is None:
         return latest_run(runs_dir) / BEST
@@ -41,7 +48,7 @@ def resolve_checkpoint(target: str | Path | None, runs_dir: Path = DEFAULT_RUNS_
         raise FileNotFoundError(f"{path} is a folder without {BEST}; is it a run folder?")
     if path.is_file():
         return path
-    candidate = Path(runs_dir) / str(target)
+    candidate = (Path(runs_dir) if runs_dir is not None else default_runs_dir()) / str(target)
     if (candidate / BEST).is_file():
         return candidate / BEST
     raise FileNotFoundError(f"no run folder or checkpoint named {target}")

@@ -27,7 +27,7 @@ from train.config import TrainConfig
 from train.data.dataset import ImageLabelDataset
 from train.data.protocol import ProtocolSplits, build_protocol, parse_observed
 from train.data.registry import load_dataset
-from train.methods import EpochEndContext, Method, MethodContext, get_method, make_hparams
+from train.methods import EpochEndContext, LossOutput, Method, MethodContext, get_method, make_hparams
 from train.metrics import evaluate
 from train.runs import BEST, LAST
 
@@ -295,6 +295,28 @@ class Trainer:
             out["images"] = out["images"].contiguous(memory_format=torch.channels_last)
         return out
 
+    def train_step(self, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """Forward, backward, clip, optimiser/scheduler/EMA step on one batch already on the device.
+
+        A non-finite loss skips the update (the caller raises)."""
+        with self.precision.autocast():
+            out = self.method.training_step(self.model, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(out.loss):
+            return out
+        self.scaler.scale(out.loss).backward()
+        if self.cfg.clip_grad > 0:
+            self.scaler.unscale_(self.optimizer)
+            trainable = [p for g in self.optimizer.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(trainable, self.cfg.clip_grad)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
+        return out
+
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """One pass over the training set; returns mean loss, method logs and throughput."""
         self.model.train()
@@ -303,29 +325,16 @@ class Trainer:
         seen, start = 0, time.perf_counter()
         bar = tqdm(self.train_loader, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
                    disable=not self.cfg.progress, file=sys.stderr, unit="batch")
-        trainable = [p for g in self.optimizer.param_groups for p in g["params"]]
         for step, raw in enumerate(bar):
             batch = self._to_device(raw)
-            with self.precision.autocast():
-                out = self.method.training_step(self.model, batch)
-            loss = out.loss
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch}, step {step + 1}; try a lower "
+            out = self.train_step(batch)
+            loss = out.loss.item()
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at epoch {epoch}, step {step + 1}; try a lower "
                                          "--lr, --clip-grad 1.0, or --amp off")
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
-            if self.cfg.clip_grad > 0:
-                self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(trainable, self.cfg.clip_grad)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if self.scheduler is not None:
-                self.scheduler.step()
-            if self.ema is not None:
-                self.ema.update_parameters(self.model)
             n = batch["images"].shape[0]
             seen += n
-            sums["loss"] = sums.get("loss", 0.0) + loss.item() * n
+            sums["loss"] = sums.get("loss", 0.0) + loss * n
             for key, value in out.logs.items():
                 sums[key] = sums.get(key, 0.0) + float(value) * n
             rate = seen / (time.perf_counter() - start)

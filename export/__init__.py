@@ -1,0 +1,68 @@
+"""Export trained checkpoints to verified, self-describing ONNX files (``python -m export``).
+
+Public API (imported lazily, so ``python -m export --help`` and usage errors do not load torch):
+
+- :func:`export_onnx` (checkpoint -> ``model.onnx`` + ``model.json``, parity-checked against PyTorch)
+  returning an :class:`ExportResult`;
+- :func:`read_onnx_meta` (the :class:`~models.checkpoint.ModelMeta` stored in an exported file),
+  :func:`read_sidecar`, :func:`sidecar_path`;
+- errors: :class:`ExportError` > :class:`VerificationDataError`, :class:`ParityError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+DEFAULT_OPSET = 20
+MIN_OPSET = 18  # the dynamo exporter's operators are written for 18; lower needs a fragile down-conversion
+MAX_OPSET = 23
+DEFAULT_VERIFY_IMAGES = 32
+DEFAULT_ATOL = 1e-4
+
+_LAZY = {
+    "META_KEY": "export.metadata",
+    "read_onnx_meta": "export.metadata",
+    "read_sidecar": "export.metadata",
+    "sidecar_path": "export.metadata",
+    "ExportResult": "export.onnx_export",
+    "export_onnx": "export.onnx_export",
+    "ExportError": "export.verify",
+    "ParityError": "export.verify",
+    "VerificationDataError": "export.verify",
+    "VerifyResult": "export.verify",
+}
+
+if TYPE_CHECKING:
+    from export.metadata import META_KEY, read_onnx_meta, read_sidecar, sidecar_path
+    from export.onnx_export import ExportResult, export_onnx
+    from export.verify import ExportError, ParityError, VerificationDataError, VerifyResult
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve the public API on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'export' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "DEFAULT_ATOL",
+    "DEFAULT_OPSET",
+    "DEFAULT_VERIFY_IMAGES",
+    "MAX_OPSET",
+    "META_KEY",
+    "MIN_OPSET",
+    "ExportError",
+    "ExportResult",
+    "ParityError",
+    "VerificationDataError",
+    "VerifyResult",
+    "export_onnx",
+    "read_onnx_meta",
+    "read_sidecar",
+    "sidecar_path",
+]

@@ -1,0 +1,228 @@
+"""Parity check of an exported ONNX model against the PyTorch model on real images.
+
+The images are the model's own validation split (rebuilt from ``meta.data`` with the dataset registry and
+the SPML protocol) or the images of a folder. Both runtimes get exactly the same preprocessed batch
+(:class:`~models.preprocess.EvalTransform` from the meta); the maximum absolute logit difference must not
+exceed ``atol``. Batches of 1 and 3 are also pushed through ONNX Runtime to prove the batch axis is dynamic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from models.checkpoint import ModelMeta
+from models.preprocess import EvalTransform
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+ORT_INSTALL_HINT = "pip install onnxruntime-gpu  (or the CPU-only: pip install onnxruntime)"
+DYNAMIC_BATCH_SIZES = (1, 3)
+
+
+class ExportError(RuntimeError):
+    """The export or its verification failed; the message is one readable line."""
+
+
+class VerificationDataError(ExportError):
+    """No images to verify on (dataset unavailable and no folder given)."""
+
+
+class ParityError(ExportError):
+    """ONNX Runtime and PyTorch disagree by more than the tolerance."""
+
+
+@dataclass
+class VerifyImages:
+    """The image files chosen for verification and a human description of where they came from."""
+
+    paths: list[Path]
+    source: str
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of :func:`verify_parity` (all numbers are over the images actually decoded)."""
+
+    source: str
+    images_used: int
+    images_skipped: list[str]  # "path: reason"
+    max_abs_diff: float
+    mean_abs_diff: float
+    atol: float
+    batch_sizes_checked: list[int]
+    passed: bool
+    seconds: float
+    per_batch_size_max_diff: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict (for the sidecar)."""
+        return asdict(self)
+
+
+def import_onnxruntime() -> Any:
+    """Import onnxruntime, raising ``ExportError`` with the pip command when it is missing."""
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise ExportError(f"onnxruntime is not installed ({exc}); install it with: {ORT_INSTALL_HINT}") from exc
+    return onnxruntime
+
+
+def ort_cpu_session(path: str | Path) -> onnxruntime.InferenceSession:
+    """An ONNX Runtime session on ``CPUExecutionProvider`` for ``path`` (warnings silenced)."""
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def folder_images(folder: str | Path, limit: int) -> VerifyImages:
+    """The first ``limit`` images (sorted, recursive) of ``folder``; ``VerificationDataError`` if none."""
+    from serve.tag import find_images  # the tagger's scan rules; imported here to keep imports one-way
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise VerificationDataError(f"--images folder not found: {folder}")
+    found = find_images(folder)
+    if not found:
+        raise VerificationDataError(f"no image files found under {folder}")
+    return VerifyImages(found[:limit], f"folder {folder}")
+
+
+def validation_images(meta: ModelMeta, limit: int) -> VerifyImages:
+    """The first ``limit`` images of the model's validation split, rebuilt from ``meta.data``.
+
+    Uses ``load_dataset(meta.data["source"])`` and ``build_protocol`` with the recorded observed spec,
+    protocol seed and val fraction. Raises ``VerificationDataError`` (suggesting ``--images``) when that is
+    impossible.
+    """
+    data = meta.data or {}
+    source = data.get("source")
+    hint = "pass --images FOLDER to verify on a folder of images instead"
+    if not source:
+        raise VerificationDataError(f"the checkpoint records no dataset source (meta.data['source']); {hint}")
+    try:
+        from train.data.protocol import PROTOCOL_SEED, build_protocol, parse_observed
+        from train.data.registry import load_dataset
+
+        splits = load_dataset(str(source))
+        protocol = build_protocol(
+            splits,
+            parse_observed(str(data.get("observed", "single"))),
+            val_fraction=float(data.get("val_fraction", 0.2)),
+            seed=int(data.get("protocol_seed", PROTOCOL_SEED)),
+        )
+    except Exception as exc:  # import error, missing files, bad CSV...: all mean "no val split here"
+        raise VerificationDataError(
+            f"cannot rebuild the validation split of dataset {source!r} ({type(exc).__name__}: {exc}); {hint}"
+        ) from exc
+    paths = list(protocol.val.paths)
+    if not paths:
+        raise VerificationDataError(f"the validation split of {source!r} is empty; {hint}")
+    fingerprint = data.get("fingerprint")
+    note = ""
+    if fingerprint and fingerprint != protocol.fingerprint:
+        note = f", dataset fingerprint {protocol.fingerprint} differs from the checkpoint's {fingerprint}"
+    if list(protocol.classes) != list(meta.classes):
+        note += ", dataset classes differ from the model's"
+    return VerifyImages(paths[:limit], f"val split of {source}{note}")
+
+
+def load_inputs(paths: list[Path], meta: ModelMeta) -> tuple[np.ndarray, list[str]]:
+    """Preprocess ``paths`` with the meta's EvalTransform -> (float32 (N,3,S,S), ["path: reason" skipped])."""
+    transform = EvalTransform(meta.image_size, meta.mean, meta.std)
+    arrays: list[np.ndarray] = []
+    skipped: list[str] = []
+    for path in paths:
+        try:
+            arrays.append(transform(path).numpy())
+        except Exception as exc:  # any decode failure only removes that image from the check
+            skipped.append(f"{path}: {type(exc).__name__}: {exc}")
+    if not arrays:
+        return np.zeros((0, 3, meta.image_size, meta.image_size), np.float32), skipped
+    return np.stack(arrays).astype(np.float32, copy=False), skipped
+
+
+def _torch_logits(model: torch.nn.Module, inputs: np.ndarray, batch_size: int) -> np.ndarray:
+    outs = []
+    with torch.inference_mode():
+        for start in range(0, len(inputs), batch_size):
+            outs.append(model(torch.from_numpy(inputs[start : start + batch_size])).float().numpy())
+    return np.concatenate(outs)
+
+
+def _ort_logits(session: onnxruntime.InferenceSession, inputs: np.ndarray, batch_size: int) -> np.ndarray:
+    input_name = session.get_inputs()[0].name
+    outs = []
+    for start in range(0, len(inputs), batch_size):
+        batch = np.ascontiguousarray(inputs[start : start + batch_size])
+        (logits,) = session.run(None, {input_name: batch})
+        if logits.shape[0] != batch.shape[0]:
+            raise ExportError(f"ONNX Runtime returned {logits.shape[0]} rows for a batch of {batch.shape[0]}")
+        outs.append(np.asarray(logits, dtype=np.float32))
+    return np.concatenate(outs)
+
+
+def verify_parity(
+    onnx_path: str | Path,
+    model: torch.nn.Module,
+    images: VerifyImages,
+    meta: ModelMeta,
+    atol: float = 1e-4,
+    batch_size: int = 16,
+) -> VerifyResult:
+    """Run ``images`` through ONNX Runtime (CPU) and the eval-mode PyTorch ``model``; compare logits.
+
+    Also runs batches of 1 and 3 through ORT. Returns a :class:`VerifyResult` with ``passed`` set; raises
+    ``VerificationDataError`` if no image could be decoded, ``ExportError`` if ORT fails to run.
+    """
+    start = time.perf_counter()
+    inputs, skipped = load_inputs(images.paths, meta)
+    if len(inputs) == 0:
+        raise VerificationDataError(
+            f"none of the {len(images.paths)} images from {images.source} could be read "
+            f"(first: {skipped[0] if skipped else '-'}); pass --images FOLDER with readable images"
+        )
+    model = model.eval()
+    try:
+        session = ort_cpu_session(onnx_path)
+        ort_out = _ort_logits(session, inputs, batch_size)
+        ref = _torch_logits(model, inputs, batch_size)
+        per_size: dict[str, float] = {}
+        if ort_out.shape != ref.shape:
+            raise ExportError(f"output shape mismatch: ONNX Runtime {ort_out.shape} vs PyTorch {ref.shape}")
+        diff = np.abs(ort_out.astype(np.float64) - ref.astype(np.float64))
+        per_size[str(min(batch_size, len(inputs)))] = float(diff.max())
+        max_diff = float(diff.max())
+        for size in DYNAMIC_BATCH_SIZES:
+            idx = np.arange(size) % len(inputs)  # repeat images when fewer than `size` are available
+            small = _ort_logits(session, inputs[idx], size)
+            if small.shape != (size, ref.shape[1]):
+                raise ExportError(f"batch of {size}: ONNX Runtime returned shape {small.shape}")
+            d = float(np.abs(small.astype(np.float64) - ref[idx].astype(np.float64)).max())
+            per_size[str(size)] = d
+            max_diff = max(max_diff, d)
+    except ExportError:
+        raise
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise ExportError(f"running the exported model failed ({type(exc).__name__}: {exc})") from exc
+    passed = bool(np.isfinite(max_diff) and max_diff <= atol)
+    return VerifyResult(
+        source=images.source,
+        images_used=len(inputs),
+        images_skipped=skipped,
+        max_abs_diff=max_diff,
+        mean_abs_diff=float(diff.mean()),
+        atol=float(atol),
+        batch_sizes_checked=sorted({min(batch_size, len(inputs)), *DYNAMIC_BATCH_SIZES}),
+        passed=passed,
+        seconds=time.perf_counter() - start,
+        per_batch_size_max_diff=per_size,
+    )

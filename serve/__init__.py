@@ -1,0 +1,12 @@
+"""Serving trained models: batch folder tagging (``python -m serve tag``) over pluggable runtimes.
+
+Runtimes live in :mod:`serve.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
+dependencies such as onnxruntime are imported only when a model of that kind is loaded. This module only
+holds the CLI defaults, so ``python -m serve --help`` and usage errors answer without loading torch.
+"""
+
+from pathlib import Path
+
+DEFAULT_BATCH_SIZE = 16
+DEFAULT_THRESHOLD = 0.5
+DEFAULT_OUTPUT = Path("tags.jsonl")

@@ -1,0 +1,47 @@
+"""PyTorch backend for training checkpoints (``.pt``): the reference the exported runtimes must match."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from models.checkpoint import ModelMeta, load_checkpoint
+from models.resnet import model_from_meta
+
+
+class TorchBackend:
+    """A checkpoint's network in eval mode: float32 ``(N,3,S,S)`` -> logits ``(N,C)`` (CUDA if available)."""
+
+    name: ClassVar[str] = "torch"
+    suffixes: ClassVar[tuple[str, ...]] = (".pt", ".pth")
+
+    def __init__(self, model: torch.nn.Module, meta: ModelMeta, path: Path, device: torch.device) -> None:
+        self.model = model
+        self.meta = meta
+        self.path = path
+        self.device = device
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device | None = None) -> TorchBackend:
+        """Load a checkpoint written by the trainer (weights only); ``device`` defaults to cuda, else cpu.
+
+        Raises ``FileNotFoundError`` or ``ValueError`` (not a checkpoint of this package).
+        """
+        path = Path(path)
+        ckpt = load_checkpoint(path)
+        dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        model = model_from_meta(ckpt.meta)
+        try:
+            model.load_state_dict(ckpt.model)
+        except RuntimeError as exc:
+            raise ValueError(f"{path}: weights do not fit {ckpt.meta.arch} ({exc})") from exc
+        return cls(model.float().eval().to(dev), ckpt.meta, path, dev)
+
+    def predict_logits(self, batch: np.ndarray) -> np.ndarray:
+        """float32 ``(N, 3, S, S)`` preprocessed batch -> float32 logits ``(N, C)``."""
+        x = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)).to(self.device)
+        with torch.inference_mode():
+            return self.model(x).float().cpu().numpy()
