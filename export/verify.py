@@ -11,18 +11,15 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from models.checkpoint import ModelMeta
 from models.preprocess import EvalTransform
+from serve.runtimes.onnxruntime_backend import OnnxRuntimeBackend
 
-if TYPE_CHECKING:
-    import onnxruntime
-
-ORT_INSTALL_HINT = "pip install onnxruntime-gpu  (or the CPU-only: pip install onnxruntime)"
 DYNAMIC_BATCH_SIZES = (1, 3)
 
 
@@ -66,21 +63,12 @@ class VerifyResult:
         return asdict(self)
 
 
-def import_onnxruntime() -> Any:
-    """Import onnxruntime, raising ``ExportError`` with the pip command when it is missing."""
+def ort_cpu_runtime(path: str | Path) -> OnnxRuntimeBackend:
+    """The serving layer's ONNX Runtime backend on ``CPUExecutionProvider`` (``ExportError`` if unavailable)."""
     try:
-        import onnxruntime
-    except ImportError as exc:
-        raise ExportError(f"onnxruntime is not installed ({exc}); install it with: {ORT_INSTALL_HINT}") from exc
-    return onnxruntime
-
-
-def ort_cpu_session(path: str | Path) -> onnxruntime.InferenceSession:
-    """An ONNX Runtime session on ``CPUExecutionProvider`` for ``path`` (warnings silenced)."""
-    ort = import_onnxruntime()
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        return OnnxRuntimeBackend.load(path, providers=("CPUExecutionProvider",))
+    except (ModuleNotFoundError, ValueError) as exc:
+        raise ExportError(str(exc)) from exc
 
 
 def folder_images(folder: str | Path, limit: int) -> VerifyImages:
@@ -158,12 +146,11 @@ def _torch_logits(model: torch.nn.Module, inputs: np.ndarray, batch_size: int) -
     return np.concatenate(outs)
 
 
-def _ort_logits(session: onnxruntime.InferenceSession, inputs: np.ndarray, batch_size: int) -> np.ndarray:
-    input_name = session.get_inputs()[0].name
+def _ort_logits(runtime: OnnxRuntimeBackend, inputs: np.ndarray, batch_size: int) -> np.ndarray:
     outs = []
     for start in range(0, len(inputs), batch_size):
-        batch = np.ascontiguousarray(inputs[start : start + batch_size])
-        (logits,) = session.run(None, {input_name: batch})
+        batch = inputs[start : start + batch_size]
+        logits = runtime.predict_logits(batch)
         if logits.shape[0] != batch.shape[0]:
             raise ExportError(f"ONNX Runtime returned {logits.shape[0]} rows for a batch of {batch.shape[0]}")
         outs.append(np.asarray(logits, dtype=np.float32))
@@ -192,7 +179,7 @@ def verify_parity(
         )
     model = model.eval()
     try:
-        session = ort_cpu_session(onnx_path)
+        session = ort_cpu_runtime(onnx_path)
         ort_out = _ort_logits(session, inputs, batch_size)
         ref = _torch_logits(model, inputs, batch_size)
         per_size: dict[str, float] = {}

@@ -15,8 +15,10 @@ from train.data import builtin
 from train.data.builtin import (
     CLASS_NAMES,
     COOCCURRING_PAIRS,
+    GENERATOR_VERSION,
     MAX_OBJECTS,
     PRESETS,
+    SIZE_RANGE,
     cache_root,
     ensure_builtin,
     generate_image,
@@ -67,7 +69,7 @@ def test_classes_and_pairs_are_well_formed() -> None:
     assert {"tiny", "default", "large"} <= set(PRESETS)
     assert (TINY.image_size, TINY.n_train, TINY.n_test) == (64, 200, 80)
     assert (PRESETS["default"].image_size, PRESETS["default"].n_train, PRESETS["default"].n_test) == (
-        96, 5000, 1000)
+        96, 16000, 2000)
     assert (PRESETS["large"].image_size, PRESETS["large"].n_train, PRESETS["large"].n_test) == (
         448, 30000, 6000)
 
@@ -78,7 +80,7 @@ def test_unknown_preset_and_bad_seed_raise_data_error(tmp_path: Path) -> None:
         ensure_builtin("huge", cache_dir=tmp_path, progress=False)
     with pytest.raises(DataError, match="seed"):
         ensure_builtin("tiny", seed=-1, cache_dir=tmp_path, progress=False)
-    assert not (tmp_path / "builtin" / "huge-seed0").exists()
+    assert not any((tmp_path / "builtin").glob("huge-*"))
 
 
 def test_cache_root_honours_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -106,7 +108,7 @@ def test_label_statistics_on_a_known_matrix() -> None:
 
 def test_folder_structure(tiny_dir: Path) -> None:
     """classes.txt, labels.csv (header, row count, labels) and the images are as specified."""
-    assert tiny_dir.name == "tiny-seed0" and tiny_dir.parent.name == "builtin"
+    assert tiny_dir.name == f"tiny-seed0-v{GENERATOR_VERSION}" and tiny_dir.parent.name == "builtin"
     assert (tiny_dir / ".complete").is_file()
     assert (tiny_dir / "classes.txt").read_text().splitlines() == CLASS_NAMES
     with open(tiny_dir / "labels.csv", newline="") as f:
@@ -183,7 +185,7 @@ def test_sample_scene_is_cheap_and_well_formed() -> None:
         assert 1 <= len(objects) <= MAX_OBJECTS
         assert not scene[0].is_occluder
         for o in objects:
-            assert 0.18 <= o.size <= 0.45
+            assert SIZE_RANGE[0] <= o.size <= SIZE_RANGE[1]
             assert 0.0 < o.cx < 1.0 and 0.0 < o.cy < 1.0
 
 
@@ -233,10 +235,10 @@ def test_leftovers_of_an_interrupted_generation_are_replaced(
 ) -> None:
     """A stale temp folder and a folder without .complete are replaced."""
     parent = tmp_path / "builtin"
-    stale_tmp = parent / ".tiny-seed0.tmp-999-deadbeef"
+    stale_tmp = parent / f".tiny-seed0-v{GENERATOR_VERSION}.tmp-999-deadbeef"
     (stale_tmp / "images" / "train").mkdir(parents=True)
     (stale_tmp / "labels.csv").write_text("image,labels,split\n")
-    half = parent / "tiny-seed0"
+    half = parent / f"tiny-seed0-v{GENERATOR_VERSION}"
     (half / "images" / "train").mkdir(parents=True)
     (half / "images" / "train" / "000000.jpg").write_bytes(b"truncated")
     (half / "junk.txt").write_text("junk")
@@ -263,7 +265,7 @@ def test_failed_generation_leaves_no_dataset(monkeypatch: pytest.MonkeyPatch, tm
     with pytest.raises(KeyboardInterrupt):
         ensure_builtin("tiny", seed=0, cache_dir=tmp_path, workers=1, progress=False)
     parent = tmp_path / "builtin"
-    assert not (parent / "tiny-seed0").exists()
+    assert not (parent / f"tiny-seed0-v{GENERATOR_VERSION}").exists()
     assert [p.name for p in parent.iterdir() if ".tmp-" in p.name] == []
 
 

@@ -31,7 +31,7 @@ class TrainConfig:
     arch: str = "resnet18"
     weights: str = "none"
     image_size: int = 64
-    epochs: int = 8
+    epochs: int = 3
     batch_size: int = 32
     eval_batch_size: int = 64
     optimizer: str = "adam"

@@ -7,7 +7,7 @@ labels are the classes that stay visible after rendering (an instance counts whe
 ``MIN_VISIBLE_FRACTION`` of its pixels are not covered by anything drawn later).
 
 The dataset is written in the package's generic folder format (``classes.txt``, ``labels.csv``,
-``images/{train,test}/NNNNNN.jpg``) under ``<cache>/builtin/<preset>-seed<seed>/``. Every image comes from
+``images/{train,test}/NNNNNN.jpg``) under ``<cache>/builtin/<preset>-seed<seed>-v<version>/``. Every image comes from
 its own RNG, seeded with ``(seed, split, index)``, so the files are byte-identical whatever the number of
 worker processes.
 
@@ -65,10 +65,12 @@ MIN_VISIBLE_FRACTION = 0.4
 #: Most objects (class instances) in one image.
 MAX_OBJECTS = 6
 #: Object size (diameter of the circle around the shape) as a fraction of the image side.
-SIZE_RANGE = (0.18, 0.45)
+SIZE_RANGE = (0.28, 0.55)
 #: Shapes are drawn at this multiple of the image size and downsampled (anti-aliasing).
 SUPERSAMPLE = 2
 JPEG_QUALITY = 90
+#: Bump whenever generation changes what is drawn or labelled: cached datasets of other versions are not reused.
+GENERATOR_VERSION = 2
 
 # Class order from most to least frequent (a fixed shuffle, so frequency is unrelated to the class index).
 _FREQUENCY_ORDER = [
@@ -91,7 +93,7 @@ _PAIR_PROBABILITY = 0.85
 # Number of independently drawn objects (partners of co-occurring pairs come on top, up to MAX_OBJECTS).
 _N_PRIMARY = np.array([1, 2, 3, 4, 5])
 _N_PRIMARY_P = np.array([0.15, 0.25, 0.28, 0.2, 0.12])
-_N_OCCLUDERS_P = np.array([0.45, 0.4, 0.15])
+_N_OCCLUDERS_P = np.array([0.75, 0.2, 0.05])
 
 _SPLITS = {"train": 0, "test": 1}
 
@@ -120,7 +122,7 @@ class BuiltinPreset:
 
 PRESETS: dict[str, BuiltinPreset] = {
     "tiny": BuiltinPreset("tiny", 64, 200, 80),
-    "default": BuiltinPreset("default", 96, 5000, 1000),
+    "default": BuiltinPreset("default", 96, 16000, 2000),
     "large": BuiltinPreset("large", 448, 30000, 6000),
 }
 
@@ -547,7 +549,7 @@ def ensure_builtin(
     workers: int | None = None,
     progress: bool = True,
 ) -> Path:
-    """Return the folder ``<cache>/builtin/<preset>-seed<seed>/`` of the built-in dataset, generating it
+    """Return the folder ``<cache>/builtin/<preset>-seed<seed>-v<version>/`` of the built-in dataset, generating it
     first if it is missing or incomplete. ``cache_dir`` defaults to :func:`cache_root`; ``workers`` (default
     ``min(cpu_count, 8)``, one process for tiny) is the number of generating processes and never changes
     the files. Raises :class:`DataError` for an unknown preset or a negative seed."""
@@ -558,7 +560,7 @@ def ensure_builtin(
     seed = int(seed)
     spec = PRESETS[preset]
     parent = Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "builtin"
-    folder = parent / f"{preset}-seed{seed}"
+    folder = parent / f"{preset}-seed{seed}-v{GENERATOR_VERSION}"
     if (folder / ".complete").is_file():
         return folder
     parent.mkdir(parents=True, exist_ok=True)
@@ -620,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="generation seed, >= 0 (default: %(default)s)")
     parser.add_argument(
         "--out", type=Path, default=None, metavar="DIR",
-        help="cache root; the dataset goes to DIR/builtin/<preset>-seed<seed>/ "
+        help="cache root; the dataset goes to DIR/builtin/<preset>-seed<seed>-v<version>/ "
         "(default: $SPML_CACHE, else ~/.cache/spml)",
     )
     parser.add_argument("--workers", type=int, default=None,

@@ -1,0 +1,79 @@
+"""The product path a user takes: tiny training run -> ONNX export -> tagging a folder, with real values."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.preprocess import EvalTransform
+from serve.runtimes import TorchBackend
+from train.__main__ import main as train_main
+from train.data.registry import load_dataset
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_train_export_tag(builtin_cache: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    assert train_main(["--data", "builtin:tiny", "--epochs", "1", "--image-size", "32", "--batch-size", "16",
+                       "--workers", "0", "--no-progress", "--runs-dir", str(runs), "--name", "e2e"]) == 0
+    run = runs / "e2e"
+
+    # export the run (by folder) - verification on the run's real validation images happens inside
+    out = _run("-m", "export", str(run))
+    assert out.returncode == 0, out.stderr + out.stdout
+    onnx_path, sidecar = run / "export" / "model.onnx", run / "export" / "model.json"
+    assert onnx_path.is_file() and sidecar.is_file()
+    doc = json.loads(sidecar.read_text())
+    verification = doc["verification"]
+    assert verification["passed"] and verification["max_abs_diff"] <= 1e-4
+    assert verification["images_used"] == 32 and "val split of builtin:tiny@seed0" in verification["source"]
+
+    # a folder of real test images, nested, plus one broken file
+    test_split = load_dataset("builtin:tiny").test
+    assert test_split is not None
+    folder = tmp_path / "photos"
+    (folder / "nested").mkdir(parents=True)
+    chosen = test_split.paths[:9]
+    for i, src in enumerate(chosen):
+        shutil.copy(src, folder / ("nested" if i % 3 == 0 else "") / f"img{i}.JPG")
+    (folder / "broken.jpg").write_bytes(b"not a jpeg")
+    jsonl = tmp_path / "tags.jsonl"
+    out = _run("-m", "serve", "tag", str(folder), "--model", str(onnx_path), "--output", str(jsonl), "--no-progress")
+    assert out.returncode == 1, out.stderr  # one file failed
+    assert "broken.jpg" in out.stderr
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert len(records) == 9
+
+    # the scores are the trained model's: recompute them independently with the PyTorch checkpoint
+    torch_model = TorchBackend.load(run / "best.pt", device="cpu")
+    meta = torch_model.meta
+    transform = EvalTransform(meta.image_size, meta.mean, meta.std)
+    by_path = {r["path"]: r for r in records}
+    for i, _src in enumerate(chosen):
+        rel = ("nested/" if i % 3 == 0 else "") + f"img{i}.JPG"
+        logits = torch_model.predict_logits(transform(folder / rel).numpy()[None])[0]
+        expected = 1 / (1 + np.exp(-logits.astype(np.float64)))
+        got = np.array([by_path[rel]["scores"][c] for c in meta.classes])
+        np.testing.assert_allclose(got, expected, atol=2e-6)
+        assert by_path[rel]["tags"] == sorted(
+            [c for c, p in zip(meta.classes, got, strict=True) if p >= 0.5], key=lambda c: -by_path[rel]["scores"][c]
+        )
+
+    # the PyTorch checkpoint is a servable model too, with the same scores
+    jsonl_pt = tmp_path / "tags_pt.jsonl"
+    out = _run("-m", "serve", "tag", str(folder / "nested"), "--model", str(run / "best.pt"),
+               "--output", str(jsonl_pt), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    for line in jsonl_pt.read_text().splitlines():
+        rec = json.loads(line)
+        ref = by_path["nested/" + rec["path"]]["scores"]
+        assert rec["scores"] == pytest.approx(ref, abs=2e-5)
