@@ -74,3 +74,12 @@ def test_unknown_architecture_and_weights_names() -> None:
         build_model("vgg11", 3)
     with pytest.raises(ValueError, match="unknown weights"):
         build_model("resnet18", 3, weights="IMAGENET9K")
+
+
+def test_imagenet_weights_resolve_to_the_papers_torchvision_weights_without_downloading() -> None:
+    from torchvision.models import ResNet50_Weights
+
+    from models.resnet import _torchvision_weights
+
+    assert _torchvision_weights("resnet50", "imagenet") is ResNet50_Weights.IMAGENET1K_V1  # what the papers used
+    assert _torchvision_weights("resnet50", "IMAGENET1K_V2") is ResNet50_Weights.IMAGENET1K_V2
