@@ -139,3 +139,18 @@ def test_bce_oracle_trains_on_full_labels_and_an_on_observed() -> None:
     assert an.loss(logits, batch).loss.item() != pytest.approx(bce.loss(logits, batch).loss.item())
     with pytest.raises(ValueError, match="unknown method"):
         get_method("magic")
+
+
+def test_diverged_loss_stops_with_a_clear_error(builtin_cache: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from train.methods.an import AssumeNegative
+    from train.methods.base import LossOutput
+
+    def nan_loss(self: AssumeNegative, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        return LossOutput(logits.sum() * float("nan"))
+
+    monkeypatch.setattr(AssumeNegative, "loss", nan_loss)
+    assert main([*FAST, "--epochs", "1", "--workers", "0", "--runs-dir", str(tmp_path), "--name", "nan"]) == 1
+    err = capsys.readouterr().err
+    assert "loss is nan at epoch 1, step 1" in err and "--clip-grad" in err

@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from train.trainer import CONFIG_FILE, Trainer
 
+    trainer: Trainer | None = None
     try:
         if args.resume:
             run_dir = Path(args.resume)
@@ -38,13 +39,16 @@ def main(argv: list[str] | None = None) -> int:
             trainer = Trainer(cfg)
         trainer.fit()
     except KeyboardInterrupt:
-        where = getattr(locals().get("trainer"), "run_dir", None)
-        print(f"\ninterrupted; continue with: python -m train --resume {where}" if where else "\ninterrupted",
-              file=sys.stderr)
+        hint = f"; continue with: python -m train --resume {trainer.run_dir}" if trainer is not None else ""
+        print(f"\ninterrupted{hint}", file=sys.stderr)
         return 130
     except (DataError, ValueError, FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (FloatingPointError, OSError) as exc:  # diverged loss, unreadable image during training
+        hint = f" (the last good epoch is in {trainer.run_dir / 'last.pt'})" if trainer is not None else ""
+        print(f"error: {exc}{hint}", file=sys.stderr)
+        return 1
     return 0
 
 
