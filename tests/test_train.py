@@ -45,10 +45,11 @@ def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
     assert config["config"]["ema"] == 0.9 and config["resolved"]["device"] == "cpu"
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize(("workers", "method"), [(0, "an"), (1, "an"), (0, "role"), (0, "em-apl")])
 def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  workers: int) -> None:
-    straight = Trainer(_cfg(tmp_path, name="straight", workers=workers, ema=0.5))
+                                  workers: int, method: str) -> None:
+    """Interrupt after epoch 1, resume: weights, method state and metrics equal an uninterrupted run."""
+    straight = Trainer(_cfg(tmp_path, name="straight", workers=workers, ema=0.5, method=method))
     straight.fit()
 
     calls = {"n": 0}
@@ -61,7 +62,7 @@ def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypat
             raise KeyboardInterrupt
 
     monkeypatch.setattr(Trainer, "save_last", save_then_die)
-    assert main([*FAST, "--epochs", "2", "--workers", str(workers), "--ema", "0.5",
+    assert main([*FAST, "--epochs", "2", "--workers", str(workers), "--ema", "0.5", "--method", method,
                  "--runs-dir", str(tmp_path), "--name", "resumed"]) == 130
     assert load_checkpoint(tmp_path / "resumed" / "last.pt").training["epoch"] == 1
     assert main(["--resume", str(tmp_path / "resumed")]) == 0
@@ -70,12 +71,26 @@ def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypat
     b = load_checkpoint(tmp_path / "resumed" / "last.pt")
     for key, value in a.model.items():
         torch.testing.assert_close(b.model[key], value, rtol=0, atol=0, msg=key)
+    assert a.training is not None and b.training is not None
+    assert a.training["method"].keys() == b.training["method"].keys()
+    for key, value in a.training["method"].items():  # ROLE's label matrix, EM-APL's pseudo-labels
+        torch.testing.assert_close(b.training["method"][key], value, rtol=0, atol=0, msg=key)
+    if method == "em-apl":
+        assert int((b.training["method"]["pseudo"] >= 0).sum()) > 0
     lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
     sa = json.loads((tmp_path / "straight" / "summary.json").read_text())
     sb = json.loads((tmp_path / "resumed" / "summary.json").read_text())
     assert sa["test"]["mAP"] == sb["test"]["mAP"]
     assert main(["--resume", str(tmp_path / "resumed")]) == 0  # already finished: says so, exits 0
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_trains_end_to_end(builtin_cache: Path, tmp_path: Path, method: str) -> None:
+    summary = Trainer(_cfg(tmp_path, name=method, method=method, epochs=1)).fit()
+    assert 0 < summary["test"]["mAP"] <= 100
+    best = load_checkpoint(tmp_path / method / "best.pt")
+    assert best.meta.method == method and best.meta.method_hparams == make_hparams(METHODS[method], {}).__dict__
 
 
 def test_train_never_imports_gradio_or_onnxruntime(builtin_cache: Path, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ its import line in ``train/methods/__init__.py``.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -29,6 +30,17 @@ LOG_EPSILON = 1e-5  # Cole et al.'s neg_log epsilon, used by every probability-s
 def neg_log(x: torch.Tensor) -> torch.Tensor:
     """``-log(x + 1e-5)``, the reference code's negative log of a probability."""
     return -torch.log(x + LOG_EPSILON)
+
+
+def prob_bce(p: torch.Tensor, target: torch.Tensor | float) -> torch.Tensor:
+    """Element-wise BCE of probabilities ``p`` against (soft) ``target`` with :func:`neg_log`."""
+    return target * neg_log(p) + (1.0 - target) * neg_log(1.0 - p)
+
+
+def expected_positives_regulariser(p: torch.Tensor, k: float) -> torch.Tensor:
+    """Cole et al.'s EPR term ``((mean_n sum_c p_nc - k) / C)^2`` (squared error, weight 1)."""
+    k_hat = p.sum(dim=1).mean()
+    return ((k_hat - k) / p.shape[1]) ** 2
 
 
 @dataclass
@@ -120,8 +132,11 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
-def _convert(value: str, annotation: Any, default: Any) -> Any:
-    kind = annotation if isinstance(annotation, type) else type(default)
+def _convert(value: str, annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    kind = args[0] if args else annotation  # Optional[float] -> float
+    if value.lower() == "none" and args:
+        return None
     if kind is bool:
         if value.lower() in ("1", "true", "yes", "on"):
             return True
@@ -131,19 +146,34 @@ def _convert(value: str, annotation: Any, default: Any) -> Any:
     return kind(value)
 
 
+def dataset_family(dataset: str) -> str:
+    """The preset family of a dataset name: ``voc2012`` -> ``voc``, ``coco2014`` -> ``coco``,
+    ``builtin-default`` -> ``builtin``; other names are returned unchanged."""
+    name = dataset.lower()
+    for family in ("voc", "coco", "nus", "cub", "builtin"):
+        if name.startswith(family):
+            return family
+    return name
+
+
+def preset_for(method: type[Method], dataset: str) -> dict[str, Any]:
+    """The method's published hyperparameters for ``dataset``'s family (empty if it has none)."""
+    return dict(method.presets.get(dataset_family(dataset), {}))
+
+
 def make_hparams(method: type[Method], overrides: dict[str, str], dataset: str = "") -> MethodHparams:
-    """Build a method's hyperparameters: dataclass defaults, then the preset for ``dataset`` if the method
-    has one, then ``overrides`` (strings from ``--hp``), converted to each field's type."""
+    """Build a method's hyperparameters: dataclass defaults, then the preset for ``dataset``'s family
+    (:func:`dataset_family`) if the method has one, then ``overrides`` (strings from ``--hp``), each
+    converted to its field's type."""
     fields = {f.name: f for f in dataclasses.fields(method.Hparams)}
-    values: dict[str, Any] = dict(method.presets.get(dataset, {}))
+    hints = typing.get_type_hints(method.Hparams)
+    values: dict[str, Any] = dict(preset_for(method, dataset))
     for key, raw in overrides.items():
         if key not in fields:
             valid = ", ".join(fields) or "(none)"
             raise ValueError(f"method {method.name!r} has no hyperparameter {key!r}; valid: {valid}")
-        f = fields[key]
-        default = f.default if f.default is not dataclasses.MISSING else None
         try:
-            values[key] = _convert(raw, f.type if not isinstance(f.type, str) else None, default)
+            values[key] = _convert(raw, hints[key])
         except ValueError as exc:
             raise ValueError(f"--hp {key}={raw}: {exc}") from None
     return method.Hparams(**values)

@@ -1,0 +1,213 @@
+"""Method losses: values computed independently (plain Python math), identities, gradient signs,
+numerical safety, and the state methods keep."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from train.methods import METHODS, EpochEndContext, MethodContext, get_method, make_hparams
+from train.methods.base import dataset_family
+
+LOGITS = [[2.0, -1.0, 0.0, 0.5], [0.5, 3.0, -2.0, -0.3]]
+OBSERVED = [[1, 0, 0, 0], [0, 1, 0, 0]]
+FULL = [[1, 0, 1, 0], [0, 1, 0, 1]]
+EPS = 1e-5
+
+
+def sig(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def nl(x: float) -> float:
+    return -math.log(x + EPS)
+
+
+def mean_matrix(fn: Callable[[float, int], float]) -> float:
+    """Mean over all entries of fn(p, z)."""
+    vals = [fn(sig(s), z) for row, zrow in zip(LOGITS, OBSERVED, strict=True) for s, z in zip(row, zrow, strict=True)]
+    return sum(vals) / len(vals)
+
+
+def ctx(num_train: int = 2, k: float = 2.0, epochs: int = 3) -> MethodContext:
+    return MethodContext(num_classes=4, num_train=num_train, train_observed=torch.tensor(OBSERVED, dtype=torch.float),
+                         expected_positives=k, epochs=epochs)
+
+
+def batch() -> dict[str, torch.Tensor]:
+    return {"observed": torch.tensor(OBSERVED, dtype=torch.float), "full": torch.tensor(FULL, dtype=torch.float),
+            "index": torch.tensor([0, 1])}
+
+
+def loss_of(name: str, logits: torch.Tensor | None = None, **hp: str) -> torch.Tensor:
+    method = get_method(name)(ctx(), make_hparams(METHODS[name], hp))
+    return method.loss(torch.tensor(LOGITS) if logits is None else logits, batch()).loss
+
+
+def test_an_ls_value_follows_the_reference_code_targets() -> None:
+    def entry(p: float, z: int) -> float:
+        t = 0.9 if z else 0.1
+        return t * nl(p) + (1 - t) * nl(1 - p)
+
+    assert loss_of("an-ls").item() == pytest.approx(mean_matrix(entry), rel=1e-6)
+    assert loss_of("an-ls", ls_coef="0").item() == pytest.approx(loss_of("an").item(), rel=1e-6)
+
+
+def test_wan_value_and_identity_with_an() -> None:
+    gamma = 1 / 3  # 1 / (C - 1) with C = 4
+    assert loss_of("wan").item() == pytest.approx(mean_matrix(lambda p, z: nl(p) if z else gamma * nl(1 - p)), rel=1e-6)
+    assert loss_of("wan", gamma="1").item() == pytest.approx(loss_of("an").item(), rel=1e-7)
+
+
+def test_epr_value() -> None:
+    positive = mean_matrix(lambda p, z: nl(p) if z else 0.0)
+    k_hat = sum(sig(s) for row in LOGITS for s in row) / 2
+    expected = positive + ((k_hat - 2.0) / 4) ** 2  # k = ctx's expected positives
+    assert loss_of("epr").item() == pytest.approx(expected, rel=1e-6)
+    assert loss_of("epr", k="1.5").item() == pytest.approx(positive + ((k_hat - 1.5) / 4) ** 2, rel=1e-6)
+
+
+def role_reference(s: list[list[float]], phi: list[list[float]], s_target: list[list[float]],
+                   phi_target: list[list[float]], k: float = 2.0) -> float:
+    """Cole et al.'s ROLE loss in plain Python; the stop-gradient targets are separate arguments."""
+    total, n = 0.0, 0
+    for i in range(len(s)):
+        for j in range(len(s[0])):
+            p, q, z = sig(s[i][j]), sig(phi[i][j]), OBSERVED[i][j]
+            qt, pt = sig(phi_target[i][j]), sig(s_target[i][j])
+            l1 = (nl(p) if z else 0.0) + qt * nl(p) + (1 - qt) * nl(1 - p)
+            l2 = (nl(q) if z else 0.0) + pt * nl(q) + (1 - pt) * nl(1 - q)
+            total += 0.5 * (l1 + l2)
+            n += 1
+    c, rows = len(s[0]), len(s)
+    k_p = sum(sig(v) for row in s for v in row) / rows
+    k_q = sum(sig(v) for row in phi for v in row) / rows
+    return total / n + 0.5 * (((k_p - k) / c) ** 2 + ((k_q - k) / c) ** 2)
+
+
+def numeric_grad(f: Callable[[list[list[float]]], float], x: list[list[float]], h: float = 1e-5) -> list[list[float]]:
+    grad = []
+    for i in range(len(x)):
+        row = []
+        for j in range(len(x[0])):
+            up = [r[:] for r in x]
+            down = [r[:] for r in x]
+            up[i][j] += h
+            down[i][j] -= h
+            row.append((f(up) - f(down)) / (2 * h))
+        grad.append(row)
+    return grad
+
+
+def test_role_value_initialisation_and_gradient_routing() -> None:
+    method = get_method("role")(ctx(), make_hparams(METHODS["role"], {}))
+    est = method.estimator.detach()
+    assert torch.allclose(est[torch.tensor(OBSERVED) > 0], torch.tensor(math.log(0.995 / 0.005)))
+    unobs = est[torch.tensor(OBSERVED) == 0]
+    assert (unobs.abs() <= math.log(0.6 / 0.4) + 1e-6).all() and unobs.std() > 0
+    assert method.param_groups(1e-3)[0]["lr"] == pytest.approx(1e-2)  # 10x learning rate
+
+    phi = [[1.0, -0.5, 0.2, 0.0], [-1.0, 2.0, 0.3, -0.2]]
+    with torch.no_grad():
+        method.estimator.copy_(torch.tensor(phi, dtype=torch.float64))
+    logits = torch.tensor(LOGITS, dtype=torch.float64, requires_grad=True)
+    method = method.double()
+    loss = method.loss(logits, batch()).loss
+    assert loss.item() == pytest.approx(role_reference(LOGITS, phi, LOGITS, phi), rel=1e-9)
+    loss.backward()
+    # each side sees the other only through detached targets (and its own regulariser)
+    grad_s = numeric_grad(lambda s: role_reference(s, phi, LOGITS, phi), LOGITS)
+    grad_phi = numeric_grad(lambda q: role_reference(LOGITS, q, LOGITS, phi), phi)
+    torch.testing.assert_close(logits.grad, torch.tensor(grad_s, dtype=torch.float64), rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(method.estimator.grad, torch.tensor(grad_phi, dtype=torch.float64), rtol=1e-5,
+                               atol=1e-8)
+
+
+def test_em_unobserved_term_is_minimal_at_one_half_and_pushes_towards_it() -> None:
+    grid = torch.linspace(-6, 6, 121)
+    method = get_method("em")(ctx(), make_hparams(METHODS["em"], {}))
+    values = []
+    for s in grid:
+        logits = torch.tensor([[5.0, s.item(), 0.0, 0.0], [0.0, 5.0, 0.0, 0.0]])
+        values.append(method.loss(logits, batch()).loss.item())
+    assert abs(grid[int(torch.tensor(values).argmin())].item()) < 1e-6  # p = 0.5
+    logits = torch.tensor([[5.0, 2.0, -2.0, 0.0], [0.0, 5.0, 0.0, 0.0]], requires_grad=True)
+    method.loss(logits, batch()).loss.backward()
+    assert logits.grad[0, 1] > 0 and logits.grad[0, 2] < 0  # descent moves both towards 0
+    assert logits.grad[0, 0] < 0  # the observed positive is pushed up
+    # value: -log p at positives, -alpha * H(p) elsewhere
+    def entry(p: float, z: int) -> float:
+        return nl(p) if z else -0.1 * (p * nl(p) + (1 - p) * nl(1 - p))
+
+    assert loss_of("em").item() == pytest.approx(mean_matrix(entry), rel=1e-6)
+
+
+def test_em_apl_pseudo_labels_lowest_unobserved_accumulate_and_enter_the_loss() -> None:
+    observed = torch.tensor([[1, 0], [0, 1], [0, 0], [0, 0], [0, 0]], dtype=torch.float)
+    c = MethodContext(num_classes=2, num_train=5, train_observed=observed, expected_positives=1.0, epochs=3)
+    method = get_method("em-apl")(c, make_hparams(METHODS["em-apl"], {"theta": "0.5", "warmup_epochs": "1"}))
+    probs = torch.tensor([[0.9, 0.05], [0.3, 0.8], [0.2, 0.6], [0.4, 0.1], [0.01, 0.7]])
+    full = torch.tensor([[1, 0], [0, 1], [0, 1], [0, 0], [0, 0]], dtype=torch.float)
+    seen_augment = []
+
+    def predict(augment: bool) -> torch.Tensor:
+        seen_augment.append(augment)
+        return probs
+
+    # U = [4, 4] unobserved, theta 0.5 over T - Tw = 2 rounds -> int(0.5 * 4 / 2) = 1 per class per round
+    logs = method.on_epoch_end(EpochEndContext(1, predict, full))
+    assert seen_augment == [True]  # the reference code predicts with the training transform
+    assert method.pseudo[4, 0].item() == pytest.approx(0.01) and method.pseudo[0, 1].item() == pytest.approx(0.05)
+    assert logs["apl_added"] == 2 and logs["apl_negative_precision"] == 1.0
+    method.on_epoch_end(EpochEndContext(2, predict, full))  # next lowest, previous ones excluded
+    assert method.pseudo[2, 0].item() == pytest.approx(0.2) and method.pseudo[3, 1].item() == pytest.approx(0.1)
+    assert int((method.pseudo >= 0).sum()) == 4 and "pseudo" in method.state_dict()
+
+    logits = torch.tensor([[1.0, -1.0], [0.0, 2.0], [-0.5, 0.5], [0.2, 0.3], [-1.0, 0.4]])
+    b = {"observed": observed, "full": full, "index": torch.arange(5)}
+    soft = method.pseudo.tolist()
+    total = 0.0
+    for i in range(5):
+        for j in range(2):
+            p = sig(logits[i, j].item())
+            if observed[i, j] > 0:
+                total += nl(p)
+            elif soft[i][j] >= 0:
+                total += 0.9 * (soft[i][j] * nl(p) + (1 - soft[i][j]) * nl(1 - p))
+            else:
+                total += -0.1 * (p * nl(p) + (1 - p) * nl(1 - p))
+    assert method.loss(logits, b).loss.item() == pytest.approx(total / 10, rel=1e-6)
+
+
+def test_em_apl_does_nothing_during_warm_up() -> None:
+    method = get_method("em-apl")(ctx(epochs=10), make_hparams(METHODS["em-apl"], {"warmup_epochs": "5"}))
+    method.on_epoch_end(EpochEndContext(4, lambda _aug: torch.rand(2, 4), None))
+    assert (method.pseudo < 0).all()
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("autocast", [False, True])
+def test_extreme_logits_give_finite_loss_and_gradients(name: str, autocast: bool) -> None:
+    method = get_method(name)(ctx(), make_hparams(METHODS[name], {}))
+    logits = torch.tensor([[50.0, -50.0, 50.0, -50.0], [-50.0, 50.0, -50.0, 50.0]], requires_grad=True)
+    if autocast:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = method.training_step(lambda _x: logits.to(torch.bfloat16), {**batch(), "images": torch.zeros(2)})
+    else:
+        out = method.loss(logits, batch())
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(logits.grad).all()
+
+
+def test_presets_follow_the_dataset_family() -> None:
+    assert dataset_family("voc2012") == "voc" and dataset_family("coco2014") == "coco"
+    assert dataset_family("builtin-default") == "builtin" and dataset_family("mydata") == "mydata"
+    assert make_hparams(METHODS["em-apl"], {}, "voc2007").beta == pytest.approx(0.02)
+    assert make_hparams(METHODS["em-apl"], {"beta": "0.5"}, "voc2007").beta == pytest.approx(0.5)  # flag wins
+    assert make_hparams(METHODS["epr"], {}, "coco2014").k == pytest.approx(2.9)
+    assert make_hparams(METHODS["wan"], {"gamma": "none"}).gamma is None
+    with pytest.raises(ValueError, match="--hp warmup_epochs=x"):
+        make_hparams(METHODS["em-apl"], {"warmup_epochs": "x"})

@@ -1,0 +1,126 @@
+"""EM ("entropy maximisation") and EM + APL, asymmetric pseudo-labelling (Zhou et al., ECCV 2022).
+
+EM: ``-log p`` at the observed positive and ``-alpha * H(p)`` at unobserved entries (pushing them towards
+0.5 instead of 0), mean over N*C entries.
+
+EM-APL adds, after each epoch from the warm-up epoch ``warmup_epochs`` on, soft NEGATIVE pseudo-labels:
+for each class the ``int(theta * U_c / (T - warmup_epochs))`` lowest-scored entries that are still
+unlabelled (``U_c`` = unobserved entries of the class at the start) get the current prediction as a soft
+target, trained with weight ``beta``. Pseudo-labels accumulate and are never revised. As in the reference
+code: the prediction pass uses the training transform in eval mode, and only negative pseudo-labels exist.
+The reference code's early stopping (patience 0) is not reproduced: the trainer keeps the best val epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from train.methods.base import (
+    EpochEndContext,
+    LossOutput,
+    Method,
+    MethodContext,
+    MethodHparams,
+    neg_log,
+    prob_bce,
+    register,
+)
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """Binary entropy ``-[p log(p + eps) + (1 - p) log(1 - p + eps)]`` with the reference epsilon."""
+    return p * neg_log(p) + (1.0 - p) * neg_log(1.0 - p)
+
+
+@dataclass
+class EmHparams(MethodHparams):
+    """``alpha``: weight of the entropy term on unobserved entries."""
+
+    alpha: float = 0.1
+
+
+@register
+class EntropyMaximisation(Method):
+    """Observed positive: ``-log p``; unobserved: ``-alpha * H(p)``."""
+
+    name = "em"
+    Hparams = EmHparams
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "voc": {"alpha": 0.2}, "coco": {"alpha": 0.1}, "nus": {"alpha": 0.1}, "cub": {"alpha": 0.01},
+    }
+    description = "entropy maximisation on unobserved labels"
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        p = torch.sigmoid(logits)
+        z = self.targets(batch)
+        loss = torch.where(z > 0.5, neg_log(p), -self.hp.alpha * entropy(p))
+        return LossOutput(loss.mean())
+
+
+@dataclass
+class EmAplHparams(EmHparams):
+    """EM's ``alpha`` plus APL's ``beta`` (pseudo-label weight), ``theta`` (share of unobserved entries
+    pseudo-labelled in total), ``warmup_epochs`` and ``total_epochs`` (None = the run's epochs)."""
+
+    beta: float = 0.9
+    theta: float = 0.9
+    warmup_epochs: int = 1
+    total_epochs: int | None = None
+
+
+@register
+class EmAsymmetricPseudoLabels(EntropyMaximisation):
+    """EM plus accumulating soft negative pseudo-labels (a buffer saved with the checkpoint)."""
+
+    name = "em-apl"
+    Hparams = EmAplHparams
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "voc": {"alpha": 0.2, "theta": 0.9, "warmup_epochs": 5, "beta": 0.02},
+        "coco": {"alpha": 0.1, "theta": 0.9, "warmup_epochs": 5, "beta": 0.9},
+        "nus": {"alpha": 0.1, "theta": 0.9, "warmup_epochs": 4, "beta": 0.2},
+        "cub": {"alpha": 0.01, "theta": 0.9, "warmup_epochs": 3, "beta": 0.4},
+    }
+    description = "EM + asymmetric (soft negative) pseudo-labels after a warm-up"
+
+    def __init__(self, ctx: MethodContext, hparams: EmAplHparams) -> None:
+        super().__init__(ctx, hparams)
+        # -1 = no pseudo-label; otherwise the soft target (the prediction when it was assigned)
+        self.register_buffer("pseudo", torch.full((ctx.num_train, ctx.num_classes), -1.0))
+        self.register_buffer("initial_unobserved", (ctx.train_observed < 0.5).sum(0).float())
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        p = torch.sigmoid(logits)
+        z = self.targets(batch)
+        soft = self.pseudo[batch["index"]]
+        pseudo_labelled = soft >= 0
+        loss = torch.where(
+            z > 0.5, neg_log(p),
+            torch.where(pseudo_labelled, self.hp.beta * prob_bce(p, soft.clamp(min=0.0)), -self.hp.alpha * entropy(p)),
+        )
+        return LossOutput(loss.mean())
+
+    def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
+        total = self.hp.total_epochs or self.ctx.epochs
+        if ctx.epoch < self.hp.warmup_epochs or total <= self.hp.warmup_epochs:
+            return {}
+        probs = ctx.predict_train(True).to(self.pseudo.device)
+        observed = self.ctx.train_observed.to(self.pseudo.device) > 0.5
+        per_round = (self.hp.theta * self.initial_unobserved / (total - self.hp.warmup_epochs)).long()
+        added = 0
+        for c in range(self.pseudo.shape[1]):
+            candidates = torch.nonzero(~observed[:, c] & (self.pseudo[:, c] < 0)).flatten()
+            n = min(int(per_round[c]), candidates.numel())
+            if n == 0:
+                continue
+            lowest = candidates[torch.argsort(probs[candidates, c])[:n]]
+            self.pseudo[lowest, c] = probs[lowest, c]
+            added += n
+        logs = {"apl_added": float(added), "apl_total": float((self.pseudo >= 0).sum())}
+        if ctx.train_full_labels is not None:  # how many pseudo-negatives are true negatives (logging only)
+            chosen = self.pseudo >= 0
+            truth = ctx.train_full_labels.to(self.pseudo.device)
+            logs["apl_negative_precision"] = float((truth[chosen] < 0.5).float().mean()) if chosen.any() else 1.0
+        return logs

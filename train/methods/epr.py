@@ -1,0 +1,50 @@
+"""EPR: expected positive regularisation (Cole et al. 2021).
+
+As in the reference code: the positive term is divided by N*C like every loss, and the regulariser
+``((k_hat - k) / C)^2`` is added with weight 1 (the paper's formula has no 1/C on the first term and an
+unspecified lambda; the code equals lambda_paper = C).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from train.methods.base import (
+    LossOutput,
+    Method,
+    MethodHparams,
+    expected_positives_regulariser,
+    neg_log,
+    register,
+)
+
+# Expected positives per image from Cole et al.'s lookup (fully labelled train sets).
+EXPECTED_POSITIVES = {"voc": 1.5, "coco": 2.9, "nus": 1.9, "cub": 31.4}
+
+
+@dataclass
+class EprHparams(MethodHparams):
+    """``k``: expected number of positives per image; None = measured on the training set's labels."""
+
+    k: float | None = None
+
+
+@register
+class ExpectedPositiveRegularisation(Method):
+    """``-log p`` at observed positives (others 0), mean over N*C, plus the expected-positives regulariser."""
+
+    name = "epr"
+    Hparams = EprHparams
+    presets: ClassVar[dict[str, dict[str, Any]]] = {f: {"k": k} for f, k in EXPECTED_POSITIVES.items()}
+    description = "positives only + regulariser pulling the predicted count of positives to k"
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        k = self.hp.k if self.hp.k is not None else self.ctx.expected_positives
+        p = torch.sigmoid(logits)
+        z = self.targets(batch)
+        positive = torch.where(z > 0.5, neg_log(p), torch.zeros_like(p)).mean()
+        reg = expected_positives_regulariser(p, k)
+        return LossOutput(positive + reg, {"epr_reg": float(reg.detach())})

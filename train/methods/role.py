@@ -1,0 +1,80 @@
+"""ROLE: regularised online label estimation (Cole et al. 2021).
+
+A free label-estimator matrix Phi (N_train x C logits) is learnt jointly with the classifier, with its own
+optimiser group at 10x the learning rate. Each side is trained against the other's stop-gradient
+predictions; both carry the expected-positives regulariser. Phi lives in this module, so it is saved in
+checkpoints and restored by ``--resume``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from train.methods.base import (
+    LossOutput,
+    Method,
+    MethodContext,
+    MethodHparams,
+    expected_positives_regulariser,
+    neg_log,
+    prob_bce,
+    register,
+)
+from train.methods.epr import EXPECTED_POSITIVES
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+@dataclass
+class RoleHparams(MethodHparams):
+    """``k`` as in EPR; ``lr_mult`` of the estimator; initial probabilities of its entries."""
+
+    k: float | None = None
+    lr_mult: float = 10.0
+    init_unobserved: float = 0.6  # unobserved logits ~ U[logit(1 - x), logit(x)]
+    init_observed: float = 0.995
+
+
+@register
+class Role(Method):
+    """Classifier and label estimator trained against each other's (detached) predictions."""
+
+    name = "role"
+    Hparams = RoleHparams
+    presets: ClassVar[dict[str, dict[str, Any]]] = {f: {"k": k} for f, k in EXPECTED_POSITIVES.items()}
+    description = "online label estimation: a learnt N x C label matrix, 10x learning rate"
+
+    def __init__(self, ctx: MethodContext, hparams: RoleHparams) -> None:
+        super().__init__(ctx, hparams)
+        generator = torch.Generator().manual_seed(0)
+        bound = _logit(hparams.init_unobserved)
+        init = (torch.rand(ctx.num_train, ctx.num_classes, generator=generator) * 2.0 - 1.0) * bound
+        init[ctx.train_observed > 0.5] = _logit(hparams.init_observed)
+        self.estimator = nn.Parameter(init)
+
+    def param_groups(self, lr: float) -> list[dict[str, Any]]:
+        return [{"params": [self.estimator], "lr": lr * self.hp.lr_mult, "weight_decay": 0.0}]
+
+    def estimated_labels(self, index: torch.Tensor) -> torch.Tensor:
+        """Estimator probabilities for the training images ``index``."""
+        return torch.sigmoid(self.estimator[index])
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        k = self.hp.k if self.hp.k is not None else self.ctx.expected_positives
+        z = self.targets(batch)
+        p = torch.sigmoid(logits)
+        y = self.estimated_labels(batch["index"])
+        observed = z > 0.5
+        zero = torch.zeros_like(p)
+        classifier = torch.where(observed, neg_log(p), zero) + prob_bce(p, y.detach())
+        estimator = torch.where(observed, neg_log(y), zero) + prob_bce(y, p.detach())
+        main = (0.5 * (classifier + estimator)).mean()
+        reg = 0.5 * (expected_positives_regulariser(p, k) + expected_positives_regulariser(y, k))
+        return LossOutput(main + reg, {"role_reg": float(reg.detach())})
