@@ -211,3 +211,90 @@ def test_presets_follow_the_dataset_family() -> None:
     assert make_hparams(METHODS["wan"], {"gamma": "none"}).gamma is None
     with pytest.raises(ValueError, match="--hp warmup_epochs=x"):
         make_hparams(METHODS["em-apl"], {"warmup_epochs": "x"})
+
+
+def zlpr(s: list[float], pos: list[int]) -> float:
+    """Su et al.'s ZLPR loss for one sample, plain Python."""
+    return math.log(1 + sum(math.exp(-v) for v, y in zip(s, pos, strict=True) if y)) + math.log(
+        1 + sum(math.exp(v) for v, y in zip(s, pos, strict=True) if not y))
+
+
+def test_opml_with_a_b_one_is_zlpr_and_constants_enter_the_log() -> None:
+    expected = sum(zlpr(row, z) for row, z in zip(LOGITS, OBSERVED, strict=True)) / 2
+    assert loss_of("opml").item() == pytest.approx(expected, rel=1e-6)
+    assert loss_of("opml", alpha="0.5", beta="0.5").item() == pytest.approx(expected, rel=1e-6)  # bounded form
+    a, b = 2.0, 0.5
+    manual = sum(
+        math.log(a + sum(math.exp(-v) for v, y in zip(row, z, strict=True) if y))
+        + math.log(b + sum(math.exp(v) for v, y in zip(row, z, strict=True) if not y))
+        for row, z in zip(LOGITS, OBSERVED, strict=True)
+    ) / 2
+    assert loss_of("opml", a="2", b="0.5").item() == pytest.approx(manual, rel=1e-6)
+    with pytest.raises(ValueError, match="alpha must be in"):
+        loss_of("opml", alpha="1.5")
+    # with full labels it is the unified multi-positive loss
+    method = get_method("opml")(ctx(), make_hparams(METHODS["opml"], {}))
+    full = {**batch(), "observed": torch.tensor(FULL, dtype=torch.float)}
+    full_expected = sum(zlpr(row, z) for row, z in zip(LOGITS, FULL, strict=True)) / 2
+    assert method.loss(torch.tensor(LOGITS), full).loss.item() == pytest.approx(full_expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("b", ["1", "2.5"])
+def test_opml_gradients_positive_equals_bce_and_negatives_are_smaller(b: str) -> None:
+    logits = torch.tensor(LOGITS, requires_grad=True)
+    loss_of("opml", logits, a="1", b=b).backward()
+    grad = logits.grad * 2  # undo the batch mean
+    for i, row in enumerate(OBSERVED):
+        for j, z in enumerate(row):
+            s = LOGITS[i][j]
+            if z:  # the positive logit: exactly BCE's gradient -(1 - sigmoid(s))
+                assert grad[i, j].item() == pytest.approx(-(1 - sig(s)), rel=1e-5)
+            elif b == "1":  # each negative: e^s / (1 + sum e^s) <= sigmoid(s) = BCE's gradient
+                assert 0 < grad[i, j].item() <= sig(s) + 1e-7
+
+
+def test_opml_sp_soft_weights_and_high_rank_value() -> None:
+    import numpy as np
+
+    method = get_method("opml-sp")(ctx(), make_hparams(METHODS["opml-sp"], {"high_rank": "0.1"}))
+    method.class_ap.copy_(torch.tensor([0.8, 0.5, 0.25, 1.0]))
+    total = 0.0
+    for row, z in zip(LOGITS, OBSERVED, strict=True):
+        pos = sum(math.exp(-s) * (1.0 if y else [0.8, 0.5, 0.25, 1.0][j] * sig(s))
+                  for j, (s, y) in enumerate(zip(row, z, strict=True)))
+        neg = sum(math.exp(s) * (1 - [0.8, 0.5, 0.25, 1.0][j] * sig(s))
+                  for j, (s, y) in enumerate(zip(row, z, strict=True)) if not y)
+        total += math.log(1 + pos) + math.log(1 + neg)
+    sigma = np.linalg.svd(1 / (1 + np.exp(-np.array(LOGITS))), compute_uv=False)
+    reg = -(0.1 / 2) * np.log(sigma + 1e-6).sum()
+    out = method.loss(torch.tensor(LOGITS), batch())
+    assert out.loss.item() == pytest.approx(total / 2 + reg, rel=1e-5)
+    assert out.logs["high_rank"] == pytest.approx(reg, rel=1e-5)
+
+
+def test_opml_sp_label_correction_flips_top_unlabelled_entries_and_accumulates() -> None:
+    observed = torch.tensor([[1, 0]] * 10 + [[0, 1]] * 10, dtype=torch.float)
+    c = MethodContext(num_classes=2, num_train=20, train_observed=observed, expected_positives=1.0, epochs=3)
+    method = get_method("opml-sp")(c, make_hparams(METHODS["opml-sp"], {"correction_ratio": "0.5"}))
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(20, 2, generator=gen)
+    probs[:10, 0] += 1.0  # class 0: its observed positives score highest -> AP 1 -> nothing to correct
+    probs[10:, 1] = torch.linspace(0.0, 0.3, 10)  # class 1: observed positives score low -> AP < 1
+    probs[:3, 1] = torch.tensor([0.99, 0.98, 0.97])
+    full = observed.clone()
+    full[:2, 1] = 1.0
+    logs = method.on_epoch_end(EpochEndContext(1, lambda _aug: probs, full))
+    ap1 = float(method.class_ap[1])
+    assert float(method.class_ap[0]) == pytest.approx(1.0) and ap1 < 0.5
+    n1 = math.floor(0.5 * (1 - ap1) * 10)
+    assert n1 >= 3
+    flipped = torch.nonzero(method.corrected[:, 1]).flatten().tolist()
+    expected_rows = torch.argsort(torch.where(observed[:, 1] > 0, -1.0, probs[:, 1]), descending=True)[:n1]
+    assert sorted(flipped) == sorted(expected_rows.tolist()) and {0, 1, 2} <= set(flipped)
+    assert method.corrected[:, 0].sum() == 0
+    assert logs["corrections_added"] == n1 and logs["correction_precision"] == pytest.approx(2 / n1)
+    before = method.corrected.clone()
+    method.on_epoch_end(EpochEndContext(2, lambda _aug: probs, full))
+    assert (method.corrected >= before).all()  # corrections accumulate, never revert
+    b = {"observed": observed[:3], "full": full[:3], "index": torch.tensor([0, 1, 2])}
+    assert (method.labels(b)[:, 1] == 1).all()

@@ -45,7 +45,7 @@ def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
     assert config["config"]["ema"] == 0.9 and config["resolved"]["device"] == "cpu"
 
 
-@pytest.mark.parametrize(("workers", "method"), [(0, "an"), (1, "an"), (0, "role"), (0, "em-apl")])
+@pytest.mark.parametrize(("workers", "method"), [(0, "an"), (1, "an"), (0, "role"), (0, "em-apl"), (0, "opml-sp")])
 def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   workers: int, method: str) -> None:
     """Interrupt after epoch 1, resume: weights, method state and metrics equal an uninterrupted run."""
@@ -77,6 +77,8 @@ def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypat
         torch.testing.assert_close(b.training["method"][key], value, rtol=0, atol=0, msg=key)
     if method == "em-apl":
         assert int((b.training["method"]["pseudo"] >= 0).sum()) > 0
+    if method == "opml-sp":
+        assert float(b.training["method"]["class_ap"].sum()) > 0
     lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
     sa = json.loads((tmp_path / "straight" / "summary.json").read_text())
