@@ -298,3 +298,69 @@ def test_opml_sp_label_correction_flips_top_unlabelled_entries_and_accumulates()
     assert (method.corrected >= before).all()  # corrections accumulate, never revert
     b = {"observed": observed[:3], "full": full[:3], "index": torch.tensor([0, 1, 2])}
     assert (method.labels(b)[:, 1] == 1).all()
+
+
+def pu_reference(logits: list[list[float]], observed: list[list[int]], gamma: float, alpha: float | None) -> float:
+    """PU-MLC's variational loss in plain Python (population std temperature, sum over classes)."""
+    n, c = len(logits), len(logits[0])
+    total = 0.0
+    for j in range(c):
+        col = [logits[i][j] for i in range(n)]
+        if alpha is not None:
+            mean = sum(col) / n
+            std = math.sqrt(sum((v - mean) ** 2 for v in col) / n)
+            tau = min(alpha * std, 1.0) if std > 1e-6 else 1.0
+            col = [v / tau for v in col]
+        probs = [sig(v) for v in col]
+        mean_p = sum(probs) / n
+        positives = [math.log(probs[i] + 1e-10) for i in range(n) if observed[i][j]]
+        total += mean_p**gamma * math.log(mean_p + 1e-10)
+        if positives:
+            total -= sum(positives) / len(positives)
+    return total
+
+
+def test_pu_mlc_variational_loss_values() -> None:
+    # gamma = 0 and no temperature: the plain variational loss log mean p - mean_P log p, summed over classes
+    plain = pu_reference(LOGITS, OBSERVED, 0.0, None)
+    assert loss_of("pu-mlc", gamma="0", alpha="none").item() == pytest.approx(plain, rel=1e-6)
+    assert loss_of("pu-mlc").item() == pytest.approx(pu_reference(LOGITS, OBSERVED, 0.55, 1.0), rel=1e-5)
+    assert loss_of("pu-mlc", gamma="0.85", alpha="2").item() == pytest.approx(
+        pu_reference(LOGITS, OBSERVED, 0.85, 2.0), rel=1e-5)
+
+
+def test_pu_mlc_guards_zero_std_and_keeps_u_term_for_classes_without_positives() -> None:
+    same = torch.tensor([[1.5, 1.5, 1.5, 1.5], [1.5, 1.5, 1.5, 1.5]])  # std 0 in every class
+    out = loss_of("pu-mlc", same)
+    assert torch.isfinite(out)
+    assert out.item() == pytest.approx(pu_reference(same.tolist(), OBSERVED, 0.55, 1.0), rel=1e-5)
+    one = get_method("pu-mlc")(ctx(num_train=1), make_hparams(METHODS["pu-mlc"], {}))
+    single = {"observed": torch.tensor([[1.0, 0, 0, 0]]), "full": torch.tensor([[1.0, 0, 0, 0]]),
+              "index": torch.tensor([0]), "images": torch.randn(1, 3, 8, 8)}
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 4))
+    assert torch.isfinite(one.training_step(model, single).loss)  # a batch of one: mixup with itself
+
+
+def test_pu_mlc_mixup_regulariser_value_and_training_step() -> None:
+    phi = [[1.0, 0.3], [0.6, 0.2]]
+    s = [[0.5, -1.0], [2.0, 0.1]]
+    expected = sum(
+        sum((math.log(phi[i][j] + 1e-10) - math.log(sig(s[i][j]) + 1e-10)) ** 2 for i in range(2)) / 2
+        for j in range(2)
+    )
+    from train.methods.pu_mlc import mixup_regulariser
+
+    assert mixup_regulariser(torch.tensor(phi), torch.tensor(s)).item() == pytest.approx(expected, rel=1e-6)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 4))
+    b = {**batch(), "images": torch.randn(2, 3, 2, 2)}
+    b["observed"] = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
+    with_reg = get_method("pu-mlc")(ctx(), make_hparams(METHODS["pu-mlc"], {}))
+    without = get_method("pu-mlc")(ctx(), make_hparams(METHODS["pu-mlc"], {"mixup_weight": "0"}))
+    base = without.training_step(model, b).loss
+    out = with_reg.training_step(model, b)
+    assert out.loss.item() == pytest.approx(base.item() + out.logs["mixup_reg"], rel=1e-5)
+    assert out.logs["mixup_reg"] > 0
+    out.loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

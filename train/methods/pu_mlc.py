@@ -1,0 +1,108 @@
+"""PU-MLC: "Positive Label Is All You Need for Multi-Label Classification" (Yuan, Zhang, Huang; ICME 2024).
+
+A variational PU loss per class, as in the reference ``vpuLoss``: P_c = the observed positives of class c,
+U_c = ALL images of the batch (positives included), on tempered logits ``s / tau_c``:
+
+    L_var = sum_c [ w_c * log(mean_n sigmoid(s~_nc) + 1e-10) - mean_{n in P_c} log(sigmoid(s~_nc) + 1e-10) ]
+
+summed over classes (not averaged); a class with no positive in the batch contributes only its U term.
+- adaptive temperature ``tau_c = min(alpha * std_c, 1)`` with the population std of the batch's raw logits,
+  detached. Guard (not in the reference): a class whose logits are all equal (std 0, e.g. a batch of 1) gets
+  tau = 1 instead of a division by zero.
+- re-balance factor ``w_c = (mean_n sigmoid(s~_nc))^gamma``, stop-gradient.
+- mixup regulariser (weight ``mixup_weight``, 1 as in the paper): the first and second halves of the batch
+  are mixed with lambda ~ Beta(0.3, 0.3) (first half permuted), targets phi = 1 at observed positives and
+  sigmoid(s) (un-tempered, NOT detached, as in the reference code) elsewhere; the mixed images are run
+  through the model and ``sum_c mean_n (log(phi^ + 1e-10) - log(sigmoid(s^) + 1e-10))^2`` is added.
+- all of it in float32 (the 1e-10 epsilon underflows in fp16): ``training_step`` casts the logits.
+The LgConv backbone and the GNN head of the paper are not part of the loss (LgConv is a model option).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from train.methods.base import LossOutput, Method, MethodHparams, register
+
+PU_EPSILON = 1e-10
+
+
+def adaptive_temperature(logits: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Per-class ``min(alpha * std_c, 1)`` (population std over the batch, detached); 1 where std is 0."""
+    std = logits.detach().std(dim=0, unbiased=False)
+    tau = torch.clamp(alpha * std, max=1.0)
+    return torch.where(std > 1e-6, tau, torch.ones_like(tau))
+
+
+def variational_pu_loss(
+    logits: torch.Tensor, positives: torch.Tensor, gamma: float, alpha: float | None
+) -> torch.Tensor:
+    """PU-MLC's L_var (summed over classes); ``alpha=None`` means no temperature, ``gamma=0`` no re-balance."""
+    if alpha is not None:
+        logits = logits / adaptive_temperature(logits, alpha)
+    p = torch.sigmoid(logits)
+    mean_p = p.mean(dim=0)
+    weight = mean_p.detach() ** gamma
+    unlabelled = weight * torch.log(mean_p + PU_EPSILON)
+    pos = positives > 0.5
+    count = pos.sum(dim=0)
+    pos_log = torch.where(pos, torch.log(p + PU_EPSILON), torch.zeros_like(p)).sum(dim=0)
+    positive = torch.where(count > 0, pos_log / count.clamp(min=1), torch.zeros_like(pos_log))
+    return (unlabelled - positive).sum()
+
+
+def mixup_regulariser(mixed_targets: torch.Tensor, mixed_logits: torch.Tensor) -> torch.Tensor:
+    """``sum_c mean_n (log(phi^ + 1e-10) - log(sigmoid(s^) + 1e-10))^2``."""
+    diff = torch.log(mixed_targets + PU_EPSILON) - torch.log(torch.sigmoid(mixed_logits) + PU_EPSILON)
+    return (diff**2).mean(dim=0).sum()
+
+
+@dataclass
+class PuMlcHparams(MethodHparams):
+    """``gamma``: re-balance power; ``alpha``: temperature scale (None = no temperature); ``mixup_weight``
+    (lambda, 0 switches the regulariser off) and ``mixup_alpha`` (the Beta distribution's parameter)."""
+
+    gamma: float = 0.55
+    alpha: float | None = 1.0
+    mixup_weight: float = 1.0
+    mixup_alpha: float = 0.3
+
+
+@register
+class PuMlc(Method):
+    """Variational PU loss with adaptive temperature and re-balance factor, plus the mixup regulariser."""
+
+    name = "pu-mlc"
+    Hparams = PuMlcHparams
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"coco": {"gamma": 0.55, "alpha": 1.0},
+                                                    "voc": {"gamma": 0.85, "alpha": 2.0}}
+    description = "variational PU loss: positives vs all images, adaptive temperature, mixup regulariser"
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        loss = variational_pu_loss(logits.float(), self.targets(batch), self.hp.gamma, self.hp.alpha)
+        return LossOutput(loss)
+
+    def training_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        logits = model(batch["images"]).float()
+        out = self.loss(logits, batch)
+        if self.hp.mixup_weight <= 0:
+            return out
+        n = logits.shape[0]
+        half = n // 2
+        first = torch.arange(half, device=logits.device)
+        second = torch.arange(n - half, n, device=logits.device) if half > 0 else first
+        if half == 0:  # a batch of one: mix the sample with itself
+            first = second = torch.zeros(1, dtype=torch.long, device=logits.device)
+        first = first[torch.randperm(first.numel()).to(logits.device)]
+        lam = float(torch.distributions.Beta(self.hp.mixup_alpha, self.hp.mixup_alpha).sample())
+        z = self.targets(batch)
+        phi = torch.where(z > 0.5, torch.ones_like(logits), torch.sigmoid(logits))
+        images = batch["images"]
+        mixed_images = lam * images[first] + (1.0 - lam) * images[second]
+        mixed_targets = lam * phi[first] + (1.0 - lam) * phi[second]
+        reg = mixup_regulariser(mixed_targets, model(mixed_images).float())
+        return LossOutput(out.loss + self.hp.mixup_weight * reg, {"mixup_reg": float(reg.detach())})
