@@ -364,3 +364,14 @@ def test_pu_mlc_mixup_regulariser_value_and_training_step() -> None:
     assert out.logs["mixup_reg"] > 0
     out.loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_iun_uses_the_observed_positive_and_true_negatives_only() -> None:
+    total = 0.0
+    for row, z, y in zip(LOGITS, OBSERVED, FULL, strict=True):
+        for s, zz, yy in zip(row, z, y, strict=True):
+            total += nl(sig(s)) if zz else (nl(1 - sig(s)) if not yy else 0.0)
+    assert loss_of("iun").item() == pytest.approx(total / 8, rel=1e-6)
+    logits = torch.tensor(LOGITS, requires_grad=True)
+    loss_of("iun", logits).backward()
+    assert logits.grad[0, 2] == 0 and logits.grad[1, 3] == 0  # unobserved true positives are ignored

@@ -37,6 +37,7 @@ def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
     assert [x["epoch"] for x in lines] == [1, 2]
     assert all(0 <= x["val_mAP"] <= 100 and x["loss"] > 0 and "val_mAP_ema" in x for x in lines)
     assert summary["test"]["num_images"] == 80 and 0 < summary["test"]["mAP"] <= 100
+    assert summary["train_recovery"]["num_images"] == 160  # single-positive: hidden labels are scored
     best = load_checkpoint(run / "best.pt")
     assert best.training is None and best.meta.metrics["test"]["mAP"] == pytest.approx(summary["test"]["mAP"])
     assert best.meta.data["source"] == "builtin:tiny@seed0" and len(best.meta.data["fingerprint"]) == 16
@@ -171,3 +172,54 @@ def test_diverged_loss_stops_with_a_clear_error(builtin_cache: Path, tmp_path: P
     assert main([*FAST, "--epochs", "1", "--workers", "0", "--runs-dir", str(tmp_path), "--name", "nan"]) == 1
     err = capsys.readouterr().err
     assert "loss is nan at epoch 1, step 1" in err and "--clip-grad" in err
+
+
+def test_linear_init_trains_only_the_head_first_then_end_to_end(builtin_cache: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = Trainer(_cfg(tmp_path, name="li", method="role", linear_init=2, epochs=1, linear_init_lr=1e-2))
+    backbone_before = {k: v.clone() for k, v in trainer.model.backbone.state_dict().items()}
+    head_before = trainer.model.head.weight.detach().clone()
+    phase1_backbones = []
+    original = Trainer.save_last
+
+    def spy(self: Trainer, epoch: int) -> None:
+        if epoch <= 2:
+            phase1_backbones.append({k: v.clone() for k, v in self.model.backbone.state_dict().items()})
+        original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "save_last", spy)
+    summary = trainer.fit()
+    for state in phase1_backbones:  # the backbone (weights and BN statistics) is frozen in phase 1
+        for key, value in backbone_before.items():
+            torch.testing.assert_close(state[key], value, rtol=0, atol=0, msg=key)
+    assert not torch.equal(trainer.model.head.weight, head_before)
+    moved = [k for k, v in trainer.model.backbone.state_dict().items() if not torch.equal(v, backbone_before[k])]
+    assert moved  # phase 2 trains end to end
+    lines = [json.loads(x) for x in (tmp_path / "li" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2, 3] and [x.get("phase") for x in lines] == [1.0, 1.0, None]
+    assert summary["test"]["num_images"] == 80
+
+
+def test_linear_init_resume_inside_phase_one(builtin_cache: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [*FAST, "--method", "role", "--linear-init", "2", "--epochs", "1", "--workers", "0",
+            "--runs-dir", str(tmp_path)]
+    assert main([*args, "--name", "straight"]) == 0
+    calls = {"n": 0}
+    original = Trainer.save_last
+
+    def save_then_die(self: Trainer, epoch: int) -> None:
+        original(self, epoch)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "save_last", save_then_die)
+    assert main([*args, "--name", "resumed"]) == 130
+    assert "linear" in load_checkpoint(tmp_path / "resumed" / "last.pt").training
+    assert main(["--resume", str(tmp_path / "resumed")]) == 0
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "last.pt")
+    for key, value in a.model.items():
+        torch.testing.assert_close(b.model[key], value, rtol=0, atol=0, msg=key)
+    torch.testing.assert_close(b.training["method"]["estimator"], a.training["method"]["estimator"], rtol=0, atol=0)

@@ -42,6 +42,8 @@ class TrainConfig:
     amp: str = "auto"
     channels_last: str = "auto"
     ema: float = 0.0
+    linear_init: int = 0
+    linear_init_lr: float = 1e-3
     clip_grad: float = 0.0
     seed: int = 0
     workers: int = field(default_factory=default_workers)
@@ -133,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ema", type=float, help="EMA decay of the weights, e.g. 0.999 (0 = off). Val picks the "
                    "better of the raw and EMA weights each epoch")
     g.add_argument("--clip-grad", type=float, help="max gradient norm (0 = off)")
+    g.add_argument("--linear-init", type=int, metavar="EPOCHS", help="LinearInit (Cole et al.): first train "
+                   "the head (and the method's own parameters) for EPOCHS epochs on fixed backbone features, "
+                   "restore its best val epoch, then train end to end for --epochs (0 = off)")
+    g.add_argument("--linear-init-lr", type=float, help=f"Adam learning rate of the linear phase. "
+                   f"Default: {d.linear_init_lr}")
     g = p.add_argument_group("run")
     g.add_argument("--seed", type=int, help="seed of torch/numpy/python (init, shuffling, augmentation)")
     g.add_argument("--workers", type=int, help=f"DataLoader workers. Default here: {d.workers}")
@@ -176,6 +183,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.image_size >= 16, "--image-size must be >= 16"),
         (0.0 <= cfg.ema < 1.0, "--ema must be in [0, 1)"),
         (cfg.clip_grad >= 0, "--clip-grad must be >= 0"),
+        (cfg.linear_init >= 0 and cfg.linear_init_lr > 0, "--linear-init must be >= 0, --linear-init-lr > 0"),
         (cfg.workers >= 0, "--workers must be >= 0"),
         (0.0 < cfg.val_fraction < 1.0, "--val-fraction must be in (0, 1)"),
     ]

@@ -27,6 +27,7 @@ from train.config import TrainConfig
 from train.data.dataset import ImageLabelDataset
 from train.data.protocol import ProtocolSplits, build_protocol, parse_observed
 from train.data.registry import load_dataset
+from train.linear_init import LinearPhase
 from train.methods import EpochEndContext, LossOutput, Method, MethodContext, get_method, make_hparams
 from train.metrics import evaluate
 from train.runs import BEST, LAST
@@ -171,7 +172,7 @@ class Trainer:
             num_train=len(self.splits.train),
             train_observed=torch.from_numpy(self.splits.train_observed.astype(np.float32)),
             expected_positives=float(self.splits.train.labels.sum(1).mean()),
-            epochs=cfg.epochs,
+            epochs=cfg.linear_init + cfg.epochs,  # epoch numbers given to on_epoch_end count both phases
             dataset=self.dataset.name,
         )
         self.method: Method = method_cls(ctx, self.hparams).to(self.device)
@@ -201,6 +202,8 @@ class Trainer:
         self.start_epoch = 1
         self.best_map = -math.inf
         self.best_epoch = 0
+        self.linear: LinearPhase | None = None
+        self._linear_resume: dict[str, Any] | None = None
         if resume:
             self._load_resume_state()
 
@@ -256,6 +259,8 @@ class Trainer:
             "method": self.method.state_dict(),
             "rng": capture_rng(),
         }
+        if self.linear is not None:
+            training["linear"] = self.linear.state_dict()
         save_checkpoint(self.run_dir / LAST, self.model.state_dict(), self.meta(epoch, {}), training)
 
     def _load_resume_state(self) -> None:
@@ -276,6 +281,7 @@ class Trainer:
         if self.ema is not None and t["ema"] is not None:
             self.ema.load_state_dict(t["ema"])
         restore_rng(t["rng"])
+        self._linear_resume = t.get("linear")
         self.start_epoch = int(t["epoch"]) + 1
         self.best_map = float(t["best_map"])
         self.best_epoch = int(t["best_epoch"])
@@ -285,7 +291,7 @@ class Trainer:
             lines = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
             kept = [ln for ln in lines if json.loads(ln).get("epoch", 0) < self.start_epoch]
             metrics.write_text("".join(ln + "\n" for ln in kept))
-        log(f"resuming {self.run_dir} at epoch {self.start_epoch}/{self.cfg.epochs} "
+        log(f"resuming {self.run_dir} at epoch {self.start_epoch}/{self.cfg.linear_init + self.cfg.epochs} "
             f"(best val mAP so far {self.best_map:.2f} at epoch {self.best_epoch})")
 
     # ----------------------------------------------------------------- training
@@ -323,7 +329,7 @@ class Trainer:
         self.loader_generator.manual_seed(self.cfg.seed * 1_000_003 + epoch)
         sums: dict[str, float] = {}
         seen, start = 0, time.perf_counter()
-        bar = tqdm(self.train_loader, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
+        bar = tqdm(self.train_loader, desc=f"epoch {epoch}/{self.cfg.linear_init + self.cfg.epochs}", leave=False,
                    disable=not self.cfg.progress, file=sys.stderr, unit="batch")
         for step, raw in enumerate(bar):
             batch = self._to_device(raw)
@@ -362,7 +368,8 @@ class Trainer:
         return evaluate(logits, labels, self.classes)
 
     def fit(self) -> dict[str, Any]:
-        """Train from ``start_epoch`` to ``cfg.epochs``, then test the best checkpoint; returns the summary."""
+        """Train from ``start_epoch`` through the LinearInit phase (if any) and ``cfg.epochs`` end-to-end epochs,
+        then test the best checkpoint; returns the summary."""
         cfg = self.cfg
         (self.run_dir / CONFIG_FILE).write_text(json.dumps(
             {"config": cfg.to_dict(), "resolved": {
@@ -374,21 +381,32 @@ class Trainer:
         if self.start_epoch == 1:
             log(f"run {self.run_dir}: {cfg.method} on {self.dataset.name} ({self.splits.summary()}), {cfg.arch} "
                 f"@{cfg.image_size}px, {self.device}" + (f", {self.precision.dtype}" if self.precision.dtype else ""))
-        for epoch in range(self.start_epoch, cfg.epochs + 1):
-            stats = self.train_epoch(epoch)
+        total_epochs = cfg.linear_init + cfg.epochs
+        if self.start_epoch <= cfg.linear_init:
+            log(f"LinearInit: {cfg.linear_init} epochs on fixed {cfg.arch} features, then {cfg.epochs} end to end")
+            self.linear = LinearPhase(self)
+            if self._linear_resume is not None:
+                self.linear.load_state_dict(self._linear_resume)
+        for epoch in range(self.start_epoch, total_epochs + 1):
+            linear = self.linear if epoch <= cfg.linear_init else None
+            stats = linear.train_epoch(epoch) if linear is not None else self.train_epoch(epoch)
             stats.update(self.method.on_epoch_end(EpochEndContext(
-                epoch=epoch, predict_train=self.predict_train,
+                epoch=epoch, predict_train=linear.predict_train if linear is not None else self.predict_train,
                 train_full_labels=torch.from_numpy(self.splits.train.labels.astype(np.float32)),
             )))
-            val = self._evaluate_loader(self.model, self.val_loader, "val")
+            if linear is not None:
+                val = linear.validate()
+                linear.remember_if_best(_score(val["mAP"]))
+            else:
+                val = self._evaluate_loader(self.model, self.val_loader, "val")
             candidates: list[tuple[str, nn.Module, dict[str, Any]]] = [("model", self.model, val)]
-            if self.ema is not None:
+            if self.ema is not None and linear is None:
                 ema_val = self._evaluate_loader(self.ema.module, self.val_loader, "val ema")
                 candidates.append(("ema", self.ema.module, ema_val))
             which, chosen, chosen_val = max(candidates, key=lambda c: _score(c[2]["mAP"]))
             record = {"epoch": epoch, **{k: round(v, 6) for k, v in stats.items()},
                       "val_mAP": val["mAP"], "val_OF1": val["OF1"], "val_CF1": val["CF1"]}
-            if self.ema is not None:
+            if len(candidates) > 1:
                 record["val_mAP_ema"] = candidates[1][2]["mAP"]
             improved = _score(chosen_val["mAP"]) > self.best_map
             if improved:
@@ -399,10 +417,15 @@ class Trainer:
             record["best"] = improved
             with (self.run_dir / METRICS_FILE).open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
+            if linear is not None and epoch == cfg.linear_init:  # phase 1 over: its best epoch starts phase 2
+                linear.restore_best()
+                self.linear = None
             self.save_last(epoch)
-            log(f"epoch {epoch}/{cfg.epochs}  loss {stats['loss']:.4f}  val mAP {val['mAP']:.2f}"
-                + (f"  (ema {record['val_mAP_ema']:.2f})" if self.ema is not None else "")
-                + f"  {stats['train_images_per_s']:.0f} img/s" + ("  *best*" if improved else ""))
+            log(f"epoch {epoch}/{total_epochs}{' (linear)' if linear is not None else ''}  loss {stats['loss']:.4f}"
+                f"  val mAP {val['mAP']:.2f}"
+                + (f"  (ema {record['val_mAP_ema']:.2f})" if "val_mAP_ema" in record else "")
+                + (f"  {stats['train_images_per_s']:.0f} img/s" if "train_images_per_s" in stats else "")
+                + ("  *best*" if improved else ""))
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
@@ -418,6 +441,10 @@ class Trainer:
             metrics["test"] = self._evaluate_loader(model, test_loader, "test (best)")
         else:
             log("no test split in this dataset: reporting validation metrics only")
+        if not np.array_equal(self.splits.train_observed, self.splits.train.labels):
+            # Cole et al.'s label recovery: how well the model ranks the training set's hidden labels
+            train_loader = self._eval_loader(ImageLabelDataset(self.splits.train, self.eval_transform))
+            metrics["train_recovery"] = self._evaluate_loader(model, train_loader, "train (label recovery)")
         compact = {k: {m: v for m, v in d.items() if m != "per_class_AP"} for k, d in metrics.items()}
         compact["weights"] = best.meta.metrics.get("weights", "model")
         best.meta.metrics = compact
@@ -432,6 +459,8 @@ class Trainer:
         if "test" in metrics:
             t = metrics["test"]
             line += f" | test mAP {t['mAP']:.2f}  OF1 {t['OF1']:.2f}  CF1 {t['CF1']:.2f}"
+        if "train_recovery" in metrics:
+            line += f" | train label recovery mAP {metrics['train_recovery']['mAP']:.2f}"
         log(line)
         log(f"saved {self.run_dir / BEST}  (export it with: python -m export {self.run_dir})")
         return summary

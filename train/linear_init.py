@@ -1,0 +1,117 @@
+"""LinearInit (Cole et al. 2021): train the linear head on FIXED backbone features first, then end to end.
+
+Phase 1 extracts the backbone features of the training and validation images once (eval transform, eval
+mode), then trains only the head - and the method's own parameters, e.g. ROLE's label matrix - for
+``linear_init`` epochs with Adam at ``linear_init_lr``. The method's ``training_step`` gets the head as its
+model and the feature batch as its images, so every method works unchanged. The best phase-1 epoch (val mAP)
+is restored before the end-to-end phase, as in the reference code.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from train.data.dataset import ImageLabelDataset
+from train.metrics import evaluate
+
+if TYPE_CHECKING:
+    from train.trainer import Trainer
+
+
+class LinearPhase:
+    """Phase-1 state: cached features, the head-only optimiser and the best head + method state so far."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        cfg = trainer.cfg
+        model = trainer.model
+        params = [{"params": list(model.head.parameters())}, *trainer.method.param_groups(cfg.linear_init_lr)]
+        self.optimizer = torch.optim.Adam(params, lr=cfg.linear_init_lr)
+        # Extraction must not consume the global RNG (a DataLoader iterator draws a seed from it), or a run
+        # resumed inside phase 1 - which extracts again - would augment differently afterwards.
+        devices = [trainer.device] if trainer.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            self.train_features = self._extract(trainer.splits.train)
+            self.val_features = self._extract(trainer.splits.val)
+        self.best_map = -np.inf
+        self.best_state: dict[str, Any] | None = None
+
+    def _extract(self, images: Any) -> torch.Tensor:
+        t = self.trainer
+        loader = t._eval_loader(ImageLabelDataset(images, t.eval_transform))
+        t.model.eval()
+        chunks = []
+        with torch.inference_mode():
+            for batch in loader:
+                x = batch["images"].to(t.device)
+                if t.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                with t.precision.autocast():
+                    chunks.append(t.model.features(x).float())
+        return torch.cat(chunks)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resume state of phase 1 (the features are recomputed, not saved)."""
+        return {"optimizer": self.optimizer.state_dict(), "best_map": float(self.best_map), "best": self.best_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.best_map = float(state["best_map"])
+        self.best_state = state["best"]
+
+    def predict_train(self, augment: bool) -> torch.Tensor:
+        """Probabilities of the current head on the cached training features (no augmentation exists)."""
+        with torch.inference_mode():
+            return torch.sigmoid(self.trainer.model.head(self.train_features)).cpu()
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        """One epoch over the cached training features in a seeded random order."""
+        t = self.trainer
+        head, method = t.model.head, t.method
+        head.train()
+        n = self.train_features.shape[0]
+        generator = torch.Generator().manual_seed(t.cfg.seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=generator)
+        observed = t.train_set.observed
+        full = t.train_set.full
+        total, seen = 0.0, 0
+        for start in range(0, n, t.cfg.batch_size):
+            idx = order[start : start + t.cfg.batch_size]
+            batch = {"images": self.train_features[idx.to(t.device)], "observed": observed[idx].to(t.device),
+                     "full": full[idx].to(t.device), "index": idx.to(t.device)}
+            out = method.training_step(head, batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            if not torch.isfinite(out.loss):
+                raise FloatingPointError(f"loss is {out.loss.item()} in linear-init epoch {epoch}")
+            out.loss.backward()
+            self.optimizer.step()
+            total += out.loss.item() * len(idx)
+            seen += len(idx)
+        return {"loss": total / max(seen, 1), "phase": 1.0}
+
+    def validate(self) -> dict[str, Any]:
+        """Val metrics of the current head on the cached validation features."""
+        t = self.trainer
+        with torch.inference_mode():
+            logits = t.model.head(self.val_features).cpu().numpy()
+        return evaluate(logits, t.splits.val.labels, t.classes)
+
+    def remember_if_best(self, val_map: float) -> bool:
+        """Keep a copy of the head and the method state when ``val_map`` is the best of phase 1."""
+        if val_map > self.best_map:
+            self.best_map = val_map
+            self.best_state = {"head": copy.deepcopy(self.trainer.model.head.state_dict()),
+                               "method": copy.deepcopy(self.trainer.method.state_dict())}
+            return True
+        return False
+
+    def restore_best(self) -> None:
+        """Load the best phase-1 head and method state (before the end-to-end phase)."""
+        if self.best_state is not None:
+            self.trainer.model.head.load_state_dict(self.best_state["head"])
+            self.trainer.method.load_state_dict(self.best_state["method"])
