@@ -1,0 +1,59 @@
+"""The method comparison runner: runs, reuse of finished runs, the table's numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from train.compare import aggregate, main
+
+
+def _summary(test: float, val: float = 50.0, recovery: float | None = 40.0) -> dict:
+    out = {"test": {"mAP": test}, "val": {"mAP": val}}
+    if recovery is not None:
+        out["train_recovery"] = {"mAP": recovery}
+    return out
+
+
+def test_aggregate_gap_recovered_and_statistics() -> None:
+    rows = {r["method"]: r for r in aggregate({
+        "an": [_summary(20.0), _summary(22.0)],
+        "bce": [_summary(30.0), _summary(32.0)],
+        "em": [_summary(26.0), _summary(26.0)],
+    })}
+    assert rows["an"]["gap"] == 0.0 and rows["bce"]["gap"] == 1.0
+    assert rows["em"]["gap"] == pytest.approx((26 - 21) / (31 - 21))
+    assert rows["an"]["test"] == pytest.approx((21.0, math.sqrt(2.0)))  # sample std over seeds
+    assert rows["em"]["recovery"] == (40.0, 0.0)
+
+
+def test_compare_runs_reuses_and_writes_the_table(builtin_cache: Path, tmp_path: Path) -> None:
+    out = tmp_path / "methods.md"
+    args = ["--methods", "an,bce", "--seeds", "0,1", "--data", "builtin:tiny", "--runs-dir", str(tmp_path / "runs"),
+            "--output", str(out), "--", "--epochs", "1", "--image-size", "32", "--batch-size", "16", "--workers", "0"]
+    assert main(args) == 0
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == ["an-seed0", "an-seed1", "bce-seed0", "bce-seed1"]
+    text = out.read_text()
+    tests = {}
+    for name in runs:
+        s = json.loads((tmp_path / "runs" / name / "summary.json").read_text())
+        tests.setdefault(name.split("-seed")[0], []).append(s["test"]["mAP"])
+    for method, values in tests.items():
+        mean = sum(values) / 2
+        assert f"| {method} | 2 | {mean:.2f} ± " in text
+    assert "| an | 2 |" in text and "| 0% |" in text and "| 100% |" in text
+    assert "python -m train.compare --methods an,bce" in text and "-- --epochs 1" in text
+    assert out.with_suffix(".png").stat().st_size > 1000
+    mtimes = {p: (p / "summary.json").stat().st_mtime for p in (tmp_path / "runs").iterdir()}
+    assert main(args) == 0  # everything is reused: no run is trained again
+    assert all((p / "summary.json").stat().st_mtime == t for p, t in mtimes.items())
+
+
+def test_compare_rejects_unknown_methods(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--methods", "an,magic"])
+    assert exc.value.code == 2 and "magic" in capsys.readouterr().err

@@ -1,0 +1,173 @@
+"""Compare methods on one benchmark: ``python -m train.compare``.
+
+Trains every (method, seed) pair with the same protocol and budget (the extra arguments after ``--`` go to
+``python -m train`` unchanged), each in its own subprocess and run folder ``RUNS_DIR/<method>-seed<seed>``.
+Finished runs are reused and interrupted ones resumed, so a long comparison can be continued by running the
+same command again. The results table - val-selected test mAP mean +- std over seeds, the gap recovered
+``(method - an) / (bce - an)`` and Cole et al.'s label recovery (training-set mAP against the hidden full
+labels) - is written to a markdown file with the exact command, plus a bar plot when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from train.methods import METHODS
+
+DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-apl", "opml", "opml-sp", "pu-mlc"]
+
+
+def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str]) -> dict[str, Any] | None:
+    """Train (or resume, or reuse) one run; returns its summary.json content, None if it failed."""
+    run = runs_dir / f"{method}-seed{seed}"
+    summary = run / "summary.json"
+    if summary.is_file():
+        print(f"{run.name}: done already", flush=True)
+        return json.loads(summary.read_text())
+    if (run / "last.pt").is_file():
+        cmd = [sys.executable, "-m", "train", "--resume", str(run), "--no-progress"]
+    else:
+        cmd = [sys.executable, "-m", "train", *train_args, "--data", data, "--method", method, "--seed", str(seed),
+               "--runs-dir", str(runs_dir), "--name", run.name, "--no-progress"]
+    print(f"{run.name}: {shlex.join(cmd[1:])}", flush=True)
+    proc = subprocess.run(cmd)
+    if proc.returncode != 0 or not summary.is_file():
+        print(f"{run.name}: FAILED (exit {proc.returncode})", file=sys.stderr, flush=True)
+        return None
+    return json.loads(summary.read_text())
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def aggregate(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per method: seeds, test / val / label-recovery mAP mean and std, and the gap recovered vs an and bce."""
+    rows = []
+    for method, summaries in results.items():
+        test = _mean_std([s.get("test", {}).get("mAP", math.nan) for s in summaries])
+        val = _mean_std([s["val"]["mAP"] for s in summaries])
+        recovery = _mean_std([s.get("train_recovery", {}).get("mAP", math.nan) for s in summaries])
+        rows.append({"method": method, "seeds": len(summaries), "test": test, "val": val, "recovery": recovery})
+    means = {r["method"]: r["test"][0] for r in rows}
+    an, bce = means.get("an", math.nan), means.get("bce", math.nan)
+    for r in rows:
+        span = bce - an
+        r["gap"] = (r["test"][0] - an) / span if span and not math.isnan(span) and span > 0 else math.nan
+    return rows
+
+
+def _fmt(pair: tuple[float, float]) -> str:
+    mean, std = pair
+    return "n/a" if math.isnan(mean) else f"{mean:.2f} ± {std:.2f}"
+
+
+def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: list[str], failed: list[str]) -> str:
+    """The results page: settings, command, table, and the methods that do not beat ``an``."""
+    an = next((r["test"][0] for r in rows if r["method"] == "an"), math.nan)
+    lines = [
+        f"# Method comparison on `{data}`", "",
+        f"Measured {datetime.now():%Y-%m-%d} on {platform.node() or 'this machine'} ({platform.machine()}), "
+        f"python {platform.python_version()}.", "",
+        "Command:", "", "```", command, "```", "",
+        f"Training arguments shared by every run: `{shlex.join(train_args) or '(defaults)'}`. Test mAP is the "
+        "test-set mAP of the epoch with the best validation mAP (the papers' protocol), mean ± std over seeds. "
+        "Gap recovered = (method - an) / (bce - an). Label recovery = mAP of that model on the training set "
+        "against its hidden full labels (Cole et al.). `bce` (full labels) and `iun` (observed positive + all "
+        "true negatives) are reference bounds that see labels the other methods do not.", "",
+        "| method | seeds | test mAP | gap recovered | val mAP | label recovery mAP |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        gap = "n/a" if math.isnan(r["gap"]) else f"{100 * r['gap']:.0f}%"
+        lines.append(f"| {r['method']} | {r['seeds']} | {_fmt(r['test'])} | {gap} | {_fmt(r['val'])} | "
+                     f"{_fmt(r['recovery'])} |")
+    below = [r["method"] for r in rows if r["method"] not in ("an", "bce", "iun") and r["test"][0] < an]
+    lines += ["", "Methods below `an`: " + (", ".join(below) if below else "none") + "."]
+    if failed:
+        lines += ["", "Runs that failed (not in the table): " + ", ".join(failed) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path, data: str) -> bool:
+    """Bar chart of test mAP with std error bars; False (nothing written) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(rows)), 4.0))
+    names = [r["method"] for r in rows]
+    colours = ["0.6" if n in ("bce", "iun") else ("tab:red" if n == "an" else "tab:blue") for n in names]
+    ax.bar(names, [r["test"][0] for r in rows], yerr=[r["test"][1] for r in rows], color=colours, capsize=3)
+    ax.set_ylabel("test mAP (%)")
+    ax.set_title(f"val-selected test mAP on {data} (mean ± std over seeds)")
+    ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit code (1 if any run failed)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    original = list(argv)
+    train_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, train_args = argv[:cut], argv[cut + 1:]
+    p = argparse.ArgumentParser(prog="python -m train.compare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example: python -m train.compare --seeds 0,1,2 -- --epochs 3")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated (default: all)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default: %(default)s)")
+    p.add_argument("--data", default="builtin", help="dataset spec as in python -m train (default: %(default)s)")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs/compare"), help="default: %(default)s")
+    p.add_argument("--output", type=Path, default=None, help="markdown file (default: bench/methods-DATA.md)")
+    args = p.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        p.error(f"unknown methods {unknown}; known: {', '.join(sorted(METHODS))}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        p.error("--seeds takes comma-separated integers")
+    results: dict[str, list[dict[str, Any]]] = {}
+    failed = []
+    for method in methods:
+        for seed in seeds:
+            summary = run_one(method, seed, args.data, args.runs_dir, train_args)
+            if summary is None:
+                failed.append(f"{method}-seed{seed}")
+            else:
+                results.setdefault(method, []).append(summary)
+    rows = aggregate(results)
+    safe = args.data.replace(":", "-").replace("/", "_").replace("@", "-")
+    out = args.output or Path("bench") / f"methods-{safe}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = "python -m train.compare " + shlex.join(original)
+    out.write_text(markdown(rows, command.strip(), args.data, train_args, failed))
+    drew = plot(rows, out.with_suffix(".png"), args.data)
+    print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if drew else " (no plot: pip install matplotlib)"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
