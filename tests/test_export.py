@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ from export import (
 from export.metadata import file_sha256
 from models import ModelMeta, build_model, load_checkpoint, model_from_meta, save_checkpoint
 from models.preprocess import EvalTransform
-from train.data.types import DatasetSplits, LabelledImages
+from train.data.types import LabelledImages
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
@@ -138,40 +137,26 @@ def test_export_with_images_folder(setup: tuple[Path, Path, list[Path], ModelMet
     assert "model.onnx" in result.summary() and "max |diff|" in result.summary()
 
 
-def test_export_on_rebuilt_val_split(
-    setup: tuple[Path, Path, list[Path], ModelMeta], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Without --images the val split is rebuilt with load_dataset(meta.data['source']) + build_protocol."""
+def test_export_on_rebuilt_val_split(setup: tuple[Path, Path, list[Path], ModelMeta], tmp_path: Path) -> None:
+    """Without --images the val split is rebuilt with the real load_dataset(meta.data['source']) + protocol."""
+    from train.data.csv_format import write_csv
+    from train.data.protocol import build_protocol, parse_observed
+    from train.data.registry import load_dataset
+
     _, _, good, _ = setup
     rng = np.random.default_rng(1)
     labels = np.eye(len(CLASSES), dtype=np.uint8)[rng.integers(0, len(CLASSES), len(good))]
-    seen: list[str] = []
-
-    def fake_load_dataset(spec: str) -> DatasetSplits:
-        seen.append(spec)
-        return DatasetSplits("fake", spec, CLASSES, LabelledImages(list(good), labels, CLASSES))
-
-    fake = types.ModuleType("train.data.registry")
-    fake.load_dataset = fake_load_dataset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "train.data.registry", fake)
-    data = {
-        "name": "fake",
-        "source": "csv:/somewhere/labels.csv",
-        "observed": "single",
-        "protocol_seed": 1200,
-        "val_fraction": 0.5,
-    }
+    csv_path = write_csv(tmp_path / "data", {"train": LabelledImages(list(good), labels, CLASSES)})
+    source = f"csv:{csv_path.resolve()}"
+    data = {"name": "data", "source": source, "observed": "single", "protocol_seed": 1200, "val_fraction": 0.5}
     make_checkpoint(tmp_path / "best.pt", data=data)
 
-    from train.data.protocol import build_protocol, parse_observed
-
-    val = build_protocol(fake_load_dataset("x"), parse_observed("single"), 0.5, 1200).val.paths
+    val = build_protocol(load_dataset(source), parse_observed("single"), 0.5, 1200).val.paths
     out = tmp_path / "deploy" / "tagger.onnx"
     result = export_onnx(tmp_path / "best.pt", out, verify_images=2)
-    assert seen[-1] == "csv:/somewhere/labels.csv"
     assert result.onnx_path == out and out.is_file() and (tmp_path / "deploy" / "tagger.json").is_file()
     assert result.verification.images_used == min(2, len(val))
-    assert "val split of csv:/somewhere/labels.csv" in result.verification.source
+    assert f"val split of {source}" in result.verification.source
     assert result.verification.max_abs_diff <= 1e-4
 
 

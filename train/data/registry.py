@@ -34,15 +34,14 @@ def parse_builtin_argument(argument: str) -> tuple[str, int]:
 def _load_builtin(argument: str) -> DatasetSplits:
     """``builtin:<preset>[@seed<N>]``: generate (or reuse) the procedural dataset and load its CSV."""
     preset, seed = parse_builtin_argument(argument)
-    from train.data import builtin  # lazy: generating the built-in dataset is someone else's module
+    from train.data.builtin import PRESETS, ensure_builtin  # lazy: only this kind needs the generator
 
-    presets = getattr(builtin, "PRESETS", None)
-    if presets is not None and preset not in presets:
+    if preset not in PRESETS:
         raise DataError(
-            f"unknown builtin preset {preset!r} (known: {', '.join(sorted(presets))}); "
+            f"unknown builtin preset {preset!r} (known: {', '.join(sorted(PRESETS))}); "
             "use builtin:<preset>[@seed<N>]"
         )
-    folder = Path(builtin.ensure_builtin(preset=preset, seed=seed))
+    folder = Path(ensure_builtin(preset=preset, seed=seed))
     splits = load_csv(folder / CSV_FILENAME)
     splits.name = f"builtin-{preset}"
     splits.source = f"builtin:{preset}@seed{seed}"
