@@ -29,6 +29,20 @@ def _cfg(tmp_path: Path, **kw: object) -> TrainConfig:
     return TrainConfig(**base)  # type: ignore[arg-type]
 
 
+def interrupt_after_first_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the trainer raise KeyboardInterrupt right after it saved last.pt for the first time (a kill)."""
+    calls = {"n": 0}
+    original = Trainer.save_last
+
+    def save_then_die(self: Trainer, epoch: int) -> None:
+        original(self, epoch)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "save_last", save_then_die)
+
+
 def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
     summary = Trainer(_cfg(tmp_path, name="r", ema=0.9, clip_grad=1.0)).fit()
     run = tmp_path / "r"
@@ -53,16 +67,7 @@ def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypat
     straight = Trainer(_cfg(tmp_path, name="straight", workers=workers, ema=0.5, method=method))
     straight.fit()
 
-    calls = {"n": 0}
-    original = Trainer.save_last
-
-    def save_then_die(self: Trainer, epoch: int) -> None:
-        original(self, epoch)
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_last", save_then_die)
+    interrupt_after_first_epoch(monkeypatch)
     assert main([*FAST, "--epochs", "2", "--workers", str(workers), "--ema", "0.5", "--method", method,
                  "--runs-dir", str(tmp_path), "--name", "resumed"]) == 130
     assert load_checkpoint(tmp_path / "resumed" / "last.pt").training["epoch"] == 1
@@ -205,16 +210,7 @@ def test_linear_init_resume_inside_phase_one(builtin_cache: Path, tmp_path: Path
     args = [*FAST, "--method", "role", "--linear-init", "2", "--epochs", "1", "--workers", "0",
             "--runs-dir", str(tmp_path)]
     assert main([*args, "--name", "straight"]) == 0
-    calls = {"n": 0}
-    original = Trainer.save_last
-
-    def save_then_die(self: Trainer, epoch: int) -> None:
-        original(self, epoch)
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_last", save_then_die)
+    interrupt_after_first_epoch(monkeypatch)
     assert main([*args, "--name", "resumed"]) == 130
     assert "linear" in load_checkpoint(tmp_path / "resumed" / "last.pt").training
     assert main(["--resume", str(tmp_path / "resumed")]) == 0

@@ -195,10 +195,7 @@ class Trainer:
         self.steps_per_epoch = len(self.train_loader)
         self.scheduler = self._make_scheduler()
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.dtype == torch.float16)
-        self.ema = (
-            AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema), use_buffers=True)
-            if cfg.ema > 0 else None
-        )
+        self.ema = self._make_ema() if cfg.ema > 0 else None
         self.start_epoch = 1
         self.best_map = -math.inf
         self.best_epoch = 0
@@ -208,6 +205,9 @@ class Trainer:
             self._load_resume_state()
 
     # ----------------------------------------------------------------- construction helpers
+    def _make_ema(self) -> AveragedModel:
+        return AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(self.cfg.ema), use_buffers=True)
+
     def _eval_loader(self, dataset: ImageLabelDataset) -> DataLoader[dict[str, torch.Tensor]]:
         return DataLoader(dataset, batch_size=self.cfg.eval_batch_size, shuffle=False,
                           num_workers=self.cfg.workers, pin_memory=self.device.type == "cuda")
@@ -420,6 +420,8 @@ class Trainer:
             if linear is not None and epoch == cfg.linear_init:  # phase 1 over: its best epoch starts phase 2
                 linear.restore_best()
                 self.linear = None
+                if self.ema is not None:  # average from the restored weights, not from the random head
+                    self.ema = self._make_ema()
             self.save_last(epoch)
             log(f"epoch {epoch}/{total_epochs}{' (linear)' if linear is not None else ''}  loss {stats['loss']:.4f}"
                 f"  val mAP {val['mAP']:.2f}"
