@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from PIL import Image
+from reference import reference_logits
 
 import export.verify as verify_mod
 from export import (
@@ -25,7 +26,7 @@ from export import (
     read_sidecar,
 )
 from export.metadata import file_sha256
-from models import ModelMeta, build_model, load_checkpoint, model_from_meta, save_checkpoint
+from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
 from models.preprocess import EvalTransform
 from train.data.types import LabelledImages
 
@@ -73,17 +74,6 @@ def make_checkpoint(path: Path, data: dict | None = None, thresholds: list[float
     return load_checkpoint(path).meta
 
 
-def torch_logits(checkpoint: Path, paths: list[Path]) -> np.ndarray:
-    """Reference logits computed independently: checkpoint -> network + EvalTransform."""
-    ckpt = load_checkpoint(checkpoint)
-    model = model_from_meta(ckpt.meta)
-    model.load_state_dict(ckpt.model)
-    model.eval()
-    tf = EvalTransform(ckpt.meta.image_size, ckpt.meta.mean, ckpt.meta.std)
-    with torch.no_grad():
-        return model(torch.stack([tf(p) for p in paths])).numpy()
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Path], ModelMeta]:
     root = tmp_path_factory.mktemp("export")
@@ -129,7 +119,7 @@ def test_export_with_images_folder(setup: tuple[Path, Path, list[Path], ModelMet
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     tf = EvalTransform(meta.image_size, meta.mean, meta.std)
     x = torch.stack([tf(p) for p in good]).numpy()
-    ref = torch_logits(root / "run" / "best.pt", good)
+    ref = reference_logits(root / "run" / "best.pt", good)
     for n in (1, 3, len(good)):
         (got,) = session.run(None, {"images": x[:n]})
         assert got.shape == (n, len(CLASSES))

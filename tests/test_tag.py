@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from reference import reference_logits
 
 from export import export_onnx
-from models import ModelMeta, build_model, load_checkpoint, model_from_meta, save_checkpoint
-from models.preprocess import EvalTransform
+from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
 from serve.runtimes import OnnxRuntimeBackend, TorchBackend, runtime_for
 from serve.tag import class_thresholds, find_images, tag_record
 
@@ -66,13 +66,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, ModelMe
 
 def expected_scores(checkpoint: Path, folder: Path, paths: list[Path]) -> dict[str, np.ndarray]:
     """sigmoid(PyTorch logits) per relative path, computed without the serve package."""
-    ckpt = load_checkpoint(checkpoint)
-    net = model_from_meta(ckpt.meta)
-    net.load_state_dict(ckpt.model)
-    net.eval()
-    tf = EvalTransform(ckpt.meta.image_size, ckpt.meta.mean, ckpt.meta.std)
-    with torch.no_grad():
-        probs = torch.sigmoid(net(torch.stack([tf(p) for p in paths]))).double().numpy()
+    probs = 1.0 / (1.0 + np.exp(-reference_logits(checkpoint, paths).astype(np.float64)))
     return {p.relative_to(folder).as_posix(): row for p, row in zip(paths, probs, strict=True)}
 
 

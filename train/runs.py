@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DEFAULT_RUNS_DIR = Path(os.environ.get("SPML_RUNS", "runs"))
-
 
 def default_runs_dir() -> Path:
     """``$SPML_RUNS`` if set (read at call time), else ``./runs``."""
