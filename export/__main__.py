@@ -1,4 +1,5 @@
-"""``python -m export [RUN_OR_CHECKPOINT]``: write a verified single-file ONNX model of a trained run."""
+"""``python -m export [RUN_OR_CHECKPOINT]``: verified ONNX (FP32/FP16/INT8) models and TensorRT engines of a run,
+with per-class thresholds calibrated on validation data."""
 
 from __future__ import annotations
 
@@ -10,26 +11,47 @@ from pathlib import Path
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 EPILOG = """\
-what it writes:
-  <run>/export/model.onnx   one self-contained file (weights inside): input "images" float32
-                            [batch, 3, S, S] normalised as in training, output "logits" [batch, C];
-                            the model metadata (classes, image size, mean/std, thresholds...) is in the
-                            ONNX metadata_props under "spml_meta"
-  <run>/export/model.json   the same metadata + sha256 of the .onnx, opset, library versions and the
-                            parity results
-  The .onnx is only put in place after ONNX Runtime (CPU) reproduced the PyTorch logits within --atol
-  on real images: the run's validation split (rebuilt from the dataset recorded in the checkpoint) or
-  the images of --images FOLDER. Batches of 1 and 3 are checked too (dynamic batch axis).
+what it writes (into <run>/export/ unless --output says otherwise):
+  model.onnx            FP32, one self-contained file (weights inside), BatchNorm and LgConv folded: input
+                        "images" float32 [batch, 3, S, S] normalised as in training, output "logits"
+                        [batch, C]; the model metadata (classes, image size, mean/std, per-class thresholds,
+                        how they were calibrated...) is in the ONNX metadata_props under "spml_meta"
+  model.json            the same metadata (the source of truth) + sha256, opset, versions, parity results
+  model.fp16.onnx       --precision fp16: FP16 weights and compute, float32 input/output (for GPUs)
+  model.int8-cpu.onnx   --precision int8: INT8 Q/DQ for ONNX Runtime on CPU (u8 activations, s8 weights),
+                        calibrated on --calibration-images training images
+  model.int8-tensorrt.onnx  --precision int8 --trt: symmetric INT8 for TensorRT (float bias)
+  model.<p>.engine      --trt: TensorRT engine per precision (+ model.<p>.engine.json)
+  calibration-<artifact>.md/.json/.png   per-class P/R/F1 at 0.5 vs calibrated, OF1/CF1, PR curves
+  summary.md/.json      one row per artifact: size, val mAP, decisions identical to FP32, images/s here
+
+checks (the export fails, and leaves no new model file, when one is broken):
+  FP32 ONNX Runtime vs PyTorch logits within --atol on real validation images (batches 1, 3, 16);
+  FP16 vs FP32: probabilities within 5e-3 and >= 99.5% identical decisions;
+  INT8 vs FP32: val mAP drop <= 0.5 point and >= 99% identical decisions.
+
+thresholds (--calibrate), chosen per artifact on its own validation scores:
+  auto          f1 when the validation labels are complete, pu when every val image has one label
+  f1            per class, the threshold maximising F1 (classes with < 5 positives: the pooled optimum)
+  pu            for single-positive validation data: per class, maximise recall^2 / P(predicted positive)
+                (Lee & Liu 2003), which needs no negatives when positives are labelled at random
+  recall:R      per class, the highest threshold with recall >= R
+  threshold:X   X for every class (same as --threshold X);  none: keep the checkpoint's thresholds
+
+TensorRT (--trt): with the tensorrt module and a GPU, engines are built for that GPU; otherwise with
+TensorRT for RTX (pip install -e ".[trt]"), which needs no GPU and builds for --trt-target (default: its
+portable set, Ampere and newer; Hopper needs full TensorRT).
 
 exit status:
   0  exported and verified
-  1  export or verification failed (e.g. logits differ by more than --atol, no validation images)
+  1  export, conversion or verification failed (a bound broken, no validation images, TensorRT missing)
   2  usage error (bad option, no such run or checkpoint, --images folder missing)
 
 examples:
-  python -m export                         # latest run under runs/
-  python -m export runs/voc-an --images ~/pics --verify-images 64
-  python -m export runs/voc-an/best.pt --output /tmp/tagger.onnx --opset 21
+  python -m export                                       # latest run: FP32 ONNX, F1-calibrated thresholds
+  python -m export runs/voc-an --precision fp32,fp16,int8
+  python -m export runs/voc-an --precision int8 --trt --trt-target sm86,sm89
+  python -m export runs/voc-an/best.pt --calibrate recall:0.9 --output /tmp/tagger.onnx
 """
 
 
@@ -39,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="python -m export",
-        description="Export a trained checkpoint to ONNX (dynamo exporter) and verify it against PyTorch.",
+        description="Export a trained checkpoint to ONNX (FP32, FP16, INT8) and TensorRT engines, verify every "
+        "artifact, and calibrate per-class thresholds on the validation split.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -90,6 +113,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="maximum allowed absolute logit difference (default: %(default)g)",
     )
+    g = parser.add_argument_group("precisions, thresholds and TensorRT")
+    g.add_argument("--precision", default="fp32", metavar="LIST",
+                   help="comma-separated: fp32, fp16, int8 (fp32 is always made; default: %(default)s)")
+    g.add_argument("--calibrate", default="auto", metavar="MODE",
+                   help="threshold calibration: auto, f1, pu, recall:R, threshold:X or none (default: auto)")
+    g.add_argument("--threshold", type=float, metavar="X", help="one threshold for every class (= --calibrate "
+                   "threshold:X)")
+    g.add_argument("--val-images", type=int, metavar="N", help="use at most N validation images for calibration "
+                   "and the FP16/INT8 checks (default: all)")
+    g.add_argument("--calibration-images", type=int, default=256, metavar="N",
+                   help="training images for INT8 calibration (default: %(default)s)")
+    g.add_argument("--trt", action="store_true", help="also build TensorRT engines (one per precision)")
+    g.add_argument("--trt-target", metavar="LIST", help="TensorRT for RTX compute targets, e.g. sm86,sm89 "
+                   "(default: its portable set; 'current' = this GPU)")
+    g.add_argument("--trt-batch", default="1,16,64", metavar="MIN,OPT,MAX",
+                   help="engine optimization profile: batch sizes (default: %(default)s)")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     return parser
 
 
@@ -120,27 +160,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         return usage(str(exc))
 
-    from export.onnx_export import export_onnx  # heavy (torch): only once the arguments are known good
+    calibrate_mode = f"threshold:{args.threshold}" if args.threshold is not None else args.calibrate
+    try:
+        trt_batch = tuple(int(b) for b in args.trt_batch.split(","))
+        if len(trt_batch) != 3:
+            raise ValueError
+    except ValueError:
+        return usage(f"--trt-batch takes MIN,OPT,MAX, got {args.trt_batch!r}")
+    if args.val_images is not None and args.val_images < 1:
+        return usage("--val-images must be >= 1")
+    if args.calibration_images < 1:
+        return usage("--calibration-images must be >= 1")
+
+    from export.calibrate import parse_mode  # numpy only
+    from export.pipeline import export_run, parse_precisions  # heavy (torch): once the arguments are good
     from export.verify import ExportError
 
     try:
-        result = export_onnx(
+        precisions = parse_precisions(args.precision)
+        if calibrate_mode not in ("auto", "none"):
+            parse_mode(calibrate_mode)
+    except ValueError as exc:
+        return usage(str(exc))
+    try:
+        result = export_run(
             checkpoint,
             args.output,
+            precisions=precisions,
+            calibrate_mode=calibrate_mode,
+            val_images=args.val_images,
+            calibration_images=args.calibration_images,
+            trt=args.trt,
+            trt_targets=args.trt_target.split(",") if args.trt_target else None,
+            trt_batch=trt_batch,  # type: ignore[arg-type]
             opset=args.opset,
             images=args.images,
             verify_images=args.verify_images,
             atol=args.atol,
             runs_dir=args.runs_dir,
+            progress=args.progress,
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
         )
     except (ExportError, OSError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted; nothing written", file=sys.stderr)
+        print(f"{parser.prog}: interrupted; files already verified are kept, the one in progress is not written",
+              file=sys.stderr)
         return 130
-    print(result.summary())
+    print(f"wrote {len(result.artifacts)} artifact(s) to {result.folder} (summary: {result.summary_path})")
     return EXIT_OK
 
 

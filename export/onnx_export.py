@@ -1,6 +1,7 @@
 """Checkpoint -> verified, self-describing, single-file ONNX model (``export_onnx``).
 
-Steps: load the checkpoint (weights only) and rebuild the network in eval mode; pick the verification
+Steps: load the checkpoint (weights only) and rebuild the network in eval mode; fold it for inference
+(:func:`models.lgconv.fold_resnet`: BatchNorms into convolutions, LgConv to its pooled form); pick the verification
 images (fail early if there are none); export with the dynamo exporter at a batch of 2 with a dynamic batch
 axis named ``batch``; embed the metadata; save to a temp file; ``onnx.checker``; check the graph interface;
 compare ONNX Runtime with PyTorch on real images; only then rename the file into place and write the
@@ -43,6 +44,7 @@ from export.verify import (
     verify_parity,
 )
 from models.checkpoint import ModelMeta, load_checkpoint
+from models.lgconv import fold_resnet
 from models.resnet import MultiLabelResNet, model_from_meta
 from train.runs import resolve_checkpoint
 
@@ -224,7 +226,8 @@ def export_onnx(
     with atomic_path(out_path, suffix=".onnx") as tmp:
         say(f"exporting with torch.onnx.export(dynamo=True), opset {opset} ...")
         t_export = time.perf_counter()
-        export_to_file(model, meta, tmp, opset)
+        # BatchNorms folded into the convolutions and LgConv in its inference form: the same function, less work
+        export_to_file(fold_resnet(model), meta, tmp, opset)
         export_seconds = time.perf_counter() - t_export
         proto = check_interface(tmp, meta, opset)
         say(f"verifying against PyTorch on {len(chosen.paths)} images ({chosen.source}) ...")
@@ -245,6 +248,7 @@ def export_onnx(
         "input": {"name": INPUT_NAME, "dtype": "float32", "shape": [BATCH_AXIS, 3, meta.image_size, meta.image_size]},
         "output": {"name": OUTPUT_NAME, "dtype": "float32", "shape": [BATCH_AXIS, len(meta.classes)]},
         "trace_batch": TRACE_BATCH,
+        "folded": "BatchNorm into conv" + (", LgConv inference form" if meta.lgconv else ""),
         "checkpoint": str(ckpt_path.resolve()),
         "checkpoint_sha256": file_sha256(ckpt_path),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

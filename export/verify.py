@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,7 +20,11 @@ from models.checkpoint import ModelMeta
 from models.preprocess import EvalTransform
 from serve.runtimes.onnxruntime_backend import OnnxRuntimeBackend
 
+if TYPE_CHECKING:
+    from train.data.protocol import ProtocolSplits
+
 DYNAMIC_BATCH_SIZES = (1, 3)
+_HINT = "pass --images FOLDER to verify on a folder of images instead"
 
 
 class ExportError(RuntimeError):
@@ -84,43 +88,51 @@ def folder_images(folder: str | Path, limit: int) -> VerifyImages:
     return VerifyImages(found[:limit], f"folder {folder}")
 
 
-def validation_images(meta: ModelMeta, limit: int) -> VerifyImages:
-    """The first ``limit`` images of the model's validation split, rebuilt from ``meta.data``.
+def rebuild_splits(meta: ModelMeta) -> ProtocolSplits:
+    """The model's train / val / test splits, rebuilt from ``meta.data`` with the dataset registry and the
+    protocol it recorded (observed spec, protocol seed, val fraction).
 
-    Uses ``load_dataset(meta.data["source"])`` and ``build_protocol`` with the recorded observed spec,
-    protocol seed and val fraction. Raises ``VerificationDataError`` (suggesting ``--images``) when that is
-    impossible.
+    Raises ``VerificationDataError`` (suggesting ``--images``) when that is impossible.
     """
     data = meta.data or {}
     source = data.get("source")
-    hint = "pass --images FOLDER to verify on a folder of images instead"
     if not source:
-        raise VerificationDataError(f"the checkpoint records no dataset source (meta.data['source']); {hint}")
+        raise VerificationDataError(f"the checkpoint records no dataset source (meta.data['source']); {_HINT}")
     try:
         from train.data.protocol import PROTOCOL_SEED, build_protocol, parse_observed
         from train.data.registry import load_dataset
 
-        splits = load_dataset(str(source))
-        protocol = build_protocol(
-            splits,
+        return build_protocol(
+            load_dataset(str(source)),
             parse_observed(str(data.get("observed", "single"))),
             val_fraction=float(data.get("val_fraction", 0.2)),
             seed=int(data.get("protocol_seed", PROTOCOL_SEED)),
         )
     except Exception as exc:  # import error, missing files, bad CSV...: all mean "no val split here"
         raise VerificationDataError(
-            f"cannot rebuild the validation split of dataset {source!r} ({type(exc).__name__}: {exc}); {hint}"
+            f"cannot rebuild the validation split of dataset {source!r} ({type(exc).__name__}: {exc}); {_HINT}"
         ) from exc
-    paths = list(protocol.val.paths)
-    if not paths:
-        raise VerificationDataError(f"the validation split of {source!r} is empty; {hint}")
-    fingerprint = data.get("fingerprint")
+
+
+def split_notes(meta: ModelMeta, splits: ProtocolSplits) -> str:
+    """``""``, or a note saying that the rebuilt data differs from what the model was trained on."""
     note = ""
-    if fingerprint and fingerprint != protocol.fingerprint:
-        note = f", dataset fingerprint {protocol.fingerprint} differs from the checkpoint's {fingerprint}"
-    if list(protocol.classes) != list(meta.classes):
+    fingerprint = (meta.data or {}).get("fingerprint")
+    if fingerprint and fingerprint != splits.fingerprint:
+        note = f", dataset fingerprint {splits.fingerprint} differs from the checkpoint's {fingerprint}"
+    if list(splits.classes) != list(meta.classes):
         note += ", dataset classes differ from the model's"
-    return VerifyImages(paths[:limit], f"val split of {source}{note}")
+    return note
+
+
+def validation_images(meta: ModelMeta, limit: int) -> VerifyImages:
+    """The first ``limit`` images of the model's validation split (see :func:`rebuild_splits`)."""
+    splits = rebuild_splits(meta)
+    paths = list(splits.val.paths)
+    source = meta.data.get("source")
+    if not paths:
+        raise VerificationDataError(f"the validation split of {source!r} is empty; {_HINT}")
+    return VerifyImages(paths[:limit], f"val split of {source}{split_notes(meta, splits)}")
 
 
 def load_inputs(paths: list[Path], meta: ModelMeta) -> tuple[np.ndarray, list[str]]:

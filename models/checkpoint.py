@@ -49,9 +49,15 @@ class ModelMeta:
     method_hparams: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)  # name, source, fingerprint, observed, split seed...
     metrics: dict[str, Any] = field(default_factory=dict)
-    thresholds: list[float] | None = None
+    thresholds: list[float] | None = None  # per-class decision thresholds on probabilities (None: 0.5)
+    calibration: dict[str, Any] = field(default_factory=dict)  # how the thresholds were chosen (export)
     epoch: int = 0
     package_version: str = field(default_factory=package_version)
+    # Numeric precision of the artifact this meta describes: "fp32" for checkpoints and the canonical ONNX
+    # export, "fp16" / "int8" for converted ONNX files (export.quantize). ``quantization`` describes how the
+    # conversion was done (tool, target runtime, activation/weight types, symmetry, calibration, float nodes).
+    precision: str = "fp32"
+    quantization: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Serialise to a JSON string."""

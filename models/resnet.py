@@ -1,4 +1,4 @@
-"""torchvision ResNets with a linear multi-label head (logits out, one per class)."""
+"""torchvision ResNets (optionally with LgConv in their 3x3 convs) with a linear multi-label head (logits out)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from torchvision import models as tvm
+
+from models.lgconv import GlobalBranch, convert_to_lgconv
 
 if TYPE_CHECKING:
     from models.checkpoint import ModelMeta
@@ -24,6 +26,10 @@ ARCHITECTURES: dict[str, Callable[..., tvm.ResNet]] = {
 # enum member name (e.g. IMAGENET1K_V2) is accepted as well.
 _PAPER_WEIGHTS = "IMAGENET1K_V1"
 
+# Which parameters train: everything, or PU-MLC's choice (LgConv global branches + layer4 + head; the stem and
+# layers 1-3 frozen, their BatchNorms kept in eval mode so the frozen features really are fixed).
+TRAINABLE_SCOPES = ("all", "pu-mlc")
+
 
 class MultiLabelResNet(nn.Module):
     """A torchvision ResNet backbone (fc removed) + global average pool + ``Linear(features, C)``.
@@ -37,6 +43,39 @@ class MultiLabelResNet(nn.Module):
         backbone.fc = nn.Identity()
         self.backbone = backbone
         self.head = nn.Linear(in_features, num_classes)
+        self._frozen: list[nn.Module] = []  # modules kept in eval mode by train() (see set_trainable_scope)
+
+    @property
+    def has_lgconv(self) -> bool:
+        """Whether the backbone's 3x3 convolutions carry LgConv global branches."""
+        return any(isinstance(m, GlobalBranch) for m in self.backbone.modules())
+
+    def set_trainable_scope(self, scope: str) -> None:
+        """``all``: every parameter trains. ``pu-mlc``: only the LgConv global branches, layer4 and the head;
+        the stem and layers 1-3 are frozen (``requires_grad=False``, BatchNorm statistics fixed)."""
+        if scope not in TRAINABLE_SCOPES:
+            raise ValueError(f"unknown trainable scope {scope!r}; choose from {', '.join(TRAINABLE_SCOPES)}")
+        for p in self.parameters():
+            p.requires_grad_(True)
+        self._frozen = []
+        if scope == "pu-mlc":
+            b = self.backbone
+            in_branch = {id(m) for g in b.modules() if isinstance(g, GlobalBranch) for m in g.modules()}
+            for stage in (b.conv1, b.bn1, b.layer1, b.layer2, b.layer3):
+                for module in stage.modules():
+                    if id(module) in in_branch:
+                        continue
+                    for p in module.parameters(recurse=False):
+                        p.requires_grad_(False)
+                    if isinstance(module, nn.BatchNorm2d):
+                        self._frozen.append(module)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> MultiLabelResNet:
+        super().train(mode)
+        for module in self._frozen:
+            module.eval()
+        return self
 
     @property
     def num_features(self) -> int:
@@ -77,7 +116,8 @@ def _load_weights_file(model: MultiLabelResNet, path: Path) -> str:
         state[k] = value
     own = model.state_dict()
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    missing = [k for k in own if k not in usable]
+    # LgConv global branches are new on top of a plain ResNet file: they keep their initialisation.
+    missing = [k for k in own if k not in usable and ".global_branch." not in k]
     model.load_state_dict(usable, strict=False)
     skipped = len(state) - len(usable)
     head_missing = sum(k.startswith("head.") for k in missing)
@@ -91,11 +131,13 @@ def _load_weights_file(model: MultiLabelResNet, path: Path) -> str:
     return f"loaded {len(usable)} tensors from {path} ({skipped} skipped, head {'new' if head_missing else 'loaded'})"
 
 
-def build_model(arch: str, num_classes: int, weights: str = "none") -> MultiLabelResNet:
+def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool = False) -> MultiLabelResNet:
     """Build ``arch`` (resnet18/34/50/101) with a ``num_classes`` linear head.
 
     ``weights``: ``none`` (random init), ``imagenet`` (torchvision IMAGENET1K_V1, downloaded by torchvision
     on first use), another torchvision weight name, or a path to a state dict / checkpoint file.
+    ``lgconv``: wrap every 3x3 convolution with an LgConv global branch (:mod:`models.lgconv`); the original
+    convolutions keep their (pretrained) weights and the branches start near zero output.
     """
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHITECTURES)}")
@@ -112,6 +154,8 @@ def build_model(arch: str, num_classes: int, weights: str = "none") -> MultiLabe
         else:
             tv_weights = _torchvision_weights(arch, weights)
     model = MultiLabelResNet(ARCHITECTURES[arch](weights=tv_weights), num_classes)
+    if lgconv:
+        convert_to_lgconv(model.backbone)
     if path is not None:
         print(_load_weights_file(model, path))
     return model
@@ -119,4 +163,4 @@ def build_model(arch: str, num_classes: int, weights: str = "none") -> MultiLabe
 
 def model_from_meta(meta: ModelMeta) -> MultiLabelResNet:
     """Rebuild the (randomly initialised) network a checkpoint's metadata describes; load weights after."""
-    return build_model(meta.arch, len(meta.classes), weights="none")
+    return build_model(meta.arch, len(meta.classes), weights="none", lgconv=meta.lgconv)

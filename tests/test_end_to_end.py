@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from export import read_onnx_meta
 from models.preprocess import EvalTransform
 from serve.runtimes import TorchBackend
 from train.__main__ import main as train_main
@@ -36,6 +37,11 @@ def test_train_export_tag(builtin_cache: Path, tmp_path: Path) -> None:
     verification = doc["verification"]
     assert verification["passed"] and verification["max_abs_diff"] <= 1e-4
     assert verification["images_used"] == 32 and "val split of builtin:tiny@seed0" in verification["source"]
+    # per-class thresholds were calibrated on the (fully labelled) val split and travel inside the model
+    thresholds = read_onnx_meta(onnx_path).thresholds
+    assert thresholds is not None and len(thresholds) == len(doc["meta"]["classes"])
+    assert doc["meta"]["thresholds"] == thresholds and doc["meta"]["calibration"]["mode"] == "f1"
+    assert (run / "export" / "calibration-fp32.md").is_file() and (run / "export" / "summary.md").is_file()
 
     # a folder of real test images, nested, plus one broken file
     test_split = load_dataset("builtin:tiny").test
@@ -65,7 +71,8 @@ def test_train_export_tag(builtin_cache: Path, tmp_path: Path) -> None:
         got = np.array([by_path[rel]["scores"][c] for c in meta.classes])
         np.testing.assert_allclose(got, expected, atol=2e-6)
         assert by_path[rel]["tags"] == sorted(
-            [c for c, p in zip(meta.classes, got, strict=True) if p >= 0.5], key=lambda c: -by_path[rel]["scores"][c]
+            [c for c, p, t in zip(meta.classes, got, thresholds, strict=True) if p >= t],
+            key=lambda c: -by_path[rel]["scores"][c],
         )
 
     # the PyTorch checkpoint is a servable model too, with the same scores

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.resnet import ARCHITECTURES
+from models.resnet import ARCHITECTURES, TRAINABLE_SCOPES
 from train.data.protocol import PROTOCOL_SEED, parse_observed
 from train.runs import default_runs_dir
 
@@ -31,6 +31,8 @@ class TrainConfig:
     arch: str = "resnet18"
     weights: str = "none"
     image_size: int = 64
+    lgconv: bool = True
+    trainable: str = "all"
     epochs: int = 3
     batch_size: int = 32
     eval_batch_size: int = 64
@@ -60,7 +62,9 @@ class TrainConfig:
     def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
         """Inverse of :meth:`to_dict`; unknown keys are ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        values = {k: v for k, v in raw.items() if k in known}
+        values.setdefault("lgconv", False)  # runs saved before LgConv existed were plain ResNets
+        return cls(**values)
 
 
 # Presets: named bundles of defaults; explicit flags still win.
@@ -116,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weights", help="none, imagenet (torchvision IMAGENET1K_V1, needs internet once), another "
                    f"torchvision weight name, or a state-dict/checkpoint FILE. Default: {d.weights}")
     g.add_argument("--image-size", type=int, help=f"input side in pixels. Default: {d.image_size}")
+    g.add_argument("--lgconv", action=argparse.BooleanOptionalAction, default=None,
+                   help="PU-MLC's local-global convolution: a global-attention branch added to every 3x3 conv "
+                   "(the original conv and its weights kept; folded away for export). --no-lgconv gives the "
+                   "plain torchvision ResNet. Default: on")
+    g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all, or pu-mlc (LgConv "
+                   "branches + layer4 + head; stem and layers 1-3 frozen, as PU-MLC does with ImageNet "
+                   f"weights). Default: {d.trainable}")
     g = p.add_argument_group("optimisation")
     g.add_argument("--preset", choices=sorted(PRESETS), help="bundle of defaults: cpu (built-in data on a "
                    "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs)")
@@ -186,6 +197,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.linear_init >= 0 and cfg.linear_init_lr > 0, "--linear-init must be >= 0, --linear-init-lr > 0"),
         (cfg.workers >= 0, "--workers must be >= 0"),
         (0.0 < cfg.val_fraction < 1.0, "--val-fraction must be in (0, 1)"),
+        (cfg.trainable in TRAINABLE_SCOPES, f"--trainable must be one of {', '.join(TRAINABLE_SCOPES)}"),
     ]
     for ok, message in checks:
         if not ok:

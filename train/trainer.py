@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD, ModelMeta, load_checkpoint, save_checkpoint
 from models.preprocess import EvalTransform, TrainTransform
-from models.resnet import build_model
+from models.resnet import build_model, model_from_meta
 from train.config import TrainConfig
 from train.data.dataset import ImageLabelDataset
 from train.data.protocol import ProtocolSplits, build_protocol, parse_observed
@@ -162,7 +162,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
         num_classes = len(self.classes)
-        self.model = build_model(cfg.arch, num_classes, cfg.weights).to(self.device)
+        self.model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv).to(self.device)
+        self.model.set_trainable_scope(cfg.trainable)
         if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         method_cls = get_method(cfg.method)
@@ -237,7 +238,7 @@ class Trainer:
     def meta(self, epoch: int, metrics: dict[str, Any]) -> ModelMeta:
         """The checkpoint metadata for the current model."""
         return ModelMeta(
-            classes=list(self.classes), arch=self.cfg.arch, image_size=self.cfg.image_size,
+            classes=list(self.classes), arch=self.cfg.arch, image_size=self.cfg.image_size, lgconv=self.cfg.lgconv,
             method=self.cfg.method, method_hparams=self.method.hparams_dict(),
             data={
                 "name": self.dataset.name, "source": self.dataset.source, "fingerprint": self.splits.fingerprint,
@@ -433,7 +434,7 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         """Evaluate the best checkpoint on val and test, store the metrics in best.pt, write summary.json."""
         best = load_checkpoint(self.run_dir / BEST, map_location=self.device)
-        model = build_model(self.cfg.arch, len(self.classes)).to(self.device)
+        model = model_from_meta(best.meta).to(self.device)
         model.load_state_dict(best.model)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)

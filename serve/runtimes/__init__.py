@@ -2,7 +2,7 @@
 
 Every runtime class has ``name``, ``suffixes``, a classmethod ``load(path)``, the attribute
 ``meta: ModelMeta`` and ``predict_logits(batch float32 (N,3,S,S)) -> float32 (N,C)``. Heavy optional
-dependencies (onnxruntime, later TensorRT) are imported inside ``load`` only.
+dependencies (onnxruntime, TensorRT) are imported inside ``load`` only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 
 from models.checkpoint import ModelMeta
 from serve.runtimes.onnxruntime_backend import OnnxRuntimeBackend
+from serve.runtimes.tensorrt_backend import TensorRTBackend
 from serve.runtimes.torch_backend import TorchBackend
 
 
@@ -32,6 +33,7 @@ class Runtime(Protocol):
 RUNTIMES: dict[str, type] = {
     OnnxRuntimeBackend.name: OnnxRuntimeBackend,
     TorchBackend.name: TorchBackend,
+    TensorRTBackend.name: TensorRTBackend,
 }
 
 
@@ -60,4 +62,12 @@ def load_runtime(path: str | Path, runtime: str | None = None) -> Runtime:
     return cls.load(path)
 
 
-__all__ = ["RUNTIMES", "OnnxRuntimeBackend", "Runtime", "TorchBackend", "load_runtime", "runtime_for"]
+__all__ = [
+    "RUNTIMES",
+    "OnnxRuntimeBackend",
+    "Runtime",
+    "TensorRTBackend",
+    "TorchBackend",
+    "load_runtime",
+    "runtime_for",
+]

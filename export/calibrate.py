@@ -1,0 +1,484 @@
+"""Per-class decision thresholds calibrated on validation scores, and a report of what they change.
+
+A class is predicted (tagged) when its sigmoid probability is ``>= threshold``: the rule of
+:func:`train.metrics.f1_scores` and of ``python -m serve``. Modes (:func:`parse_mode`):
+
+- ``f1``: per class, the threshold that maximises F1 on a fully labelled validation split (the default when
+  the validation labels are complete).
+- ``pu``: for single-positive (or otherwise incomplete) validation labels, where only observed positives are
+  known and everything else is unknown, not negative: per class, the threshold that maximises
+  ``recall^2 / P(predicted positive)`` (Lee & Liu 2003), see :func:`calibrate`.
+- ``recall:R``: per class, the highest threshold whose recall on the validation positives is at least R.
+- ``threshold:X`` or a bare number ``X``: the same fixed threshold for every class.
+
+How a threshold is placed. Every distinct validation score of a class is a candidate cut ("predict the items
+scoring at least this"); tied scores always fall on the same side of a cut. The chosen cut's threshold is put
+at the MIDPOINT between the chosen score and the next lower distinct score (0 below the lowest score), not
+at the score itself: the decisions on the validation set are exactly those of the cut, and a score has to
+move by half the gap before a decision flips, so the numeric differences between runtimes (the export
+check allows 1e-4 on logits, i.e. at most 2.5e-5 in probability) cannot flip a decision unless the two
+validation scores were closer than twice that. When the two scores are adjacent floats the midpoint rounds
+onto one of them and the chosen score itself is used.
+Among cuts that tie on the criterion (within 1e-12 relative), the highest threshold wins (fewer predicted
+positives).
+
+Clamping: every threshold is finally clamped to ``[THRESHOLD_MIN, THRESHOLD_MAX]`` = ``[1e-6, 1 - 1e-6]``.
+``python -m serve`` compares probabilities rounded to 6 decimals, so finer thresholds cannot be resolved;
+a threshold of exactly 0 would tag every image and one of exactly 1 only saturated scores. The clamp only
+changes validation decisions for scores within 1e-6 of 0 or 1.
+
+Fallback. A class with fewer than ``min_positives`` (default :data:`DEFAULT_MIN_POSITIVES` = 5) validation
+positives (observed positives in ``pu`` mode) does not get a threshold of its own: with fewer than 5 positives
+recall moves in steps of 20% or more and the optimal cut is decided by one or two images, so the threshold
+mostly fits noise (and with no positive at all every threshold is equally bad on validation). It gets the
+threshold that the SAME criterion selects when all classes are pooled into one set of N x C (score, label)
+pairs: for ``f1`` the threshold maximising micro-F1 (the OF1 of :mod:`train.metrics`), for ``pu`` the pooled
+Lee & Liu criterion (its recall then weights classes by their number of observed positives), for ``recall:R``
+the pooled recall. This is preferred to a fixed 0.5 because it is
+measured on this model's own score scale: single-positive training (e.g. "assume negative") pushes
+probabilities far below 0.5, so 0.5 is usually a poor operating point and is exactly what calibration is
+meant to replace. Only when the whole validation set has no positive at all is 0.5 used. The rule used for
+every class is recorded in :attr:`Calibration.rules`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from train.metrics import f1_scores
+
+__all__ = [
+    "DEFAULT_MIN_POSITIVES",
+    "DEFAULT_THRESHOLD",
+    "MODES_HELP",
+    "THRESHOLD_MAX",
+    "THRESHOLD_MIN",
+    "Calibration",
+    "CalibrationMode",
+    "calibrate",
+    "calibration_report",
+    "default_mode",
+    "parse_mode",
+    "plot_pr_curves",
+    "write_report",
+]
+
+DEFAULT_THRESHOLD = 0.5
+DEFAULT_MIN_POSITIVES = 5
+THRESHOLD_MIN = 1e-6
+THRESHOLD_MAX = 1.0 - 1e-6
+MODES_HELP = "f1, pu, recall:R (0 < R <= 1), threshold:X or X (0 < X < 1)"
+_TIE_RTOL = 1e-12
+
+
+@dataclass(frozen=True)
+class CalibrationMode:
+    """A parsed mode: ``kind`` is ``f1``, ``pu``, ``recall`` or ``threshold``; ``value`` is R or X (else None)."""
+
+    kind: str
+    value: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value:g}" if self.value is not None else self.kind
+
+
+@dataclass
+class Calibration:
+    """The result of :func:`calibrate`.
+
+    ``mode``: the canonical mode string; ``thresholds``: one probability per class; ``rules``: per class, the
+    rule that set it (the mode itself, e.g. ``"f1"`` or ``"recall:0.9"``; ``"fixed"``; or
+    ``"fallback:<pooled criterion>"`` / ``"fallback:0.5"``, see the module docstring); ``positives``: the
+    validation positives of each class (observed positives in ``pu`` mode); ``fallback_threshold``: the pooled
+    threshold used for fallback classes (None in fixed mode).
+    """
+
+    mode: str
+    thresholds: list[float]
+    rules: list[str]
+    positives: list[int]
+    min_positives: int
+    fallback_threshold: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field."""
+        return {
+            "mode": self.mode,
+            "thresholds": [float(t) for t in self.thresholds],
+            "rules": list(self.rules),
+            "positives": [int(n) for n in self.positives],
+            "min_positives": int(self.min_positives),
+            "fallback_threshold": None if self.fallback_threshold is None else float(self.fallback_threshold),
+        }
+
+
+def _parse_number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def parse_mode(text: str) -> CalibrationMode:
+    """Parse a CLI mode string (``f1``, ``pu``, ``recall:R``, ``threshold:X`` or a bare number ``X``) into a
+    :class:`CalibrationMode`; raises ``ValueError`` with a readable message for anything else."""
+    if not isinstance(text, str):
+        raise ValueError(f"calibration mode must be a string ({MODES_HELP}), got {type(text).__name__}")
+    clean = text.strip().lower()
+    if clean in ("f1", "pu"):
+        return CalibrationMode(clean)
+    if clean.startswith("recall:"):
+        value = _parse_number(clean.split(":", 1)[1])
+        if value is None or not 0.0 < value <= 1.0:
+            raise ValueError(f"invalid calibration mode {text!r}: recall:R needs a number R with 0 < R <= 1")
+        return CalibrationMode("recall", value)
+    explicit = clean.startswith("threshold:")
+    value = _parse_number(clean.split(":", 1)[1] if explicit else clean)
+    if value is None:
+        if explicit:
+            raise ValueError(f"invalid calibration mode {text!r}: threshold:X needs a number X with 0 < X < 1")
+        raise ValueError(f"invalid calibration mode {text!r}: use {MODES_HELP}")
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"invalid calibration mode {text!r}: a fixed threshold must satisfy 0 < X < 1")
+    return CalibrationMode("threshold", value)
+
+
+def default_mode(fully_labelled: bool) -> str:
+    """The default mode: ``"f1"`` when the validation labels are complete, ``"pu"`` when they are not."""
+    return "f1" if fully_labelled else "pu"
+
+
+def _check_inputs(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Validated float64 probabilities and boolean labels, both (N, C) with N, C >= 1."""
+    p = np.asarray(probs)
+    y = np.asarray(labels)
+    if p.ndim != 2 or y.ndim != 2:
+        raise ValueError(f"probs and labels must both be 2-D (N images, C classes); got {p.shape} and {y.shape}")
+    if p.shape != y.shape:
+        raise ValueError(f"probs and labels must have the same shape; got {p.shape} and {y.shape}")
+    if p.shape[0] == 0 or p.shape[1] == 0:
+        raise ValueError(f"need at least one image and one class; got shape {p.shape}")
+    if not (np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)):
+        raise ValueError(f"probs must be numbers, got dtype {p.dtype}")
+    p = p.astype(np.float64)
+    bad = ~np.isfinite(p)
+    if bad.any():
+        i, c = np.argwhere(bad)[0]
+        raise ValueError(f"probs contain {int(bad.sum())} NaN/inf value(s), first at image {i}, class {c}")
+    if p.min() < 0.0 or p.max() > 1.0:
+        raise ValueError(
+            f"probs must be probabilities in [0, 1] (apply a sigmoid to logits first); "
+            f"got values in [{p.min():g}, {p.max():g}]"
+        )
+    if y.dtype != np.bool_:
+        if not (np.issubdtype(y.dtype, np.number)):
+            raise ValueError(f"labels must be 0/1 numbers or booleans, got dtype {y.dtype}")
+        not01 = (y != 0) & (y != 1)
+        if not01.any():
+            i, c = np.argwhere(not01)[0]
+            raise ValueError(f"labels must be 0 or 1; found {y[i, c]!r} at image {i}, class {c}")
+    return p, y.astype(bool)
+
+
+def _check_thresholds(thresholds: Any, num_classes: int) -> np.ndarray:
+    t = np.asarray(thresholds, dtype=np.float64)
+    if t.ndim == 0:
+        t = np.full(num_classes, float(t))
+    if t.shape != (num_classes,):
+        raise ValueError(f"need one threshold per class ({num_classes}); got shape {t.shape}")
+    if not np.isfinite(t).all() or t.min() < 0.0 or t.max() > 1.0:
+        raise ValueError("thresholds must be finite probabilities in [0, 1]")
+    return t
+
+
+def _clamp(threshold: float) -> float:
+    return float(min(max(threshold, THRESHOLD_MIN), THRESHOLD_MAX))
+
+
+def _cut_table(scores: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every candidate cut of one score vector, highest first: the distinct scores ``s`` (descending), and for
+    the cut "predict score >= s[j]" the true positives ``tp[j]`` and the number of predictions ``n_pred[j]``."""
+    order = np.argsort(-scores, kind="mergesort")
+    s = scores[order]
+    tp = np.cumsum(positives[order])
+    last = np.r_[np.flatnonzero(s[1:] != s[:-1]), len(s) - 1]  # last index of each group of tied scores
+    return s[last], tp[last].astype(np.float64), (last + 1).astype(np.float64)
+
+
+def _threshold_below(distinct: np.ndarray, j: int) -> float:
+    """The (clamped) midpoint between the cut score ``distinct[j]`` and the next lower distinct score."""
+    upper = float(distinct[j])
+    lower = float(distinct[j + 1]) if j + 1 < len(distinct) else 0.0
+    mid = 0.5 * (upper + lower)
+    if not lower < mid <= upper:  # adjacent floats (or both 0): the score itself keeps the cut exact
+        mid = upper
+    return _clamp(mid)
+
+
+def _first_best(criterion: np.ndarray) -> int:
+    """Index of the first (= highest-threshold) cut whose criterion is within 1e-12 relative of the maximum."""
+    best = float(criterion.max())
+    return int(np.flatnonzero(criterion >= best - _TIE_RTOL * abs(best))[0])
+
+
+def _best_threshold(scores: np.ndarray, positives: np.ndarray, mode: CalibrationMode) -> float:
+    """The threshold ``mode`` selects for one score vector (one class, or all classes pooled); needs at least
+    one positive."""
+    distinct, tp, n_pred = _cut_table(scores, positives)
+    n_pos = float(tp[-1])
+    if mode.kind == "f1":
+        j = _first_best(2.0 * tp / (n_pred + n_pos))
+    elif mode.kind == "pu":
+        recall = tp / n_pos
+        j = _first_best(recall * recall / (n_pred / len(scores)))
+    elif mode.kind == "recall":
+        assert mode.value is not None
+        # smallest number of positives whose fraction reaches R; the epsilon absorbs 0.14 * 50 = 7.000000000000001
+        needed = max(1, math.ceil(mode.value * n_pos - 1e-9))
+        j = int(np.searchsorted(tp, needed, side="left"))
+    else:
+        raise ValueError(f"mode {mode} has no per-class criterion")
+    return _threshold_below(distinct, j)
+
+
+def calibrate(
+    probs: Any,
+    labels: Any,
+    mode: str | float | CalibrationMode = "f1",
+    *,
+    min_positives: int = DEFAULT_MIN_POSITIVES,
+) -> Calibration:
+    """Per-class thresholds from validation ``probs`` (N, C) sigmoid scores and 0/1 ``labels`` (N, C).
+
+    ``mode`` is a string for :func:`parse_mode`, a number X (= ``threshold:X``) or a :class:`CalibrationMode`.
+    Classes with fewer than
+    ``min_positives`` positives get the pooled fallback threshold (module docstring). Returns a
+    :class:`Calibration`. Raises ``ValueError`` on bad shapes, labels other than 0/1, NaN/inf or out-of-range
+    scores, a bad mode, or ``min_positives < 1``.
+
+    ``f1`` and ``recall:R`` need fully labelled validation data: an unlabelled positive counts as a negative.
+
+    ``pu`` is for validation labels that are themselves incomplete (single-positive or partial): ``labels``
+    then holds the OBSERVED positives only, and a 0 means "unknown", not "negative". Per class it maximises
+    ``r^2 / P(yhat = 1)`` (Lee & Liu, ICML 2003), with the recall r measured on the observed positives and
+    ``P(yhat = 1)`` the fraction of ALL validation images predicted positive. Assumption: positives are
+    labelled completely at random (SCAR): every true positive of a class is observed with the same
+    probability whatever the image, so the recall on observed positives estimates the true recall. Then
+    ``r^2 / P(yhat = 1) = precision * recall / P(y = 1)``, and since ``P(y = 1)`` does not depend on the
+    threshold, the criterion picks the cut with the largest precision x recall, a close relative of the F1
+    optimum, without ever needing a negative label. Under the single-positive protocol SCAR holds only
+    approximately (a positive in an image with k labels is observed with probability 1/k, so crowded images
+    are under-observed); the criterion stays a good proxy. ``positives`` then counts observed positives.
+    """
+    if isinstance(mode, CalibrationMode):
+        spec = mode
+    elif isinstance(mode, int | float) and not isinstance(mode, bool):
+        spec = parse_mode(repr(float(mode)))
+    else:
+        spec = parse_mode(mode)
+    if isinstance(min_positives, bool) or not isinstance(min_positives, int | np.integer) or min_positives < 1:
+        raise ValueError(f"min_positives must be an integer >= 1, got {min_positives!r}")
+    p, y = _check_inputs(probs, labels)
+    num_classes = p.shape[1]
+    positives = [int(n) for n in y.sum(0)]
+
+    if spec.kind == "threshold":
+        assert spec.value is not None
+        t = _clamp(spec.value)
+        return Calibration(str(spec), [t] * num_classes, ["fixed"] * num_classes, positives, int(min_positives), None)
+
+    if y.any():
+        fallback = _best_threshold(p.ravel(), y.ravel(), spec)
+        pooled_name = {"f1": "micro-f1", "pu": "pooled-pu", "recall": f"pooled-{spec}"}[spec.kind]
+        fallback_rule = f"fallback:{pooled_name}"
+    else:
+        fallback, fallback_rule = DEFAULT_THRESHOLD, f"fallback:{DEFAULT_THRESHOLD:g}"
+
+    thresholds: list[float] = []
+    rules: list[str] = []
+    for c in range(num_classes):
+        if positives[c] >= min_positives:
+            thresholds.append(_best_threshold(p[:, c], y[:, c], spec))
+            rules.append(str(spec))
+        else:
+            thresholds.append(fallback)
+            rules.append(fallback_rule)
+    return Calibration(str(spec), thresholds, rules, positives, int(min_positives), fallback)
+
+
+def _per_class_prf(probs: np.ndarray, labels: np.ndarray, thresholds: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-class precision, recall, F1 in percent (precision 0 without predictions, recall 0 without
+    positives: the conventions of :func:`train.metrics.f1_scores`)."""
+    pred = probs >= thresholds
+    tp = (pred & labels).sum(0).astype(np.float64)
+    n_pred = pred.sum(0).astype(np.float64)
+    n_pos = labels.sum(0).astype(np.float64)
+    precision = np.divide(tp, n_pred, out=np.zeros_like(tp), where=n_pred > 0)
+    recall = np.divide(tp, n_pos, out=np.zeros_like(tp), where=n_pos > 0)
+    total = precision + recall
+    f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(tp), where=total > 0)
+    return {"precision": 100 * precision, "recall": 100 * recall, "f1": 100 * f1}
+
+
+def calibration_report(
+    probs: Any,
+    labels: Any,
+    thresholds: Sequence[float] | np.ndarray,
+    classes: Sequence[str],
+    *,
+    mode: str | None = None,
+    rules: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Compare the default 0.5 threshold with calibrated ``thresholds`` (one per class) on ``probs`` (N, C)
+    against 0/1 ``labels`` (N, C).
+
+    Returns a JSON-serialisable dict: ``overall`` -> ``{"at_0.5": ..., "calibrated": ...}``, each with OP, OR,
+    OF1, CP, CR, CF1 in percent as defined by :func:`train.metrics.f1_scores` (OF1 micro over all entries; CF1
+    the harmonic mean of the class-averaged precision and recall); ``per_class`` -> one dict per class with
+    its positives, threshold, rule (if ``rules`` given) and precision / recall / F1 (percent) at 0.5 and at
+    its threshold. Metrics are against ``labels`` as given: with single-positive labels precision and F1 are
+    underestimated (unobserved positives count as false positives).
+    """
+    p, y = _check_inputs(probs, labels)
+    num_classes = p.shape[1]
+    t = _check_thresholds(thresholds, num_classes)
+    names = [str(c) for c in classes]
+    if len(names) != num_classes:
+        raise ValueError(f"got {len(names)} class names for {num_classes} classes")
+    if rules is not None and len(rules) != num_classes:
+        raise ValueError(f"got {len(rules)} rules for {num_classes} classes")
+    base = np.full(num_classes, DEFAULT_THRESHOLD)
+    at_base, at_cal = _per_class_prf(p, y, base), _per_class_prf(p, y, t)
+    positives = y.sum(0)
+    per_class = []
+    for c, name in enumerate(names):
+        row: dict[str, Any] = {"class": name, "positives": int(positives[c]), "threshold": float(t[c])}
+        if rules is not None:
+            row["rule"] = str(rules[c])
+        row["at_0.5"] = {k: float(v[c]) for k, v in at_base.items()}
+        row["calibrated"] = {k: float(v[c]) for k, v in at_cal.items()}
+        per_class.append(row)
+    return {
+        "mode": mode,
+        "num_images": int(p.shape[0]),
+        "num_classes": int(num_classes),
+        "overall": {"at_0.5": f1_scores(p, y, DEFAULT_THRESHOLD), "calibrated": f1_scores(p, y, t)},
+        "per_class": per_class,
+    }
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _report_markdown(report: dict[str, Any]) -> str:
+    lines = ["# Threshold calibration", ""]
+    mode = report.get("mode")
+    lines.append(
+        f"{report['num_images']} validation images, {report['num_classes']} classes"
+        + (f", mode `{mode}`" if mode else "")
+        + ". Metrics in percent; a class is predicted when its probability is >= its threshold."
+    )
+    lines += ["", "| thresholds | OP | OR | OF1 | CP | CR | CF1 |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for key, label in (("at_0.5", "0.5 for every class"), ("calibrated", "calibrated")):
+        m = report["overall"][key]
+        lines.append(f"| {label} | " + " | ".join(f"{m[k]:.2f}" for k in ("OP", "OR", "OF1", "CP", "CR", "CF1")) + " |")
+    has_rules = any("rule" in row for row in report["per_class"])
+    head = "| class | positives | threshold |" + (" rule |" if has_rules else "")
+    head += " P@0.5 | R@0.5 | F1@0.5 | P | R | F1 |"
+    lines += ["", head, "|---|---:|---:|" + ("---|" if has_rules else "") + "---:|---:|---:|---:|---:|---:|"]
+    for row in report["per_class"]:
+        cells = [_md_cell(row["class"]), str(row["positives"]), f"{row['threshold']:.4f}"]
+        if has_rules:
+            cells.append(_md_cell(row.get("rule", "")))
+        for key in ("at_0.5", "calibrated"):
+            cells += [f"{row[key][k]:.2f}" for k in ("precision", "recall", "f1")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], path_md: str | Path, path_json: str | Path) -> None:
+    """Write a :func:`calibration_report` dict as a markdown summary + per-class table (``path_md``) and as
+    JSON (``path_json``); parent folders are created."""
+    md, js = Path(path_md), Path(path_json)
+    for path in (md, js):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(_report_markdown(report), encoding="utf-8")
+    js.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def plot_pr_curves(
+    probs: Any,
+    labels: Any,
+    thresholds: Sequence[float] | np.ndarray,
+    classes: Sequence[str],
+    path_png: str | Path,
+) -> bool:
+    """Draw one small precision-recall panel per class (a grid) into ``path_png``, marking the calibrated
+    operating point and the 0.5 point. Returns True when written; False, with a message on stderr, when
+    matplotlib is not installed (it is an optional dependency)."""
+    p, y = _check_inputs(probs, labels)
+    num_classes = p.shape[1]
+    t = _check_thresholds(thresholds, num_classes)
+    names = [str(c) for c in classes]
+    if len(names) != num_classes:
+        raise ValueError(f"got {len(names)} class names for {num_classes} classes")
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print(
+            f"calibration: PR-curve plot {path_png} skipped: matplotlib is not installed (pip install matplotlib)",
+            file=sys.stderr,
+        )
+        return False
+
+    ncols = min(num_classes, 5) if num_classes <= 25 else math.ceil(math.sqrt(num_classes))
+    nrows = math.ceil(num_classes / ncols)
+    fig = Figure(figsize=(2.4 * ncols, 2.3 * nrows + 0.4), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    for c in range(nrows * ncols):
+        ax = axes[c // ncols][c % ncols]
+        if c >= num_classes:
+            ax.set_axis_off()
+            continue
+        ax.set_title(f"{names[c][:24]}  t={t[c]:.3f}", fontsize=8)
+        ax.set_xlim(0, 1.02)
+        ax.set_ylim(0, 1.02)
+        ax.tick_params(labelsize=7)
+        if c + ncols >= num_classes:  # lowest panel of its column: keep the recall tick labels (sharex hides them)
+            ax.xaxis.set_tick_params(labelbottom=True)
+        scores, pos = p[:, c], y[:, c]
+        if not pos.any():
+            ax.text(0.5, 0.5, "no positives", ha="center", va="center", fontsize=8, color="0.4")
+            continue
+        _, tp, n_pred = _cut_table(scores, pos)
+        ax.plot(tp / tp[-1], tp / n_pred, lw=1, color="tab:blue")  # one vertex per distinct-score cut
+        points = ((DEFAULT_THRESHOLD, "x", "0.3", "threshold 0.5"), (t[c], "o", "tab:red", "calibrated threshold t"))
+        for thr, marker, colour, label in points:
+            pred = scores >= thr
+            n = int(pred.sum())
+            hits = int((pred & pos).sum())
+            ax.plot(hits / pos.sum(), hits / n if n else 0.0, marker, color=colour, ms=5, label=label)
+    handles, legend_labels = axes[0][0].get_legend_handles_labels()
+    if not handles:  # the first class had no positives: build the legend from any panel that has markers
+        for ax in (a for row in axes for a in row):
+            handles, legend_labels = ax.get_legend_handles_labels()
+            if handles:
+                break
+    if handles:
+        fig.legend(handles, legend_labels, loc="outside upper center", ncols=2, fontsize=8)
+    fig.supxlabel("recall", fontsize=9)
+    fig.supylabel("precision", fontsize=9)
+    out = Path(path_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return True

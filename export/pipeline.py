@@ -1,0 +1,413 @@
+"""The whole export of a run: FP32 ONNX, per-class thresholds, FP16 / INT8 ONNX, TensorRT engines, summary.
+
+:func:`export_run` drives the pieces, each of which lives in its own module:
+
+1. :func:`export.onnx_export.export_onnx`: the canonical FP32 ONNX (folded, verified against PyTorch).
+2. The validation split is rebuilt from the checkpoint's metadata and scored by every artifact
+   (ONNX Runtime, CPU); the artifact's own per-class thresholds are calibrated on its own scores
+   (:mod:`export.calibrate`; INT8 squeezes scores, so thresholds are never shared between precisions), then
+   written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot.
+3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
+   the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
+   when engines are asked for. Each is checked against FP32 (:mod:`export.precision_check`): the export fails
+   when a bound is broken.
+4. TensorRT engines (:mod:`export.tensorrt_build`) from the FP32 / FP16 / INT8-tensorrt ONNX files.
+5. ``summary.md`` / ``summary.json`` in the export folder: one row per artifact (size, val mAP, decision
+   agreement with FP32, throughput on this machine) and the thresholds per precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from tqdm import tqdm
+
+from export.calibrate import calibrate, calibration_report, default_mode, parse_mode, plot_pr_curves, write_report
+from export.metadata import (
+    atomic_path,
+    atomic_write_text,
+    file_sha256,
+    read_sidecar,
+    set_onnx_meta,
+    sidecar_document,
+    sidecar_path,
+)
+from export.onnx_export import ExportResult, export_onnx
+from export.precision_check import PrecisionBounds, PrecisionReport, check_precision, compare_outputs
+from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
+from models.checkpoint import ModelMeta
+
+PRECISIONS = ("fp32", "fp16", "int8")
+DEFAULT_CALIBRATION_IMAGES = 256
+THROUGHPUT_BATCH = 32
+THROUGHPUT_SECONDS = 2.0
+
+
+@dataclass
+class Artifact:
+    """One exported file and what was measured on it."""
+
+    name: str  # "fp32", "fp16", "int8-cpu", "int8-tensorrt", "engine-fp16", ...
+    path: Path
+    precision: str
+    runtime: str  # what it is made for: "onnxruntime", "tensorrt"
+    size_bytes: int
+    val_mAP: float | None = None
+    agreement: float | None = None  # identical thresholded decisions vs FP32, at FP32's thresholds
+    max_prob_diff: float | None = None
+    images_per_s: float | None = None  # ONNX Runtime CPU at batch THROUGHPUT_BATCH; None for engines without GPU
+    thresholds: list[float] | None = None
+    calibration: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        out = dataclasses.asdict(self)
+        out["path"] = str(self.path)
+        return out
+
+
+@dataclass
+class ValData:
+    """Preprocessed validation images with their labels (None when verifying on an unlabelled folder)."""
+
+    inputs: np.ndarray
+    labels: np.ndarray | None
+    source: str
+    fully_labelled: bool
+
+
+@dataclass
+class RunExport:
+    """Everything :func:`export_run` wrote."""
+
+    folder: Path
+    fp32: ExportResult
+    artifacts: list[Artifact] = field(default_factory=list)
+    summary_path: Path | None = None
+
+    def table(self) -> str:
+        """The summary table as markdown."""
+        rows = ["| artifact | file | size (MB) | val mAP | decisions = FP32 | max |dprob| | img/s (this CPU) | note |",
+                "|---|---|---|---|---|---|---|---|"]
+        for a in self.artifacts:
+            rows.append(
+                f"| {a.name} | {a.path.name} | {a.size_bytes / 1e6:.1f} | {_fmt(a.val_mAP, '.2f')} | "
+                f"{_fmt(None if a.agreement is None else 100 * a.agreement, '.2f', '%')} | "
+                f"{_fmt(a.max_prob_diff, '.2g')} | {_fmt(a.images_per_s, '.0f')} | {a.note} |")
+        return "\n".join(rows)
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def parse_precisions(text: str) -> list[str]:
+    """``"fp32,int8"`` -> ``["fp32", "int8"]`` (fp32 always first: the others are made from it)."""
+    wanted = {p.strip().lower() for p in text.split(",") if p.strip()}
+    unknown = wanted - set(PRECISIONS)
+    if unknown or not wanted:
+        raise ValueError(f"--precision takes a comma-separated list of {', '.join(PRECISIONS)}; got {text!r}")
+    return [p for p in PRECISIONS if p in wanted or p == "fp32"]
+
+
+def load_val_data(meta: ModelMeta, limit: int | None, log: Callable[[str], None], progress: bool) -> ValData:
+    """The model's validation split, preprocessed (at most ``limit`` images), with its labels."""
+    splits = rebuild_splits(meta)
+    paths, labels = list(splits.val.paths), np.asarray(splits.val.labels)
+    if limit is not None:
+        paths, labels = paths[:limit], labels[:limit]
+    if not paths:
+        raise VerificationDataError("the validation split is empty: nothing to calibrate thresholds on")
+    if list(splits.classes) != list(meta.classes):
+        raise VerificationDataError(f"the rebuilt dataset's classes differ from the model's{split_notes(meta, splits)}")
+    log(f"reading {len(paths)} validation images ...")
+    inputs, keep = _load(paths, meta, progress)
+    # single-positive val labels (every image exactly one positive) cannot give F1: pu calibration then
+    fully = not bool((labels.sum(1) == 1).all())
+    return ValData(inputs, labels[keep], f"val split of {meta.data.get('source')} ({len(keep)} images)", fully)
+
+
+def load_train_sample(meta: ModelMeta, count: int, seed: int, progress: bool) -> np.ndarray:
+    """``count`` preprocessed training images drawn at random (seeded): INT8 calibration data."""
+    splits = rebuild_splits(meta)
+    paths = list(splits.train.paths)
+    if not paths:
+        raise VerificationDataError("the training split is empty: no INT8 calibration images")
+    order = np.random.default_rng(seed).permutation(len(paths))[:count]
+    inputs, _ = _load([paths[i] for i in sorted(order)], meta, progress)
+    return inputs
+
+
+def _load(paths: Sequence[Path], meta: ModelMeta, progress: bool) -> tuple[np.ndarray, list[int]]:
+    """Preprocess ``paths`` in chunks (with a progress bar); returns the inputs and the indices that decoded."""
+    chunks, keep = [], []
+    bar = tqdm(total=len(paths), desc="images", unit="img", disable=not progress, leave=False, file=sys.stderr)
+    for start in range(0, len(paths), 256):
+        part = list(paths[start:start + 256])
+        arr, skipped = load_inputs(part, meta)
+        bad = {s.split(": ", 1)[0] for s in skipped}
+        keep += [start + i for i, p in enumerate(part) if str(p) not in bad]
+        chunks.append(arr)
+        bar.update(len(part))
+    bar.close()
+    inputs = np.concatenate(chunks) if chunks else np.zeros((0, 3, meta.image_size, meta.image_size), np.float32)
+    if len(inputs) == 0:
+        raise VerificationDataError("none of the validation images could be read")
+    return inputs, keep
+
+
+class OrtModel:
+    """An ONNX file open in ONNX Runtime (CPU): logits and throughput."""
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0].name
+
+    def logits(self, inputs: np.ndarray, batch_size: int = THROUGHPUT_BATCH) -> np.ndarray:
+        """float32 logits ``(N, C)`` of ``inputs``."""
+        outs = [self.session.run(None, {self.input: inputs[s:s + batch_size]})[0]
+                for s in range(0, len(inputs), batch_size)]
+        return np.concatenate(outs).astype(np.float32, copy=False)
+
+    def images_per_second(self, inputs: np.ndarray, batch_size: int = THROUGHPUT_BATCH,
+                          seconds: float = THROUGHPUT_SECONDS) -> float:
+        """Images/s over repeated batches of ``batch_size`` (one warm-up run first)."""
+        batch = inputs[np.arange(batch_size) % len(inputs)]
+        self.session.run(None, {self.input: batch})
+        done, start = 0, time.perf_counter()
+        while done == 0 or time.perf_counter() - start < seconds:
+            self.session.run(None, {self.input: batch})
+            done += batch_size
+        return done / (time.perf_counter() - start)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x.astype(np.float64), -60, 60)))
+
+
+def write_thresholds(path: Path, thresholds: list[float] | None, calibration: dict[str, Any],
+                     sidecar_update: dict[str, Any] | None = None) -> ModelMeta:
+    """Store ``thresholds`` and how they were chosen in the ONNX file's ``spml_meta`` (rewritten atomically)
+    and refresh its sidecar (sha256, size, meta, plus ``sidecar_update``); returns the new meta."""
+    from export.metadata import meta_from_props
+
+    model = onnx.load(str(path))
+    meta = meta_from_props({p.key: p.value for p in model.metadata_props}, path)
+    meta = dataclasses.replace(meta, thresholds=thresholds, calibration=calibration)
+    set_onnx_meta(model, meta)
+    with atomic_path(path, suffix=".onnx") as tmp:
+        onnx.save(model, str(tmp))
+    side = sidecar_path(path)
+    doc = read_sidecar(side) if side.is_file() else {}
+    doc.update({"sha256": file_sha256(path), "size_bytes": path.stat().st_size, "meta": dataclasses.asdict(meta)})
+    doc.update(sidecar_update or {})
+    atomic_write_text(side, json.dumps(doc, indent=2) + "\n")
+    return meta
+
+
+def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mode_text: str, classes: list[str],
+                        folder: Path, log: Callable[[str], None]) -> ModelMeta | None:
+    """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot."""
+    if val.labels is None:
+        return None
+    probs = _sigmoid(logits)
+    mode = parse_mode(mode_text if mode_text != "auto" else default_mode(val.fully_labelled))
+    cal = calibrate(probs, val.labels, mode)
+    report = calibration_report(probs, val.labels, cal.thresholds, classes, mode=cal.mode, rules=cal.rules)
+    stem = f"calibration-{artifact.name}"
+    write_report(report, folder / f"{stem}.md", folder / f"{stem}.json")
+    plotted = plot_pr_curves(probs, val.labels, cal.thresholds, classes, folder / f"{stem}.png")
+    info = {**cal.to_dict(), "data": val.source, "report": f"{stem}.md", "plot": f"{stem}.png" if plotted else None}
+    meta = write_thresholds(artifact.path, [float(t) for t in cal.thresholds], info)
+    artifact.thresholds, artifact.calibration = meta.thresholds, cal.mode
+    summ = report.get("calibrated", {})
+    base = report.get("at_0.5", {})
+    log(f"  {artifact.name}: thresholds by {cal.mode} on {val.source}; CF1 {base.get('CF1', float('nan')):.2f} at 0.5 "
+        f"-> {summ.get('CF1', float('nan')):.2f} calibrated (report {stem}.md)")
+    return meta
+
+
+def export_run(
+    checkpoint: str | Path,
+    output: str | Path | None = None,
+    *,
+    precisions: Sequence[str] = ("fp32",),
+    calibrate_mode: str = "auto",
+    val_images: int | None = None,
+    calibration_images: int = DEFAULT_CALIBRATION_IMAGES,
+    trt: bool = False,
+    trt_targets: Sequence[str] | None = None,
+    trt_batch: tuple[int, int, int] = (1, 16, 64),
+    bounds: dict[str, PrecisionBounds] | None = None,
+    opset: int | None = None,
+    images: str | Path | None = None,
+    verify_images: int | None = None,
+    atol: float | None = None,
+    runs_dir: Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> RunExport:
+    """Export a checkpoint to every requested artifact (see the module docstring); returns what was written.
+
+    ``calibrate_mode``: ``auto`` (f1 on fully labelled validation data, pu on single-positive), ``f1``,
+    ``pu``, ``recall:R``, ``threshold:X`` or ``none`` (keep the checkpoint's thresholds). ``val_images`` caps the
+    validation images used for calibration and the precision checks. Raises ``ExportError`` (and its
+    subclasses) on any failure, ``ValueError`` for bad arguments.
+    """
+    say = log or (lambda _msg: None)
+    if calibrate_mode not in ("auto", "none"):
+        parse_mode(calibrate_mode)  # fail before an expensive export
+    kwargs: dict[str, Any] = {k: v for k, v in {"opset": opset, "verify_images": verify_images, "atol": atol}.items()
+                              if v is not None}
+    fp32 = export_onnx(checkpoint, output, images=images, runs_dir=runs_dir, log=say, **kwargs)
+    say(fp32.summary())
+    folder = fp32.onnx_path.parent
+    meta = fp32.meta
+    result = RunExport(folder=folder, fp32=fp32)
+
+    val: ValData | None = None
+    needs_val = calibrate_mode != "none" or len(precisions) > 1
+    if needs_val:
+        try:
+            val = load_val_data(meta, val_images, say, progress)
+        except VerificationDataError as exc:
+            if len(precisions) > 1:
+                raise VerificationDataError(f"FP16/INT8 exports are checked on the labelled validation split: "
+                                            f"{exc}") from exc
+            say(f"no labelled validation data ({exc}); thresholds not calibrated (0.5 or the checkpoint's)")
+    if val is None:
+        result.artifacts.append(Artifact("fp32", fp32.onnx_path, "fp32", "onnxruntime", fp32.size_bytes,
+                                         thresholds=meta.thresholds, note="not calibrated: no labelled val data"))
+        _write_summary(result, say)
+        return result
+
+    ref = OrtModel(fp32.onnx_path)
+    ref_logits = ref.logits(val.inputs)
+    fp32_art = Artifact("fp32", fp32.onnx_path, "fp32", "onnxruntime", fp32.size_bytes)
+    _measure(fp32_art, ref, ref_logits, None, val)
+    if calibrate_mode != "none":
+        _calibrate_artifact(fp32_art, ref_logits, val, calibrate_mode, list(meta.classes), folder, say)
+        fp32_art.size_bytes = fp32_art.path.stat().st_size
+    ref_thresholds = np.asarray(fp32_art.thresholds or [0.5] * len(meta.classes))
+    result.artifacts.append(fp32_art)
+
+    conversions: list[tuple[str, str, str | None]] = []  # (name, precision, int8 target)
+    if "fp16" in precisions:
+        conversions.append(("fp16", "fp16", None))
+    if "int8" in precisions:
+        conversions.append(("int8-cpu", "int8", "cpu"))
+        if trt:
+            conversions.append(("int8-tensorrt", "int8", "tensorrt"))
+    calib_inputs: np.ndarray | None = None
+    for name, precision, target in conversions:
+        from export.quantize import convert_fp16, default_output, quantize_int8
+
+        dst = default_output(fp32.onnx_path, precision, target)
+        if precision == "fp16":
+            say("converting to FP16 ...")
+            conv = convert_fp16(fp32.onnx_path, dst)
+        else:
+            if calib_inputs is None:
+                say(f"reading {calibration_images} training images for INT8 calibration ...")
+                calib_inputs = load_train_sample(meta, calibration_images, seed, progress)
+            say(f"quantizing to INT8 for {target} ({len(calib_inputs)} calibration images) ...")
+            conv = quantize_int8(fp32.onnx_path, dst, calib_inputs, target=target)  # type: ignore[arg-type]
+        art = Artifact(name, conv.path, precision, "tensorrt" if target == "tensorrt" else "onnxruntime",
+                       conv.size_bytes)
+        model = OrtModel(conv.path)
+        logits = model.logits(val.inputs)
+        report = PrecisionReport(reference=str(fp32.onnx_path), candidate=str(conv.path), precision=precision,
+                                 thresholds_source="fp32 calibrated" if fp32_art.thresholds else "0.5",
+                                 **compare_outputs(ref_logits, logits, ref_thresholds, val.labels))
+        try:
+            check_precision(report, (bounds or {}).get(precision))
+        except ExportError:  # the export fails loudly and leaves no unverified model behind
+            conv.path.unlink(missing_ok=True)
+            raise
+        say(f"  {report.summary()}")
+        art.agreement, art.max_prob_diff = report.decision_agreement, report.max_prob_diff
+        _measure(art, model, logits, report, val)
+        side = sidecar_document(conv.path, conv.meta, conv.info(), report.to_dict(), sha256=conv.sha256)
+        atomic_write_text(sidecar_path(conv.path), json.dumps(side, indent=2) + "\n")
+        if calibrate_mode != "none":
+            _calibrate_artifact(art, logits, val, calibrate_mode, list(meta.classes), folder, say)
+            art.size_bytes = art.path.stat().st_size
+        result.artifacts.append(art)
+
+    if trt:
+        _build_engines(result, precisions, trt_targets, trt_batch, say)
+    _write_summary(result, say)
+    return result
+
+
+def _measure(art: Artifact, model: OrtModel, logits: np.ndarray, report: PrecisionReport | None,
+             val: ValData) -> None:
+    from train.metrics import mean_average_precision
+
+    if report is not None and report.map_candidate is not None:
+        art.val_mAP = report.map_candidate
+    elif val.labels is not None:
+        art.val_mAP = mean_average_precision(logits, val.labels)
+    if art.runtime == "onnxruntime":
+        art.images_per_s = model.images_per_second(val.inputs)
+    else:
+        art.note = "made for TensorRT; checked in ONNX Runtime"
+
+
+def _build_engines(result: RunExport, precisions: Sequence[str], targets: Sequence[str] | None,
+                   batch: tuple[int, int, int], say: Callable[[str], None]) -> None:
+    from export.tensorrt_build import build_engine
+
+    sources = {a.name: a for a in result.artifacts}
+    for precision in precisions:
+        src = sources.get("int8-tensorrt" if precision == "int8" else precision)
+        if src is None:
+            continue
+        engine_path = src.path.with_name(f"model.{precision}.engine")
+        say(f"building a TensorRT engine from {src.path.name} ...")
+        built = build_engine(src.path, engine_path, min_batch=batch[0], opt_batch=batch[1], max_batch=batch[2],
+                             targets=targets, log=say)
+        say(f"  {built.summary()}")
+        result.artifacts.append(Artifact(
+            f"engine-{precision}", built.engine_path, precision, "tensorrt", built.size_bytes,
+            val_mAP=src.val_mAP, agreement=src.agreement, max_prob_diff=src.max_prob_diff,
+            thresholds=built.meta.thresholds, calibration=src.calibration,
+            note=f"{built.flavour} {built.tensorrt_version}, targets {','.join(built.targets)}; "
+                 f"mAP/agreement of its ONNX source"))
+
+
+def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:
+    """``summary.md`` + ``summary.json`` in the export folder; the table is also logged."""
+    doc = {
+        "checkpoint": str(result.fp32.checkpoint),
+        "artifacts": [a.to_dict() for a in result.artifacts],
+        "thresholds": {a.name: a.thresholds for a in result.artifacts},
+        "fp32_parity": result.fp32.verification.to_dict(),
+    }
+    atomic_write_text(result.folder / "summary.json", json.dumps(doc, indent=2) + "\n")
+    table = result.table()
+    text = (f"# Export of {result.fp32.checkpoint}\n\nval mAP and decision agreement on the validation split; "
+            f"throughput: ONNX Runtime CPU, batch {THROUGHPUT_BATCH}, on the exporting machine.\n\n{table}\n")
+    atomic_write_text(result.folder / "summary.md", text)
+    result.summary_path = result.folder / "summary.md"
+    say(table)
+    if any(a.runtime == "tensorrt" for a in result.artifacts):
+        say("(engines run only on an NVIDIA GPU: serve them with `python -m serve ... --model <engine>`)")
+
+
+__all__ = ["PRECISIONS", "Artifact", "ExportError", "RunExport", "export_run", "parse_precisions", "write_thresholds"]

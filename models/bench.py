@@ -1,0 +1,189 @@
+"""LgConv cost benchmark: ``python -m models.bench``.
+
+For plain ResNet-50, ResNet-50 with LgConv (training form) and its folded inference form (and the plain
+network with its BatchNorms folded, the fair baseline for the folded one): parameters, FLOPs per image
+(``torch.utils.flop_counter``: convolutions and matrix products), and latency / throughput in PyTorch eager
+(CPU, float32, inference mode) and ONNX Runtime (CPU execution provider, the dynamo-exported graph) at batch 1
+and 16, at the default training size and at 448 px. Each cell is the median of timed repeats after a warm-up.
+Results go to a markdown file with the command that produced them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from models.checkpoint import ModelMeta
+from models.lgconv import fold_resnet, global_branches
+from models.resnet import build_model
+
+VARIANTS = ("plain", "plain-folded", "lgconv", "lgconv-folded")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def make_variant(name: str, arch: str, num_classes: int) -> torch.nn.Module:
+    """One benchmarked network in eval mode (random init, branches switched on as after training)."""
+    torch.manual_seed(0)
+    model = build_model(arch, num_classes, lgconv=name.startswith("lgconv"))
+    with torch.no_grad():
+        for g in global_branches(model):
+            g.bn.weight.normal_(0.0, 0.3)
+    model.eval()
+    return fold_resnet(model) if name.endswith("folded") else model
+
+
+def count_flops(model: torch.nn.Module, image_size: int) -> int:
+    """Forward FLOPs (2 per multiply-add) of one image, as counted by ``torch.utils.flop_counter``."""
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode(), counter:
+        model(torch.zeros(1, 3, image_size, image_size))
+    return int(counter.get_total_flops())
+
+
+def time_call(fn: Callable[[], Any], budget_s: float, min_repeats: int = 3) -> float:
+    """Median seconds per call of ``fn`` after one warm-up, over at least ``min_repeats`` calls or ``budget_s``."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_repeats or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 50:
+            break
+    return statistics.median(times)
+
+
+def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, arch: str, folder: Path) -> Any:
+    """Export ``model`` with the package's exporter and open it in ONNX Runtime (CPU)."""
+    import onnxruntime as ort
+
+    from export.onnx_export import export_to_file
+
+    path = folder / f"m{id(model)}-{image_size}.onnx"
+    meta = ModelMeta(classes=[f"c{i}" for i in range(num_classes)], arch=arch, image_size=image_size)
+    export_to_file(model, meta, path)
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, runtimes: list[str],
+            num_classes: int = 20) -> list[dict[str, Any]]:
+    """All rows of the table: one per (variant, image size)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            for name in VARIANTS:
+                model = make_variant(name, arch, num_classes)
+                row: dict[str, Any] = {
+                    "variant": name, "size": size,
+                    "params": sum(p.numel() for p in model.parameters()) + sum(
+                        b.numel() for n, b in model.named_buffers() if not n.endswith(("running_mean", "running_var",
+                                                                                       "num_batches_tracked"))),
+                    "gflops": count_flops(model, size) / 1e9,
+                }
+                session = export_for_ort(model, size, num_classes, arch, Path(tmp)) if "onnxruntime" in runtimes \
+                    else None
+                for batch in batches:
+                    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
+                    if "torch" in runtimes:
+                        def run_torch(x: torch.Tensor = x, model: torch.nn.Module = model) -> None:
+                            with torch.inference_mode():
+                                model(x)
+                        row[f"torch_b{batch}"] = time_call(run_torch, budget_s)
+                    if session is not None:
+                        feed = {"images": x.numpy()}
+                        row[f"ort_b{batch}"] = time_call(lambda s=session, f=feed: s.run(None, f), budget_s)
+                print(_row_text(row, batches, runtimes), file=sys.stderr, flush=True)
+                rows.append(row)
+    return rows
+
+
+def _row_text(row: dict[str, Any], batches: list[int], runtimes: list[str]) -> str:
+    parts = [f"{row['variant']:>14} @{row['size']}px  {row['params'] / 1e6:6.2f}M params  {row['gflops']:7.2f} GFLOPs"]
+    for rt, key in (("torch", "torch"), ("onnxruntime", "ort")):
+        if rt in runtimes:
+            parts += [f"{key} b{b}: {row[f'{key}_b{b}'] * 1e3:8.1f} ms" for b in batches]
+    return "  ".join(parts)
+
+
+def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[str], command: str) -> str:
+    """The results file: command, machine, the table and the folded / plain latency ratios."""
+    lines = [
+        "# LgConv cost: plain vs LgConv vs folded LgConv", "",
+        f"Command: `{command}`", "",
+        f"Machine: {_cpu_name()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}; "
+        f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
+        "Latency = median wall time of one forward call on a batch (ms); throughput = images/s at that batch. "
+        "`plain-folded` is the plain network with BatchNorm folded into the convolutions (what ONNX Runtime does "
+        "to the plain graph anyway); `lgconv-folded` is what `python -m export` ships.", "",
+    ]
+    cols = [(rt_key, b) for rt, rt_key in (("torch", "torch"), ("onnxruntime", "ort")) if rt in runtimes
+            for b in batches]
+    header = ["variant", "input", "params (M)", "GFLOPs/img"] + [
+        f"{'PyTorch' if k == 'torch' else 'ORT'} b{b} ms (img/s)" for k, b in cols]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [r["variant"], f"{r['size']} px", f"{r['params'] / 1e6:.2f}", f"{r['gflops']:.2f}"]
+        cells += [f"{r[f'{k}_b{b}'] * 1e3:.1f} ({b / r[f'{k}_b{b}']:.0f})" for k, b in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Folded LgConv latency relative to plain (target: at most 1.10):", ""]
+    lines += ["| input | runtime | batch | vs plain | vs plain-folded | unfolded LgConv vs plain |",
+              "|---|---|---|---|---|---|"]
+    by = {(r["variant"], r["size"]): r for r in rows}
+    for size in sorted({r["size"] for r in rows}):
+        for k, b in cols:
+            key = f"{k}_b{b}"
+            folded, plain = by[("lgconv-folded", size)][key], by[("plain", size)][key]
+            plain_f, unfolded = by[("plain-folded", size)][key], by[("lgconv", size)][key]
+            lines.append(f"| {size} px | {'PyTorch' if k == 'torch' else 'ORT'} | {b} | {folded / plain:.2f} | "
+                         f"{folded / plain_f:.2f} | {unfolded / plain:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m models.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", default="resnet50", help="backbone (default: %(default)s)")
+    parser.add_argument("--sizes", default="64,448", help="input sizes, comma-separated (default: %(default)s)")
+    parser.add_argument("--batches", default="1,16", help="batch sizes, comma-separated (default: %(default)s)")
+    parser.add_argument("--runtimes", default="torch,onnxruntime", help="torch and/or onnxruntime")
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds of timed repeats per cell (default: 3)")
+    parser.add_argument("--output", type=Path, default=Path("bench/lgconv-cpu.md"), help="markdown file to write")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    if not set(runtimes) <= {"torch", "onnxruntime"} or not runtimes:
+        parser.error("--runtimes takes torch and/or onnxruntime")
+    rows = measure(args.arch, sizes, batches, args.budget, runtimes)
+    command = "python -m models.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(to_markdown(rows, batches, runtimes, command.strip()))
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

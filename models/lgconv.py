@@ -1,0 +1,231 @@
+"""PU-MLC's local-global convolution (LgConv) for torchvision ResNets, and its exact inference-time fold.
+
+Training form (METHODS.md 5.3): every 3x3 convolution ``conv`` of the backbone becomes
+``conv(x) + GB(x)``, where the global branch ``GB`` is
+
+    x_l  = ReLU(R x)                                   R: 1x1, C_in -> C_in/4 (with bias)
+    x_h  = [x_l, mean_pos(x_l)]                        global context appended to every position
+    A    = softmax_pos(Wa x_h)                         8 spatial attention maps (one per head)
+    G    = sigmoid(Wg x_h)                             8 broadcast gates
+    g_h  = sum_pos A_h(pos) V_h x(pos)                 V: 1x1, C_in -> C_in, split in 8 heads
+    GB   = BN(P(x + concat_h g_h G_h))                 P: 1x1, C_in -> C_out, the conv's stride
+
+:class:`LgConv2d` *is* an ``nn.Conv2d`` (the original 3x3 weights keep their state-dict names), with the branch
+as its ``global_branch`` child, so plain / ImageNet ResNet weights load into it unchanged.
+
+Inference form (:func:`fold_resnet`): all BatchNorms are folded into their convolutions; in each LgConv the
+branch's linear path ``a * P x`` is added to the 3x3 kernel's centre tap (exact for padding 1, any stride,
+because a strided 1x1 conv samples the centre positions of the strided 3x3 windows), and the global term is
+computed on 8 attention-pooled vectors instead of full-resolution maps:
+``x_bar_h = sum_pos A_h(pos) x(pos)``, ``u_h = P_h (V_h x_bar_h + b_h)``, output ``+= sum_h u_h G_h``.
+Only ``R`` and two 8-channel 1x1 convs still run at full resolution.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+HEADS = 8
+REDUCTION = 4
+BN_GAMMA_STD = 1e-4  # the global branch starts (almost) switched off: output = plain ResNet's
+
+
+class GlobalBranch(nn.Module):
+    """The global branch ``GB(x)`` of an LgConv: ``(N, C_in, H, W)`` -> ``(N, C_out, H/s, W/s)``."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1, heads: int = HEADS,
+                 reduction: int = REDUCTION) -> None:
+        super().__init__()
+        if in_channels % heads or in_channels % reduction:
+            raise ValueError(f"LgConv needs in_channels ({in_channels}) divisible by heads ({heads}) and by the "
+                             f"reduction ({reduction})")
+        mid = in_channels // reduction
+        self.heads = heads
+        self.reduce = nn.Conv2d(in_channels, mid, 1)
+        self.attention = nn.Conv2d(2 * mid, heads, 1)
+        self.gate = nn.Conv2d(2 * mid, heads, 1)
+        self.value = nn.Conv2d(in_channels, in_channels, 1)
+        self.proj = nn.Conv2d(in_channels, out_channels, 1, stride=stride)
+        self.bn = nn.BatchNorm2d(out_channels)
+        nn.init.normal_(self.bn.weight, 0.0, BN_GAMMA_STD)
+        nn.init.zeros_(self.bn.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        local = F.relu(self.reduce(x))
+        context = local.mean(dim=(2, 3), keepdim=True).expand_as(local)
+        mixed = torch.cat([local, context], dim=1)
+        attention = self.attention(mixed).flatten(2).softmax(dim=-1)  # (N, heads, HW)
+        gate = torch.sigmoid(self.gate(mixed)).flatten(2)  # (N, heads, HW)
+        value = self.value(x).reshape(n, self.heads, c // self.heads, h * w)
+        pooled = torch.einsum("nhkp,nhp->nhk", value, attention)  # one C_in/heads vector per head
+        broadcast = (pooled.unsqueeze(-1) * gate.unsqueeze(2)).reshape(n, c, h, w)
+        return self.bn(self.proj(x + broadcast))
+
+
+class LgConv2d(nn.Conv2d):
+    """A 3x3 ``nn.Conv2d`` plus a :class:`GlobalBranch`: ``forward(x) = conv(x) + GB(x)``."""
+
+    def __init__(self, conv: nn.Conv2d, heads: int = HEADS, reduction: int = REDUCTION) -> None:
+        if conv.kernel_size != (3, 3) or conv.padding != (1, 1) or conv.dilation != (1, 1) or conv.groups != 1:
+            raise ValueError(f"LgConv wraps dense 3x3 convolutions with padding 1, got {conv}")
+        if conv.stride[0] != conv.stride[1]:
+            raise ValueError(f"LgConv needs a square stride, got {conv.stride}")
+        super().__init__(conv.in_channels, conv.out_channels, 3, stride=conv.stride, padding=1,
+                         bias=conv.bias is not None, device=conv.weight.device, dtype=conv.weight.dtype)
+        with torch.no_grad():
+            self.weight.copy_(conv.weight)
+            if conv.bias is not None and self.bias is not None:
+                self.bias.copy_(conv.bias)
+        self.global_branch = GlobalBranch(conv.in_channels, conv.out_channels, conv.stride[0], heads, reduction).to(
+            device=conv.weight.device, dtype=conv.weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + self.global_branch(x)
+
+
+def convert_to_lgconv(module: nn.Module, heads: int = HEADS, reduction: int = REDUCTION) -> int:
+    """Replace every dense 3x3 ``nn.Conv2d`` inside ``module`` (in place) by an :class:`LgConv2d` keeping its
+    weights; the 7x7 stem and the 1x1 convolutions are untouched. Returns the number of convolutions wrapped."""
+    count = 0
+    for name, child in list(module.named_children()):
+        if type(child) is nn.Conv2d and child.kernel_size == (3, 3) and child.groups == 1:
+            setattr(module, name, LgConv2d(child, heads, reduction))
+            count += 1
+        elif not isinstance(child, LgConv2d):
+            count += convert_to_lgconv(child, heads, reduction)
+    return count
+
+
+def global_branches(module: nn.Module) -> Iterator[GlobalBranch]:
+    """All :class:`GlobalBranch` modules inside ``module``."""
+    return (m for m in module.modules() if isinstance(m, GlobalBranch))
+
+
+def _bn_affine(bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval-mode BatchNorm as ``y = scale * x + shift`` (per channel)."""
+    assert bn.running_var is not None and bn.running_mean is not None
+    scale = bn.running_var.add(bn.eps).rsqrt()
+    if bn.weight is not None:
+        scale = scale * bn.weight
+    shift = -bn.running_mean * scale
+    if bn.bias is not None:
+        shift = shift + bn.bias
+    return scale, shift
+
+
+class FoldedLgConv2d(nn.Module):
+    """Inference form of ``BN(LgConv(x))`` (the BatchNorm that follows the LgConv in the ResNet block folded in).
+
+    Numerically equivalent to the training form in eval mode; built by :meth:`from_lgconv`."""
+
+    def __init__(self, conv: nn.Conv2d, reduce: nn.Conv2d, mix_local: nn.Conv2d, mix_context: torch.Tensor,
+                 value_weight: torch.Tensor, value_bias: torch.Tensor, proj_weight: torch.Tensor, stride: int) -> None:
+        super().__init__()
+        self.conv = conv  # the 3x3 kernel with the branch's linear path in its centre tap, BN folded
+        self.reduce = reduce
+        self.mix_local = mix_local  # attention (first `heads` channels) and gate logits from the local features
+        self.register_buffer("mix_context", mix_context)  # (2 heads, mid): the same from the pooled context
+        self.register_buffer("value_weight", value_weight)  # (heads, C_in/heads, C_in)
+        self.register_buffer("value_bias", value_bias)  # (heads, C_in/heads)
+        self.register_buffer("proj_weight", proj_weight)  # (heads, C_out, C_in/heads), BN scales folded
+        self.heads = value_weight.shape[0]
+        self.stride = stride
+
+    @classmethod
+    @torch.no_grad()
+    def from_lgconv(cls, lg: LgConv2d, bn: nn.BatchNorm2d | None) -> FoldedLgConv2d:
+        """Fold ``bn(lg(x))`` (``bn=None``: just ``lg(x)``); both are read in eval mode, nothing is modified."""
+        gb = lg.global_branch
+        out_ch, in_ch = lg.out_channels, lg.in_channels
+        dev, dt = lg.weight.device, lg.weight.dtype
+        if bn is not None:
+            out_scale, out_shift = _bn_affine(bn)
+        else:
+            out_scale, out_shift = torch.ones(out_ch, device=dev, dtype=dt), torch.zeros(out_ch, device=dev, dtype=dt)
+        gb_scale, gb_shift = _bn_affine(gb.bn)
+        p = gb.proj.weight[:, :, 0, 0] * (out_scale * gb_scale)[:, None]  # (C_out, C_in): s * a * P
+        bias = out_scale * (gb_scale * _bias(gb.proj) + gb_shift) + out_shift
+        if lg.bias is not None:
+            bias = bias + out_scale * lg.bias
+        conv = nn.Conv2d(in_ch, out_ch, 3, stride=lg.stride, padding=1, bias=True, device=dev, dtype=dt)
+        conv.weight.copy_(lg.weight * out_scale[:, None, None, None])
+        conv.weight[:, :, 1, 1] += p
+        conv.bias.copy_(bias)
+
+        mid = gb.reduce.out_channels
+        heads = gb.heads
+        reduce = copy.deepcopy(gb.reduce)
+        mix_w = torch.cat([gb.attention.weight[:, :, 0, 0], gb.gate.weight[:, :, 0, 0]])  # (2 heads, 2 mid)
+        mix_local = nn.Conv2d(mid, 2 * heads, 1, device=dev, dtype=dt)
+        mix_local.weight.copy_(mix_w[:, :mid, None, None])
+        mix_local.bias.copy_(torch.cat([_bias(gb.attention), _bias(gb.gate)]))
+        mix_context = mix_w[:, mid:].clone()
+        k = in_ch // heads
+        value_weight = gb.value.weight[:, :, 0, 0].reshape(heads, k, in_ch).clone()
+        value_bias = _bias(gb.value).reshape(heads, k).clone()
+        proj_weight = p.reshape(out_ch, heads, k).permute(1, 0, 2).contiguous()
+        return cls(conv, reduce, mix_local, mix_context, value_weight, value_bias, proj_weight, lg.stride[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv(x)
+        local = F.relu(self.reduce(x))
+        context = local.mean(dim=(2, 3)) @ self.mix_context.t()  # (N, 2 heads): the context's share, per image
+        mix = self.mix_local(local) + context[:, :, None, None]
+        attention = mix[:, : self.heads].flatten(2).softmax(dim=-1)  # (N, heads, HW)
+        gate = torch.sigmoid(mix[:, self.heads :, :: self.stride, :: self.stride]).flatten(2)  # at output positions
+        pooled = torch.bmm(attention, x.flatten(2).transpose(1, 2))  # (N, heads, C_in): attention-weighted pools
+        g = torch.einsum("hkc,nhc->nhk", self.value_weight, pooled) + self.value_bias
+        u = torch.einsum("hok,nhk->noh", self.proj_weight, g)  # (N, C_out, heads)
+        return out + torch.bmm(u, gate).view_as(out)
+
+
+def _bias(conv: nn.Conv2d) -> torch.Tensor:
+    if conv.bias is not None:
+        return conv.bias
+    return torch.zeros(conv.out_channels, device=conv.weight.device, dtype=conv.weight.dtype)
+
+
+def _fold_pair(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    if isinstance(conv, LgConv2d):
+        return FoldedLgConv2d.from_lgconv(conv, bn if isinstance(bn, nn.BatchNorm2d) else None)
+    if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
+        return fuse_conv_bn_eval(conv, bn)
+    return conv
+
+
+def _fold_children(module: nn.Module) -> None:
+    """Fold conv/BN pairs named ``convN``/``bnN`` (torchvision blocks and stem) and ``Sequential(conv, bn)``."""
+    for name, child in list(module.named_children()):
+        _fold_children(child)
+        if name.startswith("conv") and hasattr(module, "bn" + name[4:]):
+            bn_name = "bn" + name[4:]
+            bn = getattr(module, bn_name)
+            if isinstance(bn, nn.BatchNorm2d):
+                setattr(module, name, _fold_pair(child, bn))
+                setattr(module, bn_name, nn.Identity())
+    if isinstance(module, nn.Sequential):
+        for i in range(len(module) - 1):
+            if isinstance(module[i], nn.Conv2d) and isinstance(module[i + 1], nn.BatchNorm2d):
+                module[i] = _fold_pair(module[i], module[i + 1])
+                module[i + 1] = nn.Identity()
+
+
+def fold_resnet(model: nn.Module) -> nn.Module:
+    """An inference copy of ``model`` (a torchvision-ResNet-based network, with or without LgConv): every
+    BatchNorm folded into its convolution and every LgConv in its folded form. ``model`` is not modified; the
+    copy is in eval mode, has no gradients, and computes the same function as ``model.eval()``."""
+    folded = copy.deepcopy(model).eval()
+    _fold_children(folded)
+    leftover = [n for n, m in folded.named_modules() if isinstance(m, (nn.BatchNorm2d, LgConv2d, GlobalBranch))]
+    if leftover:
+        raise ValueError(f"fold_resnet: could not fold {leftover[:3]}; not a torchvision ResNet layout?")
+    for p in folded.parameters():
+        p.requires_grad_(False)
+    return folded

@@ -1,0 +1,273 @@
+"""FP16 / INT8 ONNX conversions (export.quantize) and their verification against FP32 (export.precision_check).
+
+One random-init resnet18 at 64 px, with trained-looking BatchNorm statistics and a head scaled so that the
+logits spread like a trained model's, is exported once; every conversion is made once per module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+from export import ExportError, read_onnx_meta
+from export.metadata import META_KEY, set_onnx_meta
+from export.onnx_export import export_to_file
+from export.precision_check import (
+    PrecisionBounds,
+    PrecisionError,
+    check_precision,
+    compare_models,
+    verify_precision,
+)
+from export.quantize import (
+    CALIBRATION_METHODS,
+    CalibrationDataError,
+    ConversionError,
+    NotFP32Error,
+    calibration_batches,
+    convert_fp16,
+    default_output,
+    head_node_names,
+    load_fp32_model,
+    quantize_int8,
+    read_precision,
+)
+from models import ModelMeta, build_model
+
+CLASSES = ["cat", "dog", "car", "tree", "boat"]
+SIZE = 64
+
+
+def smooth_images(n: int, seed: int) -> np.ndarray:
+    """Image-like inputs: low-frequency random fields plus a little pixel noise, roughly unit variance."""
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(n, 3, 8, 8, generator=g)
+    x = torch.nn.functional.interpolate(coarse, size=(SIZE, SIZE), mode="bilinear", align_corners=False)
+    x = x + 0.3 * torch.randn(n, 3, SIZE, SIZE, generator=g)
+    return x.numpy().astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """fp32 export + fp16 + int8 cpu (head in float) + int8 tensorrt (head quantized), made once."""
+    root = tmp_path_factory.mktemp("quantize")
+    torch.manual_seed(0)
+    model = build_model("resnet18", len(CLASSES))
+    model.train()
+    with torch.no_grad():  # BatchNorm running statistics from data instead of the 0 / 1 init
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.momentum = None  # cumulative average over the passes below
+        for seed in range(3):
+            model(torch.from_numpy(smooth_images(16, 100 + seed)))
+        model.head.weight.mul_(8.0)  # logits of a few units, as after training
+    model.eval()
+    meta = ModelMeta(classes=CLASSES, arch="resnet18", image_size=SIZE, method="an", thresholds=[0.5] * 5)
+    fp32 = root / "model.onnx"
+    export_to_file(model, meta, fp32)
+    calibration = smooth_images(32, 1)
+    out = {"fp32": fp32}
+    out["fp16"] = convert_fp16(fp32, default_output(fp32, "fp16")).path
+    out["cpu"] = quantize_int8(fp32, default_output(fp32, "int8", "cpu"), calibration, target="cpu").path
+    out["tensorrt"] = quantize_int8(
+        fp32,
+        default_output(fp32, "int8", "tensorrt"),
+        [calibration[:20], calibration[20:]],  # an iterable of batches works too
+        target="tensorrt",
+        keep_head_float=False,
+    ).path
+    return out
+
+
+@pytest.fixture(scope="module")
+def inputs() -> np.ndarray:
+    return smooth_images(48, 7)
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def assert_close_to_fp32(models: dict[str, Path], key: str, inputs: np.ndarray) -> None:
+    """INT8 on a random-init network is noisier than on a trained one (the test-split mAP of a trained
+    resnet18 moved by < 0.3 point): only check that it tracks FP32 closely."""
+    ref = _session(models["fp32"]).run(None, {"images": inputs})[0]
+    logits = _session(models[key]).run(None, {"images": inputs})[0]
+    assert logits.dtype == np.float32 and np.isfinite(logits).all()
+    assert np.corrcoef(ref.ravel(), logits.ravel())[0, 1] > 0.97
+    report = compare_models(models["fp32"], models[key], inputs)
+    assert report.precision == "int8" and report.decision_agreement >= 0.9
+
+
+def test_default_output_names(tmp_path: Path) -> None:
+    src = tmp_path / "model.onnx"
+    assert default_output(src, "fp16") == tmp_path / "model.fp16.onnx"
+    assert default_output(src, "int8", "tensorrt") == tmp_path / "model.int8-tensorrt.onnx"
+
+
+def test_fp16_runs_on_cpu_with_float32_io_within_bounds(models: dict[str, Path], inputs: np.ndarray) -> None:
+    session = _session(models["fp16"])
+    assert [i.type for i in session.get_inputs()] == ["tensor(float)"]
+    assert [o.type for o in session.get_outputs()] == ["tensor(float)"]
+    assert session.get_inputs()[0].shape[0] == "batch"  # dynamic batch kept
+    logits = session.run(None, {"images": inputs[:3]})[0]
+    assert logits.dtype == np.float32 and logits.shape == (3, len(CLASSES))
+    proto = onnx.load(str(models["fp16"]))
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
+    assert sum(n.op_type == "Cast" for n in proto.graph.node) >= 2  # casts at the boundaries
+    report = verify_precision(models["fp32"], models["fp16"], inputs)  # default fp16 bounds: 5e-3, 99.5%
+    assert report.passed and report.precision == "fp16"
+    assert report.max_prob_diff <= 5e-3 and report.decision_agreement >= 0.995
+    assert report.max_logit_diff > 0  # really computed in float16
+
+
+def test_int8_cpu_flavour(models: dict[str, Path], inputs: np.ndarray) -> None:
+    proto = onnx.load(str(models["cpu"]))
+    ops = [n.op_type for n in proto.graph.node]
+    assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+    inits = _initializers(proto)
+    q_zero_points = [inits[n.input[2]] for n in proto.graph.node if n.op_type == "QuantizeLinear"]
+    assert q_zero_points and all(zp.dtype == np.uint8 for zp in q_zero_points)  # u8 activations
+    constants = [inits[n.input[0]] for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits]
+    assert any(w.dtype == np.int8 and w.ndim == 4 for w in constants)  # s8 conv weights
+    assert any(w.dtype == np.int32 for w in constants)  # int32 bias on this flavour
+    session = _session(models["cpu"])
+    assert [i.type for i in session.get_inputs()] == ["tensor(float)"]
+    assert [o.type for o in session.get_outputs()] == ["tensor(float)"]
+    assert_close_to_fp32(models, "cpu", inputs)
+
+
+def test_int8_tensorrt_flavour_is_symmetric_int8_with_float_bias(models: dict[str, Path], inputs: np.ndarray) -> None:
+    proto = onnx.load(str(models["tensorrt"]))
+    inits = _initializers(proto)
+    qdq = [n for n in proto.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert qdq
+    for node in qdq:
+        zero_point = inits[node.input[2]]
+        assert zero_point.dtype == np.int8, node.name  # int8, never uint8
+        assert not zero_point.any(), node.name  # symmetric: every zero point is 0
+    dq_outputs = {n.output[0] for n in proto.graph.node if n.op_type == "DequantizeLinear"}
+    biased = [n for n in proto.graph.node if n.op_type in ("Conv", "Gemm") and len(n.input) > 2 and n.input[2]]
+    assert biased
+    for node in biased:
+        assert node.input[2] not in dq_outputs, node.name  # bias not quantized
+        assert inits[node.input[2]].dtype == np.float32, node.name
+    assert_close_to_fp32(models, "tensorrt", inputs)
+
+
+def test_head_kept_in_float_only_when_asked(models: dict[str, Path]) -> None:
+    def gemm_inputs_dequantized(path: Path) -> bool:
+        proto = onnx.load(str(path))
+        dq_outputs = {n.output[0] for n in proto.graph.node if n.op_type == "DequantizeLinear"}
+        (gemm,) = [n for n in proto.graph.node if n.op_type == "Gemm"]
+        return any(i in dq_outputs for i in gemm.input)
+
+    assert not gemm_inputs_dequantized(models["cpu"])  # keep_head_float=True (the default)
+    assert gemm_inputs_dequantized(models["tensorrt"])  # keep_head_float=False
+    cpu_q = read_onnx_meta(models["cpu"]).quantization
+    assert cpu_q["keep_head_float"] is True and cpu_q["nodes_kept_float"] == head_node_names(onnx.load(models["cpu"]))
+    trt_q = read_onnx_meta(models["tensorrt"]).quantization
+    assert trt_q["keep_head_float"] is False and trt_q["nodes_kept_float"] == []
+
+
+def test_metadata_survives_with_precision_updated(models: dict[str, Path]) -> None:
+    original = read_onnx_meta(models["fp32"])
+    assert original.precision == "fp32" and original.quantization == {}
+    assert read_precision(models["fp16"])[0] == "fp16"
+    assert read_precision(models["tensorrt"])[1]["target"] == "tensorrt"
+    expected = {
+        "fp16": ("fp16", None),
+        "cpu": ("int8", ("uint8", False, "int32")),
+        "tensorrt": ("int8", ("int8", True, "float32")),
+    }
+    for key, (precision, int8) in expected.items():
+        meta = read_onnx_meta(models[key])
+        assert meta.precision == precision
+        assert (meta.classes, meta.arch, meta.image_size, meta.thresholds) == (
+            original.classes,
+            original.arch,
+            original.image_size,
+            original.thresholds,
+        )
+        q = meta.quantization
+        assert q["io_dtype"] == "float32" and q["source_sha256"] and q["tool"]
+        if int8 is not None:
+            assert q["target"] == key and q["format"] == "QDQ"
+            assert (q["activation_type"], q["activation_symmetric"], q["bias"]) == int8
+            assert q["weight_type"] == "int8" and q["per_channel"] is True
+            assert q["calibration"]["images"] == 32 and q["calibration"]["method"] in CALIBRATION_METHODS
+        # ONNX Runtime sees the same map; the convenience copies are there too
+        props = _session(models[key]).get_modelmeta().custom_metadata_map
+        assert json.loads(props[META_KEY])["precision"] == precision
+        assert json.loads(props["classes"]) == CLASSES
+
+
+def test_verification_raises_when_a_bound_is_impossible(models: dict[str, Path], inputs: np.ndarray) -> None:
+    labels = (np.random.default_rng(0).random((len(inputs), len(CLASSES))) < 0.3).astype(np.uint8)
+    report = compare_models(models["fp32"], models["cpu"], inputs, labels=labels, thresholds=[0.4, 0.5, 0.5, 0.6, 0.5])
+    assert report.map_reference is not None and report.map_candidate is not None
+    assert report.map_drop == pytest.approx(report.map_reference - report.map_candidate)
+    assert report.thresholds_source == "given per class"
+    with pytest.raises(PrecisionError, match="probability difference") as info:
+        check_precision(report, PrecisionBounds(max_prob_diff=0.0, min_agreement=None, max_map_drop=None))
+    assert isinstance(info.value, ExportError)
+    with pytest.raises(PrecisionError, match="identical decisions"):
+        check_precision(report, PrecisionBounds(max_prob_diff=None, min_agreement=1.01, max_map_drop=None))
+    with pytest.raises(PrecisionError, match="mAP drop"):
+        check_precision(report, PrecisionBounds(max_prob_diff=None, min_agreement=None, max_map_drop=-100.0))
+    with pytest.raises(PrecisionError):
+        verify_precision(models["fp32"], models["fp16"], inputs[:8], bounds=PrecisionBounds(max_prob_diff=0.0))
+    # loose bounds pass and leave no failures
+    assert check_precision(report, PrecisionBounds(max_prob_diff=1.0, min_agreement=0.0, max_map_drop=100.0)).passed
+
+
+def test_clear_errors_for_bad_inputs(models: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not found"):
+        convert_fp16(tmp_path / "missing.onnx", tmp_path / "out.onnx")
+    with pytest.raises(NotFP32Error, match="fp16"):
+        quantize_int8(models["fp16"], tmp_path / "out.onnx", smooth_images(4, 0))
+    with pytest.raises(NotFP32Error, match="int8"):
+        convert_fp16(models["cpu"], tmp_path / "out.onnx")
+    with pytest.raises(NotFP32Error):  # a graph that is FP16 even though its metadata says fp32
+        proto = onnx.load(str(models["fp16"]))
+        set_onnx_meta(proto, read_onnx_meta(models["fp32"]))
+        onnx.save(proto, str(tmp_path / "lying.onnx"))
+        load_fp32_model(tmp_path / "lying.onnx")
+    no_meta = onnx.load(str(models["fp32"]))
+    del no_meta.metadata_props[:]
+    onnx.save(no_meta, str(tmp_path / "nometa.onnx"))
+    with pytest.raises(ConversionError, match="spml_meta"):
+        convert_fp16(tmp_path / "nometa.onnx", tmp_path / "out.onnx")
+    with pytest.raises(ConversionError, match="target"):
+        quantize_int8(models["fp32"], tmp_path / "out.onnx", smooth_images(4, 0), target="gpu")  # type: ignore[arg-type]
+    with pytest.raises(ConversionError, match="overwrite"):
+        convert_fp16(models["fp32"], models["fp32"])
+    with pytest.raises(CalibrationDataError, match="shape"):
+        quantize_int8(models["fp32"], tmp_path / "out.onnx", np.zeros((4, 3, 32, 32), np.float32))
+    assert not (tmp_path / "out.onnx").exists()  # nothing half-written
+
+
+def test_calibration_batches_validation() -> None:
+    data = smooth_images(10, 0)
+    batches = calibration_batches([data[:3], data[3:]], SIZE, batch_size=4, max_images=9)
+    assert [len(b) for b in batches] == [4, 4, 1]
+    assert all(b.dtype == np.float32 for b in batches)
+    np.testing.assert_array_equal(np.concatenate(batches), data[:9])
+    assert len(calibration_batches(data.astype(np.float64), SIZE)[0]) == 10
+    with pytest.raises(CalibrationDataError, match="dtype"):
+        calibration_batches(np.zeros((2, 3, SIZE, SIZE), np.uint8), SIZE)
+    with pytest.raises(CalibrationDataError, match="no calibration images"):
+        calibration_batches([], SIZE)
+    with pytest.raises(CalibrationDataError, match="NaN"):
+        calibration_batches(np.full((1, 3, SIZE, SIZE), np.nan, np.float32), SIZE)
