@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
-from export.metadata import meta_from_props
+from export.metadata import read_onnx_meta
 from export.verify import ExportError
 from models.checkpoint import ModelMeta
 from train.metrics import mean_average_precision
@@ -108,16 +107,10 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def read_meta(path: str | Path) -> ModelMeta:
     """The ``spml_meta`` of an ONNX file (``FileNotFoundError`` / :class:`ExportError`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ONNX model not found: {path}")
     try:
-        model = onnx.load(str(path), load_external_data=False)
-        return meta_from_props({p.key: p.value for p in model.metadata_props}, path)
+        return read_onnx_meta(path)
     except ValueError as exc:
         raise ExportError(str(exc)) from exc
-    except Exception as exc:  # protobuf DecodeError and friends
-        raise ExportError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
 
 
 def run_onnx_cpu(path: str | Path, inputs: np.ndarray, batch_size: int = 32) -> np.ndarray:

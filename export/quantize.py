@@ -511,6 +511,14 @@ def head_node_names(model: onnx.ModelProto) -> list[str]:
     return found
 
 
+def activation_matmuls(model: onnx.ModelProto) -> list[str]:
+    """Names of the ``MatMul`` nodes without a 2-D weight initializer (products of activations, or batched
+    products with 3-D weights, as in the folded LgConv): not worth quantizing, and not all are supported."""
+    dims = {t.name: len(t.dims) for t in model.graph.initializer}
+    return [n.name for n in model.graph.node
+            if n.op_type == "MatMul" and not any(dims.get(i) == 2 for i in n.input)]
+
+
 def _float_compute_nodes(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     """(quantized, kept float): Conv/Gemm/MatMul nodes with / without a DequantizeLinear input."""
     dq_outputs = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
@@ -610,7 +618,9 @@ def quantize_int8(
         if keep_head_float and not head:
             raise ConversionError(f"{src}: no final Gemm/MatMul found to keep in float (keep_head_float=True)")
         onnx.save_model(pre, str(pre_path))
-        excluded = head if keep_head_float else []
+        # the folded LgConv's small attention-pooling products stay float: ORT's QLinearMatMul takes no
+        # per-channel 3-D weights, and they are a negligible share of the compute
+        excluded = (head if keep_head_float else []) + [n for n in activation_matmuls(pre) if n not in head]
         try:
             with contextlib.redirect_stdout(chatter), _quiet_logging():
                 quantize_static(

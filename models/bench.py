@@ -11,7 +11,6 @@ Results go to a markdown file with the command that produced them.
 from __future__ import annotations
 
 import argparse
-import platform
 import shlex
 import statistics
 import sys
@@ -28,18 +27,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from models.checkpoint import ModelMeta
 from models.lgconv import fold_resnet, global_branches
 from models.resnet import build_model
+from train.bench import cpu_name
 
 VARIANTS = ("plain", "plain-folded", "lgconv", "lgconv-folded")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def make_variant(name: str, arch: str, num_classes: int) -> torch.nn.Module:
@@ -132,7 +122,7 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[s
     lines = [
         "# LgConv cost: plain vs LgConv vs folded LgConv", "",
         f"Command: `{command}`", "",
-        f"Machine: {_cpu_name()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}; "
+        f"Machine: {cpu_name()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}; "
         f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
         "Latency = median wall time of one forward call on a batch (ms); throughput = images/s at that batch. "
         "`plain-folded` is the plain network with BatchNorm folded into the convolutions (what ONNX Runtime does "

@@ -132,9 +132,10 @@ class FoldedLgConv2d(nn.Module):
         self.reduce = reduce
         self.mix_local = mix_local  # attention (first `heads` channels) and gate logits from the local features
         self.register_buffer("mix_context", mix_context)  # (2 heads, mid): the same from the pooled context
-        self.register_buffer("value_weight", value_weight)  # (heads, C_in/heads, C_in)
-        self.register_buffer("value_bias", value_bias)  # (heads, C_in/heads)
-        self.register_buffer("proj_weight", proj_weight)  # (heads, C_out, C_in/heads), BN scales folded
+        # per head, laid out for batched matrix products over the heads (plain MatMul nodes in ONNX):
+        self.register_buffer("value_t", value_weight.transpose(1, 2).contiguous())  # (heads, C_in, C_in/heads)
+        self.register_buffer("value_bias", value_bias.unsqueeze(1).contiguous())  # (heads, 1, C_in/heads)
+        self.register_buffer("proj_t", proj_weight.transpose(1, 2).contiguous())  # (heads, C_in/heads, C_out)
         self.heads = value_weight.shape[0]
         self.stride = stride
 
@@ -180,10 +181,11 @@ class FoldedLgConv2d(nn.Module):
         mix = self.mix_local(local) + context[:, :, None, None]
         attention = mix[:, : self.heads].flatten(2).softmax(dim=-1)  # (N, heads, HW)
         gate = torch.sigmoid(mix[:, self.heads :, :: self.stride, :: self.stride]).flatten(2)  # at output positions
-        pooled = torch.bmm(attention, x.flatten(2).transpose(1, 2))  # (N, heads, C_in): attention-weighted pools
-        g = torch.einsum("hkc,nhc->nhk", self.value_weight, pooled) + self.value_bias
-        u = torch.einsum("hok,nhk->noh", self.proj_weight, g)  # (N, C_out, heads)
-        return out + torch.bmm(u, gate).view_as(out)
+        # attention-weighted pools of x, one per head: (N, C_in, HW) @ (N, HW, heads); x itself is never transposed
+        pooled = torch.matmul(x.flatten(2), attention.transpose(1, 2)).permute(2, 0, 1)  # (heads, N, C_in)
+        g = torch.matmul(pooled, self.value_t) + self.value_bias  # (heads, N, C_in/heads)
+        u = torch.matmul(g, self.proj_t).permute(1, 2, 0)  # (N, C_out, heads)
+        return out + torch.matmul(u, gate).view_as(out)
 
 
 def _bias(conv: nn.Conv2d) -> torch.Tensor:

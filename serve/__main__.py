@@ -9,28 +9,58 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from serve.tag import SidecarSpec, TagPlan
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
+TAG_MAX_PIXELS = 89_478_485  # = serve.tag.DEFAULT_MAX_PIXELS (Pillow's limit); not imported: that loads torch
 
 TAG_EPILOG = """\
-output (JSON Lines, one line per tagged image, in sorted path order):
-  {"path": "sub/a.jpg", "scores": {"cat": 0.912345, "dog": 0.01, ...}, "tags": ["cat"]}
-  path: relative to FOLDER with / separators; scores: sigmoid probability of every class, rounded to
-  6 decimals; tags: classes whose score is >= the threshold, highest score first.
+outputs:
+  run file (--output): every tagged image with the score of every class, in sorted path order.
+    JSON Lines (default): {"path": "sub/a.jpg", "scores": {"cat": 0.912345, "dog": 0.01, ...}, "tags": ["cat"]}
+    CSV (name ends in .csv): columns path, tags (joined with --separator), then one column per class score.
+    path: relative to FOLDER with / separators; scores: sigmoid probability, rounded to 6 decimals; tags:
+    classes whose score is >= their threshold, highest score first, at most --top-k.
+  sidecars (--sidecar): one text file per image with its tags in score order, joined with --separator:
+    photos/sub/a.jpg -> photos/sub/a.txt, or DIR/sub/a.txt with --sidecar-dir DIR (mirrors the tree).
+    Images sharing a name stem (a.jpg, a.png) get a.jpg.txt and a.png.txt.
+  errors file (--errors, default <output stem>.errors.tsv beside the run file): path<TAB>reason for
+    every image that could not be used; also printed on stderr. Such images get no prediction.
+  Every file is written atomically (temp file + rename): a killed run leaves no half-written file. Sidecars
+  are written as each batch finishes; the run file and the errors file at the end.
 
-images: files under FOLDER (recursive; symlinked folders are not followed) with one of these
-extensions, in any case: %(exts)s
-Other files are ignored. Images that cannot be decoded are skipped and listed on stderr with the reason.
+existing outputs (--existing):
+  skip       resume: an image whose sidecar exists (with --sidecar), else whose path is in the existing
+             run file, is not tagged again; its run-file record is kept (default)
+  overwrite  tag every image again and replace its outputs
+  append     tag every image again; add new tags to an existing sidecar, without duplicates
+
+thresholds: the model's calibrated per-class thresholds (0.5 where it has none); --threshold X sets one
+for every class; --thresholds FILE then overrides classes by name: a JSON object {"cat": 0.4, ...} or
+lines "cat<TAB>0.4" / "cat,0.4". Classes not in the file keep their threshold; unknown names are an error.
+
+images: files under FOLDER (recursive) with one of these extensions, in any case: %(exts)s
+Symlinked files are followed; symlinked folders are not (so link loops cannot recurse). Other files are
+ignored. Skipped as errors: unreadable, empty, truncated or non-image files, and images over --max-pixels
+(checked from the header before decoding: decompression bombs).
 
 exit status:
-  0  every image was tagged
-  1  some images could not be read (the others are still written), no images were found, or the
-     model could not be loaded / run
-  2  usage error: FOLDER or MODEL missing, unsupported model file, bad option value
+  0  every image was tagged (or was already done under --existing skip); --dry-run listed the images
+  1  some images could not be used (the others are still written; see the errors file), no images were
+     found, or the model could not be loaded / run
+  2  usage error: FOLDER or MODEL missing, unsupported model file, bad option value, bad or unknown class
+     in --thresholds, existing run file written for other classes (with --existing skip)
+  130 interrupted (Ctrl-C): outputs already written are complete, the run file is not rewritten
 
 examples:
   python -m serve tag ~/photos --model runs/voc-an/export/model.onnx
   python -m serve tag ~/photos --model runs/voc-an/best.pt --threshold 0.3 --output photos.jsonl
+  python -m serve tag ~/photos -m model.onnx --device cuda --batch-size 64 --sidecar --output photos.csv
+  python -m serve tag ~/photos -m model.onnx --sidecar --sidecar-dir captions --existing append --top-k 5
+  python -m serve tag ~/photos -m model.onnx --sidecar --dry-run
 """
 
 
@@ -148,19 +178,15 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of ``python -m serve`` (subcommands ``tag`` and ``demo``)."""
+def add_tag_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``tag`` subcommand's options."""
     from serve import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT, DEFAULT_THRESHOLD
 
-    parser = _Parser(
-        prog="python -m serve",
-        description="Serve trained multi-label tagging models.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     tag = sub.add_parser(
         "tag",
-        help="tag every image in a folder tree, writing JSON Lines",
-        description="Tag every image under FOLDER with MODEL and write one JSON line per image.",
+        help="tag every image in a folder tree: a JSONL/CSV run file and optional sidecar .txt files",
+        description="Tag every image under FOLDER with MODEL: one run file with every class score (JSONL or CSV), "
+        "optionally one sidecar text file of tags per image.",
         epilog=TAG_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -171,7 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         required=True,
         metavar="MODEL",
-        help="exported .onnx (runs on ONNX Runtime, CPU) or training checkpoint .pt (runs on PyTorch)",
+        help="exported .onnx (ONNX Runtime), training checkpoint .pt (PyTorch), or another registered runtime's file",
+    )
+    tag.add_argument("--backend", metavar="NAME", help="runtime to use (default: from the model file's suffix)")
+    tag.add_argument(
+        "--device",
+        metavar="DEV",
+        help="cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "
+        "uses the CPU); a GPU that cannot be used is an error, never a silent CPU fallback",
     )
     tag.add_argument(
         "--output",
@@ -179,7 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=DEFAULT_OUTPUT,
         metavar="PATH",
-        help=f"JSONL file to write, replaced atomically (default: ./{DEFAULT_OUTPUT} in the current directory)",
+        help=f"run file: JSONL, or CSV when PATH ends in .csv (default: ./{DEFAULT_OUTPUT})",
+    )
+    tag.add_argument(
+        "--errors", type=Path, metavar="PATH", help="errors file, path<TAB>reason (default: <output stem>.errors.tsv)"
     )
     tag.add_argument(
         "--threshold",
@@ -187,6 +223,32 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="one probability threshold in [0, 1] for every class (default: the model's calibrated "
         f"per-class thresholds when it has them, else {DEFAULT_THRESHOLD})",
+    )
+    tag.add_argument(
+        "--thresholds", type=Path, metavar="FILE", help="per-class thresholds overriding the others (see below)"
+    )
+    tag.add_argument("--top-k", type=int, metavar="K", help="write at most K tags per image (all scores are kept)")
+    tag.add_argument("--sidecar", action="store_true", help="also write one text file of tags per image")
+    tag.add_argument(
+        "--sidecar-ext", default=".txt", metavar="EXT", help="sidecar file extension (default: %(default)s)"
+    )
+    tag.add_argument(
+        "--sidecar-dir",
+        type=Path,
+        metavar="DIR",
+        help="write sidecars under DIR, mirroring FOLDER's tree (implies --sidecar; default: next to each image)",
+    )
+    tag.add_argument("--separator", default=", ", metavar="SEP", help="tag separator (default: %(default)r)")
+    tag.add_argument(
+        "--existing",
+        choices=("skip", "overwrite", "append"),
+        default="skip",
+        help="what to do with images already done (default: %(default)s; see below)",
+    )
+    tag.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the images that would be tagged (stdout) and how many are already done; loads no model",
     )
     tag.add_argument(
         "--batch-size",
@@ -199,11 +261,74 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         metavar="N",
-        help="image decoding threads (default: CPU count, at most 8)",
+        help="image decoding threads, working ahead of the model (default: CPU count, at most 8)",
+    )
+    tag.add_argument(
+        "--max-pixels",
+        type=int,
+        default=TAG_MAX_PIXELS,
+        metavar="N",
+        help="largest image accepted, width x height, checked before decoding (default: %(default)s, Pillow's)",
     )
     tag.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of ``python -m serve`` (subcommands ``tag`` and ``demo``)."""
+    parser = _Parser(
+        prog="python -m serve",
+        description="Serve trained multi-label tagging models.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    add_tag_parser(sub)
     add_demo_parser(sub)
     return parser
+
+
+def _check_tag_args(args: argparse.Namespace) -> str | None:
+    """The first usage error of the cheap checks (no torch import), or None."""
+    if not args.folder.is_dir():
+        return f"folder not found: {args.folder}"
+    if not args.model.is_file():
+        return f"model not found: {args.model}"
+    if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
+        return f"--threshold must be in [0, 1], got {args.threshold}"
+    if args.thresholds is not None and not args.thresholds.is_file():
+        return f"thresholds file not found: {args.thresholds}"
+    for name in ("batch_size", "workers", "top_k", "max_pixels"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1"
+    if not args.separator:
+        return "--separator must not be empty"
+    return None
+
+
+def _tag_plan(args: argparse.Namespace) -> tuple[SidecarSpec | None, TagPlan]:
+    """(SidecarSpec or None, TagPlan) from the arguments; raises ValueError / FileNotFoundError."""
+    from serve.tag import SidecarSpec, plan_tagging
+
+    sidecar = None
+    if args.sidecar or args.sidecar_dir is not None:
+        ext = args.sidecar_ext if args.sidecar_ext.startswith(".") else "." + args.sidecar_ext
+        sidecar = SidecarSpec(ext=ext, separator=args.separator, folder=args.sidecar_dir)
+    return sidecar, plan_tagging(args.folder, args.output, args.existing, sidecar)
+
+
+def _print_dry_run(plan: TagPlan, existing: str) -> int:
+    """List the images a run would tag on stdout, the counts on stderr; exit status."""
+    for path in plan.todo:
+        print(plan.rel(path))
+    found = len(plan.todo) + len(plan.done)
+    if not found:
+        print(f"no image files found under {plan.folder}", file=sys.stderr)
+        return EXIT_SOME_FAILED
+    print(
+        f"dry run: {found} images found, {len(plan.done)} already done (--existing {existing}), "
+        f"{len(plan.todo)} would be tagged; {plan.ignored} non-image files ignored; no model loaded",
+        file=sys.stderr,
+    )
+    return EXIT_OK
 
 
 def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -214,50 +339,66 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{prog}: error: {message}", file=sys.stderr)
         return code
 
-    if not args.folder.is_dir():
-        return fail(f"folder not found: {args.folder}", EXIT_USAGE)
-    if not args.model.is_file():
-        return fail(f"model not found: {args.model}", EXIT_USAGE)
-    if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
-        return fail(f"--threshold must be in [0, 1], got {args.threshold}", EXIT_USAGE)
-    if args.batch_size < 1:
-        return fail("--batch-size must be >= 1", EXIT_USAGE)
-    if args.workers is not None and args.workers < 1:
-        return fail("--workers must be >= 1", EXIT_USAGE)
-    from serve.runtimes import load_runtime, runtime_for  # heavy (torch): after the cheap checks
-    from serve.tag import tag_folder
+    problem = _check_tag_args(args)
+    if problem:
+        return fail(problem, EXIT_USAGE)
+    from serve.tag import OutputConflictError, read_thresholds_file  # heavy (torch): after the cheap checks
 
     try:
-        runtime_for(args.model)
-    except ValueError as exc:
+        per_class = read_thresholds_file(args.thresholds) if args.thresholds is not None else None
+        sidecar, plan = _tag_plan(args)
+    except (ValueError, OSError) as exc:
         return fail(str(exc), EXIT_USAGE)
+    if args.dry_run:
+        return _print_dry_run(plan, args.existing)
+    from serve.predictor import ModelSpecError, Predictor, resolve_thresholds
+    from serve.tag import tag_folder, thresholds_source
 
     try:
-        runtime = load_runtime(args.model)
-    except (ImportError, ValueError, OSError) as exc:
+        predictor = Predictor.load(args.model, args.backend, args.device, max_pixels=args.max_pixels)
+    except ModelSpecError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except Exception as exc:  # ModelLoadError and anything a runtime raises: one line, no traceback
         return fail(f"cannot load model: {exc}", EXIT_SOME_FAILED)
+    try:
+        resolve_thresholds(predictor.meta, args.threshold, per_class)
+    except ValueError as exc:
+        return fail(f"--thresholds {args.thresholds}: {exc}", EXIT_USAGE)
+    print(
+        f"model {predictor.path}: {predictor.device_description}; {len(predictor.classes)} classes; thresholds: "
+        f"{thresholds_source(predictor.meta, args.threshold, per_class)}; batch {args.batch_size}",
+        file=sys.stderr,
+    )
     try:
         summary = tag_folder(
             args.folder,
-            runtime,
+            predictor,
             args.output,
             threshold=args.threshold,
+            per_class=per_class,
+            top_k=args.top_k,
             batch_size=args.batch_size,
             workers=args.workers,
             progress=not args.no_progress,
+            existing=args.existing,
+            sidecar=sidecar,
+            errors=args.errors,
+            max_pixels=args.max_pixels,
         )
-    except (ValueError, OSError) as exc:
-        return fail(str(exc), EXIT_SOME_FAILED)
+    except OutputConflictError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except (ValueError, OSError, RuntimeError) as exc:
+        return fail(f"{exc}; {args.output} not written", EXIT_SOME_FAILED)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; {args.output} not written", file=sys.stderr)
+        print(f"{prog}: interrupted; {args.output} not written (finished sidecars are kept)", file=sys.stderr)
         return 130
-    if summary.tagged == 0 and not summary.failed:
+    if summary.tagged == 0 and summary.skipped == 0 and not summary.failed:
         return fail(f"no image files found under {args.folder}; nothing written", EXIT_SOME_FAILED)
     print(summary.line(), file=sys.stderr)
     if summary.failed:
         print(
             f"{prog}: {len(summary.failed)} of {summary.tagged + len(summary.failed)} images could not be "
-            "read (listed above)",
+            f"used (listed above and in {summary.errors_file})",
             file=sys.stderr,
         )
         return EXIT_SOME_FAILED

@@ -147,3 +147,218 @@ def test_thresholds_and_record() -> None:
     assert class_thresholds(meta).tolist() == [0.5] * 3
     rec = tag_record("x.jpg", np.array([0.3, 0.95, 0.5000004]), ["a", "b", "c"], np.array([0.2, 0.5, 0.5]))
     assert rec == {"path": "x.jpg", "scores": {"a": 0.3, "b": 0.95, "c": 0.5}, "tags": ["b", "c", "a"]}
+
+
+# --------------------------------------------------------------------------------------------------------
+# The production batch tagger: discovery, dry run, sidecars, CSV, existing-output policies, thresholds
+# files, top-k, bad inputs, atomicity. In-process ``main`` (fast) except the exit-code checks via subprocess.
+
+
+def tag_main(*args: str | Path) -> int:
+    from serve.__main__ import main
+
+    return main(["tag", *map(str, args), "--no-progress"])
+
+
+def png_header_only(path: Path, width: int, height: int) -> None:
+    """A PNG whose header claims ``width`` x ``height`` (a decompression bomb's signature) with no real data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)))
+
+
+def temp_leftovers(*folders: Path) -> list[Path]:
+    """Temp files of atomic writes (``.<name>.<random>.tmp``) left anywhere under ``folders``."""
+    return [p for f in folders for p in f.rglob(".*") if p.name.endswith(".tmp")]
+
+
+def test_symlink_policy_and_loop(tmp_path: Path) -> None:
+    folder = tmp_path / "pics"
+    make_images(folder, 3, seed=2)
+    outside = tmp_path / "outside"
+    make_images(outside, 1, seed=4)
+    (folder / "a" / "loop").symlink_to(folder, target_is_directory=True)  # a loop: must not be entered
+    (folder / "up").symlink_to(tmp_path, target_is_directory=True)
+    (folder / "linked.PNG").symlink_to(outside / "im0.JPEG")  # symlinked files are followed
+    rels = [p.relative_to(folder).as_posix() for p in find_images(folder)]
+    assert rels == ["a/b/im2.JPEG", "a/im1.png", "im0.JPEG", "linked.PNG"]
+
+
+def test_dry_run_lists_without_loading_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "pics"
+    make_images(folder, 4, seed=1)
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model: loading it would fail")
+    (folder / "a" / "im1.txt").write_text("done\n")  # a sidecar: already done under --existing skip
+    out = tmp_path / "tags.jsonl"
+    assert tag_main(folder, "--model", junk, "--sidecar", "--dry-run", "--output", out) == 0
+    captured = capsys.readouterr()
+    assert captured.out.split() == ["a/b/im2.JPEG", "im0.JPEG", "im3.png"]
+    assert "4 images found, 1 already done" in captured.err and "3 would be tagged" in captured.err
+    assert tag_main(folder, "--model", junk, "--sidecar", "--dry-run", "--existing", "overwrite") == 0
+    assert len(capsys.readouterr().out.split()) == 4
+    assert not out.exists() and not (folder / "im0.txt").exists()
+
+
+def test_sidecars_mirror_the_tree_csv_columns_and_top_k(model: tuple[Path, Path, ModelMeta], tmp_path: Path) -> None:
+    import csv
+
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    images = make_images(folder, 5, seed=7)
+    (folder / "im0.png").write_bytes(images[0].read_bytes())  # same stem as im0.JPEG: a.jpg.txt naming
+    captions, out = tmp_path / "captions", tmp_path / "run" / "tags.csv"
+    code = tag_main(folder, "--model", onnx_path, "--sidecar-dir", captions, "--separator", " | ",
+                    "--threshold", "0", "--top-k", "2", "--output", out)
+    assert code == 0
+    rows = list(csv.reader(out.open(newline="")))
+    assert rows[0] == ["path", "tags", *CLASSES]
+    body = {r[0]: r for r in rows[1:]}
+    assert sorted(body) == ["a/b/im2.JPEG", "a/im1.png", "a/im4.JPEG", "im0.JPEG", "im0.png", "im3.png"]
+    sidecars = {
+        "a/b/im2.JPEG": "a/b/im2.txt", "a/im1.png": "a/im1.txt", "a/im4.JPEG": "a/im4.txt",
+        "im0.JPEG": "im0.JPEG.txt", "im0.png": "im0.png.txt", "im3.png": "im3.txt",
+    }
+    assert sorted(p.relative_to(captions).as_posix() for p in captions.rglob("*.txt")) == sorted(sidecars.values())
+    for rel, row in body.items():
+        scores = {c: float(v) for c, v in zip(CLASSES, row[2:], strict=True)}
+        top2 = sorted(CLASSES, key=lambda c: -scores[c])[:2]  # threshold 0: every class passes, top-k cuts
+        assert row[1] == " | ".join(top2)
+        assert (captions / sidecars[rel]).read_text() == " | ".join(top2) + "\n"
+    assert not list(folder.rglob("*.txt")) and not temp_leftovers(captions, out.parent)
+
+
+def test_existing_policies_skip_append_overwrite(model: tuple[Path, Path, ModelMeta], tmp_path: Path) -> None:
+    from serve.tag import SidecarSpec, tag_folder
+
+    _, onnx_path, _ = model
+    runtime = OnnxRuntimeBackend.load(onnx_path)
+    folder = tmp_path / "pics"
+    make_images(folder, 4, seed=8)
+    out = tmp_path / "tags.jsonl"
+    spec = SidecarSpec()
+    kw = {"progress": False, "sidecar": spec, "threshold": 0.0}
+    first = tag_folder(folder, runtime, out, top_k=1, **kw)
+    assert first.tagged == 4 and first.skipped == 0
+    records = {r["path"]: r for r in map(json.loads, out.read_text().splitlines())}
+    ranked = {p: sorted(CLASSES, key=lambda c: -r["scores"][c]) for p, r in records.items()}
+    (folder / "im0.txt").write_text("mine, " + ranked["im0.JPEG"][0] + "\n")  # the user's own caption
+    (folder / "a" / "im1.txt").unlink()
+
+    skip = tag_folder(folder, runtime, out, top_k=1, existing="skip", **kw)
+    assert (skip.tagged, skip.skipped) == (1, 3)
+    assert (folder / "im0.txt").read_text() == "mine, " + ranked["im0.JPEG"][0] + "\n"  # untouched
+    assert (folder / "a" / "im1.txt").read_text() == ranked["a/im1.png"][0] + "\n"
+    assert {r["path"]: r for r in map(json.loads, out.read_text().splitlines())} == records  # kept + redone
+
+    append = tag_folder(folder, runtime, out, top_k=2, existing="append", **kw)
+    assert (append.tagged, append.skipped) == (4, 0)
+    assert (folder / "im0.txt").read_text() == ", ".join(["mine", *ranked["im0.JPEG"][:2]]) + "\n"
+    assert (folder / "im3.txt").read_text() == ", ".join(ranked["im3.png"][:2]) + "\n"  # no duplicate
+
+    overwrite = tag_folder(folder, runtime, out, top_k=1, existing="overwrite", **kw)
+    assert overwrite.tagged == 4 and (folder / "im0.txt").read_text() == ranked["im0.JPEG"][0] + "\n"
+
+    # without sidecars, "done" means: the path is in the run file
+    plain = tmp_path / "plain.jsonl"
+    assert tag_folder(folder, runtime, plain, progress=False).tagged == 4
+    again = tag_folder(folder, runtime, plain, progress=False)
+    assert (again.tagged, again.skipped) == (0, 4) and again.ok
+    assert {r["path"] for r in map(json.loads, plain.read_text().splitlines())} == set(records)
+
+
+def test_per_class_thresholds_file(
+    model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 3, seed=4)
+    as_json, as_lines = tmp_path / "t.json", tmp_path / "t.tsv"
+    as_json.write_text(json.dumps({"cat": 0.0, "boat": 1.0}))
+    as_lines.write_text("# class, threshold\ncat\t0.0\nboat,1.0\n")
+    for i, file in enumerate((as_json, as_lines)):
+        out = tmp_path / f"out{i}.jsonl"
+        assert tag_main(folder, "--model", onnx_path, "--thresholds", file, "--output", out) == 0
+        for rec in map(json.loads, out.read_text().splitlines()):
+            want = [c for c, t in zip(CLASSES, [0.0, *THRESHOLDS[1:4], 1.0], strict=True) if rec["scores"][c] >= t]
+            assert "cat" in rec["tags"] and "boat" not in rec["tags"] and sorted(rec["tags"]) == sorted(want)
+    capsys.readouterr()
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("cat\t0.2\nzebra\t0.5\nunicorn,0.1\n")
+    assert tag_main(folder, "--model", onnx_path, "--thresholds", bad, "--output", tmp_path / "x.jsonl") == 2
+    err = capsys.readouterr().err
+    assert "unknown class" in err and "unicorn" in err and "zebra" in err and not (tmp_path / "x.jsonl").exists()
+    bad.write_text("cat\t1.5\n")
+    assert tag_main(folder, "--model", onnx_path, "--thresholds", bad) == 2
+
+
+def test_bad_inputs_go_to_the_errors_file(model: tuple[Path, Path, ModelMeta], tmp_path: Path) -> None:
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    good = make_images(folder, 2, seed=3)
+    (folder / "empty.jpg").write_bytes(b"")
+    full = good[0].read_bytes()
+    (folder / "cut.jpg").write_bytes(full[: len(full) // 2])
+    (folder / "text.jpg").write_text("hello, I am not a JPEG\n")
+    png_header_only(folder / "bomb.png", 100_000, 100_000)
+    out = tmp_path / "out" / "run.jsonl"
+    done = run_tag(folder, "--model", onnx_path, "--output", out, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert [json.loads(line)["path"] for line in out.read_text().splitlines()] == ["a/im1.png", "im0.JPEG"]
+    errors = dict(line.split("\t") for line in (tmp_path / "out" / "run.errors.tsv").read_text().splitlines())
+    assert sorted(errors) == ["bomb.png", "cut.jpg", "empty.jpg", "text.jpg"]
+    assert "empty" in errors["empty.jpg"] and "truncated" in errors["cut.jpg"]
+    assert "not an image" in errors["text.jpg"] and "too large" in errors["bomb.png"]
+    assert all(name in done.stderr for name in errors) and "4 failed" in done.stderr
+    # --max-pixels refuses ordinary images above the limit too
+    assert tag_main(good[0].parent, "--model", onnx_path, "--max-pixels", "100", "--output", tmp_path / "s.jsonl",
+                    "--errors", tmp_path / "s.tsv") == 1
+    assert "too large" in (tmp_path / "s.tsv").read_text()
+
+
+def test_crash_mid_run_leaves_outputs_intact(
+    model: tuple[Path, Path, ModelMeta], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 6, seed=5)
+    out = tmp_path / "out" / "tags.jsonl"
+    assert tag_main(folder, "--model", onnx_path, "--sidecar", "--output", out, "--top-k", "1", "--threshold", "0") == 0
+    before = {p: p.read_bytes() for p in [out, *folder.rglob("*.txt")]}
+    original = OnnxRuntimeBackend.predict_logits
+    calls = []
+
+    def fail_on_second_batch(self: OnnxRuntimeBackend, batch: np.ndarray) -> np.ndarray:
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise RuntimeError("simulated crash")
+        return original(self, batch)
+
+    monkeypatch.setattr(OnnxRuntimeBackend, "predict_logits", fail_on_second_batch)
+    code = tag_main(folder, "--model", onnx_path, "--sidecar", "--output", out, "--existing", "overwrite",
+                    "--batch-size", "2", "--threshold", "0", "--separator", ";")
+    assert code == 1 and len(calls) == 2
+    after = {p: p.read_bytes() for p in [out, *folder.rglob("*.txt")]}
+    assert after.keys() == before.keys() and after[out] == before[out]  # the run file was not touched
+    changed = sorted(p.relative_to(folder).as_posix() for p in after if p != out and after[p] != before[p])
+    assert changed == ["a/b/im2.txt", "a/b/im5.txt"]  # only the first batch (sorted order)'s sidecars, each complete
+    assert all(after[folder / rel].count(b";") >= 1 for rel in changed)
+    assert not temp_leftovers(folder, out.parent) and not (out.parent / "tags.errors.tsv").exists()
+
+
+def test_help_documents_policies_and_exit_codes() -> None:
+    from serve.__main__ import TAG_MAX_PIXELS, build_parser
+    from serve.tag import DEFAULT_MAX_PIXELS
+
+    assert TAG_MAX_PIXELS == DEFAULT_MAX_PIXELS
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    text = sub.choices["tag"].format_help()
+    for needle in ("symlinked folders are not", "--existing", "skip", "append", "errors.tsv", "exit status",
+                   "  2  usage error", "--dry-run", ".csv", "--top-k"):
+        assert needle in text, needle

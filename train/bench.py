@@ -25,7 +25,8 @@ import torch
 VARIANTS = {"fp32": ("off", "off"), "amp+cl": ("auto", "on"), "amp": ("auto", "off"), "cl": ("off", "on")}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model name from /proc/cpuinfo (or the platform's processor string)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -95,7 +96,7 @@ def _markdown(results: list[dict[str, Any]], command: str) -> str:
         if gpu:
             row += f" {r.get('peak_cuda_mb', float('nan')):.0f} |"
         rows.append(row)
-    device = results[0].get("gpu") or f"{_cpu_name()}, {torch.get_num_threads()} threads"
+    device = results[0].get("gpu") or f"{cpu_name()}, {torch.get_num_threads()} threads"
     return "\n".join([
         "# Training throughput", "",
         f"Measured {datetime.now():%Y-%m-%d} on {device}; torch {torch.__version__}, python "

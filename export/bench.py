@@ -1,0 +1,154 @@
+"""Inference benchmark of the export precisions on this machine: ``python -m export.bench``.
+
+For each configuration: PyTorch eager FP32 (the network as trained, LgConv unfolded), and ONNX Runtime (CPU
+execution provider) on the exported FP32 (folded), FP16 and INT8 (``cpu`` flavour) models - images/s at each
+batch size and, for a trained checkpoint (``--checkpoint``), the test-split mAP of each. Without a checkpoint
+the network is random-initialised (throughput only). Results go to a markdown file with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.onnx_export import export_to_file, load_model
+from export.pipeline import OrtModel, load_train_sample
+from export.quantize import convert_fp16, quantize_int8
+from export.verify import load_inputs, rebuild_splits
+from models.bench import time_call
+from models.checkpoint import ModelMeta
+from models.lgconv import fold_resnet, global_branches
+from models.resnet import build_model
+from train.bench import cpu_name
+from train.metrics import mean_average_precision
+
+
+def _random_model(arch: str, size: int, num_classes: int = 20) -> tuple[torch.nn.Module, ModelMeta]:
+    torch.manual_seed(0)
+    model = build_model(arch, num_classes, lgconv=True)
+    with torch.no_grad():
+        for g in global_branches(model):
+            g.bn.weight.normal_(0.0, 0.3)
+    meta = ModelMeta(classes=[f"c{i}" for i in range(num_classes)], arch=arch, image_size=size, lgconv=True)
+    return model.eval(), meta
+
+
+def _smooth_images(n: int, size: int, seed: int) -> np.ndarray:
+    """Image-like random inputs (low-frequency fields): INT8 calibration data for a random-init network."""
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.nn.functional.interpolate(torch.randn(n, 3, 8, 8, generator=g), size=(size, size),
+                                             mode="bilinear", align_corners=False)
+    return coarse.numpy().astype(np.float32)
+
+
+def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tuple[np.ndarray, np.ndarray] | None,
+                 calibration: np.ndarray, batches: list[int], budget: float) -> list[dict[str, Any]]:
+    """Rows (one per runtime/precision) for one network: images/s per batch size and test mAP."""
+    size = meta.image_size
+    x = test[0] if test is not None else _smooth_images(max(batches), size, 1)
+    rows: list[dict[str, Any]] = []
+
+    def torch_logits(inputs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return torch.cat([model(torch.from_numpy(inputs[s:s + 32])) for s in range(0, len(inputs), 32)]).numpy()
+
+    row: dict[str, Any] = {"config": label, "runtime": "PyTorch eager", "precision": "fp32"}
+    for b in batches:
+        batch = torch.from_numpy(x[np.arange(b) % len(x)])
+
+        def run(batch: torch.Tensor = batch) -> None:
+            with torch.inference_mode():
+                model(batch)
+        row[f"b{b}"] = b / time_call(run, budget)
+    row["mAP"] = mean_average_precision(torch_logits(x), test[1]) if test is not None else None
+    rows.append(row)
+    print(row, file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32 = Path(tmp) / "model.onnx"
+        export_to_file(fold_resnet(model), meta, fp32)
+        files = {"fp32": fp32, "fp16": convert_fp16(fp32, Path(tmp) / "model.fp16.onnx").path,
+                 "int8 (cpu)": quantize_int8(fp32, Path(tmp) / "model.int8.onnx", calibration, target="cpu").path}
+        for precision, path in files.items():
+            ort_model = OrtModel(path)
+            row = {"config": label, "runtime": "ONNX Runtime", "precision": precision,
+                   "size_mb": path.stat().st_size / 1e6}
+            for b in batches:
+                row[f"b{b}"] = ort_model.images_per_second(x, b, budget)
+            row["mAP"] = mean_average_precision(ort_model.logits(x), test[1]) if test is not None else None
+            rows.append(row)
+            print(row, file=sys.stderr, flush=True)
+    return rows
+
+
+def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) -> str:
+    """The results file."""
+    lines = ["# Export precisions: PyTorch eager vs ONNX Runtime FP32 / FP16 / INT8 (CPU)", "",
+             f"Command: `{command}`", "",
+             f"Machine: {cpu_name()}, {torch.get_num_threads()} threads; torch {torch.__version__}; "
+             f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
+             "images/s per batch size; ONNX models are the folded export (BatchNorm + LgConv); INT8 is the `cpu` "
+             "flavour (u8 activations, s8 weights, head in float) calibrated on 256 training images.", ""]
+    header = ["config", "runtime", "precision", *[f"img/s b{b}" for b in batches], "x eager (b"
+              f"{batches[-1]})", "test mAP", "mAP drop"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    base: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        ref = base.setdefault(r["config"], r)
+        speed = r[f"b{batches[-1]}"] / ref[f"b{batches[-1]}"]
+        drop = "-" if r["mAP"] is None or ref["mAP"] is None else f"{ref['mAP'] - r['mAP']:+.2f}"
+        cells = [r["config"], r["runtime"], r["precision"], *[f"{r[f'b{b}']:.1f}" for b in batches], f"{speed:.2f}",
+                 "-" if r["mAP"] is None else f"{r['mAP']:.2f}", drop]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m export.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="RUN_OR_PT",
+                        help="trained run(s) to measure with their test-split mAP (repeatable)")
+    parser.add_argument("--arch", default="resnet50", help="random-init network for throughput rows")
+    parser.add_argument("--sizes", default="64,448", help="input sizes of the random-init rows ('' for none)")
+    parser.add_argument("--batches", default="1,32", help="batch sizes (default: %(default)s)")
+    parser.add_argument("--test-images", type=int, default=2000, help="test images per checkpoint (default: 2000)")
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds of timed repeats per cell")
+    parser.add_argument("--output", type=Path, default=Path("bench/export-cpu.md"))
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    rows: list[dict[str, Any]] = []
+    from train.runs import resolve_checkpoint
+
+    for target in args.checkpoint:
+        path = resolve_checkpoint(target)
+        model, meta = load_model(path)
+        splits = rebuild_splits(meta)
+        if splits.test is None:
+            parser.error(f"{path}: its dataset has no test split")
+        x, _ = load_inputs(list(splits.test.paths[: args.test_images]), meta)
+        labels = np.asarray(splits.test.labels[: args.test_images])
+        calibration = load_train_sample(meta, 256, seed=0, progress=False)
+        arch = meta.arch + (" + LgConv" if meta.lgconv else "")
+        label = f"{arch} @{meta.image_size}px, {meta.method} ({path.parent.name})"
+        rows += bench_config(label, model, meta, (x, labels), calibration, batches, args.budget)
+    for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
+        model, meta = _random_model(args.arch, size)
+        rows += bench_config(f"{args.arch} + LgConv @{size}px (random init)", model, meta, None,
+                             _smooth_images(64, size, 0), batches, args.budget)
+    command = "python -m export.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(to_markdown(rows, batches, command.strip()))
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The whole export of a trained run: calibrated thresholds per artifact, FP16/INT8 checks, engines, summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from export.metadata import file_sha256, read_onnx_meta, read_sidecar
+from export.pipeline import export_run, parse_precisions
+from export.precision_check import PrecisionBounds, PrecisionError
+from models.preprocess import EvalTransform
+from serve.runtimes.tensorrt_backend import tensorrt_importable
+from train.__main__ import main as train_main
+from train.data.protocol import build_protocol, parse_observed
+from train.data.registry import load_dataset
+
+HAS_RTX = tensorrt_importable("tensorrt-rtx")
+
+
+@pytest.fixture(scope="module")
+def run(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A briefly trained tiny run (LgConv on, so the export folds it)."""
+    runs = tmp_path_factory.mktemp("pipeline-runs")
+    assert train_main(["--data", "builtin:tiny", "--epochs", "2", "--image-size", "32", "--batch-size", "16",
+                       "--workers", "0", "--no-progress", "--runs-dir", str(runs), "--name", "tiny"]) == 0
+    return runs / "tiny"
+
+
+def _val(meta_image_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tiny dataset's validation split, rebuilt here from the protocol (not through the exporter)."""
+    splits = build_protocol(load_dataset("builtin:tiny@seed0"), parse_observed("single"), 0.2, 1200)
+    tf = EvalTransform(meta_image_size, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    return np.stack([tf(p).numpy() for p in splits.val.paths]), np.asarray(splits.val.labels)
+
+
+def _best_f1(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Brute force: the best F1 over every cut 'score >= s' of one class."""
+    best = 0.0
+    for s in np.unique(scores):
+        pred = scores >= s
+        tp = float((pred & (labels == 1)).sum())
+        if tp:
+            best = max(best, 2 * tp / (pred.sum() + labels.sum()))
+    return best
+
+
+def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "export" / "model.onnx"
+    # INT8 rounding depends on the CPU's kernels: its mAP/agreement bounds are exercised in the next test and in
+    # test_quantize.py, here only the pipeline is checked
+    relaxed = {"int8": PrecisionBounds(max_prob_diff=None, min_agreement=0.0, max_map_drop=None)}
+    result = export_run(run, out, precisions=["fp32", "fp16", "int8"], trt=HAS_RTX, trt_targets=["sm86"],
+                        trt_batch=(1, 4, 8), bounds=relaxed, progress=False)
+    names = [a.name for a in result.artifacts]
+    expected = ["fp32", "fp16", "int8-cpu"] + (["int8-tensorrt", "engine-fp32", "engine-fp16", "engine-int8"]
+                                              if HAS_RTX else [])
+    assert names == expected
+    folder = out.parent
+    for name in ("summary.md", "summary.json", "calibration-fp32.md", "calibration-fp32.json", "calibration-fp32.png",
+                 "calibration-fp16.md", "calibration-int8-cpu.md"):
+        assert (folder / name).is_file() and (folder / name).stat().st_size > 0, name
+
+    x, labels = _val(32)
+    summary = json.loads((folder / "summary.json").read_text())
+    for art in result.artifacts:
+        if art.path.suffix != ".onnx":
+            continue
+        meta = read_onnx_meta(art.path)
+        assert meta.precision == art.precision and meta.thresholds == art.thresholds
+        assert meta.calibration["mode"] == "f1" and len(meta.thresholds) == len(meta.classes)
+        assert summary["thresholds"][art.name] == meta.thresholds
+        side = read_sidecar(art.path.with_suffix(".json"))
+        assert side["sha256"] == file_sha256(art.path) and side["meta"]["thresholds"] == meta.thresholds
+        # the stored thresholds are F1-optimal on this artifact's own val scores (classes with >= 5 positives)
+        session = ort.InferenceSession(str(art.path), providers=["CPUExecutionProvider"])
+        probs = 1 / (1 + np.exp(-session.run(None, {"images": x})[0].astype(np.float64)))
+        for c, rule in enumerate(meta.calibration["rules"]):
+            if rule != "f1":
+                continue
+            pred = probs[:, c] >= meta.thresholds[c]
+            tp = float((pred & (labels[:, c] == 1)).sum())
+            f1 = 2 * tp / (pred.sum() + labels[:, c].sum())
+            assert f1 == pytest.approx(_best_f1(probs[:, c], labels[:, c]), abs=1e-12), (art.name, c)
+    fp16 = next(a for a in result.artifacts if a.name == "fp16")
+    assert fp16.max_prob_diff is not None and fp16.max_prob_diff <= 5e-3 and fp16.agreement >= 0.995
+    if HAS_RTX:
+        engine = next(a for a in result.artifacts if a.name == "engine-int8")
+        doc = read_sidecar(engine.path.with_name(engine.path.name + ".json"))
+        source = read_onnx_meta(folder / "model.int8-tensorrt.onnx")
+        assert doc["meta"]["thresholds"] == source.thresholds and doc["profile"]["max"][0] == 8
+
+
+def test_a_broken_precision_bound_fails_and_leaves_no_model(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "strict" / "model.onnx"
+    impossible = {"fp16": PrecisionBounds(max_prob_diff=0.0, min_agreement=1.0, max_map_drop=0.0)}
+    with pytest.raises(PrecisionError, match="fp16"):
+        export_run(run, out, precisions=["fp32", "fp16"], bounds=impossible, progress=False)
+    assert out.is_file()  # the FP32 model was verified before the conversion
+    assert not (out.parent / "model.fp16.onnx").exists()
+
+
+def test_precision_lists_and_cli_usage_errors(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from export.__main__ import main
+
+    assert parse_precisions("int8, fp16") == ["fp32", "fp16", "int8"]
+    with pytest.raises(ValueError, match="fp64"):
+        parse_precisions("fp64")
+    for args, message in ((["--precision", "fp64"], "fp64"), (["--calibrate", "best"], "calibration mode"),
+                          (["--trt-batch", "1,2"], "--trt-batch"), (["--calibration-images", "0"], ">= 1")):
+        assert main([str(run), *args]) == 2
+        assert message in capsys.readouterr().err
