@@ -97,7 +97,7 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) ->
              "images/s per batch size; ONNX models are the folded export (BatchNorm + LgConv); INT8 is the `cpu` "
              "flavour (u8 activations, s8 weights, head in float) calibrated on 256 training images.", ""]
     header = ["config", "runtime", "precision", *[f"img/s b{b}" for b in batches], "x eager (b"
-              f"{batches[-1]})", "test mAP", "mAP drop"]
+              f"{batches[-1]})", "test mAP", "mAP drop vs eager"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     base: dict[str, dict[str, Any]] = {}
     for r in rows:
