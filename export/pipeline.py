@@ -234,10 +234,9 @@ def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mo
     info = {**cal.to_dict(), "data": val.source, "report": f"{stem}.md", "plot": f"{stem}.png" if plotted else None}
     meta = write_thresholds(artifact.path, [float(t) for t in cal.thresholds], info)
     artifact.thresholds, artifact.calibration = meta.thresholds, cal.mode
-    summ = report.get("calibrated", {})
-    base = report.get("at_0.5", {})
-    log(f"  {artifact.name}: thresholds by {cal.mode} on {val.source}; CF1 {base.get('CF1', float('nan')):.2f} at 0.5 "
-        f"-> {summ.get('CF1', float('nan')):.2f} calibrated (report {stem}.md)")
+    base, summ = report["overall"]["at_0.5"], report["overall"]["calibrated"]
+    log(f"  {artifact.name}: thresholds by {cal.mode} on {val.source}; OF1 {base['OF1']:.2f} / CF1 {base['CF1']:.2f} "
+        f"at 0.5 -> {summ['OF1']:.2f} / {summ['CF1']:.2f} calibrated (report {stem}.md)")
     return meta
 
 

@@ -1,0 +1,116 @@
+"""Tagger throughput against model-only throughput: ``python -m serve.bench MODEL [MODEL ...]``.
+
+Writes a folder of JPEGs (``--images`` of ``--size`` px, made from the built-in dataset's images when it is
+cached, else random textures), then for each model file (``.pt`` -> PyTorch, ``.onnx`` -> ONNX Runtime):
+
+- model only: the runtime's images/s on already-preprocessed batches of ``--batch-size``;
+- tagger: ``serve.tag.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
+  written), images/s end to end.
+
+The ratio tagger / model-only is the share of the model's speed the tagger keeps (target: >= 90%). Results go to
+a markdown file with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from serve.predictor import Predictor
+from serve.tag import tag_folder
+from train.bench import cpu_name
+
+
+def make_jpegs(folder: Path, count: int, size: int, seed: int = 0) -> list[Path]:
+    """``count`` JPEGs of ``size`` x ``size`` px in ``folder`` (upscaled built-in images when cached)."""
+    sources: list[Path] = []
+    try:
+        from train.data.registry import load_dataset
+
+        sources = list(load_dataset("builtin:default").train.paths[:count])
+    except Exception:  # not generated: random textures instead (the tagger decodes either the same way)
+        sources = []
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(count):
+        if sources:
+            with Image.open(sources[i % len(sources)]) as img:
+                image = img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+        else:
+            coarse = rng.integers(0, 256, (size // 16, size // 16, 3), dtype=np.uint8)
+            image = Image.fromarray(coarse).resize((size, size), Image.Resampling.BILINEAR)
+        path = folder / f"{i // 500:02d}" / f"img{i:05d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path, quality=90)
+        paths.append(path)
+    return paths
+
+
+def model_only(predictor: Predictor, sample: list[Path], batch_size: int, seconds: float) -> float:
+    """Images/s of the runtime alone on preprocessed batches (no decoding)."""
+    batch = np.stack([predictor.preprocess(p) for p in sample[:batch_size]])
+    predictor.scores_from_inputs(batch)  # warm-up
+    done, start = 0, time.perf_counter()
+    while done == 0 or time.perf_counter() - start < seconds:
+        predictor.scores_from_inputs(batch)
+        done += len(batch)
+    return done / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m serve.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="+", type=Path, help="model files (.pt checkpoint, .onnx export)")
+    parser.add_argument("--images", type=int, default=2000, help="JPEGs to tag (default: %(default)s)")
+    parser.add_argument("--size", type=int, default=448, help="JPEG side in px (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="model-only timing window (default: 5)")
+    parser.add_argument("--output", type=Path, default=Path("bench/tag-cpu.md"))
+    args = parser.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "images"
+        print(f"writing {args.images} JPEGs of {args.size} px ...", file=sys.stderr)
+        paths = make_jpegs(folder, args.images, args.size)
+        for model in args.models:
+            predictor = Predictor.load(model)
+            speed_model = model_only(predictor, paths, args.batch_size, args.seconds)
+            start = time.perf_counter()
+            summary = tag_folder(folder, predictor, Path(tmp) / f"tags-{model.stem}.jsonl",
+                                 batch_size=args.batch_size, progress=False, existing="overwrite")
+            elapsed = time.perf_counter() - start
+            speed_tag = summary.tagged / elapsed
+            rows.append({"model": str(model), "backend": predictor.backend, "arch": predictor.meta.arch,
+                         "input": predictor.meta.image_size, "model_only": speed_model, "tagger": speed_tag,
+                         "tagged": summary.tagged})
+            print(rows[-1], file=sys.stderr, flush=True)
+    command = "python -m serve.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    lines = ["# Tagger throughput vs model-only throughput (CPU)", "", f"Command: `{command.strip()}`", "",
+             f"Machine: {cpu_name()}, {torch.get_num_threads()} threads; {datetime.now().strftime('%Y-%m-%d %H:%M')}. "
+             f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tag.tag_folder` end to "
+             "end (discovery, decoding in a thread pool overlapping the model, JSONL written); model-only = the "
+             "same runtime on already-preprocessed batches.", "",
+             "| model | backend | network input | model-only img/s | tagger img/s | tagger / model-only |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {Path(r['model']).name} | {r['backend']} | {r['arch']} @{r['input']} px | "
+                     f"{r['model_only']:.1f} | {r['tagger']:.1f} | {100 * r['tagger'] / r['model_only']:.0f}% |")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
