@@ -20,25 +20,21 @@ import numpy as np
 import torch
 
 from export.onnx_export import export_to_file, load_model
-from export.pipeline import OrtModel, load_train_sample
+from export.pipeline import load_train_sample
+from export.precision_check import OrtModel
 from export.quantize import convert_fp16, quantize_int8
 from export.verify import load_inputs, rebuild_splits
-from models.bench import time_call
+from models.bench import make_variant, time_call
 from models.checkpoint import ModelMeta
-from models.lgconv import fold_resnet, global_branches
-from models.resnet import build_model
+from models.lgconv import fold_resnet
 from train.bench import cpu_name
 from train.metrics import mean_average_precision
 
 
 def _random_model(arch: str, size: int, num_classes: int = 20) -> tuple[torch.nn.Module, ModelMeta]:
-    torch.manual_seed(0)
-    model = build_model(arch, num_classes, lgconv=True)
-    with torch.no_grad():
-        for g in global_branches(model):
-            g.bn.weight.normal_(0.0, 0.3)
+    model = make_variant("lgconv", arch, num_classes)  # the LgConv benchmark's network: branches switched on
     meta = ModelMeta(classes=[f"c{i}" for i in range(num_classes)], arch=arch, image_size=size, lgconv=True)
-    return model.eval(), meta
+    return model, meta
 
 
 def _smooth_images(n: int, size: int, seed: int) -> np.ndarray:
@@ -135,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{path}: its dataset has no test split")
         x, _ = load_inputs(list(splits.test.paths[: args.test_images]), meta)
         labels = np.asarray(splits.test.labels[: args.test_images])
-        calibration = load_train_sample(meta, 256, seed=0, progress=False)
+        calibration = load_train_sample(meta, splits, 256, seed=0, progress=False)
         arch = meta.arch + (" + LgConv" if meta.lgconv else "")
         label = f"{arch} @{meta.image_size}px, {meta.method} ({path.parent.name})"
         rows += bench_config(label, model, meta, (x, labels), calibration, batches, args.budget)

@@ -62,16 +62,25 @@ def set_onnx_meta(model: onnx.ModelProto, meta: ModelMeta) -> None:
     onnx.helper.set_model_props(model, props)
 
 
-def read_onnx_meta(path: str | Path) -> ModelMeta:
-    """Read the ModelMeta stored in an exported ``.onnx`` file (``FileNotFoundError`` / ``ValueError``)."""
+def load_onnx_file(path: str | Path) -> onnx.ModelProto:
+    """Load an ``.onnx`` file without external data (``FileNotFoundError`` / ``ValueError`` if unreadable)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"ONNX model not found: {path}")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
         raise ValueError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
-    return meta_from_props({p.key: p.value for p in model.metadata_props}, path)
+
+
+def onnx_meta(model: onnx.ModelProto, source: str | Path = "model") -> ModelMeta:
+    """The ModelMeta in a loaded model's ``metadata_props`` (``ValueError`` naming ``source`` if absent)."""
+    return meta_from_props({p.key: p.value for p in model.metadata_props}, source)
+
+
+def read_onnx_meta(path: str | Path) -> ModelMeta:
+    """Read the ModelMeta stored in an exported ``.onnx`` file (``FileNotFoundError`` / ``ValueError``)."""
+    return onnx_meta(load_onnx_file(path), path)
 
 
 def sidecar_path(onnx_path: str | Path) -> Path:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,15 +35,18 @@ from export.metadata import (
     atomic_path,
     atomic_write_text,
     file_sha256,
+    onnx_meta,
     read_sidecar,
     set_onnx_meta,
     sidecar_document,
     sidecar_path,
 )
 from export.onnx_export import ExportResult, export_onnx
-from export.precision_check import PrecisionBounds, PrecisionReport, check_precision, compare_outputs
+from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, check_precision, compare_outputs
 from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
 from models.checkpoint import ModelMeta
+from serve.tag import sigmoid
+from train.data.protocol import ProtocolSplits
 
 PRECISIONS = ("fp32", "fp16", "int8")
 DEFAULT_CALIBRATION_IMAGES = 256
@@ -120,9 +122,10 @@ def parse_precisions(text: str) -> list[str]:
     return [p for p in PRECISIONS if p in wanted or p == "fp32"]
 
 
-def load_val_data(meta: ModelMeta, limit: int | None, log: Callable[[str], None], progress: bool) -> ValData:
-    """The model's validation split, preprocessed (at most ``limit`` images), with its labels."""
-    splits = rebuild_splits(meta)
+def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, log: Callable[[str], None],
+                  progress: bool) -> ValData:
+    """The validation split of ``splits`` (the model's, see :func:`export.verify.rebuild_splits`), preprocessed
+    (at most ``limit`` images), with its labels."""
     paths, labels = list(splits.val.paths), np.asarray(splits.val.labels)
     if limit is not None:
         paths, labels = paths[:limit], labels[:limit]
@@ -137,9 +140,8 @@ def load_val_data(meta: ModelMeta, limit: int | None, log: Callable[[str], None]
     return ValData(inputs, labels[keep], f"val split of {meta.data.get('source')} ({len(keep)} images)", fully)
 
 
-def load_train_sample(meta: ModelMeta, count: int, seed: int, progress: bool) -> np.ndarray:
-    """``count`` preprocessed training images drawn at random (seeded): INT8 calibration data."""
-    splits = rebuild_splits(meta)
+def load_train_sample(meta: ModelMeta, splits: ProtocolSplits, count: int, seed: int, progress: bool) -> np.ndarray:
+    """``count`` preprocessed training images of ``splits`` drawn at random (seeded): INT8 calibration data."""
     paths = list(splits.train.paths)
     if not paths:
         raise VerificationDataError("the training split is empty: no INT8 calibration images")
@@ -166,47 +168,12 @@ def _load(paths: Sequence[Path], meta: ModelMeta, progress: bool) -> tuple[np.nd
     return inputs, keep
 
 
-class OrtModel:
-    """An ONNX file open in ONNX Runtime (CPU): logits and throughput."""
-
-    def __init__(self, path: Path) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.input = self.session.get_inputs()[0].name
-
-    def logits(self, inputs: np.ndarray, batch_size: int = THROUGHPUT_BATCH) -> np.ndarray:
-        """float32 logits ``(N, C)`` of ``inputs``."""
-        outs = [self.session.run(None, {self.input: inputs[s:s + batch_size]})[0]
-                for s in range(0, len(inputs), batch_size)]
-        return np.concatenate(outs).astype(np.float32, copy=False)
-
-    def images_per_second(self, inputs: np.ndarray, batch_size: int = THROUGHPUT_BATCH,
-                          seconds: float = THROUGHPUT_SECONDS) -> float:
-        """Images/s over repeated batches of ``batch_size`` (one warm-up run first)."""
-        batch = inputs[np.arange(batch_size) % len(inputs)]
-        self.session.run(None, {self.input: batch})
-        done, start = 0, time.perf_counter()
-        while done == 0 or time.perf_counter() - start < seconds:
-            self.session.run(None, {self.input: batch})
-            done += batch_size
-        return done / (time.perf_counter() - start)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x.astype(np.float64), -60, 60)))
-
-
 def write_thresholds(path: Path, thresholds: list[float] | None, calibration: dict[str, Any],
                      sidecar_update: dict[str, Any] | None = None) -> ModelMeta:
     """Store ``thresholds`` and how they were chosen in the ONNX file's ``spml_meta`` (rewritten atomically)
     and refresh its sidecar (sha256, size, meta, plus ``sidecar_update``); returns the new meta."""
-    from export.metadata import meta_from_props
-
     model = onnx.load(str(path))
-    meta = meta_from_props({p.key: p.value for p in model.metadata_props}, path)
+    meta = onnx_meta(model, path)
     meta = dataclasses.replace(meta, thresholds=thresholds, calibration=calibration)
     set_onnx_meta(model, meta)
     with atomic_path(path, suffix=".onnx") as tmp:
@@ -224,7 +191,7 @@ def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mo
     """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot."""
     if val.labels is None:
         return None
-    probs = _sigmoid(logits)
+    probs = sigmoid(logits)
     mode = parse_mode(mode_text if mode_text != "auto" else default_mode(val.fully_labelled))
     cal = calibrate(probs, val.labels, mode)
     report = calibration_report(probs, val.labels, cal.thresholds, classes, mode=cal.mode, rules=cal.rules)
@@ -280,16 +247,18 @@ def export_run(
     result = RunExport(folder=folder, fp32=fp32)
 
     val: ValData | None = None
+    splits: ProtocolSplits | None = None
     needs_val = calibrate_mode != "none" or len(precisions) > 1
     if needs_val:
         try:
-            val = load_val_data(meta, val_images, say, progress)
+            splits = rebuild_splits(meta)  # once: val (calibration, checks) and train (INT8 calibration)
+            val = load_val_data(meta, splits, val_images, say, progress)
         except VerificationDataError as exc:
             if len(precisions) > 1:
                 raise VerificationDataError(f"FP16/INT8 exports are checked on the labelled validation split: "
                                             f"{exc}") from exc
             say(f"no labelled validation data ({exc}); thresholds not calibrated (0.5 or the checkpoint's)")
-    if val is None:
+    if val is None or splits is None:
         result.artifacts.append(Artifact("fp32", fp32.onnx_path, "fp32", "onnxruntime", fp32.size_bytes,
                                          thresholds=meta.thresholds, note="not calibrated: no labelled val data"))
         _write_summary(result, say)
@@ -323,7 +292,7 @@ def export_run(
         else:
             if calib_inputs is None:
                 say(f"reading {calibration_images} training images for INT8 calibration ...")
-                calib_inputs = load_train_sample(meta, calibration_images, seed, progress)
+                calib_inputs = load_train_sample(meta, splits, calibration_images, seed, progress)
             say(f"quantizing to INT8 for {target} ({len(calib_inputs)} calibration images) ...")
             conv = quantize_int8(fp32.onnx_path, dst, calib_inputs, target=target)  # type: ignore[arg-type]
         art = Artifact(name, conv.path, precision, "tensorrt" if target == "tensorrt" else "onnxruntime",
@@ -363,7 +332,7 @@ def _measure(art: Artifact, model: OrtModel, logits: np.ndarray, report: Precisi
     elif val.labels is not None:
         art.val_mAP = mean_average_precision(logits, val.labels)
     if art.runtime == "onnxruntime":
-        art.images_per_s = model.images_per_second(val.inputs)
+        art.images_per_s = model.images_per_second(val.inputs, THROUGHPUT_BATCH, THROUGHPUT_SECONDS)
     else:
         art.note = "made for TensorRT; checked in ONNX Runtime"
 

@@ -29,6 +29,7 @@ import numpy as np
 from export.metadata import read_onnx_meta
 from export.verify import ExportError
 from models.checkpoint import ModelMeta
+from serve.tag import sigmoid
 from train.metrics import mean_average_precision
 
 DEFAULT_MAX_PROB_DIFF = 5e-3
@@ -101,10 +102,6 @@ class PrecisionReport:
         return text
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x.astype(np.float64), -60, 60)))
-
-
 def read_meta(path: str | Path) -> ModelMeta:
     """The ``spml_meta`` of an ONNX file (``FileNotFoundError`` / :class:`ExportError`)."""
     try:
@@ -113,25 +110,44 @@ def read_meta(path: str | Path) -> ModelMeta:
         raise ExportError(str(exc)) from exc
 
 
+class OrtModel:
+    """An ONNX file open in ONNX Runtime (CPU): logits and throughput."""
+
+    def __init__(self, path: str | Path) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0].name
+
+    def logits(self, inputs: np.ndarray, batch_size: int = 32) -> np.ndarray:
+        """float32 logits ``(N, C)`` of ``inputs``."""
+        outs = [self.session.run(None, {self.input: inputs[s:s + batch_size]})[0]
+                for s in range(0, len(inputs), batch_size)]
+        return np.concatenate(outs).astype(np.float32, copy=False)
+
+    def images_per_second(self, inputs: np.ndarray, batch_size: int = 32,
+                          seconds: float = 2.0) -> float:
+        """Images/s over repeated batches of ``batch_size`` (one warm-up run first)."""
+        batch = inputs[np.arange(batch_size) % len(inputs)]
+        self.session.run(None, {self.input: batch})
+        done, start = 0, time.perf_counter()
+        while done == 0 or time.perf_counter() - start < seconds:
+            self.session.run(None, {self.input: batch})
+            done += batch_size
+        return done / (time.perf_counter() - start)
+
+
 def run_onnx_cpu(path: str | Path, inputs: np.ndarray, batch_size: int = 32) -> np.ndarray:
     """Run ``inputs`` (float32 ``(N, 3, S, S)``) through ``path`` with ONNX Runtime CPU; logits ``(N, C)``."""
-    import onnxruntime as ort
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"ONNX model not found: {path}")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        outs = [
-            np.asarray(session.run(None, {name: inputs[s : s + batch_size]})[0], dtype=np.float32)
-            for s in range(0, len(inputs), batch_size)
-        ]
+        return OrtModel(path).logits(inputs, batch_size)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise ExportError(f"running {path} in ONNX Runtime (CPU) failed: {type(exc).__name__}: {exc}") from exc
-    return np.concatenate(outs) if outs else np.zeros((0, 0), np.float32)
 
 
 def _thresholds(thresholds: float | Sequence[float] | np.ndarray | None, meta: ModelMeta) -> tuple[np.ndarray, str]:
@@ -161,7 +177,7 @@ def compare_outputs(
         raise ExportError(f"cannot compare outputs of shapes {ref.shape} and {cand.shape}")
     if not np.isfinite(cand).all():
         raise PrecisionError("the converted model produced NaN or infinite logits")
-    p_ref, p_cand = _sigmoid(ref), _sigmoid(cand)
+    p_ref, p_cand = sigmoid(ref), sigmoid(cand)
     d_ref, d_cand = p_ref >= thresholds, p_cand >= thresholds
     same = d_ref == d_cand
     out: dict[str, Any] = {

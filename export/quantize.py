@@ -66,7 +66,7 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
-from export.metadata import atomic_path, file_sha256, meta_from_props, read_onnx_meta, set_onnx_meta
+from export.metadata import atomic_path, file_sha256, load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
 from export.verify import ExportError
 from models.checkpoint import ModelMeta
 
@@ -227,16 +227,11 @@ def load_fp32_model(path: str | Path) -> tuple[onnx.ModelProto, ModelMeta]:
     whose ``precision`` is not ``"fp32"``).
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ONNX model not found: {path}")
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf DecodeError and friends
-        raise ConversionError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        raise ConversionError(f"{path}: weights in external data; expected one self-contained file from export")
-    try:
-        meta = meta_from_props({p.key: p.value for p in model.metadata_props}, path)
+        model = load_onnx_file(path)
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+            raise ValueError(f"{path}: weights in external data; expected one self-contained file from export")
+        meta = onnx_meta(model, path)
     except ValueError as exc:
         raise ConversionError(str(exc)) from exc
     if meta.precision != "fp32":
@@ -250,6 +245,17 @@ def load_fp32_model(path: str | Path) -> tuple[onnx.ModelProto, ModelMeta]:
     if not_float:
         raise NotFP32Error(f"{path}: expected float32 inputs and outputs, got {not_float}")
     return model, meta
+
+
+def _finish(converted: onnx.ModelProto, reference: onnx.ModelProto, meta: ModelMeta, src: Path, dst: Path,
+            t0: float) -> ConversionResult:
+    """Attach ``meta`` (last, whatever the tools did to metadata_props), check, save atomically, describe."""
+    set_onnx_meta(converted, meta)
+    _check_result(converted, reference, dst)
+    _save(converted, dst)
+    return ConversionResult(path=dst, source=src, meta=meta, precision=meta.precision,
+                            size_bytes=dst.stat().st_size, sha256=file_sha256(dst),
+                            seconds=time.perf_counter() - t0, op_counts=op_counts(converted))
 
 
 def _check_result(model: onnx.ModelProto, reference: onnx.ModelProto, path: Path) -> None:
@@ -379,19 +385,7 @@ def convert_fp16(
         },
     )
     topological_sort(converted)  # the converter appends its input Casts at the end of the node list
-    set_onnx_meta(converted, fp16_meta)
-    _check_result(converted, reference, dst)
-    _save(converted, dst)
-    return ConversionResult(
-        path=dst,
-        source=src,
-        meta=fp16_meta,
-        precision="fp16",
-        size_bytes=dst.stat().st_size,
-        sha256=file_sha256(dst),
-        seconds=time.perf_counter() - t0,
-        op_counts=op_counts(converted),
-    )
+    return _finish(converted, reference, fp16_meta, src, dst, t0)
 
 
 # ----------------------------------------------------------------------------------------------- INT8
@@ -667,19 +661,7 @@ def quantize_int8(
             "source_sha256": file_sha256(src),
         },
     )
-    set_onnx_meta(quantized, int8_meta)
-    _check_result(quantized, model, dst)
-    _save(quantized, dst)
-    return ConversionResult(
-        path=dst,
-        source=src,
-        meta=int8_meta,
-        precision="int8",
-        size_bytes=dst.stat().st_size,
-        sha256=file_sha256(dst),
-        seconds=time.perf_counter() - t0,
-        op_counts=op_counts(quantized),
-    )
+    return _finish(quantized, model, int8_meta, src, dst, t0)
 
 
 def read_precision(path: str | Path) -> tuple[str, dict[str, Any]]:
