@@ -44,6 +44,8 @@ class ModelMeta:
     std: tuple[float, float, float] = IMAGENET_STD
     resize: str = "squash"  # resize to image_size x image_size, aspect ratio not kept (as the papers do)
     lgconv: bool = False
+    # classifier head: {"kind": "linear"} or {"kind": "lem", heads, encoder_layers, ...} (models.resnet.HEADS)
+    head: dict[str, Any] = field(default_factory=lambda: {"kind": "linear"})
     output: str = "logits"  # the network outputs logits; probabilities = sigmoid(logits)
     method: str = ""
     method_hparams: dict[str, Any] = field(default_factory=dict)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torchvision import models as tvm
 
+from models.label_embedding import LabelEmbeddingConfig, LabelEmbeddingHead
 from models.lgconv import GlobalBranch, convert_to_lgconv
 
 if TYPE_CHECKING:
@@ -30,19 +31,31 @@ _PAPER_WEIGHTS = "IMAGENET1K_V1"
 # layers 1-3 frozen, their BatchNorms kept in eval mode so the frozen features really are fixed).
 TRAINABLE_SCOPES = ("all", "pu-mlc")
 
+# Classifier heads: "linear" (global average pool + Linear, the papers' default) or "lem" (LAC's label-wise
+# embedding transformer on the last feature map, models.label_embedding).
+HEADS = ("linear", "lem")
+
 
 class MultiLabelResNet(nn.Module):
-    """A torchvision ResNet backbone (fc removed) + global average pool + ``Linear(features, C)``.
+    """A torchvision ResNet backbone (fc removed) + a multi-label head.
 
+    Heads: ``linear`` (global average pool + ``Linear(features, C)``) or ``lem`` (LAC's label-wise embedding
+    transformer on the last feature map, :class:`~models.label_embedding.LabelEmbeddingHead`).
     ``forward(x)`` takes a normalised float batch ``(N, 3, H, W)`` and returns logits ``(N, C)``.
     """
 
-    def __init__(self, backbone: tvm.ResNet, num_classes: int) -> None:
+    def __init__(self, backbone: tvm.ResNet, num_classes: int, head: str = "linear",
+                 head_config: LabelEmbeddingConfig | None = None) -> None:
         super().__init__()
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
         in_features = backbone.fc.in_features
         backbone.fc = nn.Identity()
         self.backbone = backbone
-        self.head = nn.Linear(in_features, num_classes)
+        self._num_features = int(in_features)
+        self.head_kind = head
+        self.head: nn.Module = (nn.Linear(in_features, num_classes) if head == "linear"
+                                else LabelEmbeddingHead(in_features, num_classes, head_config))
         self._frozen: list[nn.Module] = []  # modules kept in eval mode by train() (see set_trainable_scope)
 
     @property
@@ -79,15 +92,34 @@ class MultiLabelResNet(nn.Module):
 
     @property
     def num_features(self) -> int:
-        """Width of the pooled feature vector fed to the head."""
-        return self.head.in_features
+        """Channel width of the backbone's last stage (the pooled feature vector of the linear head)."""
+        return self._num_features
+
+    def head_meta(self) -> dict[str, object]:
+        """The head's description for checkpoint metadata: ``{"kind": ...}`` plus the LEM shape."""
+        if isinstance(self.head, LabelEmbeddingHead):
+            return {"kind": "lem", **self.head.config.to_dict()}
+        return {"kind": "linear"}
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's feature map ``(N, D, H/32, W/32)``."""
+        b = self.backbone
+        x = b.maxpool(b.relu(b.bn1(b.conv1(x))))
+        return b.layer4(b.layer3(b.layer2(b.layer1(x))))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled backbone features ``(N, num_features)``."""
-        return self.backbone(x)
+        """What the head takes: pooled features ``(N, D)`` (linear head) or the feature map (LEM head)."""
+        return self.backbone(x) if self.head_kind == "linear" else self.feature_map(x)
+
+    def forward_embeddings(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """LEM head only: (logits ``(N, C)``, per-class embeddings ``(N, C, D)``)."""
+        if not isinstance(self.head, LabelEmbeddingHead):
+            raise ValueError("per-class embeddings need the label-wise embedding head (--head lem)")
+        emb = self.head.embeddings(self.feature_map(x))
+        return self.head.classify(emb), emb
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(x))
+        return self.head(self.features(x))
 
 
 def _torchvision_weights(arch: str, name: str) -> object:
@@ -131,8 +163,10 @@ def _load_weights_file(model: MultiLabelResNet, path: Path) -> str:
     return f"loaded {len(usable)} tensors from {path} ({skipped} skipped, head {'new' if head_missing else 'loaded'})"
 
 
-def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool = False) -> MultiLabelResNet:
-    """Build ``arch`` (resnet18/34/50/101) with a ``num_classes`` linear head.
+def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool = False,
+                head: str = "linear", head_config: LabelEmbeddingConfig | None = None) -> MultiLabelResNet:
+    """Build ``arch`` (resnet18/34/50/101) with a ``num_classes`` head (``head``: linear or lem, see
+    :class:`MultiLabelResNet`; ``head_config`` shapes the LEM head).
 
     ``weights``: ``none`` (random init), ``imagenet`` (torchvision IMAGENET1K_V1, downloaded by torchvision
     on first use), another torchvision weight name, or a path to a state dict / checkpoint file.
@@ -153,7 +187,7 @@ def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool
             path = candidate
         else:
             tv_weights = _torchvision_weights(arch, weights)
-    model = MultiLabelResNet(ARCHITECTURES[arch](weights=tv_weights), num_classes)
+    model = MultiLabelResNet(ARCHITECTURES[arch](weights=tv_weights), num_classes, head, head_config)
     if lgconv:
         convert_to_lgconv(model.backbone)
     if path is not None:
@@ -163,4 +197,7 @@ def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool
 
 def model_from_meta(meta: ModelMeta) -> MultiLabelResNet:
     """Rebuild the (randomly initialised) network a checkpoint's metadata describes; load weights after."""
-    return build_model(meta.arch, len(meta.classes), weights="none", lgconv=meta.lgconv)
+    kind = str(meta.head.get("kind", "linear"))
+    config = LabelEmbeddingConfig.from_dict(meta.head) if kind == "lem" else None
+    return build_model(meta.arch, len(meta.classes), weights="none", lgconv=meta.lgconv, head=kind,
+                       head_config=config)

@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                 if getattr(args, machine_specific) is not None:
                     setattr(cfg, machine_specific, getattr(args, machine_specific))
             trainer = Trainer(cfg, run_dir=run_dir, resume=True)
-            if trainer.start_epoch > cfg.linear_init + cfg.epochs:
-                print(f"{run_dir} already finished all {cfg.linear_init + cfg.epochs} epochs")
+            if trainer.start_epoch > trainer.total_epochs:
+                print(f"{run_dir} already finished all {trainer.total_epochs} epochs")
                 return 0
         else:
             cfg = config_from_args(args)

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.resnet import ARCHITECTURES, TRAINABLE_SCOPES
+from models.resnet import ARCHITECTURES, HEADS, TRAINABLE_SCOPES
 from train.data.protocol import PROTOCOL_SEED, parse_observed
 from train.runs import default_runs_dir
 
@@ -32,6 +32,7 @@ class TrainConfig:
     weights: str = "none"
     image_size: int = 64
     lgconv: bool = True
+    head: str = "auto"
     trainable: str = "all"
     epochs: int = 3
     batch_size: int = 32
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PU-MLC's local-global convolution: a global-attention branch added to every 3x3 conv "
                    "(the original conv and its weights kept; folded away for export). --no-lgconv gives the "
                    "plain torchvision ResNet. Default: on")
+    g.add_argument("--head", choices=["auto", *HEADS], help="classifier head: linear (global average pool + "
+                   "linear layer) or lem (LAC's label-wise embedding transformer: one embedding and one linear "
+                   "classifier per class). auto: what the method needs (lem for lac), else linear. Default: auto")
     g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all, or pu-mlc (LgConv "
                    "branches + layer4 + head; stem and layers 1-3 frozen, as PU-MLC does with ImageNet "
                    f"weights). Default: {d.trainable}")
@@ -198,6 +202,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.workers >= 0, "--workers must be >= 0"),
         (0.0 < cfg.val_fraction < 1.0, "--val-fraction must be in (0, 1)"),
         (cfg.trainable in TRAINABLE_SCOPES, f"--trainable must be one of {', '.join(TRAINABLE_SCOPES)}"),
+        (cfg.head in ("auto", *HEADS), f"--head must be auto or one of {', '.join(HEADS)}"),
     ]
     for ok, message in checks:
         if not ok:

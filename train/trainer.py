@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -108,6 +109,16 @@ def resolve_precision(amp: str, device: torch.device) -> Precision:
     return Precision(torch.bfloat16 if amp == "bf16" else torch.float16, device.type)
 
 
+def resolve_head(head: str, method: type[Method]) -> str:
+    """The classifier head to build: ``auto`` -> the method's required head, else ``linear``; an explicit head
+    that the method cannot train with is a ``ValueError``."""
+    if head == "auto":
+        return method.required_head or "linear"
+    if method.required_head and head != method.required_head:
+        raise ValueError(f"method {method.name!r} needs --head {method.required_head} (got --head {head})")
+    return head
+
+
 def make_run_name(cfg: TrainConfig, dataset_name: str) -> str:
     """``DATA-METHOD-ARCH-YYYYmmdd-HHMMSS``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -162,26 +173,37 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
         num_classes = len(self.classes)
-        self.model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv).to(self.device)
+        method_cls = get_method(cfg.method)
+        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
+        self.head = resolve_head(cfg.head, method_cls)
+        self.model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=self.head)
+        self.model = self.model.to(self.device)
         self.model.set_trainable_scope(cfg.trainable)
         if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        method_cls = get_method(cfg.method)
-        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
+        # Training stages (one for most methods): each starts from the previous stage's best weights.
+        self.stage_plan = method_cls.stage_epochs(self.hparams, cfg.epochs)
+        self.total_epochs = cfg.linear_init + sum(self.stage_plan)
         ctx = MethodContext(
             num_classes=num_classes,
             num_train=len(self.splits.train),
             train_observed=torch.from_numpy(self.splits.train_observed.astype(np.float32)),
             expected_positives=float(self.splits.train.labels.sum(1).mean()),
-            epochs=cfg.linear_init + cfg.epochs,  # epoch numbers given to on_epoch_end count both phases
+            epochs=self.total_epochs,  # epoch numbers given to on_epoch_end count every phase and stage
             dataset=self.dataset.name,
+            batch_size=cfg.batch_size,
+            feature_width=self.model.num_features,
         )
         self.method: Method = method_cls(ctx, self.hparams).to(self.device)
 
         mean, std = IMAGENET_MEAN, IMAGENET_STD
         self.eval_transform = EvalTransform(cfg.image_size, mean, std)
+        views = self.method.extra_views(cfg.image_size, mean, std)
+        if views and cfg.linear_init:
+            raise ValueError(f"--linear-init trains on cached features of one fixed view; {cfg.method} trains on "
+                             f"extra augmented views ({', '.join(views)}), so it cannot use --linear-init")
         self.train_set = ImageLabelDataset(self.splits.train, TrainTransform(cfg.image_size, mean, std),
-                                           self.splits.train_observed)
+                                           self.splits.train_observed, views=views)
         self.loader_generator = torch.Generator()
         self.train_loader = DataLoader(
             self.train_set, batch_size=cfg.batch_size, shuffle=True, generator=self.loader_generator,
@@ -190,22 +212,39 @@ class Trainer:
         )
         self.val_loader = self._eval_loader(ImageLabelDataset(self.splits.val, self.eval_transform))
 
-        params = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
-        params += self.method.param_groups(cfg.lr)
-        self.optimizer = self._make_optimizer(params)
         self.steps_per_epoch = len(self.train_loader)
-        self.scheduler = self._make_scheduler()
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.dtype == torch.float16)
-        self.ema = self._make_ema() if cfg.ema > 0 else None
+        self._fresh_optimisation(stage=1)
         self.start_epoch = 1
         self.best_map = -math.inf
         self.best_epoch = 0
+        self.stage_history: list[dict[str, Any]] = []  # best epoch and val mAP of each finished stage
         self.linear: LinearPhase | None = None
         self._linear_resume: dict[str, Any] | None = None
         if resume:
             self._load_resume_state()
 
     # ----------------------------------------------------------------- construction helpers
+    def _fresh_optimisation(self, stage: int) -> None:
+        """A new optimiser, schedule (over ``stage``'s epochs), grad scaler and EMA."""
+        params = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
+        params += self.method.param_groups(self.cfg.lr)
+        self.optimizer = self._make_optimizer(params)
+        self.scheduler = self._make_scheduler(self.stage_plan[stage - 1])
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.dtype == torch.float16)
+        self.ema = self._make_ema() if self.cfg.ema > 0 else None
+
+    def stage_of(self, epoch: int) -> int:
+        """The training stage (1-based) of ``epoch``; LinearInit epochs count as stage 1."""
+        end = self.cfg.linear_init
+        for stage, epochs in enumerate(self.stage_plan, start=1):
+            end += epochs
+            if epoch <= end:
+                return stage
+        return len(self.stage_plan)
+
+    def _last_epoch_of_stage(self, stage: int) -> int:
+        return self.cfg.linear_init + sum(self.stage_plan[:stage])
+
     def _make_ema(self) -> AveragedModel:
         return AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(self.cfg.ema), use_buffers=True)
 
@@ -223,8 +262,8 @@ class Trainer:
             return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, nesterov=True)
         raise ValueError(f"unknown optimizer {c.optimizer!r}")
 
-    def _make_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
-        total = self.cfg.epochs * self.steps_per_epoch
+    def _make_scheduler(self, epochs: int) -> torch.optim.lr_scheduler.LRScheduler | None:
+        total = epochs * self.steps_per_epoch
         if self.cfg.scheduler == "none" or total == 0:
             return None
         if self.cfg.scheduler == "onecycle":
@@ -239,6 +278,7 @@ class Trainer:
         """The checkpoint metadata for the current model."""
         return ModelMeta(
             classes=list(self.classes), arch=self.cfg.arch, image_size=self.cfg.image_size, lgconv=self.cfg.lgconv,
+            head=self.model.head_meta(),
             method=self.cfg.method, method_hparams=self.method.hparams_dict(),
             data={
                 "name": self.dataset.name, "source": self.dataset.source, "fingerprint": self.splits.fingerprint,
@@ -259,6 +299,7 @@ class Trainer:
             "ema": self.ema.state_dict() if self.ema else None,
             "method": self.method.state_dict(),
             "rng": capture_rng(),
+            "stage_history": self.stage_history,
         }
         if self.linear is not None:
             training["linear"] = self.linear.state_dict()
@@ -273,6 +314,11 @@ class Trainer:
             raise ValueError(f"{path}: the dataset changed since this run started (fingerprint "
                              f"{ckpt.meta.data.get('fingerprint')} != {self.splits.fingerprint})")
         t = ckpt.training
+        self.start_epoch = int(t["epoch"]) + 1
+        stage = self.stage_of(min(self.start_epoch, self.total_epochs))
+        if stage > 1:  # the saved optimiser, schedule and EMA belong to a later stage
+            self._fresh_optimisation(stage)
+        self.stage_history = list(t.get("stage_history", []))
         self.model.load_state_dict(ckpt.model)
         self.method.load_state_dict(t["method"])
         self.optimizer.load_state_dict(t["optimizer"])
@@ -283,7 +329,6 @@ class Trainer:
             self.ema.load_state_dict(t["ema"])
         restore_rng(t["rng"])
         self._linear_resume = t.get("linear")
-        self.start_epoch = int(t["epoch"]) + 1
         self.best_map = float(t["best_map"])
         self.best_epoch = int(t["best_epoch"])
         # Drop metric lines of epochs that ran after this checkpoint (they will run again).
@@ -292,14 +337,16 @@ class Trainer:
             lines = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
             kept = [ln for ln in lines if json.loads(ln).get("epoch", 0) < self.start_epoch]
             metrics.write_text("".join(ln + "\n" for ln in kept))
-        log(f"resuming {self.run_dir} at epoch {self.start_epoch}/{self.cfg.linear_init + self.cfg.epochs} "
+        log(f"resuming {self.run_dir} at epoch {self.start_epoch}/{self.total_epochs} "
             f"(best val mAP so far {self.best_map:.2f} at epoch {self.best_epoch})")
 
     # ----------------------------------------------------------------- training
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         if self.channels_last:
-            out["images"] = out["images"].contiguous(memory_format=torch.channels_last)
+            for key in out:
+                if key.startswith("images"):
+                    out[key] = out[key].contiguous(memory_format=torch.channels_last)
         return out
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> LossOutput:
@@ -330,7 +377,7 @@ class Trainer:
         self.loader_generator.manual_seed(self.cfg.seed * 1_000_003 + epoch)
         sums: dict[str, float] = {}
         seen, start = 0, time.perf_counter()
-        bar = tqdm(self.train_loader, desc=f"epoch {epoch}/{self.cfg.linear_init + self.cfg.epochs}", leave=False,
+        bar = tqdm(self.train_loader, desc=f"epoch {epoch}/{self.total_epochs}", leave=False,
                    disable=not self.cfg.progress, file=sys.stderr, unit="batch")
         for step, raw in enumerate(bar):
             batch = self._to_device(raw)
@@ -382,7 +429,10 @@ class Trainer:
         if self.start_epoch == 1:
             log(f"run {self.run_dir}: {cfg.method} on {self.dataset.name} ({self.splits.summary()}), {cfg.arch} "
                 f"@{cfg.image_size}px, {self.device}" + (f", {self.precision.dtype}" if self.precision.dtype else ""))
-        total_epochs = cfg.linear_init + cfg.epochs
+        total_epochs = self.total_epochs
+        if self.start_epoch == 1 and len(self.stage_plan) > 1:
+            log(f"{cfg.method} trains in {len(self.stage_plan)} stages of {', '.join(map(str, self.stage_plan))} "
+                "epochs; each stage starts from the previous stage's best weights")
         if self.start_epoch <= cfg.linear_init:
             log(f"LinearInit: {cfg.linear_init} epochs on fixed {cfg.arch} features, then {cfg.epochs} end to end")
             self.linear = LinearPhase(self)
@@ -405,7 +455,9 @@ class Trainer:
                 ema_val = self._evaluate_loader(self.ema.module, self.val_loader, "val ema")
                 candidates.append(("ema", self.ema.module, ema_val))
             which, chosen, chosen_val = max(candidates, key=lambda c: _score(c[2]["mAP"]))
-            record = {"epoch": epoch, **{k: round(v, 6) for k, v in stats.items()},
+            stage = self.stage_of(epoch)
+            record = {"epoch": epoch, **({"stage": stage} if len(self.stage_plan) > 1 else {}),
+                      **{k: round(v, 6) for k, v in stats.items()},
                       "val_mAP": val["mAP"], "val_OF1": val["OF1"], "val_CF1": val["CF1"]}
             if len(candidates) > 1:
                 record["val_mAP_ema"] = candidates[1][2]["mAP"]
@@ -423,6 +475,8 @@ class Trainer:
                 self.linear = None
                 if self.ema is not None:  # average from the restored weights, not from the random head
                     self.ema = self._make_ema()
+            if stage < len(self.stage_plan) and epoch == self._last_epoch_of_stage(stage):
+                self._next_stage(stage + 1)
             self.save_last(epoch)
             log(f"epoch {epoch}/{total_epochs}{' (linear)' if linear is not None else ''}  loss {stats['loss']:.4f}"
                 f"  val mAP {val['mAP']:.2f}"
@@ -430,6 +484,22 @@ class Trainer:
                 + (f"  {stats['train_images_per_s']:.0f} img/s" if "train_images_per_s" in stats else "")
                 + ("  *best*" if improved else ""))
         return self.finish()
+
+    def _next_stage(self, stage: int) -> None:
+        """End the current stage: keep its best checkpoint as ``best-stageK.pt``, load its best weights, then start
+        ``stage`` with a fresh optimiser, schedule and EMA and its own best-epoch selection."""
+        finished = stage - 1
+        best_path = self.run_dir / BEST
+        shutil.copyfile(best_path, self.run_dir / f"best-stage{finished}.pt")
+        best = load_checkpoint(best_path, map_location=self.device)
+        self.model.load_state_dict(best.model)
+        self.stage_history.append({"stage": finished, "best_epoch": self.best_epoch, "val_mAP": self.best_map,
+                                   "weights": best.meta.metrics.get("weights", "model")})
+        self.method.start_stage(stage)
+        self._fresh_optimisation(stage)
+        self.best_map, self.best_epoch = -math.inf, 0
+        log(f"stage {finished} done (best val mAP {self.stage_history[-1]['val_mAP']:.2f} at epoch "
+            f"{self.stage_history[-1]['best_epoch']}); stage {stage} starts from those weights")
 
     def finish(self) -> dict[str, Any]:
         """Evaluate the best checkpoint on val and test, store the metrics in best.pt, write summary.json."""
@@ -457,6 +527,9 @@ class Trainer:
             "observed": str(self.splits.observed), "arch": self.cfg.arch, "image_size": self.cfg.image_size,
             "epochs": self.cfg.epochs, "best_epoch": self.best_epoch, **metrics,
         }
+        if self.stage_history:
+            summary["stages"] = [*self.stage_history, {"stage": len(self.stage_plan), "best_epoch": self.best_epoch,
+                                                       "val_mAP": self.best_map}]
         (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         line = f"best epoch {self.best_epoch}: val mAP {metrics['val']['mAP']:.2f}"
         if "test" in metrics:

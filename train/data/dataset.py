@@ -15,13 +15,15 @@ from train.data.types import LabelledImages
 
 class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
     """Items are dicts: ``images`` (transformed float tensor), ``observed`` and ``full`` (float (C,) label
-    rows; observed = full when no observed matrix is given) and ``index`` (the row number)."""
+    rows; observed = full when no observed matrix is given) and ``index`` (the row number), plus one entry per
+    extra view (``views``: key -> transform of the same decoded image, e.g. LAC's strong view)."""
 
     def __init__(
         self,
         images: LabelledImages,
         transform: Callable[[torch.Tensor], torch.Tensor],
         observed: np.ndarray | None = None,
+        views: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
     ) -> None:
         self.paths: list[Path] = list(images.paths)
         self.full = torch.from_numpy(images.labels.astype(np.float32))
@@ -29,6 +31,10 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         if self.observed.shape != self.full.shape:
             raise ValueError("observed labels must have the same shape as the full labels")
         self.transform = transform
+        self.views = dict(views or {})
+        clash = set(self.views) & {"images", "observed", "full", "index"}
+        if clash:
+            raise ValueError(f"extra view names clash with batch keys: {sorted(clash)}")
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -39,9 +45,12 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
             image = read_image(path)
         except Exception as exc:
             raise OSError(f"cannot read image {path}: {exc}") from exc
-        return {
+        item = {
             "images": self.transform(image),
             "observed": self.observed[index],
             "full": self.full[index],
             "index": torch.tensor(index, dtype=torch.long),
         }
+        for key, view in self.views.items():
+            item[key] = view(image)
+        return item

@@ -6,7 +6,13 @@ checkpoints through ``state_dict`` and moved to the device with the model) with 
 - :meth:`Method.training_step` - per batch: the loss (the default runs the model and calls :meth:`loss`);
 - :meth:`Method.param_groups` - optional extra optimiser parameter groups (e.g. a label estimator);
 - :meth:`Method.on_epoch_end` - optional step after each training epoch (e.g. pseudo-labelling), given a
-  function that predicts the whole training set.
+  function that predicts the whole training set;
+- :meth:`Method.extra_views` - optional extra augmented views of each training image (e.g. LAC's strong view),
+  added to the batch under their own keys;
+- :meth:`Method.stage_epochs` / :meth:`Method.start_stage` - optional training stages: the trainer runs them
+  one after the other, each starting from the previous stage's best weights with a fresh optimiser, schedule
+  and EMA (LAC's two stages);
+- ``required_head`` - the classifier head the method needs (``"lem"`` for LAC), or None for any.
 
 Hyperparameters are a dataclass per method (``Hparams``); the CLI sets them with ``--hp name=value``, and
 ``presets`` holds per-dataset published values. Adding a method = one file with a ``@register`` class plus
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -51,8 +57,10 @@ class MethodContext:
     num_train: int
     train_observed: torch.Tensor  # (N_train, C) float 0/1: the observed labels of the training set
     expected_positives: float  # k: mean number of positives per training image (Cole's lookup)
-    epochs: int
+    epochs: int  # all training epochs of the run (LinearInit + every stage)
     dataset: str = ""  # dataset name, used to pick a preset
+    batch_size: int = 32  # training batch size (sizes per-batch buffers such as LAC's queue)
+    feature_width: int = 0  # width of the model's features / per-class embeddings (sizes projectors)
 
 
 @dataclass
@@ -88,6 +96,7 @@ class Method(nn.Module):
     Hparams: ClassVar[type[MethodHparams]] = MethodHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     uses_full_labels: ClassVar[bool] = False  # oracle methods train on the annotated labels
+    required_head: ClassVar[str | None] = None  # a classifier head the method needs (models.resnet.HEADS)
     description: ClassVar[str] = ""
 
     def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
@@ -115,6 +124,20 @@ class Method(nn.Module):
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
         """Called after each training epoch; returns values to log (default: nothing)."""
         return {}
+
+    def extra_views(self, image_size: int, mean: Sequence[float],
+                    std: Sequence[float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        """Extra training views: batch key -> transform of the decoded ``uint8 (3, H, W)`` image to a model
+        input (default: none; the batch's ``images`` always holds the standard training view)."""
+        return {}
+
+    @classmethod
+    def stage_epochs(cls, hparams: MethodHparams, epochs: int) -> list[int]:
+        """Epochs of each training stage given the hyperparameters and ``--epochs`` (default: one stage)."""
+        return [epochs]
+
+    def start_stage(self, stage: int) -> None:
+        """Called when stage ``stage`` (2, 3, ...) starts, after the previous stage's best weights are loaded."""
 
     def hparams_dict(self) -> dict[str, Any]:
         """The hyperparameters as a JSON-able dict (stored in checkpoints)."""

@@ -1,0 +1,69 @@
+"""Training-only augmentations beyond the papers' flip: LAC's strong view (METHODS.md section 4.2).
+
+All steps work on ``uint8 (3, H, W)`` tensors with torchvision's v2 transforms, then the image is normalised
+like every other model input. The reference uses pypi ``randaugment`` (a random pair of 15 ops, each applied
+with probability 0.5 at a random magnitude level 1-9); here torchvision's RandAugment op set is drawn the same
+way (two draws, each applied with p = 0.5, each with its own random level 1-9 of 10), which avoids the extra
+dependency. Unlike the public LAC code, inputs are normalised with the model's mean/std so the strong view
+matches what evaluation and serving feed the network.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+from torchvision.transforms import v2
+
+from models.preprocess import normalize, resize_uint8
+
+
+def cutout(image: torch.Tensor, factor: float = 0.5) -> torch.Tensor:
+    """Paint one ``factor``-sized rectangle of a random colour at a random centre (clipped at the border) onto a
+    ``uint8 (3, H, W)`` image; returns a new tensor (CutoutPIL of the LAC/Query2Label code)."""
+    _, h, w = image.shape
+    ch, cw = int(factor * h + 0.5), int(factor * w + 0.5)
+    yc, xc = random.randrange(h), random.randrange(w)
+    y1, y2 = max(0, yc - ch // 2), min(h, yc + ch // 2)
+    x1, x2 = max(0, xc - cw // 2), min(w, xc + cw // 2)
+    out = image.clone()
+    colour = torch.tensor([random.randrange(256) for _ in range(3)], dtype=image.dtype)
+    out[:, y1:y2, x1:x2] = colour[:, None, None]
+    return out
+
+
+class RandomPairAugment:
+    """Two RandAugment draws, each applied with probability ``p`` at a random level in ``[1, max_level]``."""
+
+    def __init__(self, draws: int = 2, p: float = 0.5, max_level: int = 9, levels: int = 10) -> None:
+        self.draws, self.p, self.max_level, self.levels = draws, p, max_level, levels
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.draws):
+            if random.random() < self.p:
+                level = random.randint(1, self.max_level)
+                image = v2.RandAugment(num_ops=1, magnitude=level, num_magnitude_bins=self.levels)(image)
+        return image
+
+
+class StrongTransform:
+    """LAC's strong view: resize, random flip, cutout (0.5, random colour), random-pair RandAugment,
+    ColorJitter(0.4, 0.4, 0.4, 0.1) with p = 0.8, RandomGrayscale(0.2), then normalise.
+    ``uint8 (3, H, W)`` in, ``float32 (3, S, S)`` out."""
+
+    def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.image_size = int(image_size)
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.randaugment = RandomPairAugment()
+        self.colour = v2.Compose([
+            v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+            v2.RandomGrayscale(p=0.2),
+        ])
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        x = resize_uint8(image, self.image_size)
+        if random.random() < 0.5:
+            x = x.flip(-1)
+        x = self.colour(self.randaugment(cutout(x)))
+        return normalize(x, self.mean, self.std)

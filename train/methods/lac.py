@@ -1,0 +1,183 @@
+"""LAC: label-aware global consistency (Xie, Xiao, Huang, NeurIPS 2022; METHODS.md section 4).
+
+Needs the label-wise embedding head (``--head lem``, chosen automatically). Every step runs the weak view
+(the standard training view, ``images``) and the strong view (``images_strong``,
+:class:`train.data.augment.StrongTransform`) through the model in one forward pass of 2N images.
+
+- **Stage 1:** ``L_AN(weak) + plc_weight * L_PLC``. Pseudo-labels ``q = sg(sigmoid(s_weak)) + z`` (so the observed
+  positive has q >= 1); entries with ``q >= delta`` (target 1) or ``q < 1 - delta`` (target 0) supervise the
+  strong view with BCE, normalised by the number of selected entries (reference code: the observed positive is
+  included; an empty selection gives 0 instead of the reference's division by zero).
+- **Stage 2** starts from stage 1's best weights with a fresh optimiser, schedule and EMA and adds
+  ``lac_weight * L_LAC``: every (image, class) pair with target 1 gives two projected, L2-normalised embeddings
+  (weak and strong view) labelled with the class; they are written into a memory queue (older entries detached)
+  and the SupCon loss runs over all valid queue entries, as the reference code does (denominator over every
+  other vector, intra-class pairs included; paper Eq. 7 differs, see METHODS.md).
+- The projector (Linear-ReLU-Linear to ``feat_dim``) exists only for training; it is re-initialised when stage 2
+  starts and is not part of the exported model. It runs in float32 even under autocast (the reference's
+  fp16 contrastive logits are a suspected NaN source).
+- **Queue size:** the reference crashes when one batch selects more pairs than the queue holds (likely on CUB).
+  The queue here holds ``max(queue_size, batch_size * num_classes)`` entries, the most one batch can select, so
+  it cannot overflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train.data.augment import StrongTransform
+from train.methods.base import LossOutput, Method, MethodContext, MethodHparams, register
+
+STRONG = "images_strong"
+
+
+def plc_loss(strong_logits: torch.Tensor, weak_logits: torch.Tensor, observed: torch.Tensor,
+             threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """LAC's pseudo-label consistency: (loss, hard targets). ``q = sigmoid(weak).detach() + z``; entries with
+    ``q >= threshold`` are positives, ``q < 1 - threshold`` negatives; BCE of the strong logits on those entries,
+    summed and divided by their number (0 when none is selected)."""
+    q = torch.sigmoid(weak_logits.detach()) + observed
+    target = (q >= threshold).to(strong_logits.dtype)
+    mask = ((q >= threshold) | (q < 1.0 - threshold)).to(strong_logits.dtype)
+    bce = F.binary_cross_entropy_with_logits(strong_logits, target, reduction="none")
+    return (mask * bce).sum() / mask.sum().clamp(min=1.0), target
+
+
+def supcon_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SupCon over ``features (M, V, d)`` (V views of M items, L2-normalised) with class ``labels (M,)``, as LAC's
+    reference implements it: every one of the M*V vectors is an anchor; its positives are all other vectors of
+    the same label; the softmax denominator runs over all other vectors; the loss is the mean over anchors of
+    minus the mean positive log-probability. 0 for an empty input."""
+    m, views, _ = features.shape
+    if m == 0:
+        return features.sum() * 0.0
+    flat = torch.cat(torch.unbind(features, dim=1), dim=0)  # view-major: all first views, then all second...
+    lab = labels.repeat(views)
+    logits = flat @ flat.T / temperature
+    logits = logits - logits.max(dim=1, keepdim=True).values.detach()
+    not_self = ~torch.eye(m * views, dtype=torch.bool, device=flat.device)
+    positive = (lab[:, None] == lab[None, :]) & not_self
+    denominator = torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
+    log_prob = logits - denominator
+    pos = positive.to(flat.dtype)
+    mean_pos = (pos * log_prob).sum(1) / pos.sum(1).clamp(min=1.0)
+    return -mean_pos.mean()
+
+
+@dataclass
+class LacHparams(MethodHparams):
+    """``threshold_stage1`` / ``threshold_stage2``: PLC's delta per stage; ``plc_weight`` / ``lac_weight``: loss
+    weights (0 switches a term off); ``temperature``: SupCon tau; ``queue_size``: memory queue length K (raised
+    to batch_size * C if smaller, so it cannot overflow); ``feat_dim``: projector output width; ``stages``: 2
+    (the paper) or 1 (stage 1 only: AN + PLC)."""
+
+    threshold_stage1: float = 0.6
+    threshold_stage2: float = 0.9
+    plc_weight: float = 1.0
+    lac_weight: float = 1.0
+    temperature: float = 0.5
+    queue_size: int = 512
+    feat_dim: int = 128
+    stages: int = 2
+
+
+@register
+class LabelAwareConsistency(Method):
+    """AN + pseudo-label consistency (stage 1), + label-aware contrastive queue loss (stage 2)."""
+
+    name = "lac"
+    Hparams = LacHparams
+    required_head = "lem"
+    # Only CUB's stage-1 threshold is published (author's config in the reference repo's issue #2); the other
+    # values are the README's COCO defaults, used for every dataset.
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"cub": {"threshold_stage1": 0.5}}
+    description = "LAC: weak/strong pseudo-label consistency, then a label-aware contrastive queue (2 stages)"
+
+    def __init__(self, ctx: MethodContext, hparams: LacHparams) -> None:
+        super().__init__(ctx, hparams)
+        if hparams.stages not in (1, 2):
+            raise ValueError(f"lac: stages must be 1 or 2, got {hparams.stages}")
+        if not 0.5 <= hparams.threshold_stage1 <= 1.0 or not 0.5 <= hparams.threshold_stage2 <= 1.0:
+            raise ValueError("lac: thresholds must be in [0.5, 1] (q >= delta and q < 1 - delta must not overlap)")
+        if hparams.temperature <= 0:
+            raise ValueError("lac: temperature must be > 0")
+        width = ctx.feature_width or 512
+        self.projector = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, hparams.feat_dim))
+        capacity = max(hparams.queue_size, ctx.batch_size * ctx.num_classes)
+        self.register_buffer("stage", torch.tensor(1, dtype=torch.long))
+        self.register_buffer("queue", torch.zeros(capacity, 2, hparams.feat_dim))
+        self.register_buffer("queue_labels", torch.full((capacity,), -1, dtype=torch.long))  # -1: empty slot
+        self.register_buffer("queue_ptr", torch.tensor(0, dtype=torch.long))
+
+    # ----------------------------------------------------------------- hooks
+    def extra_views(self, image_size: int, mean: Sequence[float],
+                    std: Sequence[float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        return {STRONG: StrongTransform(image_size, mean, std)}
+
+    @classmethod
+    def stage_epochs(cls, hparams: MethodHparams, epochs: int) -> list[int]:
+        assert isinstance(hparams, LacHparams)
+        return [epochs] * hparams.stages  # the paper trains both stages for the same number of epochs (40)
+
+    def start_stage(self, stage: int) -> None:
+        self.stage.fill_(stage)
+        for layer in self.projector:  # the reference builds a fresh projector for stage 2
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
+        self.queue.zero_()
+        self.queue_labels.fill_(-1)
+        self.queue_ptr.zero_()
+
+    def param_groups(self, lr: float) -> list[dict[str, Any]]:
+        return [{"params": list(self.projector.parameters())}]
+
+    # ----------------------------------------------------------------- loss
+    @property
+    def threshold(self) -> float:
+        """PLC's delta in the current stage."""
+        return self.hp.threshold_stage2 if int(self.stage) >= 2 else self.hp.threshold_stage1
+
+    def _enqueue(self, feats: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this batch's items (with gradients) at the queue pointer (wrapping to 0 when they do not fit);
+        returns the valid queue entries for the loss, the batch's items still carrying their gradients."""
+        count, capacity = feats.shape[0], self.queue.shape[0]
+        ptr = int(self.queue_ptr)
+        if ptr + count >= capacity:
+            ptr = 0
+        queue = self.queue.detach().clone()
+        labels_all = self.queue_labels.clone()
+        labels_all[ptr:ptr + count] = labels
+        live = torch.cat([queue[:ptr], feats, queue[ptr + count:]])
+        self.queue[ptr:ptr + count] = feats.detach()
+        self.queue_labels[ptr:ptr + count] = labels
+        self.queue_ptr.fill_(ptr + count)
+        valid = labels_all >= 0
+        return live[valid], labels_all[valid]
+
+    def training_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        weak, strong = batch["images"], batch[STRONG]
+        n = weak.shape[0]
+        logits, embeddings = model.forward_embeddings(torch.cat([weak, strong]))
+        logits = logits.float()
+        z = self.targets(batch)
+        an = F.binary_cross_entropy_with_logits(logits[:n], z)
+        plc, target = plc_loss(logits[n:], logits[:n], z, self.threshold)
+        loss = an + self.hp.plc_weight * plc
+        logs = {"an": float(an.detach()), "plc": float(plc.detach()),
+                "plc_positives_per_image": float(target.sum() / n)}
+        if int(self.stage) >= 2 and self.hp.lac_weight > 0:
+            rows, cols = torch.nonzero(target > 0.5, as_tuple=True)
+            with torch.autocast(embeddings.device.type, enabled=False):
+                pairs = torch.stack([embeddings[rows, cols].float(), embeddings[n + rows, cols].float()], dim=1)
+                projected = F.normalize(self.projector(pairs), dim=-1)
+                feats, labels = self._enqueue(projected, cols)
+                lac = supcon_loss(feats, labels, self.hp.temperature)
+            loss = loss + self.hp.lac_weight * lac
+            logs.update(lac=float(lac.detach()), queue_entries=float(labels.numel()))
+        return LossOutput(loss, logs)
