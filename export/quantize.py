@@ -481,12 +481,30 @@ def _name_nodes(model: onnx.ModelProto) -> None:
             used.add(name)
 
 
-def head_node_names(model: onnx.ModelProto) -> list[str]:
-    """Names of the classifier head: the ``Gemm`` / ``MatMul`` nodes nearest the graph outputs.
+def _head_namespace_nodes(model: onnx.ModelProto, any_op: bool = False) -> list[str]:
+    """Gemm/MatMul nodes (every node with ``any_op``) that torch's dynamo exporter tagged as inside the
+    network's ``head`` module (its ``namespace`` node metadata); empty when the graph carries no metadata."""
+    found = []
+    for node in model.graph.node:
+        if not any_op and node.op_type not in HEAD_OP_TYPES:
+            continue
+        namespace = next((p.value for p in node.metadata_props if p.key == "namespace"), "")
+        if "/head:" in namespace or "/head." in namespace:
+            found.append(node.name)
+    return found
 
-    Walks back from each output through the producing nodes and stops at the first Gemm/MatMul (recorded)
-    or Conv (not recorded) on every path.
+
+def head_node_names(model: onnx.ModelProto) -> list[str]:
+    """Names of the classifier head's ``Gemm`` / ``MatMul`` nodes.
+
+    Every one of them when the exporter's node metadata says which nodes belong to the ``head`` module (the
+    linear head's one Gemm, or all of the label-wise embedding head's transformer). Otherwise: walks back from
+    each output through the producing nodes and stops at the first Gemm/MatMul (recorded) or Conv (not
+    recorded) on every path.
     """
+    tagged = _head_namespace_nodes(model)
+    if tagged:
+        return tagged
     producers = {out: node for node in model.graph.node for out in node.output}
     found: list[str] = []
     seen: set[int] = set()
@@ -608,7 +626,12 @@ def quantize_int8(
             raise ConversionError(f"quant_pre_process failed on {src}: {type(exc).__name__}: {exc}") from exc
         pre = onnx.load(str(pre_path))
         _name_nodes(pre)
-        head = head_node_names(pre)
+        # the pre-processing drops the exporter's node metadata but keeps node names: find the head on the
+        # original graph, fall back to the output walk on the pre-processed one
+        # Every node of the head is excluded, not only its Gemm/MatMul: the label-wise embedding head's
+        # transformer would otherwise get Q/DQ pairs on its Add/Reshape/Transpose activations.
+        in_pre = {n.name for n in pre.graph.node}
+        head = [n for n in _head_namespace_nodes(model, any_op=True) if n in in_pre] or head_node_names(pre)
         if keep_head_float and not head:
             raise ConversionError(f"{src}: no final Gemm/MatMul found to keep in float (keep_head_float=True)")
         onnx.save_model(pre, str(pre_path))

@@ -254,6 +254,22 @@ def test_two_stages_resume_inside_stage_two_and_export(builtin_cache: Path, tmp_
     got = ort.InferenceSession(str(run / "export" / "model.onnx")).run(None, {"images": x.numpy()})[0]
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
+    # INT8 keeps the whole transformer head in float: no activation produced inside the head is quantized
+    import onnx
+
+    from export.quantize import _head_namespace_nodes, load_fp32_model, quantize_int8
+
+    fp32, _ = load_fp32_model(run / "export" / "model.onnx")
+    head = set(_head_namespace_nodes(fp32, any_op=True))
+    assert len(head) > 50  # the encoder/decoder layers, not only the final classifier
+    calibration = np.random.default_rng(0).standard_normal((32, 3, 32, 32)).astype(np.float32)
+    quantize_int8(run / "export" / "model.onnx", tmp_path / "q.onnx", calibration)
+    quantized = onnx.load(str(tmp_path / "q.onnx"))
+    producer = {o: n.name for n in quantized.graph.node for o in n.output}
+    quantized_in_head = [n.name for n in quantized.graph.node
+                         if n.op_type == "QuantizeLinear" and producer.get(n.input[0]) in head]
+    assert not quantized_in_head
+
 
 def test_head_and_linear_init_usage_errors(builtin_cache: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
