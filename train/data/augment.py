@@ -5,7 +5,9 @@ like every other model input. The reference uses pypi ``randaugment`` (a random 
 with probability 0.5 at a random magnitude level 1-9); here torchvision's RandAugment op set is drawn the same
 way (two draws, each applied with p = 0.5, each with its own random level 1-9 of 10), which avoids the extra
 dependency. Unlike the public LAC code, inputs are normalised with the model's mean/std so the strong view
-matches what evaluation and serving feed the network.
+matches what evaluation and serving feed the network, and the strong view is resized to S x S like the weak
+one (the reference's strong view resizes only the shorter side, which cannot be batched with the weak view
+for non-square images).
 """
 
 from __future__ import annotations

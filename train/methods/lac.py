@@ -19,6 +19,11 @@ Needs the label-wise embedding head (``--head lem``, chosen automatically). Ever
 - **Queue size:** the reference crashes when one batch selects more pairs than the queue holds (likely on CUB).
   The queue here holds ``max(queue_size, batch_size * num_classes)`` entries, the most one batch can select, so
   it cannot overflow.
+
+Not reproduced from the reference: FrozenBatchNorm everywhere and a frozen stem + layer1 (both only make sense
+with ImageNet weights; ``--trainable`` and the backbone's BatchNorms are the package's), and the reference's
+optimisation (AdamW wd 1e-2, OneCycle at 1e-4, EMA 0.9997, 40 + 40 epochs), which is set with the trainer's
+flags (``--optimizer adamw --weight-decay 0.01 --lr 1e-4 --ema 0.9997 --epochs 40``).
 """
 
 from __future__ import annotations
