@@ -189,6 +189,14 @@ def _check_inputs(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
     return p, y.astype(bool)
 
 
+def _check_names(classes: Sequence[object], num_classes: int) -> list[str]:
+    """The class names as strings; ``ValueError`` unless there is one per class."""
+    names = [str(c) for c in classes]
+    if len(names) != num_classes:
+        raise ValueError(f"got {len(names)} class names for {num_classes} classes")
+    return names
+
+
 def _check_thresholds(thresholds: Any, num_classes: int) -> np.ndarray:
     t = np.asarray(thresholds, dtype=np.float64)
     if t.ndim == 0:
@@ -351,9 +359,7 @@ def calibration_report(
     p, y = _check_inputs(probs, labels)
     num_classes = p.shape[1]
     t = _check_thresholds(thresholds, num_classes)
-    names = [str(c) for c in classes]
-    if len(names) != num_classes:
-        raise ValueError(f"got {len(names)} class names for {num_classes} classes")
+    names = _check_names(classes, num_classes)
     if rules is not None and len(rules) != num_classes:
         raise ValueError(f"got {len(rules)} rules for {num_classes} classes")
     base = np.full(num_classes, DEFAULT_THRESHOLD)
@@ -429,9 +435,7 @@ def plot_pr_curves(
     p, y = _check_inputs(probs, labels)
     num_classes = p.shape[1]
     t = _check_thresholds(thresholds, num_classes)
-    names = [str(c) for c in classes]
-    if len(names) != num_classes:
-        raise ValueError(f"got {len(names)} class names for {num_classes} classes")
+    names = _check_names(classes, num_classes)
     try:
         from matplotlib.figure import Figure
     except ImportError:

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from interrupt import interrupt_after_saves
 
 from models import load_checkpoint
 from models.label_embedding import LabelEmbeddingConfig, sine_position_encoding
@@ -204,8 +205,6 @@ def test_hyperparameter_checks_and_cub_preset() -> None:
 def test_two_stages_resume_inside_stage_two_and_export(builtin_cache: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """lac with 2 epochs per stage: a kill after epoch 3 (inside stage 2, queue filled) resumes exactly."""
-    from train.trainer import Trainer
-
     args = [*FAST, "--method", "lac", "--epochs", "2", "--ema", "0.5", "--runs-dir", str(tmp_path)]
     assert main([*args, "--name", "straight"]) == 0
     run = tmp_path / "straight"
@@ -218,21 +217,12 @@ def test_two_stages_resume_inside_stage_two_and_export(builtin_cache: Path, tmp_
     best1 = load_checkpoint(run / "best-stage1.pt")
     assert best1.meta.epoch in (1, 2) and best1.meta.head["kind"] == "lem"
 
-    calls = {"n": 0}
-    original = Trainer.save_last
-
-    def save_then_die(self: Trainer, epoch: int) -> None:
-        original(self, epoch)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_last", save_then_die)
+    interrupt_after_saves(monkeypatch, saves=3)
     assert main([*args, "--name", "resumed"]) == 130
     state = load_checkpoint(tmp_path / "resumed" / "last.pt").training
     assert state["epoch"] == 3 and int(state["method"]["stage"]) == 2
     assert int((state["method"]["queue_labels"] >= 0).sum()) > 0
-    monkeypatch.setattr(Trainer, "save_last", original)
+    monkeypatch.undo()
     assert main(["--resume", str(tmp_path / "resumed")]) == 0
     a = load_checkpoint(run / "last.pt")
     b = load_checkpoint(tmp_path / "resumed" / "last.pt")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from interrupt import interrupt_after_saves
 
 from models import load_checkpoint
 from train.__main__ import main
@@ -27,20 +28,6 @@ def _cfg(tmp_path: Path, **kw: object) -> TrainConfig:
             "progress": False, "runs_dir": str(tmp_path)}
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
-
-
-def interrupt_after_first_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the trainer raise KeyboardInterrupt right after it saved last.pt for the first time (a kill)."""
-    calls = {"n": 0}
-    original = Trainer.save_last
-
-    def save_then_die(self: Trainer, epoch: int) -> None:
-        original(self, epoch)
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_last", save_then_die)
 
 
 def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
@@ -67,7 +54,7 @@ def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypat
     straight = Trainer(_cfg(tmp_path, name="straight", workers=workers, ema=0.5, method=method))
     straight.fit()
 
-    interrupt_after_first_epoch(monkeypatch)
+    interrupt_after_saves(monkeypatch)
     assert main([*FAST, "--epochs", "2", "--workers", str(workers), "--ema", "0.5", "--method", method,
                  "--runs-dir", str(tmp_path), "--name", "resumed"]) == 130
     assert load_checkpoint(tmp_path / "resumed" / "last.pt").training["epoch"] == 1
@@ -210,7 +197,7 @@ def test_linear_init_resume_inside_phase_one(builtin_cache: Path, tmp_path: Path
     args = [*FAST, "--method", "role", "--linear-init", "2", "--epochs", "1", "--workers", "0",
             "--runs-dir", str(tmp_path)]
     assert main([*args, "--name", "straight"]) == 0
-    interrupt_after_first_epoch(monkeypatch)
+    interrupt_after_saves(monkeypatch)
     assert main([*args, "--name", "resumed"]) == 130
     assert "linear" in load_checkpoint(tmp_path / "resumed" / "last.pt").training
     assert main(["--resume", str(tmp_path / "resumed")]) == 0

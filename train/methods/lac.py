@@ -155,15 +155,12 @@ class LabelAwareConsistency(Method):
         ptr = int(self.queue_ptr)
         if ptr + count >= capacity:
             ptr = 0
-        queue = self.queue.detach().clone()
-        labels_all = self.queue_labels.clone()
-        labels_all[ptr:ptr + count] = labels
-        live = torch.cat([queue[:ptr], feats, queue[ptr + count:]])
+        live = torch.cat([self.queue[:ptr], feats, self.queue[ptr + count:]])  # a copy: the writes below keep it
         self.queue[ptr:ptr + count] = feats.detach()
         self.queue_labels[ptr:ptr + count] = labels
         self.queue_ptr.fill_(ptr + count)
-        valid = labels_all >= 0
-        return live[valid], labels_all[valid]
+        valid = self.queue_labels >= 0
+        return live[valid], self.queue_labels[valid]
 
     def training_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         weak, strong = batch["images"], batch[STRONG]
