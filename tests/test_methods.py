@@ -3,12 +3,15 @@ numerical safety, and the state methods keep."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
+from train.config import TrainConfig, build_parser, config_from_args, validate
 from train.methods import METHODS, EpochEndContext, MethodContext, get_method, make_hparams
 from train.methods.base import dataset_family
 
@@ -212,6 +215,50 @@ def test_presets_follow_the_dataset_family() -> None:
     assert make_hparams(METHODS["wan"], {"gamma": "none"}).gamma is None
     with pytest.raises(ValueError, match="--hp warmup_epochs=x"):
         make_hparams(METHODS["em-apl"], {"warmup_epochs": "x"})
+
+
+def paper_config(tmp_path: Path, *argv: str) -> TrainConfig:
+    """The config ``python -m train --preset paper ARGV`` resolves to."""
+    return config_from_args(build_parser().parse_args(["--preset", "paper", "--runs-dir", str(tmp_path), *argv]))
+
+
+def test_paper_preset_adds_each_methods_published_settings_per_dataset(tmp_path: Path) -> None:
+    voc = tmp_path / "VOCdevkit" / "VOC2012"
+    for sub in ("Annotations", "ImageSets/Main", "JPEGImages"):
+        (voc / sub).mkdir(parents=True)
+    cub = tmp_path / "cub_200"
+    cub.mkdir()
+    (cub / "labels.csv").write_text("image,labels\n")
+    em_voc = paper_config(tmp_path, "--method", "em", "--data", f"voc:{tmp_path / 'VOCdevkit'}")
+    assert (em_voc.batch_size, em_voc.lr, em_voc.epochs, em_voc.scheduler) == (8, 1e-5, 10, "none")
+    em_coco = paper_config(tmp_path, "--method", "em-apl", "--data", "coco:/nowhere")
+    assert (em_coco.batch_size, em_coco.lr) == (16, 1e-5)
+    em_cub = paper_config(tmp_path, "--method", "em", "--data", str(cub))  # a bare path, family from its name
+    assert (em_cub.batch_size, em_cub.lr) == (8, 1e-4)
+    em_bare_voc = paper_config(tmp_path, "--method", "em", "--data", str(tmp_path / "VOCdevkit"))
+    assert em_bare_voc.batch_size == 8
+    lac = paper_config(tmp_path, "--method", "lac", "--data", "csv:/anything/else.csv")  # "*": every dataset
+    assert (lac.optimizer, lac.weight_decay, lac.lr, lac.ema, lac.batch_size, lac.epochs) == (
+        "adamw", 1e-2, 1e-4, 0.9997, 32, 40)
+    pu = paper_config(tmp_path, "--method", "pu-mlc", "--data", "coco:/nowhere")
+    assert (pu.batch_size, pu.lr, pu.ema, pu.epochs, pu.weight_decay, pu.trainable) == (
+        70, 1e-4, 0.9997, 40, 1e-4, "pu-mlc")
+    assert paper_config(tmp_path, "--method", "pu-mlc", "--data", "voc:/x").batch_size == 90
+    assert paper_config(tmp_path, "--method", "pu-mlc", "--data", "builtin").batch_size == 8  # no family entry
+    flags_win = paper_config(tmp_path, "--method", "em", "--data", "voc:/x", "--lr", "3e-4", "--batch-size", "4")
+    assert (flags_win.batch_size, flags_win.lr) == (4, 3e-4)
+    an = paper_config(tmp_path, "--method", "an", "--data", "voc:/x")  # Cole et al. publish only a grid
+    assert (an.batch_size, an.lr) == (8, 1e-5)
+    without_preset = config_from_args(build_parser().parse_args(["--method", "em", "--data", "voc:/x"]))
+    assert without_preset.lr == TrainConfig().lr  # published settings only come with --preset paper
+
+
+def test_paper_settings_name_real_config_fields() -> None:
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    for cls in METHODS.values():
+        for family, settings in cls.paper_settings.items():
+            assert set(settings) <= fields, (cls.name, family)
+            validate(dataclasses.replace(TrainConfig(), **settings))
 
 
 def zlpr(s: list[float], pos: list[int]) -> float:

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from train.config import TrainConfig, build_parser, config_from_args
+from train.config import TrainConfig, build_parser, config_from_args, paper_settings
 from train.data.types import DataError
 from train.runs import default_runs_dir
 
@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         else:
             cfg = config_from_args(args)
+            published = paper_settings(cfg.method, cfg.data) if args.preset == "paper" else {}
+            if published:
+                listed = ", ".join(f"{key}={value}" for key, value in published.items())
+                print(f"--preset paper: {cfg.method}'s published settings for this dataset: {listed} "
+                      "(explicit flags win)")
             trainer = Trainer(cfg)
         trainer.fit()
     except KeyboardInterrupt:

@@ -133,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"weights). Default: {d.trainable}")
     g = p.add_argument_group("optimisation")
     g.add_argument("--preset", choices=sorted(PRESETS), help="bundle of defaults: cpu (built-in data on a "
-                   "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs)")
+                   "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs, "
+                   "then the method's published settings for the dataset: em/em-apl batch and lr per "
+                   "dataset, lac AdamW + OneCycle 1e-4 + EMA for 40 epochs per stage, pu-mlc's README "
+                   "commands for voc/coco)")
     g.add_argument("--epochs", type=int, help=f"Default: {d.epochs}")
     g.add_argument("--batch-size", type=int, help=f"Default: {d.batch_size}")
     g.add_argument("--eval-batch-size", type=int, help=f"Default: {d.eval_batch_size}")
@@ -168,9 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def paper_settings(method: str, data: str) -> dict[str, Any]:
+    """The published optimisation settings of ``method`` for the dataset family of spec ``data`` (what
+    ``--preset paper`` adds for that pair; empty when the method's papers publish none)."""
+    from train.data.registry import spec_dataset_name
+    from train.methods import get_method
+    from train.methods.base import paper_settings_for
+
+    return paper_settings_for(get_method(method), spec_dataset_name(data))
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Resolve defaults < preset < explicit flags into a validated :class:`TrainConfig`."""
+    """Resolve defaults < preset < the method's published settings for the dataset (``--preset paper``
+    only) < explicit flags into a validated :class:`TrainConfig`."""
     values: dict[str, Any] = dict(PRESETS[args.preset]) if args.preset else {}
+    if args.preset == "paper":
+        defaults = TrainConfig()
+        values.update(paper_settings(args.method or defaults.method, args.data or defaults.data))
     for f in dataclasses.fields(TrainConfig):
         given = getattr(args, f.name, None)
         if given is not None:

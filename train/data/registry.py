@@ -16,7 +16,8 @@ from train.data.csv_format import CSV_FILENAME, load_csv
 from train.data.types import DataError, DatasetSplits
 from train.data.voc import find_voc_dirs, load_voc
 
-__all__ = ["DATASET_KINDS", "describe_kinds", "detect_kind", "load_dataset", "parse_builtin_argument"]
+__all__ = ["DATASET_KINDS", "describe_kinds", "detect_kind", "load_dataset", "parse_builtin_argument",
+           "spec_dataset_name"]
 
 DEFAULT_PRESET = "default"
 _BUILTIN_ARG = re.compile(r"^(?P<preset>[A-Za-z0-9_.-]*)(?:@seed(?P<seed>\d+))?$")
@@ -116,6 +117,29 @@ def detect_kind(path: Path) -> str | None:
     if find_coco_year(path) is not None or any((path / "annotations").glob("instances_*.json")):
         return "coco"
     return None
+
+
+def spec_dataset_name(spec: str) -> str:
+    """The dataset name a spec will load under, without loading it: ``builtin-<preset>``, ``voc``, ``coco``,
+    or a CSV's folder name (enough for :func:`train.methods.base.dataset_family`); ``""`` if unknown."""
+    spec = spec.strip()
+    match = _KIND_PREFIX.match(spec)
+    if spec == "builtin" or (match is not None and match.group("kind") == "builtin"):
+        argument = match.group("arg") if match is not None else ""
+        try:
+            return f"builtin-{parse_builtin_argument(argument)[0]}"
+        except DataError:
+            return "builtin"
+    if match is not None and match.group("kind") in DATASET_KINDS:
+        kind, argument = match.group("kind"), match.group("arg")
+    else:
+        kind, argument = (detect_kind(Path(spec)) or "") if spec else "", spec
+    if kind in ("voc", "coco"):
+        return kind
+    if kind == "csv":
+        path = Path(argument).expanduser()
+        return (path if path.is_dir() else path.parent).resolve().name
+    return ""
 
 
 def load_dataset(spec: str) -> DatasetSplits:

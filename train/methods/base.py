@@ -15,8 +15,9 @@ checkpoints through ``state_dict`` and moved to the device with the model) with 
 - ``required_head`` - the classifier head the method needs (``"lem"`` for LAC), or None for any.
 
 Hyperparameters are a dataclass per method (``Hparams``); the CLI sets them with ``--hp name=value``, and
-``presets`` holds per-dataset published values. Adding a method = one file with a ``@register`` class plus
-its import line in ``train/methods/__init__.py``.
+``presets`` holds per-dataset published values. ``paper_settings`` holds the published optimisation settings
+(batch size, learning rate, epochs, EMA, ...) per dataset family, applied by ``--preset paper``. Adding a
+method = one file with a ``@register`` class plus its import line in ``train/methods/__init__.py``.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class Method(nn.Module):
     name: ClassVar[str] = ""
     Hparams: ClassVar[type[MethodHparams]] = MethodHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    # TrainConfig fields per dataset family ("*": every family), applied over ``--preset paper``
+    paper_settings: ClassVar[dict[str, dict[str, Any]]] = {}
     uses_full_labels: ClassVar[bool] = False  # oracle methods train on the annotated labels
     required_head: ClassVar[str | None] = None  # a classifier head the method needs (models.resnet.HEADS)
     description: ClassVar[str] = ""
@@ -182,6 +185,14 @@ def dataset_family(dataset: str) -> str:
 def preset_for(method: type[Method], dataset: str) -> dict[str, Any]:
     """The method's published hyperparameters for ``dataset``'s family (empty if it has none)."""
     return dict(method.presets.get(dataset_family(dataset), {}))
+
+
+def paper_settings_for(method: type[Method], dataset: str) -> dict[str, Any]:
+    """The method's published optimisation settings (``TrainConfig`` field -> value) for ``dataset``'s family:
+    its ``"*"`` entry updated by the family's own entry; empty when the papers publish none."""
+    settings = dict(method.paper_settings.get("*", {}))
+    settings.update(method.paper_settings.get(dataset_family(dataset), {}))
+    return settings
 
 
 def make_hparams(method: type[Method], overrides: dict[str, str], dataset: str = "") -> MethodHparams:

@@ -51,6 +51,11 @@ class EntropyMaximisation(Method):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "voc": {"alpha": 0.2}, "coco": {"alpha": 0.1}, "nus": {"alpha": 0.1}, "cub": {"alpha": 0.01},
     }
+    # Zhou et al.'s main.py: Adam without schedule for 10 epochs (the paper preset); batch and lr per dataset
+    paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
+        "voc": {"batch_size": 8, "lr": 1e-5}, "coco": {"batch_size": 16, "lr": 1e-5},
+        "nus": {"batch_size": 16, "lr": 1e-5}, "cub": {"batch_size": 8, "lr": 1e-4},
+    }
     description = "entropy maximisation on unobserved labels"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
