@@ -132,8 +132,9 @@ def _torchvision_weights(arch: str, name: str) -> object:
         raise ValueError(f"unknown weights {name!r} for {arch}; use none, a file, or one of: {valid}") from None
 
 
-def _load_weights_file(model: MultiLabelResNet, path: Path) -> str:
-    """Load backbone (and head, when shapes match) weights from ``path``; returns a one-line report."""
+def _load_weights_file(model: MultiLabelResNet, path: Path, load_head: bool = True) -> str:
+    """Load backbone (and head, when ``load_head`` and its shapes match) weights from ``path``; returns a
+    one-line report."""
     # weights_only=True: never unpickle arbitrary objects from a user-supplied file.
     obj = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
@@ -145,7 +146,8 @@ def _load_weights_file(model: MultiLabelResNet, path: Path) -> str:
         k = key.removeprefix("module.")
         if not k.startswith(("backbone.", "head.")):
             k = "head." + k[3:] if k.startswith("fc.") else "backbone." + k
-        state[k] = value
+        if load_head or not k.startswith("head."):
+            state[k] = value
     own = model.state_dict()
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     # LgConv global branches are new on top of a plain ResNet file: they keep their initialisation.
@@ -160,16 +162,19 @@ def _load_weights_file(model: MultiLabelResNet, path: Path) -> str:
             f"{path}: {back_missing} backbone tensors missing or of the wrong shape (e.g. {examples}); "
             "is it a checkpoint of the same architecture?"
         )
-    return f"loaded {len(usable)} tensors from {path} ({skipped} skipped, head {'new' if head_missing else 'loaded'})"
+    head = "loaded" if not head_missing else ("new" if load_head else "new (reset)")
+    return f"loaded {len(usable)} tensors from {path} ({skipped} skipped, head {head})"
 
 
 def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool = False,
-                head: str = "linear", head_config: LabelEmbeddingConfig | None = None) -> MultiLabelResNet:
+                head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
+                load_head: bool = True) -> MultiLabelResNet:
     """Build ``arch`` (resnet18/34/50/101) with a ``num_classes`` head (``head``: linear or lem, see
     :class:`MultiLabelResNet`; ``head_config`` shapes the LEM head).
 
     ``weights``: ``none`` (random init), ``imagenet`` (torchvision IMAGENET1K_V1, downloaded by torchvision
-    on first use), another torchvision weight name, or a path to a state dict / checkpoint file.
+    on first use), another torchvision weight name, or a path to a state dict / checkpoint file, whose head is
+    loaded when its shapes match unless ``load_head`` is False (then the head keeps its fresh initialisation).
     ``lgconv``: wrap every 3x3 convolution with an LgConv global branch (:mod:`models.lgconv`); the original
     convolutions keep their (pretrained) weights and the branches start near zero output.
     """
@@ -191,7 +196,7 @@ def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool
     if lgconv:
         convert_to_lgconv(model.backbone)
     if path is not None:
-        print(_load_weights_file(model, path))
+        print(_load_weights_file(model, path, load_head=load_head))
     return model
 
 

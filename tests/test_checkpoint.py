@@ -69,6 +69,22 @@ def test_weights_file_initialises_backbone(tmp_path: Path) -> None:
         build_model("resnet18", 3, weights=str(tmp_path / "nope.pt"))
 
 
+def test_weights_file_head_loaded_when_it_fits_unless_reset(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    donor = build_model("resnet18", 3)
+    save_checkpoint(tmp_path / "donor.pt", donor.state_dict(), _meta())
+    same = build_model("resnet18", 3, weights=str(tmp_path / "donor.pt"))
+    torch.testing.assert_close(same.head.weight, donor.head.weight)
+    torch.manual_seed(2)
+    fresh = build_model("resnet18", 3)
+    torch.manual_seed(2)
+    reset = build_model("resnet18", 3, weights=str(tmp_path / "donor.pt"), load_head=False)
+    torch.testing.assert_close(reset.head.weight, fresh.head.weight)  # the fresh initialisation, untouched
+    torch.testing.assert_close(reset.head.bias, fresh.head.bias)
+    assert not torch.equal(reset.head.weight, donor.head.weight)
+    torch.testing.assert_close(reset.backbone.layer4[1].conv2.weight, donor.backbone.layer4[1].conv2.weight)
+
+
 def test_unknown_architecture_and_weights_names() -> None:
     with pytest.raises(ValueError, match="unknown architecture"):
         build_model("vgg11", 3)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from train.compare import aggregate, main
+from train.trainer import CONFIG_FILE
 
 
 def _summary(test: float, val: float = 50.0, recovery: float | None = 40.0) -> dict:
@@ -62,3 +63,31 @@ def test_compare_rejects_unknown_methods(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as exc:
         main(["--methods", "an,magic"])
     assert exc.value.code == 2 and "magic" in capsys.readouterr().err
+
+
+def _tiny(tmp_path: Path, *extra: str) -> list[str]:
+    return ["--data", "builtin:tiny", "--seeds", "0", "--output", str(tmp_path / "m.md"), "--", "--epochs", "1",
+            "--image-size", "32", "--batch-size", "16", "--workers", "0", "--no-lgconv", *extra]
+
+
+def test_warm_start_trains_an_first_then_fine_tunes_its_backbone_with_a_new_head(
+        builtin_cache: Path, tmp_path: Path) -> None:
+    warm, runs = tmp_path / "warm", tmp_path / "runs"
+    assert main(["--methods", "em", "--runs-dir", str(runs), "--warm-start", str(warm), *_tiny(tmp_path)]) == 0
+    assert (warm / "an-seed0" / "summary.json").is_file()  # the base run, trained with the same arguments
+    config = json.loads((runs / "em-seed0" / CONFIG_FILE).read_text())["config"]
+    assert config["weights"] == str(warm / "an-seed0" / "best.pt") and config["reset_head"] is True
+    assert "starts from the backbone of" in (tmp_path / "m.md").read_text()
+
+
+def test_a_run_folder_with_other_settings_is_an_error_not_reused(
+        builtin_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    assert main(["--methods", "an", "--runs-dir", str(runs), *_tiny(tmp_path)]) == 0
+    summary = runs / "an-seed0" / "summary.json"
+    before = summary.stat().st_mtime
+    assert main(["--methods", "an", "--runs-dir", str(runs), *_tiny(tmp_path, "--lr", "1e-4")]) == 2
+    err = capsys.readouterr().err
+    assert "other settings" in err and "lr: 0.002 there, 0.0001 here" in err
+    assert summary.stat().st_mtime == before
+    assert main(["--methods", "an", "--runs-dir", str(runs), *_tiny(tmp_path, "--workers", "1")]) == 0  # machine-only

@@ -3,9 +3,14 @@
 Trains every (method, seed) pair with the same protocol and budget (the extra arguments after ``--`` go to
 ``python -m train`` unchanged), each in its own subprocess and run folder ``RUNS_DIR/<method>-seed<seed>``.
 Finished runs are reused and interrupted ones resumed, so a long comparison can be continued by running the
-same command again. The results table - val-selected test mAP mean +- std over seeds, the gap recovered
-``(method - an) / (bce - an)`` and Cole et al.'s label recovery (training-set mAP against the hidden full
-labels) - is written to a markdown file with the exact command, plus a bar plot when matplotlib is installed.
+same command again; a run folder trained with other settings is an error, never silently reused.
+``--warm-start DIR`` starts every run of seed N from the backbone of ``DIR/an-seedN`` (an AN run with the same
+arguments, trained first when missing) with a new head: the papers fine-tune pretrained features, which a
+from-scratch CPU budget does not give.
+
+The results table - val-selected test mAP mean +- std over seeds, the gap recovered ``(method - an) /
+(bce - an)`` and Cole et al.'s label recovery (training-set mAP against the hidden full labels) - is written
+to a markdown file with the exact command, plus a bar plot when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -27,18 +32,51 @@ from train.methods import METHODS
 DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-apl", "opml", "opml-sp", "pu-mlc"]
 
 
+# settings that may differ between machines or invocations without changing what a run is
+_MACHINE_FIELDS = frozenset({"workers", "device", "progress", "runs_dir", "name"})
+
+
+class RunMismatch(Exception):
+    """An existing run folder was trained with settings other than the ones this comparison asks for."""
+
+
+def _train_argv(method: str, seed: int, data: str, runs_dir: Path, name: str, train_args: list[str]) -> list[str]:
+    return [*train_args, "--data", data, "--method", method, "--seed", str(seed), "--runs-dir", str(runs_dir),
+            "--name", name, "--no-progress"]
+
+
+def check_existing_run(run: Path, argv: list[str]) -> None:
+    """Raise :class:`RunMismatch` naming the fields in which ``run``'s saved config differs from the config
+    ``python -m train ARGV`` would train (machine-specific fields such as workers or device excepted)."""
+    from train.config import TrainConfig, build_parser, config_from_args
+    from train.trainer import CONFIG_FILE
+
+    config_path = run / CONFIG_FILE
+    if not config_path.is_file():
+        return
+    stored = TrainConfig.from_dict(json.loads(config_path.read_text())["config"]).to_dict()
+    wanted = config_from_args(build_parser().parse_args(argv)).to_dict()
+    differ = [f"{key}: {stored.get(key)!r} there, {value!r} here" for key, value in wanted.items()
+              if key not in _MACHINE_FIELDS and stored.get(key) != value]
+    if differ:
+        raise RunMismatch(f"{run} was trained with other settings ({'; '.join(differ)}); use another "
+                          "--runs-dir or remove that folder")
+
+
 def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str]) -> dict[str, Any] | None:
-    """Train (or resume, or reuse) one run; returns its summary.json content, None if it failed."""
+    """Train (or resume, or reuse) one run; returns its summary.json content, None if it failed.
+
+    Raises :class:`RunMismatch` when the run folder exists with other settings."""
     run = runs_dir / f"{method}-seed{seed}"
     summary = run / "summary.json"
+    check_existing_run(run, _train_argv(method, seed, data, runs_dir, run.name, train_args))
     if summary.is_file():
         print(f"{run.name}: done already", flush=True)
         return json.loads(summary.read_text())
     if (run / "last.pt").is_file():
         cmd = [sys.executable, "-m", "train", "--resume", str(run), "--no-progress"]
     else:
-        cmd = [sys.executable, "-m", "train", *train_args, "--data", data, "--method", method, "--seed", str(seed),
-               "--runs-dir", str(runs_dir), "--name", run.name, "--no-progress"]
+        cmd = [sys.executable, "-m", "train", *_train_argv(method, seed, data, runs_dir, run.name, train_args)]
     print(f"{run.name}: {shlex.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd)
     if proc.returncode != 0 or not summary.is_file():
@@ -75,7 +113,8 @@ def _fmt(pair: tuple[float, float]) -> str:
     return "n/a" if math.isnan(mean) else f"{mean:.2f} ± {std:.2f}"
 
 
-def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: list[str], failed: list[str]) -> str:
+def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: list[str], failed: list[str],
+             warm_start: Path | None = None) -> str:
     """The results page: settings, command, table, and the methods that do not beat ``an``."""
     an = next((r["test"][0] for r in rows if r["method"] == "an"), math.nan)
     lines = [
@@ -87,7 +126,9 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
         "test-set mAP of the epoch with the best validation mAP (the papers' protocol), mean ± std over seeds. "
         "Gap recovered = (method - an) / (bce - an). Label recovery = mAP of that model on the training set "
         "against its hidden full labels (Cole et al.). `bce` (full labels) and `iun` (observed positive + all "
-        "true negatives) are reference bounds that see labels the other methods do not.", "",
+        "true negatives) are reference bounds that see labels the other methods do not." + (
+            f" Every run of seed N starts from the backbone of `{warm_start}/an-seedN/best.pt` (AN with the same "
+            "arguments) and a new head (`--weights ... --reset-head`)." if warm_start else ""), "",
         "| method | seeds | test mAP | gap recovered | val mAP | label recovery mAP |",
         "|---|---|---|---|---|---|",
     ]
@@ -140,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default="builtin", help="dataset spec as in python -m train (default: %(default)s)")
     p.add_argument("--runs-dir", type=Path, default=Path("runs/compare"), help="default: %(default)s")
     p.add_argument("--output", type=Path, default=None, help="markdown file (default: bench/methods-DATA.md)")
+    p.add_argument("--warm-start", type=Path, metavar="DIR", help="start every run of seed N from the backbone "
+                   "of DIR/an-seedN/best.pt with a new head (--weights FILE --reset-head); DIR/an-seedN is "
+                   "trained first, with the same arguments, when missing")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
@@ -149,21 +193,34 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         p.error("--seeds takes comma-separated integers")
+    if args.warm_start is not None and any(a.startswith(("--weights", "--reset-head")) for a in train_args):
+        p.error("--warm-start sets --weights and --reset-head itself; leave them out of the training arguments")
     results: dict[str, list[dict[str, Any]]] = {}
     failed = []
-    for method in methods:
+    try:
         for seed in seeds:
-            summary = run_one(method, seed, args.data, args.runs_dir, train_args)
-            if summary is None:
-                failed.append(f"{method}-seed{seed}")
-            else:
-                results.setdefault(method, []).append(summary)
+            seed_args = list(train_args)
+            if args.warm_start is not None:
+                if run_one("an", seed, args.data, args.warm_start, train_args) is None:
+                    failed += [f"{method}-seed{seed} (no warm start)" for method in methods]
+                    continue
+                seed_args += ["--weights", str(args.warm_start / f"an-seed{seed}" / "best.pt"), "--reset-head"]
+            for method in methods:
+                summary = run_one(method, seed, args.data, args.runs_dir, seed_args)
+                if summary is None:
+                    failed.append(f"{method}-seed{seed}")
+                else:
+                    results.setdefault(method, []).append(summary)
+    except RunMismatch as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    results = {method: results[method] for method in methods if method in results}  # table in --methods order
     rows = aggregate(results)
     safe = args.data.replace(":", "-").replace("/", "_").replace("@", "-")
     out = args.output or Path("bench") / f"methods-{safe}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "python -m train.compare " + shlex.join(original)
-    out.write_text(markdown(rows, command.strip(), args.data, train_args, failed))
+    out.write_text(markdown(rows, command.strip(), args.data, train_args, failed, args.warm_start))
     drew = plot(rows, out.with_suffix(".png"), args.data)
     print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if drew else " (no plot: pip install matplotlib)"))
     return 1 if failed else 0

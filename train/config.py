@@ -30,6 +30,7 @@ class TrainConfig:
     hp: dict[str, str] = field(default_factory=dict)
     arch: str = "resnet18"
     weights: str = "none"
+    reset_head: bool = False
     image_size: int = 64
     lgconv: bool = True
     head: str = "auto"
@@ -120,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--arch", choices=sorted(ARCHITECTURES), help=f"backbone. Default: {d.arch}")
     g.add_argument("--weights", help="none, imagenet (torchvision IMAGENET1K_V1, needs internet once), another "
                    f"torchvision weight name, or a state-dict/checkpoint FILE. Default: {d.weights}")
+    g.add_argument("--reset-head", action="store_true", default=None, help="with --weights FILE: take only "
+                   "the file's backbone and start a new classifier head (e.g. to start every method of a "
+                   "comparison from one earlier run's features, as the papers start from ImageNet's)")
     g.add_argument("--image-size", type=int, help=f"input side in pixels. Default: {d.image_size}")
     g.add_argument("--lgconv", action=argparse.BooleanOptionalAction, default=None,
                    help="PU-MLC's local-global convolution: a global-attention branch added to every 3x3 conv "
@@ -220,6 +224,7 @@ def validate(cfg: TrainConfig) -> None:
         (0.0 < cfg.val_fraction < 1.0, "--val-fraction must be in (0, 1)"),
         (cfg.trainable in TRAINABLE_SCOPES, f"--trainable must be one of {', '.join(TRAINABLE_SCOPES)}"),
         (cfg.head in ("auto", *HEADS), f"--head must be auto or one of {', '.join(HEADS)}"),
+        (not cfg.reset_head or cfg.weights.lower() != "none", "--reset-head needs --weights FILE"),
     ]
     for ok, message in checks:
         if not ok:

@@ -176,7 +176,8 @@ class Trainer:
         method_cls = get_method(cfg.method)
         self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
         self.head = resolve_head(cfg.head, method_cls)
-        self.model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=self.head)
+        self.model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=self.head,
+                                 load_head=not cfg.reset_head)
         self.model = self.model.to(self.device)
         self.model.set_trainable_scope(cfg.trainable)
         if self.channels_last:
