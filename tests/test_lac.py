@@ -21,7 +21,8 @@ from models.resnet import build_model, model_from_meta
 from train.__main__ import main
 from train.data.augment import StrongTransform, cutout
 from train.methods import METHODS, MethodContext, get_method, make_hparams
-from train.methods.lac import plc_loss, supcon_loss
+from train.methods.lac import class_embedding_similarity, plc_loss, supcon_loss
+from train.trainer import lem_token_warning
 
 FAST = ["--data", "builtin:tiny", "--image-size", "32", "--batch-size", "16", "--no-progress", "--workers", "0"]
 
@@ -201,6 +202,18 @@ def test_hyperparameter_checks_and_cub_preset() -> None:
     assert make_hparams(METHODS["lac"], {}, "coco2014").threshold_stage1 == pytest.approx(0.6)
 
 
+def test_class_embedding_similarity_and_the_few_tokens_warning() -> None:
+    same = torch.randn(3, 1, 8).expand(3, 4, 8)  # every class of an image has the same embedding
+    assert class_embedding_similarity(same) == pytest.approx(1.0, abs=1e-6)
+    orthogonal = torch.eye(4).unsqueeze(0).repeat(2, 1, 1) * 5.0  # classes along different axes
+    assert class_embedding_similarity(orthogonal) == pytest.approx(0.0, abs=1e-6)
+    pair = torch.tensor([[[1.0, 0.0], [1.0, 1.0]]])  # one image, two classes 45 degrees apart
+    assert class_embedding_similarity(pair) == pytest.approx(math.cos(math.pi / 4))
+    warning = lem_token_warning("lem", 64)
+    assert warning is not None and "2x2 = 4" in warning
+    assert lem_token_warning("lem", 224) is None and lem_token_warning("linear", 64) is None
+
+
 # ----------------------------------------------------------------------------- training
 def test_two_stages_resume_inside_stage_two_and_export(builtin_cache: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,6 +226,7 @@ def test_two_stages_resume_inside_stage_two_and_export(builtin_cache: Path, tmp_
     assert summary["stages"][0]["best_epoch"] in (1, 2) and summary["stages"][1]["best_epoch"] in (3, 4)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["stage"] for x in lines] == [1, 1, 2, 2]
+    assert all(-1.0 <= x["class_embedding_cos"] <= 1.0 for x in lines)
     assert all("lac" not in x for x in lines[:2]) and all(x["lac"] > 0 for x in lines[2:])
     best1 = load_checkpoint(run / "best-stage1.pt")
     assert best1.meta.epoch in (1, 2) and best1.meta.head["kind"] == "lem"

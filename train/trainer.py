@@ -119,6 +119,25 @@ def resolve_head(head: str, method: type[Method]) -> str:
     return head
 
 
+# Query2Label / LAC run at 448 px (14 x 14 = 196 tokens); below 7 x 7 (224 px) the class queries have too few
+# positions to attend to differently. Measured at 64 px (2 x 2 tokens), runs/compare/lac-seed0 stage 1: the 20
+# class embeddings of an image have cosine similarity 0.9999997, i.e. the head is not label-wise at all.
+LEM_MIN_TOKENS = 49
+
+
+def lem_token_warning(head: str, image_size: int) -> str | None:
+    """A warning when the label-wise embedding head sees fewer than :data:`LEM_MIN_TOKENS` feature-map tokens at
+    ``image_size`` (ResNets downsample by 32, rounding up); None otherwise."""
+    side = math.ceil(image_size / 32)
+    if head != "lem" or side * side >= LEM_MIN_TOKENS:
+        return None
+    return (f"warning: at {image_size} px the label-wise embedding head sees {side}x{side} = {side * side} "
+            "feature-map tokens (the papers: 448 px, 196 tokens); with few positions its class queries can "
+            "attend to little that differs, and at 64 px (4 tokens) the per-class embeddings came out identical. "
+            "Use --image-size 224 or more for a label-wise head; lac logs class_embedding_cos, the mean cosine "
+            "between one image's class embeddings (1 = identical)")
+
+
 def make_run_name(cfg: TrainConfig, dataset_name: str) -> str:
     """``DATA-METHOD-ARCH-YYYYmmdd-HHMMSS``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -176,6 +195,9 @@ class Trainer:
         method_cls = get_method(cfg.method)
         self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
         self.head = resolve_head(cfg.head, method_cls)
+        warning = lem_token_warning(self.head, cfg.image_size)
+        if warning:
+            log(warning)
         self.model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=self.head,
                                  load_head=not cfg.reset_head)
         self.model = self.model.to(self.device)

@@ -75,6 +75,18 @@ def supcon_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float
     return -mean_pos.mean()
 
 
+@torch.no_grad()
+def class_embedding_similarity(embeddings: torch.Tensor) -> float:
+    """Mean cosine similarity between the different classes' embeddings of the same image, over a batch
+    ``(N, C, D)``: 1 means the head's embeddings do not depend on the class (not label-wise at all)."""
+    n, c, _ = embeddings.shape
+    if c < 2:
+        return 1.0
+    unit = F.normalize(embeddings.float(), dim=-1)
+    gram = unit @ unit.transpose(1, 2)  # (N, C, C)
+    return float((gram.sum() - gram.diagonal(dim1=1, dim2=2).sum()) / (n * c * (c - 1)))
+
+
 @dataclass
 class LacHparams(MethodHparams):
     """``threshold_stage1`` / ``threshold_stage2``: PLC's delta per stage; ``plc_weight`` / ``lac_weight``: loss
@@ -178,7 +190,8 @@ class LabelAwareConsistency(Method):
         plc, target = plc_loss(logits[n:], logits[:n], z, self.threshold)
         loss = an + self.hp.plc_weight * plc
         logs = {"an": float(an.detach()), "plc": float(plc.detach()),
-                "plc_positives_per_image": float(target.sum() / n)}
+                "plc_positives_per_image": float(target.sum() / n),
+                "class_embedding_cos": class_embedding_similarity(embeddings[:n])}
         if int(self.stage) >= 2 and self.hp.lac_weight > 0:
             rows, cols = torch.nonzero(target > 0.5, as_tuple=True)
             with torch.autocast(embeddings.device.type, enabled=False):
