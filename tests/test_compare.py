@@ -91,3 +91,10 @@ def test_a_run_folder_with_other_settings_is_an_error_not_reused(
     assert "other settings" in err and "lr: 0.002 there, 0.0001 here" in err
     assert summary.stat().st_mtime == before
     assert main(["--methods", "an", "--runs-dir", str(runs), *_tiny(tmp_path, "--workers", "1")]) == 0  # machine-only
+
+
+def test_the_default_comparison_covers_every_registered_method() -> None:
+    from train.compare import DEFAULT_METHODS
+    from train.methods import METHODS
+
+    assert sorted(DEFAULT_METHODS) == sorted(METHODS)

@@ -29,7 +29,8 @@ from typing import Any
 
 from train.methods import METHODS
 
-DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-apl", "opml", "opml-sp", "pu-mlc"]
+DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-apl", "opml", "opml-sp", "pu-mlc",
+                   "lac"]
 
 
 # settings that may differ between machines or invocations without changing what a run is
