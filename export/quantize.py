@@ -626,10 +626,10 @@ def quantize_int8(
             raise ConversionError(f"quant_pre_process failed on {src}: {type(exc).__name__}: {exc}") from exc
         pre = onnx.load(str(pre_path))
         _name_nodes(pre)
-        # the pre-processing drops the exporter's node metadata but keeps node names: find the head on the
-        # original graph, fall back to the output walk on the pre-processed one
-        # Every node of the head is excluded, not only its Gemm/MatMul: the label-wise embedding head's
-        # transformer would otherwise get Q/DQ pairs on its Add/Reshape/Transpose activations.
+        # Every node of the head stays float, not only its Gemm/MatMul (the label-wise embedding head's
+        # transformer would otherwise get Q/DQ pairs on its Add/Reshape/Transpose activations). The
+        # pre-processing drops the exporter's node metadata but keeps node names, so the head is found on the
+        # original graph; without metadata, the output walk on the pre-processed graph finds it.
         in_pre = {n.name for n in pre.graph.node}
         head = [n for n in _head_namespace_nodes(model, any_op=True) if n in in_pre] or head_node_names(pre)
         if keep_head_float and not head:

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from train.config import TrainConfig, build_parser, config_from_args, paper_settings
+from train.config import MACHINE_FIELDS, TrainConfig, build_parser, config_from_args, paper_settings
 from train.data.types import DataError
 from train.runs import default_runs_dir
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
             if not config_path.is_file():
                 parser.error(f"--resume {args.resume}: no {CONFIG_FILE} in {run_dir}")
             cfg = TrainConfig.from_dict(json.loads(config_path.read_text())["config"])
-            for machine_specific in ("device", "workers", "progress"):
+            for machine_specific in MACHINE_FIELDS:
                 if getattr(args, machine_specific) is not None:
                     setattr(cfg, machine_specific, getattr(args, machine_specific))
             trainer = Trainer(cfg, run_dir=run_dir, resume=True)

@@ -33,8 +33,6 @@ DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-
                    "lac"]
 
 
-# settings that may differ between machines or invocations without changing what a run is
-_MACHINE_FIELDS = frozenset({"workers", "device", "progress", "runs_dir", "name"})
 
 
 class RunMismatch(Exception):
@@ -49,7 +47,7 @@ def _train_argv(method: str, seed: int, data: str, runs_dir: Path, name: str, tr
 def check_existing_run(run: Path, argv: list[str]) -> None:
     """Raise :class:`RunMismatch` naming the fields in which ``run``'s saved config differs from the config
     ``python -m train ARGV`` would train (machine-specific fields such as workers or device excepted)."""
-    from train.config import TrainConfig, build_parser, config_from_args
+    from train.config import MACHINE_FIELDS, TrainConfig, build_parser, config_from_args
     from train.trainer import CONFIG_FILE
 
     config_path = run / CONFIG_FILE
@@ -58,7 +56,7 @@ def check_existing_run(run: Path, argv: list[str]) -> None:
     stored = TrainConfig.from_dict(json.loads(config_path.read_text())["config"]).to_dict()
     wanted = config_from_args(build_parser().parse_args(argv)).to_dict()
     differ = [f"{key}: {stored.get(key)!r} there, {value!r} here" for key, value in wanted.items()
-              if key not in _MACHINE_FIELDS and stored.get(key) != value]
+              if key not in (*MACHINE_FIELDS, "runs_dir", "name") and stored.get(key) != value]
     if differ:
         raise RunMismatch(f"{run} was trained with other settings ({'; '.join(differ)}); use another "
                           "--runs-dir or remove that folder")

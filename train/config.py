@@ -69,6 +69,10 @@ class TrainConfig:
         return cls(**values)
 
 
+# Settings that belong to the machine running a run, not to what the run is: --resume may change them, and
+# train.compare ignores them when it checks that an existing run folder matches its command.
+MACHINE_FIELDS = ("device", "workers", "progress")
+
 # Presets: named bundles of defaults; explicit flags still win.
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {},  # the defaults: a few minutes on a 2-core CPU on the built-in dataset

@@ -119,8 +119,8 @@ def resolve_head(head: str, method: type[Method]) -> str:
     return head
 
 
-# Query2Label / LAC run at 448 px (14 x 14 = 196 tokens); below 7 x 7 (224 px) the class queries have too few
-# positions to attend to differently. Measured at 64 px (2 x 2 tokens), runs/compare/lac-seed0 stage 1: the 20
+# Query2Label / LAC run at 448 px (14 x 14 = 196 tokens). The 7 x 7 floor (224 px, where Query2Label also
+# reports results) is a heuristic; measured at 64 px (2 x 2 tokens), runs/compare/lac-seed0 stage 1: the 20
 # class embeddings of an image have cosine similarity 0.9999997, i.e. the head is not label-wise at all.
 LEM_MIN_TOKENS = 49
 
