@@ -42,7 +42,9 @@ class ModelMeta:
     image_size: int
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
-    resize: str = "squash"  # resize to image_size x image_size, aspect ratio not kept (as the papers do)
+    # resize to image_size x image_size, aspect ratio not kept (as the papers do); bilinear, antialiased, after
+    # decoding (large JPEGs at reduced scale, never below 2 x image_size per side: models.preprocess)
+    resize: str = "squash"
     lgconv: bool = False
     # classifier head: {"kind": "linear"} or {"kind": "lem", heads, encoder_layers, ...} (models.resnet.HEADS)
     head: dict[str, Any] = field(default_factory=lambda: {"kind": "linear"})

@@ -30,7 +30,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from models.checkpoint import ModelMeta
-from models.preprocess import EvalTransform, read_image, to_rgb
+from models.preprocess import EvalTransform, decode_scaled, read_image, to_rgb
 from serve import DEFAULT_BATCH_SIZE
 from serve.runtimes import RUNTIMES, Runtime, runtime_for, supported_suffixes
 from serve.tag import class_thresholds, sigmoid, tag_record
@@ -302,24 +302,25 @@ def _rgb_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.asarray(to_rgb(image)).copy()).permute(2, 0, 1).contiguous()
 
 
-def load_rgb(image: ImageInput, max_pixels: int | None = None) -> torch.Tensor:
+def load_rgb(image: ImageInput, max_pixels: int | None = None, decode_side: int | None = None) -> torch.Tensor:
     """Any :data:`ImageInput` -> ``uint8`` RGB tensor ``(3, H, W)`` with EXIF orientation applied and alpha composited
     onto white (:func:`models.preprocess.read_image` / :func:`~models.preprocess.to_rgb`).
 
     ``max_pixels`` (``None``: Pillow's own decompression-bomb limit) bounds width x height, checked from the file
-    header before decoding. Raises :class:`ImageError` with a readable reason, or ``TypeError`` for other inputs.
+    header before decoding. ``decode_side``: encoded JPEGs (paths, bytes) may be decoded at reduced scale down
+    to this many pixels per side, as :class:`~models.preprocess.EvalTransform` does (its ``decode_side``). Raises
+    :class:`ImageError` with a readable reason, or ``TypeError`` for other inputs.
     """
     source = _describe(image)
     try:
         if isinstance(image, (str, os.PathLike)):
             with Image.open(image) as header:  # header only: refuse huge images before decoding them
                 _check_pixels(source, *header.size, max_pixels)
-            return read_image(image)
+            return read_image(image, decode_side)
         if isinstance(image, (bytes, bytearray, memoryview)):
             with Image.open(io.BytesIO(bytes(image))) as img:
                 _check_pixels(source, *img.size, max_pixels)
-                img.load()
-                return _rgb_tensor(img)
+                return _rgb_tensor(decode_scaled(img, decode_side))
         if isinstance(image, Image.Image):
             _check_pixels(source, *image.size, max_pixels)
             return _rgb_tensor(image)
@@ -448,7 +449,7 @@ class Predictor:
 
     def preprocess(self, image: ImageInput) -> np.ndarray:
         """One image -> model input ``float32 (3, S, S)`` (raises :class:`ImageError` / ``TypeError``)."""
-        return self.transform(load_rgb(image, self.max_pixels)).numpy()
+        return self.transform(load_rgb(image, self.max_pixels, self.transform.decode_side)).numpy()
 
     def scores_from_inputs(self, batch: np.ndarray) -> np.ndarray:
         """Preprocessed ``float32 (N, 3, S, S)`` -> sigmoid probabilities ``float32 (N, C)`` (one runtime call)."""

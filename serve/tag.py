@@ -535,7 +535,7 @@ def tag_folder(
     bar = tqdm(total=len(plan.todo), unit="img", file=sys.stderr, disable=not progress, dynamic_ncols=True)
 
     def transform(path: Path) -> Any:
-        return predictor.transform(load_rgb(path, max_pixels))
+        return predictor.transform(load_rgb(path, max_pixels, predictor.transform.decode_side))
 
     def flush(batch_paths: list[Path], arrays: list[np.ndarray]) -> None:
         probs = predictor.scores_from_inputs(np.stack(arrays))

@@ -16,6 +16,8 @@ from reference import reference_logits
 
 from export import export_onnx
 from models import ModelMeta, build_model, save_checkpoint
+from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD
+from models.preprocess import DECODE_MARGIN, EvalTransform, read_image, resize_uint8
 from serve.predictor import (
     BackendUnavailableError,
     ImageError,
@@ -28,6 +30,8 @@ from serve.predictor import (
 )
 from serve.runtimes import OnnxRuntimeBackend, TorchBackend, supported_suffixes
 from serve.tag import tag_folder
+from train.data.dataset import ImageLabelDataset
+from train.data.types import LabelledImages
 
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
 THRESHOLDS = [0.3, 0.45, 0.5, 0.55, 0.7]
@@ -304,3 +308,40 @@ def test_image_errors_are_readable(files: dict[str, Path], tmp_path: Path) -> No
         predictor.scores([np.zeros((8, 8, 3), np.float32)])
     with pytest.raises(TypeError, match="unsupported image input"):
         predictor.scores([12345])  # type: ignore[list-item]
+
+
+def test_large_jpegs_decode_at_reduced_scale_everywhere(
+    files: dict[str, Path], torch_predictor: Predictor, tmp_path: Path
+) -> None:
+    """A JPEG much larger than the network input is decoded at reduced scale (1/4 here), the same way by
+    evaluation, the dataset, the predictor and the tagger, and its resized pixels stay within a few grey levels
+    of a full-size decode; PNGs and images too small to reduce decode at full size."""
+    folder = tmp_path / "large"
+    folder.mkdir()
+    big, png = folder / "big.jpg", folder / "big.png"
+    scene(600, 520, 7).save(big, quality=92)
+    scene(600, 520, 7).save(png)
+    side = EvalTransform(SIZE, IMAGENET_MEAN, IMAGENET_STD).decode_side
+    assert side == DECODE_MARGIN * SIZE == 128
+    assert read_image(big).shape == (3, 520, 600)
+    assert read_image(big, side).shape == (3, 130, 150)  # 1/4 scale: the largest keeping both sides >= 128
+    assert read_image(png, side).shape == (3, 520, 600)
+    assert read_image(files["photo"], side).shape == (3, 50, 70)  # too small to reduce
+    # the approximation: the network-size pixels of the reduced decode against a full decode
+    reduced = resize_uint8(read_image(big, side), SIZE).int()
+    full = resize_uint8(read_image(big), SIZE).int()
+    assert (reduced - full).abs().max() <= 8 and (reduced - full).abs().float().mean() <= 1.0
+    # ... and the same reduced decode in evaluation, the training dataset, the predictor and the tagger
+    evaluation = 1.0 / (1.0 + np.exp(-reference_logits(files["ckpt"], [big]).astype(np.float64)))[0]
+    dataset = ImageLabelDataset(
+        LabelledImages(paths=[big], labels=np.zeros((1, len(CLASSES)), np.uint8), classes=CLASSES),
+        EvalTransform(SIZE, IMAGENET_MEAN, IMAGENET_STD),
+    )
+    assert torch.equal(dataset[0]["images"], torch.from_numpy(torch_predictor.preprocess(big)))
+    ours = torch_predictor.scores([big])[0]
+    assert np.abs(ours - evaluation).max() <= 1e-6
+    assert np.abs(torch_predictor.scores([big.read_bytes()])[0] - ours).max() <= 1e-6
+    out = tmp_path / "tags.jsonl"
+    tag_folder(folder, TorchBackend.load(files["ckpt"], device="cpu"), out, progress=False)
+    tagged = read_jsonl(out)["big.jpg"]["scores"]
+    assert np.abs(np.array([tagged[c] for c in CLASSES]) - ours).max() <= 1e-6

@@ -31,6 +31,9 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         if self.observed.shape != self.full.shape:
             raise ValueError("observed labels must have the same shape as the full labels")
         self.transform = transform
+        # every transform of this package resizes the whole image to its ``image_size`` first, so large JPEGs
+        # may be decoded at reduced scale (models.preprocess.decode_scaled); others get full-size images
+        self.decode_side: int | None = getattr(transform, "decode_side", None)
         self.views = dict(views or {})
         clash = set(self.views) & {"images", "observed", "full", "index"}
         if clash:
@@ -42,7 +45,7 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         path = self.paths[index]
         try:
-            image = read_image(path)
+            image = read_image(path, self.decode_side)
         except Exception as exc:
             raise OSError(f"cannot read image {path}: {exc}") from exc
         item = {

@@ -1,0 +1,115 @@
+"""Image loading cost, full-size against reduced-scale JPEG decoding: ``python -m serve.bench_decode``.
+
+For JPEGs of a few sizes (a 448 px square, a 1024 x 768 web image, a 4000 x 3000 camera photo) and network
+inputs of 64, 224 and 448 px: milliseconds per image on one thread to decode and resize to the network input,
+once with every pixel decoded (``read_image(path)``) and once the way training, evaluation, the tagger and the
+demo load images (``EvalTransform.decode_side``: libjpeg DCT scaling down to no less than twice the network
+input per side), plus how far apart the two resized images are (grey levels, 0-255). Results go to a markdown
+file with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from models.preprocess import DECODE_MARGIN, read_image, resize_uint8
+from train.bench import cpu_name
+
+PHOTO_SIZES = ((448, 448), (1024, 768), (4000, 3000))
+
+
+def make_photo(path: Path, width: int, height: int, seed: int = 0) -> Path:
+    """A JPEG (quality 90) with smooth structure and fine texture, so that it compresses like a photo."""
+    rng = np.random.default_rng(seed)
+    coarse = Image.fromarray(rng.integers(0, 256, (height // 32 + 2, width // 32 + 2, 3), dtype=np.uint8))
+    smooth = np.asarray(coarse.resize((width, height), Image.Resampling.BICUBIC), dtype=np.int16)
+    grain = rng.integers(-24, 25, (height, width, 3), dtype=np.int16)
+    Image.fromarray(np.clip(smooth + grain, 0, 255).astype(np.uint8)).save(path, quality=90)
+    return path
+
+
+def ms_per_image(path: Path, image_size: int, decode_side: int | None, seconds: float) -> float:
+    """Median milliseconds to load ``path`` and resize it to ``image_size`` (after one warm-up)."""
+    resize_uint8(read_image(path, decode_side), image_size)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < seconds and len(times) < 200):
+        t0 = time.perf_counter()
+        resize_uint8(read_image(path, decode_side), image_size)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def measure(sizes: list[int], seconds: float) -> list[dict[str, float | int | str]]:
+    """One row per (photo size, network input): full and reduced-scale load times and pixel differences."""
+    rows: list[dict[str, float | int | str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for width, height in PHOTO_SIZES:
+            path = make_photo(Path(tmp) / f"{width}x{height}.jpg", width, height)
+            for size in sizes:
+                side = DECODE_MARGIN * size
+                full = resize_uint8(read_image(path), size).int()
+                reduced_image = read_image(path, side)
+                diff = (resize_uint8(reduced_image, size).int() - full).abs()
+                row = {
+                    "photo": f"{width} x {height}", "input": size,
+                    "decoded": f"{reduced_image.shape[2]} x {reduced_image.shape[1]}",
+                    "full_ms": ms_per_image(path, size, None, seconds),
+                    "reduced_ms": ms_per_image(path, size, side, seconds),
+                    "max_diff": int(diff.max()), "mean_diff": float(diff.float().mean()),
+                }
+                print(row, file=sys.stderr, flush=True)
+                rows.append(row)
+    return rows
+
+
+def to_markdown(rows: list[dict[str, float | int | str]], command: str) -> str:
+    """The results file: command, machine, and the table."""
+    lines = [
+        "# Image loading: full-size vs reduced-scale JPEG decoding (CPU, one thread)", "",
+        f"Command: `{command}`", "",
+        f"Machine: {cpu_name()}; {datetime.now().strftime('%Y-%m-%d %H:%M')}. Time = median ms per image to decode "
+        "(PIL) and resize to the network input (torchvision, bilinear, antialiased). `reduced` is what training, "
+        f"evaluation, export checks, the tagger and the demo do: JPEGs are decoded at 1/2, 1/4 or 1/8 scale while "
+        f"both sides stay >= {DECODE_MARGIN}x the network input. Difference = |reduced - full| of the resized "
+        "uint8 pixels (0-255). Synthetic photo-like JPEGs, quality 90.", "",
+        "| JPEG | network input | decoded at | full ms | reduced ms | speed-up | max diff | mean diff |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['photo']} | {r['input']} px | {r['decoded']} | {r['full_ms']:.2f} | {r['reduced_ms']:.2f} | "
+            f"{float(r['full_ms']) / float(r['reduced_ms']):.1f}x | {r['max_diff']} | {float(r['mean_diff']):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m serve.bench_decode", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="64,224,448", help="network inputs, comma-separated (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="timing window per cell (default: 2)")
+    parser.add_argument("--output", type=Path, default=Path("bench/decode-cpu.md"), help="markdown file to write")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # the cost of one decoding worker
+    rows = measure([int(s) for s in args.sizes.split(",")], args.seconds)
+    command = "python -m serve.bench_decode " + shlex.join(argv if argv is not None else sys.argv[1:])
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(to_markdown(rows, command.strip()))
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
