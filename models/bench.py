@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -65,8 +66,9 @@ def time_call(fn: Callable[[], Any], budget_s: float, min_repeats: int = 3) -> f
     return statistics.median(times)
 
 
-def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, arch: str, folder: Path) -> Any:
-    """Export ``model`` with the package's exporter and open it in ONNX Runtime (CPU)."""
+def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, arch: str,
+                   folder: Path) -> tuple[Any, Path]:
+    """Export ``model`` with the package's exporter and open it in ONNX Runtime (CPU): (session, ONNX path)."""
     import onnxruntime as ort
 
     from export.onnx_export import export_to_file
@@ -74,12 +76,37 @@ def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, ar
     path = folder / f"m{id(model)}-{image_size}.onnx"
     meta = ModelMeta(classes=[f"c{i}" for i in range(num_classes)], arch=arch, image_size=image_size)
     export_to_file(model, meta, path)
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), path
+
+
+def ort_op_profile(path: Path, image_size: int, runs: int = 5) -> dict[str, float]:
+    """Milliseconds per batch-1 run spent in each ONNX Runtime op type (CPU provider, ORT's own profiler), for
+    the model file ``path``; the optimised graph's ops (``Conv`` includes fused activations, ``ReorderOutput`` /
+    ``ReorderInput`` are the NCHWc layout conversions ORT inserts around its blocked convolutions)."""
+    import json
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(path.with_suffix("")) + "-profile"
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {"images": np.random.default_rng(0).random((1, 3, image_size, image_size), dtype=np.float32)}
+    for _ in range(runs + 1):
+        session.run(None, feed)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    per_op: dict[str, float] = {}
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            op = event["args"]["op_name"]
+            per_op[op] = per_op.get(op, 0.0) + event["dur"] / 1e3 / (runs + 1)
+    return dict(sorted(per_op.items(), key=lambda kv: -kv[1]))
 
 
 def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, runtimes: list[str],
-            num_classes: int = 20) -> list[dict[str, Any]]:
-    """All rows of the table: one per (variant, image size)."""
+            num_classes: int = 20, profile: bool = False) -> list[dict[str, Any]]:
+    """All rows of the table: one per (variant, image size); ``profile`` adds ``ort_profile`` to each row
+    (:func:`ort_op_profile`, batch 1)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
@@ -92,8 +119,10 @@ def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, ru
                                                                                        "num_batches_tracked"))),
                     "gflops": count_flops(model, size) / 1e9,
                 }
-                session = export_for_ort(model, size, num_classes, arch, Path(tmp)) if "onnxruntime" in runtimes \
-                    else None
+                session, onnx_path = export_for_ort(model, size, num_classes, arch, Path(tmp)) \
+                    if "onnxruntime" in runtimes else (None, None)
+                if profile and onnx_path is not None:
+                    row["ort_profile"] = ort_op_profile(onnx_path, size)
                 for batch in batches:
                     x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
                     if "torch" in runtimes:
@@ -148,7 +177,27 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[s
             plain_f, unfolded = by[("plain-folded", size)][key], by[("lgconv", size)][key]
             lines.append(f"| {size} px | {'PyTorch' if k == 'torch' else 'ORT'} | {b} | {folded / plain:.2f} | "
                          f"{folded / plain_f:.2f} | {unfolded / plain:.2f} |")
+    if any("ort_profile" in r for r in rows):
+        lines += _profile_markdown(rows)
     return "\n".join(lines) + "\n"
+
+
+def _profile_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """Per-op-type ONNX Runtime time at batch 1 (``--profile``), one table per input size."""
+    lines = ["", "Where ONNX Runtime spends a batch-1 run (ms per run by op type of the optimised graph, ORT's "
+             "profiler; op kernels only, so the totals are a little under the latencies above):"]
+    for size in sorted({r["size"] for r in rows if "ort_profile" in r}):
+        profiled = [r for r in rows if r["size"] == size and "ort_profile" in r]
+        ops = sorted({op for r in profiled for op in r["ort_profile"]},
+                     key=lambda op: -max(r["ort_profile"].get(op, 0.0) for r in profiled))
+        lines += ["", f"{size} px:", "", "| op type | " + " | ".join(r["variant"] for r in profiled) + " |",
+                  "|---|" + "---|" * len(profiled)]
+        for op in ops:
+            cells = [f"{r['ort_profile'][op]:.2f}" if op in r["ort_profile"] else "-" for r in profiled]
+            lines.append(f"| {op} | " + " | ".join(cells) + " |")
+        lines.append("| **total** | " + " | ".join(f"**{sum(r['ort_profile'].values()):.2f}**" for r in profiled)
+                     + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,13 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtimes", default="torch,onnxruntime", help="torch and/or onnxruntime")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of timed repeats per cell (default: 3)")
     parser.add_argument("--output", type=Path, default=Path("bench/lgconv-cpu.md"), help="markdown file to write")
+    parser.add_argument("--profile", action="store_true",
+                        help="add ONNX Runtime's per-op-type time at batch 1 for every variant (default: off)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
     runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     if not set(runtimes) <= {"torch", "onnxruntime"} or not runtimes:
         parser.error("--runtimes takes torch and/or onnxruntime")
-    rows = measure(args.arch, sizes, batches, args.budget, runtimes)
+    if args.profile and "onnxruntime" not in runtimes:
+        parser.error("--profile needs the onnxruntime runtime")
+    rows = measure(args.arch, sizes, batches, args.budget, runtimes, profile=args.profile)
     command = "python -m models.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(to_markdown(rows, batches, runtimes, command.strip()))
