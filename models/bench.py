@@ -11,6 +11,7 @@ Results go to a markdown file with the command that produced them.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import statistics
 import sys
@@ -83,8 +84,6 @@ def ort_op_profile(path: Path, image_size: int, runs: int = 5) -> dict[str, floa
     """Milliseconds per batch-1 run spent in each ONNX Runtime op type (CPU provider, ORT's own profiler), for
     the model file ``path``; the optimised graph's ops (``Conv`` includes fused activations, ``ReorderOutput`` /
     ``ReorderInput`` are the NCHWc layout conversions ORT inserts around its blocked convolutions)."""
-    import json
-
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import statistics
 import sys
 import tempfile
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from models.bench import time_call
 from models.preprocess import DECODE_MARGIN, read_image, resize_uint8
 from train.bench import cpu_name
 
@@ -40,15 +39,8 @@ def make_photo(path: Path, width: int, height: int, seed: int = 0) -> Path:
 
 
 def ms_per_image(path: Path, image_size: int, decode_side: int | None, seconds: float) -> float:
-    """Median milliseconds to load ``path`` and resize it to ``image_size`` (after one warm-up)."""
-    resize_uint8(read_image(path, decode_side), image_size)
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < seconds and len(times) < 200):
-        t0 = time.perf_counter()
-        resize_uint8(read_image(path, decode_side), image_size)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    """Median milliseconds to load ``path`` and resize it to ``image_size`` (``models.bench.time_call``)."""
+    return 1e3 * time_call(lambda: resize_uint8(read_image(path, decode_side), image_size), seconds)
 
 
 def measure(sizes: list[int], seconds: float) -> list[dict[str, float | int | str]]:

@@ -33,8 +33,6 @@ DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-
                    "lac"]
 
 
-
-
 class RunMismatch(Exception):
     """An existing run folder was trained with settings other than the ones this comparison asks for."""
 
