@@ -4,7 +4,8 @@ For plain ResNet-50, ResNet-50 with LgConv (training form) and its folded infere
 network with its BatchNorms folded, the fair baseline for the folded one): parameters, FLOPs per image
 (``torch.utils.flop_counter``: convolutions and matrix products), and latency / throughput in PyTorch eager
 (CPU, float32, inference mode) and ONNX Runtime (CPU execution provider, the dynamo-exported graph) at batch 1
-and 16, at the default training size and at 448 px. Each cell is the median of timed repeats after a warm-up.
+and 16, at the default training size and at 448 px. Each cell is the median of timed repeats after a warm-up;
+the four variants of a cell are timed in interleaved rounds, so their ratios are paired measurements.
 Results go to a markdown file with the command that produced them.
 """
 
@@ -53,18 +54,31 @@ def count_flops(model: torch.nn.Module, image_size: int) -> int:
     return int(counter.get_total_flops())
 
 
+def time_interleaved(fns: dict[str, Callable[[], Any]], budget_s: float, min_rounds: int = 3,
+                     max_rounds: int = 50) -> dict[str, float]:
+    """Median seconds per call of each function of ``fns`` (name -> function), timed in interleaved rounds.
+
+    After one warm-up call each, every round calls each function once (in reverse order every other round) until
+    ``budget_s`` seconds per function have passed, with at least ``min_rounds`` and at most ``max_rounds`` rounds.
+    A slow drift in the machine's speed then hits every function alike, so ratios between them are paired."""
+    for fn in fns.values():
+        fn()
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < min_rounds or (rounds < max_rounds and time.perf_counter() - start < budget_s * len(names)):
+        for name in names if rounds % 2 == 0 else reversed(names):
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+        rounds += 1
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def time_call(fn: Callable[[], Any], budget_s: float, min_repeats: int = 3) -> float:
     """Median seconds per call of ``fn`` after one warm-up, over at least ``min_repeats`` calls or ``budget_s``."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_repeats or time.perf_counter() - start < budget_s:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 50:
-            break
-    return statistics.median(times)
+    return time_interleaved({"fn": fn}, budget_s, min_rounds=min_repeats)["fn"]
 
 
 def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, arch: str,
@@ -105,12 +119,16 @@ def ort_op_profile(path: Path, image_size: int, runs: int = 5) -> dict[str, floa
 def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, runtimes: list[str],
             num_classes: int = 20, profile: bool = False) -> list[dict[str, Any]]:
     """All rows of the table: one per (variant, image size); ``profile`` adds ``ort_profile`` to each row
-    (:func:`ort_op_profile`, batch 1)."""
+    (:func:`ort_op_profile`, batch 1). The variants of one cell (size, runtime, batch) are timed in interleaved
+    rounds (:func:`time_interleaved`), so their ratios are paired measurements."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
+            models: dict[str, torch.nn.Module] = {}
+            sessions: dict[str, Any] = {}
+            size_rows: dict[str, dict[str, Any]] = {}
             for name in VARIANTS:
-                model = make_variant(name, arch, num_classes)
+                model = models[name] = make_variant(name, arch, num_classes)
                 row: dict[str, Any] = {
                     "variant": name, "size": size,
                     "params": sum(p.numel() for p in model.parameters()) + sum(
@@ -118,20 +136,28 @@ def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, ru
                                                                                        "num_batches_tracked"))),
                     "gflops": count_flops(model, size) / 1e9,
                 }
-                session, onnx_path = export_for_ort(model, size, num_classes, arch, Path(tmp)) \
-                    if "onnxruntime" in runtimes else (None, None)
-                if profile and onnx_path is not None:
-                    row["ort_profile"] = ort_op_profile(onnx_path, size)
-                for batch in batches:
-                    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
-                    if "torch" in runtimes:
-                        def run_torch(x: torch.Tensor = x, model: torch.nn.Module = model) -> None:
+                if "onnxruntime" in runtimes:
+                    sessions[name], onnx_path = export_for_ort(model, size, num_classes, arch, Path(tmp))
+                    if profile:
+                        row["ort_profile"] = ort_op_profile(onnx_path, size)
+                size_rows[name] = row
+            for batch in batches:
+                x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
+                if "torch" in runtimes:
+                    def run_torch(model: torch.nn.Module, x: torch.Tensor = x) -> Callable[[], None]:
+                        def run() -> None:
                             with torch.inference_mode():
                                 model(x)
-                        row[f"torch_b{batch}"] = time_call(run_torch, budget_s)
-                    if session is not None:
-                        feed = {"images": x.numpy()}
-                        row[f"ort_b{batch}"] = time_call(lambda s=session, f=feed: s.run(None, f), budget_s)
+                        return run
+                    for name, seconds in time_interleaved({n: run_torch(m) for n, m in models.items()},
+                                                          budget_s).items():
+                        size_rows[name][f"torch_b{batch}"] = seconds
+                if sessions:
+                    feed = {"images": x.numpy()}
+                    for name, seconds in time_interleaved(
+                            {n: (lambda s=s, f=feed: s.run(None, f)) for n, s in sessions.items()}, budget_s).items():
+                        size_rows[name][f"ort_b{batch}"] = seconds
+            for row in size_rows.values():
                 print(_row_text(row, batches, runtimes), file=sys.stderr, flush=True)
                 rows.append(row)
     return rows
