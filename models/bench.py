@@ -178,7 +178,8 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[s
         f"Command: `{command}`", "",
         f"Machine: {cpu_name()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}; "
         f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
-        "Latency = median wall time of one forward call on a batch (ms); throughput = images/s at that batch. "
+        "Latency = median wall time of one forward call on a batch (ms), the four variants of a cell timed in "
+        "interleaved rounds; throughput = images/s at that batch. "
         "`plain-folded` is the plain network with BatchNorm folded into the convolutions (what ONNX Runtime does "
         "to the plain graph anyway); `lgconv-folded` is what `python -m export` ships.", "",
     ]

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.bench import time_call
+from models.bench import time_interleaved
 from models.preprocess import DECODE_MARGIN, read_image, resize_uint8
 from train.bench import cpu_name
 
@@ -38,9 +38,15 @@ def make_photo(path: Path, width: int, height: int, seed: int = 0) -> Path:
     return path
 
 
-def ms_per_image(path: Path, image_size: int, decode_side: int | None, seconds: float) -> float:
-    """Median milliseconds to load ``path`` and resize it to ``image_size`` (``models.bench.time_call``)."""
-    return 1e3 * time_call(lambda: resize_uint8(read_image(path, decode_side), image_size), seconds)
+def load_ms(path: Path, image_size: int, seconds: float) -> dict[str, float]:
+    """Median milliseconds to load ``path`` and resize it to ``image_size``: ``full`` (full-size decode) and
+    ``reduced`` (decoded at reduced scale), timed in interleaved rounds (``models.bench.time_interleaved``)."""
+    side = DECODE_MARGIN * image_size
+    seconds_per_call = time_interleaved({
+        "full": lambda: resize_uint8(read_image(path), image_size),
+        "reduced": lambda: resize_uint8(read_image(path, side), image_size),
+    }, seconds, max_rounds=200)
+    return {name: 1e3 * s for name, s in seconds_per_call.items()}
 
 
 def measure(sizes: list[int], seconds: float) -> list[dict[str, float | int | str]]:
@@ -57,8 +63,7 @@ def measure(sizes: list[int], seconds: float) -> list[dict[str, float | int | st
                 row = {
                     "photo": f"{width} x {height}", "input": size,
                     "decoded": f"{reduced_image.shape[2]} x {reduced_image.shape[1]}",
-                    "full_ms": ms_per_image(path, size, None, seconds),
-                    "reduced_ms": ms_per_image(path, size, side, seconds),
+                    **{f"{name}_ms": ms for name, ms in load_ms(path, size, seconds).items()},
                     "max_diff": int(diff.max()), "mean_diff": float(diff.float().mean()),
                 }
                 print(row, file=sys.stderr, flush=True)
@@ -72,7 +77,8 @@ def to_markdown(rows: list[dict[str, float | int | str]], command: str) -> str:
         "# Image loading: full-size vs reduced-scale JPEG decoding (CPU, one thread)", "",
         f"Command: `{command}`", "",
         f"Machine: {cpu_name()}; {datetime.now().strftime('%Y-%m-%d %H:%M')}. Time = median ms per image to decode "
-        "(PIL) and resize to the network input (torchvision, bilinear, antialiased). `reduced` is what training, "
+        "(PIL) and resize to the network input (torchvision, bilinear, antialiased); full and reduced are timed in "
+        "interleaved rounds. `reduced` is what training, "
         f"evaluation, export checks, the tagger and the demo do: JPEGs are decoded at 1/2, 1/4 or 1/8 scale while "
         f"both sides stay >= {DECODE_MARGIN}x the network input. Difference = |reduced - full| of the resized "
         "uint8 pixels (0-255). Synthetic photo-like JPEGs, quality 90.", "",
