@@ -5,8 +5,9 @@ network with its BatchNorms folded, the fair baseline for the folded one): param
 (``torch.utils.flop_counter``: convolutions and matrix products), and latency / throughput in PyTorch eager
 (CPU, float32, inference mode) and ONNX Runtime (CPU execution provider, the dynamo-exported graph) at batch 1
 and 16, at the default training size and at 448 px. Each cell is the median of timed repeats after a warm-up;
-the four variants of a cell are timed in interleaved rounds, so their ratios are paired measurements.
-Results go to a markdown file with the command that produced them.
+the four variants of a cell are timed in interleaved rounds, so their ratios are paired measurements (the
+ONNX Runtime sessions do not spin-wait, or one session's idle threads would slow the next). Results go to a
+markdown file with the command that produced them.
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ def time_call(fn: Callable[[], Any], budget_s: float, min_repeats: int = 3) -> f
 
 def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, arch: str,
                    folder: Path) -> tuple[Any, Path]:
-    """Export ``model`` with the package's exporter and open it in ONNX Runtime (CPU): (session, ONNX path)."""
+    """Export ``model`` with the package's exporter and open it in ONNX Runtime (CPU): (session, ONNX path).
+
+    The session's worker threads do not spin-wait after a run: with several sessions timed in turn, a session's
+    spinning threads would otherwise take the cores from the next session's run and inflate its time."""
     import onnxruntime as ort
 
     from export.onnx_export import export_to_file
@@ -91,7 +95,9 @@ def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, ar
     path = folder / f"m{id(model)}-{image_size}.onnx"
     meta = ModelMeta(classes=[f"c{i}" for i in range(num_classes)], arch=arch, image_size=image_size)
     export_to_file(model, meta, path)
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), path
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), path
 
 
 def ort_op_profile(path: Path, image_size: int, runs: int = 5) -> dict[str, float]:
@@ -179,7 +185,8 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[s
         f"Machine: {cpu_name()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}; "
         f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
         "Latency = median wall time of one forward call on a batch (ms), the four variants of a cell timed in "
-        "interleaved rounds; throughput = images/s at that batch. "
+        "interleaved rounds (ONNX Runtime sessions without spin-waiting worker threads, so that one session's "
+        "idle threads do not slow the next one's run); throughput = images/s at that batch. "
         "`plain-folded` is the plain network with BatchNorm folded into the convolutions (what ONNX Runtime does "
         "to the plain graph anyway); `lgconv-folded` is what `python -m export` ships.", "",
     ]
