@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from train.compare import aggregate, main
+from train.compare import aggregate, main, markdown
 from train.trainer import CONFIG_FILE
 
 
@@ -29,6 +29,15 @@ def test_aggregate_gap_recovered_and_statistics() -> None:
     assert rows["em"]["gap"] == pytest.approx((26 - 21) / (31 - 21))
     assert rows["an"]["test"] == pytest.approx((21.0, math.sqrt(2.0)))  # sample std over seeds
     assert rows["em"]["recovery"] == (40.0, 0.0)
+
+
+def test_the_table_names_the_methods_below_an_only_when_an_is_in_it() -> None:
+    with_an = markdown(aggregate({"an": [_summary(20.0)], "bce": [_summary(30.0)], "em": [_summary(19.0)],
+                                  "opml": [_summary(21.0)]}), "cmd", "builtin", [], [])
+    assert "Methods below `an`: em." in with_an
+    without_an = markdown(aggregate({"em": [_summary(19.0)], "opml": [_summary(21.0)]}), "cmd", "builtin", [], [])
+    assert "below `an`" not in without_an
+    assert "| em | 1 | 19.00 ± 0.00 | n/a |" in without_an  # no gap recovered without an and bce
 
 
 def test_compare_runs_reuses_and_writes_the_table(builtin_cache: Path, tmp_path: Path) -> None:
