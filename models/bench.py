@@ -100,38 +100,64 @@ def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, ar
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), path
 
 
-def ort_op_profile(path: Path, image_size: int, runs: int = 5) -> dict[str, float]:
+def ort_op_profiles(paths: dict[str, Path], image_size: int, runs: int = 20,
+                    warmup: int = 2) -> dict[str, dict[str, float]]:
     """Milliseconds per batch-1 run spent in each ONNX Runtime op type (CPU provider, ORT's own profiler), for
-    the model file ``path``; the optimised graph's ops (``Conv`` includes fused activations, ``ReorderOutput`` /
-    ``ReorderInput`` are the NCHWc layout conversions ORT inserts around its blocked convolutions)."""
+    each model file of ``paths`` (name -> ONNX path): name -> {op type: ms}, largest first.
+
+    The sessions run in interleaved rounds like :func:`time_interleaved` (and, like there, without spin-waiting
+    threads); the first ``warmup`` runs of each session are left out (the first one allocates and is 10-1000x
+    slower), and each op type's time is the median over the other ``runs`` runs. The ops are those of the
+    optimised graph: ``Conv`` includes fused activations, ``ReorderOutput`` / ``ReorderInput`` are the NCHWc
+    layout conversions ORT inserts around its blocked convolutions."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.enable_profiling = True
-    options.profile_file_prefix = str(path.with_suffix("")) + "-profile"
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    sessions = {}
+    for name, path in paths.items():
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(path.with_suffix("")) + "-profile"
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sessions[name] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feed = {"images": np.random.default_rng(0).random((1, 3, image_size, image_size), dtype=np.float32)}
-    for _ in range(runs + 1):
-        session.run(None, feed)
-    events = json.loads(Path(session.end_profiling()).read_text())
-    per_op: dict[str, float] = {}
+    names = list(sessions)
+    for round_ in range(warmup + runs):
+        for name in names if round_ % 2 == 0 else reversed(names):
+            sessions[name].run(None, feed)
+    return {name: per_op_medians(json.loads(Path(session.end_profiling()).read_text()), warmup)
+            for name, session in sessions.items()}
+
+
+def per_op_medians(events: list[dict[str, Any]], skip_runs: int) -> dict[str, float]:
+    """Median ms per run of each op type in an ONNX Runtime profile (its JSON ``events``), leaving out the first
+    ``skip_runs`` runs; node events are assigned to the ``model_run`` event whose time span holds them."""
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session"
+                   and e["name"] == "model_run")[skip_runs:]
+    per_run: list[dict[str, float]] = [{} for _ in spans]
     for event in events:
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            op = event["args"]["op_name"]
-            per_op[op] = per_op.get(op, 0.0) + event["dur"] / 1e3 / (runs + 1)
-    return dict(sorted(per_op.items(), key=lambda kv: -kv[1]))
+        if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
+            continue
+        for i, (t0, t1) in enumerate(spans):
+            if t0 <= event["ts"] <= t1:
+                op = event["args"]["op_name"]
+                per_run[i][op] = per_run[i].get(op, 0.0) + event["dur"] / 1e3
+                break
+    ops = {op for run in per_run for op in run}
+    medians = {op: statistics.median(run.get(op, 0.0) for run in per_run) for op in ops}
+    return dict(sorted(medians.items(), key=lambda kv: -kv[1]))
 
 
 def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, runtimes: list[str],
             num_classes: int = 20, profile: bool = False) -> list[dict[str, Any]]:
     """All rows of the table: one per (variant, image size); ``profile`` adds ``ort_profile`` to each row
-    (:func:`ort_op_profile`, batch 1). The variants of one cell (size, runtime, batch) are timed in interleaved
+    (:func:`ort_op_profiles`, batch 1). The variants of one cell (size, runtime, batch) are timed in interleaved
     rounds (:func:`time_interleaved`), so their ratios are paired measurements."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             models: dict[str, torch.nn.Module] = {}
             sessions: dict[str, Any] = {}
+            onnx_paths: dict[str, Path] = {}
             size_rows: dict[str, dict[str, Any]] = {}
             for name in VARIANTS:
                 model = models[name] = make_variant(name, arch, num_classes)
@@ -143,10 +169,11 @@ def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, ru
                     "gflops": count_flops(model, size) / 1e9,
                 }
                 if "onnxruntime" in runtimes:
-                    sessions[name], onnx_path = export_for_ort(model, size, num_classes, arch, Path(tmp))
-                    if profile:
-                        row["ort_profile"] = ort_op_profile(onnx_path, size)
+                    sessions[name], onnx_paths[name] = export_for_ort(model, size, num_classes, arch, Path(tmp))
                 size_rows[name] = row
+            if profile and onnx_paths:
+                for name, per_op in ort_op_profiles(onnx_paths, size).items():
+                    size_rows[name]["ort_profile"] = per_op
             for batch in batches:
                 x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
                 if "torch" in runtimes:
@@ -218,7 +245,9 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[s
 def _profile_markdown(rows: list[dict[str, Any]]) -> list[str]:
     """Per-op-type ONNX Runtime time at batch 1 (``--profile``), one table per input size."""
     lines = ["", "Where ONNX Runtime spends a batch-1 run (ms per run by op type of the optimised graph, ORT's "
-             "profiler; op kernels only, so the totals are a little under the latencies above):"]
+             "profiler: the four sessions run in interleaved rounds, 2 warm-up runs left out, each op type's median "
+             "over 20 runs; op kernels only, so the totals, sums of the medians, are a little under the latencies "
+             "above):"]
     for size in sorted({r["size"] for r in rows if "ort_profile" in r}):
         profiled = [r for r in rows if r["size"] == size and "ort_profile" in r]
         ops = sorted({op for r in profiled for op in r["ort_profile"]},

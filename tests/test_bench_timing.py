@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from models.bench import VARIANTS, export_for_ort, make_variant, time_call, time_interleaved
+from models.bench import (
+    VARIANTS,
+    export_for_ort,
+    make_variant,
+    ort_op_profiles,
+    per_op_medians,
+    time_call,
+    time_interleaved,
+)
 from models.bench import main as bench_main
 
 
@@ -64,3 +72,39 @@ def test_benchmark_sessions_do_not_spin_between_runs(tmp_path: Path) -> None:
     assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     logits = session.run(None, {"images": np.zeros((2, 3, 32, 32), dtype=np.float32)})[0]
     assert logits.shape == (2, 3)
+
+
+def _node(op: str, ts: int, dur: int) -> dict[str, object]:
+    return {"cat": "Node", "name": f"{op}_1_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
+
+
+def test_profile_leaves_out_warmup_runs_and_takesper_op_medians() -> None:
+    events = [
+        {"cat": "Session", "name": "session_initialization", "ts": 0, "dur": 50},
+        # run 0 (warm-up, 100x slower) at 100..1200, then runs at 2000, 3000, 4000 (listed out of order)
+        {"cat": "Session", "name": "model_run", "ts": 3000, "dur": 100},
+        {"cat": "Session", "name": "model_run", "ts": 100, "dur": 1100},
+        {"cat": "Session", "name": "model_run", "ts": 2000, "dur": 100},
+        {"cat": "Session", "name": "model_run", "ts": 4000, "dur": 100},
+        _node("Conv", 110, 1000), _node("Relu", 1150, 40),
+        _node("Conv", 2010, 10), _node("Conv", 2030, 20), _node("Relu", 2060, 4),  # 2 Conv nodes in one run
+        _node("Conv", 3010, 40), _node("Relu", 3060, 2),
+        _node("Conv", 4010, 50),  # no Relu in this run: counts as 0
+        {"cat": "Node", "name": "Conv_1_fence_before", "ts": 4005, "dur": 999, "args": {"op_name": "Conv"}},
+    ]
+    medians = per_op_medians(events, skip_runs=1)
+    assert list(medians) == ["Conv", "Relu"]  # largest first
+    assert medians["Conv"] == 0.040  # median of 30, 40, 50 us, in ms
+    assert medians["Relu"] == 0.002  # median of 4, 2, 0 us
+
+
+def test_profiles_of_interleaved_sessions_cover_the_real_graph(tmp_path: Path) -> None:
+    paths = {}
+    for name in ("plain", "plain-folded"):
+        _, paths[name] = export_for_ort(make_variant(name, "resnet18", 3), 32, 3, "resnet18", tmp_path)
+    profiles = ort_op_profiles(paths, 32, runs=3, warmup=1)
+    assert set(profiles) == {"plain", "plain-folded"}
+    for per_op in profiles.values():
+        assert "Conv" in per_op and per_op["Conv"] > 0.0
+        assert all(ms >= 0.0 for ms in per_op.values())
+        assert list(per_op.values()) == sorted(per_op.values(), reverse=True)

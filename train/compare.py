@@ -83,10 +83,11 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample std of the finite ``values``; std is NaN (unknown, not 0) for a single value."""
     values = [v for v in values if v is not None and not math.isnan(v)]
     if not values:
         return math.nan, math.nan
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
 
 
 def aggregate(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -107,7 +108,9 @@ def aggregate(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _fmt(pair: tuple[float, float]) -> str:
     mean, std = pair
-    return "n/a" if math.isnan(mean) else f"{mean:.2f} ± {std:.2f}"
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"  # one seed: no spread to show
 
 
 def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: list[str], failed: list[str],
@@ -153,7 +156,8 @@ def plot(rows: list[dict[str, Any]], path: Path, data: str) -> bool:
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(rows)), 4.0))
     names = [r["method"] for r in rows]
     colours = ["0.6" if n in ("bce", "iun") else ("tab:red" if n == "an" else "tab:blue") for n in names]
-    ax.bar(names, [r["test"][0] for r in rows], yerr=[r["test"][1] for r in rows], color=colours, capsize=3)
+    spreads = [0.0 if math.isnan(r["test"][1]) else r["test"][1] for r in rows]  # one seed: no error bar
+    ax.bar(names, [r["test"][0] for r in rows], yerr=spreads, color=colours, capsize=3)
     ax.set_ylabel("test mAP (%)")
     ax.set_title(f"val-selected test mAP on {data} (mean ± std over seeds)")
     ax.tick_params(axis="x", rotation=45)
