@@ -136,8 +136,9 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
         gap = "n/a" if math.isnan(r["gap"]) else f"{100 * r['gap']:.0f}%"
         lines.append(f"| {r['method']} | {r['seeds']} | {_fmt(r['test'])} | {gap} | {_fmt(r['val'])} | "
                      f"{_fmt(r['recovery'])} |")
-    if not math.isnan(an):  # without an `an` row there is nothing to compare against
-        below = [r["method"] for r in rows if r["method"] not in ("an", "bce", "iun") and r["test"][0] < an]
+    compared = [r for r in rows if r["method"] not in ("an", "bce", "iun")]
+    if not math.isnan(an) and compared:  # without an `an` row, or with nothing else, there is nothing to compare
+        below = [r["method"] for r in compared if r["test"][0] < an]
         lines += ["", "Methods below `an`: " + (", ".join(below) if below else "none") + "."]
     if failed:
         lines += ["", "Runs that failed (not in the table): " + ", ".join(failed) + "."]
