@@ -34,6 +34,7 @@ from models.resnet import build_model
 from train.bench import cpu_name
 
 VARIANTS = ("plain", "plain-folded", "lgconv", "lgconv-folded")
+PROFILE_WARMUP, PROFILE_RUNS = 2, 20  # --profile: runs left out, then runs whose per-op median is reported
 
 
 def make_variant(name: str, arch: str, num_classes: int) -> torch.nn.Module:
@@ -88,20 +89,29 @@ def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, ar
 
     The session's worker threads do not spin-wait after a run: with several sessions timed in turn, a session's
     spinning threads would otherwise take the cores from the next session's run and inflate its time."""
-    import onnxruntime as ort
-
     from export.onnx_export import export_to_file
 
     path = folder / f"m{id(model)}-{image_size}.onnx"
     meta = ModelMeta(classes=[f"c{i}" for i in range(num_classes)], arch=arch, image_size=image_size)
     export_to_file(model, meta, path)
+    return _cpu_session(path), path
+
+
+def _cpu_session(path: Path, profile: bool = False) -> Any:
+    """An ONNX Runtime CPU session on ``path`` whose worker threads do not spin-wait between runs; ``profile``
+    switches on ORT's profiler (its JSON goes next to ``path``)."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), path
+    if profile:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(path.with_suffix("")) + "-profile"
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def ort_op_profiles(paths: dict[str, Path], image_size: int, runs: int = 20,
-                    warmup: int = 2) -> dict[str, dict[str, float]]:
+def ort_op_profiles(paths: dict[str, Path], image_size: int, runs: int = PROFILE_RUNS,
+                    warmup: int = PROFILE_WARMUP) -> dict[str, dict[str, float]]:
     """Milliseconds per batch-1 run spent in each ONNX Runtime op type (CPU provider, ORT's own profiler), for
     each model file of ``paths`` (name -> ONNX path): name -> {op type: ms}, largest first.
 
@@ -110,15 +120,7 @@ def ort_op_profiles(paths: dict[str, Path], image_size: int, runs: int = 20,
     slower), and each op type's time is the median over the other ``runs`` runs. The ops are those of the
     optimised graph: ``Conv`` includes fused activations, ``ReorderOutput`` / ``ReorderInput`` are the NCHWc
     layout conversions ORT inserts around its blocked convolutions."""
-    import onnxruntime as ort
-
-    sessions = {}
-    for name, path in paths.items():
-        options = ort.SessionOptions()
-        options.enable_profiling = True
-        options.profile_file_prefix = str(path.with_suffix("")) + "-profile"
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sessions[name] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    sessions = {name: _cpu_session(path, profile=True) for name, path in paths.items()}
     feed = {"images": np.random.default_rng(0).random((1, 3, image_size, image_size), dtype=np.float32)}
     names = list(sessions)
     for round_ in range(warmup + runs):
@@ -245,9 +247,9 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[s
 def _profile_markdown(rows: list[dict[str, Any]]) -> list[str]:
     """Per-op-type ONNX Runtime time at batch 1 (``--profile``), one table per input size."""
     lines = ["", "Where ONNX Runtime spends a batch-1 run (ms per run by op type of the optimised graph, ORT's "
-             "profiler: the four sessions run in interleaved rounds, 2 warm-up runs left out, each op type's median "
-             "over 20 runs; op kernels only, so the totals, sums of the medians, are a little under the latencies "
-             "above):"]
+             f"profiler: the four sessions run in interleaved rounds, {PROFILE_WARMUP} warm-up runs left out, each op "
+             f"type's median over {PROFILE_RUNS} runs; op kernels only, so the totals, sums of the medians, are a "
+             "little under the latencies above):"]
     for size in sorted({r["size"] for r in rows if "ort_profile" in r}):
         profiled = [r for r in rows if r["size"] == size and "ort_profile" in r]
         ops = sorted({op for r in profiled for op in r["ort_profile"]},

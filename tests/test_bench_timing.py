@@ -78,7 +78,7 @@ def _node(op: str, ts: int, dur: int) -> dict[str, object]:
     return {"cat": "Node", "name": f"{op}_1_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
 
 
-def test_profile_leaves_out_warmup_runs_and_takesper_op_medians() -> None:
+def test_profile_leaves_out_warmup_runs_and_takes_per_op_medians() -> None:
     events = [
         {"cat": "Session", "name": "session_initialization", "ts": 0, "dur": 50},
         # run 0 (warm-up, 100x slower) at 100..1200, then runs at 2000, 3000, 4000 (listed out of order)
