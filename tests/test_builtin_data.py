@@ -59,19 +59,24 @@ def tiny_digests(tiny_dir: Path) -> dict[str, str]:
 
 
 def test_classes_and_pairs_are_well_formed() -> None:
-    """20 distinct class names, 5 valid co-occurring pairs, the three presets' sizes."""
+    """20 distinct class names, 5 valid co-occurring pairs, the presets' sizes."""
     assert len(CLASS_NAMES) == 20
     assert len(set(CLASS_NAMES)) == 20
     assert all(name and name.isidentifier() and ";" not in name for name in CLASS_NAMES)
     assert len(COOCCURRING_PAIRS) == 5
     for a, b in COOCCURRING_PAIRS:
         assert a in CLASS_NAMES and b in CLASS_NAMES and a != b
-    assert {"tiny", "default", "large"} <= set(PRESETS)
+    assert {"tiny", "small", "default", "large"} <= set(PRESETS)
     assert (TINY.image_size, TINY.n_train, TINY.n_test) == (64, 200, 80)
     assert (PRESETS["default"].image_size, PRESETS["default"].n_train, PRESETS["default"].n_test) == (
         96, 16000, 2000)
     assert (PRESETS["large"].image_size, PRESETS["large"].n_train, PRESETS["large"].n_test) == (
         448, 30000, 6000)
+    # small is a prefix of default (images are seeded by split and index only): same image size, same test set
+    small, default = PRESETS["small"], PRESETS["default"]
+    assert (small.image_size, small.n_train, small.n_test) == (96, 2000, 2000)
+    assert small.image_size == default.image_size and small.n_test == default.n_test
+    assert small.n_train < default.n_train
 
 
 def test_unknown_preset_and_bad_seed_raise_data_error(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = TrainConfig()
     g = p.add_argument_group("data and protocol")
-    g.add_argument("--data", help="dataset: builtin[:tiny|default|large][@seedN], csv:FILE, voc:DIR, coco:DIR "
+    g.add_argument("--data", help="dataset: builtin[:tiny|small|default|large][@seedN], csv:FILE, voc:DIR, coco:DIR "
                    f"or a path (auto-detected). Default: {d.data}")
     g.add_argument("--observed", help="training labels: single (one positive per image, the papers' "
                    f"protocol), full, or partial:R (each label kept with probability R). Default: {d.observed}")

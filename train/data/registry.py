@@ -85,7 +85,7 @@ DATASET_KINDS: dict[str, Callable[[str], DatasetSplits]] = {
 }
 
 _FORMS: dict[str, str] = {
-    "builtin": "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, default, large)",
+    "builtin": "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, small, default, large)",
     "csv": "csv:<labels.csv | folder>         generic CSV (image,labels[,split]; classes.txt optional)",
     "voc": "voc:<VOCdevkit | VOC20xx folder>  PASCAL VOC 2007/2012",
     "coco": "coco:<root>                       MS-COCO 2014/2017 (annotations/instances_*.json)",
