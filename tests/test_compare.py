@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from train.compare import aggregate, main, markdown
-from train.trainer import CONFIG_FILE
+from train.compare import aggregate, last_epoch_val_map, main, markdown
+from train.trainer import CONFIG_FILE, METRICS_FILE
 
 
 def _summary(test: float, val: float = 50.0, recovery: float | None = 40.0) -> dict:
@@ -41,6 +41,17 @@ def test_the_table_names_the_methods_below_an_only_when_an_is_in_it() -> None:
     assert "below `an`" not in only_bounds  # no method to compare: no "none" line either
 
 
+def test_last_epoch_val_map_reads_the_metrics_file(tmp_path: Path) -> None:
+    assert math.isnan(last_epoch_val_map(tmp_path))  # no metrics file
+    lines = [{"epoch": 1, "val_mAP": 30.0}, {"epoch": 2, "val_mAP": 25.0, "val_mAP_ema": 27.5}]
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines) + "\n")
+    assert last_epoch_val_map(tmp_path) == 27.5  # the last epoch, the better of model and EMA
+    rows = aggregate({"an": [{**_summary(20.0), "last_val": 25.0}, {**_summary(22.0), "last_val": 27.0}]})
+    assert rows[0]["last_val"] == pytest.approx((26.0, math.sqrt(2.0)))
+    assert "| an | 2 | 21.00 ± 1.41 | n/a | 50.00 ± 0.00 | 26.00 ± 1.41 | 40.00 ± 0.00 |" in markdown(
+        rows, "cmd", "builtin", [], [])
+
+
 def test_one_seed_has_no_spread_to_show() -> None:
     assert math.isnan(aggregate({"em": [_summary(19.0)]})[0]["test"][1])  # the spread of one seed is unknown
     text = markdown(aggregate({"em": [_summary(19.0)], "opml": [_summary(21.0)]}), "cmd", "builtin", [], [])
@@ -64,6 +75,9 @@ def test_compare_runs_reuses_and_writes_the_table(builtin_cache: Path, tmp_path:
         mean = sum(values) / 2
         assert f"| {method} | 2 | {mean:.2f} ± " in text
     assert "| an | 2 |" in text
+    last = {name: last_epoch_val_map(tmp_path / "runs" / name) for name in runs}
+    assert not any(math.isnan(v) for v in last.values())
+    assert f"| {(last['an-seed0'] + last['an-seed1']) / 2:.2f} ± " in text  # the last epoch's val mAP column
     if sum(tests["bce"]) > sum(tests["an"]):  # the gap is defined only when the oracle beats an
         assert "| 0% |" in text and "| 100% |" in text
     else:

@@ -9,8 +9,9 @@ arguments, trained first when missing) with a new head: the papers fine-tune pre
 from-scratch CPU budget does not give.
 
 The results table - val-selected test mAP mean +- std over seeds, the gap recovered ``(method - an) /
-(bce - an)`` and Cole et al.'s label recovery (training-set mAP against the hidden full labels) - is written
-to a markdown file with the exact command, plus a bar plot when matplotlib is installed.
+(bce - an)``, the validation mAP of the best and of the last epoch (a last epoch far below the best one is a
+network fitting its wrong targets) and Cole et al.'s label recovery (training-set mAP against the hidden full
+labels) - is written to a markdown file with the exact command, plus a bar plot when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -60,8 +61,25 @@ def check_existing_run(run: Path, argv: list[str]) -> None:
                           "--runs-dir or remove that folder")
 
 
+def last_epoch_val_map(run: Path) -> float:
+    """The validation mAP of the last epoch in ``run``'s metrics file (the better of the model's and its EMA's,
+    as the trainer chooses); NaN when the file has none."""
+    from train.trainer import METRICS_FILE
+
+    last = math.nan
+    path = run / METRICS_FILE
+    if path.is_file():
+        for line in filter(str.strip, path.read_text().splitlines()):
+            record = json.loads(line)
+            values = [float(record[k]) for k in ("val_mAP", "val_mAP_ema") if isinstance(record.get(k), (int, float))]
+            if values:
+                last = max(values)
+    return last
+
+
 def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str]) -> dict[str, Any] | None:
-    """Train (or resume, or reuse) one run; returns its summary.json content, None if it failed.
+    """Train (or resume, or reuse) one run; returns its summary.json content plus ``last_val`` (the last
+    epoch's validation mAP), None if it failed.
 
     Raises :class:`RunMismatch` when the run folder exists with other settings."""
     run = runs_dir / f"{method}-seed{seed}"
@@ -69,7 +87,7 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
     check_existing_run(run, _train_argv(method, seed, data, runs_dir, run.name, train_args))
     if summary.is_file():
         print(f"{run.name}: done already", flush=True)
-        return json.loads(summary.read_text())
+        return {**json.loads(summary.read_text()), "last_val": last_epoch_val_map(run)}
     if (run / "last.pt").is_file():
         cmd = [sys.executable, "-m", "train", "--resume", str(run), "--no-progress"]
     else:
@@ -79,7 +97,7 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
     if proc.returncode != 0 or not summary.is_file():
         print(f"{run.name}: FAILED (exit {proc.returncode})", file=sys.stderr, flush=True)
         return None
-    return json.loads(summary.read_text())
+    return {**json.loads(summary.read_text()), "last_val": last_epoch_val_map(run)}
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -91,13 +109,16 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def aggregate(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per method: seeds, test / val / label-recovery mAP mean and std, and the gap recovered vs an and bce."""
+    """Per method: seeds, test / best-val / last-epoch-val / label-recovery mAP mean and std, and the gap
+    recovered vs an and bce."""
     rows = []
     for method, summaries in results.items():
         test = _mean_std([s.get("test", {}).get("mAP", math.nan) for s in summaries])
         val = _mean_std([s["val"]["mAP"] for s in summaries])
+        last_val = _mean_std([s.get("last_val", math.nan) for s in summaries])
         recovery = _mean_std([s.get("train_recovery", {}).get("mAP", math.nan) for s in summaries])
-        rows.append({"method": method, "seeds": len(summaries), "test": test, "val": val, "recovery": recovery})
+        rows.append({"method": method, "seeds": len(summaries), "test": test, "val": val, "last_val": last_val,
+                     "recovery": recovery})
     means = {r["method"]: r["test"][0] for r in rows}
     an, bce = means.get("an", math.nan), means.get("bce", math.nan)
     for r in rows:
@@ -124,18 +145,20 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
         "Command:", "", "```", command, "```", "",
         f"Training arguments shared by every run: `{shlex.join(train_args) or '(defaults)'}`. Test mAP is the "
         "test-set mAP of the epoch with the best validation mAP (the papers' protocol), mean ± std over seeds. "
-        "Gap recovered = (method - an) / (bce - an). Label recovery = mAP of that model on the training set "
-        "against its hidden full labels (Cole et al.). `bce` (full labels) and `iun` (observed positive + all "
-        "true negatives) are reference bounds that see labels the other methods do not." + (
+        "Gap recovered = (method - an) / (bce - an). Val mAP is the best epoch's; the last epoch's is below it "
+        "when the network has started to fit its wrong targets (memorisation). Label recovery = mAP of the "
+        "best epoch's model on the training set against its hidden full labels (Cole et al.). `bce` (full "
+        "labels) and `iun` (observed positive + all true negatives) are reference bounds that see labels the "
+        "other methods do not." + (
             f" Every run of seed N starts from the backbone of `{warm_start}/an-seedN/best.pt` (AN with the same "
             "arguments) and a new head (`--weights ... --reset-head`)." if warm_start else ""), "",
-        "| method | seeds | test mAP | gap recovered | val mAP | label recovery mAP |",
-        "|---|---|---|---|---|---|",
+        "| method | seeds | test mAP | gap recovered | val mAP | val mAP, last epoch | label recovery mAP |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         gap = "n/a" if math.isnan(r["gap"]) else f"{100 * r['gap']:.0f}%"
         lines.append(f"| {r['method']} | {r['seeds']} | {_fmt(r['test'])} | {gap} | {_fmt(r['val'])} | "
-                     f"{_fmt(r['recovery'])} |")
+                     f"{_fmt(r['last_val'])} | {_fmt(r['recovery'])} |")
     compared = [r for r in rows if r["method"] not in ("an", "bce", "iun")]
     if not math.isnan(an) and compared:  # without an `an` row, or with nothing else, there is nothing to compare
         below = [r["method"] for r in compared if r["test"][0] < an]
