@@ -56,6 +56,12 @@ def count_flops(model: torch.nn.Module, image_size: int) -> int:
     return int(counter.get_total_flops())
 
 
+def interleaved_order(names: list[str], round_: int) -> list[str]:
+    """The order in which round ``round_`` runs ``names``: as given on even rounds, reversed on odd ones, so no
+    name always runs first (or always right after the same neighbour)."""
+    return names if round_ % 2 == 0 else names[::-1]
+
+
 def time_interleaved(fns: dict[str, Callable[[], Any]], budget_s: float, min_rounds: int = 3,
                      max_rounds: int = 50) -> dict[str, float]:
     """Median seconds per call of each function of ``fns`` (name -> function), timed in interleaved rounds.
@@ -70,7 +76,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], budget_s: float, min_rou
     start = time.perf_counter()
     rounds = 0
     while rounds < min_rounds or (rounds < max_rounds and time.perf_counter() - start < budget_s * len(names)):
-        for name in names if rounds % 2 == 0 else reversed(names):
+        for name in interleaved_order(names, rounds):
             t0 = time.perf_counter()
             fns[name]()
             times[name].append(time.perf_counter() - t0)
@@ -124,7 +130,7 @@ def ort_op_profiles(paths: dict[str, Path], image_size: int, runs: int = PROFILE
     feed = {"images": np.random.default_rng(0).random((1, 3, image_size, image_size), dtype=np.float32)}
     names = list(sessions)
     for round_ in range(warmup + runs):
-        for name in names if round_ % 2 == 0 else reversed(names):
+        for name in interleaved_order(names, round_):
             sessions[name].run(None, feed)
     return {name: per_op_medians(json.loads(Path(session.end_profiling()).read_text()), warmup)
             for name, session in sessions.items()}

@@ -72,11 +72,26 @@ def test_classes_and_pairs_are_well_formed() -> None:
         96, 16000, 2000)
     assert (PRESETS["large"].image_size, PRESETS["large"].n_train, PRESETS["large"].n_test) == (
         448, 30000, 6000)
-    # small is a prefix of default (images are seeded by split and index only): same image size, same test set
     small, default = PRESETS["small"], PRESETS["default"]
     assert (small.image_size, small.n_train, small.n_test) == (96, 2000, 2000)
-    assert small.image_size == default.image_size and small.n_test == default.n_test
-    assert small.n_train < default.n_train
+    assert small.image_size == default.image_size and small.n_test == default.n_test  # see the prefix test
+
+
+def test_a_smaller_preset_is_a_prefix_of_a_larger_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes `small` the first 2,000 training images of `default` with its test set: two presets of one
+    image size write byte-identical images and labels for the indices they share."""
+    monkeypatch.setitem(PRESETS, "few", builtin.BuiltinPreset("few", 32, 3, 2))
+    monkeypatch.setitem(PRESETS, "more", builtin.BuiltinPreset("more", 32, 6, 2))
+    few = ensure_builtin("few", seed=0, cache_dir=tmp_path, workers=1, progress=False)
+    more = ensure_builtin("more", seed=0, cache_dir=tmp_path, workers=2, progress=False)
+    few_files = {k: v for k, v in _digests(few).items() if k.startswith("images/")}
+    assert len(few_files) == 5
+    assert few_files.items() <= _digests(more).items()
+    with (few / "labels.csv").open() as a, (more / "labels.csv").open() as b:
+        few_rows, more_rows = list(csv.DictReader(a)), list(csv.DictReader(b))
+    more_by_image = {row["image"]: row for row in more_rows}
+    assert all(more_by_image[row["image"]] == row for row in few_rows)
+    assert len(more_rows) == 8
 
 
 def test_unknown_preset_and_bad_seed_raise_data_error(tmp_path: Path) -> None:
