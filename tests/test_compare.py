@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from train.compare import aggregate, last_epoch_val_map, main, markdown
+from train.compare import aggregate, last_epoch_val_map, main, markdown, parse_grid
 from train.trainer import CONFIG_FILE, METRICS_FILE
 
 
@@ -128,3 +128,31 @@ def test_the_default_comparison_covers_every_registered_method() -> None:
     from train.methods import METHODS
 
     assert sorted(DEFAULT_METHODS) == sorted(METHODS)
+
+
+def test_parse_grid_reads_one_option_and_rejects_conflicts() -> None:
+    assert parse_grid("linear-init-lr=1e-2, 1e-3", ["--epochs", "0"]) == ("linear-init-lr", ["1e-2", "1e-3"])
+    assert parse_grid("--lr=1e-4", []) == ("lr", ["1e-4"])
+    for bad in ("lr", "=1e-3", "lr=", "lr=1e-3,1e-3"):
+        with pytest.raises(ValueError):
+            parse_grid(bad, [])
+    with pytest.raises(ValueError, match="both in --grid and in the fixed"):
+        parse_grid("lr=1e-3,1e-4", ["--epochs", "1", "--lr", "1e-2"])
+
+
+def test_grid_keeps_the_run_with_the_best_val_map_for_each_method(builtin_cache: Path, tmp_path: Path) -> None:
+    runs, out = tmp_path / "runs", tmp_path / "m.md"
+    args = ["--methods", "an", "--seeds", "0", "--data", "builtin:tiny", "--runs-dir", str(runs), "--output",
+            str(out), "--grid", "linear-init-lr=1e-1,1e-4", "--", "--epochs", "0", "--linear-init", "2",
+            "--image-size", "32", "--batch-size", "16", "--workers", "0", "--no-lgconv"]
+    assert main(args) == 0
+    assert sorted(p.name for p in runs.iterdir()) == ["an-seed0-linear-init-lr1e-1", "an-seed0-linear-init-lr1e-4"]
+    summaries = {p.name.rsplit("lr", 1)[1]: json.loads((p / "summary.json").read_text()) for p in runs.iterdir()}
+    for value in summaries:
+        config = json.loads((runs / f"an-seed0-linear-init-lr{value}" / CONFIG_FILE).read_text())["config"]
+        assert config["linear_init_lr"] == float(value) and config["epochs"] == 0
+    value, best = max(summaries.items(), key=lambda kv: kv[1]["val"]["mAP"])
+    text = out.read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith("| an |")]
+    assert row.startswith(f"| an | 1 | {best['test']['mAP']:.2f} |") and row.endswith(f"| {value} |")
+    assert "chosen --linear-init-lr" in text and "every value of `--linear-init-lr` in {1e-1, 1e-4}" in text

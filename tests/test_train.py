@@ -192,6 +192,27 @@ def test_linear_init_trains_only_the_head_first_then_end_to_end(builtin_cache: P
     assert summary["test"]["num_images"] == 80
 
 
+def test_linear_probe_keeps_the_backbone_and_reports_the_best_linear_epoch(builtin_cache: Path,
+                                                                          tmp_path: Path) -> None:
+    trainer = Trainer(_cfg(tmp_path, name="probe", method="role", linear_init=3, epochs=0, linear_init_lr=1e-2))
+    backbone_before = {k: v.clone() for k, v in trainer.model.backbone.state_dict().items()}
+    summary = trainer.fit()
+    for key, value in trainer.model.backbone.state_dict().items():  # no end-to-end phase: never trained
+        torch.testing.assert_close(value, backbone_before[key], rtol=0, atol=0, msg=key)
+    lines = [json.loads(x) for x in (tmp_path / "probe" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2, 3] and all(x["phase"] == 1.0 for x in lines)
+    best = max(lines, key=lambda x: x["val_mAP"])
+    assert summary["best_epoch"] == best["epoch"]
+    # the reported checkpoint is the best linear epoch's head on the untouched backbone
+    assert summary["val"]["mAP"] == pytest.approx(best["val_mAP"], abs=1e-6)
+    assert summary["test"]["num_images"] == 80
+
+
+def test_epochs_zero_needs_linear_init(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*FAST, "--epochs", "0", "--runs-dir", str(tmp_path)]) == 2
+    assert "--epochs must be >= 1 (0 only with --linear-init N" in capsys.readouterr().err
+
+
 def test_linear_init_resume_inside_phase_one(builtin_cache: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     args = [*FAST, "--method", "role", "--linear-init", "2", "--epochs", "1", "--workers", "0",

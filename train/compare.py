@@ -6,7 +6,9 @@ Finished runs are reused and interrupted ones resumed, so a long comparison can 
 same command again; a run folder trained with other settings is an error, never silently reused.
 ``--warm-start DIR`` starts every run of seed N from the backbone of ``DIR/an-seedN`` (an AN run with the same
 arguments, trained first when missing) with a new head: the papers fine-tune pretrained features, which a
-from-scratch CPU budget does not give.
+from-scratch CPU budget does not give. ``--grid NAME=V1,V2,...`` trains every (method, seed) pair once per value
+of one training option (run folders ``<method>-seed<seed>-<NAME><V>``) and keeps the run with the best
+validation mAP, as Cole et al. pick each method's learning rate and batch size.
 
 The results table - val-selected test mAP mean +- std over seeds, the gap recovered ``(method - an) /
 (bce - an)``, the validation mAP of the best and of the last epoch (a last epoch far below the best one is a
@@ -77,12 +79,13 @@ def last_epoch_val_map(run: Path) -> float:
     return last
 
 
-def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str]) -> dict[str, Any] | None:
-    """Train (or resume, or reuse) one run; returns its summary.json content plus ``last_val`` (the last
-    epoch's validation mAP), None if it failed.
+def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str],
+            suffix: str = "") -> dict[str, Any] | None:
+    """Train (or resume, or reuse) the run ``RUNS_DIR/<method>-seed<seed><suffix>``; returns its summary.json
+    content plus ``last_val`` (the last epoch's validation mAP), None if it failed.
 
     Raises :class:`RunMismatch` when the run folder exists with other settings."""
-    run = runs_dir / f"{method}-seed{seed}"
+    run = runs_dir / f"{method}-seed{seed}{suffix}"
     summary = run / "summary.json"
     check_existing_run(run, _train_argv(method, seed, data, runs_dir, run.name, train_args))
     if summary.is_file():
@@ -98,6 +101,33 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
         print(f"{run.name}: FAILED (exit {proc.returncode})", file=sys.stderr, flush=True)
         return None
     return {**json.loads(summary.read_text()), "last_val": last_epoch_val_map(run)}
+
+
+def parse_grid(spec: str, train_args: list[str]) -> tuple[str, list[str]]:
+    """``NAME=V1,V2,...`` -> (``NAME``, values); ``ValueError`` when malformed, when a value repeats or when
+    ``--NAME`` is also among the fixed ``train_args``."""
+    name, _, values_text = spec.partition("=")
+    name = name.strip().removeprefix("--")
+    values = [v.strip() for v in values_text.split(",") if v.strip()]
+    if not name or not values:
+        raise ValueError(f"--grid takes NAME=V1,V2,... (e.g. linear-init-lr=1e-2,1e-3), got {spec!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"--grid {spec!r} repeats a value")
+    if any(a == f"--{name}" or a.startswith(f"--{name}=") for a in train_args):
+        raise ValueError(f"--{name} is both in --grid and in the fixed training arguments")
+    return name, values
+
+
+def best_of_grid(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str], name: str,
+                 values: list[str]) -> dict[str, Any] | None:
+    """Train ``method`` / ``seed`` once per grid value of ``--NAME`` and return the summary (with ``grid_value``)
+    of the run with the best validation mAP; None when every run failed."""
+    best: dict[str, Any] | None = None
+    for value in values:
+        summary = run_one(method, seed, data, runs_dir, [*train_args, f"--{name}", value], f"-{name}{value}")
+        if summary is not None and (best is None or summary["val"]["mAP"] > best["val"]["mAP"]):
+            best = {**summary, "grid_value": value}
+    return best
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -118,7 +148,7 @@ def aggregate(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         last_val = _mean_std([s.get("last_val", math.nan) for s in summaries])
         recovery = _mean_std([s.get("train_recovery", {}).get("mAP", math.nan) for s in summaries])
         rows.append({"method": method, "seeds": len(summaries), "test": test, "val": val, "last_val": last_val,
-                     "recovery": recovery})
+                     "recovery": recovery, "chosen": [str(s["grid_value"]) for s in summaries if "grid_value" in s]})
     means = {r["method"]: r["test"][0] for r in rows}
     an, bce = means.get("an", math.nan), means.get("bce", math.nan)
     for r in rows:
@@ -135,8 +165,9 @@ def _fmt(pair: tuple[float, float]) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: list[str], failed: list[str],
-             warm_start: Path | None = None) -> str:
-    """The results page: settings, command, table, and the methods that do not beat ``an``."""
+             warm_start: Path | None = None, grid: tuple[str, list[str]] | None = None) -> str:
+    """The results page: settings, command, table (with the chosen grid value per seed when ``grid`` is given),
+    and the methods that do not beat ``an``."""
     an = next((r["test"][0] for r in rows if r["method"] == "an"), math.nan)
     lines = [
         f"# Method comparison on `{data}`", "",
@@ -151,14 +182,19 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
         "labels) and `iun` (observed positive + all true negatives) are reference bounds that see labels the "
         "other methods do not." + (
             f" Every run of seed N starts from the backbone of `{warm_start}/an-seedN/best.pt` (AN with the same "
-            "arguments) and a new head (`--weights ... --reset-head`)." if warm_start else ""), "",
-        "| method | seeds | test mAP | gap recovered | val mAP | val mAP, last epoch | label recovery mAP |",
-        "|---|---|---|---|---|---|---|",
+            "arguments) and a new head (`--weights ... --reset-head`)." if warm_start else "") + (
+            f" Each method and seed is trained with every value of `--{grid[0]}` in {{{', '.join(grid[1])}}}; "
+            "the run with the best validation mAP is the one in the table (its value per seed in the last "
+            "column)." if grid else ""), "",
+        "| method | seeds | test mAP | gap recovered | val mAP | val mAP, last epoch | label recovery mAP |"
+        + (f" chosen --{grid[0]} |" if grid else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if grid else ""),
     ]
     for r in rows:
         gap = "n/a" if math.isnan(r["gap"]) else f"{100 * r['gap']:.0f}%"
+        chosen = f" {' / '.join(r['chosen'])} |" if grid else ""
         lines.append(f"| {r['method']} | {r['seeds']} | {_fmt(r['test'])} | {gap} | {_fmt(r['val'])} | "
-                     f"{_fmt(r['last_val'])} | {_fmt(r['recovery'])} |")
+                     f"{_fmt(r['last_val'])} | {_fmt(r['recovery'])} |{chosen}")
     compared = [r for r in rows if r["method"] not in ("an", "bce", "iun")]
     if not math.isnan(an) and compared:  # without an `an` row, or with nothing else, there is nothing to compare
         below = [r["method"] for r in compared if r["test"][0] < an]
@@ -210,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-start", type=Path, metavar="DIR", help="start every run of seed N from the backbone "
                    "of DIR/an-seedN/best.pt with a new head (--weights FILE --reset-head); DIR/an-seedN is "
                    "trained first, with the same arguments, when missing")
+    p.add_argument("--grid", metavar="NAME=V1,V2,...", help="train each method and seed once per value of one "
+                   "training option (e.g. linear-init-lr=1e-2,1e-3,1e-4) and keep the run with the best "
+                   "validation mAP (Cole et al.'s per-method search)")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
@@ -221,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--seeds takes comma-separated integers")
     if args.warm_start is not None and any(a.startswith(("--weights", "--reset-head")) for a in train_args):
         p.error("--warm-start sets --weights and --reset-head itself; leave them out of the training arguments")
+    grid = None
+    if args.grid is not None:
+        try:
+            grid = parse_grid(args.grid, train_args)
+        except ValueError as exc:
+            p.error(str(exc))
     results: dict[str, list[dict[str, Any]]] = {}
     failed = []
     try:
@@ -232,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 seed_args += ["--weights", str(args.warm_start / f"an-seed{seed}" / "best.pt"), "--reset-head"]
             for method in methods:
-                summary = run_one(method, seed, args.data, args.runs_dir, seed_args)
+                if grid is None:
+                    summary = run_one(method, seed, args.data, args.runs_dir, seed_args)
+                else:
+                    summary = best_of_grid(method, seed, args.data, args.runs_dir, seed_args, *grid)
                 if summary is None:
                     failed.append(f"{method}-seed{seed}")
                 else:
@@ -246,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.output or Path("bench") / f"methods-{safe}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "python -m train.compare " + shlex.join(original)
-    out.write_text(markdown(rows, command.strip(), args.data, train_args, failed, args.warm_start))
+    out.write_text(markdown(rows, command.strip(), args.data, train_args, failed, args.warm_start, grid))
     drew = plot(rows, out.with_suffix(".png"), args.data)
     print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if drew else " (no plot: pip install matplotlib)"))
     return 1 if failed else 0

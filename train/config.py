@@ -145,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "then the method's published settings for the dataset: em/em-apl batch and lr per "
                    "dataset, lac AdamW + OneCycle 1e-4 + EMA for 40 epochs per stage, pu-mlc's README "
                    "commands for voc/coco)")
-    g.add_argument("--epochs", type=int, help=f"Default: {d.epochs}")
+    g.add_argument("--epochs", type=int, help="end-to-end epochs; 0 with --linear-init N trains only the head on "
+                   "fixed backbone features (Cole et al.'s linear protocol, a linear probe). "
+                   f"Default: {d.epochs}")
     g.add_argument("--batch-size", type=int, help=f"Default: {d.batch_size}")
     g.add_argument("--eval-batch-size", type=int, help=f"Default: {d.eval_batch_size}")
     g.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], help=f"Default: {d.optimizer}")
@@ -163,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-grad", type=float, help="max gradient norm (0 = off)")
     g.add_argument("--linear-init", type=int, metavar="EPOCHS", help="LinearInit (Cole et al.): first train "
                    "the head (and the method's own parameters) for EPOCHS epochs on fixed backbone features, "
-                   "restore its best val epoch, then train end to end for --epochs (0 = off)")
+                   "restore its best val epoch, then train end to end for --epochs (0 = off; with --epochs 0 the "
+                   "run is a linear probe and its best linear epoch is the result)")
     g.add_argument("--linear-init-lr", type=float, help=f"Adam learning rate of the linear phase. "
                    f"Default: {d.linear_init_lr}")
     g = p.add_argument_group("run")
@@ -217,7 +220,8 @@ def validate(cfg: TrainConfig) -> None:
     """Raise ``ValueError`` with a readable message for inconsistent settings."""
     parse_observed(cfg.observed)
     checks = [
-        (cfg.epochs >= 1, "--epochs must be >= 1"),
+        (cfg.epochs >= 1 or (cfg.epochs == 0 and cfg.linear_init >= 1),
+         "--epochs must be >= 1 (0 only with --linear-init N: a linear probe on fixed features)"),
         (cfg.batch_size >= 1 and cfg.eval_batch_size >= 1, "batch sizes must be >= 1"),
         (cfg.lr > 0, "--lr must be > 0"),
         (cfg.image_size >= 16, "--image-size must be >= 16"),

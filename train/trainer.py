@@ -205,7 +205,8 @@ class Trainer:
         if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         # Training stages (one for most methods): each starts from the previous stage's best weights.
-        self.stage_plan = method_cls.stage_epochs(self.hparams, cfg.epochs)
+        # --epochs 0 (only with --linear-init): a linear probe, no end-to-end stage at all
+        self.stage_plan = method_cls.stage_epochs(self.hparams, cfg.epochs) if cfg.epochs else [0]
         self.total_epochs = cfg.linear_init + sum(self.stage_plan)
         ctx = MethodContext(
             num_classes=num_classes,
@@ -457,7 +458,8 @@ class Trainer:
             log(f"{cfg.method} trains in {len(self.stage_plan)} stages of {', '.join(map(str, self.stage_plan))} "
                 "epochs; each stage starts from the previous stage's best weights")
         if self.start_epoch <= cfg.linear_init:
-            log(f"LinearInit: {cfg.linear_init} epochs on fixed {cfg.arch} features, then {cfg.epochs} end to end")
+            log(f"LinearInit: {cfg.linear_init} epochs on fixed {cfg.arch} features, "
+                + (f"then {cfg.epochs} end to end" if cfg.epochs else "no end-to-end phase (linear probe)"))
             self.linear = LinearPhase(self)
             if self._linear_resume is not None:
                 self.linear.load_state_dict(self._linear_resume)
