@@ -18,7 +18,9 @@ branch's linear path ``a * P x`` is added to the 3x3 kernel's centre tap (exact 
 because a strided 1x1 conv samples the centre positions of the strided 3x3 windows), and the global term is
 computed on 8 attention-pooled vectors instead of full-resolution maps:
 ``x_bar_h = sum_pos A_h(pos) x(pos)``, ``u_h = P_h (V_h x_bar_h + b_h)``, output ``+= sum_h u_h G_h``.
-Only ``R`` and two 8-channel 1x1 convs still run at full resolution.
+Only ``R`` and two 8-channel 1x1 convs still run at full resolution. In an ONNX export the global term also
+passes through an identity depthwise conv, so that ONNX Runtime keeps the sum in its blocked layout (see
+:meth:`FoldedLgConv2d.forward`).
 """
 
 from __future__ import annotations
@@ -185,7 +187,17 @@ class FoldedLgConv2d(nn.Module):
         pooled = torch.matmul(x.flatten(2), attention.transpose(1, 2)).permute(2, 0, 1)  # (heads, N, C_in)
         g = torch.matmul(pooled, self.value_t) + self.value_bias  # (heads, N, C_in/heads)
         u = torch.matmul(g, self.proj_t).permute(1, 2, 0)  # (N, C_out, heads)
-        return out + torch.matmul(u, gate).view_as(out)
+        term = torch.matmul(u, gate).view_as(out)
+        if torch.onnx.is_in_onnx_export():
+            # ONNX Runtime runs convolutions in a blocked channel layout (NCHWc) and keeps an Add in that layout
+            # only when both inputs come from blocked-layout ops. Passing the global term through an identity
+            # depthwise 1x1 conv makes it one, so ONNX Runtime fuses the Add (and the block's ReLU after it)
+            # into the 3x3 convolution instead of converting the conv output to plain layout and the sum back.
+            # A multiplication by exactly 1: the exported function is unchanged.
+            channels = term.shape[1]
+            identity = torch.ones(channels, 1, 1, 1, dtype=term.dtype, device=term.device)
+            term = F.conv2d(term, identity, groups=channels)
+        return out + term
 
 
 def _bias(conv: nn.Conv2d) -> torch.Tensor:

@@ -208,6 +208,38 @@ def test_folded_lgconv_model_exports_to_onnx_with_parity(tmp_path: Path, real_im
         np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
 
 
+def _ort_optimised_op_counts(path: Path) -> dict[str, int]:
+    """Op types (and counts) of the graph ONNX Runtime runs for ``path`` on this CPU, at its full optimisation."""
+    import collections
+
+    import onnx
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(path.with_suffix(".opt.onnx"))
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return dict(collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node))
+
+
+def test_exported_global_term_stays_in_onnx_runtimes_blocked_layout(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    folded = fold_resnet(build_model("resnet18", 5, lgconv=True).eval())
+    meta = ModelMeta(classes=list("abcde"), arch="resnet18", image_size=32, lgconv=True)
+    export_to_file(folded, meta, tmp_path / "blocked.onnx")
+    with monkeypatch.context() as m:  # the graph as exported without the identity depthwise conv
+        m.setattr(torch.onnx, "is_in_onnx_export", lambda: False)
+        export_to_file(folded, meta, tmp_path / "plain-add.onnx")
+    before = _ort_optimised_op_counts(tmp_path / "plain-add.onnx")
+    after = _ort_optimised_op_counts(tmp_path / "blocked.onnx")
+    if not before.get("ReorderOutput"):
+        pytest.skip("ONNX Runtime does not use its blocked (NCHWc) layout on this CPU")
+    convs_3x3 = 16  # resnet18: two per BasicBlock, each an LgConv
+    assert after["Conv"] == before["Conv"] + convs_3x3  # one identity depthwise conv per LgConv
+    # ...which lets ONNX Runtime fuse the LgConv's Add (and the ReLU after it) into the 3x3 convolution
+    assert after["Add"] < before["Add"] and after.get("Relu", 0) < before["Relu"]
+    assert after["ReorderOutput"] < before["ReorderOutput"]
+
+
 def test_checkpoints_record_lgconv_and_rebuild_the_right_graph(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = build_model("resnet18", 3, lgconv=True)
