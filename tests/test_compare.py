@@ -156,3 +156,19 @@ def test_grid_keeps_the_run_with_the_best_val_map_for_each_method(builtin_cache:
     (row,) = [line for line in text.splitlines() if line.startswith("| an |")]
     assert row.startswith(f"| an | 1 | {best['test']['mAP']:.2f} |") and row.endswith(f"| {value} |")
     assert "chosen --linear-init-lr" in text and "every value of `--linear-init-lr` in {1e-1, 1e-4}" in text
+
+
+def test_a_run_stopped_before_its_first_resumable_epoch_is_started_again(builtin_cache: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    assert main(["--methods", "an", "--runs-dir", str(runs), *_tiny(tmp_path)]) == 0
+    run = runs / "an-seed0"
+    for name in ("last.pt", "summary.json", "best.pt"):  # as if killed before the first last.pt was written
+        (run / name).unlink()
+    assert main(["--methods", "an", "--runs-dir", str(runs), *_tiny(tmp_path)]) == 0
+    assert (run / "summary.json").is_file()
+    assert len((run / METRICS_FILE).read_text().splitlines()) == 1  # a fresh run, not the old lines plus new ones
+    (run / "summary.json").unlink()
+    (run / "last.pt").unlink()
+    (run / "notes.txt").write_text("not the trainer's")  # anything else in the folder is left alone: an error
+    assert main(["--methods", "an", "--runs-dir", str(runs), *_tiny(tmp_path)]) == 1
+    assert (run / "notes.txt").is_file() and (run / "best.pt").is_file()

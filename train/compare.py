@@ -79,6 +79,10 @@ def last_epoch_val_map(run: Path) -> float:
     return last
 
 
+#: What a run folder can hold when its training stopped before the first ``last.pt`` was written.
+_BEFORE_FIRST_SAVE = {"config.json", "metrics.jsonl", "best.pt"}
+
+
 def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str],
             suffix: str = "") -> dict[str, Any] | None:
     """Train (or resume, or reuse) the run ``RUNS_DIR/<method>-seed<seed><suffix>``; returns its summary.json
@@ -94,6 +98,13 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
     if (run / "last.pt").is_file():
         cmd = [sys.executable, "-m", "train", "--resume", str(run), "--no-progress"]
     else:
+        if run.is_dir() and any(run.iterdir()):
+            # stopped before its first epoch was saved for --resume: nothing to continue, start it again
+            leftovers = {p.name for p in run.iterdir()}
+            if leftovers <= _BEFORE_FIRST_SAVE:
+                print(f"{run.name}: interrupted before its first resumable epoch; starting it again", flush=True)
+                for name in leftovers:
+                    (run / name).unlink()
         cmd = [sys.executable, "-m", "train", *_train_argv(method, seed, data, runs_dir, run.name, train_args)]
     print(f"{run.name}: {shlex.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd)
