@@ -13,7 +13,7 @@ from torchvision import models as tvm
 
 from export.onnx_export import export_to_file
 from models import ModelMeta, build_model, load_checkpoint, model_from_meta, save_checkpoint
-from models.lgconv import GlobalBranch, LgConv2d, convert_to_lgconv, fold_resnet, global_branches
+from models.lgconv import FoldedLgConv2d, GlobalBranch, LgConv2d, convert_to_lgconv, fold_resnet, global_branches
 from models.preprocess import EvalTransform
 from train.config import TrainConfig
 from train.data.registry import load_dataset
@@ -233,8 +233,9 @@ def test_exported_global_term_stays_in_onnx_runtimes_blocked_layout(tmp_path: Pa
     after = _ort_optimised_op_counts(tmp_path / "blocked.onnx")
     if not before.get("ReorderOutput"):
         pytest.skip("ONNX Runtime does not use its blocked (NCHWc) layout on this CPU")
-    convs_3x3 = 16  # resnet18: two per BasicBlock, each an LgConv
-    assert after["Conv"] == before["Conv"] + convs_3x3  # one identity depthwise conv per LgConv
+    lgconvs = sum(isinstance(m, FoldedLgConv2d) for m in folded.modules())
+    assert lgconvs == 16  # resnet18: both 3x3 convs of each of its 8 BasicBlocks
+    assert after["Conv"] == before["Conv"] + lgconvs  # one identity depthwise conv per LgConv
     # ...which lets ONNX Runtime fuse the LgConv's Add (and the ReLU after it) into the 3x3 convolution
     assert after["Add"] < before["Add"] and after.get("Relu", 0) < before["Relu"]
     assert after["ReorderOutput"] < before["ReorderOutput"]

@@ -79,32 +79,31 @@ def last_epoch_val_map(run: Path) -> float:
     return last
 
 
-#: What a run folder can hold when its training stopped before the first ``last.pt`` was written.
-_BEFORE_FIRST_SAVE = {"config.json", "metrics.jsonl", "best.pt"}
-
-
 def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str],
             suffix: str = "") -> dict[str, Any] | None:
     """Train (or resume, or reuse) the run ``RUNS_DIR/<method>-seed<seed><suffix>``; returns its summary.json
     content plus ``last_val`` (the last epoch's validation mAP), None if it failed.
 
     Raises :class:`RunMismatch` when the run folder exists with other settings."""
+    from train.runs import BEST, LAST
+    from train.trainer import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+
     run = runs_dir / f"{method}-seed{seed}{suffix}"
-    summary = run / "summary.json"
+    summary = run / SUMMARY_FILE
     check_existing_run(run, _train_argv(method, seed, data, runs_dir, run.name, train_args))
     if summary.is_file():
         print(f"{run.name}: done already", flush=True)
         return {**json.loads(summary.read_text()), "last_val": last_epoch_val_map(run)}
-    if (run / "last.pt").is_file():
+    if (run / LAST).is_file():
         cmd = [sys.executable, "-m", "train", "--resume", str(run), "--no-progress"]
     else:
-        if run.is_dir() and any(run.iterdir()):
-            # stopped before its first epoch was saved for --resume: nothing to continue, start it again
-            leftovers = {p.name for p in run.iterdir()}
-            if leftovers <= _BEFORE_FIRST_SAVE:
-                print(f"{run.name}: interrupted before its first resumable epoch; starting it again", flush=True)
-                for name in leftovers:
-                    (run / name).unlink()
+        # stopped before the first last.pt was written: nothing to resume, so start it again - but only when the
+        # folder holds nothing but the trainer's own files (anything else stays, and the trainer refuses it)
+        leftovers = {p.name for p in run.iterdir()} if run.is_dir() else set()
+        if leftovers and leftovers <= {CONFIG_FILE, METRICS_FILE, BEST}:
+            print(f"{run.name}: interrupted before its first resumable epoch; starting it again", flush=True)
+            for name in leftovers:
+                (run / name).unlink()
         cmd = [sys.executable, "-m", "train", *_train_argv(method, seed, data, runs_dir, run.name, train_args)]
     print(f"{run.name}: {shlex.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd)
