@@ -38,8 +38,8 @@ def test_keep_classes_drops_columns_and_unlabelled_rows() -> None:
 
 def test_command_writes_a_loadable_subset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = _dataset(tmp_path / "src")
-    assert main([str(source), "--keep", "cat,dog", "--out", str(tmp_path / "out")]) == 0
-    assert "images kept: train 1, test 2" in capsys.readouterr().out
+    assert main([str(source), "--keep", "cat,dog,cat", "--out", str(tmp_path / "out")]) == 0
+    assert "2 of 4 classes; images kept: train 1, test 2" in capsys.readouterr().out
     subset = load_csv(tmp_path / "out" / "labels.csv")
     assert subset.classes == ["cat", "dog"]
     assert [p.name for p in subset.train.paths] == ["a.png"]
@@ -62,3 +62,8 @@ def test_command_rejects_unknown_class_and_empty_result(tmp_path: Path, capsys: 
         main([str(source), "--keep", "fish", "--out", str(tmp_path / "out")])  # fish: a test image only
     assert exc.value.code == 2 and "no training image has one of the classes fish" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    before = source.read_text()
+    with pytest.raises(SystemExit) as exc:
+        main([str(source), "--keep", "cat", "--out", str(source.parent)])
+    assert exc.value.code == 2 and "would overwrite the source" in capsys.readouterr().err
+    assert source.read_text() == before

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from train.data.csv_format import load_csv, unknown_class_message, write_csv
+from train.data.csv_format import CSV_FILENAME, load_csv, unknown_class_message, write_csv
 from train.data.types import DataError, DatasetSplits, LabelledImages
 
-__all__ = ["keep_classes", "main"]
+__all__ = ["keep_classes", "main", "subset_splits"]
 
 
 def keep_classes(images: LabelledImages, keep: list[str]) -> LabelledImages:
@@ -28,7 +28,8 @@ def keep_classes(images: LabelledImages, keep: list[str]) -> LabelledImages:
     for name in keep:
         if name not in images.classes:
             raise DataError(unknown_class_message(name, images.classes))
-    columns = [i for i, name in enumerate(images.classes) if name in set(keep)]
+    wanted = set(keep)
+    columns = [i for i, name in enumerate(images.classes) if name in wanted]
     labels = images.labels[:, columns]
     rows = np.flatnonzero(labels.any(axis=1))
     return LabelledImages([images.paths[i] for i in rows], labels[rows], [images.classes[i] for i in columns])
@@ -58,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-only", action="store_true", help="leave out the val and test splits (e.g. to "
                         "pretrain on a dataset whose test images a later run evaluates on)")
     args = parser.parse_args(argv)
-    keep = [name.strip() for name in args.keep.split(",") if name.strip()]
+    keep = list(dict.fromkeys(name.strip() for name in args.keep.split(",") if name.strip()))
     if not keep:
         parser.error("--keep names no class")
+    if (args.out / CSV_FILENAME).resolve() == args.csv.resolve():
+        parser.error(f"--out {args.out} would overwrite the source {args.csv}; choose another folder")
     try:
         data = load_csv(args.csv)
         splits = subset_splits(data, keep, args.train_only)
