@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from train.compare import aggregate, last_epoch_val_map, main, markdown, parse_grid
-from train.trainer import CONFIG_FILE, METRICS_FILE
+from train.runs import CONFIG_FILE, METRICS_FILE
 
 
 def _summary(test: float, val: float = 50.0, recovery: float | None = 40.0) -> dict:

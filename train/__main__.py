@@ -15,7 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, train (or resume), print the summary. Returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from train.trainer import CONFIG_FILE, Trainer
+    from train.runs import CONFIG_FILE
+    from train.trainer import Trainer
 
     trainer: Trainer | None = None
     try:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from train.methods import METHODS
+from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
 
 DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-apl", "opml", "opml-sp", "pu-mlc",
                    "lac"]
@@ -49,7 +50,6 @@ def check_existing_run(run: Path, argv: list[str]) -> None:
     """Raise :class:`RunMismatch` naming the fields in which ``run``'s saved config differs from the config
     ``python -m train ARGV`` would train (machine-specific fields such as workers or device excepted)."""
     from train.config import MACHINE_FIELDS, TrainConfig, build_parser, config_from_args
-    from train.trainer import CONFIG_FILE
 
     config_path = run / CONFIG_FILE
     if not config_path.is_file():
@@ -66,8 +66,6 @@ def check_existing_run(run: Path, argv: list[str]) -> None:
 def last_epoch_val_map(run: Path) -> float:
     """The validation mAP of the last epoch in ``run``'s metrics file (the better of the model's and its EMA's,
     as the trainer chooses); NaN when the file has none."""
-    from train.trainer import METRICS_FILE
-
     last = math.nan
     path = run / METRICS_FILE
     if path.is_file():
@@ -85,9 +83,6 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
     content plus ``last_val`` (the last epoch's validation mAP), None if it failed.
 
     Raises :class:`RunMismatch` when the run folder exists with other settings."""
-    from train.runs import BEST, LAST
-    from train.trainer import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
-
     run = runs_dir / f"{method}-seed{seed}{suffix}"
     summary = run / SUMMARY_FILE
     check_existing_run(run, _train_argv(method, seed, data, runs_dir, run.name, train_args))
@@ -285,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 if run_one("an", seed, args.data, args.warm_start, train_args) is None:
                     failed += [f"{method}-seed{seed} (no warm start)" for method in methods]
                     continue
-                seed_args += ["--weights", str(args.warm_start / f"an-seed{seed}" / "best.pt"), "--reset-head"]
+                seed_args += ["--weights", str(args.warm_start / f"an-seed{seed}" / BEST), "--reset-head"]
             for method in methods:
                 if grid is None:
                     summary = run_one(method, seed, args.data, args.runs_dir, seed_args)

@@ -9,8 +9,14 @@ from pathlib import Path
 def default_runs_dir() -> Path:
     """``$SPML_RUNS`` if set (read at call time), else ``./runs``."""
     return Path(os.environ.get("SPML_RUNS", "runs"))
+
+
+#: The files of a run folder, as the trainer writes them.
 BEST = "best.pt"
 LAST = "last.pt"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
 
 
 def list_runs(runs_dir: Path | None = None) -> list[Path]:

@@ -31,11 +31,7 @@ from train.data.registry import load_dataset
 from train.linear_init import LinearPhase
 from train.methods import EpochEndContext, LossOutput, Method, MethodContext, get_method, make_hparams
 from train.metrics import evaluate
-from train.runs import BEST, LAST
-
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
+from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
 
 
 def log(message: str) -> None:
