@@ -20,18 +20,20 @@ from train.methods import METHODS, get_method, make_hparams
 from train.methods.an import assume_negative_loss
 from train.trainer import Trainer
 
-FAST = ["--data", "builtin:tiny", "--image-size", "32", "--batch-size", "16", "--no-progress"]
+# Plain ResNet unless a test is about the default (LgConv) model: at 32 px the global branches halve training
+# speed. test_run_folder_contents and the first resume case train the default model.
+FAST = ["--data", "builtin:tiny", "--image-size", "32", "--batch-size", "16", "--no-progress", "--no-lgconv"]
 
 
 def _cfg(tmp_path: Path, **kw: object) -> TrainConfig:
     base = {"data": "builtin:tiny", "image_size": 32, "batch_size": 16, "epochs": 2, "workers": 0,
-            "progress": False, "runs_dir": str(tmp_path)}
+            "progress": False, "runs_dir": str(tmp_path), "lgconv": False}
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
 
 
 def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
-    summary = Trainer(_cfg(tmp_path, name="r", ema=0.9, clip_grad=1.0)).fit()
+    summary = Trainer(_cfg(tmp_path, name="r", ema=0.9, clip_grad=1.0, lgconv=True)).fit()
     run = tmp_path / "r"
     assert {p.name for p in run.iterdir()} >= {"config.json", "metrics.jsonl", "best.pt", "last.pt", "summary.json"}
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -47,16 +49,18 @@ def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
     assert config["config"]["ema"] == 0.9 and config["resolved"]["device"] == "cpu"
 
 
-@pytest.mark.parametrize(("workers", "method"), [(0, "an"), (1, "an"), (0, "role"), (0, "em-apl"), (0, "opml-sp")])
+@pytest.mark.parametrize(("workers", "method", "lgconv"),
+                         [(0, "an", True), (1, "an", False), (0, "role", False), (0, "em-apl", False),
+                          (0, "opml-sp", False)])
 def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  workers: int, method: str) -> None:
+                                  workers: int, method: str, lgconv: bool) -> None:
     """Interrupt after epoch 1, resume: weights, method state and metrics equal an uninterrupted run."""
-    straight = Trainer(_cfg(tmp_path, name="straight", workers=workers, ema=0.5, method=method))
+    straight = Trainer(_cfg(tmp_path, name="straight", workers=workers, ema=0.5, method=method, lgconv=lgconv))
     straight.fit()
 
     interrupt_after_saves(monkeypatch)
-    assert main([*FAST, "--epochs", "2", "--workers", str(workers), "--ema", "0.5", "--method", method,
-                 "--runs-dir", str(tmp_path), "--name", "resumed"]) == 130
+    assert main([*FAST, "--lgconv" if lgconv else "--no-lgconv", "--epochs", "2", "--workers", str(workers),
+                 "--ema", "0.5", "--method", method, "--runs-dir", str(tmp_path), "--name", "resumed"]) == 130
     assert load_checkpoint(tmp_path / "resumed" / "last.pt").training["epoch"] == 1
     assert main(["--resume", str(tmp_path / "resumed")]) == 0
 
