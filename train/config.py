@@ -10,6 +10,7 @@ from typing import Any
 
 from models.resnet import ARCHITECTURES, HEADS, TRAINABLE_SCOPES
 from train.data.protocol import PROTOCOL_SEED, parse_observed
+from train.optimizers import OPTIMIZERS, SCHEDULERS
 from train.runs import default_runs_dir
 
 
@@ -150,11 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                    f"Default: {d.epochs}")
     g.add_argument("--batch-size", type=int, help=f"Default: {d.batch_size}")
     g.add_argument("--eval-batch-size", type=int, help=f"Default: {d.eval_batch_size}")
-    g.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], help=f"Default: {d.optimizer}")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, help=f"Default: {d.optimizer}")
     g.add_argument("--lr", type=float, help=f"(peak) learning rate. Default: {d.lr}")
     g.add_argument("--weight-decay", type=float, help=f"Default: {d.weight_decay}")
     g.add_argument("--momentum", type=float, help=f"SGD momentum. Default: {d.momentum}")
-    g.add_argument("--scheduler", choices=["none", "onecycle", "cosine"], help=f"per-step LR schedule. "
+    g.add_argument("--scheduler", choices=SCHEDULERS, help=f"per-step LR schedule. "
                    f"Default: {d.scheduler}")
     g.add_argument("--amp", choices=["auto", "off", "bf16", "fp16"], help="mixed precision (auto: bf16 on "
                    "CUDA GPUs that support it, else fp16; off on CPU)")

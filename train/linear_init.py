@@ -17,6 +17,7 @@ import torch
 
 from train.data.dataset import ImageLabelDataset
 from train.metrics import evaluate
+from train.optimizers import build_optimizer
 
 if TYPE_CHECKING:
     from train.trainer import Trainer
@@ -30,7 +31,7 @@ class LinearPhase:
         cfg = trainer.cfg
         model = trainer.model
         params = [{"params": list(model.head.parameters())}, *trainer.method.param_groups(cfg.linear_init_lr)]
-        self.optimizer = torch.optim.Adam(params, lr=cfg.linear_init_lr)
+        self.optimizer = build_optimizer("adam", params, cfg.linear_init_lr)
         # Extraction must not consume the global RNG (a DataLoader iterator draws a seed from it), or a run
         # resumed inside phase 1 - which extracts again - would augment differently afterwards.
         devices = [trainer.device] if trainer.device.type == "cuda" else []

@@ -31,6 +31,7 @@ from train.data.registry import load_dataset
 from train.linear_init import LinearPhase
 from train.methods import EpochEndContext, LossOutput, Method, MethodContext, get_method, make_hparams
 from train.metrics import evaluate
+from train.optimizers import build_optimizer, build_scheduler
 from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
 
 
@@ -274,24 +275,10 @@ class Trainer:
 
     def _make_optimizer(self, params: list[dict[str, Any]]) -> torch.optim.Optimizer:
         c = self.cfg
-        if c.optimizer == "adam":
-            return torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay)
-        if c.optimizer == "adamw":
-            return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
-        if c.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, nesterov=True)
-        raise ValueError(f"unknown optimizer {c.optimizer!r}")
+        return build_optimizer(c.optimizer, params, c.lr, weight_decay=c.weight_decay, momentum=c.momentum)
 
     def _make_scheduler(self, epochs: int) -> torch.optim.lr_scheduler.LRScheduler | None:
-        total = epochs * self.steps_per_epoch
-        if self.cfg.scheduler == "none" or total == 0:
-            return None
-        if self.cfg.scheduler == "onecycle":
-            max_lr = [g["lr"] for g in self.optimizer.param_groups]
-            return torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=max_lr, total_steps=total, pct_start=0.2)
-        if self.cfg.scheduler == "cosine":
-            return torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=total)
-        raise ValueError(f"unknown scheduler {self.cfg.scheduler!r}")
+        return build_scheduler(self.cfg.scheduler, self.optimizer, epochs * self.steps_per_epoch)
 
     # ----------------------------------------------------------------- metadata and checkpoints
     def meta(self, epoch: int, metrics: dict[str, Any]) -> ModelMeta:

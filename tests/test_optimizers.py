@@ -1,0 +1,93 @@
+"""The trainer's optimisers: fused kernels where PyTorch has them, with the same steps as the per-tensor loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.optimizers import OPTIMIZERS, build_optimizer, build_scheduler, fusable
+
+
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(7, 5, generator=g)), torch.nn.Parameter(torch.randn(5, generator=g))]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_fused_steps_match_the_per_tensor_loop(name: str) -> None:
+    fused_params, loop_params = _params(), _params()
+    fused = build_optimizer(name, [{"params": fused_params}], lr=0.01, weight_decay=1e-3)
+    assert all(group["fused"] for group in fused.param_groups)
+    loop_kind = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[name]
+    extra = {"momentum": 0.9, "nesterov": True} if name == "sgd" else {}
+    loop = loop_kind(loop_params, lr=0.01, weight_decay=1e-3, foreach=False, **extra)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        grads = [torch.randn(p.shape, generator=g) for p in fused_params]
+        for params in (fused_params, loop_params):
+            for p, grad in zip(params, grads, strict=True):
+                p.grad = grad.clone()
+        fused.step()
+        loop.step()
+    for a, b in zip(fused_params, loop_params, strict=True):
+        assert not torch.equal(a.detach(), _params()[0 if a.dim() == 2 else 1].detach())  # the step moved it
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_only_floating_cpu_or_cuda_parameters_are_fused() -> None:
+    assert fusable([{"params": _params()}])
+    assert not fusable([{"params": []}])
+    meta = torch.nn.Parameter(torch.empty(3, device="meta"))
+    assert not fusable([{"params": [*_params(), meta]}])
+    assert build_optimizer("adam", [{"params": [meta]}], lr=0.1).param_groups[0]["fused"] is None
+
+
+def test_a_checkpoint_of_an_unfused_optimiser_resumes_unfused() -> None:
+    params = _params()
+    old = torch.optim.Adam(params, lr=0.1)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    old.step()
+    new = build_optimizer("adam", [{"params": params}], lr=0.1)
+    new.load_state_dict(old.state_dict())
+    assert new.param_groups[0]["fused"] is None  # the same kernels as before the interruption
+    new.step()
+
+
+def test_unknown_optimizer_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="adam, adamw, sgd"):
+        build_optimizer("lion", [{"params": _params()}], lr=0.1)
+
+
+@pytest.mark.parametrize("total", [1, 2, 3, 4, 5, 9, 10, 50])
+def test_onecycle_warms_up_for_at_least_one_step_at_any_length(total: int) -> None:
+    """5 steps in all (1 epoch of the tiny dataset at batch 32) once made OneCycleLR divide by zero."""
+    optimizer = build_optimizer("adam", [{"params": _params()[:1]}, {"params": _params()[1:], "lr": 0.1}], lr=0.01)
+    scheduler = build_scheduler("onecycle", optimizer, total)
+    if total <= 2:
+        assert scheduler is None and optimizer.param_groups[0]["lr"] == 0.01  # no room for a cycle: the peak lr
+        return
+    assert scheduler is not None
+    lrs = []
+    for _ in range(total):
+        lrs.append([group["lr"] for group in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    first, second = zip(*lrs, strict=True)
+    for peak, lr in ((0.01, first), (0.1, second)):  # each group cycles up to its own peak and back down
+        assert lr[0] == pytest.approx(peak / 25) and max(lr) == pytest.approx(peak) and lr[-1] < lr[0]
+        assert lr.index(max(lr)) == max(1, round(0.2 * total) - 1)
+
+
+def test_cosine_none_and_unknown_schedules() -> None:
+    optimizer = build_optimizer("sgd", [{"params": _params()}], lr=0.1)
+    assert build_scheduler("none", optimizer, 100) is None
+    assert build_scheduler("onecycle", optimizer, 0) is None
+    cosine = build_scheduler("cosine", optimizer, 4)
+    assert isinstance(cosine, torch.optim.lr_scheduler.CosineAnnealingLR)
+    for _ in range(4):
+        optimizer.step()
+        cosine.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="none, onecycle, cosine"):
+        build_scheduler("step", optimizer, 10)
