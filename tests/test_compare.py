@@ -48,14 +48,29 @@ def test_last_epoch_val_map_reads_the_metrics_file(tmp_path: Path) -> None:
     assert last_epoch_val_map(tmp_path) == 27.5  # the last epoch, the better of model and EMA
     rows = aggregate({"an": [{**_summary(20.0), "last_val": 25.0}, {**_summary(22.0), "last_val": 27.0}]})
     assert rows[0]["last_val"] == pytest.approx((26.0, math.sqrt(2.0)))
-    assert "| an | 2 | 21.00 ± 1.41 | n/a | 50.00 ± 0.00 | 26.00 ± 1.41 | 40.00 ± 0.00 |" in markdown(
+    assert "| an | 2 | 21.00 ± 1.41 | n/a | 0 | 50.00 ± 0.00 | 26.00 ± 1.41 | 40.00 ± 0.00 |" in markdown(
         rows, "cmd", "builtin", [], [])
 
 
 def test_one_seed_has_no_spread_to_show() -> None:
     assert math.isnan(aggregate({"em": [_summary(19.0)]})[0]["test"][1])  # the spread of one seed is unknown
     text = markdown(aggregate({"em": [_summary(19.0)], "opml": [_summary(21.0)]}), "cmd", "builtin", [], [])
-    assert "| em | 1 | 19.00 | n/a |" in text  # no "± 0.00"; no gap recovered without an and bce
+    assert "| em | 1 | 19.00 | n/a | n/a |" in text  # no "± 0.00"; no gap recovered or difference without an
+
+
+def test_the_difference_to_an_pairs_runs_by_seed() -> None:
+    an = [{**_summary(20.0), "seed": 0}, {**_summary(24.0), "seed": 1}, {**_summary(22.0), "seed": 2}]
+    # em has no seed 1 (failed): only seeds 0 and 2 pair up, 21 - 20 and 21.5 - 22
+    em = [{**_summary(21.0), "seed": 0}, {**_summary(21.5), "seed": 2}]
+    rows = {r["method"]: r for r in aggregate({"an": an, "bce": [_summary(30.0)], "em": em})}
+    mean, std, above, compared = rows["em"]["vs_an"]
+    assert (mean, above, compared) == (0.25, 1, 2) and std == pytest.approx(math.sqrt(1.125))
+    # the difference of the means would be 21.25 - 22 = -0.75: pairing keeps only comparable seeds
+    text = markdown(list(rows.values()), "cmd", "builtin", [], [])
+    assert "| em | 2 | 21.25 ± 0.35 | -9% | +0.25 ± 1.06 (1/2 above) |" in text
+    assert "| an | 3 | 22.00 ± 2.00 | 0% | 0 |" in text
+    one_seed = aggregate({"an": [_summary(20.0)], "em": [_summary(19.0)]})[1]  # no seed key: list position
+    assert "| em | 1 | 19.00 | n/a | -1.00 (0/1 above) |" in markdown([one_seed], "cmd", "builtin", [], [])
 
 
 def test_compare_runs_reuses_and_writes_the_table(builtin_cache: Path, tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ of one training option (run folders ``<method>-seed<seed>-<NAME><V>``) and keeps
 validation mAP, as Cole et al. pick each method's learning rate and batch size.
 
 The results table - val-selected test mAP mean +- std over seeds, the gap recovered ``(method - an) /
-(bce - an)``, the validation mAP of the best and of the last epoch (a last epoch far below the best one is a
+(bce - an)``, the difference to ``an`` trained with the same seed (mean +- std, and on how many seeds the
+method is above), the validation mAP of the best and of the last epoch (a last epoch far below the best one is a
 network fitting its wrong targets) and Cole et al.'s label recovery (training-set mAP against the hidden full
 labels) - is written to a markdown file with the exact command, plus a bar plot when matplotlib is installed.
 """
@@ -143,9 +144,24 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
 
 
+def paired_vs_an(summaries: list[dict[str, Any]], an: list[dict[str, Any]]) -> tuple[float, float, int, int]:
+    """Test mAP minus ``an``'s on the same training seed, over the seeds both have: (mean, sample std, seeds
+    above ``an``, seeds compared). A summary's seed is its ``seed`` key, else its position in the list. Runs
+    of one seed share their initialisation, batch order and augmentation (the split and the observed labels
+    are the same for every run), so these differences carry less noise than the difference of the means."""
+    def by_seed(items: list[dict[str, Any]]) -> dict[int, float]:
+        return {int(s.get("seed", i)): s.get("test", {}).get("mAP", math.nan) for i, s in enumerate(items)}
+
+    mine, base = by_seed(summaries), by_seed(an)
+    diffs = [mine[seed] - base[seed] for seed in sorted(mine.keys() & base.keys())]
+    diffs = [d for d in diffs if not math.isnan(d)]
+    mean, std = _mean_std(diffs)
+    return mean, std, sum(d > 0 for d in diffs), len(diffs)
+
+
 def aggregate(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per method: seeds, test / best-val / last-epoch-val / label-recovery mAP mean and std, and the gap
-    recovered vs an and bce."""
+    """Per method: seeds, test / best-val / last-epoch-val / label-recovery mAP mean and std, the gap
+    recovered vs an and bce, and the same-seed difference to an (:func:`paired_vs_an`)."""
     rows = []
     for method, summaries in results.items():
         test = _mean_std([s.get("test", {}).get("mAP", math.nan) for s in summaries])
@@ -153,7 +169,8 @@ def aggregate(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         last_val = _mean_std([s.get("last_val", math.nan) for s in summaries])
         recovery = _mean_std([s.get("train_recovery", {}).get("mAP", math.nan) for s in summaries])
         rows.append({"method": method, "seeds": len(summaries), "test": test, "val": val, "last_val": last_val,
-                     "recovery": recovery, "chosen": [str(s["grid_value"]) for s in summaries if "grid_value" in s]})
+                     "recovery": recovery, "chosen": [str(s["grid_value"]) for s in summaries if "grid_value" in s],
+                     "vs_an": paired_vs_an(summaries, results.get("an", []))})
     means = {r["method"]: r["test"][0] for r in rows}
     an, bce = means.get("an", math.nan), means.get("bce", math.nan)
     for r in rows:
@@ -169,6 +186,16 @@ def _fmt(pair: tuple[float, float]) -> str:
     return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"  # one seed: no spread to show
 
 
+def _fmt_vs_an(row: dict[str, Any]) -> str:
+    mean, std, above, compared = row["vs_an"]
+    if row["method"] == "an":
+        return "0"
+    if not compared:
+        return "n/a"
+    spread = "" if math.isnan(std) else f" ± {std:.2f}"
+    return f"{mean:+.2f}{spread} ({above}/{compared} above)"
+
+
 def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: list[str], failed: list[str],
              warm_start: Path | None = None, grid: tuple[str, list[str]] | None = None) -> str:
     """The results page: settings, command, table (with the chosen grid value per seed when ``grid`` is given),
@@ -181,25 +208,27 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
         "Command:", "", "```", command, "```", "",
         f"Training arguments shared by every run: `{shlex.join(train_args) or '(defaults)'}`. Test mAP is the "
         "test-set mAP of the epoch with the best validation mAP (the papers' protocol), mean ± std over seeds. "
-        "Gap recovered = (method - an) / (bce - an). Val mAP is the best epoch's; the last epoch's is below it "
-        "when the network has started to fit its wrong targets (memorisation). Label recovery = mAP of the "
-        "best epoch's model on the training set against its hidden full labels (Cole et al.). `bce` (full "
-        "labels) and `iun` (observed positive + all true negatives) are reference bounds that see labels the "
-        "other methods do not." + (
+        "Gap recovered = (method - an) / (bce - an). Vs an, same seed = the method's test mAP minus that of "
+        "`an` trained with the same seed (the same initialisation, batch order and augmentation), mean ± std "
+        "over the seeds both have, and on how many of them the method is above `an`. Val mAP is the best "
+        "epoch's; the last epoch's is below it when the network has started to fit its wrong targets "
+        "(memorisation). Label recovery = mAP of the best epoch's model on the training set against its "
+        "hidden full labels (Cole et al.). `bce` (full labels) and `iun` (observed positive + all true "
+        "negatives) are reference bounds that see labels the other methods do not." + (
             f" Every run of seed N starts from the backbone of `{warm_start}/an-seedN/best.pt` (AN with the same "
             "arguments) and a new head (`--weights ... --reset-head`)." if warm_start else "") + (
             f" Each method and seed is trained with every value of `--{grid[0]}` in {{{', '.join(grid[1])}}}; "
             "the run with the best validation mAP is the one in the table (its value per seed in the last "
             "column)." if grid else ""), "",
-        "| method | seeds | test mAP | gap recovered | val mAP | val mAP, last epoch | label recovery mAP |"
-        + (f" chosen --{grid[0]} |" if grid else ""),
-        "|---|---|---|---|---|---|---|" + ("---|" if grid else ""),
+        "| method | seeds | test mAP | gap recovered | vs an, same seed | val mAP | val mAP, last epoch | "
+        "label recovery mAP |" + (f" chosen --{grid[0]} |" if grid else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if grid else ""),
     ]
     for r in rows:
         gap = "n/a" if math.isnan(r["gap"]) else f"{100 * r['gap']:.0f}%"
         chosen = f" {' / '.join(r['chosen'])} |" if grid else ""
-        lines.append(f"| {r['method']} | {r['seeds']} | {_fmt(r['test'])} | {gap} | {_fmt(r['val'])} | "
-                     f"{_fmt(r['last_val'])} | {_fmt(r['recovery'])} |{chosen}")
+        lines.append(f"| {r['method']} | {r['seeds']} | {_fmt(r['test'])} | {gap} | {_fmt_vs_an(r)} | "
+                     f"{_fmt(r['val'])} | {_fmt(r['last_val'])} | {_fmt(r['recovery'])} |{chosen}")
     compared = [r for r in rows if r["method"] not in ("an", "bce", "iun")]
     if not math.isnan(an) and compared:  # without an `an` row, or with nothing else, there is nothing to compare
         below = [r["method"] for r in compared if r["test"][0] < an]
@@ -289,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 if summary is None:
                     failed.append(f"{method}-seed{seed}")
                 else:
-                    results.setdefault(method, []).append(summary)
+                    results.setdefault(method, []).append({**summary, "seed": seed})
     except RunMismatch as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
