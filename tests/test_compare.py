@@ -90,6 +90,8 @@ def test_compare_runs_reuses_and_writes_the_table(builtin_cache: Path, tmp_path:
         mean = sum(values) / 2
         assert f"| {method} | 2 | {mean:.2f} ± " in text
     assert "| an | 2 |" in text
+    diffs = [b - a for b, a in zip(tests["bce"], tests["an"], strict=True)]  # runs sorted: seed 0, then 1
+    assert f"| {(diffs[0] + diffs[1]) / 2:+.2f} ± {abs(diffs[0] - diffs[1]) / math.sqrt(2):.2f} (" in text
     last = {name: last_epoch_val_map(tmp_path / "runs" / name) for name in runs}
     assert not any(math.isnan(v) for v in last.values())
     assert f"| {(last['an-seed0'] + last['an-seed1']) / 2:.2f} ± " in text  # the last epoch's val mAP column

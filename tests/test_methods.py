@@ -191,6 +191,18 @@ def test_em_apl_does_nothing_during_warm_up() -> None:
     assert (method.pseudo < 0).all()
 
 
+@pytest.mark.parametrize(("epochs", "warmup"), [(1, 1), (2, 1), (3, 1), (4, 2), (9, 4), (10, 5), (15, 5), (80, 5)])
+def test_em_apl_default_warm_up_is_half_the_run_between_1_and_the_papers_5(epochs: int, warmup: int) -> None:
+    method = get_method("em-apl")(ctx(epochs=epochs), make_hparams(METHODS["em-apl"], {}))
+    assert method.warmup_epochs() == warmup
+    method.on_epoch_end(EpochEndContext(warmup - 1, lambda _aug: torch.rand(2, 4), None))  # still warming up
+    assert (method.pseudo < 0).all()
+    explicit = get_method("em-apl")(ctx(epochs=epochs), make_hparams(METHODS["em-apl"], {"warmup_epochs": "2"}))
+    assert explicit.warmup_epochs() == 2  # --hp wins
+    preset = get_method("em-apl")(ctx(epochs=epochs), make_hparams(METHODS["em-apl"], {}, "coco2014"))
+    assert preset.warmup_epochs() == 5  # the paper's T_w, whatever the run's length
+
+
 @pytest.mark.parametrize("name", sorted(n for n, m in METHODS.items() if m.required_head is None))
 @pytest.mark.parametrize("autocast", [False, True])
 def test_extreme_logits_give_finite_loss_and_gradients(name: str, autocast: bool) -> None:

@@ -9,6 +9,11 @@ unlabelled (``U_c`` = unobserved entries of the class at the start) get the curr
 target, trained with weight ``beta``. Pseudo-labels accumulate and are never revised. As in the reference
 code: the prediction pass uses the training transform in eval mode, and only negative pseudo-labels exist.
 The reference code's early stopping (patience 0) is not reproduced: the trainer keeps the best val epoch.
+
+Warm-up outside the presets: half the run, at least 1 epoch and at most the papers' 5 (1 for a 3-epoch run,
+5 for 10 or more). Pseudo-labels taken after a single epoch of a longer run come from a near-chance network and
+freeze its mistakes: on ``builtin:small`` at 15 epochs (seed 0), a 1-epoch warm-up ends 2.7 test-mAP points
+below ``an`` and a 5-epoch one 1.6 above it (``bench/methods-builtin-investigation.md``, section 8).
 """
 
 from __future__ import annotations
@@ -68,12 +73,22 @@ class EntropyMaximisation(Method):
 @dataclass
 class EmAplHparams(EmHparams):
     """EM's ``alpha`` plus APL's ``beta`` (pseudo-label weight), ``theta`` (share of unobserved entries
-    pseudo-labelled in total), ``warmup_epochs`` and ``total_epochs`` (None = the run's epochs)."""
+    pseudo-labelled in total), ``warmup_epochs`` (None = :func:`default_warmup` of the run) and ``total_epochs``
+    (None = the run's epochs)."""
 
     beta: float = 0.9
     theta: float = 0.9
-    warmup_epochs: int = 1
+    warmup_epochs: int | None = None
     total_epochs: int | None = None
+
+
+PAPER_WARMUP_EPOCHS = 5  # T_w of Zhou et al.'s VOC and COCO runs (10 epochs in all)
+
+
+def default_warmup(total_epochs: int) -> int:
+    """EM-APL's warm-up when no preset or ``--hp warmup_epochs`` sets one: half of ``total_epochs``, at least 1
+    and at most the papers' 5."""
+    return min(PAPER_WARMUP_EPOCHS, max(1, total_epochs // 2))
 
 
 @register
@@ -107,13 +122,20 @@ class EmAsymmetricPseudoLabels(EntropyMaximisation):
         )
         return LossOutput(loss.mean())
 
+    def warmup_epochs(self) -> int:
+        """The warm-up of this run: ``--hp warmup_epochs`` or the preset's, else :func:`default_warmup`."""
+        if self.hp.warmup_epochs is not None:
+            return self.hp.warmup_epochs
+        return default_warmup(self.hp.total_epochs or self.ctx.epochs)
+
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
         total = self.hp.total_epochs or self.ctx.epochs
-        if ctx.epoch < self.hp.warmup_epochs or total <= self.hp.warmup_epochs:
+        warmup = self.warmup_epochs()
+        if ctx.epoch < warmup or total <= warmup:
             return {}
         probs = ctx.predict_train(True).to(self.pseudo.device)
         observed = self.ctx.train_observed.to(self.pseudo.device) > 0.5
-        per_round = (self.hp.theta * self.initial_unobserved / (total - self.hp.warmup_epochs)).long()
+        per_round = (self.hp.theta * self.initial_unobserved / (total - warmup)).long()
         added = 0
         for c in range(self.pseudo.shape[1]):
             candidates = torch.nonzero(~observed[:, c] & (self.pseudo[:, c] < 0)).flatten()
