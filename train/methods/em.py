@@ -122,15 +122,18 @@ class EmAsymmetricPseudoLabels(EntropyMaximisation):
         )
         return LossOutput(loss.mean())
 
+    def total_epochs(self) -> int:
+        """The schedule's length T: ``--hp total_epochs`` or the run's epochs."""
+        return self.hp.total_epochs or self.ctx.epochs
+
     def warmup_epochs(self) -> int:
         """The warm-up of this run: ``--hp warmup_epochs`` or the preset's, else :func:`default_warmup`."""
         if self.hp.warmup_epochs is not None:
             return self.hp.warmup_epochs
-        return default_warmup(self.hp.total_epochs or self.ctx.epochs)
+        return default_warmup(self.total_epochs())
 
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
-        total = self.hp.total_epochs or self.ctx.epochs
-        warmup = self.warmup_epochs()
+        total, warmup = self.total_epochs(), self.warmup_epochs()
         if ctx.epoch < warmup or total <= warmup:
             return {}
         probs = ctx.predict_train(True).to(self.pseudo.device)
