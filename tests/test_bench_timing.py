@@ -13,6 +13,7 @@ from models.bench import (
     VARIANTS,
     export_for_ort,
     make_variant,
+    ort_node_count,
     ort_op_profiles,
     per_op_medians,
     time_call,
@@ -59,6 +60,7 @@ def test_lgconv_benchmark_writes_every_variant_and_ratio(tmp_path: Path) -> None
     assert "Command: `python -m models.bench --arch resnet18 --sizes 32" in text
     for variant in VARIANTS:
         assert f"| {variant} | 32 px |" in text
+    assert "| variant | input | params (M) | GFLOPs/img | ORT nodes | PyTorch b1 ms (img/s) |" in text
     ratio_rows = [line for line in text.splitlines() if line.startswith("| 32 px |")]
     assert [row.split(" | ")[1:3] for row in ratio_rows] == [["PyTorch", "1"], ["ORT", "1"]]
     for row in ratio_rows:  # folded vs plain, vs plain-folded, unfolded vs plain: positive finite ratios
@@ -108,3 +110,18 @@ def test_profiles_of_interleaved_sessions_cover_the_real_graph(tmp_path: Path) -
         assert "Conv" in per_op and per_op["Conv"] > 0.0
         assert all(ms >= 0.0 for ms in per_op.values())
         assert list(per_op.values()) == sorted(per_op.values(), reverse=True)
+
+
+def test_node_count_is_that_of_the_optimised_graph_and_grows_with_lgconv(tmp_path: Path) -> None:
+    import onnx
+
+    counts, exported = {}, {}
+    for name in ("plain-folded", "lgconv-folded"):
+        _, path = export_for_ort(make_variant(name, "resnet18", 3), 32, 3, "resnet18", tmp_path)
+        counts[name] = ort_node_count(path)
+        exported[name] = len(onnx.load(str(path)).graph.node)
+    # ResNet-18 has 20 convolutions; ORT fuses each block's ReLU and residual Add into them, so the optimised
+    # plain graph has fewer nodes than the exported one, but at least one per convolution
+    assert 20 <= counts["plain-folded"] < exported["plain-folded"]
+    # every one of ResNet-18's 16 folded LgConvs adds its own small ops (pooling, matrix products, softmax, gate)
+    assert counts["lgconv-folded"] >= counts["plain-folded"] + 16 * 5
