@@ -84,6 +84,27 @@ def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypat
     assert main(["--resume", str(tmp_path / "resumed")]) == 0  # already finished: says so, exits 0
 
 
+def test_resume_after_the_last_epoch_runs_only_the_missing_final_evaluation(
+        builtin_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run stopped between its last epoch and its summary (killed during the test evaluation) is completed by
+    --resume without training again."""
+    run = tmp_path / "r"
+    assert main([*FAST, "--epochs", "1", "--runs-dir", str(tmp_path), "--name", "r"]) == 0
+    expected = json.loads((run / "summary.json").read_text())
+    metrics_before = (run / "metrics.jsonl").read_text()
+    (run / "summary.json").unlink()
+    capsys.readouterr()
+    assert main(["--resume", str(run)]) == 0
+    assert "evaluating its best checkpoint" in capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_epoch"] == expected["best_epoch"] == 1
+    for split in ("val", "test", "train_recovery"):
+        assert summary[split]["mAP"] == pytest.approx(expected[split]["mAP"], abs=1e-9)
+    assert (run / "metrics.jsonl").read_text() == metrics_before  # no epoch trained again
+    assert main(["--resume", str(run)]) == 0
+    assert "already finished all 1 epochs" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_trains_end_to_end(builtin_cache: Path, tmp_path: Path, method: str) -> None:
     summary = Trainer(_cfg(tmp_path, name=method, method=method, epochs=1)).fit()

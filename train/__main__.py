@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, train (or resume), print the summary. Returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from train.runs import CONFIG_FILE
+    from train.runs import CONFIG_FILE, SUMMARY_FILE
     from train.trainer import Trainer
 
     trainer: Trainer | None = None
@@ -33,7 +33,13 @@ def main(argv: list[str] | None = None) -> int:
                     setattr(cfg, machine_specific, getattr(args, machine_specific))
             trainer = Trainer(cfg, run_dir=run_dir, resume=True)
             if trainer.start_epoch > trainer.total_epochs:
-                print(f"{run_dir} already finished all {trainer.total_epochs} epochs")
+                if (run_dir / SUMMARY_FILE).is_file():
+                    print(f"{run_dir} already finished all {trainer.total_epochs} epochs")
+                    return 0
+                # stopped after its last epoch but before the final evaluation: do that part only
+                print(f"{run_dir} trained all {trainer.total_epochs} epochs but has no {SUMMARY_FILE}; "
+                      "evaluating its best checkpoint")
+                trainer.finish()
                 return 0
         else:
             cfg = config_from_args(args)
