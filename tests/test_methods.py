@@ -59,6 +59,18 @@ def test_an_ls_value_follows_the_reference_code_targets() -> None:
     assert loss_of("an-ls", ls_coef="0").item() == pytest.approx(loss_of("an").item(), rel=1e-6)
 
 
+def test_an_ls_asymmetric_smoothing_of_coles_appendix() -> None:
+    def entry(p: float, z: int) -> float:  # AN-LS(0, 0.1): the observed positive keeps its hard target 1
+        return nl(p) if z else 0.1 * nl(p) + 0.9 * nl(1 - p)
+
+    assert loss_of("an-ls", ls_pos="0").item() == pytest.approx(mean_matrix(entry), rel=1e-6)
+    assert loss_of("an-ls", ls_pos="0", ls_neg="0").item() == pytest.approx(loss_of("an").item(), rel=1e-6)
+    assert loss_of("an-ls", ls_coef="0.3", ls_pos="0.1", ls_neg="0.1").item() == pytest.approx(
+        loss_of("an-ls").item(), rel=1e-7)
+    with pytest.raises(ValueError, match="ls_neg"):
+        loss_of("an-ls", ls_neg="1")
+
+
 def test_wan_value_and_identity_with_an() -> None:
     gamma = 1 / 3  # 1 / (C - 1) with C = 4
     assert loss_of("wan").item() == pytest.approx(mean_matrix(lambda p, z: nl(p) if z else gamma * nl(1 - p)), rel=1e-6)
@@ -127,6 +139,30 @@ def test_role_value_initialisation_and_gradient_routing() -> None:
     torch.testing.assert_close(logits.grad, torch.tensor(grad_s, dtype=torch.float64), rtol=1e-5, atol=1e-8)
     torch.testing.assert_close(method.estimator.grad, torch.tensor(grad_phi, dtype=torch.float64), rtol=1e-5,
                                atol=1e-8)
+
+
+def test_role_logs_its_estimator_without_changing_it() -> None:
+    method = get_method("role")(ctx(), make_hparams(METHODS["role"], {}))
+    phi = [[5.0, -2.0, 1.0, -1.0], [-3.0, 5.0, 0.5, 2.0]]  # unobserved entries: -2, 1, -1 and -3, 0.5, 2
+    with torch.no_grad():
+        method.estimator.copy_(torch.tensor(phi))
+    before = method.estimator.detach().clone()
+    full = torch.tensor(FULL, dtype=torch.float)
+    logs = method.on_epoch_end(EpochEndContext(epoch=1, predict_train=lambda augment: torch.zeros(2, 4),
+                                               train_full_labels=full))
+    assert torch.equal(method.estimator.detach(), before)
+    unobserved = [-2.0, 1.0, -1.0, -3.0, 0.5, 2.0]
+    assert logs["estimator_unobserved_abs_logit"] == pytest.approx(sum(map(abs, unobserved)) / 6, rel=1e-6)
+    assert logs["estimator_unobserved_mean"] == pytest.approx(sum(map(sig, unobserved)) / 6, rel=1e-6)
+    # per class, hand-ranked against FULL: classes 0 and 1 rank their positive first (AP 1); class 2's positive
+    # (image 0, logit 1.0) is above image 1's 0.5 (AP 1); class 3's positive (image 1, 2.0) above -1.0 (AP 1)
+    assert logs["estimator_recovery_mAP"] == pytest.approx(100.0)
+    flipped = full.flip(0)  # every class's positive now sits on the lower-ranked image: AP 1/2 each
+    logs = method.on_epoch_end(EpochEndContext(epoch=1, predict_train=lambda augment: torch.zeros(2, 4),
+                                               train_full_labels=flipped))
+    assert logs["estimator_recovery_mAP"] == pytest.approx(50.0)
+    assert "estimator_recovery_mAP" not in method.on_epoch_end(
+        EpochEndContext(epoch=1, predict_train=lambda augment: torch.zeros(2, 4)))
 
 
 def test_em_unobserved_term_is_minimal_at_one_half_and_pushes_towards_it() -> None:

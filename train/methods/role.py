@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from train.methods.base import (
+    EpochEndContext,
     LossOutput,
     Method,
     MethodContext,
@@ -26,6 +27,7 @@ from train.methods.base import (
     register,
 )
 from train.methods.epr import EXPECTED_POSITIVES
+from train.metrics import mean_average_precision
 
 
 def _logit(p: float) -> float:
@@ -78,3 +80,17 @@ class Role(Method):
         main = (0.5 * (classifier + estimator)).mean()
         reg = 0.5 * (expected_positives_regulariser(p, k) + expected_positives_regulariser(y, k))
         return LossOutput(main + reg, {"role_reg": float(reg.detach())})
+
+    @torch.no_grad()
+    def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
+        """Logs only (nothing changes): how far the estimator's unobserved entries have moved from their
+        initial 0.5 +- 0.1, and - when the hidden full labels exist - the estimator's own label recovery
+        (mAP of sigmoid(Phi) against them), beside the classifier's in the run summary."""
+        unobserved = self.ctx.train_observed.to(self.estimator.device) < 0.5
+        probs = torch.sigmoid(self.estimator)
+        logs = {"estimator_unobserved_mean": float(probs[unobserved].mean()),
+                "estimator_unobserved_abs_logit": float(self.estimator[unobserved].abs().mean())}
+        if ctx.train_full_labels is not None:  # ranked on the logits, as the run summary ranks the classifier's
+            logs["estimator_recovery_mAP"] = mean_average_precision(self.estimator.detach().cpu().numpy(),
+                                                                    ctx.train_full_labels.cpu().numpy())
+        return logs
