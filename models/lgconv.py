@@ -18,8 +18,10 @@ branch's linear path ``a * P x`` is added to the 3x3 kernel's centre tap (exact 
 because a strided 1x1 conv samples the centre positions of the strided 3x3 windows), and the global term is
 computed on 8 attention-pooled vectors instead of full-resolution maps:
 ``x_bar_h = sum_pos A_h(pos) x(pos)``, ``u_h = P_h (V_h x_bar_h + b_h)``, output ``+= sum_h u_h G_h``.
-Only ``R`` and two 8-channel 1x1 convs still run at full resolution. In an ONNX export the global term also
-passes through an identity depthwise conv, so that ONNX Runtime keeps the sum in its blocked layout (see
+Only ``R`` and one 24-channel 1x1 conv (attention logits, the gates' local and context parts) still run at full
+resolution; the attention's context share and bias drop out, since a softmax over positions ignores them. In
+eager PyTorch the global term is added into the conv output in place; in an ONNX export it passes through an
+identity depthwise conv instead, so that ONNX Runtime keeps the sum in its blocked layout (see
 :meth:`FoldedLgConv2d.forward`).
 """
 
@@ -127,13 +129,15 @@ class FoldedLgConv2d(nn.Module):
 
     Numerically equivalent to the training form in eval mode; built by :meth:`from_lgconv`."""
 
-    def __init__(self, conv: nn.Conv2d, reduce: nn.Conv2d, mix_local: nn.Conv2d, mix_context: torch.Tensor,
-                 value_weight: torch.Tensor, value_bias: torch.Tensor, proj_weight: torch.Tensor, stride: int) -> None:
+    def __init__(self, conv: nn.Conv2d, reduce: nn.Conv2d, mix: nn.Conv2d, value_weight: torch.Tensor,
+                 value_bias: torch.Tensor, proj_weight: torch.Tensor, stride: int) -> None:
         super().__init__()
         self.conv = conv  # the 3x3 kernel with the branch's linear path in its centre tap, BN folded
         self.reduce = reduce
-        self.mix_local = mix_local  # attention (first `heads` channels) and gate logits from the local features
-        self.register_buffer("mix_context", mix_context)  # (2 heads, mid): the same from the pooled context
+        # one 1x1 conv for the three per-head maps the branch needs from the local features: attention logits,
+        # the gates' local part, and the gates' context part (averaged over the positions: the context is the
+        # positional mean of the local features and the map is linear, so the mean can come after it)
+        self.mix = mix
         # per head, laid out for batched matrix products over the heads (plain MatMul nodes in ONNX):
         self.register_buffer("value_t", value_weight.transpose(1, 2).contiguous())  # (heads, C_in, C_in/heads)
         self.register_buffer("value_bias", value_bias.unsqueeze(1).contiguous())  # (heads, 1, C_in/heads)
@@ -165,39 +169,44 @@ class FoldedLgConv2d(nn.Module):
         mid = gb.reduce.out_channels
         heads = gb.heads
         reduce = copy.deepcopy(gb.reduce)
-        mix_w = torch.cat([gb.attention.weight[:, :, 0, 0], gb.gate.weight[:, :, 0, 0]])  # (2 heads, 2 mid)
-        mix_local = nn.Conv2d(mid, 2 * heads, 1, device=dev, dtype=dt)
-        mix_local.weight.copy_(mix_w[:, :mid, None, None])
-        mix_local.bias.copy_(torch.cat([_bias(gb.attention), _bias(gb.gate)]))
-        mix_context = mix_w[:, mid:].clone()
+        # The attention and gate convs see [local, context]. The attention's context share and its bias are the
+        # same at every position of an image, and a softmax over the positions ignores such a shift: both drop.
+        att_w, gate_w = gb.attention.weight[:, :, 0, 0], gb.gate.weight[:, :, 0, 0]  # (heads, 2 mid) each
+        mix = nn.Conv2d(mid, 3 * heads, 1, device=dev, dtype=dt)
+        mix.weight.copy_(torch.cat([att_w[:, :mid], gate_w[:, :mid], gate_w[:, mid:]])[:, :, None, None])
+        mix.bias.copy_(torch.cat([torch.zeros_like(_bias(gb.attention)), _bias(gb.gate),
+                                  torch.zeros_like(_bias(gb.gate))]))
         k = in_ch // heads
         value_weight = gb.value.weight[:, :, 0, 0].reshape(heads, k, in_ch).clone()
         value_bias = _bias(gb.value).reshape(heads, k).clone()
         proj_weight = p.reshape(out_ch, heads, k).permute(1, 0, 2).contiguous()
-        return cls(conv, reduce, mix_local, mix_context, value_weight, value_bias, proj_weight, lg.stride[0])
+        return cls(conv, reduce, mix, value_weight, value_bias, proj_weight, lg.stride[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.conv(x)
         local = F.relu(self.reduce(x))
-        context = local.mean(dim=(2, 3)) @ self.mix_context.t()  # (N, 2 heads): the context's share, per image
-        mix = self.mix_local(local) + context[:, :, None, None]
-        attention = mix[:, : self.heads].flatten(2).softmax(dim=-1)  # (N, heads, HW)
-        gate = torch.sigmoid(mix[:, self.heads :, :: self.stride, :: self.stride]).flatten(2)  # at output positions
+        att, gate_local, gate_context = self.mix(local).split(self.heads, dim=1)
+        attention = att.flatten(2).softmax(dim=-1)  # (N, heads, HW)
+        if self.stride > 1:
+            gate_local = gate_local[:, :, :: self.stride, :: self.stride]  # the gates at the output positions
+        gate = torch.sigmoid(gate_local + gate_context.mean(dim=(2, 3), keepdim=True)).flatten(2)
         # attention-weighted pools of x, one per head: (N, C_in, HW) @ (N, HW, heads); x itself is never transposed
         pooled = torch.matmul(x.flatten(2), attention.transpose(1, 2)).permute(2, 0, 1)  # (heads, N, C_in)
         g = torch.matmul(pooled, self.value_t) + self.value_bias  # (heads, N, C_in/heads)
         u = torch.matmul(g, self.proj_t).permute(1, 2, 0)  # (N, C_out, heads)
-        term = torch.matmul(u, gate).view_as(out)
         if torch.onnx.is_in_onnx_export():
             # ONNX Runtime runs convolutions in a blocked channel layout (NCHWc) and keeps an Add in that layout
             # only when both inputs come from blocked-layout ops. Passing the global term through an identity
             # depthwise 1x1 conv makes it one, so ONNX Runtime fuses the Add (and the block's ReLU after it)
             # into the 3x3 convolution instead of converting the conv output to plain layout and the sum back.
             # A multiplication by exactly 1: the exported function is unchanged.
+            term = torch.matmul(u, gate).view_as(out)
             channels = term.shape[1]
             identity = torch.ones(channels, 1, 1, 1, dtype=term.dtype, device=term.device)
-            term = F.conv2d(term, identity, groups=channels)
-        return out + term
+            return out + F.conv2d(term, identity, groups=channels)
+        # eager: add u @ gate into the conv output in place (one pass over the output instead of three)
+        flat = out.flatten(2)
+        return flat.baddbmm_(u, gate).view_as(out)
 
 
 def _bias(conv: nn.Conv2d) -> torch.Tensor:
