@@ -204,9 +204,10 @@ class FoldedLgConv2d(nn.Module):
             channels = term.shape[1]
             identity = torch.ones(channels, 1, 1, 1, dtype=term.dtype, device=term.device)
             return out + F.conv2d(term, identity, groups=channels)
-        # eager: add u @ gate into the conv output in place (one pass over the output instead of three)
+        # eager: add u @ gate into the conv output in place (one pass over the output instead of three); the
+        # casts are no-ops in float32 and keep the in-place add valid under autocast
         flat = out.flatten(2)
-        return flat.baddbmm_(u, gate).view_as(out)
+        return flat.baddbmm_(u.to(flat.dtype), gate.to(flat.dtype)).view_as(out)
 
 
 def _bias(conv: nn.Conv2d) -> torch.Tensor:
