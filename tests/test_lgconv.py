@@ -177,6 +177,13 @@ def test_fold_is_numerically_equivalent_on_real_images(arch: str, real_images: t
         got = folded(real_images)
     rel = float((got - ref).abs().max() / ref.abs().max())
     assert rel <= 1e-5, rel
+    if arch == "resnet18":  # the in-place global term also works on channels_last inputs and under autocast
+        with torch.no_grad():
+            last = folded(real_images.contiguous(memory_format=torch.channels_last))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                low = folded(real_images)
+        assert float((last - ref).abs().max() / ref.abs().max()) <= 1e-5
+        assert low.dtype == torch.bfloat16 and float((low.float() - ref).abs().max() / ref.abs().max()) <= 0.05
 
 
 def test_fold_of_a_plain_resnet_only_fuses_batchnorm(real_images: torch.Tensor) -> None:
