@@ -90,25 +90,27 @@ def time_call(fn: Callable[[], Any], budget_s: float, min_repeats: int = 3) -> f
 
 
 def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, arch: str,
-                   folder: Path) -> tuple[Any, Path]:
+                   folder: Path, threads: int = 0) -> tuple[Any, Path]:
     """Export ``model`` with the package's exporter and open it in ONNX Runtime (CPU): (session, ONNX path).
 
-    The session's worker threads do not spin-wait after a run: with several sessions timed in turn, a session's
+    ``threads`` is the session's intra-op thread count (0: ONNX Runtime's default, one per physical core). The
+    session's worker threads do not spin-wait after a run: with several sessions timed in turn, a session's
     spinning threads would otherwise take the cores from the next session's run and inflate its time."""
     from export.onnx_export import export_to_file
 
     path = folder / f"m{id(model)}-{image_size}.onnx"
     meta = ModelMeta(classes=[f"c{i}" for i in range(num_classes)], arch=arch, image_size=image_size)
     export_to_file(model, meta, path)
-    return _cpu_session(path), path
+    return _cpu_session(path, threads=threads), path
 
 
-def _cpu_session(path: Path, profile: bool = False) -> Any:
-    """An ONNX Runtime CPU session on ``path`` whose worker threads do not spin-wait between runs; ``profile``
-    switches on ORT's profiler (its JSON goes next to ``path``)."""
+def _cpu_session(path: Path, profile: bool = False, threads: int = 0) -> Any:
+    """An ONNX Runtime CPU session on ``path`` with ``threads`` intra-op threads (0: ORT's default) that do not
+    spin-wait between runs; ``profile`` switches on ORT's profiler (its JSON goes next to ``path``)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if profile:
         options.enable_profiling = True
@@ -132,7 +134,7 @@ def ort_node_count(path: Path) -> int:
 
 
 def ort_op_profiles(paths: dict[str, Path], image_size: int, runs: int = PROFILE_RUNS,
-                    warmup: int = PROFILE_WARMUP) -> dict[str, dict[str, float]]:
+                    warmup: int = PROFILE_WARMUP, threads: int = 0) -> dict[str, dict[str, float]]:
     """Milliseconds per batch-1 run spent in each ONNX Runtime op type (CPU provider, ORT's own profiler), for
     each model file of ``paths`` (name -> ONNX path): name -> {op type: ms}, largest first.
 
@@ -141,7 +143,7 @@ def ort_op_profiles(paths: dict[str, Path], image_size: int, runs: int = PROFILE
     slower), and each op type's time is the median over the other ``runs`` runs. The ops are those of the
     optimised graph: ``Conv`` includes fused activations, ``ReorderOutput`` / ``ReorderInput`` are the NCHWc
     layout conversions ORT inserts around its blocked convolutions."""
-    sessions = {name: _cpu_session(path, profile=True) for name, path in paths.items()}
+    sessions = {name: _cpu_session(path, profile=True, threads=threads) for name, path in paths.items()}
     feed = {"images": np.random.default_rng(0).random((1, 3, image_size, image_size), dtype=np.float32)}
     names = list(sessions)
     for round_ in range(warmup + runs):
@@ -171,10 +173,11 @@ def per_op_medians(events: list[dict[str, Any]], skip_runs: int) -> dict[str, fl
 
 
 def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, runtimes: list[str],
-            num_classes: int = 20, profile: bool = False) -> list[dict[str, Any]]:
+            num_classes: int = 20, profile: bool = False, ort_threads: int = 0) -> list[dict[str, Any]]:
     """All rows of the table: one per (variant, image size); ``profile`` adds ``ort_profile`` to each row
-    (:func:`ort_op_profiles`, batch 1). The variants of one cell (size, runtime, batch) are timed in interleaved
-    rounds (:func:`time_interleaved`), so their ratios are paired measurements."""
+    (:func:`ort_op_profiles`, batch 1); ``ort_threads``: intra-op threads of the ONNX Runtime sessions (0: its
+    default). The variants of one cell (size, runtime, batch) are timed in interleaved rounds
+    (:func:`time_interleaved`), so their ratios are paired measurements."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
@@ -192,11 +195,12 @@ def measure(arch: str, sizes: list[int], batches: list[int], budget_s: float, ru
                     "gflops": count_flops(model, size) / 1e9,
                 }
                 if "onnxruntime" in runtimes:
-                    sessions[name], onnx_paths[name] = export_for_ort(model, size, num_classes, arch, Path(tmp))
+                    sessions[name], onnx_paths[name] = export_for_ort(
+                        model, size, num_classes, arch, Path(tmp), threads=ort_threads)
                     row["ort_nodes"] = ort_node_count(onnx_paths[name])
                 size_rows[name] = row
             if profile and onnx_paths:
-                for name, per_op in ort_op_profiles(onnx_paths, size).items():
+                for name, per_op in ort_op_profiles(onnx_paths, size, threads=ort_threads).items():
                     size_rows[name]["ort_profile"] = per_op
             for batch in batches:
                 x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
@@ -228,12 +232,17 @@ def _row_text(row: dict[str, Any], batches: list[int], runtimes: list[str]) -> s
     return "  ".join(parts)
 
 
-def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[str], command: str) -> str:
+def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[str], command: str,
+                ort_threads: int = 0) -> str:
     """The results file: command, machine, the table and the folded / plain latency ratios."""
+    torch_threads = torch.get_num_threads()
+    ort_text = (f"{ort_threads} ONNX Runtime intra-op thread{'s' if ort_threads > 1 else ''}" if ort_threads
+                else "ONNX Runtime's default threads")
     lines = [
         "# LgConv cost: plain vs LgConv vs folded LgConv", "",
         f"Command: `{command}`", "",
-        f"Machine: {cpu_name()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}; "
+        f"Machine: {cpu_name()}, {torch_threads} torch thread{'s' if torch_threads > 1 else ''}, {ort_text}; "
+        f"torch {torch.__version__}; "
         f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
         "Latency = median wall time of one forward call on a batch (ms), the four variants of a cell timed in "
         "interleaved rounds (ONNX Runtime sessions without spin-waiting worker threads, so that one session's "
@@ -299,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtimes", default="torch,onnxruntime", help="torch and/or onnxruntime")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of timed repeats per cell (default: 3)")
     parser.add_argument("--output", type=Path, default=Path("bench/lgconv-cpu.md"), help="markdown file to write")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="intra-op threads of PyTorch and ONNX Runtime (default: 0, each library's own default: "
+                             "one per core); 1 is the setting of a server that runs one single-threaded model per "
+                             "core")
     parser.add_argument("--profile", action="store_true",
                         help="add ONNX Runtime's per-op-type time at batch 1 for every variant (default: off)")
     args = parser.parse_args(argv)
@@ -309,10 +322,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runtimes takes torch and/or onnxruntime")
     if args.profile and "onnxruntime" not in runtimes:
         parser.error("--profile needs the onnxruntime runtime")
-    rows = measure(args.arch, sizes, batches, args.budget, runtimes, profile=args.profile)
+    if args.threads < 0:
+        parser.error("--threads takes 0 (the libraries' defaults) or a positive count")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = measure(args.arch, sizes, batches, args.budget, runtimes, profile=args.profile, ort_threads=args.threads)
     command = "python -m models.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(to_markdown(rows, batches, runtimes, command.strip()))
+    args.output.write_text(to_markdown(rows, batches, runtimes, command.strip(), args.threads))
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 
 from models.bench import (
     VARIANTS,
@@ -74,6 +76,27 @@ def test_benchmark_sessions_do_not_spin_between_runs(tmp_path: Path) -> None:
     assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     logits = session.run(None, {"images": np.zeros((2, 3, 32, 32), dtype=np.float32)})[0]
     assert logits.shape == (2, 3)
+
+
+def test_benchmark_sessions_take_the_thread_count(tmp_path: Path) -> None:
+    session, _ = export_for_ort(make_variant("plain-folded", "resnet18", 3), 32, 3, "resnet18", tmp_path, threads=1)
+    assert session.get_session_options().intra_op_num_threads == 1
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_lgconv_benchmark_threads_option_is_recorded_and_checked(tmp_path: Path) -> None:
+    out = tmp_path / "lgconv.md"
+    threads = torch.get_num_threads()
+    try:
+        assert bench_main(["--arch", "resnet18", "--sizes", "16", "--batches", "1", "--budget", "0",
+                           "--runtimes", "onnxruntime", "--threads", "1", "--output", str(out)]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert "1 torch thread, 1 ONNX Runtime intra-op thread;" in out.read_text()
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["--threads", "-1", "--output", str(out)])
+    assert exc.value.code == 2
 
 
 def _node(op: str, ts: int, dur: int) -> dict[str, object]:
