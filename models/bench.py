@@ -235,14 +235,14 @@ def _row_text(row: dict[str, Any], batches: list[int], runtimes: list[str]) -> s
 def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[str], command: str,
                 ort_threads: int = 0) -> str:
     """The results file: command, machine, the table and the folded / plain latency ratios."""
-    torch_threads = torch.get_num_threads()
-    ort_text = (f"{ort_threads} ONNX Runtime intra-op thread{'s' if ort_threads > 1 else ''}" if ort_threads
-                else "ONNX Runtime's default threads")
+    def threads(n: int) -> str:
+        return f"{n} thread{'s' if n > 1 else ''}"
+
+    ort_text = f"ONNX Runtime {threads(ort_threads)}" if ort_threads else "ONNX Runtime's default threads"
     lines = [
         "# LgConv cost: plain vs LgConv vs folded LgConv", "",
         f"Command: `{command}`", "",
-        f"Machine: {cpu_name()}, {torch_threads} torch thread{'s' if torch_threads > 1 else ''}, {ort_text}; "
-        f"torch {torch.__version__}; "
+        f"Machine: {cpu_name()}, PyTorch {threads(torch.get_num_threads())}, {ort_text}; torch {torch.__version__}; "
         f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
         "Latency = median wall time of one forward call on a batch (ms), the four variants of a cell timed in "
         "interleaved rounds (ONNX Runtime sessions without spin-waiting worker threads, so that one session's "

@@ -93,7 +93,7 @@ def test_lgconv_benchmark_threads_option_is_recorded_and_checked(tmp_path: Path)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
-    assert "1 torch thread, 1 ONNX Runtime intra-op thread;" in out.read_text()
+    assert "PyTorch 1 thread, ONNX Runtime 1 thread;" in out.read_text()
     with pytest.raises(SystemExit) as exc:
         bench_main(["--threads", "-1", "--output", str(out)])
     assert exc.value.code == 2
