@@ -1,29 +1,28 @@
-"""Image loading cost, full-size against reduced-scale JPEG decoding: ``python -m serve.bench_decode``.
+"""Image loading cost, full-size against reduced-scale JPEG decoding: ``python -m bench.decode``.
 
 For JPEGs of a few sizes (a 448 px square, a 1024 x 768 web image, a 4000 x 3000 camera photo) and network
 inputs of 64, 224 and 448 px: milliseconds per image on one thread to decode and resize to the network input,
 once with every pixel decoded (``read_image(path)``) and once the way training, evaluation, the tagger and the
 demo load images (``EvalTransform.decode_side``: libjpeg DCT scaling down to no less than twice the network
-input per side), plus how far apart the two resized images are (grey levels, 0-255). Results go to a markdown
-file with the command.
+input per side), plus how far apart the two resized images are (grey levels, 0-255). The table, the command
+and the machine go to section ``decode-cpu`` of the results page.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import tempfile
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
-from models.bench import time_interleaved
+from bench.machine import machine_line
+from bench.results_page import add_page_options, command_line, publish
+from bench.timing import time_interleaved
 from models.preprocess import DECODE_MARGIN, read_image, resize_uint8
-from train.bench import cpu_name
 
 PHOTO_SIZES = ((448, 448), (1024, 768), (4000, 3000))
 
@@ -40,7 +39,7 @@ def make_photo(path: Path, width: int, height: int, seed: int = 0) -> Path:
 
 def load_ms(path: Path, image_size: int, seconds: float) -> dict[str, float]:
     """Median milliseconds to load ``path`` and resize it to ``image_size``: ``full`` (full-size decode) and
-    ``reduced`` (decoded at reduced scale), timed in interleaved rounds (``models.bench.time_interleaved``)."""
+    ``reduced`` (decoded at reduced scale), timed in interleaved rounds (:func:`bench.timing.time_interleaved`)."""
     side = DECODE_MARGIN * image_size
     seconds_per_call = time_interleaved({
         "full": lambda: resize_uint8(read_image(path), image_size),
@@ -72,11 +71,12 @@ def measure(sizes: list[int], seconds: float) -> list[dict[str, float | int | st
 
 
 def to_markdown(rows: list[dict[str, float | int | str]], command: str) -> str:
-    """The results file: command, machine, and the table."""
+    """The results section: command, machine, and the table."""
     lines = [
-        "# Image loading: full-size vs reduced-scale JPEG decoding (CPU, one thread)", "",
+        "### Image loading: full-size vs reduced-scale JPEG decoding (CPU, one thread)", "",
         f"Command: `{command}`", "",
-        f"Machine: {cpu_name()}; {datetime.now().strftime('%Y-%m-%d %H:%M')}. Time = median ms per image to decode "
+        machine_line(), "",
+        "Time = median ms per image to decode "
         "(PIL) and resize to the network input (torchvision, bilinear, antialiased); full and reduced are timed in "
         "interleaved rounds. `reduced` is what training, "
         f"evaluation, export checks, the tagger and the demo do: JPEGs are decoded at 1/2, 1/4 or 1/8 scale while "
@@ -94,18 +94,15 @@ def to_markdown(rows: list[dict[str, float | int | str]], command: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m serve.bench_decode", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="64,224,448", help="network inputs, comma-separated (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=2.0, help="timing window per cell (default: 2)")
-    parser.add_argument("--output", type=Path, default=Path("bench/decode-cpu.md"), help="markdown file to write")
+    add_page_options(parser, "decode-cpu")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the cost of one decoding worker
     rows = measure([int(s) for s in args.sizes.split(",")], args.seconds)
-    command = "python -m serve.bench_decode " + shlex.join(argv if argv is not None else sys.argv[1:])
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(to_markdown(rows, command.strip()))
-    print(f"wrote {args.output}", file=sys.stderr)
+    publish(args.section or "decode-cpu", to_markdown(rows, command_line("bench.decode", argv)), args.page)
     return 0
 
 

@@ -1,33 +1,34 @@
-"""Inference benchmark of the export precisions on this machine: ``python -m export.bench``.
+"""Inference benchmark of the export precisions on this machine: ``python -m bench.export_speed``.
 
 For each configuration: PyTorch eager FP32 (the network as trained, LgConv unfolded), and ONNX Runtime (CPU
 execution provider) on the exported FP32 (folded), FP16 and INT8 (``cpu`` flavour) models - images/s at each
 batch size and, for a trained checkpoint (``--checkpoint``), the test-split mAP of each. Without a checkpoint
-the network is random-initialised (throughput only). Results go to a markdown file with the command.
+the network is random-initialised (throughput only). The table, the command and the machine go to section
+``export-cpu`` of the results page.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import tempfile
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from bench.lgconv import make_variant
+from bench.machine import machine_line
+from bench.results_page import add_page_options, command_line, publish
+from bench.timing import time_call
 from export.onnx_export import export_to_file, load_model
 from export.pipeline import load_train_sample
 from export.precision_check import OrtModel
 from export.quantize import convert_fp16, quantize_int8
 from export.verify import load_inputs, rebuild_splits
-from models.bench import make_variant, time_call
 from models.checkpoint import ModelMeta
 from models.lgconv import fold_resnet
-from train.bench import cpu_name
 from train.metrics import mean_average_precision
 
 
@@ -85,11 +86,10 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
 
 
 def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) -> str:
-    """The results file."""
-    lines = ["# Export precisions: PyTorch eager vs ONNX Runtime FP32 / FP16 / INT8 (CPU)", "",
+    """The results section: command, machine and the table."""
+    lines = ["### Export precisions: PyTorch eager vs ONNX Runtime FP32 / FP16 / INT8 (CPU)", "",
              f"Command: `{command}`", "",
-             f"Machine: {cpu_name()}, {torch.get_num_threads()} threads; torch {torch.__version__}; "
-             f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
+             machine_line(), "",
              "images/s per batch size; ONNX models are the folded export (BatchNorm + LgConv); INT8 is the `cpu` "
              "flavour (u8 activations, s8 weights, head in float) calibrated on 256 training images.", ""]
     header = ["config", "runtime", "precision", *[f"img/s b{b}" for b in batches], "x eager (b"
@@ -108,7 +108,7 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) ->
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m export.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.export_speed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", action="append", default=[], metavar="RUN_OR_PT",
                         help="trained run(s) to measure with their test-split mAP (repeatable)")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,32", help="batch sizes (default: %(default)s)")
     parser.add_argument("--test-images", type=int, default=2000, help="test images per checkpoint (default: 2000)")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of timed repeats per cell")
-    parser.add_argument("--output", type=Path, default=Path("bench/export-cpu.md"))
+    add_page_options(parser, "export-cpu")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict[str, Any]] = []
@@ -139,10 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         model, meta = _random_model(args.arch, size)
         rows += bench_config(f"{args.arch} + LgConv @{size}px (random init)", model, meta, None,
                              _smooth_images(64, size, 0), batches, args.budget)
-    command = "python -m export.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(to_markdown(rows, batches, command.strip()))
-    print(f"wrote {args.output}", file=sys.stderr)
+    publish(args.section or "export-cpu", to_markdown(rows, batches, command_line("bench.export_speed", argv)),
+            args.page)
     return 0
 
 

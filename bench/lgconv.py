@@ -1,4 +1,4 @@
-"""LgConv cost benchmark: ``python -m models.bench``.
+"""LgConv cost benchmark: ``python -m bench.lgconv``.
 
 For plain ResNet-50, ResNet-50 with LgConv (training form) and its folded inference form (and the plain
 network with its BatchNorms folded, the fair baseline for the folded one): parameters, FLOPs per image
@@ -6,21 +6,19 @@ network with its BatchNorms folded, the fair baseline for the folded one): param
 (CPU, float32, inference mode) and ONNX Runtime (CPU execution provider, the dynamo-exported graph) at batch 1
 and 16, at the default training size and at 448 px. Each cell is the median of timed repeats after a warm-up;
 the four variants of a cell are timed in interleaved rounds, so their ratios are paired measurements (the
-ONNX Runtime sessions do not spin-wait, or one session's idle threads would slow the next). Results go to a
-markdown file with the command that produced them.
+ONNX Runtime sessions do not spin-wait, or one session's idle threads would slow the next). The table, the
+command and the machine go to section ``lgconv-cpu`` (``lgconv-cpu-1-thread`` with ``--threads 1``) of the
+results page.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +26,12 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.machine import machine_line, threads_text
+from bench.results_page import add_page_options, command_line, publish
+from bench.timing import interleaved_order, time_interleaved
 from models.checkpoint import ModelMeta
 from models.lgconv import fold_resnet, global_branches
 from models.resnet import build_model
-from train.bench import cpu_name
 
 VARIANTS = ("plain", "plain-folded", "lgconv", "lgconv-folded")
 PROFILE_WARMUP, PROFILE_RUNS = 2, 20  # --profile: runs left out, then runs whose per-op median is reported
@@ -54,39 +54,6 @@ def count_flops(model: torch.nn.Module, image_size: int) -> int:
     with torch.inference_mode(), counter:
         model(torch.zeros(1, 3, image_size, image_size))
     return int(counter.get_total_flops())
-
-
-def interleaved_order(names: list[str], round_: int) -> list[str]:
-    """The order in which round ``round_`` runs ``names``: as given on even rounds, reversed on odd ones, so no
-    name always runs first (or always right after the same neighbour)."""
-    return names if round_ % 2 == 0 else names[::-1]
-
-
-def time_interleaved(fns: dict[str, Callable[[], Any]], budget_s: float, min_rounds: int = 3,
-                     max_rounds: int = 50) -> dict[str, float]:
-    """Median seconds per call of each function of ``fns`` (name -> function), timed in interleaved rounds.
-
-    After one warm-up call each, every round calls each function once (in reverse order every other round) until
-    ``budget_s`` seconds per function have passed, with at least ``min_rounds`` and at most ``max_rounds`` rounds.
-    A slow drift in the machine's speed then hits every function alike, so ratios between them are paired."""
-    for fn in fns.values():
-        fn()
-    names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    start = time.perf_counter()
-    rounds = 0
-    while rounds < min_rounds or (rounds < max_rounds and time.perf_counter() - start < budget_s * len(names)):
-        for name in interleaved_order(names, rounds):
-            t0 = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - t0)
-        rounds += 1
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def time_call(fn: Callable[[], Any], budget_s: float, min_repeats: int = 3) -> float:
-    """Median seconds per call of ``fn`` after one warm-up, over at least ``min_repeats`` calls or ``budget_s``."""
-    return time_interleaved({"fn": fn}, budget_s, min_rounds=min_repeats)["fn"]
 
 
 def export_for_ort(model: torch.nn.Module, image_size: int, num_classes: int, arch: str,
@@ -234,16 +201,12 @@ def _row_text(row: dict[str, Any], batches: list[int], runtimes: list[str]) -> s
 
 def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[str], command: str,
                 ort_threads: int = 0) -> str:
-    """The results file: command, machine, the table and the folded / plain latency ratios."""
-    def threads(n: int) -> str:
-        return f"{n} thread{'s' if n > 1 else ''}"
-
-    ort_text = f"ONNX Runtime {threads(ort_threads)}" if ort_threads else "ONNX Runtime's default threads"
+    """The results section: command, machine, the table and the folded / plain latency ratios."""
+    ort_text = f"ONNX Runtime {threads_text(ort_threads)}" if ort_threads else "ONNX Runtime's default threads"
     lines = [
-        "# LgConv cost: plain vs LgConv vs folded LgConv", "",
+        "### LgConv cost: plain vs LgConv vs folded LgConv", "",
         f"Command: `{command}`", "",
-        f"Machine: {cpu_name()}, PyTorch {threads(torch.get_num_threads())}, {ort_text}; torch {torch.__version__}; "
-        f"{datetime.now().strftime('%Y-%m-%d %H:%M')}.", "",
+        machine_line(ort_text), "",
         "Latency = median wall time of one forward call on a batch (ms), the four variants of a cell timed in "
         "interleaved rounds (ONNX Runtime sessions without spin-waiting worker threads, so that one session's "
         "idle threads do not slow the next one's run); throughput = images/s at that batch. "
@@ -300,20 +263,20 @@ def _profile_markdown(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m models.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.lgconv", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="resnet50", help="backbone (default: %(default)s)")
     parser.add_argument("--sizes", default="64,448", help="input sizes, comma-separated (default: %(default)s)")
     parser.add_argument("--batches", default="1,16", help="batch sizes, comma-separated (default: %(default)s)")
     parser.add_argument("--runtimes", default="torch,onnxruntime", help="torch and/or onnxruntime")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of timed repeats per cell (default: 3)")
-    parser.add_argument("--output", type=Path, default=Path("bench/lgconv-cpu.md"), help="markdown file to write")
     parser.add_argument("--threads", type=int, default=0,
                         help="intra-op threads of PyTorch and ONNX Runtime (default: 0, each library's own default: "
                              "one per core); 1 is the setting of a server that runs one single-threaded model per "
                              "core")
     parser.add_argument("--profile", action="store_true",
                         help="add ONNX Runtime's per-op-type time at batch 1 for every variant (default: off)")
+    add_page_options(parser, "lgconv-cpu, or lgconv-cpu-1-thread with --threads 1")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
@@ -327,10 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = measure(args.arch, sizes, batches, args.budget, runtimes, profile=args.profile, ort_threads=args.threads)
-    command = "python -m models.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(to_markdown(rows, batches, runtimes, command.strip(), args.threads))
-    print(f"wrote {args.output}", file=sys.stderr)
+    section = args.section or ("lgconv-cpu-1-thread" if args.threads == 1 else "lgconv-cpu")
+    publish(section, to_markdown(rows, batches, runtimes, command_line("bench.lgconv", argv), args.threads), args.page)
     return 0
 
 

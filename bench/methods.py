@@ -1,4 +1,4 @@
-"""Compare methods on one benchmark: ``python -m train.compare``.
+"""Compare methods on one benchmark: ``python -m bench.methods``.
 
 Trains every (method, seed) pair with the same protocol and budget (the extra arguments after ``--`` go to
 ``python -m train`` unchanged), each in its own subprocess and run folder ``RUNS_DIR/<method>-seed<seed>``.
@@ -14,7 +14,8 @@ The results table - val-selected test mAP mean +- std over seeds, the gap recove
 (bce - an)``, the difference to ``an`` trained with the same seed (mean +- std, and on how many seeds the
 method is above), the validation mAP of the best and of the last epoch (a last epoch far below the best one is a
 network fitting its wrong targets) and Cole et al.'s label recovery (training-set mAP against the hidden full
-labels) - is written to a markdown file with the exact command, plus a bar plot when matplotlib is installed.
+labels) - goes to section ``methods-<data>`` of the results page with the exact command, plus a bar plot
+(``plots/<section>.png`` beside the page, linked from the section) when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
+import re
 import shlex
 import statistics
 import subprocess
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from bench.machine import machine_line
+from bench.results_page import add_page_options, command_line, publish
 from train.methods import METHODS
 from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
 
@@ -197,14 +201,14 @@ def _fmt_vs_an(row: dict[str, Any]) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: list[str], failed: list[str],
-             warm_start: Path | None = None, grid: tuple[str, list[str]] | None = None) -> str:
-    """The results page: settings, command, table (with the chosen grid value per seed when ``grid`` is given),
-    and the methods that do not beat ``an``."""
+             warm_start: Path | None = None, grid: tuple[str, list[str]] | None = None,
+             plot_link: str | None = None) -> str:
+    """The results section: settings, command, table (with the chosen grid value per seed when ``grid`` is
+    given), the methods that do not beat ``an`` and, with ``plot_link``, the bar plot at that relative path."""
     an = next((r["test"][0] for r in rows if r["method"] == "an"), math.nan)
     lines = [
-        f"# Method comparison on `{data}`", "",
-        f"Measured {datetime.now():%Y-%m-%d} on {platform.node() or 'this machine'} ({platform.machine()}), "
-        f"python {platform.python_version()}.", "",
+        f"### Method comparison on `{data}`", "",
+        machine_line(gpu=torch.cuda.is_available()), "",
         "Command:", "", "```", command, "```", "",
         f"Training arguments shared by every run: `{shlex.join(train_args) or '(defaults)'}`. Test mAP is the "
         "test-set mAP of the epoch with the best validation mAP (the papers' protocol), mean ± std over seeds. "
@@ -235,6 +239,8 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
         lines += ["", "Methods below `an`: " + (", ".join(below) if below else "none") + "."]
     if failed:
         lines += ["", "Runs that failed (not in the table): " + ", ".join(failed) + "."]
+    if plot_link:
+        lines += ["", f"![test mAP per method on {data}]({plot_link})"]
     return "\n".join(lines) + "\n"
 
 
@@ -256,9 +262,15 @@ def plot(rows: list[dict[str, Any]], path: Path, data: str) -> bool:
     ax.set_title(f"val-selected test mAP on {data} (mean ± std over seeds)")
     ax.tick_params(axis="x", rotation=45)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def section_for(data: str) -> str:
+    """The default results section of a comparison on ``data``: ``methods-<data>`` in section-name characters."""
+    return "methods-" + re.sub(r"[^a-z0-9]+", "-", data.lower()).strip("-")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,14 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, train_args = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog="python -m train.compare", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.methods", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: python -m train.compare --seeds 0,1,2 -- --epochs 3")
+                                epilog="example: python -m bench.methods --seeds 0,1,2 -- --epochs 3")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated (default: all)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default: %(default)s)")
     p.add_argument("--data", default="builtin", help="dataset spec as in python -m train (default: %(default)s)")
     p.add_argument("--runs-dir", type=Path, default=Path("runs/compare"), help="default: %(default)s")
-    p.add_argument("--output", type=Path, default=None, help="markdown file (default: bench/methods-DATA.md)")
+    add_page_options(p, "methods-DATA, the plot in plots/SECTION.png beside the page")
     p.add_argument("--warm-start", type=Path, metavar="DIR", help="start every run of seed N from the backbone "
                    "of DIR/an-seedN/best.pt with a new head (--weights FILE --reset-head); DIR/an-seedN is "
                    "trained first, with the same arguments, when missing")
@@ -324,13 +336,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results = {method: results[method] for method in methods if method in results}  # table in --methods order
     rows = aggregate(results)
-    safe = args.data.replace(":", "-").replace("/", "_").replace("@", "-")
-    out = args.output or Path("bench") / f"methods-{safe}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m train.compare " + shlex.join(original)
-    out.write_text(markdown(rows, command.strip(), args.data, train_args, failed, args.warm_start, grid))
-    drew = plot(rows, out.with_suffix(".png"), args.data)
-    print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if drew else " (no plot: pip install matplotlib)"))
+    section = args.section or section_for(args.data)
+    plot_link = f"plots/{section}.png"
+    drew = plot(rows, args.page.parent / plot_link, args.data)
+    if not drew:
+        print("no plot: pip install matplotlib", file=sys.stderr)
+    publish(section, markdown(rows, command_line("bench.methods", original), args.data, train_args, failed,
+                              args.warm_start, grid, plot_link if drew else None), args.page)
     return 1 if failed else 0
 
 

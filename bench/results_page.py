@@ -2,20 +2,25 @@
 
 A section starts with ``<!-- bench:NAME -->`` and ends with ``<!-- /bench:NAME -->``; :func:`write_section`
 replaces what lies between them (or appends a new section at the end of the page), so re-running a benchmark
-replaces its old numbers instead of adding a file.
+replaces its old numbers instead of adding a file. :func:`add_page_options` gives every benchmark the same
+``--page`` / ``--section`` options and :func:`publish` writes its section.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shlex
+import sys
 from pathlib import Path
 
 PAGE = Path(__file__).resolve().parent / "README.md"
+SECTION_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
 def _markers(name: str) -> tuple[str, str]:
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+    if not SECTION_NAME.fullmatch(name):
         raise ValueError(f"section name {name!r}: use lower-case letters, digits and '-'")
     return f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
 
@@ -38,11 +43,38 @@ def write_section(name: str, markdown: str, page: Path = PAGE) -> Path:
     block = f"{start}\n{markdown.strip()}\n{end}"
     text = page.read_text() if page.exists() else "# Benchmark results\n"
     i, j = text.find(start), text.find(end)
-    if i >= 0 and j > i:
-        text = text[:i] + block + text[j + len(end):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    replaced = i >= 0 and j > i
+    text = text[:i] + block + text[j + len(end):] if replaced else text.rstrip("\n") + "\n\n" + block + "\n"
+    page.parent.mkdir(parents=True, exist_ok=True)
     tmp = page.with_name(page.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, page)
+    return page
+
+
+def section_name(text: str) -> str:
+    """argparse type of ``--section``: a valid section name (lower-case letters, digits and '-')."""
+    if not SECTION_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use lower-case letters, digits and '-'")
+    return text
+
+
+def add_page_options(parser: argparse.ArgumentParser, default_section: str) -> None:
+    """Add ``--page FILE`` (default: bench/README.md) and ``--section NAME`` (default: ``default_section``)."""
+    parser.add_argument("--page", type=Path, default=PAGE, metavar="FILE",
+                        help="results page whose section this run replaces (default: bench/README.md)")
+    parser.add_argument("--section", type=section_name, default=None, metavar="NAME",
+                        help=f"section of the page to replace (default: {default_section})")
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command that reproduces a run: ``python -m MODULE ARGS`` (``argv`` None: this process's arguments)."""
+    args = sys.argv[1:] if argv is None else argv
+    return f"python -m {module} {shlex.join(args)}".strip()
+
+
+def publish(name: str, markdown: str, page: Path = PAGE) -> Path:
+    """Write section NAME of the page (:func:`write_section`) and say so on stderr."""
+    write_section(name, markdown, page)
+    print(f"wrote section {name} of {page}", file=sys.stderr)
     return page

@@ -1,4 +1,4 @@
-"""Tagger throughput against model-only throughput: ``python -m serve.bench MODEL [MODEL ...]``.
+"""Tagger throughput against model-only throughput: ``python -m bench.tag_speed MODEL [MODEL ...]``.
 
 Writes a folder of JPEGs (``--images`` of ``--size`` px, made from the built-in dataset's images when it is
 cached, else random textures), then for each model file (``.pt`` -> PyTorch, ``.onnx`` -> ONNX Runtime):
@@ -7,28 +7,26 @@ cached, else random textures), then for each model file (``.pt`` -> PyTorch, ``.
 - tagger: ``serve.tag.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
   written), images/s end to end.
 
-The ratio tagger / model-only is the share of the model's speed the tagger keeps (target: >= 90%). Results go to
-a markdown file with the command.
+The ratio tagger / model-only is the share of the model's speed the tagger keeps (target: >= 90%). The table, the
+command and the machine go to section ``tag-cpu`` of the results page.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 
+from bench.machine import machine_line
+from bench.results_page import add_page_options, command_line, publish
 from serve.predictor import Predictor
 from serve.tag import tag_folder
-from train.bench import cpu_name
 
 
 def make_jpegs(folder: Path, count: int, size: int, seed: int = 0) -> list[Path]:
@@ -69,14 +67,14 @@ def model_only(predictor: Predictor, sample: list[Path], batch_size: int, second
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m serve.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.tag_speed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", type=Path, help="model files (.pt checkpoint, .onnx export)")
     parser.add_argument("--images", type=int, default=2000, help="JPEGs to tag (default: %(default)s)")
     parser.add_argument("--size", type=int, default=448, help="JPEG side in px (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=5.0, help="model-only timing window (default: 5)")
-    parser.add_argument("--output", type=Path, default=Path("bench/tag-cpu.md"))
+    add_page_options(parser, "tag-cpu")
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,9 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                          "input": predictor.meta.image_size, "model_only": speed_model, "tagger": speed_tag,
                          "tagged": summary.tagged})
             print(rows[-1], file=sys.stderr, flush=True)
-    command = "python -m serve.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
-    lines = ["# Tagger throughput vs model-only throughput (CPU)", "", f"Command: `{command.strip()}`", "",
-             f"Machine: {cpu_name()}, {torch.get_num_threads()} threads; {datetime.now().strftime('%Y-%m-%d %H:%M')}. "
+    lines = ["### Tagger throughput vs model-only throughput (CPU)", "",
+             f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
              f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tag.tag_folder` end to "
              "end (discovery, decoding in a thread pool overlapping the model, JSONL written); model-only = the "
              "same runtime on already-preprocessed batches.", "",
@@ -106,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         lines.append(f"| {Path(r['model']).name} | {r['backend']} | {r['arch']} @{r['input']} px | "
                      f"{r['model_only']:.1f} | {r['tagger']:.1f} | {100 * r['tagger'] / r['model_only']:.0f}% |")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.output}", file=sys.stderr)
+    publish(args.section or "tag-cpu", "\n".join(lines) + "\n", args.page)
     return 0
 
 

@@ -1,9 +1,9 @@
-"""Training throughput and peak memory benchmark: ``python -m train.bench``.
+"""Training throughput and peak memory benchmark: ``python -m bench.train_speed``.
 
 Each configuration runs in a fresh subprocess (so peak memory is its own) through the real trainer's
 ``train_step`` on batches from its DataLoader (``--input data``, decoding and augmentation included) or on
-random tensors (``--input synthetic``, model step only). Results go to a markdown file together with the
-command that produced them.
+random tensors (``--input synthetic``, model step only). The table, the command and the machine go to section
+``train-cpu`` (``train-cuda`` when measured on a GPU) of the results page.
 """
 
 from __future__ import annotations
@@ -12,28 +12,17 @@ import argparse
 import json
 import platform
 import resource
-import shlex
 import subprocess
 import sys
 import time
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.machine import machine_line
+from bench.results_page import add_page_options, command_line, publish
+
 VARIANTS = {"fp32": ("off", "off"), "amp+cl": ("auto", "on"), "amp": ("auto", "off"), "cl": ("off", "on")}
-
-
-def cpu_name() -> str:
-    """The CPU model name from /proc/cpuinfo (or the platform's processor string)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
@@ -96,11 +85,9 @@ def _markdown(results: list[dict[str, Any]], command: str) -> str:
         if gpu:
             row += f" {r.get('peak_cuda_mb', float('nan')):.0f} |"
         rows.append(row)
-    device = results[0].get("gpu") or f"{cpu_name()}, {torch.get_num_threads()} threads"
     return "\n".join([
-        "# Training throughput", "",
-        f"Measured {datetime.now():%Y-%m-%d} on {device}; torch {torch.__version__}, python "
-        f"{platform.python_version()}.", "",
+        "### Training throughput", "",
+        machine_line(f"python {platform.python_version()}", gpu=gpu), "",
         "Command:", "", "```", command, "```", "",
         "Images/s over the measured steps after warm-up, through the trainer's own `train_step` (forward, "
         "backward, optimiser step); `data` input includes JPEG decoding and augmentation in the DataLoader, "
@@ -111,7 +98,7 @@ def _markdown(results: list[dict[str, Any]], command: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: run every (arch, variant) in a subprocess and write the markdown table."""
-    p = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.train_speed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--archs", default="resnet18,resnet50", help="comma-separated (default: %(default)s)")
     p.add_argument("--variants", default="fp32", help=f"comma-separated from {', '.join(VARIANTS)} "
@@ -124,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="default: %(default)s")
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: the trainer's)")
     p.add_argument("--device", default="auto", help="default: %(default)s")
-    p.add_argument("--output", type=Path, default=None,
-                   help="markdown file (default: bench/train-cpu.md or bench/train-cuda.md)")
+    add_page_options(p, "train-cpu, or train-cuda when measured on a GPU")
     p.add_argument("--worker-spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker_spec:
@@ -142,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = {"arch": arch, "variant": variant, "data": args.data, "input": args.input,
                     "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,
                     "warmup": args.warmup, "workers": workers, "device": args.device}
-            proc = subprocess.run([sys.executable, "-m", "train.bench", "--worker-spec", json.dumps(spec)],
+            proc = subprocess.run([sys.executable, "-m", "bench.train_speed", "--worker-spec", json.dumps(spec)],
                                   capture_output=True, text=True)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
@@ -154,11 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{arch:>9} {variant:>7}: {result['images_per_s']:8.1f} img/s, peak RSS "
                   f"{result['peak_rss_mb']:.0f} MB" + (f", CUDA {result['peak_cuda_mb']:.0f} MB"
                                                        if "peak_cuda_mb" in result else ""))
-    out = args.output or Path("bench") / ("train-cuda.md" if "peak_cuda_mb" in results[0] else "train-cpu.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m train.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
-    out.write_text(_markdown(results, command.strip()))
-    print(f"wrote {out}")
+    section = args.section or ("train-cuda" if "peak_cuda_mb" in results[0] else "train-cpu")
+    publish(section, _markdown(results, command_line("bench.train_speed", argv)), args.page)
     return 0
 
 

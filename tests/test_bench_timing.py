@@ -11,17 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.bench import (
-    VARIANTS,
-    export_for_ort,
-    make_variant,
-    ort_node_count,
-    ort_op_profiles,
-    per_op_medians,
-    time_call,
-    time_interleaved,
-)
-from models.bench import main as bench_main
+from bench.lgconv import VARIANTS, export_for_ort, make_variant, ort_node_count, ort_op_profiles, per_op_medians
+from bench.lgconv import main as bench_main
+from bench.results_page import read_section
+from bench.timing import time_call, time_interleaved
 
 
 def test_interleaved_rounds_alternate_order_and_time_each_function() -> None:
@@ -55,11 +48,12 @@ def test_interleaved_rounds_stop_at_the_budget_or_the_round_cap() -> None:
 
 
 def test_lgconv_benchmark_writes_every_variant_and_ratio(tmp_path: Path) -> None:
-    out = tmp_path / "lgconv.md"
+    page = tmp_path / "results.md"
     assert bench_main(["--arch", "resnet18", "--sizes", "32", "--batches", "1", "--budget", "0",
-                       "--output", str(out)]) == 0
-    text = out.read_text()
-    assert "Command: `python -m models.bench --arch resnet18 --sizes 32" in text
+                       "--page", str(page)]) == 0
+    text = read_section("lgconv-cpu", page)
+    assert text is not None
+    assert "Command: `python -m bench.lgconv --arch resnet18 --sizes 32" in text
     for variant in VARIANTS:
         assert f"| {variant} | 32 px |" in text
     assert "| variant | input | params (M) | GFLOPs/img | ORT nodes | PyTorch b1 ms (img/s) |" in text
@@ -85,17 +79,18 @@ def test_benchmark_sessions_take_the_thread_count(tmp_path: Path) -> None:
 
 
 def test_lgconv_benchmark_threads_option_is_recorded_and_checked(tmp_path: Path) -> None:
-    out = tmp_path / "lgconv.md"
+    page = tmp_path / "results.md"
     threads = torch.get_num_threads()
     try:
         assert bench_main(["--arch", "resnet18", "--sizes", "16", "--batches", "1", "--budget", "0",
-                           "--runtimes", "onnxruntime", "--threads", "1", "--output", str(out)]) == 0
+                           "--runtimes", "onnxruntime", "--threads", "1", "--page", str(page)]) == 0
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
-    assert "PyTorch 1 thread, ONNX Runtime 1 thread;" in out.read_text()
+    assert read_section("lgconv-cpu", page) is None  # one thread: its own section
+    assert "PyTorch 1 thread, ONNX Runtime 1 thread, torch " in str(read_section("lgconv-cpu-1-thread", page))
     with pytest.raises(SystemExit) as exc:
-        bench_main(["--threads", "-1", "--output", str(out)])
+        bench_main(["--threads", "-1", "--page", str(page)])
     assert exc.value.code == 2
 
 

@@ -1,4 +1,5 @@
-"""The method comparison runner: runs, reuse of finished runs, the table's numbers."""
+"""The method comparison benchmark (``python -m bench.methods``): runs, reuse of finished runs, the table's
+numbers, its section and plot on the results page."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from train.compare import aggregate, last_epoch_val_map, main, markdown, parse_grid
+from bench.methods import aggregate, last_epoch_val_map, main, markdown, parse_grid, section_for
+from bench.results_page import read_section
 from train.runs import CONFIG_FILE, METRICS_FILE
 
 
@@ -74,14 +76,16 @@ def test_the_difference_to_an_pairs_runs_by_seed() -> None:
 
 
 def test_compare_runs_reuses_and_writes_the_table(builtin_cache: Path, tmp_path: Path) -> None:
-    out = tmp_path / "methods.md"
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\nkept as is\n")
     args = ["--methods", "an,bce", "--seeds", "0,1", "--data", "builtin:tiny", "--runs-dir", str(tmp_path / "runs"),
-            "--output", str(out), "--", "--epochs", "1", "--image-size", "32", "--batch-size", "16", "--workers", "0",
+            "--page", str(page), "--", "--epochs", "1", "--image-size", "32", "--batch-size", "16", "--workers", "0",
             "--no-lgconv"]
     assert main(args) == 0
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
     assert runs == ["an-seed0", "an-seed1", "bce-seed0", "bce-seed1"]
-    text = out.read_text()
+    text = read_section("methods-builtin-tiny", page)
+    assert text is not None and page.read_text().startswith("# Results\n\nkept as is\n")
     tests = {}
     for name in runs:
         s = json.loads((tmp_path / "runs" / name / "summary.json").read_text())
@@ -99,11 +103,13 @@ def test_compare_runs_reuses_and_writes_the_table(builtin_cache: Path, tmp_path:
         assert "| 0% |" in text and "| 100% |" in text
     else:
         assert "n/a" in text
-    assert "python -m train.compare --methods an,bce" in text and "-- --epochs 1" in text
-    assert out.with_suffix(".png").stat().st_size > 1000
+    assert "python -m bench.methods --methods an,bce" in text and "-- --epochs 1" in text
+    assert "(plots/methods-builtin-tiny.png)" in text
+    assert (tmp_path / "plots" / "methods-builtin-tiny.png").stat().st_size > 1000
     mtimes = {p: (p / "summary.json").stat().st_mtime for p in (tmp_path / "runs").iterdir()}
     assert main(args) == 0  # everything is reused: no run is trained again
     assert all((p / "summary.json").stat().st_mtime == t for p, t in mtimes.items())
+    assert page.read_text().count("<!-- bench:methods-builtin-tiny -->") == 1  # the section replaced, not added
 
 
 def test_compare_rejects_unknown_methods(capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,7 +119,7 @@ def test_compare_rejects_unknown_methods(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def _tiny(tmp_path: Path, *extra: str) -> list[str]:
-    return ["--data", "builtin:tiny", "--seeds", "0", "--output", str(tmp_path / "m.md"), "--", "--epochs", "1",
+    return ["--data", "builtin:tiny", "--seeds", "0", "--page", str(tmp_path / "m.md"), "--", "--epochs", "1",
             "--image-size", "32", "--batch-size", "16", "--workers", "0", "--no-lgconv", *extra]
 
 
@@ -124,7 +130,7 @@ def test_warm_start_trains_an_first_then_fine_tunes_its_backbone_with_a_new_head
     assert (warm / "an-seed0" / "summary.json").is_file()  # the base run, trained with the same arguments
     config = json.loads((runs / "em-seed0" / CONFIG_FILE).read_text())["config"]
     assert config["weights"] == str(warm / "an-seed0" / "best.pt") and config["reset_head"] is True
-    assert "starts from the backbone of" in (tmp_path / "m.md").read_text()
+    assert "starts from the backbone of" in str(read_section("methods-builtin-tiny", tmp_path / "m.md"))
 
 
 def test_a_run_folder_with_other_settings_is_an_error_not_reused(
@@ -141,10 +147,19 @@ def test_a_run_folder_with_other_settings_is_an_error_not_reused(
 
 
 def test_the_default_comparison_covers_every_registered_method() -> None:
-    from train.compare import DEFAULT_METHODS
+    from bench.methods import DEFAULT_METHODS
     from train.methods import METHODS
 
     assert sorted(DEFAULT_METHODS) == sorted(METHODS)
+
+
+def test_the_default_section_is_named_after_the_data_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    assert section_for("builtin") == "methods-builtin"
+    assert section_for("builtin:tiny") == "methods-builtin-tiny"
+    assert section_for("coco:/data/COCO_2014@0.5") == "methods-coco-data-coco-2014-0-5"
+    with pytest.raises(SystemExit) as exc:
+        main(["--section", "Bad_Name"])
+    assert exc.value.code == 2 and "Bad_Name" in capsys.readouterr().err
 
 
 def test_parse_grid_reads_one_option_and_rejects_conflicts() -> None:
@@ -159,9 +174,9 @@ def test_parse_grid_reads_one_option_and_rejects_conflicts() -> None:
 
 def test_grid_keeps_the_run_with_the_best_val_map_for_each_method(builtin_cache: Path, tmp_path: Path) -> None:
     runs, out = tmp_path / "runs", tmp_path / "m.md"
-    args = ["--methods", "an", "--seeds", "0", "--data", "builtin:tiny", "--runs-dir", str(runs), "--output",
-            str(out), "--grid", "linear-init-lr=1e-1,1e-4", "--", "--epochs", "0", "--linear-init", "2",
-            "--image-size", "32", "--batch-size", "16", "--workers", "0", "--no-lgconv"]
+    args = ["--methods", "an", "--seeds", "0", "--data", "builtin:tiny", "--runs-dir", str(runs), "--page",
+            str(out), "--section", "methods-grid", "--grid", "linear-init-lr=1e-1,1e-4", "--", "--epochs", "0",
+            "--linear-init", "2", "--image-size", "32", "--batch-size", "16", "--workers", "0", "--no-lgconv"]
     assert main(args) == 0
     assert sorted(p.name for p in runs.iterdir()) == ["an-seed0-linear-init-lr1e-1", "an-seed0-linear-init-lr1e-4"]
     summaries = {p.name.rsplit("lr", 1)[1]: json.loads((p / "summary.json").read_text()) for p in runs.iterdir()}
@@ -169,7 +184,7 @@ def test_grid_keeps_the_run_with_the_best_val_map_for_each_method(builtin_cache:
         config = json.loads((runs / f"an-seed0-linear-init-lr{value}" / CONFIG_FILE).read_text())["config"]
         assert config["linear_init_lr"] == float(value) and config["epochs"] == 0
     value, best = max(summaries.items(), key=lambda kv: kv[1]["val"]["mAP"])
-    text = out.read_text()
+    text = str(read_section("methods-grid", out))
     (row,) = [line for line in text.splitlines() if line.startswith("| an |")]
     assert row.startswith(f"| an | 1 | {best['test']['mAP']:.2f} |") and row.endswith(f"| {value} |")
     assert "chosen --linear-init-lr" in text and "every value of `--linear-init-lr` in {1e-1, 1e-4}" in text
