@@ -7,6 +7,8 @@ Public API (imported lazily, so ``python -m export --help`` and usage errors do 
 - :func:`read_onnx_meta` (the :class:`~models.checkpoint.ModelMeta` stored in an exported file),
   :func:`read_sidecar`, :func:`sidecar_path`;
 - errors: :class:`ExportError` > :class:`VerificationDataError`, :class:`ParityError`.
+
+Layering: ``export`` may import ``serve``, ``train`` and ``models``; only ``bench`` and the tests import ``export``.
 """
 
 from __future__ import annotations
@@ -14,14 +16,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-DEFAULT_OPSET = 20
-MIN_OPSET = 18  # the dynamo exporter's operators are written for 18; lower needs a fragile down-conversion
-MAX_OPSET = 23
-DEFAULT_VERIFY_IMAGES = 32
-DEFAULT_ATOL = 1e-4
+from export.defaults import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
 
 _LAZY = {
-    "META_KEY": "export.metadata",
+    "META_KEY": "models.onnx_metadata",
     "read_onnx_meta": "export.metadata",
     "read_sidecar": "export.metadata",
     "sidecar_path": "export.metadata",
@@ -34,9 +32,10 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from export.metadata import META_KEY, read_onnx_meta, read_sidecar, sidecar_path
+    from export.metadata import read_onnx_meta, read_sidecar, sidecar_path
     from export.onnx_export import ExportResult, export_onnx
     from export.verify import ExportError, ParityError, VerificationDataError, VerifyResult
+    from models.onnx_metadata import META_KEY
 
 
 def __getattr__(name: str) -> Any:

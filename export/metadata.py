@@ -1,22 +1,14 @@
-"""Model metadata inside ONNX files (``metadata_props``) and the ``model.json`` sidecar; atomic writes.
+"""Model metadata inside loaded ONNX files and the ``model.json`` sidecar.
 
-Keys written into an exported ONNX model's ``metadata_props``:
-
-- ``spml_meta``: the full :class:`~models.checkpoint.ModelMeta` as JSON (the authoritative copy);
-- convenience copies for other tools: ``classes`` (JSON list), ``image_size`` (decimal string),
-  ``mean`` / ``std`` (JSON lists, for pixel values scaled to 0..1) and ``output`` (``"logits"``).
-
-ONNX Runtime exposes the same map as ``session.get_modelmeta().custom_metadata_map``.
+The keys and their encoding (ModelMeta <-> ``metadata_props``) live in :mod:`models.onnx_metadata`; this module
+applies them to ``onnx.ModelProto`` objects and files. Atomic writes live in :mod:`models.atomic_files`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,35 +16,9 @@ from typing import Any
 import onnx
 
 from models.checkpoint import ModelMeta
+from models.onnx_metadata import meta_from_props, meta_to_props
 
-META_KEY = "spml_meta"
 SIDECAR_FORMAT = "spml-onnx-export"
-
-
-def meta_to_props(meta: ModelMeta) -> dict[str, str]:
-    """ModelMeta -> the string key/value pairs stored in an ONNX model's ``metadata_props``."""
-    return {
-        META_KEY: meta.to_json(),
-        "classes": json.dumps(list(meta.classes)),
-        "image_size": str(int(meta.image_size)),
-        "mean": json.dumps([float(v) for v in meta.mean]),
-        "std": json.dumps([float(v) for v in meta.std]),
-        "output": meta.output,
-    }
-
-
-def meta_from_props(props: Mapping[str, str], source: str | Path = "model") -> ModelMeta:
-    """``metadata_props`` mapping (or ORT's ``custom_metadata_map``) -> ModelMeta.
-
-    Raises ``ValueError`` naming ``source`` when the ``spml_meta`` key is missing or not valid JSON.
-    """
-    text = props.get(META_KEY)
-    if text is None:
-        raise ValueError(f"{source}: no '{META_KEY}' metadata; was it exported with `python -m export`?")
-    try:
-        return ModelMeta.from_json(text)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{source}: invalid '{META_KEY}' metadata ({exc})") from exc
 
 
 def set_onnx_meta(model: onnx.ModelProto, meta: ModelMeta) -> None:
@@ -123,36 +89,3 @@ def file_sha256(path: str | Path, chunk_size: int = 1 << 20) -> str:
         while chunk := fh.read(chunk_size):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on normal exit it is renamed onto ``path`` (``os.replace``),
-    on an exception it is deleted and ``path`` is left untouched.
-
-    ``suffix`` is the temp file's suffix (e.g. ``".onnx"`` for tools that look at it).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; give the usual permissions
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")

@@ -25,12 +25,9 @@ from typing import Any
 import onnx
 import torch
 
-from export import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
+from export.defaults import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
 from export.metadata import (
-    atomic_path,
-    atomic_write_text,
     file_sha256,
-    meta_to_props,
     sidecar_document,
     sidecar_path,
 )
@@ -43,8 +40,10 @@ from export.verify import (
     validation_images,
     verify_parity,
 )
+from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta, load_checkpoint
 from models.lgconv import fold_resnet
+from models.onnx_metadata import meta_to_props
 from models.resnet import MultiLabelResNet, model_from_meta
 from train.runs import resolve_checkpoint
 

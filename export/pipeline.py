@@ -32,8 +32,6 @@ from tqdm import tqdm
 
 from export.calibrate import calibrate, calibration_report, default_mode, parse_mode, plot_pr_curves, write_report
 from export.metadata import (
-    atomic_path,
-    atomic_write_text,
     file_sha256,
     onnx_meta,
     read_sidecar,
@@ -44,6 +42,7 @@ from export.metadata import (
 from export.onnx_export import ExportResult, export_onnx
 from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, check_precision, compare_outputs
 from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
+from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
 from serve.tag import sigmoid
 from train.data.protocol import ProtocolSplits

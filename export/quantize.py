@@ -66,8 +66,9 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
-from export.metadata import atomic_path, file_sha256, load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
+from export.metadata import file_sha256, load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
 from export.verify import ExportError
+from models.atomic_files import atomic_path
 from models.checkpoint import ModelMeta
 
 Target = Literal["cpu", "tensorrt"]

@@ -31,8 +31,9 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from export.metadata import atomic_path, atomic_write_text, file_sha256, read_onnx_meta
+from export.metadata import file_sha256, read_onnx_meta
 from export.verify import ExportError
+from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
 from serve.runtimes.tensorrt_backend import (
     ENGINE_SIDECAR_FORMAT,

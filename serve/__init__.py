@@ -3,6 +3,8 @@
 Runtimes live in :mod:`serve.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
 dependencies such as onnxruntime are imported only when a model of that kind is loaded. This module only
 holds the CLI defaults, so ``python -m serve --help`` and usage errors answer without loading torch.
+
+Layering: ``serve`` may import ``train`` and ``models``; ``export`` and ``bench`` may import it.
 """
 
 from pathlib import Path

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from export.metadata import atomic_path, atomic_write_text
+from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
 from models.preprocess import IMAGE_EXTENSIONS
 from serve import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT, DEFAULT_THRESHOLD

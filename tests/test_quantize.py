@@ -17,7 +17,7 @@ import torch
 from onnx import numpy_helper
 
 from export import ExportError, read_onnx_meta
-from export.metadata import META_KEY, set_onnx_meta
+from export.metadata import set_onnx_meta
 from export.onnx_export import export_to_file
 from export.precision_check import (
     PrecisionBounds,
@@ -40,6 +40,7 @@ from export.quantize import (
     read_precision,
 )
 from models import ModelMeta, build_model
+from models.onnx_metadata import META_KEY
 
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
 SIZE = 64

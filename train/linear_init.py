@@ -10,7 +10,7 @@ is restored before the end-to-end phase, as in the reference code.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -19,14 +19,29 @@ from train.data.dataset import ImageLabelDataset
 from train.metrics import evaluate
 from train.optimizers import build_optimizer
 
-if TYPE_CHECKING:
-    from train.trainer import Trainer
+
+class TrainerParts(Protocol):
+    """What phase 1 uses of the trainer (:class:`train.trainer.Trainer` has all of it), named here so that this
+    module does not import the trainer that imports it."""
+
+    cfg: Any
+    model: Any
+    method: Any
+    device: torch.device
+    splits: Any
+    train_set: Any
+    eval_transform: Any
+    channels_last: bool
+    precision: Any
+    classes: list[str]
+
+    def _eval_loader(self, dataset: Any) -> Any: ...
 
 
 class LinearPhase:
     """Phase-1 state: cached features, the head-only optimiser and the best head + method state so far."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: TrainerParts) -> None:
         self.trainer = trainer
         cfg = trainer.cfg
         model = trainer.model

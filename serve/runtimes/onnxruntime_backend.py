@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from export.metadata import meta_from_props
 from models.checkpoint import ModelMeta
+from models.onnx_metadata import meta_from_props
 
 INSTALL_HINT = "pip install onnxruntime-gpu  (or, CPU only: pip install onnxruntime)"
 DEFAULT_PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)

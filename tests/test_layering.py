@@ -1,0 +1,105 @@
+"""The package layering, read from the source with ``ast``: models <- train <- serve <- export <- bench.
+
+An arrow points from the imported package to the importer: a package imports only packages to its left, no
+product package imports ``bench`` or ``tests``, and the product modules' module-level imports form no cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ["models", "train", "serve", "export"]  # each may import the ones before it
+FORBIDDEN = {"bench", "tests"}
+
+
+def module_name(path: Path) -> str:
+    """Dotted module name of a file below ROOT (a package's ``__init__.py`` is the package)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+PRODUCT = {module_name(p): p for layer in LAYERS for p in sorted((ROOT / layer).rglob("*.py"))}
+
+
+def imports_of(path: Path, module_level_only: bool) -> list[tuple[str, int]]:
+    """(imported module, line) of every import in ``path``, relative imports resolved; ``from X import Y`` also
+    counts ``X.Y`` when that is a product module. ``module_level_only`` skips imports inside functions."""
+    name = module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if module_level_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child.lineno) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = package[: len(package) - child.level + 1] if child.level else []
+                target = ".".join([*base, *([child.module] if child.module else [])])
+                found.append((target, child.lineno))
+                found.extend((f"{target}.{a.name}", child.lineno) for a in child.names
+                             if f"{target}.{a.name}" in PRODUCT)
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (node -> nodes it imports) as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (cycle := walk(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := walk(node)):
+            return cycle
+    return None
+
+
+def test_the_scan_sees_every_product_package_and_resolves_relative_imports(tmp_path: Path) -> None:
+    assert {name.split(".")[0] for name in PRODUCT} == set(LAYERS)
+    assert any(target == "models.checkpoint" for target, _ in imports_of(PRODUCT["models"], True))
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_packages_import_only_the_layers_below_them() -> None:
+    wrong = []
+    for name, path in PRODUCT.items():
+        rank = LAYERS.index(name.split(".")[0])
+        for target, line in imports_of(path, module_level_only=False):
+            top = target.split(".")[0]
+            if top in LAYERS and LAYERS.index(top) > rank:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert wrong == [], "imports against the layering models <- train <- serve <- export:\n" + "\n".join(wrong)
+
+
+def test_no_product_module_imports_bench_or_tests() -> None:
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {target}" for path in PRODUCT.values()
+             for target, line in imports_of(path, module_level_only=False) if target.split(".")[0] in FORBIDDEN]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_import_cycle_among_the_product_modules(layer: str) -> None:
+    graph = {name: {t for t, _ in imports_of(path, module_level_only=True) if t in PRODUCT and t != name}
+             for name, path in PRODUCT.items() if name.split(".")[0] == layer}
+    graph = {name: targets & graph.keys() for name, targets in graph.items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
