@@ -1,4 +1,4 @@
-"""Tests of the built-in procedural dataset (train.data.builtin, train.data.shapes)."""
+"""Tests of the built-in procedural dataset (train.data.builtin, train.data.builtin_scenes, train.data.shapes)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,14 @@ import pytest
 from PIL import Image
 
 from train.data import builtin
-from train.data.builtin import (
+from train.data.builtin import PRESETS, cache_root, ensure_builtin, label_statistics, read_label_matrix
+from train.data.builtin_scenes import (
     CLASS_NAMES,
     COOCCURRING_PAIRS,
     GENERATOR_VERSION,
     MAX_OBJECTS,
-    PRESETS,
     SIZE_RANGE,
-    cache_root,
-    ensure_builtin,
     generate_image,
-    label_statistics,
-    read_label_matrix,
     sample_labelled_scene,
     sample_scene,
     visible_labels,
