@@ -43,7 +43,7 @@ Tool choices:
   0.5 budget) against <= 0.04 with it in float; it is one small matrix, so keeping it costs no speed.
 
 Calibration memory: ONNX Runtime's calibrators hold every quantized tensor of the batches they are given;
-the batches are therefore fed in chunks of about :data:`CALIBRATION_CHUNK_IMAGES` 224 px images (fewer
+the batches are therefore fed in chunks of about 32 images of 224 px (:mod:`export.calibration_data`; fewer
 larger images, more smaller ones) and the ranges (or histograms) merged, so the memory needed does not
 grow with the number of calibration images.
 """
@@ -66,8 +66,9 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
+from export.calibration_data import CALIBRATION_BATCH, BatchReader, calibration_batches, chunk_stride
+from export.conversion_errors import ConversionError, NotFP32Error
 from export.metadata import file_sha256, load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
-from export.verify import ExportError
 from models.atomic_files import atomic_path
 from models.checkpoint import ModelMeta
 
@@ -80,8 +81,6 @@ DEFAULT_CALIBRATION_IMAGES = 256  # "a few hundred" training images; the caller 
 DEFAULT_CALIBRATION_METHOD: CalibrationMethodName = "minmax"
 DEFAULT_PERCENTILE = 99.999
 DEFAULT_KEEP_HEAD_FLOAT = True
-CALIBRATION_BATCH = 16
-CALIBRATION_CHUNK_IMAGES = 32  # per chunk, counted at 224 x 224 (scaled by pixel count for other sizes)
 HEAD_OP_TYPES = ("Gemm", "MatMul")
 QDQ_OP_TYPES = ("QuantizeLinear", "DequantizeLinear")
 
@@ -94,18 +93,6 @@ _ELEM_NAMES = {
     onnx.TensorProto.UINT8: "uint8",
     onnx.TensorProto.INT32: "int32",
 }
-
-
-class ConversionError(ExportError):
-    """An FP16 / INT8 conversion failed; the message is one readable line."""
-
-
-class NotFP32Error(ConversionError):
-    """The input model is not a canonical FP32 export (already converted, FP16 weights, Q/DQ nodes...)."""
-
-
-class CalibrationDataError(ConversionError):
-    """The calibration batches are missing, empty, or of the wrong shape / dtype."""
 
 
 @dataclass(frozen=True)
@@ -392,84 +379,6 @@ def convert_fp16(
 # ----------------------------------------------------------------------------------------------- INT8
 
 
-def calibration_batches(
-    data: np.ndarray | Iterable[Any],
-    image_size: int,
-    *,
-    max_images: int | None = None,
-    batch_size: int = CALIBRATION_BATCH,
-) -> list[np.ndarray]:
-    """Validate preprocessed calibration images and re-batch them to ``batch_size``.
-
-    ``data``: one float array ``(N, 3, S, S)`` or an iterable of such batches (numpy arrays or CPU tensors),
-    normalised exactly as for inference. At most ``max_images`` are kept. Raises
-    :class:`CalibrationDataError` for anything else or when no image is given.
-    """
-    if batch_size < 1:
-        raise CalibrationDataError("the calibration batch size must be >= 1")
-    if max_images is not None and max_images < 1:
-        raise CalibrationDataError("max_images must be >= 1")
-    chunks: Iterable[Any] = [data] if isinstance(data, np.ndarray) else data
-    expect = (3, int(image_size), int(image_size))
-    kept: list[np.ndarray] = []
-    total = 0
-    for i, chunk in enumerate(chunks):
-        arr = np.asarray(chunk)
-        if arr.ndim == 3:
-            arr = arr[None]
-        if arr.ndim != 4 or tuple(arr.shape[1:]) != expect:
-            raise CalibrationDataError(
-                f"calibration batch {i} has shape {tuple(arr.shape)}; expected (N, {expect[0]}, {expect[1]}, "
-                f"{expect[2]}) preprocessed like the model's inputs"
-            )
-        if not np.issubdtype(arr.dtype, np.floating):
-            raise CalibrationDataError(
-                f"calibration batch {i} has dtype {arr.dtype}; expected float32 images normalised with the "
-                "model's mean/std (not raw pixels)"
-            )
-        arr = arr.astype(np.float32, copy=False)
-        if not np.isfinite(arr).all():
-            raise CalibrationDataError(f"calibration batch {i} contains NaN or infinite values")
-        if max_images is not None:
-            arr = arr[: max_images - total]
-        if len(arr):
-            kept.append(arr)
-            total += len(arr)
-        if max_images is not None and total >= max_images:
-            break
-    if total == 0:
-        raise CalibrationDataError("no calibration images were given")
-    images = np.concatenate(kept) if len(kept) > 1 else kept[0]
-    return [np.ascontiguousarray(images[s : s + batch_size]) for s in range(0, total, batch_size)]
-
-
-class _BatchReader:
-    """ONNX Runtime ``CalibrationDataReader`` over a list of batches, with ``set_range`` for chunked runs."""
-
-    def __init__(self, input_name: str, batches: list[np.ndarray]) -> None:
-        self._name = input_name
-        self._batches = batches
-        self._iter: Iterator[np.ndarray] = iter(batches)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        batch = next(self._iter, None)
-        return None if batch is None else {self._name: batch}
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def set_range(self, start_index: int, end_index: int) -> None:
-        self._iter = iter(self._batches[start_index:end_index])
-
-
-def _chunk_stride(n_batches: int, batch_size: int, image_size: int) -> int:
-    """Batches per calibration chunk: the largest divisor of ``n_batches`` (ORT needs one) not above the
-    :data:`CALIBRATION_CHUNK_IMAGES` budget (scaled to ``image_size``) divided by ``batch_size``."""
-    chunk_images = CALIBRATION_CHUNK_IMAGES * (224 * 224) / float(image_size * image_size)
-    target = max(1, int(chunk_images // batch_size))
-    return max(d for d in range(1, min(target, n_batches) + 1) if n_batches % d == 0)
-
-
 def _name_nodes(model: onnx.ModelProto) -> None:
     """Give every unnamed node a unique name (the quantizer's include/exclude lists work by name)."""
     used = {n.name for n in model.graph.node if n.name}
@@ -577,7 +486,7 @@ def quantize_int8(
     ``"entropy"``. ``keep_head_float`` leaves the final Gemm/MatMul unquantized. ``reduce_range``: 7-bit
     weights, for x86 CPUs without VNNI. The result's ``spml_meta`` has ``precision="int8"`` and a
     ``quantization`` record. Raises ``FileNotFoundError``, :class:`NotFP32Error`,
-    :class:`CalibrationDataError`, :class:`ConversionError`.
+    :class:`~export.conversion_errors.CalibrationDataError`, :class:`ConversionError`.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -598,7 +507,7 @@ def quantize_int8(
     input_name = model.graph.input[0].name
     batches = calibration_batches(calibration, meta.image_size, max_images=max_images, batch_size=batch_size)
     n_images = sum(len(b) for b in batches)
-    reader = _BatchReader(input_name, batches)
+    reader = BatchReader(input_name, batches)
     qtype = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
     ort_method = {
         "minmax": CalibrationMethod.MinMax,
@@ -611,7 +520,7 @@ def quantize_int8(
         "QuantizeBias": flavour.quantize_bias,
         "CalibTensorRangeSymmetric": flavour.activation_symmetric,
         # calibrate chunk by chunk (ORT's option has MinMax in its name but works for every method)
-        "CalibStridedMinMax": _chunk_stride(len(batches), batch_size, meta.image_size),
+        "CalibStridedMinMax": chunk_stride(len(batches), batch_size, meta.image_size),
     }
     if method == "percentile":
         extra["CalibPercentile"] = float(percentile)

@@ -17,6 +17,8 @@ import torch
 from onnx import numpy_helper
 
 from export import ExportError, read_onnx_meta
+from export.calibration_data import calibration_batches
+from export.conversion_errors import CalibrationDataError, ConversionError, NotFP32Error
 from export.metadata import set_onnx_meta
 from export.onnx_export import export_to_file
 from export.precision_check import (
@@ -28,10 +30,6 @@ from export.precision_check import (
 )
 from export.quantize import (
     CALIBRATION_METHODS,
-    CalibrationDataError,
-    ConversionError,
-    NotFP32Error,
-    calibration_batches,
     convert_fp16,
     default_output,
     head_node_names,
