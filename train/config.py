@@ -71,7 +71,7 @@ class TrainConfig:
 
 
 # Settings that belong to the machine running a run, not to what the run is: --resume may change them, and
-# train.compare ignores them when it checks that an existing run folder matches its command.
+# bench.methods ignores them when it checks that an existing run folder matches its command.
 MACHINE_FIELDS = ("device", "workers", "progress")
 
 # Presets: named bundles of defaults; explicit flags still win.
