@@ -73,7 +73,7 @@ def measure(sizes: list[int], seconds: float) -> list[dict[str, float | int | st
 def to_markdown(rows: list[dict[str, float | int | str]], command: str) -> str:
     """The results section: command, machine, and the table."""
     lines = [
-        "### Image loading: full-size vs reduced-scale JPEG decoding (CPU, one thread)", "",
+        "## Image loading: full-size vs reduced-scale JPEG decoding (CPU, one thread)", "",
         f"Command: `{command}`", "",
         machine_line(), "",
         "Time = median ms per image to decode "

@@ -87,7 +87,7 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
 
 def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) -> str:
     """The results section: command, machine and the table."""
-    lines = ["### Export precisions: PyTorch eager vs ONNX Runtime FP32 / FP16 / INT8 (CPU)", "",
+    lines = ["## Export precisions: PyTorch eager vs ONNX Runtime FP32 / FP16 / INT8 (CPU)", "",
              f"Command: `{command}`", "",
              machine_line(), "",
              "images/s per batch size; ONNX models are the folded export (BatchNorm + LgConv); INT8 is the `cpu` "

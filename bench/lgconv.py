@@ -204,7 +204,7 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], runtimes: list[s
     """The results section: command, machine, the table and the folded / plain latency ratios."""
     ort_text = f"ONNX Runtime {threads_text(ort_threads)}" if ort_threads else "ONNX Runtime's default threads"
     lines = [
-        "### LgConv cost: plain vs LgConv vs folded LgConv", "",
+        "## LgConv cost: plain vs LgConv vs folded LgConv", "",
         f"Command: `{command}`", "",
         machine_line(ort_text), "",
         "Latency = median wall time of one forward call on a batch (ms), the four variants of a cell timed in "

@@ -207,7 +207,7 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
     given), the methods that do not beat ``an`` and, with ``plot_link``, the bar plot at that relative path."""
     an = next((r["test"][0] for r in rows if r["method"] == "an"), math.nan)
     lines = [
-        f"### Method comparison on `{data}`", "",
+        f"## Method comparison on `{data}`", "",
         machine_line(gpu=torch.cuda.is_available()), "",
         "Command:", "", "```", command, "```", "",
         f"Training arguments shared by every run: `{shlex.join(train_args) or '(defaults)'}`. Test mAP is the "

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                          "input": predictor.meta.image_size, "model_only": speed_model, "tagger": speed_tag,
                          "tagged": summary.tagged})
             print(rows[-1], file=sys.stderr, flush=True)
-    lines = ["### Tagger throughput vs model-only throughput (CPU)", "",
+    lines = ["## Tagger throughput vs model-only throughput (CPU)", "",
              f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
              f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tag.tag_folder` end to "
              "end (discovery, decoding in a thread pool overlapping the model, JSONL written); model-only = the "

@@ -86,7 +86,7 @@ def _markdown(results: list[dict[str, Any]], command: str) -> str:
             row += f" {r.get('peak_cuda_mb', float('nan')):.0f} |"
         rows.append(row)
     return "\n".join([
-        "### Training throughput", "",
+        "## Training throughput", "",
         machine_line(f"python {platform.python_version()}", gpu=gpu), "",
         "Command:", "", "```", command, "```", "",
         "Images/s over the measured steps after warm-up, through the trainer's own `train_step` (forward, "

@@ -3,7 +3,7 @@
 ``python -m train.data.class_subset SRC/labels.csv --keep a,b,c --out DIR`` reads a dataset in the package's CSV
 format (a generated built-in dataset folder is one), drops every label not in ``--keep``, drops the images left
 without a label, and writes ``DIR/labels.csv`` + ``DIR/classes.txt`` (absolute image paths, the splits kept;
-``--train-only`` leaves out val and test). ``bench/methods-builtin-investigation.md`` uses it to pretrain a
+``--train-only`` leaves out val and test). ``docs/methods-investigation.md`` uses it to pretrain a
 backbone on half of the built-in classes, so that fine-tuning on all of them starts from features that have
 not seen the other half.
 """

@@ -13,7 +13,7 @@ The reference code's early stopping (patience 0) is not reproduced: the trainer 
 Warm-up outside the presets: half the run, at least 1 epoch and at most the papers' 5 (1 for a 3-epoch run,
 5 for 10 or more). Pseudo-labels taken after a single epoch of a longer run come from a near-chance network and
 freeze its mistakes: on ``builtin:small`` at 15 epochs (seed 0), a 1-epoch warm-up ends 2.7 test-mAP points
-below ``an`` and a 5-epoch one 1.6 above it (``bench/methods-builtin-investigation.md``, section 8).
+below ``an`` and a 5-epoch one 1.6 above it (``docs/methods-investigation.md``).
 """
 
 from __future__ import annotations
