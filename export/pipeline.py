@@ -45,7 +45,7 @@ from export.onnx_export import ExportResult, export_onnx
 from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, check_precision, compare_outputs
 from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
 from models.checkpoint import ModelMeta
-from serve.tag import sigmoid
+from serve.records import sigmoid
 from train.data.protocol import ProtocolSplits
 
 PRECISIONS = ("fp32", "fp16", "int8")

@@ -10,3 +10,6 @@ from pathlib import Path
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_OUTPUT = Path("tags.jsonl")
+
+#: Exit status of ``python -m serve``: all done; some images (or the model) failed; usage error.
+EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2

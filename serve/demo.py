@@ -164,7 +164,7 @@ def find_examples(
     """Example images: the first ``limit`` images of ``folder`` if given (with true labels when it holds a
     ``labels.csv``), else test images of the model's built-in dataset if it is already generated in the cache
     (``$SPML_CACHE``), chosen to cover many classes. Never generates data; the note says what was found."""
-    from serve.tag import find_images
+    from serve.sources import find_images
 
     if limit <= 0:
         return ExampleSet(note="examples disabled")
@@ -255,9 +255,9 @@ class ModelStore:
 
 def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) -> tuple[Any, str, str]:
     """``(thresholds (C,), mode, description)`` for the demo's controls, via
-    :func:`serve.predictor.resolve_thresholds`. ``mode`` is ``calibrated``, ``default`` or ``global``."""
+    :func:`serve.thresholds.resolve_thresholds`. ``mode`` is ``calibrated``, ``default`` or ``global``."""
     from serve import DEFAULT_THRESHOLD
-    from serve.predictor import resolve_thresholds
+    from serve.thresholds import resolve_thresholds
 
     if use_calibrated:
         if meta.thresholds is not None:
@@ -384,7 +384,7 @@ def batch_outputs(
     import numpy as np
     import pandas as pd
 
-    from serve.tag import tag_record
+    from serve.records import tag_record
 
     classes = list(classes)
     table, csv_rows, lines = [], [], []
