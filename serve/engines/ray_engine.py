@@ -8,10 +8,11 @@ tasks (:func:`serve.sources.shard_items`) -> images are decoded and preprocessed
 results, writes each batch to the run's journal (``<output>.partial``) and the sidecars, and at the end writes the
 run file (sorted by path, like the local engine) and the errors file atomically, then removes the journal.
 
-Faults: Ray restarts a model actor that dies and retries its batch, and retries a batch whose scoring raised
-(:data:`MAX_BATCH_RETRIES` times); a batch's results reach the driver once, so no image is lost or doubled. An
-undecodable file is an errors-file row, never a failed job. An interrupted run leaves its journal, and ``--existing
-skip`` (the default) resumes from it without redoing or duplicating images.
+Faults: Ray Data restarts a model actor that dies and resubmits its batch, and :class:`ModelActor` retries a
+batch whose scoring raised (:data:`MAX_BATCH_RETRIES` times, model reloaded); a batch's results reach the driver
+once, so no image is lost or doubled (the driver also refuses a key seen twice). An undecodable file is an
+errors-file row, never a failed job. An interrupted run leaves its journal, and ``--existing skip`` (the default)
+resumes from it without redoing or duplicating images.
 """
 
 from __future__ import annotations
@@ -97,17 +98,32 @@ def decode_batch(batch: dict[str, np.ndarray], preprocess: ImagePreprocessor, si
 
 
 class ModelActor:
-    """Ray Data actor: loads the model once, then scores batches of decoded images (rows with an error pass)."""
+    """Ray Data actor: loads the model once, then scores batches of decoded images (rows with an error pass).
+
+    Ray Data restarts an actor that dies and resubmits its batch (its defaults); a batch whose scoring raises
+    is retried here, with the model reloaded, up to :data:`MAX_BATCH_RETRIES` times before the job fails."""
 
     def __init__(self, model: str, backend: str | None, device: str | None) -> None:
+        self.spec = (model, backend, device)
         self.predictor = Predictor.load(model, backend, device)
+
+    def score(self, images: np.ndarray) -> np.ndarray:
+        """Sigmoid scores ``(N, C)`` of preprocessed images (one runtime call)."""
+        return self.predictor.scores_from_inputs(images)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """(key, image, error) -> (key, scores ``(N, C)`` float32, error)."""
         good = np.array([not e for e in batch["error"]], dtype=bool)
         scores = np.zeros((len(good), len(self.predictor.classes)), np.float32)
-        if good.any():
-            scores[good] = self.predictor.scores_from_inputs(batch["image"][good])
+        for attempt in range(MAX_BATCH_RETRIES + 1):
+            try:
+                if good.any():
+                    scores[good] = self.score(batch["image"][good])
+                break
+            except Exception:
+                if attempt == MAX_BATCH_RETRIES:
+                    raise
+                self.predictor = Predictor.load(*self.spec)
         return {"key": batch["key"], "scores": scores, "error": batch["error"]}
 
 
@@ -133,8 +149,6 @@ def build_dataset(
     actor_cls: type = ModelActor,
 ) -> Any:
     """The Ray Data pipeline: units -> (shard expansion) -> decode tasks -> model actor pool."""
-    ctx = ray.data.DataContext.get_current()
-    ctx.actor_task_retry_on_errors = True  # a batch that raised is retried, up to MAX_BATCH_RETRIES
     ds = ray.data.from_items(units, override_num_blocks=max(1, min(len(units), 200)))
     if source.kind == "shards":
         ds = ds.flat_map(expand_shard)
@@ -146,8 +160,6 @@ def build_dataset(
         batch_size=job.batch_size,
         compute=ray.data.ActorPoolStrategy(size=workers),
         num_gpus=job.gpus_per_worker or None,
-        max_restarts=-1,
-        max_task_retries=MAX_BATCH_RETRIES,
     )
 
 
@@ -185,7 +197,7 @@ def run(
             dynamic_ncols=True,
         )
         try:
-            for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            for batch in _batches(ray, ds, journal_file):
                 new, failed = [], []
                 for key, row, error in zip(batch["key"], batch["scores"], batch["error"], strict=True):
                     if error:
@@ -214,6 +226,17 @@ def run(
     journal_file.unlink(missing_ok=True)
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _batches(ray: Any, ds: Any, journal_file: Path) -> Iterator[dict[str, np.ndarray]]:
+    """The pipeline's result batches; a failed Ray job becomes a one-line ``RuntimeError``."""
+    try:
+        yield from ds.iter_batches(batch_size=None, batch_format="numpy")
+    except ray.exceptions.RayError as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(
+            f"the Ray job failed ({reason}); finished images are kept in {journal_file}: run again to resume"
+        ) from None
 
 
 def _write_sidecar(job: TagJob, path: Path, tags: list[str]) -> None:
