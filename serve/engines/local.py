@@ -8,23 +8,13 @@ from serve.engines import TagJob
 from serve.predictor import Predictor
 from serve.tag import TagSummary, tag_folder
 
+#: The :class:`TagJob` fields :func:`tag_folder` takes as keyword options, under the same names.
+OPTIONS = (
+    "threshold", "per_class", "top_k", "batch_size", "workers", "progress", "existing", "sidecar", "errors",
+    "max_pixels", "partition",
+)  # fmt: skip
+
 
 def run(job: TagJob, predictor: Predictor, warn: Callable[[str], None] | None = None) -> TagSummary:
     """Tag ``job`` on this machine with ``predictor``; the run file is sorted by path."""
-    return tag_folder(
-        job.source,
-        predictor,
-        job.output,
-        threshold=job.threshold,
-        per_class=job.per_class,
-        top_k=job.top_k,
-        batch_size=job.batch_size,
-        workers=job.workers,
-        progress=job.progress,
-        warn=warn,
-        existing=job.existing,
-        sidecar=job.sidecar,
-        errors=job.errors,
-        max_pixels=job.max_pixels,
-        partition=job.partition,
-    )
+    return tag_folder(job.source, predictor, job.output, warn=warn, **{name: getattr(job, name) for name in OPTIONS})

@@ -17,6 +17,7 @@ resumes from it without redoing or duplicating images.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,7 @@ def check_available() -> None:
 
 def connect(ray: Any, address: str | None) -> None:
     """Join the cluster at ``address``, or start a local Ray instance; reuse an instance this process already has."""
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # no per-dataset INFO lines between our messages
     if ray.is_initialized():
         return
     ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -149,6 +151,9 @@ def build_dataset(
     actor_cls: type = ModelActor,
 ) -> Any:
     """The Ray Data pipeline: units -> (shard expansion) -> decode tasks -> model actor pool."""
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # the engine shows one bar of its own (images done)
+    ctx.print_on_execution_start = False
     ds = ray.data.from_items(units, override_num_blocks=max(1, min(len(units), 200)))
     if source.kind == "shards":
         ds = ds.flat_map(expand_shard)
