@@ -1,4 +1,5 @@
-"""Serving trained models: batch folder tagging (``python -m serve tag``) over pluggable runtimes.
+"""Serving trained models: batch tagging (``python -m serve tag``: engines in :mod:`serve.engines`, sources in
+:mod:`serve.sources`) and the web demo (``python -m serve demo``), over pluggable runtimes.
 
 Runtimes live in :mod:`serve.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
 dependencies such as onnxruntime are imported only when a model of that kind is loaded. This module only

@@ -62,7 +62,8 @@ engines (--engine):
          instance; --workers model actors with --gpus-per-worker GPUs each; decoding in Ray tasks. A dead
          actor or a failing batch is retried; results are journaled in <output>.partial as they arrive, so
          an interrupted run resumes with --existing skip.
-Skipped as errors: Skipped as errors: unreadable, empty, truncated or non-image files, and images over --max-pixels
+
+Skipped as errors: unreadable, empty, truncated or non-image files, and images over --max-pixels
 (checked from the header before decoding: decompression bombs).
 
 exit status:
@@ -79,6 +80,8 @@ examples:
   python -m serve tag ~/photos -m model.onnx --device cuda --batch-size 64 --sidecar --output photos.csv
   python -m serve tag ~/photos -m model.onnx --sidecar --sidecar-dir captions --existing append --top-k 5
   python -m serve tag ~/photos -m model.onnx --sidecar --dry-run
+  python -m serve tag 'shards/{000..099}.tar' -m model.onnx --shard 3/8 --output tags.3.jsonl
+  python -m serve tag urls.txt -m model.onnx --engine ray --address auto --workers 4 --gpus-per-worker 1
 """
 
 
@@ -329,7 +332,8 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (ValueError, OSError, RuntimeError) as exc:
         return fail(f"{exc}; {args.output} not written", EXIT_SOME_FAILED)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; {args.output} not written (finished sidecars are kept)", file=sys.stderr)
+        kept = "finished images are journaled: rerun to resume" if args.engine == "ray" else "sidecars are kept"
+        print(f"{prog}: interrupted; {args.output} not written ({kept})", file=sys.stderr)
         return 130
     if summary.tagged == 0 and summary.skipped == 0 and not summary.failed:
         return fail(f"no image files found in {args.source}; nothing written", EXIT_SOME_FAILED)

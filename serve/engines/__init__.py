@@ -11,17 +11,15 @@ chosen, so the local engine never imports Ray. Adding an engine is one module pl
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from serve.predictor import Predictor
     from serve.sidecars import SidecarSpec
     from serve.sources import Partition
-    from serve.tag import TagSummary
 
 #: Engine name -> module defining ``run``.
 ENGINES: dict[str, str] = {"local": "serve.engines.local", "ray": "serve.engines.ray_engine"}
@@ -54,14 +52,6 @@ class TagJob:
     partition: Partition | None = None
     address: str | None = None  # ray: cluster address (None: start a local instance)
     gpus_per_worker: float = 0.0  # ray: GPUs per model actor
-
-
-class Engine(Protocol):
-    """What an engine module provides."""
-
-    def run(self, job: TagJob, predictor: Predictor, warn: Callable[[str], None] | None = None) -> TagSummary:
-        """Tag ``job`` with the already loaded ``predictor`` (the driver's copy); returns the summary."""
-        ...
 
 
 def get_engine(name: str) -> ModuleType:
