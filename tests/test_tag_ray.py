@@ -139,7 +139,9 @@ def test_ray_folder_matches_local(setup: dict, ray_instance: object, tmp_path: P
     assert not (tmp_path / "ray.jsonl.partial").exists()
 
 
-def test_ray_shards_match_local_folder(setup: dict, ray_instance: object, tmp_path: Path) -> None:
+def test_ray_shards_match_local_folder(
+    setup: dict, ray_instance: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pattern = str(setup["shards"] / "part-{000..001}.tar")
     assert tag(pattern, "-m", setup["onnx"], "-o", tmp_path / "ray.csv", "--engine", "ray", "--batch-size", "3") == 1
     assert tag(setup["shards"] / "*.tar", "-m", setup["onnx"], "-o", tmp_path / "local.jsonl") == 1
@@ -157,6 +159,13 @@ def test_ray_shards_match_local_folder(setup: dict, ray_instance: object, tmp_pa
     bad_keys = {k for k, name in setup["keys"].items() if name in BAD}
     assert set(errors) == bad_keys | {"part-000.tar/nothing", "part-001.tar/nothing"}
     assert errors == read_errors(tmp_path / "local.errors.tsv")
+    # resume: samples already in the run file are skipped inside their shards, the rest are added once
+    kept = (tmp_path / "local.jsonl").read_text().splitlines()[::2]
+    (tmp_path / "resumed.jsonl").write_text("\n".join(kept) + "\n")
+    capsys.readouterr()
+    assert tag(pattern, "-m", setup["onnx"], "-o", tmp_path / "resumed.jsonl", "--engine", "ray") == 1
+    assert f"tagged {len(local) - len(kept)} images" in capsys.readouterr().err
+    assert_same_scores(read_jsonl(tmp_path / "resumed.jsonl"), local)
 
 
 @pytest.mark.parametrize("fault", ["raise", "actor dies"])
