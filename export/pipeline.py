@@ -44,7 +44,7 @@ from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, c
 from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
 from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
-from serve.tag import sigmoid
+from serve.records import sigmoid
 from train.data.protocol import ProtocolSplits
 
 PRECISIONS = ("fp32", "fp16", "int8")

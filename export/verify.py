@@ -77,7 +77,7 @@ def ort_cpu_runtime(path: str | Path) -> OnnxRuntimeBackend:
 
 def folder_images(folder: str | Path, limit: int) -> VerifyImages:
     """The first ``limit`` images (sorted, recursive) of ``folder``; ``VerificationDataError`` if none."""
-    from serve.tag import find_images  # the tagger's scan rules; imported here to keep imports one-way
+    from serve.sources import find_images  # the tagger's scan rules; imported here to keep imports one-way
 
     folder = Path(folder)
     if not folder.is_dir():

@@ -1,4 +1,5 @@
-"""Serving trained models: batch folder tagging (``python -m serve tag``) over pluggable runtimes.
+"""Serving trained models: batch tagging (``python -m serve tag``: engines in :mod:`serve.engines`, sources in
+:mod:`serve.sources`) and the web demo (``python -m serve demo``), over pluggable runtimes.
 
 Runtimes live in :mod:`serve.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
 dependencies such as onnxruntime are imported only when a model of that kind is loaded. This module only
@@ -12,3 +13,6 @@ from pathlib import Path
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_OUTPUT = Path("tags.jsonl")
+
+#: Exit status of ``python -m serve``: all done; some images (or the model) failed; usage error.
+EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2

@@ -25,9 +25,9 @@ NEAR_MISS = 0.1  # below the threshold by at most this much: shown as a near mis
 
 def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) -> tuple[Any, str, str]:
     """``(thresholds (C,), mode, description)`` for the demo's controls, via
-    :func:`serve.predictor.resolve_thresholds`. ``mode`` is ``calibrated``, ``default`` or ``global``."""
+    :func:`serve.thresholds.resolve_thresholds`. ``mode`` is ``calibrated``, ``default`` or ``global``."""
     from serve import DEFAULT_THRESHOLD
-    from serve.predictor import resolve_thresholds
+    from serve.thresholds import resolve_thresholds
 
     if use_calibrated:
         if meta.thresholds is not None:
@@ -154,7 +154,7 @@ def batch_outputs(
     import numpy as np
     import pandas as pd
 
-    from serve.tag import tag_record
+    from serve.records import tag_record
 
     classes = list(classes)
     table, csv_rows, lines = [], [], []

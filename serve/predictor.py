@@ -3,7 +3,7 @@
 The model file goes through the runtime registry (:mod:`serve.runtimes`: ``.pt`` -> PyTorch, ``.onnx`` ->
 ONNX Runtime, any backend added there later); images go through :mod:`models.preprocess`, the one
 preprocessing that training evaluation and ``python -m serve tag`` use; thresholds come from
-:func:`serve.tag.class_thresholds` (the model's calibrated per-class thresholds, else 0.5), optionally
+:func:`serve.thresholds.resolve_thresholds` (the model's calibrated per-class thresholds, else 0.5), optionally
 overridden by one global value or per class. So a file gets the same scores and tags here, in the tagger and
 in evaluation, whatever the other images of its batch are.
 
@@ -32,8 +32,9 @@ from PIL import Image, UnidentifiedImageError
 from models.checkpoint import ModelMeta
 from models.preprocess import EvalTransform, decode_scaled, read_image, to_rgb
 from serve import DEFAULT_BATCH_SIZE
+from serve.records import sigmoid, tag_record
 from serve.runtimes import RUNTIMES, Runtime, runtime_for, supported_suffixes
-from serve.tag import class_thresholds, sigmoid, tag_record
+from serve.thresholds import resolve_thresholds
 
 #: What :meth:`Predictor.scores` and :meth:`Predictor.predict` accept as one image: a file path, encoded file
 #: bytes, a PIL image, a ``uint8`` array ``(H, W)`` / ``(H, W, 1|3|4)`` (grey / RGB / RGBA), or a ``uint8``
@@ -196,28 +197,7 @@ def resolve_model_path(target: str | Path | None, backend: str | None = None, ru
 
 
 # --------------------------------------------------------------------------------------------------------
-# Thresholds and results
-
-
-def resolve_thresholds(
-    meta: ModelMeta, threshold: float | None = None, per_class: Mapping[str, float] | None = None
-) -> np.ndarray:
-    """Per-class thresholds ``(C,)`` float64: :func:`serve.tag.class_thresholds` (``threshold`` for every class if
-    given, else the model's calibrated thresholds, else 0.5), then ``per_class`` overrides by class name.
-
-    Raises ``ValueError`` for values outside [0, 1] or unknown class names.
-    """
-    out = class_thresholds(meta, threshold).astype(np.float64, copy=True)
-    if per_class:
-        index = {name: i for i, name in enumerate(meta.classes)}
-        unknown = sorted(set(per_class) - set(index))
-        if unknown:
-            raise ValueError(f"unknown class(es) in per-class thresholds: {', '.join(unknown)}")
-        for name, value in per_class.items():
-            if not 0.0 <= float(value) <= 1.0:
-                raise ValueError(f"threshold for {name!r} must be in [0, 1], got {value}")
-            out[index[name]] = float(value)
-    return out
+# Results
 
 
 @dataclass(frozen=True)
@@ -343,6 +323,24 @@ def load_rgb(image: ImageInput, max_pixels: int | None = None, decode_side: int 
     raise TypeError(f"unsupported image input {source}: pass a path, bytes, a PIL image or a uint8 array")
 
 
+@dataclass(frozen=True)
+class ImagePreprocessor:
+    """Any :data:`ImageInput` -> model input ``float32 (3, S, S)``: :func:`load_rgb` (pixel-count check, EXIF,
+    alpha) then the model's :class:`~models.preprocess.EvalTransform`. Picklable, for decode workers."""
+
+    transform: EvalTransform
+    max_pixels: int | None = None
+
+    @classmethod
+    def for_model(cls, meta: ModelMeta, max_pixels: int | None = None) -> ImagePreprocessor:
+        """The preprocessing of a model with metadata ``meta``."""
+        return cls(EvalTransform(meta.image_size, meta.mean, meta.std), max_pixels)
+
+    def __call__(self, image: ImageInput) -> np.ndarray:
+        """Preprocess one image (raises :class:`ImageError` / ``TypeError``)."""
+        return self.transform(load_rgb(image, self.max_pixels, self.transform.decode_side)).numpy()
+
+
 # --------------------------------------------------------------------------------------------------------
 # The predictor
 
@@ -449,7 +447,7 @@ class Predictor:
 
     def preprocess(self, image: ImageInput) -> np.ndarray:
         """One image -> model input ``float32 (3, S, S)`` (raises :class:`ImageError` / ``TypeError``)."""
-        return self.transform(load_rgb(image, self.max_pixels, self.transform.decode_side)).numpy()
+        return ImagePreprocessor(self.transform, self.max_pixels)(image)
 
     def scores_from_inputs(self, batch: np.ndarray) -> np.ndarray:
         """Preprocessed ``float32 (N, 3, S, S)`` -> sigmoid probabilities ``float32 (N, C)`` (one runtime call)."""

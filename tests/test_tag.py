@@ -16,8 +16,10 @@ from reference import reference_logits
 
 from export import export_onnx
 from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
+from serve.records import tag_record
 from serve.runtimes import OnnxRuntimeBackend, TorchBackend, runtime_for
-from serve.tag import class_thresholds, find_images, tag_record
+from serve.sources import find_images
+from serve.thresholds import class_thresholds
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
@@ -234,7 +236,8 @@ def test_sidecars_mirror_the_tree_csv_columns_and_top_k(model: tuple[Path, Path,
 
 
 def test_existing_policies_skip_append_overwrite(model: tuple[Path, Path, ModelMeta], tmp_path: Path) -> None:
-    from serve.tag import SidecarSpec, tag_folder
+    from serve.sidecars import SidecarSpec
+    from serve.tag import tag_folder
 
     _, onnx_path, _ = model
     runtime = OnnxRuntimeBackend.load(onnx_path)
@@ -352,7 +355,8 @@ def test_crash_mid_run_leaves_outputs_intact(
 
 
 def test_help_documents_policies_and_exit_codes() -> None:
-    from serve.__main__ import TAG_MAX_PIXELS, build_parser
+    from serve.__main__ import build_parser
+    from serve.cli_tag import TAG_MAX_PIXELS
     from serve.tag import DEFAULT_MAX_PIXELS
 
     assert TAG_MAX_PIXELS == DEFAULT_MAX_PIXELS

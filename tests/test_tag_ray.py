@@ -1,0 +1,272 @@
+"""Tagging engines and sources: the Ray Data engine against the local one (one shared local Ray instance),
+WebDataset shards, list files, --shard partitions, resuming, fault injection, and the local engine not
+importing Ray."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from export import export_onnx
+from models import ModelMeta, build_model, save_checkpoint
+from serve.__main__ import main
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = ["cat", "dog", "car"]
+GOOD = ["rgb.jpg", "alpha.png", "palette.gif", "cmyk.jpg", "deep16.png", "grey.png", "sub/big.JPG", "sub/small.webp"]
+BAD = ["corrupt.jpg", "truncated.jpg", "empty.png", "text.png"]
+
+
+@pytest.fixture(scope="session")
+def ray_instance() -> Iterator[object]:
+    """One local Ray instance (2 CPUs) for every Ray test; the CLI's ``main`` joins it in-process."""
+    ray = pytest.importorskip("ray")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _jpeg_bytes(rng: np.random.Generator, size: tuple[int, int], mode: str = "RGB") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def write_mixed_folder(folder: Path) -> None:
+    """Good images in odd formats (:data:`GOOD`), bad files (:data:`BAD`) and one ignored non-image file."""
+    rng = np.random.default_rng(4)
+    (folder / "sub").mkdir(parents=True)
+    rgb = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    (folder / "rgb.jpg").write_bytes(_jpeg_bytes(rng, (53, 37)))
+    rgba = np.dstack([rgb, rng.integers(0, 256, (37, 53), dtype=np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(folder / "alpha.png")
+    Image.fromarray(rgb).convert("P", palette=Image.Palette.ADAPTIVE).save(folder / "palette.gif")
+    (folder / "cmyk.jpg").write_bytes(_jpeg_bytes(rng, (40, 30), "CMYK"))
+    Image.fromarray(rng.integers(0, 65535, (33, 29), dtype=np.uint16)).save(folder / "deep16.png")
+    Image.fromarray(rng.integers(0, 256, (31, 31), dtype=np.uint8), "L").save(folder / "grey.png")
+    (folder / "sub/big.JPG").write_bytes(_jpeg_bytes(rng, (300, 200)))
+    Image.fromarray(rgb).save(folder / "sub/small.webp")
+    (folder / "corrupt.jpg").write_bytes(rng.integers(0, 256, 500, dtype=np.uint8).tobytes())
+    (folder / "truncated.jpg").write_bytes(_jpeg_bytes(rng, (120, 90))[:300])
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "text.png").write_text("not an image\n")
+    (folder / "notes.txt").write_text("ignored\n")
+
+
+def write_shards(folder: Path, images: Path) -> dict[str, str]:
+    """Two WebDataset shards of the mixed folder's files (+ one sample without an image); returns
+    {sample key in the outputs: file it came from}."""
+    folder.mkdir()
+    keys = {}
+    files = sorted(p for p in images.rglob("*") if p.is_file() and p.suffix.lower() != ".txt")
+    for s in range(2):
+        with tarfile.open(folder / f"part-{s:03d}.tar", "w") as tar:
+            for i, path in enumerate(files[s::2]):
+                stem = f"s{s}i{i:02d}"
+                ext = path.suffix.lower().lstrip(".")
+                for name, data in ((f"{stem}.{ext}", path.read_bytes()), (f"{stem}.cls", b"0")):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                keys[f"part-{s:03d}.tar/{stem}.{ext}"] = path.relative_to(images).as_posix()
+            info = tarfile.TarInfo("nothing.txt")
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+    return keys
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | dict[str, str]]:
+    """A tiny ONNX model (random resnet18, 32 px), the mixed folder and its shards."""
+    root = tmp_path_factory.mktemp("engines")
+    torch.manual_seed(3)
+    meta = ModelMeta(classes=CLASSES, arch="resnet18", image_size=32, thresholds=[0.4, 0.5, 0.6])
+    save_checkpoint(root / "best.pt", build_model("resnet18", len(CLASSES)).state_dict(), meta)
+    write_mixed_folder(root / "pics")
+    onnx = export_onnx(root / "best.pt", images=root / "pics").onnx_path
+    keys = write_shards(root / "shards", root / "pics")
+    return {"root": root, "onnx": onnx, "pics": root / "pics", "shards": root / "shards", "keys": keys}
+
+
+def tag(*args: str | Path) -> int:
+    """Run ``python -m serve tag`` in-process (so the Ray engine joins the shared instance)."""
+    return main(["tag", *map(str, args), "--no-progress"])
+
+
+def read_jsonl(path: Path) -> dict[str, dict]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    records = {r["path"]: r for r in lines}
+    assert len(records) == len(lines), "an image appears twice"
+    return records
+
+
+def read_errors(path: Path) -> dict[str, str]:
+    return dict(line.split("\t", 1) for line in path.read_text().splitlines())
+
+
+def assert_same_scores(a: dict[str, dict], b: dict[str, dict]) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        got = np.array([a[key]["scores"][c] for c in CLASSES])
+        want = np.array([b[key]["scores"][c] for c in CLASSES])
+        assert np.abs(got - want).max() <= 1e-5, key
+        assert a[key]["tags"] == b[key]["tags"]
+
+
+def test_ray_folder_matches_local(setup: dict, ray_instance: object, tmp_path: Path) -> None:
+    assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "local.jsonl") == 1
+    assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "ray.jsonl", "--engine", "ray") == 1
+    local, ray = read_jsonl(tmp_path / "local.jsonl"), read_jsonl(tmp_path / "ray.jsonl")
+    assert sorted(local) == sorted(GOOD)
+    assert list(ray) == sorted(ray), "the ray engine's run file is sorted by path too"
+    assert_same_scores(ray, local)
+    errors = read_errors(tmp_path / "ray.errors.tsv")
+    assert sorted(errors) == sorted(BAD)
+    assert errors["empty.png"] == "empty file (0 bytes)"
+    assert errors == read_errors(tmp_path / "local.errors.tsv")
+    assert not (tmp_path / "ray.jsonl.partial").exists()
+
+
+def test_ray_shards_match_local_folder(
+    setup: dict, ray_instance: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pattern = str(setup["shards"] / "part-{000..001}.tar")
+    assert tag(pattern, "-m", setup["onnx"], "-o", tmp_path / "ray.csv", "--engine", "ray", "--batch-size", "3") == 1
+    assert tag(setup["shards"] / "*.tar", "-m", setup["onnx"], "-o", tmp_path / "local.jsonl") == 1
+    assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "folder.jsonl") == 1
+    folder = read_jsonl(tmp_path / "folder.jsonl")
+    local = read_jsonl(tmp_path / "local.jsonl")
+    by_file = {key: folder[name] for key, name in setup["keys"].items() if name in folder}
+    assert_same_scores(local, {k: {**r, "path": k} for k, r in by_file.items()})
+    lines = (tmp_path / "ray.csv").read_text().splitlines()
+    assert lines[0] == "path,tags," + ",".join(CLASSES) and len(lines) == 1 + len(by_file)
+    rows = {row.split(",")[0]: np.array(row.rsplit(",", 3)[1:], dtype=float) for row in lines[1:]}
+    for key, rec in local.items():
+        assert np.abs(rows[key] - np.array([rec["scores"][c] for c in CLASSES])).max() <= 1e-5
+    errors = read_errors(tmp_path / "ray.errors.tsv")
+    bad_keys = {k for k, name in setup["keys"].items() if name in BAD}
+    assert set(errors) == bad_keys | {"part-000.tar/nothing", "part-001.tar/nothing"}
+    assert errors == read_errors(tmp_path / "local.errors.tsv")
+    # resume: samples already in the run file are skipped inside their shards, the rest are added once
+    kept = (tmp_path / "local.jsonl").read_text().splitlines()[::2]
+    (tmp_path / "resumed.jsonl").write_text("\n".join(kept) + "\n")
+    capsys.readouterr()
+    assert tag(pattern, "-m", setup["onnx"], "-o", tmp_path / "resumed.jsonl", "--engine", "ray") == 1
+    assert f"tagged {len(local) - len(kept)} images" in capsys.readouterr().err
+    assert_same_scores(read_jsonl(tmp_path / "resumed.jsonl"), local)
+
+
+@pytest.mark.parametrize("fault", ["raise", "actor dies"])
+def test_ray_batch_failure_is_retried(setup: dict, ray_instance: object, tmp_path: Path, fault: str) -> None:
+    from serve.engines import TagJob
+    from serve.engines.ray_engine import ModelActor, run
+    from serve.predictor import Predictor
+
+    marker = tmp_path / "failed-once"
+
+    class FailsOnce(ModelActor):
+        def score(self, images: np.ndarray) -> np.ndarray:
+            if not marker.exists():
+                marker.write_text("x")
+                if fault == "raise":
+                    raise RuntimeError("injected failure")
+                os._exit(1)  # the actor process dies mid-batch
+            return super().score(images)
+
+    predictor = Predictor.load(setup["onnx"])
+    job = TagJob(str(setup["pics"]), setup["onnx"], tmp_path / "ray.jsonl", batch_size=2, progress=False)
+    summary = run(job, predictor, warn=lambda _: None, actor_cls=FailsOnce)
+    assert marker.exists()
+    assert summary.tagged == len(GOOD) and sorted(k for k, _ in summary.failed) == sorted(BAD)
+    assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "local.jsonl") == 1
+    assert_same_scores(read_jsonl(tmp_path / "ray.jsonl"), read_jsonl(tmp_path / "local.jsonl"))
+
+
+def test_resume_from_partial_output_and_journal(setup: dict, ray_instance: object, tmp_path: Path) -> None:
+    out = tmp_path / "tags.jsonl"
+    assert tag(setup["pics"], "-m", setup["onnx"], "-o", out, "--shard", "1/2") == 1
+    first = read_jsonl(out)
+    assert 0 < len(first) < len(GOOD)
+    assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "full.jsonl") == 1
+    full = read_jsonl(tmp_path / "full.jsonl")
+    rest = [json.dumps(r) for k, r in full.items() if k not in first]
+    # an interrupted ray run: one record journaled, a second one cut short
+    (tmp_path / "tags.jsonl.partial").write_text(rest[0] + "\n" + rest[1][:20])
+    assert tag(setup["pics"], "-m", setup["onnx"], "-o", out, "--engine", "ray") == 1
+    resumed = read_jsonl(out)
+    assert_same_scores(resumed, full)
+    assert not (tmp_path / "tags.jsonl.partial").exists()
+
+
+def test_shard_partitions_cover_every_image_once(setup: dict, tmp_path: Path) -> None:
+    parts, failed = [], []
+    for k in (1, 2, 3):
+        code = tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / f"t{k}.jsonl", "--shard", f"{k}/3")
+        parts.append(read_jsonl(tmp_path / f"t{k}.jsonl") if (tmp_path / f"t{k}.jsonl").exists() else {})
+        errors = read_errors(tmp_path / f"t{k}.errors.tsv") if (tmp_path / f"t{k}.errors.tsv").exists() else {}
+        assert code == (1 if errors else 0)
+        failed += list(errors)
+    keys = [key for part in parts for key in part]
+    assert sorted(keys) == sorted(GOOD) and sorted(failed) == sorted(BAD)
+    assert all(len(part) < len(GOOD) for part in parts)
+    combined = "".join((tmp_path / f"t{k}.jsonl").read_text() for k in (1, 2, 3) if (tmp_path / f"t{k}.jsonl").exists())
+    assert len(combined.splitlines()) == len(GOOD)
+
+
+def test_list_file_source(setup: dict, tmp_path: Path) -> None:
+    listing = tmp_path / "list.txt"
+    pics = setup["pics"]
+    listing.write_text(
+        f"# two by relative path, one absolute, one URI\n{os.path.relpath(pics / 'rgb.jpg', tmp_path)}\n"
+        f"{os.path.relpath(pics / 'empty.png', tmp_path)}\n{pics / 'grey.png'}\n"
+        f"{(pics / 'alpha.png').as_uri()}\n"
+    )
+    assert tag(listing, "-m", setup["onnx"], "-o", tmp_path / "list.jsonl") == 1
+    assert tag(pics, "-m", setup["onnx"], "-o", tmp_path / "folder.jsonl") == 1
+    got = read_jsonl(tmp_path / "list.jsonl")
+    folder = read_jsonl(tmp_path / "folder.jsonl")
+    assert len(got) == 3
+    for key, rec in got.items():
+        name = Path(key.removeprefix("file://")).name
+        assert rec["scores"] == folder[name]["scores"]
+    assert list(read_errors(tmp_path / "list.errors.tsv").values()) == ["empty file (0 bytes)"]
+
+
+def test_usage_errors(setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tag(setup["pics"], "-m", setup["onnx"], "--shard", "4/3") == 2
+    assert tag(setup["pics"], "-m", setup["onnx"], "--address", "auto") == 2
+    assert tag(tmp_path / "nope/*.tar", "-m", setup["onnx"]) == 2
+    assert tag(setup["shards"] / "*.tar", "-m", setup["onnx"], "--sidecar") == 2
+    err = capsys.readouterr().err
+    assert "--shard must be K/N" in err and "need --engine ray" in err and "no .tar shards match" in err
+    assert "sidecars need a folder SOURCE" in err
+
+
+def test_local_engine_never_imports_ray_and_ray_missing_hint(setup: dict, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-X", "importtime", "-m", "serve", "tag", str(setup["pics"]), "-m", str(setup["onnx"])]
+    proc = subprocess.run(
+        [*cmd, "-o", str(tmp_path / "t.jsonl"), "--no-progress"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 1 and (tmp_path / "t.jsonl").is_file()
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "onnxruntime" in imported and not {m for m in imported if m == "ray" or m.startswith("ray.")}
+    code = (
+        "import sys; sys.modules['ray'] = None; from serve.__main__ import main; "
+        f"sys.exit(main(['tag', {str(setup['pics'])!r}, '-m', {str(setup['onnx'])!r}, '--engine', 'ray']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].endswith('pip install "spml[ray]" (or pip install "ray[data]")')
