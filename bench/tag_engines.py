@@ -4,14 +4,13 @@
 JPEGs (``--side`` px, random smooth content) and a random resnet18 exported to ONNX (no downloads), tags the
 folder with ``--engine local`` and ``--engine ray`` (a local Ray instance with ``--cpus`` CPUs), checks that
 both give the same scores, and writes images/s and the Ray engine's start-up cost to the ``tag-engines``
-section of bench/README.md.
+section of the results page (``--page``, ``--section``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from bench.machine import machine_line
-from bench.results_page import write_section
+from bench.results_page import add_page_options, command_line, publish
 from export import export_onnx
 from models import ModelMeta, build_model, save_checkpoint
 from serve.engines import TagJob, get_engine
@@ -73,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=224, help="model input size (default: %(default)s)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs given to the Ray instance (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=16, help="inference batch (default: %(default)s)")
+    add_page_options(parser, "tag-engines")
     args = parser.parse_args(argv)
     if min(args.images, args.side, args.image_size, args.cpus, args.batch_size) < 1:
         parser.error("every option must be >= 1")
@@ -92,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         a, b = scores(root / "local.jsonl"), scores(root / "ray1.jsonl")
         diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
     n = args.images
-    command = "python -m bench.tag_engines " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = command_line("bench.tag_engines", argv)
     markdown = f"""## Tagging engines: local vs Ray Data
 
-`{command.strip()}`
+```
+{command}
+```
 
 {n} JPEGs of {args.side}x{args.side} px, a random resnet18 at {args.image_size} px exported to ONNX (ONNX Runtime,
 CPU), batch {args.batch_size}. Ray: a local instance with {args.cpus} CPUs, one model actor, decoding in Ray tasks.
@@ -111,9 +113,7 @@ between the engines: {diff:.1e}.
 
 {machine_line()}
 """
-    page = write_section("tag-engines", markdown)
-    print(markdown)
-    print(f"written to {page}", file=sys.stderr)
+    publish(args.section or "tag-engines", markdown, args.page)
     return 0
 
 
