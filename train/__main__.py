@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, train (or resume), print the summary. Returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from train.distributed import shutdown
     from train.runs import CONFIG_FILE, SUMMARY_FILE
     from train.trainer import Trainer
 
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (the last good epoch is in {trainer.run_dir / 'last.pt'})" if trainer is not None else ""
         print(f"error: {exc}{hint}", file=sys.stderr)
         return 1
+    finally:
+        shutdown()  # leave the torchrun process group (no-op in one process)
     return 0
 
 
