@@ -50,7 +50,7 @@ def init_world(device_name: str, sync_bn: bool = False) -> tuple[World, torch.de
     if not launched_by_torchrun():
         if sync_bn:
             raise ValueError("--sync-bn needs a multi-process launch (torchrun --nproc_per_node N -m train ...)")
-        return World(), _single_device(device_name)
+        return World(), resolve_device(device_name)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
@@ -76,7 +76,8 @@ def init_world(device_name: str, sync_bn: bool = False) -> tuple[World, torch.de
     return World(rank, size, local_rank), device
 
 
-def _single_device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda if available else cpu; otherwise ``torch.device(name)`` (checked to exist)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)

@@ -21,7 +21,14 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD, ModelMeta, load_checkpoint, save_checkpoint
+from models.checkpoint import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Checkpoint,
+    ModelMeta,
+    load_checkpoint,
+    save_checkpoint,
+)
 from models.preprocess import EvalTransform, TrainTransform
 from models.resnet import build_model, model_from_meta
 from train.config import TrainConfig
@@ -51,16 +58,6 @@ def log(message: str) -> None:
     """Print a status line (through tqdm so it does not break an active progress bar); rank 0 only."""
     if current_world().is_main:
         tqdm.write(message, file=sys.stderr)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda if available else cpu; otherwise ``torch.device(name)`` (checked to exist)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    return device
 
 
 def seed_everything(seed: int) -> None:
@@ -344,9 +341,16 @@ class Trainer:
             training["linear"] = self.linear.state_dict()
         save_checkpoint(self.run_dir / LAST, self.model.state_dict(), self.meta(epoch, {}), training)
 
+    def _load_shared(self, path: Path) -> Checkpoint:
+        """Rank 0 reads the checkpoint and sends it to the other ranks (nodes need not share the run folder)."""
+        if not self.world.distributed:
+            return load_checkpoint(path, map_location=self.device)
+        barrier()  # rank 0 has finished writing it
+        return broadcast_object(load_checkpoint(path, map_location="cpu") if self.world.is_main else None)
+
     def _load_resume_state(self) -> None:
         path = self.run_dir / LAST
-        ckpt = load_checkpoint(path, map_location=self.device)
+        ckpt = self._load_shared(path)
         if ckpt.training is None:
             raise ValueError(f"{path} holds no training state; cannot resume")
         if ckpt.meta.data.get("fingerprint") != self.splits.fingerprint:
@@ -534,7 +538,6 @@ class Trainer:
             if self.world.is_main:
                 with (self.run_dir / METRICS_FILE).open("a") as fh:
                     fh.write(json.dumps(record) + "\n")
-            barrier()  # best.pt is written before any rank reads it
             if linear is not None and epoch == cfg.linear_init:  # phase 1 over: its best epoch starts phase 2
                 linear.restore_best()
                 self.linear = None
@@ -557,7 +560,7 @@ class Trainer:
         best_path = self.run_dir / BEST
         if self.world.is_main:
             shutil.copyfile(best_path, self.run_dir / f"best-stage{finished}.pt")
-        best = load_checkpoint(best_path, map_location=self.device)
+        best = self._load_shared(best_path)
         self.model.load_state_dict(best.model)
         self.stage_history.append({"stage": finished, "best_epoch": self.best_epoch, "val_mAP": self.best_map,
                                    "weights": best.meta.metrics.get("weights", "model")})
@@ -569,8 +572,7 @@ class Trainer:
 
     def finish(self) -> dict[str, Any]:
         """Evaluate the best checkpoint on val and test, store the metrics in best.pt, write summary.json."""
-        barrier()
-        best = load_checkpoint(self.run_dir / BEST, map_location=self.device)
+        best = self._load_shared(self.run_dir / BEST)
         model = model_from_meta(best.meta).to(self.device)
         model.load_state_dict(best.model)
         if self.channels_last:
