@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from train.config import MACHINE_FIELDS, TrainConfig, build_parser, config_from_args, paper_settings
 from train.data.types import DataError
 from train.runs import default_runs_dir
 
 
+def say(message: str, file: TextIO | None = None) -> None:
+    """Print an informational line once per job: in the first process under torchrun (errors print on all)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=file)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, train (or resume), print the summary. Returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from train.distributed import shutdown
     from train.runs import CONFIG_FILE, SUMMARY_FILE
     from train.trainer import Trainer
 
@@ -34,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             trainer = Trainer(cfg, run_dir=run_dir, resume=True)
             if trainer.start_epoch > trainer.total_epochs:
                 if (run_dir / SUMMARY_FILE).is_file():
-                    print(f"{run_dir} already finished all {trainer.total_epochs} epochs")
+                    say(f"{run_dir} already finished all {trainer.total_epochs} epochs")
                     return 0
                 # stopped after its last epoch but before the final evaluation: do that part only
-                print(f"{run_dir} trained all {trainer.total_epochs} epochs but has no {SUMMARY_FILE}; "
+                say(f"{run_dir} trained all {trainer.total_epochs} epochs but has no {SUMMARY_FILE}; "
                       "evaluating its best checkpoint")
                 trainer.finish()
                 return 0
@@ -46,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             published = paper_settings(cfg.method, cfg.data) if args.preset == "paper" else {}
             if published:
                 listed = ", ".join(f"{key}={value}" for key, value in published.items())
-                print(f"--preset paper: {cfg.method}'s published settings for this dataset: {listed} "
+                say(f"--preset paper: {cfg.method}'s published settings for this dataset: {listed} "
                       "(explicit flags win)")
             trainer = Trainer(cfg)
         trainer.fit()
     except KeyboardInterrupt:
         hint = f"; continue with: python -m train --resume {trainer.run_dir}" if trainer is not None else ""
-        print(f"\ninterrupted{hint}", file=sys.stderr)
+        say(f"\ninterrupted{hint}", file=sys.stderr)
         return 130
     except (DataError, ValueError, FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -61,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (the last good epoch is in {trainer.run_dir / 'last.pt'})" if trainer is not None else ""
         print(f"error: {exc}{hint}", file=sys.stderr)
         return 1
+    finally:
+        shutdown()  # leave the torchrun process group (no-op in one process)
     return 0
 
 

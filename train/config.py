@@ -50,6 +50,7 @@ class TrainConfig:
     linear_init: int = 0
     linear_init_lr: float = 1e-3
     clip_grad: float = 0.0
+    sync_bn: bool = False
     seed: int = 0
     workers: int = field(default_factory=default_workers)
     device: str = "auto"
@@ -72,7 +73,7 @@ class TrainConfig:
 
 # Settings that belong to the machine running a run, not to what the run is: --resume may change them, and
 # bench.methods ignores them when it checks that an existing run folder matches its command.
-MACHINE_FIELDS = ("device", "workers", "progress")
+MACHINE_FIELDS = ("device", "workers", "progress", "sync_bn")
 
 # Presets: named bundles of defaults; explicit flags still win.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -98,6 +99,7 @@ examples:
   python -m train --data voc:/data/VOCdevkit --preset paper --method an
   python -m train --data my_images/labels.csv --observed full
   python -m train --resume runs/builtin-default-an-resnet18-20261121-101500
+  torchrun --nproc_per_node 4 -m train --preset paper --data coco:/data/coco --batch-size 32 --sync-bn
 """
 
 
@@ -149,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, help="end-to-end epochs; 0 with --linear-init N trains only the head on "
                    "fixed backbone features (Cole et al.'s linear protocol, a linear probe). "
                    f"Default: {d.epochs}")
-    g.add_argument("--batch-size", type=int, help=f"Default: {d.batch_size}")
+    g.add_argument("--batch-size", type=int, help="GLOBAL batch per optimiser step: under torchrun it is split "
+                   "evenly over the processes (must divide by their number), so --lr keeps its meaning for any "
+                   f"process count. Default: {d.batch_size}")
     g.add_argument("--eval-batch-size", type=int, help=f"Default: {d.eval_batch_size}")
     g.add_argument("--optimizer", choices=OPTIMIZERS, help=f"Default: {d.optimizer}")
     g.add_argument("--lr", type=float, help=f"(peak) learning rate. Default: {d.lr}")
@@ -164,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ema", type=float, help="EMA decay of the weights, e.g. 0.999 (0 = off). Val picks the "
                    "better of the raw and EMA weights each epoch")
     g.add_argument("--clip-grad", type=float, help="max gradient norm (0 = off)")
+    g.add_argument("--sync-bn", action="store_true", default=None, help="under torchrun on CUDA: BatchNorm "
+                   "statistics over the global batch (SyncBatchNorm) instead of each process's share")
     g.add_argument("--linear-init", type=int, metavar="EPOCHS", help="LinearInit (Cole et al.): first train "
                    "the head (and the method's own parameters) for EPOCHS epochs on fixed backbone features, "
                    "restore its best val epoch, then train end to end for --epochs (0 = off; with --epochs 0 the "

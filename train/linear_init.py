@@ -5,6 +5,11 @@ mode), then trains only the head - and the method's own parameters, e.g. ROLE's 
 ``linear_init`` epochs with Adam at ``linear_init_lr``. The method's ``training_step`` gets the head as its
 model and the feature batch as its images, so every method works unchanged. The best phase-1 epoch (val mAP)
 is restored before the end-to-end phase, as in the reference code.
+
+Under torchrun every rank extracts its shard of the features and gets them all back; each global batch is
+split over the ranks (rank r takes rows r, r + W, ...), each rank's loss is weighted by its share of the batch
+and the gradients are averaged, so every step equals the one-process step. A final batch with fewer rows than
+ranks is skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 import torch
 
 from train.data.dataset import ImageLabelDataset
+from train.distributed import average_gradients, current_world, gather_loader_rows, sum_over_ranks
 from train.metrics import evaluate
 from train.optimizers import build_optimizer
 
@@ -68,7 +74,7 @@ class LinearPhase:
                     x = x.contiguous(memory_format=torch.channels_last)
                 with t.precision.autocast():
                     chunks.append(t.model.features(x).float())
-        return torch.cat(chunks)
+        return gather_loader_rows(torch.cat(chunks), loader)
 
     def state_dict(self) -> dict[str, Any]:
         """Resume state of phase 1 (the features are recomputed, not saved)."""
@@ -96,19 +102,28 @@ class LinearPhase:
         observed = t.train_set.observed
         full = t.train_set.full
         total, seen = 0.0, 0
+        world = current_world()
         for start in range(0, n, t.cfg.batch_size):
-            idx = order[start : start + t.cfg.batch_size]
+            global_idx = order[start : start + t.cfg.batch_size]
+            if len(global_idx) < world.size:
+                continue
+            idx = global_idx[world.rank :: world.size]
             batch = {"images": self.train_features[idx.to(t.device)], "observed": observed[idx].to(t.device),
                      "full": full[idx].to(t.device), "index": idx.to(t.device)}
             out = method.training_step(head, batch)
             self.optimizer.zero_grad(set_to_none=True)
             if not torch.isfinite(out.loss):
                 raise FloatingPointError(f"loss is {out.loss.item()} in linear-init epoch {epoch}")
-            out.loss.backward()
+            # this rank's share of the global mean; averaging the gradients then gives the one-process step
+            (out.loss * (len(idx) * world.size / len(global_idx))).backward()
+            if world.distributed:
+                average_gradients(head.parameters())
+                method.synchronise_gradients()
             self.optimizer.step()
             total += out.loss.item() * len(idx)
             seen += len(idx)
-        return {"loss": total / max(seen, 1), "phase": 1.0}
+        sums = sum_over_ranks({"loss": total, "seen": float(seen)})
+        return {"loss": sums["loss"] / max(sums["seen"], 1), "phase": 1.0}
 
     def validate(self) -> dict[str, Any]:
         """Val metrics of the current head on the cached validation features."""

@@ -18,16 +18,35 @@ import numpy as np
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD, ModelMeta, load_checkpoint, save_checkpoint
+from models.checkpoint import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Checkpoint,
+    ModelMeta,
+    load_checkpoint,
+    save_checkpoint,
+)
 from models.preprocess import EvalTransform, TrainTransform
 from models.resnet import build_model, model_from_meta
 from train.config import TrainConfig
 from train.data.dataset import ImageLabelDataset
 from train.data.protocol import ProtocolSplits, build_protocol, parse_observed
 from train.data.registry import load_dataset
+from train.distributed import (
+    PerSampleSeeded,
+    average_gradients,
+    barrier,
+    broadcast_buffers,
+    broadcast_object,
+    current_world,
+    gather_loader_rows,
+    init_world,
+    per_rank_batch,
+    sum_over_ranks,
+)
 from train.linear_init import LinearPhase
 from train.methods import EpochEndContext, LossOutput, Method, MethodContext, get_method, make_hparams
 from train.metrics import evaluate
@@ -36,18 +55,9 @@ from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
 
 
 def log(message: str) -> None:
-    """Print a status line (through tqdm so it does not break an active progress bar)."""
-    tqdm.write(message, file=sys.stderr)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda if available else cpu; otherwise ``torch.device(name)`` (checked to exist)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    return device
+    """Print a status line (through tqdm so it does not break an active progress bar); rank 0 only."""
+    if current_world().is_main:
+        tqdm.write(message, file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:
@@ -164,7 +174,9 @@ def predict(
             logits.append(out.float().cpu())
             labels.append(batch["full"])
     model.train(was_training)
-    return torch.cat(logits).numpy(), torch.cat(labels).numpy()
+    # under torchrun: every rank's shard, in dataset order, without the sampler's padding duplicates
+    return (gather_loader_rows(torch.cat(logits), loader).numpy(),
+            gather_loader_rows(torch.cat(labels), loader).numpy())
 
 
 class Trainer:
@@ -172,7 +184,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None, resume: bool = False) -> None:
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.world, self.device = init_world(cfg.device, cfg.sync_bn)
+        self.progress = cfg.progress and self.world.is_main
         self.precision = resolve_precision(cfg.amp, self.device)
         self.channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and self.device.type == "cuda")
         seed_everything(cfg.seed)
@@ -182,11 +195,13 @@ class Trainer:
             self.dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed
         )
         self.classes = self.splits.classes
-        name = cfg.name or make_run_name(cfg, self.dataset.name)
+        name = broadcast_object(cfg.name or make_run_name(cfg, self.dataset.name))  # one timestamp for all ranks
         self.run_dir = Path(run_dir) if run_dir else Path(cfg.runs_dir) / name
         if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise FileExistsError(f"run folder {self.run_dir} already exists and is not empty; pick another --name")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        barrier()  # every rank has checked the folder before rank 0 writes into it
+        if self.world.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
 
         num_classes = len(self.classes)
         method_cls = get_method(cfg.method)
@@ -197,6 +212,8 @@ class Trainer:
             log(warning)
         self.model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=self.head,
                                  load_head=not cfg.reset_head)
+        if cfg.sync_bn:
+            self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.model = self.model.to(self.device)
         self.model.set_trainable_scope(cfg.trainable)
         if self.channels_last:
@@ -226,8 +243,16 @@ class Trainer:
         self.train_set = ImageLabelDataset(self.splits.train, TrainTransform(cfg.image_size, mean, std),
                                            self.splits.train_observed, views=views)
         self.loader_generator = torch.Generator()
+        self.batch_per_process = per_rank_batch(cfg.batch_size, self.world)
+        self.train_sampler: DistributedSampler[Any] | None = None
+        self.seeded_train_set: PerSampleSeeded | None = None
+        if self.world.distributed:  # a rank-independent shuffle and augmentation, sharded over the ranks
+            self.seeded_train_set = PerSampleSeeded(self.train_set, cfg.seed)
+            self.train_sampler = DistributedSampler(self.seeded_train_set, shuffle=True, seed=cfg.seed)
         self.train_loader = DataLoader(
-            self.train_set, batch_size=cfg.batch_size, shuffle=True, generator=self.loader_generator,
+            self.seeded_train_set or self.train_set, batch_size=self.batch_per_process,
+            shuffle=self.train_sampler is None, sampler=self.train_sampler,
+            generator=self.loader_generator if self.train_sampler is None else None,
             num_workers=cfg.workers, drop_last=len(self.train_set) > cfg.batch_size,
             pin_memory=self.device.type == "cuda",
         )
@@ -270,7 +295,9 @@ class Trainer:
         return AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(self.cfg.ema), use_buffers=True)
 
     def _eval_loader(self, dataset: ImageLabelDataset) -> DataLoader[dict[str, torch.Tensor]]:
-        return DataLoader(dataset, batch_size=self.cfg.eval_batch_size, shuffle=False,
+        """In-order loader; under torchrun each rank reads its shard (:func:`predict` gathers them)."""
+        sampler = DistributedSampler(dataset, shuffle=False) if self.world.distributed else None
+        return DataLoader(dataset, batch_size=self.cfg.eval_batch_size, shuffle=False, sampler=sampler,
                           num_workers=self.cfg.workers, pin_memory=self.device.type == "cuda")
 
     def _make_optimizer(self, params: list[dict[str, Any]]) -> torch.optim.Optimizer:
@@ -297,7 +324,9 @@ class Trainer:
         )
 
     def save_last(self, epoch: int) -> None:
-        """Write last.pt with everything ``--resume`` needs."""
+        """Write last.pt with everything ``--resume`` needs (rank 0; the state is the same on every rank)."""
+        if not self.world.is_main:
+            return
         training = {
             "epoch": epoch, "best_map": self.best_map, "best_epoch": self.best_epoch,
             "optimizer": self.optimizer.state_dict(),
@@ -312,9 +341,16 @@ class Trainer:
             training["linear"] = self.linear.state_dict()
         save_checkpoint(self.run_dir / LAST, self.model.state_dict(), self.meta(epoch, {}), training)
 
+    def _load_shared(self, path: Path) -> Checkpoint:
+        """Rank 0 reads the checkpoint and sends it to the other ranks (nodes need not share the run folder)."""
+        if not self.world.distributed:
+            return load_checkpoint(path, map_location=self.device)
+        barrier()  # rank 0 has finished writing it
+        return broadcast_object(load_checkpoint(path, map_location="cpu") if self.world.is_main else None)
+
     def _load_resume_state(self) -> None:
         path = self.run_dir / LAST
-        ckpt = load_checkpoint(path, map_location=self.device)
+        ckpt = self._load_shared(path)
         if ckpt.training is None:
             raise ValueError(f"{path} holds no training state; cannot resume")
         if ckpt.meta.data.get("fingerprint") != self.splits.fingerprint:
@@ -340,7 +376,8 @@ class Trainer:
         self.best_epoch = int(t["best_epoch"])
         # Drop metric lines of epochs that ran after this checkpoint (they will run again).
         metrics = self.run_dir / METRICS_FILE
-        if metrics.exists():
+        barrier()  # every rank has read last.pt
+        if metrics.exists() and self.world.is_main:
             lines = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
             kept = [ln for ln in lines if json.loads(ln).get("epoch", 0) < self.start_epoch]
             metrics.write_text("".join(ln + "\n" for ln in kept))
@@ -366,6 +403,8 @@ class Trainer:
         if not torch.isfinite(out.loss):
             return out
         self.scaler.scale(out.loss).backward()
+        average_gradients(p for p in self.model.parameters() if p.requires_grad)  # DDP's mean over ranks
+        self.method.synchronise_gradients()
         if self.cfg.clip_grad > 0:
             self.scaler.unscale_(self.optimizer)
             trainable = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -374,6 +413,7 @@ class Trainer:
         self.scaler.update()
         if self.scheduler is not None:
             self.scheduler.step()
+        broadcast_buffers(self.model)  # one set of BatchNorm running statistics (rank 0's), as DDP keeps
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         return out
@@ -382,10 +422,13 @@ class Trainer:
         """One pass over the training set; returns mean loss, method logs and throughput."""
         self.model.train()
         self.loader_generator.manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        if self.train_sampler is not None and self.seeded_train_set is not None:
+            self.train_sampler.set_epoch(epoch)
+            self.seeded_train_set.set_epoch(epoch)
         sums: dict[str, float] = {}
         seen, start = 0, time.perf_counter()
         bar = tqdm(self.train_loader, desc=f"epoch {epoch}/{self.total_epochs}", leave=False,
-                   disable=not self.cfg.progress, file=sys.stderr, unit="batch")
+                   disable=not self.progress, file=sys.stderr, unit="batch")
         for step, raw in enumerate(bar):
             batch = self._to_device(raw)
             out = self.train_step(batch)
@@ -401,6 +444,8 @@ class Trainer:
             rate = seen / (time.perf_counter() - start)
             bar.set_postfix(loss=f"{sums['loss'] / seen:.4f}", img_s=f"{rate:.0f}")
         elapsed = time.perf_counter() - start
+        sums = sum_over_ranks({**sums, "_seen": float(seen)})  # every rank's images: global means and img/s
+        seen = int(sums.pop("_seen"))
         stats = {k: v / max(seen, 1) for k, v in sums.items()}
         stats.update(train_images_per_s=seen / elapsed if elapsed > 0 else 0.0, train_seconds=elapsed,
                      lr=self.optimizer.param_groups[0]["lr"])
@@ -411,14 +456,14 @@ class Trainer:
         transform = self.train_set.transform if augment else self.eval_transform
         dataset = ImageLabelDataset(self.splits.train, transform, self.splits.train_observed)
         logits, _ = predict(self.model, self._eval_loader(dataset), self.device, self.precision,
-                            self.channels_last, "predict train", self.cfg.progress)
+                            self.channels_last, "predict train", self.progress)
         return torch.sigmoid(torch.from_numpy(logits))
 
     def _evaluate_loader(
         self, model: nn.Module, loader: DataLoader[dict[str, torch.Tensor]], desc: str
     ) -> dict[str, Any]:
         logits, labels = predict(
-            model, loader, self.device, self.precision, self.channels_last, desc, self.cfg.progress
+            model, loader, self.device, self.precision, self.channels_last, desc, self.progress
         )
         return evaluate(logits, labels, self.classes)
 
@@ -426,13 +471,26 @@ class Trainer:
         """Train from ``start_epoch`` through the LinearInit phase (if any) and ``cfg.epochs`` end-to-end epochs,
         then test the best checkpoint; returns the summary."""
         cfg = self.cfg
+        if self.world.is_main:
+            self._write_config()
+        log(f"global batch {cfg.batch_size} = {self.world.size} process(es) x {self.batch_per_process}"
+            + (" (torchrun, gradients averaged over the processes)" if self.world.distributed else ""))
+        return self._fit_epochs()
+
+    def _write_config(self) -> None:
+        cfg = self.cfg
         (self.run_dir / CONFIG_FILE).write_text(json.dumps(
             {"config": cfg.to_dict(), "resolved": {
+                "world_size": self.world.size, "global_batch_size": cfg.batch_size,
+                "batch_size_per_process": self.batch_per_process,
                 "device": str(self.device), "amp": str(self.precision.dtype), "channels_last": self.channels_last,
                 "method_hparams": self.method.hparams_dict(), "torch": torch.__version__,
                 "dataset": self.dataset.name, "source": self.dataset.source, "fingerprint": self.splits.fingerprint,
                 "splits": self.splits.summary(), "notes": self.dataset.notes,
             }}, indent=2) + "\n")
+
+    def _fit_epochs(self) -> dict[str, Any]:
+        cfg = self.cfg
         if self.start_epoch == 1:
             log(f"run {self.run_dir}: {cfg.method} on {self.dataset.name} ({self.splits.summary()}), {cfg.arch} "
                 f"@{cfg.image_size}px, {self.device}" + (f", {self.precision.dtype}" if self.precision.dtype else ""))
@@ -473,11 +531,13 @@ class Trainer:
             if improved:
                 self.best_map, self.best_epoch = _score(chosen_val["mAP"]), epoch
                 val_summary = {k: v for k, v in chosen_val.items() if k != "per_class_AP"}
-                save_checkpoint(self.run_dir / BEST, chosen.state_dict(),
-                                self.meta(epoch, {"val": val_summary, "weights": which}))
+                if self.world.is_main:
+                    save_checkpoint(self.run_dir / BEST, chosen.state_dict(),
+                                    self.meta(epoch, {"val": val_summary, "weights": which}))
             record["best"] = improved
-            with (self.run_dir / METRICS_FILE).open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            if self.world.is_main:
+                with (self.run_dir / METRICS_FILE).open("a") as fh:
+                    fh.write(json.dumps(record) + "\n")
             if linear is not None and epoch == cfg.linear_init:  # phase 1 over: its best epoch starts phase 2
                 linear.restore_best()
                 self.linear = None
@@ -498,8 +558,9 @@ class Trainer:
         ``stage`` with a fresh optimiser, schedule and EMA and its own best-epoch selection."""
         finished = stage - 1
         best_path = self.run_dir / BEST
-        shutil.copyfile(best_path, self.run_dir / f"best-stage{finished}.pt")
-        best = load_checkpoint(best_path, map_location=self.device)
+        if self.world.is_main:
+            shutil.copyfile(best_path, self.run_dir / f"best-stage{finished}.pt")
+        best = self._load_shared(best_path)
         self.model.load_state_dict(best.model)
         self.stage_history.append({"stage": finished, "best_epoch": self.best_epoch, "val_mAP": self.best_map,
                                    "weights": best.meta.metrics.get("weights", "model")})
@@ -511,7 +572,7 @@ class Trainer:
 
     def finish(self) -> dict[str, Any]:
         """Evaluate the best checkpoint on val and test, store the metrics in best.pt, write summary.json."""
-        best = load_checkpoint(self.run_dir / BEST, map_location=self.device)
+        best = self._load_shared(self.run_dir / BEST)
         model = model_from_meta(best.meta).to(self.device)
         model.load_state_dict(best.model)
         if self.channels_last:
@@ -529,7 +590,8 @@ class Trainer:
         compact = {k: {m: v for m, v in d.items() if m != "per_class_AP"} for k, d in metrics.items()}
         compact["weights"] = best.meta.metrics.get("weights", "model")
         best.meta.metrics = compact
-        save_checkpoint(self.run_dir / BEST, best.model, best.meta)
+        if self.world.is_main:
+            save_checkpoint(self.run_dir / BEST, best.model, best.meta)
         summary = {
             "run": str(self.run_dir), "method": self.cfg.method, "dataset": self.dataset.name,
             "observed": str(self.splits.observed), "arch": self.cfg.arch, "image_size": self.cfg.image_size,
@@ -538,7 +600,8 @@ class Trainer:
         if self.stage_history:
             summary["stages"] = [*self.stage_history, {"stage": len(self.stage_plan), "best_epoch": self.best_epoch,
                                                        "val_mAP": self.best_map}]
-        (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        if self.world.is_main:
+            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         line = f"best epoch {self.best_epoch}: val mAP {metrics['val']['mAP']:.2f}"
         if "test" in metrics:
             t = metrics["test"]

@@ -7,6 +7,8 @@ checkpoints through ``state_dict`` and moved to the device with the model) with 
 - :meth:`Method.param_groups` - optional extra optimiser parameter groups (e.g. a label estimator);
 - :meth:`Method.on_epoch_end` - optional step after each training epoch (e.g. pseudo-labelling), given a
   function that predicts the whole training set;
+- :meth:`Method.synchronise_gradients` - under torchrun: make the method's own parameters' gradients those
+  of one process with the global batch (default: the average over ranks);
 - :meth:`Method.extra_views` - optional extra augmented views of each training image (e.g. LAC's strong view),
   added to the batch under their own keys;
 - :meth:`Method.stage_epochs` / :meth:`Method.start_stage` - optional training stages: the trainer runs them
@@ -31,6 +33,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from train.distributed import average_gradients, global_mean
+
 LOG_EPSILON = 1e-5  # Cole et al.'s neg_log epsilon, used by every probability-space loss
 
 
@@ -45,8 +49,9 @@ def prob_bce(p: torch.Tensor, target: torch.Tensor | float) -> torch.Tensor:
 
 
 def expected_positives_regulariser(p: torch.Tensor, k: float) -> torch.Tensor:
-    """Cole et al.'s EPR term ``((mean_n sum_c p_nc - k) / C)^2`` (squared error, weight 1)."""
-    k_hat = p.sum(dim=1).mean()
+    """Cole et al.'s EPR term ``((mean_n sum_c p_nc - k) / C)^2`` (squared error, weight 1). Under torchrun the
+    mean runs over the global batch (every rank's images), so the term equals the one-process value."""
+    k_hat = global_mean(p.sum(dim=1))
     return ((k_hat - k) / p.shape[1]) ** 2
 
 
@@ -127,6 +132,12 @@ class Method(nn.Module):
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
         """Called after each training epoch; returns values to log (default: nothing)."""
         return {}
+
+    def synchronise_gradients(self) -> None:
+        """Under torchrun, after backward: make the gradients of the method's own parameters (ROLE's label
+        matrix, LAC's projector) those of one process with the global batch. Default: average them over the
+        ranks, as DDP does for the model (each rank's loss is a mean over its share of the batch)."""
+        average_gradients(self.parameters())
 
     def extra_views(self, image_size: int, mean: Sequence[float],
                     std: Sequence[float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.data.augment import StrongTransform
+from train.distributed import gather_varying
 from train.methods.base import LossOutput, Method, MethodContext, MethodHparams, register
 
 STRONG = "images_strong"
@@ -168,7 +169,12 @@ class LabelAwareConsistency(Method):
 
     def _enqueue(self, feats: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this batch's items (with gradients) at the queue pointer (wrapping to 0 when they do not fit);
-        returns the valid queue entries for the loss, the batch's items still carrying their gradients."""
+        returns the valid queue entries for the loss, the batch's items still carrying their gradients.
+
+        Under torchrun the items of every rank are gathered first (rank order, other ranks' detached, as MoCo
+        gathers its keys), so every rank enqueues the same global batch and the queues stay identical."""
+        feats, _ = gather_varying(feats)
+        labels, _ = gather_varying(labels)
         count, capacity = feats.shape[0], self.queue.shape[0]
         ptr = int(self.queue_ptr)
         if ptr + count >= capacity:

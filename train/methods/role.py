@@ -4,6 +4,12 @@ A free label-estimator matrix Phi (N_train x C logits) is learnt jointly with th
 optimiser group at 10x the learning rate. Each side is trained against the other's stop-gradient
 predictions; both carry the expected-positives regulariser. Phi lives in this module, so it is saved in
 checkpoints and restored by ``--resume``.
+
+Under torchrun every rank holds all of Phi; a step's gradient of Phi (non-zero only in the rows of that rank's
+images, each scaled for the rank's local mean) is averaged over the ranks by the base class's
+``synchronise_gradients`` - one dense all-reduce of N x C floats per step - which gives exactly the
+one-process gradient of the global batch, so the 10x-rate estimator takes the same step and Phi stays
+identical on every rank. The EPR term's batch mean runs over the global batch (``global_mean``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,267 @@
+"""Multi-process training on torch.distributed: init from torchrun's environment, rank helpers, gradient
+averaging, gathers of predictions (padding removed) and of variable-size tensors, per-sample augmentation seeds.
+
+Outside torchrun (no ``WORLD_SIZE`` in the environment) every helper is a no-op for one process, so
+``python -m train`` computes exactly what it computed before. See docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sized
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job: global rank, number of processes, rank on this node."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process (or any torchrun launch) shares the work."""
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that prints, writes metrics and saves checkpoints."""
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    """True when torchrun (or another launcher setting ``WORLD_SIZE``/``RANK``) started this process."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init_world(device_name: str, sync_bn: bool = False) -> tuple[World, torch.device]:
+    """Join the process group torchrun describes (NCCL on CUDA, gloo on CPU) and pick this rank's device.
+
+    Without torchrun: one process, ``device_name`` resolved as usual. Raises ``ValueError`` (a clean one-line
+    error) for launches that cannot work, e.g. more ranks on a node than visible GPUs."""
+    want_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
+    if not launched_by_torchrun():
+        if sync_bn:
+            raise ValueError("--sync-bn needs a multi-process launch (torchrun --nproc_per_node N -m train ...)")
+        return World(), resolve_device(device_name)
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
+    if want_cuda:
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device_name}: CUDA is not available on this machine")
+        gpus = torch.cuda.device_count()
+        if local_size > gpus:
+            raise ValueError(f"{local_size} processes on this node but only {gpus} visible GPU(s); launch with "
+                             f"torchrun --nproc_per_node {gpus} (or fewer)")
+        if device_name not in ("auto", "cuda"):
+            raise ValueError(f"--device {device_name}: under torchrun each rank uses cuda:LOCAL_RANK; "
+                             "pass --device auto or cuda")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        if sync_bn:
+            raise ValueError("--sync-bn needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel)")
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device
+                                if device.type == "cuda" else None)
+    return World(rank, size, local_rank), device
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda if available else cpu; otherwise ``torch.device(name)`` (checked to exist)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def current_world() -> World:
+    """The world of the initialised process group (rank 0 of 1 when there is none)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return World()
+    return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shutdown() -> None:
+    """Leave the process group (no-op without one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in one process)."""
+    if current_world().distributed:
+        dist.barrier()
+
+
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (e.g. the run name, which holds a timestamp)."""
+    if not current_world().distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def per_rank_batch(global_batch: int, world: World) -> int:
+    """The per-process batch for a global ``--batch-size``; a ``ValueError`` unless it divides evenly."""
+    if global_batch % world.size:
+        raise ValueError(f"--batch-size {global_batch} is the global batch and must be divisible by the "
+                         f"{world.size} processes")
+    return global_batch // world.size
+
+
+def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
+    """Average the gradients of ``params`` over all ranks in one coalesced all-reduce (DDP's mean); missing
+    gradients count as zeros so every rank joins the same collective."""
+    world = current_world()
+    if not world.distributed:
+        return
+    params = [p for p in params if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world.size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """All-reduce (sum) whose backward sums the upstream gradients of every rank."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Copy rank 0's buffers (BatchNorm running statistics) to every rank, as DDP does each forward."""
+    if not current_world().distributed:
+        return
+    for buffer in module.buffers():
+        dist.broadcast(buffer.data, src=0)
+
+
+def global_mean(values: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` (1-D) over the samples of every rank, differentiable: each rank's gradient
+    reaches its own samples exactly as in one process with the whole batch (with gradients averaged)."""
+    if not current_world().distributed:
+        return values.mean()
+    total = _SumOverRanks.apply(values.sum().reshape(1))
+    count = torch.tensor([float(values.numel())], device=values.device)
+    dist.all_reduce(count)
+    return (total / count)[0]
+
+
+def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Element-wise sum of a dict of floats over ranks (same keys on every rank)."""
+    if not current_world().distributed or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist(), strict=True))
+
+
+def gather_varying(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Concatenate every rank's ``x`` (sizes may differ along dim 0) in rank order; this rank's rows keep their
+    gradient, the others' are detached (as MoCo's key gather). Returns the tensor and where this rank's rows
+    start."""
+    world = current_world()
+    if not world.distributed:
+        return x, 0
+    size = torch.tensor([x.shape[0]], device=x.device)
+    sizes = [torch.zeros_like(size) for _ in range(world.size)]
+    dist.all_gather(sizes, size)
+    counts = [int(s) for s in sizes]
+    padded = torch.zeros((max(counts), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    padded[:x.shape[0]] = x.detach()
+    parts = [torch.empty_like(padded) for _ in range(world.size)]
+    dist.all_gather(parts, padded)
+    pieces = [p[:c] for p, c in zip(parts, counts, strict=True)]
+    pieces[world.rank] = x
+    return torch.cat(pieces), sum(counts[:world.rank])
+
+
+def gather_rows(local: torch.Tensor, indices: torch.Tensor, total: int) -> torch.Tensor:
+    """Assemble a ``(total, ...)`` tensor from every rank's rows ``local`` at dataset ``indices``; the
+    duplicates a ``DistributedSampler`` pads in land on their own row again, so they drop out."""
+    if not current_world().distributed:
+        out = local.new_zeros((total, *local.shape[1:]))
+        out[indices] = local
+        return out
+    world = current_world()
+    parts = [torch.empty_like(local) for _ in range(world.size)]
+    index_parts = [torch.empty_like(indices) for _ in range(world.size)]
+    dist.all_gather(parts, local.contiguous())
+    dist.all_gather(index_parts, indices.contiguous())
+    out = local.new_zeros((total, *local.shape[1:]))
+    for rows, idx in zip(parts, index_parts, strict=True):
+        out[idx] = rows
+    return out
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The augmentation seed of one training sample in one epoch (independent of rank and world size)."""
+    return (seed * 1_000_003 + epoch * 7_919 + index) % (2**63 - 1)
+
+
+class PerSampleSeeded(Dataset[dict[str, torch.Tensor]]):
+    """Wraps a training dataset so each sample's random augmentation is seeded by (seed, epoch, index): the
+    draws then do not depend on which rank loads the sample, so a run's augmentations are the same for every
+    world size (and ``--resume`` with another world size continues them)."""
+
+    def __init__(self, dataset: Dataset[dict[str, torch.Tensor]], seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's augmentation seeds."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        assert isinstance(self.dataset, Sized)
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed(self.seed, self.epoch, index))
+            return self.dataset[index]
+
+
+def gather_loader_rows(local: torch.Tensor, loader: DataLoader[Any]) -> torch.Tensor:
+    """``local`` rows read through ``loader``; when its sampler is a ``DistributedSampler``, every rank's rows
+    assembled in dataset order (padding duplicates dropped), else ``local`` unchanged."""
+    sampler = loader.sampler
+    if not isinstance(sampler, DistributedSampler):
+        return local
+    indices = torch.tensor(list(iter(sampler)), dtype=torch.long)
+    assert isinstance(loader.dataset, Sized)
+    return gather_rows(local, indices, len(loader.dataset))
