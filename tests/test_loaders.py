@@ -646,3 +646,13 @@ def test_registry_builtin_tiny_end_to_end(tmp_path: Path, monkeypatch: pytest.Mo
     assert splits.test is not None and len(splits.train) > 0 and len(splits.test) > 0
     assert splits.train.labels.dtype == np.uint8 and splits.train.labels.sum(axis=1).min() >= 1
     assert all(p.is_absolute() and p.is_relative_to(tmp_path.resolve()) for p in splits.train.paths)
+
+
+def test_spec_options_split_path_and_reject_unknown_keys() -> None:
+    from train.data.spec_options import split_spec_options
+
+    assert split_spec_options("/d/nus?images=/mnt/x&keep-unlabelled", {"images", "keep-unlabelled"}, "nus") == (
+        "/d/nus", {"images": "/mnt/x", "keep-unlabelled": ""})
+    assert split_spec_options("/d/nus", {"images"}, "nus") == ("/d/nus", {})
+    with pytest.raises(DataError, match="unknown option 'imgs' \\(accepted: images\\)"):
+        split_spec_options("/d?imgs=/x", {"images"}, "nus")
