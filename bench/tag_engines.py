@@ -1,10 +1,10 @@
 """Tagging engines on this machine: the local engine vs the Ray Data engine, same folder, same model.
 
-``python -m bench.tag_engines [--images 300] [--side 448] [--image-size 224] [--cpus 2]`` makes a folder of
-JPEGs (``--side`` px, random smooth content) and a random resnet18 exported to ONNX (no downloads), tags the
-folder with ``--engine local`` and ``--engine ray`` (a local Ray instance with ``--cpus`` CPUs), checks that
-both give the same scores, and writes images/s and the Ray engine's start-up cost to the ``tag-engines``
-section of the results page (``--page``, ``--section``).
+``python -m bench.tag_engines [--images 300] [--side 448] [--image-size 224] [--cpus 2]`` makes a folder
+of JPEGs (``--side`` px, :func:`bench.tag_speed.make_jpegs`) and a random resnet18 exported to ONNX (no
+downloads), tags the folder with ``--engine local`` and ``--engine ray`` (a local Ray instance with
+``--cpus`` CPUs), checks that both give the same scores, and writes images/s and the Ray engine's start-up
+cost to the ``tag-engines`` section of the results page (``--page``, ``--section``).
 """
 
 from __future__ import annotations
@@ -18,24 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
-from tqdm import tqdm
 
 from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
+from bench.tag_speed import make_jpegs
 from export import export_onnx
 from models import ModelMeta, build_model, save_checkpoint
 from serve.engines import TagJob, get_engine
 from serve.predictor import Predictor
-
-
-def make_images(folder: Path, n: int, side: int, seed: int = 0) -> None:
-    """``n`` JPEGs of ``side`` x ``side`` px: upsampled noise, so they compress like photos."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in tqdm(range(n), desc="images", unit="img", file=sys.stderr):
-        small = Image.fromarray(rng.integers(0, 256, (side // 16, side // 16, 3), dtype=np.uint8))
-        small.resize((side, side), Image.Resampling.BICUBIC).save(folder / f"im{i:05d}.jpg", quality=90)
 
 
 def make_model(root: Path, image_size: int, calibration: Path) -> Path:
@@ -80,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        make_images(root / "images", args.images, args.side)
+        make_jpegs(root / "images", args.images, args.side)
         onnx = make_model(root, args.image_size, root / "images")
         local_s = time_engine("local", root / "images", onnx, root / "local.jsonl", args.batch_size)
         start = time.perf_counter()
