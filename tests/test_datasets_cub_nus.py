@@ -19,6 +19,7 @@ from PIL import Image
 
 from train.__main__ import main
 from train.data.cub import load_cub
+from train.data.file_scan import scan_files
 from train.data.nus import load_nus, relative_image_path
 from train.data.registry import describe_kinds, detect_kind, load_dataset, spec_dataset_name
 from train.data.types import DataError
@@ -308,3 +309,11 @@ def test_nus_trains_one_epoch(nus: NusTree, tmp_path: Path) -> None:
     assert config["resolved"]["dataset"] == "nus" and config["resolved"]["notes"][1] == (
         "nus: using 27 of 32 images; 5 missing")
     assert config["resolved"]["splits"].endswith("val 2, test 7, 6 classes")
+
+
+def test_scan_files_walks_once_through_link_cycles(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x.jpg").touch()
+    (tmp_path / "top.txt").touch()
+    (tmp_path / "a" / "b" / "loop").symlink_to(tmp_path / "a")  # a cycle: a/b/loop -> a
+    assert scan_files(tmp_path, "test", progress=False) == {"a/b/x.jpg", "top.txt"}

@@ -81,8 +81,9 @@ def _read_attribute_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """Parse ``image_id attribute_id is_present`` (first three fields of each line) into four int arrays:
     image ids, attribute ids, is_present values and 1-based line numbers."""
     images, attributes, present, lines = array("i"), array("i"), array("b"), array("i")
-    for lineno, raw in enumerate(tqdm(read_lines(path), desc="cub attributes", unit="line", file=sys.stderr,
-                                      leave=False, mininterval=0.5), start=1):
+    lines_in_file = tqdm(read_lines(path), desc="cub attributes", unit="line", file=sys.stderr, leave=False,
+                         disable=None, mininterval=0.5)  # the bar shows when stderr is a terminal
+    for lineno, raw in enumerate(lines_in_file, start=1):
         parts = raw.split(None, 3)
         if not parts:
             continue

@@ -15,16 +15,23 @@ from tqdm import tqdm
 __all__ = ["scan_files"]
 
 
-def scan_files(root: Path, desc: str, progress: bool = True) -> set[str]:
+def scan_files(root: Path, desc: str, progress: bool | None = None) -> set[str]:
     """Return the paths (relative to ``root``, ``/``-separated) of every file under ``root``, following
-    symlinked folders; an unreadable folder is skipped. A tqdm bar on stderr counts the files found."""
+    symlinked folders (each folder once, so a link cycle ends); an unreadable folder is skipped. A tqdm bar on
+    stderr counts the entries read (shown when ``progress`` is True, or by default when stderr is a terminal)."""
     root = Path(root)
     found: set[str] = set()
+    visited: set[tuple[int, int]] = set()
     pending = [("", str(root))]
-    with tqdm(desc=desc, unit="file", file=sys.stderr, disable=not progress, leave=False) as bar:
+    with tqdm(desc=desc, unit="file", file=sys.stderr, disable=None if progress is None else not progress,
+              leave=False) as bar:
         while pending:
             prefix, folder = pending.pop()
             try:
+                identity = os.stat(folder)
+                if (identity.st_dev, identity.st_ino) in visited:
+                    continue
+                visited.add((identity.st_dev, identity.st_ino))
                 entries = list(os.scandir(folder))
             except OSError:
                 continue
