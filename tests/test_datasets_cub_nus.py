@@ -108,6 +108,9 @@ def test_cub_labels_splits_and_names(cub: CubTree) -> None:
         assert splits.train.paths == [cub.folder.resolve() / "images" / cub.paths[i] for i in train]
         assert splits.notes == ["cub: 24 images x 312 attributes (the official release has 11,788 x 312)"]
     assert not splits.train.labels[np.flatnonzero(train == 5)[0]].any()  # the empty image is kept
+    assert detect_kind(cub.parent) == "cub" and detect_kind(cub.folder) == "cub"
+    np.testing.assert_array_equal(load_dataset(str(cub.parent)).test.labels, splits.test.labels)  # a bare path
+    assert spec_dataset_name(str(cub.parent)) == "cub"
 
 
 def test_cub_attribute_names_inside_the_folder(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from train.data.csv_format import emit_note
 from train.data.file_scan import scan_files
-from train.data.text_files import read_lines, read_table
+from train.data.text_files import iter_lines, read_table
 from train.data.types import DataError, DatasetSplits, LabelledImages
 
 __all__ = ["CUB_FOLDER", "find_cub_dir", "load_cub"]
@@ -81,7 +81,7 @@ def _read_attribute_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """Parse ``image_id attribute_id is_present`` (first three fields of each line) into four int arrays:
     image ids, attribute ids, is_present values and 1-based line numbers."""
     images, attributes, present, lines = array("i"), array("i"), array("b"), array("i")
-    lines_in_file = tqdm(read_lines(path), desc="cub attributes", unit="line", file=sys.stderr, leave=False,
+    lines_in_file = tqdm(iter_lines(path), desc="cub attributes", unit="line", file=sys.stderr, leave=False,
                          disable=None, mininterval=0.5)  # the bar shows when stderr is a terminal
     for lineno, raw in enumerate(lines_in_file, start=1):
         parts = raw.split(None, 3)
@@ -102,14 +102,22 @@ def _read_attribute_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray
             np.frombuffer(present, dtype=np.int8), np.frombuffer(lines, dtype=np.int32))
 
 
+def _positions(values: np.ndarray, known_ids: list[int]) -> np.ndarray:
+    """The index of each of ``values`` in ``known_ids`` (ids are integers), -1 for an id not in it."""
+    known = np.asarray(known_ids, dtype=np.int64)
+    low, high = min(int(known.min()), 0), int(known.max())
+    table = np.full(high - low + 1, -1, dtype=np.int64)
+    table[known - low] = np.arange(len(known))
+    values = values.astype(np.int64)
+    inside = (values >= low) & (values <= high)
+    return np.where(inside, table[np.clip(values, low, high) - low], -1)
+
+
 def _label_matrix(path: Path, image_ids: list[int], attribute_ids: list[int]) -> np.ndarray:
     """The (images, attributes) 0/1 matrix of ``image_attribute_labels.txt``, checking that every image has
     exactly one row per attribute (the first doubled, unknown or missing row is reported by line)."""
     images, attributes, present, lines = _read_attribute_rows(path)
-    image_row = {image_id: row for row, image_id in enumerate(image_ids)}
-    attribute_col = {attribute_id: col for col, attribute_id in enumerate(attribute_ids)}
-    rows = np.fromiter((image_row.get(int(i), -1) for i in images), dtype=np.int64, count=len(images))
-    cols = np.fromiter((attribute_col.get(int(a), -1) for a in attributes), dtype=np.int64, count=len(attributes))
+    rows, cols = _positions(images, image_ids), _positions(attributes, attribute_ids)
     for where, ids, what in ((rows, images, "image id"), (cols, attributes, "attribute id")):
         unknown = np.flatnonzero(where < 0)
         if unknown.size:

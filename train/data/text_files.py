@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from train.data.types import DataError
 
-__all__ = ["read_lines", "read_table"]
+__all__ = ["iter_lines", "read_lines", "read_table"]
 
 
-def read_lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file (BOM accepted, line ends removed); unreadable -> ``DataError``."""
+def iter_lines(path: Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file one at a time (BOM accepted, line ends removed), for files too
+    large to hold as a list; unreadable -> ``DataError``."""
     try:
-        return Path(path).read_text(encoding="utf-8-sig").splitlines()
+        with Path(path).open(encoding="utf-8-sig", newline=None) as handle:
+            for line in handle:
+                yield line.rstrip("\n")
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: undecodable bytes (expected UTF-8 text): {exc.reason}") from exc
     except OSError as exc:
         raise DataError(f"{path}: cannot read file: {exc.strerror or exc}") from exc
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file (BOM accepted, line ends removed); unreadable -> ``DataError``."""
+    return list(iter_lines(path))
 
 
 def read_table(path: Path, fields: tuple[str, ...]) -> list[tuple[int, list[str]]]:
