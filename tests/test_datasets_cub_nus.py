@@ -139,6 +139,12 @@ def test_cub_errors(tmp_path: Path) -> None:
     labels_file.write_text("\n".join([*lines, "7 1 0 1 1.0"]) + "\n")
     assert error_of(load_cub, tree.parent) == f"{labels_file}:55: unknown image id 7 (not in images.txt)"
 
+    labels_file.write_text("\n".join(lines) + "\n")
+    names_file = tree.parent / "attributes.txt"
+    names_file.write_text(names_file.read_text().replace("value_4\n", "value_1\n"))
+    assert error_of(load_cub, tree.parent) == (
+        f"{names_file}:5: attribute name 'has_part_0::value_1' repeated (first on line 2)")
+
     labels_file.unlink()
     assert error_of(load_cub, tree.parent) == (
         f"{tree.folder}: missing attributes/image_attribute_labels.txt (expected the official CUB_200_2011 release: "
@@ -270,8 +276,11 @@ def test_nus_spec_options_and_image_root(tmp_path: Path) -> None:
     assert len(splits.train) == 17 and splits.train.paths[0] == (tmp_path / "flickr" / tree.entries["train"][0])
     assert splits.source == f"nus:{tree.root}?images={tmp_path / 'flickr'}&keep-unlabelled"
     assert load_dataset(splits.source).train.paths == splits.train.paths  # the source reloads the same data
+    assert len(load_dataset(f"nus:{tree.root}?images={tmp_path / 'flickr'}&keep-unlabelled=false").train) == 10
     assert spec_dataset_name(spec) == "nus" and spec_dataset_name(f"cub:{tmp_path}") == "cub"
     assert detect_kind(tree.root) == "nus" and "nus:<root>[?images=DIR][&keep-unlabelled]" in describe_kinds()
+    assert error_of(load_dataset, f"nus:{tree.root}?keep-unlabelled=maybe") == (
+        f"nus:{tree.root}?keep-unlabelled=maybe: keep-unlabelled takes no value (or true/false), found 'maybe'")
     assert error_of(load_dataset, f"nus:{tree.root}?imgs=/x") == (
         f"nus:{tree.root}?imgs=/x: unknown option 'imgs' (accepted: images, keep-unlabelled)")
     assert error_of(load_dataset, f"nus:{tree.root}") == (

@@ -11,7 +11,8 @@ Layout (the official ``CUB_200_2011.tgz`` extracted): ``DIR`` is the ``CUB_200_2
   must have exactly one row per attribute;
 * ``attributes.txt`` (``attribute_id name``), beside ``CUB_200_2011/``, inside it, or in ``attributes/``.
 
-Classes: the attribute names in id order (312 in the release). ``image_class_labels.txt`` (the 200 species) is
+Classes: the attribute names in id order (312 in the release). Images are in id order (the file order of the
+official ``images.txt``, which the seeds keep). ``image_class_labels.txt`` (the 200 species) is
 not used. Splits, as in Cole et al.'s ``preproc/format_cub.py`` + ``datasets.py`` (followed by EM and LAC): the
 official train split (``is_train`` = 1, 5,994 images) is the training pool, from which the protocol holds out
 20% as val (4,795 / 1,199); the official test split (5,794 images) is the test set. Every image is kept, also
@@ -185,6 +186,12 @@ def load_cub(root: Path) -> DatasetSplits:
         emit_note(notes, f"cub: {len(image_ids):,} images x {len(attribute_ids)} attributes (the official release "
                          f"has {OFFICIAL_IMAGES:,} x {OFFICIAL_ATTRIBUTES})")
     classes = [attributes[a][0] for a in attribute_ids]
+    first_of: dict[str, int] = {}
+    for attribute_id, name in zip(attribute_ids, classes, strict=True):
+        if name in first_of:
+            raise DataError(f"{names_file}:{attributes[attribute_id][1]}: attribute name {name!r} repeated (first "
+                            f"on line {attributes[first_of[name]][1]})")
+        first_of[name] = attribute_id
     paths = [image_dir / images[i][0] for i in image_ids]
     train_rows = [row for row, i in enumerate(image_ids) if is_train[i][0] == "1"]
     test_rows = [row for row, i in enumerate(image_ids) if is_train[i][0] == "0"]
