@@ -1,4 +1,4 @@
-"""Datasets: the built-in procedural dataset, loaders for CSV / VOC / COCO, and the SPML protocol."""
+"""Datasets: the built-in procedural dataset, loaders for CSV / VOC / COCO / CUB / NUS-WIDE, and the SPML protocol."""
 
 from train.data.types import DataError, DatasetSplits, LabelledImages
 

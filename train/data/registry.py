@@ -1,7 +1,8 @@
 """One registry of dataset kinds, and ``load_dataset(spec)`` that turns a spec string into ``DatasetSplits``.
 
 Spec forms: ``kind:argument`` with kind in ``DATASET_KINDS`` (``builtin:tiny``, ``builtin:default@seed3``,
-``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``), ``builtin`` alone
+``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``, ``cub:/data/CUB_200_2011``,
+``nus:/data/nus?images=/mnt/flickr&keep-unlabelled``), ``builtin`` alone
 (= ``builtin:default``), or a bare path whose kind is detected from its contents.
 """
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from train.data.coco import find_coco_year, load_coco
 from train.data.csv_format import CSV_FILENAME, load_csv
+from train.data.cub import find_cub_dir, load_cub
+from train.data.nus import is_nus_dir, load_nus_spec
 from train.data.types import DataError, DatasetSplits
 from train.data.voc import find_voc_dirs, load_voc
 
@@ -77,11 +80,18 @@ def _load_coco_spec(argument: str) -> DatasetSplits:
     return load_coco(Path(argument))
 
 
+def _load_cub_spec(argument: str) -> DatasetSplits:
+    """``cub:<CUB_200_2011 folder or its parent>``: CUB-200-2011 with its 312 attributes as labels."""
+    return load_cub(Path(argument))
+
+
 DATASET_KINDS: dict[str, Callable[[str], DatasetSplits]] = {
     "builtin": _load_builtin,
     "csv": _load_csv_spec,
     "voc": _load_voc_spec,
     "coco": _load_coco_spec,
+    "cub": _load_cub_spec,
+    "nus": load_nus_spec,
 }
 
 _FORMS: dict[str, str] = {
@@ -89,6 +99,8 @@ _FORMS: dict[str, str] = {
     "csv": "csv:<labels.csv | folder>         generic CSV (image,labels[,split]; classes.txt optional)",
     "voc": "voc:<VOCdevkit | VOC20xx folder>  PASCAL VOC 2007/2012",
     "coco": "coco:<root>                       MS-COCO 2014/2017 (annotations/instances_*.json)",
+    "cub": "cub:<CUB_200_2011 | its parent>    CUB-200-2011, 312 attributes as labels",
+    "nus": "nus:<root>[?images=DIR][&keep-unlabelled]  NUS-WIDE, 81 concepts (images under root/Flickr)",
 }
 
 
@@ -98,13 +110,13 @@ def describe_kinds() -> str:
     lines += [f"  {_FORMS.get(kind, f'{kind}:<argument>')}" for kind in DATASET_KINDS]
     lines.append(
         "  <path>                            auto-detected: a .csv file or a folder with labels.csv, a VOC "
-        "folder, or a COCO root"
+        "folder, a COCO root, a CUB_200_2011 folder or a NUS-WIDE root"
     )
     return "\n".join(lines)
 
 
 def detect_kind(path: Path) -> str | None:
-    """Return the dataset kind (``csv``/``voc``/``coco``) of an existing bare path, or None if unknown."""
+    """Return the dataset kind (``csv``/``voc``/``coco``/``cub``/``nus``) of an existing bare path, or None."""
     path = Path(path).expanduser().resolve()
     if path.is_file():
         return "csv" if path.suffix.lower() == ".csv" else None
@@ -116,12 +128,17 @@ def detect_kind(path: Path) -> str | None:
         return "voc"
     if find_coco_year(path) is not None or any((path / "annotations").glob("instances_*.json")):
         return "coco"
+    if find_cub_dir(path) is not None:
+        return "cub"
+    if is_nus_dir(path):
+        return "nus"
     return None
 
 
 def spec_dataset_name(spec: str) -> str:
     """The dataset name a spec will load under, without loading it: ``builtin-<preset>``, ``voc``, ``coco``,
-    or a CSV's folder name (enough for :func:`train.methods.base.dataset_family`); ``""`` if unknown."""
+    ``cub``, ``nus``, or a CSV's folder name (enough for :func:`train.methods.base.dataset_family`); ``""`` if
+    unknown."""
     spec = spec.strip()
     match = _KIND_PREFIX.match(spec)
     if spec == "builtin" or (match is not None and match.group("kind") == "builtin"):
@@ -134,7 +151,7 @@ def spec_dataset_name(spec: str) -> str:
         kind, argument = match.group("kind"), match.group("arg")
     else:
         kind, argument = (detect_kind(Path(spec)) or "") if spec else "", spec
-    if kind in ("voc", "coco"):
+    if kind in ("voc", "coco", "cub", "nus"):
         return kind
     if kind == "csv":
         path = Path(argument).expanduser()
