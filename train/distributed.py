@@ -1,5 +1,6 @@
-"""Multi-process training on torch.distributed: init from torchrun's environment, rank helpers, gradient
-averaging, gathers of predictions (padding removed) and of variable-size tensors, per-sample augmentation seeds.
+"""Multi-process training on torch.distributed: init from torchrun's environment, rank helpers, buffer
+broadcast, gathers of predictions (padding removed) and of variable-size tensors, per-sample augmentation seeds.
+Gradients are averaged by DistributedDataParallel around the training step (``train.training_step``).
 
 Outside torchrun (no ``WORLD_SIZE`` in the environment) every helper is a no-op for one process, so
 ``python -m train`` computes exactly what it computed before. See docs/distributed.md.
@@ -8,7 +9,7 @@ Outside torchrun (no ``WORLD_SIZE`` in the environment) every helper is a no-op 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sized
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,28 +123,6 @@ def per_rank_batch(global_batch: int, world: World) -> int:
     return global_batch // world.size
 
 
-def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
-    """Average the gradients of ``params`` over all ranks in one coalesced all-reduce (DDP's mean); missing
-    gradients count as zeros so every rank joins the same collective."""
-    world = current_world()
-    if not world.distributed:
-        return
-    params = [p for p in params if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world.size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
 class _SumOverRanks(torch.autograd.Function):
     """All-reduce (sum) whose backward sums the upstream gradients of every rank."""
 
@@ -161,7 +140,8 @@ class _SumOverRanks(torch.autograd.Function):
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:
-    """Copy rank 0's buffers (BatchNorm running statistics) to every rank, as DDP does each forward."""
+    """Copy rank 0's buffers (BatchNorm running statistics) to every rank, as DDP does at each forward (no-op in
+    one process)."""
     if not current_world().distributed:
         return
     for buffer in module.buffers():

@@ -8,8 +8,9 @@ is restored before the end-to-end phase, as in the reference code.
 
 Under torchrun every rank extracts its shard of the features and gets them all back; each global batch is
 split over the ranks (rank r takes rows r, r + W, ...), each rank's loss is weighted by its share of the batch
-and the gradients are averaged, so every step equals the one-process step. A final batch with fewer rows than
-ranks is skipped.
+and DistributedDataParallel (wrapping the head and the method's parameters for the epoch, see
+``train.training_step``) averages the gradients, so every step equals the one-process step. A final batch with
+fewer rows than ranks is skipped.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import numpy as np
 import torch
 
 from train.data.dataset import ImageLabelDataset
-from train.distributed import average_gradients, current_world, gather_loader_rows, sum_over_ranks
+from train.distributed import current_world, gather_loader_rows, sum_over_ranks
 from train.metrics import evaluate
 from train.optimizers import build_optimizer
+from train.training_step import run_training_step, wrap_training_step
 
 
 class TrainerParts(Protocol):
@@ -103,6 +105,9 @@ class LinearPhase:
         full = t.train_set.full
         total, seen = 0.0, 0
         world = current_world()
+        # this epoch's step module (DDP under torchrun); dropped at the end of the epoch, so it never coexists
+        # with the end-to-end wrapper of the same method parameters
+        step = wrap_training_step(head, method, t.device)
         for start in range(0, n, t.cfg.batch_size):
             global_idx = order[start : start + t.cfg.batch_size]
             if len(global_idx) < world.size:
@@ -110,15 +115,12 @@ class LinearPhase:
             idx = global_idx[world.rank :: world.size]
             batch = {"images": self.train_features[idx.to(t.device)], "observed": observed[idx].to(t.device),
                      "full": full[idx].to(t.device), "index": idx.to(t.device)}
-            out = method.training_step(head, batch)
+            out = run_training_step(step, batch)
             self.optimizer.zero_grad(set_to_none=True)
             if not torch.isfinite(out.loss):
                 raise FloatingPointError(f"loss is {out.loss.item()} in linear-init epoch {epoch}")
-            # this rank's share of the global mean; averaging the gradients then gives the one-process step
+            # this rank's share of the global mean; DDP's average of the gradients then gives the one-process step
             (out.loss * (len(idx) * world.size / len(global_idx))).backward()
-            if world.distributed:
-                average_gradients(head.parameters())
-                method.synchronise_gradients()
             self.optimizer.step()
             total += out.loss.item() * len(idx)
             seen += len(idx)

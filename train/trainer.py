@@ -37,7 +37,6 @@ from train.data.protocol import ProtocolSplits, build_protocol, parse_observed
 from train.data.registry import load_dataset
 from train.distributed import (
     PerSampleSeeded,
-    average_gradients,
     barrier,
     broadcast_buffers,
     broadcast_object,
@@ -52,6 +51,7 @@ from train.methods import EpochEndContext, LossOutput, Method, MethodContext, ge
 from train.metrics import evaluate
 from train.optimizers import build_optimizer, build_scheduler
 from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
+from train.training_step import run_training_step, wrap_training_step
 
 
 def log(message: str) -> None:
@@ -271,7 +271,9 @@ class Trainer:
 
     # ----------------------------------------------------------------- construction helpers
     def _fresh_optimisation(self, stage: int) -> None:
-        """A new optimiser, schedule (over ``stage``'s epochs), grad scaler and EMA."""
+        """A new optimiser, schedule (over ``stage``'s epochs), grad scaler and EMA; the step module (DDP under
+        torchrun) is rebuilt at the next step, as the stage may train another set of parameters."""
+        self.step_module: nn.Module | None = None  # the old DDP wrapper goes first: one reducer per parameter
         params = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
         params += self.method.param_groups(self.cfg.lr)
         self.optimizer = self._make_optimizer(params)
@@ -394,17 +396,18 @@ class Trainer:
         return out
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """Forward, backward, clip, optimiser/scheduler/EMA step on one batch already on the device.
+        """Forward, backward, clip, optimiser/scheduler/EMA step on one batch already on the device. The forward
+        is the method's step (:mod:`train.training_step`), in ``DistributedDataParallel`` under torchrun.
 
         A non-finite loss skips the update (the caller raises)."""
+        if self.step_module is None:  # built on first use: LinearInit's wrapper is gone by then
+            self.step_module = wrap_training_step(self.model, self.method, self.device)
         with self.precision.autocast():
-            out = self.method.training_step(self.model, batch)
+            out = run_training_step(self.step_module, batch)
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(out.loss):
             return out
-        self.scaler.scale(out.loss).backward()
-        average_gradients(p for p in self.model.parameters() if p.requires_grad)  # DDP's mean over ranks
-        self.method.synchronise_gradients()
+        self.scaler.scale(out.loss).backward()  # under torchrun DDP averages the gradients during backward
         if self.cfg.clip_grad > 0:
             self.scaler.unscale_(self.optimizer)
             trainable = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -413,7 +416,6 @@ class Trainer:
         self.scaler.update()
         if self.scheduler is not None:
             self.scheduler.step()
-        broadcast_buffers(self.model)  # one set of BatchNorm running statistics (rank 0's), as DDP keeps
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         return out
@@ -444,12 +446,21 @@ class Trainer:
             rate = seen / (time.perf_counter() - start)
             bar.set_postfix(loss=f"{sums['loss'] / seen:.4f}", img_s=f"{rate:.0f}")
         elapsed = time.perf_counter() - start
+        self._share_rank0_buffers()
         sums = sum_over_ranks({**sums, "_seen": float(seen)})  # every rank's images: global means and img/s
         seen = int(sums.pop("_seen"))
         stats = {k: v / max(seen, 1) for k, v in sums.items()}
         stats.update(train_images_per_s=seen / elapsed if elapsed > 0 else 0.0, train_seconds=elapsed,
                      lr=self.optimizer.param_groups[0]["lr"])
         return stats
+
+    def _share_rank0_buffers(self) -> None:
+        """Under torchrun: rank 0's BatchNorm running statistics (model and EMA) on every rank. DDP broadcasts
+        them at the start of each forward, so after an epoch's last step the other ranks still hold their own;
+        the sharded evaluation, EMA selection and checkpoints need the one set rank 0 keeps."""
+        broadcast_buffers(self.model)
+        if self.ema is not None:
+            broadcast_buffers(self.ema)
 
     def predict_train(self, augment: bool) -> torch.Tensor:
         """Probabilities (N_train, C) of the current model over the training set, in dataset order."""

@@ -3,12 +3,13 @@
 A method is an ``nn.Module`` (so any state it keeps - label matrices, pseudo-labels, queues - is saved in
 checkpoints through ``state_dict`` and moved to the device with the model) with these hooks:
 
-- :meth:`Method.training_step` - per batch: the loss (the default runs the model and calls :meth:`loss`);
+- :meth:`Method.training_step` - per batch: the loss (the default runs the model and calls :meth:`loss`).
+  Under torchrun the whole step runs inside one DistributedDataParallel forward (``train.training_step``),
+  which averages the gradients of the model and of the method's parameters over the ranks; collectives a
+  step issues itself (EPR's global mean, LAC's gathers) must run in the same order on every rank;
 - :meth:`Method.param_groups` - optional extra optimiser parameter groups (e.g. a label estimator);
 - :meth:`Method.on_epoch_end` - optional step after each training epoch (e.g. pseudo-labelling), given a
   function that predicts the whole training set;
-- :meth:`Method.synchronise_gradients` - under torchrun: make the method's own parameters' gradients those
-  of one process with the global batch (default: the average over ranks);
 - :meth:`Method.extra_views` - optional extra augmented views of each training image (e.g. LAC's strong view),
   added to the batch under their own keys;
 - :meth:`Method.stage_epochs` / :meth:`Method.start_stage` - optional training stages: the trainer runs them
@@ -33,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from train.distributed import average_gradients, global_mean
+from train.distributed import global_mean
 
 LOG_EPSILON = 1e-5  # Cole et al.'s neg_log epsilon, used by every probability-space loss
 
@@ -132,12 +133,6 @@ class Method(nn.Module):
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
         """Called after each training epoch; returns values to log (default: nothing)."""
         return {}
-
-    def synchronise_gradients(self) -> None:
-        """Under torchrun, after backward: make the gradients of the method's own parameters (ROLE's label
-        matrix, LAC's projector) those of one process with the global batch. Default: average them over the
-        ranks, as DDP does for the model (each rank's loss is a mean over its share of the batch)."""
-        average_gradients(self.parameters())
 
     def extra_views(self, image_size: int, mean: Sequence[float],
                     std: Sequence[float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:

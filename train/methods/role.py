@@ -6,10 +6,11 @@ predictions; both carry the expected-positives regulariser. Phi lives in this mo
 checkpoints and restored by ``--resume``.
 
 Under torchrun every rank holds all of Phi; a step's gradient of Phi (non-zero only in the rows of that rank's
-images, each scaled for the rank's local mean) is averaged over the ranks by the base class's
-``synchronise_gradients`` - one dense all-reduce of N x C floats per step - which gives exactly the
-one-process gradient of the global batch, so the 10x-rate estimator takes the same step and Phi stays
-identical on every rank. The EPR term's batch mean runs over the global batch (``global_mean``).
+images, each scaled by 1 / the rank's share of the batch through its local mean) is averaged over the ranks by
+DistributedDataParallel with the model's (Phi is a parameter of the wrapped training step, a dense N x C
+gradient in DDP's buckets), which gives exactly the one-process gradient of the global batch, so the 10x-rate
+estimator takes the same step and Phi stays identical on every rank. The EPR term's batch mean runs over the
+global batch (``global_mean``).
 """
 
 from __future__ import annotations
