@@ -1,7 +1,8 @@
 """One registry of dataset kinds, and ``load_dataset(spec)`` that turns a spec string into ``DatasetSplits``.
 
 Spec forms: ``kind:argument`` with kind in ``DATASET_KINDS`` (``builtin:tiny``, ``builtin:default@seed3``,
-``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``), ``builtin`` alone
+``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``,
+``formatted:/data/voc?image-root=/mnt/voc``), ``builtin`` alone
 (= ``builtin:default``), or a bare path whose kind is detected from its contents.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from train.data.coco import find_coco_year, load_coco
 from train.data.csv_format import CSV_FILENAME, load_csv
+from train.data.formatted import formatted_dataset_name, is_formatted_dir, load_formatted
 from train.data.types import DataError, DatasetSplits
 from train.data.voc import find_voc_dirs, load_voc
 
@@ -82,6 +84,7 @@ DATASET_KINDS: dict[str, Callable[[str], DatasetSplits]] = {
     "csv": _load_csv_spec,
     "voc": _load_voc_spec,
     "coco": _load_coco_spec,
+    "formatted": load_formatted,
 }
 
 _FORMS: dict[str, str] = {
@@ -89,6 +92,7 @@ _FORMS: dict[str, str] = {
     "csv": "csv:<labels.csv | folder>         generic CSV (image,labels[,split]; classes.txt optional)",
     "voc": "voc:<VOCdevkit | VOC20xx folder>  PASCAL VOC 2007/2012",
     "coco": "coco:<root>                       MS-COCO 2014/2017 (annotations/instances_*.json)",
+    "formatted": "formatted:<dir>[?image-root=P&dataset=voc|coco|nus|cub&resample]  the seeds' formatted_*.npy",
 }
 
 
@@ -98,13 +102,13 @@ def describe_kinds() -> str:
     lines += [f"  {_FORMS.get(kind, f'{kind}:<argument>')}" for kind in DATASET_KINDS]
     lines.append(
         "  <path>                            auto-detected: a .csv file or a folder with labels.csv, a VOC "
-        "folder, or a COCO root"
+        "folder, a COCO root, or a folder of formatted_*.npy files"
     )
     return "\n".join(lines)
 
 
 def detect_kind(path: Path) -> str | None:
-    """Return the dataset kind (``csv``/``voc``/``coco``) of an existing bare path, or None if unknown."""
+    """Return the dataset kind (``csv``/``voc``/``coco``/``formatted``) of an existing bare path, or None."""
     path = Path(path).expanduser().resolve()
     if path.is_file():
         return "csv" if path.suffix.lower() == ".csv" else None
@@ -112,6 +116,8 @@ def detect_kind(path: Path) -> str | None:
         return None
     if (path / CSV_FILENAME).is_file():
         return "csv"
+    if is_formatted_dir(path):
+        return "formatted"
     if find_voc_dirs(path):
         return "voc"
     if find_coco_year(path) is not None or any((path / "annotations").glob("instances_*.json")):
@@ -121,7 +127,8 @@ def detect_kind(path: Path) -> str | None:
 
 def spec_dataset_name(spec: str) -> str:
     """The dataset name a spec will load under, without loading it: ``builtin-<preset>``, ``voc``, ``coco``,
-    or a CSV's folder name (enough for :func:`train.methods.base.dataset_family`); ``""`` if unknown."""
+    a formatted folder's family or name, or a CSV's folder name (enough for
+    :func:`train.methods.base.dataset_family`); ``""`` if unknown."""
     spec = spec.strip()
     match = _KIND_PREFIX.match(spec)
     if spec == "builtin" or (match is not None and match.group("kind") == "builtin"):
@@ -136,6 +143,8 @@ def spec_dataset_name(spec: str) -> str:
         kind, argument = (detect_kind(Path(spec)) or "") if spec else "", spec
     if kind in ("voc", "coco"):
         return kind
+    if kind == "formatted":
+        return formatted_dataset_name(argument)
     if kind == "csv":
         path = Path(argument).expanduser()
         return (path if path.is_dir() else path.parent).resolve().name
