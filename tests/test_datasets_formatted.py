@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from formatted_data import make_formatted
 
+from export.verify import rebuild_splits
+from models import load_checkpoint
 from train.__main__ import main
 from train.data.known_classes import CUB_ATTRIBUTES, NUS_WIDE_CONCEPTS
 from train.data.protocol import build_protocol, parse_observed, split_train_val
@@ -102,6 +104,10 @@ def test_one_epoch_through_the_cli_uses_the_shipped_observed_labels(tmp_path: Pa
     np.testing.assert_array_equal(saved["train_observed"], (f.observed[train_idx] == 1).astype(np.uint8))
     assert str(saved["observed"]) == "given:formatted_train_labels_obs.npy" and str(saved["dataset"]) == "voc"
     assert list(saved["classes"][:2]) == ["aeroplane", "bicycle"]
+    # export rebuilds the same split from the checkpoint (to calibrate on the validation images)
+    rebuilt = rebuild_splits(load_checkpoint(run / "best.pt").meta)
+    assert [p.relative_to(f.root).as_posix() for p in rebuilt.val.paths] == list(saved["val_paths"])
+    np.testing.assert_array_equal(rebuilt.train_observed, saved["train_observed"])
 
 
 def test_a_wrong_folder_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

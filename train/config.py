@@ -98,6 +98,8 @@ examples:
   python -m train --method bce                      # the full-label oracle (upper bound)
   python -m train --data voc:/data/VOCdevkit --preset paper --method an
   python -m train --data my_images/labels.csv --observed full
+  python -m train --data formatted:data/pascal --method role   # the seeds' formatted_*.npy files
+  python -m train --data voc:/data/VOCdevkit --observed runs/<run>/observed.npz   # another run's labels and split
   python -m train --resume runs/builtin-default-an-resnet18-20261121-101500
   torchrun --nproc_per_node 4 -m train --preset paper --data coco:/data/coco --batch-size 32 --sync-bn
 """

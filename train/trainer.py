@@ -319,7 +319,9 @@ class Trainer:
             method=self.cfg.method, method_hparams=self.method.hparams_dict(),
             data={
                 "name": self.dataset.name, "source": self.dataset.source, "fingerprint": self.splits.fingerprint,
-                "observed": str(self.splits.observed), "protocol_seed": self.cfg.protocol_seed,
+                # the --observed value (export rebuilds the split from it), and the labels it gave
+                "observed": self.cfg.observed, "observed_labels": str(self.splits.observed),
+                "protocol_seed": self.cfg.protocol_seed,
                 "val_fraction": self.cfg.val_fraction, "num_train": len(self.splits.train),
                 "num_val": len(self.splits.val), "observed_file": OBSERVED_FILE,
                 "observed_sha256": self.protocol_sha256,
