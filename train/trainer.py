@@ -297,7 +297,7 @@ class Trainer:
         return AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(self.cfg.ema), use_buffers=True)
 
     def _eval_loader(self, dataset: ImageLabelDataset) -> DataLoader[dict[str, torch.Tensor]]:
-        """In-order loader; under torchrun each rank reads its shard (:func:`predict` gathers them)."""
+        """In-order loader; under torchrun each rank reads its shard (:func:`predict_rows` gathers them)."""
         sampler = DistributedSampler(dataset, shuffle=False) if self.world.distributed else None
         return DataLoader(dataset, batch_size=self.cfg.eval_batch_size, shuffle=False, sampler=sampler,
                           num_workers=self.cfg.workers, pin_memory=self.device.type == "cuda",
