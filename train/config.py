@@ -98,6 +98,8 @@ examples:
   python -m train --method bce                      # the full-label oracle (upper bound)
   python -m train --data voc:/data/VOCdevkit --preset paper --method an
   python -m train --data my_images/labels.csv --observed full
+  python -m train --data formatted:data/pascal --method role   # the seeds' formatted_*.npy files
+  python -m train --data voc:/data/VOCdevkit --observed runs/<run>/observed.npz   # another run's labels and split
   python -m train --resume runs/builtin-default-an-resnet18-20261121-101500
   torchrun --nproc_per_node 4 -m train --preset paper --data coco:/data/coco --batch-size 32 --sync-bn
 """
@@ -113,10 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = TrainConfig()
     g = p.add_argument_group("data and protocol")
-    g.add_argument("--data", help="dataset: builtin[:tiny|small|default|large][@seedN], csv:FILE, voc:DIR, coco:DIR "
-                   f"or a path (auto-detected). Default: {d.data}")
-    g.add_argument("--observed", help="training labels: single (one positive per image, the papers' "
-                   f"protocol), full, or partial:R (each label kept with probability R). Default: {d.observed}")
+    g.add_argument("--data", help="dataset: builtin[:tiny|small|default|large][@seedN], csv:FILE, voc:DIR, coco:DIR, "
+                   "formatted:DIR[?image-root=PATH&dataset=voc|coco|nus|cub&resample] (the seeds' formatted_*.npy "
+                   f"files; see docs/datasets.md) or a path (auto-detected). Default: {d.data}")
+    g.add_argument("--observed", help="training labels: single (one positive per image, the papers' protocol; "
+                   "a formatted folder's own formatted_train_labels_obs.npy when it has one), full, partial:R (each "
+                   "label kept with probability R), or FILE: a run folder's observed.npz (the observed labels AND "
+                   "the train/val split of that run) or a .npy matrix with one row per training-pool image (e.g. a "
+                   "formatted_train_labels_obs.npy). Every run writes its own observed.npz; config.json holds its "
+                   f"sha256. Default: {d.observed}")
     g.add_argument("--val-fraction", type=float, help=f"share of train held out as val. Default: {d.val_fraction}")
     g.add_argument("--protocol-seed", type=int, help="seed of label sampling and the split, the same for every "
                    f"method. Default: {d.protocol_seed}")
@@ -220,6 +227,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["hp"] = hp
     cfg = TrainConfig(**values)
     validate(cfg)
+    observed = parse_observed(cfg.observed)
+    if observed.kind == "file":  # absolute, so that --resume finds it from any folder
+        cfg.observed = observed.path
     return cfg
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 
 @dataclass(frozen=True)
@@ -236,12 +236,14 @@ class PerSampleSeeded(Dataset[dict[str, torch.Tensor]]):
             return self.dataset[index]
 
 
-def gather_loader_rows(local: torch.Tensor, loader: DataLoader[Any]) -> torch.Tensor:
-    """``local`` rows read through ``loader``; when its sampler is a ``DistributedSampler``, every rank's rows
-    assembled in dataset order (padding duplicates dropped), else ``local`` unchanged."""
-    sampler = loader.sampler
-    if not isinstance(sampler, DistributedSampler):
-        return local
-    indices = torch.tensor(list(iter(sampler)), dtype=torch.long)
-    assert isinstance(loader.dataset, Sized)
-    return gather_rows(local, indices, len(loader.dataset))
+def gather_indexed_rows(local: torch.Tensor, indices: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's rows ``local`` (their numbers may differ between ranks) placed at their dataset ``indices`` in a
+    ``(total, ...)`` tensor, and a bool mask of the rows that arrived. The duplicates a ``DistributedSampler`` pads
+    in land on their own row again; rows no rank sent (unreadable images) stay zero and unmarked."""
+    rows, _ = gather_varying(local)
+    where, _ = gather_varying(indices)
+    out = local.new_zeros((total, *local.shape[1:]))
+    out[where] = rows
+    present = torch.zeros(total, dtype=torch.bool)
+    present[where.cpu()] = True
+    return out, present

@@ -10,7 +10,8 @@ Under torchrun every rank extracts its shard of the features and gets them all b
 split over the ranks (rank r takes rows r, r + W, ...), each rank's loss is weighted by its share of the batch
 and DistributedDataParallel (wrapping the head and the method's parameters for the epoch, see
 ``train.training_step``) averages the gradients, so every step equals the one-process step. A final batch with
-fewer rows than ranks is skipped.
+fewer rows than ranks is skipped. Unreadable images have no features: phase 1 leaves their rows out of training
+and validation.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import numpy as np
 import torch
 
 from train.data.dataset import ImageLabelDataset
-from train.distributed import current_world, gather_loader_rows, sum_over_ranks
+from train.distributed import current_world, sum_over_ranks
+from train.inference import predict_rows
 from train.metrics import evaluate
 from train.optimizers import build_optimizer
 from train.training_step import run_training_step, wrap_training_step
@@ -40,6 +42,7 @@ class TrainerParts(Protocol):
     train_set: Any
     eval_transform: Any
     channels_last: bool
+    skips: Any
     precision: Any
     classes: list[str]
 
@@ -59,24 +62,19 @@ class LinearPhase:
         # resumed inside phase 1 - which extracts again - would augment differently afterwards.
         devices = [trainer.device] if trainer.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            self.train_features = self._extract(trainer.splits.train)
-            self.val_features = self._extract(trainer.splits.val)
+            self.train_features, self.train_present = self._extract(trainer.splits.train)
+            self.val_features, self.val_present = self._extract(trainer.splits.val)
         self.best_map = -np.inf
         self.best_state: dict[str, Any] | None = None
 
-    def _extract(self, images: Any) -> torch.Tensor:
+    def _extract(self, images: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Backbone features of ``images`` on the device, and the mask of the readable ones."""
         t = self.trainer
         loader = t._eval_loader(ImageLabelDataset(images, t.eval_transform))
         t.model.eval()
-        chunks = []
-        with torch.inference_mode():
-            for batch in loader:
-                x = batch["images"].to(t.device)
-                if t.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                with t.precision.autocast():
-                    chunks.append(t.model.features(x).float())
-        return gather_loader_rows(torch.cat(chunks), loader)
+        rows = predict_rows(t.model.features, loader, t.model.num_features, t.device, t.precision.autocast,
+                            t.channels_last, t.skips)
+        return rows.values.to(t.device), rows.present
 
     def state_dict(self) -> dict[str, Any]:
         """Resume state of phase 1 (the features are recomputed, not saved)."""
@@ -98,9 +96,11 @@ class LinearPhase:
         t = self.trainer
         head, method = t.model.head, t.method
         head.train()
-        n = self.train_features.shape[0]
         generator = torch.Generator().manual_seed(t.cfg.seed * 1_000_003 + epoch)
-        order = torch.randperm(n, generator=generator)
+        order = torch.randperm(self.train_features.shape[0], generator=generator)
+        if not self.train_present.all():
+            order = order[self.train_present[order]]
+        n = len(order)
         observed = t.train_set.observed
         full = t.train_set.full
         total, seen = 0.0, 0
@@ -130,9 +130,10 @@ class LinearPhase:
     def validate(self) -> dict[str, Any]:
         """Val metrics of the current head on the cached validation features."""
         t = self.trainer
+        present = self.val_present
         with torch.inference_mode():
-            logits = t.model.head(self.val_features).cpu().numpy()
-        return evaluate(logits, t.splits.val.labels, t.classes)
+            logits = t.model.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
+        return evaluate(logits, t.splits.val.labels[present.numpy()], t.classes)
 
     def remember_if_best(self, val_map: float) -> bool:
         """Keep a copy of the head and the method state when ``val_map`` is the best of phase 1."""

@@ -21,6 +21,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
+from models.atomic_files import atomic_path
 from models.checkpoint import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -32,8 +33,9 @@ from models.checkpoint import (
 from models.preprocess import EvalTransform, TrainTransform
 from models.resnet import build_model, model_from_meta
 from train.config import TrainConfig
-from train.data.dataset import ImageLabelDataset
-from train.data.protocol import ProtocolSplits, build_protocol, parse_observed
+from train.data.dataset import ImageLabelDataset, SkipReporter, collate_readable
+from train.data.observed_file import OBSERVED_FILE, protocol_file_bytes, sha256_of
+from train.data.protocol import ProtocolSplits, build_protocol, parse_observed, protocol_record
 from train.data.registry import load_dataset
 from train.distributed import (
     PerSampleSeeded,
@@ -41,11 +43,11 @@ from train.distributed import (
     broadcast_buffers,
     broadcast_object,
     current_world,
-    gather_loader_rows,
     init_world,
     per_rank_batch,
     sum_over_ranks,
 )
+from train.inference import Rows, predict_rows
 from train.linear_init import LinearPhase
 from train.methods import EpochEndContext, LossOutput, Method, MethodContext, get_method, make_hparams
 from train.metrics import evaluate
@@ -151,34 +153,6 @@ def make_run_name(cfg: TrainConfig, dataset_name: str) -> str:
     return f"{dataset_name}-{cfg.method}-{cfg.arch}-{stamp}"
 
 
-def predict(
-    model: nn.Module,
-    loader: DataLoader[dict[str, torch.Tensor]],
-    device: torch.device,
-    precision: Precision,
-    channels_last: bool,
-    desc: str = "",
-    progress: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Run ``model`` in eval mode over ``loader``; returns (logits float32 (N, C), full labels (N, C))."""
-    was_training = model.training
-    model.eval()
-    logits, labels = [], []
-    with torch.inference_mode():
-        for batch in tqdm(loader, desc=desc, leave=False, disable=not progress, file=sys.stderr):
-            x = batch["images"].to(device, non_blocking=True)
-            if channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with precision.autocast():
-                out = model(x)
-            logits.append(out.float().cpu())
-            labels.append(batch["full"])
-    model.train(was_training)
-    # under torchrun: every rank's shard, in dataset order, without the sampler's padding duplicates
-    return (gather_loader_rows(torch.cat(logits), loader).numpy(),
-            gather_loader_rows(torch.cat(labels), loader).numpy())
-
-
 class Trainer:
     """Builds everything from a :class:`TrainConfig` and runs (or resumes) training in ``run_dir``."""
 
@@ -195,6 +169,7 @@ class Trainer:
             self.dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed
         )
         self.classes = self.splits.classes
+        self._announce_observed()
         name = broadcast_object(cfg.name or make_run_name(cfg, self.dataset.name))  # one timestamp for all ranks
         self.run_dir = Path(run_dir) if run_dir else Path(cfg.runs_dir) / name
         if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
@@ -202,6 +177,10 @@ class Trainer:
         barrier()  # every rank has checked the folder before rank 0 writes into it
         if self.world.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        # the protocol file: the same bytes on every rank (deterministic); rank 0 writes it when training starts
+        self.protocol_bytes = protocol_file_bytes(protocol_record(self.splits, self.dataset))
+        self.protocol_sha256 = sha256_of(self.protocol_bytes)
+        self.resumed = resume
 
         num_classes = len(self.classes)
         method_cls = get_method(cfg.method)
@@ -242,6 +221,7 @@ class Trainer:
                              f"extra augmented views ({', '.join(views)}), so it cannot use --linear-init")
         self.train_set = ImageLabelDataset(self.splits.train, TrainTransform(cfg.image_size, mean, std),
                                            self.splits.train_observed, views=views)
+        self.skips = SkipReporter()  # unreadable images: one warning per file, rows left out
         self.loader_generator = torch.Generator()
         self.batch_per_process = per_rank_batch(cfg.batch_size, self.world)
         self.train_sampler: DistributedSampler[Any] | None = None
@@ -254,7 +234,7 @@ class Trainer:
             shuffle=self.train_sampler is None, sampler=self.train_sampler,
             generator=self.loader_generator if self.train_sampler is None else None,
             num_workers=cfg.workers, drop_last=len(self.train_set) > cfg.batch_size,
-            pin_memory=self.device.type == "cuda",
+            pin_memory=self.device.type == "cuda", collate_fn=collate_readable,
         )
         self.val_loader = self._eval_loader(ImageLabelDataset(self.splits.val, self.eval_transform))
 
@@ -270,6 +250,28 @@ class Trainer:
             self._load_resume_state()
 
     # ----------------------------------------------------------------- construction helpers
+    def _announce_observed(self) -> None:
+        """Say on stdout (rank 0) when the observed labels are not sampled here but read from a file."""
+        observed = self.splits.observed
+        if not self.world.is_main:
+            return
+        if self.cfg.observed.strip().lower() == "single" and observed.kind == "given":
+            print(f"observed labels: the dataset's own {observed.path} (not sampled; add ?resample to the --data "
+                  "spec to sample them with --protocol-seed)")
+        elif parse_observed(self.cfg.observed).kind == "file":
+            print(f"observed labels: {observed} from {self.cfg.observed}, protocol seed {self.splits.seed} "
+                  f"({len(self.splits.train)} train / {len(self.splits.val)} val images)")
+
+    def _write_protocol_file(self, resume: bool) -> None:
+        """Write the run's protocol file; a resumed run's existing file must hold the same protocol."""
+        path = self.run_dir / OBSERVED_FILE
+        if resume and path.is_file():
+            if sha256_of(path.read_bytes()) != self.protocol_sha256:
+                raise ValueError(f"{path}: the observed labels or the split changed since this run started")
+            return
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(self.protocol_bytes)
+
     def _fresh_optimisation(self, stage: int) -> None:
         """A new optimiser, schedule (over ``stage``'s epochs), grad scaler and EMA; the step module (DDP under
         torchrun) is rebuilt at the next step, as the stage may train another set of parameters."""
@@ -297,10 +299,11 @@ class Trainer:
         return AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(self.cfg.ema), use_buffers=True)
 
     def _eval_loader(self, dataset: ImageLabelDataset) -> DataLoader[dict[str, torch.Tensor]]:
-        """In-order loader; under torchrun each rank reads its shard (:func:`predict` gathers them)."""
+        """In-order loader; under torchrun each rank reads its shard (:func:`predict_rows` gathers them)."""
         sampler = DistributedSampler(dataset, shuffle=False) if self.world.distributed else None
         return DataLoader(dataset, batch_size=self.cfg.eval_batch_size, shuffle=False, sampler=sampler,
-                          num_workers=self.cfg.workers, pin_memory=self.device.type == "cuda")
+                          num_workers=self.cfg.workers, pin_memory=self.device.type == "cuda",
+                          collate_fn=collate_readable)
 
     def _make_optimizer(self, params: list[dict[str, Any]]) -> torch.optim.Optimizer:
         c = self.cfg
@@ -318,9 +321,12 @@ class Trainer:
             method=self.cfg.method, method_hparams=self.method.hparams_dict(),
             data={
                 "name": self.dataset.name, "source": self.dataset.source, "fingerprint": self.splits.fingerprint,
-                "observed": str(self.splits.observed), "protocol_seed": self.cfg.protocol_seed,
+                # the --observed value (export rebuilds the split from it), and the labels it gave
+                "observed": self.cfg.observed, "observed_labels": str(self.splits.observed),
+                "protocol_seed": self.cfg.protocol_seed,
                 "val_fraction": self.cfg.val_fraction, "num_train": len(self.splits.train),
-                "num_val": len(self.splits.val),
+                "num_val": len(self.splits.val), "observed_file": OBSERVED_FILE,
+                "observed_sha256": self.protocol_sha256,
             },
             metrics=metrics, epoch=epoch,
         )
@@ -432,7 +438,10 @@ class Trainer:
         bar = tqdm(self.train_loader, desc=f"epoch {epoch}/{self.total_epochs}", leave=False,
                    disable=not self.progress, file=sys.stderr, unit="batch")
         for step, raw in enumerate(bar):
-            batch = self._to_device(raw)
+            readable = self.skips.take(raw, self.train_set.paths)
+            if self._all_unreadable("images" not in readable):
+                continue
+            batch = self._to_device(readable)
             out = self.train_step(batch)
             loss = out.loss.item()
             if not math.isfinite(loss):
@@ -462,27 +471,47 @@ class Trainer:
         if self.ema is not None:
             broadcast_buffers(self.ema)
 
+    def _all_unreadable(self, empty: bool) -> bool:
+        """True when this step has no readable image (on any rank, under torchrun: then every rank skips it)."""
+        if not self.world.distributed:
+            return empty
+        return sum_over_ranks({"empty": float(empty)})["empty"] > 0
+
+    def _predict(self, model: nn.Module, loader: DataLoader[dict[str, torch.Tensor]], desc: str) -> Rows:
+        """Logits of ``model`` (eval mode) for every row of ``loader``'s dataset (unreadable images missing)."""
+        was_training = model.training
+        model.eval()
+        rows = predict_rows(model, loader, len(self.classes), self.device, self.precision.autocast,
+                            self.channels_last, self.skips, desc, self.progress)
+        model.train(was_training)
+        return rows
+
     def predict_train(self, augment: bool) -> torch.Tensor:
-        """Probabilities (N_train, C) of the current model over the training set, in dataset order."""
+        """Probabilities (N_train, C) of the current model over the training set, in dataset order (an unreadable
+        image's row holds its observed labels)."""
         transform = self.train_set.transform if augment else self.eval_transform
         dataset = ImageLabelDataset(self.splits.train, transform, self.splits.train_observed)
-        logits, _ = predict(self.model, self._eval_loader(dataset), self.device, self.precision,
-                            self.channels_last, "predict train", self.progress)
-        return torch.sigmoid(torch.from_numpy(logits))
+        rows = self._predict(self.model, self._eval_loader(dataset), "predict train")
+        probs = torch.sigmoid(rows.values)
+        probs[~rows.present] = dataset.observed[~rows.present]
+        return probs
 
     def _evaluate_loader(
         self, model: nn.Module, loader: DataLoader[dict[str, torch.Tensor]], desc: str
     ) -> dict[str, Any]:
-        logits, labels = predict(
-            model, loader, self.device, self.precision, self.channels_last, desc, self.progress
-        )
-        return evaluate(logits, labels, self.classes)
+        rows = self._predict(model, loader, desc)
+        assert isinstance(loader.dataset, ImageLabelDataset)
+        if rows.missing:
+            log(f"{desc}: {rows.missing} unreadable image(s) left out of the metrics")
+        labels = loader.dataset.full[rows.present]
+        return evaluate(rows.values[rows.present].numpy(), labels.numpy(), self.classes)
 
     def fit(self) -> dict[str, Any]:
         """Train from ``start_epoch`` through the LinearInit phase (if any) and ``cfg.epochs`` end-to-end epochs,
         then test the best checkpoint; returns the summary."""
         cfg = self.cfg
         if self.world.is_main:
+            self._write_protocol_file(self.resumed)
             self._write_config()
         log(f"global batch {cfg.batch_size} = {self.world.size} process(es) x {self.batch_per_process}"
             + (" (torchrun, gradients averaged over the processes)" if self.world.distributed else ""))
@@ -498,6 +527,8 @@ class Trainer:
                 "method_hparams": self.method.hparams_dict(), "torch": torch.__version__,
                 "dataset": self.dataset.name, "source": self.dataset.source, "fingerprint": self.splits.fingerprint,
                 "splits": self.splits.summary(), "notes": self.dataset.notes,
+                "observed_file": OBSERVED_FILE, "observed_sha256": self.protocol_sha256,
+                "protocol_seed": self.splits.seed,
             }}, indent=2) + "\n")
 
     def _fit_epochs(self) -> dict[str, Any]:

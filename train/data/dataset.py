@@ -1,22 +1,31 @@
-"""The torch ``Dataset`` over a :class:`LabelledImages`: decoded, transformed images plus label rows."""
+"""The torch ``Dataset`` over a :class:`LabelledImages`: decoded, transformed images plus label rows.
+
+An image that cannot be read yields an item holding only its row number under ``SKIPPED``;
+:func:`collate_readable` keeps those out of the batch and lists them under ``SKIPPED``, so the training process
+reports each file once (:class:`SkipReporter`) and evaluation leaves its row out of the metrics.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from models.preprocess import read_image
 from train.data.types import LabelledImages
+
+SKIPPED = "skipped"  # batch key: the dataset rows of this batch whose image could not be read
 
 
 class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
     """Items are dicts: ``images`` (transformed float tensor), ``observed`` and ``full`` (float (C,) label
     rows; observed = full when no observed matrix is given) and ``index`` (the row number), plus one entry per
-    extra view (``views``: key -> transform of the same decoded image, e.g. LAC's strong view)."""
+    extra view (``views``: key -> transform of the same decoded image, e.g. LAC's strong view). An image that
+    cannot be read gives an item holding only ``SKIPPED`` (its row number)."""
 
     def __init__(
         self,
@@ -35,7 +44,7 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         # may be decoded at reduced scale (models.preprocess.decode_scaled); others get full-size images
         self.decode_side: int | None = getattr(transform, "decode_side", None)
         self.views = dict(views or {})
-        clash = set(self.views) & {"images", "observed", "full", "index"}
+        clash = set(self.views) & {"images", "observed", "full", "index", SKIPPED}
         if clash:
             raise ValueError(f"extra view names clash with batch keys: {sorted(clash)}")
 
@@ -46,8 +55,8 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         path = self.paths[index]
         try:
             image = read_image(path, self.decode_side)
-        except Exception as exc:
-            raise OSError(f"cannot read image {path}: {exc}") from exc
+        except Exception:  # any decoder failure: the batch goes on without this image
+            return {SKIPPED: torch.tensor(index, dtype=torch.long)}
         item = {
             "images": self.transform(image),
             "observed": self.observed[index],
@@ -57,3 +66,41 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         for key, view in self.views.items():
             item[key] = view(image)
         return item
+
+
+def collate_readable(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """``default_collate`` over the readable items; the rows of unreadable ones go to ``batch[SKIPPED]`` (absent
+    when there are none). A batch of unreadable images only holds ``SKIPPED``."""
+    readable = [item for item in items if SKIPPED not in item]
+    batch: dict[str, torch.Tensor] = default_collate(readable) if readable else {}
+    skipped = [item[SKIPPED] for item in items if SKIPPED in item]
+    if skipped:
+        batch[SKIPPED] = torch.stack(skipped)
+    return batch
+
+
+class SkipReporter:
+    """Reports each unreadable image once per run: one warning line on stderr with its path and the reason."""
+
+    def __init__(self) -> None:
+        self.reported: set[Path] = set()
+
+    def take(self, batch: dict[str, torch.Tensor], paths: Sequence[Path]) -> dict[str, torch.Tensor]:
+        """Remove ``SKIPPED`` from ``batch`` (rows into ``paths``), report files not reported yet, return the
+        batch."""
+        skipped = batch.pop(SKIPPED, None)
+        for index in [] if skipped is None else skipped.tolist():
+            path = paths[index]
+            if path not in self.reported:
+                self.reported.add(path)
+                print(f"warning: skipping unreadable image {path}: {_read_error(path)}", file=sys.stderr, flush=True)
+        return batch
+
+
+def _read_error(path: Path) -> str:
+    """Why ``path`` cannot be read (the decoder's message)."""
+    try:
+        read_image(path)
+    except Exception as exc:  # the message is the report
+        return str(exc) or type(exc).__name__
+    return "it failed to decode in a loader process"

@@ -2,7 +2,7 @@
 
 Spec forms: ``kind:argument`` with kind in ``DATASET_KINDS`` (``builtin:tiny``, ``builtin:default@seed3``,
 ``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``, ``cub:/data/CUB_200_2011``,
-``nus:/data/nus?images=/mnt/flickr&keep-unlabelled``), ``builtin`` alone
+``nus:/data/nus?images=/mnt/flickr&keep-unlabelled``, ``formatted:/data/voc?image-root=/mnt/voc``), ``builtin`` alone
 (= ``builtin:default``), or a bare path whose kind is detected from its contents.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from train.data.coco import find_coco_year, load_coco
 from train.data.csv_format import CSV_FILENAME, load_csv
 from train.data.cub import find_cub_dir, load_cub
+from train.data.formatted import formatted_dataset_name, is_formatted_dir, load_formatted
 from train.data.nus import is_nus_dir, load_nus_spec
 from train.data.types import DataError, DatasetSplits
 from train.data.voc import find_voc_dirs, load_voc
@@ -92,6 +93,7 @@ DATASET_KINDS: dict[str, Callable[[str], DatasetSplits]] = {
     "coco": _load_coco_spec,
     "cub": _load_cub_spec,
     "nus": load_nus_spec,
+    "formatted": load_formatted,
 }
 
 _FORMS: dict[str, str] = {
@@ -101,6 +103,7 @@ _FORMS: dict[str, str] = {
     "coco": "coco:<root>                       MS-COCO 2014/2017 (annotations/instances_*.json)",
     "cub": "cub:<CUB_200_2011 | its parent>    CUB-200-2011, 312 attributes as labels",
     "nus": "nus:<root>[?images=DIR][&keep-unlabelled]  NUS-WIDE, 81 concepts (images under root/Flickr)",
+    "formatted": "formatted:<dir>[?image-root=P&dataset=voc|coco|nus|cub&resample]  the seeds' formatted_*.npy",
 }
 
 
@@ -110,13 +113,14 @@ def describe_kinds() -> str:
     lines += [f"  {_FORMS.get(kind, f'{kind}:<argument>')}" for kind in DATASET_KINDS]
     lines.append(
         "  <path>                            auto-detected: a .csv file or a folder with labels.csv, a VOC "
-        "folder, a COCO root, a CUB_200_2011 folder or a NUS-WIDE root"
+        "folder, a COCO root, a CUB_200_2011 folder, a NUS-WIDE root or a folder of formatted_*.npy files"
     )
     return "\n".join(lines)
 
 
 def detect_kind(path: Path) -> str | None:
-    """Return the dataset kind (``csv``/``voc``/``coco``/``cub``/``nus``) of an existing bare path, or None."""
+    """Return the dataset kind (``csv``/``voc``/``coco``/``cub``/``nus``/``formatted``) of an existing bare path,
+    or None."""
     path = Path(path).expanduser().resolve()
     if path.is_file():
         return "csv" if path.suffix.lower() == ".csv" else None
@@ -124,6 +128,8 @@ def detect_kind(path: Path) -> str | None:
         return None
     if (path / CSV_FILENAME).is_file():
         return "csv"
+    if is_formatted_dir(path):
+        return "formatted"
     if find_voc_dirs(path):
         return "voc"
     if find_coco_year(path) is not None or any((path / "annotations").glob("instances_*.json")):
@@ -137,8 +143,8 @@ def detect_kind(path: Path) -> str | None:
 
 def spec_dataset_name(spec: str) -> str:
     """The dataset name a spec will load under, without loading it: ``builtin-<preset>``, ``voc``, ``coco``,
-    ``cub``, ``nus``, or a CSV's folder name (enough for :func:`train.methods.base.dataset_family`); ``""`` if
-    unknown."""
+    ``cub``, ``nus``, a formatted folder's family or name, or a CSV's folder name (enough for
+    :func:`train.methods.base.dataset_family`); ``""`` if unknown."""
     spec = spec.strip()
     match = _KIND_PREFIX.match(spec)
     if spec == "builtin" or (match is not None and match.group("kind") == "builtin"):
@@ -153,6 +159,8 @@ def spec_dataset_name(spec: str) -> str:
         kind, argument = (detect_kind(Path(spec)) or "") if spec else "", spec
     if kind in ("voc", "coco", "cub", "nus"):
         return kind
+    if kind == "formatted":
+        return formatted_dataset_name(argument)
     if kind == "csv":
         path = Path(argument).expanduser()
         return (path if path.is_dir() else path.parent).resolve().name

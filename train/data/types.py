@@ -45,7 +45,8 @@ class DatasetSplits:
     """What a loader returns: the official train pool, an optional explicit val split, an optional test split.
 
     ``name`` is a short human label ("builtin-tiny", "voc2012", ...); ``source`` is the spec that was loaded
-    (it is recorded in checkpoints so export can find the validation images again).
+    (it is recorded in checkpoints so export can find the validation images again). ``train_observed``: the
+    observed labels the dataset ships (the seeds' ``formatted_train_labels_obs.npy``), used instead of sampling.
     """
 
     name: str
@@ -55,3 +56,6 @@ class DatasetSplits:
     test: LabelledImages | None = None
     val: LabelledImages | None = None
     notes: list[str] = field(default_factory=list)
+    # observed training labels shipped with the dataset ((N_train, C) 0/1, rows as ``train``), and their file name
+    train_observed: np.ndarray | None = None
+    observed_source: str = ""
