@@ -35,6 +35,7 @@ import torch
 
 from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
+from train.data.observed_file import OBSERVED_FILE
 from train.methods import METHODS
 from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
 
@@ -100,7 +101,7 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
         # stopped before the first last.pt was written: nothing to resume, so start it again - but only when the
         # folder holds nothing but the trainer's own files (anything else stays, and the trainer refuses it)
         leftovers = {p.name for p in run.iterdir()} if run.is_dir() else set()
-        if leftovers and leftovers <= {CONFIG_FILE, METRICS_FILE, BEST}:
+        if leftovers and leftovers <= {CONFIG_FILE, METRICS_FILE, BEST, OBSERVED_FILE}:
             print(f"{run.name}: interrupted before its first resumable epoch; starting it again", flush=True)
             for name in leftovers:
                 (run / name).unlink()
