@@ -270,3 +270,18 @@ def test_local_engine_never_imports_ray_and_ray_missing_hint(setup: dict, tmp_pa
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].endswith('pip install "spml[ray]" (or pip install "ray[data]")')
+
+
+def test_engines_benchmark_writes_its_section(ray_instance: object, tmp_path: Path) -> None:
+    """``python -m bench.tag_engines`` on a few tiny images: both engines agree and the section is written."""
+    from bench import tag_engines
+    from bench.results_page import read_section
+
+    page = tmp_path / "page.md"
+    assert tag_engines.main(["--images", "6", "--side", "32", "--image-size", "32", "--batch-size", "4",
+                             "--page", str(page)]) == 0
+    text = read_section("tag-engines", page)
+    assert text is not None and "python -m bench.tag_engines --images 6" in text
+    assert "joined a running instance" in text and "between the engines: 0.0e+00." in " ".join(text.split())
+    rows = [line for line in text.splitlines() if line.startswith(("| local", "| ray"))]
+    assert len(rows) == 3 and all(float(row.split(" | ")[-1].rstrip(" |")) > 0 for row in rows)
