@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from serve import EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
+from serve import DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
 
 DEMO_EPILOG = """\
 The page shows every class's score against that class's own threshold. Thresholds are the model's
@@ -61,12 +61,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument(
         "--backend", metavar="NAME", help="runtime to use, e.g. torch or onnxruntime (default: from the file suffix)"
     )
-    demo.add_argument(
-        "--device",
-        metavar="DEV",
-        help="cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "
-        "uses the CPU); a GPU that cannot be used is an error, never a silent CPU fallback",
-    )
+    demo.add_argument("--device", metavar="DEV", help=DEVICE_HELP)
     demo.add_argument(
         "--examples", type=Path, metavar="DIR", help="folder of example images (default: built-in dataset test images)"
     )

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serve import EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
+from serve import DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
 
 if TYPE_CHECKING:
     from serve.sidecars import SidecarSpec
@@ -109,12 +109,7 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
         help="exported .onnx (ONNX Runtime), training checkpoint .pt (PyTorch), or another registered runtime's file",
     )
     tag.add_argument("--backend", metavar="NAME", help="runtime to use (default: from the model file's suffix)")
-    tag.add_argument(
-        "--device",
-        metavar="DEV",
-        help="cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "
-        "uses the CPU); a GPU that cannot be used is an error, never a silent CPU fallback",
-    )
+    tag.add_argument("--device", metavar="DEV", help=DEVICE_HELP)
     tag.add_argument(
         "--output",
         "-o",
