@@ -19,7 +19,7 @@ import torch
 from models import load_checkpoint
 from train.__main__ import main
 from train.config import TrainConfig
-from train.distributed import PerSampleSeeded, World, gather_rows, per_rank_batch, sample_seed
+from train.distributed import PerSampleSeeded, World, gather_indexed_rows, per_rank_batch, sample_seed
 from train.trainer import Trainer
 
 # val 39 images: 2 ranks read 20 each, so the DistributedSampler pads one duplicate that the gather must drop;
@@ -165,7 +165,8 @@ def test_helpers() -> None:
     with pytest.raises(ValueError, match="divisible"):
         per_rank_batch(10, World(0, 4, 0))
     rows = torch.arange(6.0).reshape(3, 2)
-    assert gather_rows(rows, torch.tensor([2, 0, 1]), 3).tolist() == [[2, 3], [4, 5], [0, 1]]
+    values, present = gather_indexed_rows(rows, torch.tensor([2, 0, 1]), 4)
+    assert values.tolist() == [[2, 3], [4, 5], [0, 1], [0, 0]] and present.tolist() == [True, True, True, False]
     assert sample_seed(0, 1, 5) != sample_seed(0, 2, 5) != sample_seed(1, 1, 5)
 
     class Noise(torch.utils.data.Dataset[dict[str, torch.Tensor]]):

@@ -43,7 +43,8 @@ def launched_by_torchrun() -> bool:
 
 
 def init_world(device_name: str, sync_bn: bool = False) -> tuple[World, torch.device]:
-    """Join the process group torchrun describes (NCCL on CUDA, gloo on CPU) and pick this rank's device.
+    """Join the process group torchrun describes (NCCL for CUDA tensors, gloo for CPU ones) and pick this rank's
+    device.
 
     Without torchrun: one process, ``device_name`` resolved as usual. Raises ``ValueError`` (a clean one-line
     error) for launches that cannot work, e.g. more ranks on a node than visible GPUs."""
@@ -72,8 +73,10 @@ def init_world(device_name: str, sync_bn: bool = False) -> tuple[World, torch.de
             raise ValueError("--sync-bn needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel)")
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device
-                                if device.type == "cuda" else None)
+        # on GPUs: NCCL for CUDA tensors and gloo for the small CPU-side collectives (skip votes, metric sums,
+        # gathered evaluation rows), so that no helper has to move its tensors to the GPU first
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
     return World(rank, size, local_rank), device
 
 
@@ -187,24 +190,6 @@ def gather_varying(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     pieces = [p[:c] for p, c in zip(parts, counts, strict=True)]
     pieces[world.rank] = x
     return torch.cat(pieces), sum(counts[:world.rank])
-
-
-def gather_rows(local: torch.Tensor, indices: torch.Tensor, total: int) -> torch.Tensor:
-    """Assemble a ``(total, ...)`` tensor from every rank's rows ``local`` at dataset ``indices``; the
-    duplicates a ``DistributedSampler`` pads in land on their own row again, so they drop out."""
-    if not current_world().distributed:
-        out = local.new_zeros((total, *local.shape[1:]))
-        out[indices] = local
-        return out
-    world = current_world()
-    parts = [torch.empty_like(local) for _ in range(world.size)]
-    index_parts = [torch.empty_like(indices) for _ in range(world.size)]
-    dist.all_gather(parts, local.contiguous())
-    dist.all_gather(index_parts, indices.contiguous())
-    out = local.new_zeros((total, *local.shape[1:]))
-    for rows, idx in zip(parts, index_parts, strict=True):
-        out[idx] = rows
-    return out
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
