@@ -100,6 +100,8 @@ examples:
   python -m train --data my_images/labels.csv --observed full
   python -m train --data formatted:data/pascal --method role   # the seeds' formatted_*.npy files
   python -m train --data voc:/data/VOCdevkit --observed runs/<run>/observed.npz   # another run's labels and split
+  python -m train --data coco:/data/coco --observed single:size          # the size-biased annotator
+  python -m train --data voc:/data/VOCdevkit --observed 'single?neg=5' --method iu   # 5 observed negatives
   python -m train --resume runs/builtin-default-an-resnet18-20261121-101500
   torchrun --nproc_per_node 4 -m train --preset paper --data coco:/data/coco --batch-size 32 --sync-bn
 """
@@ -119,12 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "cub:DIR, nus:DIR[?images=DIR&keep-unlabelled], "
                    "formatted:DIR[?image-root=PATH&dataset=voc|coco|nus|cub&resample] (the seeds' formatted_*.npy "
                    f"files; see docs/datasets.md) or a path (auto-detected). Default: {d.data}")
-    g.add_argument("--observed", help="training labels: single (one positive per image, the papers' protocol; "
-                   "a formatted folder's own formatted_train_labels_obs.npy when it has one), full, partial:R (each "
-                   "label kept with probability R), or FILE: a run folder's observed.npz (the observed labels AND "
-                   "the train/val split of that run) or a .npy matrix with one row per training-pool image (e.g. a "
-                   "formatted_train_labels_obs.npy). Every run writes its own observed.npz; config.json holds its "
-                   f"sha256. Default: {d.observed}")
+    g.add_argument("--observed", help="training labels (quote values with ? or &): single (one positive per image "
+                   "drawn uniformly with --protocol-seed: the papers' protocol, identical to the seeds' "
+                   "generate_observed_labels.py; a formatted folder's own formatted_train_labels_obs.npy when it has "
+                   "one); single?pos=N&neg=M (N positives and M observed negatives per image, 'all' for every one; "
+                   "negatives train only --method iu); single:size|location (the label-bias protocols: the kept "
+                   "positive drawn by object area or nearness to the image centre; COCO and the built-in data); "
+                   "single:empirical?weights=FILE (by per-class weights); full (every label: the clean-training "
+                   "oracle, the reference's train_set_variant='clean'); partial:R (each positive kept with "
+                   "probability R); or FILE: a run folder's observed.npz (the observed labels, train/val split and "
+                   "val labels of that run) or a .npy matrix with one row per training-pool image (e.g. a "
+                   "formatted_train_labels_obs.npy). Add val=observed to score the validation split with its "
+                   "observed positives instead of its clean labels (the reference's val_set_variant='observed'), "
+                   "e.g. 'single?val=observed'. Every run writes its own observed.npz; config.json holds its "
+                   f"sha256. See docs/datasets.md. Default: {d.observed}")
     g.add_argument("--val-fraction", type=float, help=f"share of train held out as val. Default: {d.val_fraction}")
     g.add_argument("--protocol-seed", type=int, help="seed of label sampling and the split, the same for every "
                    f"method. Default: {d.protocol_seed}")
@@ -228,9 +238,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["hp"] = hp
     cfg = TrainConfig(**values)
     validate(cfg)
-    observed = parse_observed(cfg.observed)
-    if observed.kind == "file":  # absolute, so that --resume finds it from any folder
-        cfg.observed = observed.path
+    cfg.observed = parse_observed(cfg.observed).argument()  # files absolute, so that --resume finds them
     return cfg
 
 

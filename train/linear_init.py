@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from train.data.dataset import ImageLabelDataset
+from train.data.dataset import NEGATIVES, ImageLabelDataset
 from train.distributed import current_world, sum_over_ranks
 from train.inference import predict_rows
 from train.metrics import evaluate
@@ -101,8 +101,7 @@ class LinearPhase:
         if not self.train_present.all():
             order = order[self.train_present[order]]
         n = len(order)
-        observed = t.train_set.observed
-        full = t.train_set.full
+        observed, negatives, full = t.train_set.observed, t.train_set.negatives, t.train_set.full
         total, seen = 0.0, 0
         world = current_world()
         # this epoch's step module (DDP under torchrun); dropped at the end of the epoch, so it never coexists
@@ -114,7 +113,7 @@ class LinearPhase:
                 continue
             idx = global_idx[world.rank :: world.size]
             batch = {"images": self.train_features[idx.to(t.device)], "observed": observed[idx].to(t.device),
-                     "full": full[idx].to(t.device), "index": idx.to(t.device)}
+                     NEGATIVES: negatives[idx].to(t.device), "full": full[idx].to(t.device), "index": idx.to(t.device)}
             out = run_training_step(step, batch)
             self.optimizer.zero_grad(set_to_none=True)
             if not torch.isfinite(out.loss):

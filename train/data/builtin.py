@@ -38,8 +38,10 @@ from train.data.builtin_scenes import (
     GENERATOR_VERSION,
     MIN_VISIBLE_FRACTION,
     SPLITS,
+    SUPERSAMPLE,
     SceneObject,
     generate_image,
+    labelled_objects,
     render_scene,
     sample_labelled_scene,
     sample_scene,
@@ -47,7 +49,7 @@ from train.data.builtin_scenes import (
     visible_labels,
 )
 from train.data.shapes import CLASS_NAMES
-from train.data.types import DataError
+from train.data.types import DataError, LabelledImages, ObjectTable
 
 __all__ = [
     "CLASS_NAMES",
@@ -57,6 +59,7 @@ __all__ = [
     "PRESETS",
     "BuiltinPreset",
     "SceneObject",
+    "builtin_objects",
     "cache_root",
     "ensure_builtin",
     "generate_image",
@@ -196,6 +199,37 @@ def _write_dataset(folder: Path, preset: BuiltinPreset, seed: int, workers: int,
             for offset, label_str in enumerate(results[split, start]):
                 writer.writerow([f"images/{split}/{start + offset:06d}.jpg", label_str, split])
     (folder / ".complete").write_text(f"preset={preset.name} seed={seed}\n")
+
+
+def _objects_chunk(seed: int, indices: list[int], image_size: int) -> list[tuple[np.ndarray, list[Any]]]:
+    """Worker: :func:`labelled_objects` of training images ``indices``."""
+    return [labelled_objects(seed, "train", index, image_size) for index in indices]
+
+
+def builtin_objects(preset: str, seed: int, train: LabelledImages, progress: bool = True) -> ObjectTable:
+    """The :class:`ObjectTable` of the built-in training images ``train`` (``images/train/NNNNNN.jpg``): the
+    instances that make each image's labels, with their visible pixels as area and their centres, on the canvas
+    the labels are decided on. Regenerated from the images' seeds without painting (about 2 ms an image at 96 px,
+    in parallel like the generation); a label that differs from ``train``'s is an error."""
+    spec = PRESETS[preset]
+    indices = [int(path.stem) for path in train.paths]
+    chunks = [indices[start:start + 200] for start in range(0, len(indices), 200)]
+    workers = _default_workers(spec)
+    bar = tqdm(total=len(indices), desc="builtin objects", unit="img", file=sys.stderr, disable=not progress,
+               leave=False)
+    results: list[tuple[np.ndarray, list[Any]]] = []
+    with bar, (ProcessPoolExecutor(max_workers=workers) if workers > 1 else contextlib.nullcontext()) as pool:
+        parts = (pool.map(_objects_chunk, [seed] * len(chunks), chunks, [spec.image_size] * len(chunks))
+                 if pool is not None else (_objects_chunk(seed, chunk, spec.image_size) for chunk in chunks))
+        for part in parts:
+            results.extend(part)
+            bar.update(len(part))
+    for row, (labels, _objects) in enumerate(results):
+        if not np.array_equal(labels, train.labels[row]):
+            raise DataError(f"{train.paths[row]}: its labels differ from the generator's; regenerate the built-in "
+                            "data (delete its cache folder)")
+    canvas = float(SUPERSAMPLE * spec.image_size)
+    return ObjectTable.from_rows([objects for _labels, objects in results], [(canvas, canvas)] * len(results))
 
 
 @contextlib.contextmanager

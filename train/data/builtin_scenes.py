@@ -175,13 +175,14 @@ def scene_masks(scene: list[SceneObject], canvas: int) -> list[np.ndarray]:
     return _masks_and_boxes(scene, canvas)[0]
 
 
-def _labels_from_masks(
+def _counting_instances(
     scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None]
-) -> np.ndarray:
-    """Walk the scene from the last-drawn object back, tracking the union of everything drawn later."""
-    labels = np.zeros(NUM_CLASSES, dtype=np.uint8)
+) -> list[tuple[SceneObject, int]]:
+    """The class instances that count (visible fraction >= ``MIN_VISIBLE_FRACTION``) with their visible pixels,
+    from the last-drawn back: walk the scene tracking the union of everything drawn later."""
+    counting: list[tuple[SceneObject, int]] = []
     if not masks:
-        return labels
+        return counting
     covered = np.zeros_like(masks[0])
     for obj, mask, box in zip(reversed(scene), reversed(masks), reversed(boxes), strict=True):
         if box is None:
@@ -192,8 +193,18 @@ def _labels_from_masks(
         if not obj.is_occluder and area > 0:
             visible = int(np.count_nonzero(m & ~cov))
             if visible >= MIN_VISIBLE_FRACTION * area:
-                labels[obj.cls] = 1
+                counting.append((obj, visible))
         cov |= m
+    return counting
+
+
+def _labels_from_masks(
+    scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None]
+) -> np.ndarray:
+    """Multi-hot labels of the classes with at least one counting instance."""
+    labels = np.zeros(NUM_CLASSES, dtype=np.uint8)
+    for obj, _visible in _counting_instances(scene, masks, boxes):
+        labels[obj.cls] = 1
     return labels
 
 
@@ -348,6 +359,18 @@ def render_scene(rng: np.random.Generator, scene: list[SceneObject], image_size:
     then downsampled, plus fine noise); returns an RGB PIL image of ``image_size`` px."""
     masks, boxes = _masks_and_boxes(scene, SUPERSAMPLE * image_size)
     return _render(rng, scene, masks, boxes, image_size)
+
+
+def labelled_objects(seed: int, split: str, index: int,
+                     image_size: int) -> tuple[np.ndarray, list[tuple[int, float, float, float]]]:
+    """The labels of image ``index`` of ``split`` (as :func:`generate_image` gives them, without painting) and the
+    instances that make them, in drawing order: ``(class, visible pixels, centre x, centre y)`` on the
+    ``SUPERSAMPLE * image_size`` px canvas the labels are decided on (what an annotator sees of each object)."""
+    rng = np.random.default_rng([seed, SPLITS[split], index])
+    canvas = SUPERSAMPLE * image_size
+    scene, masks, boxes, labels = _sample_rasterised(rng, canvas)
+    instances = _counting_instances(scene, masks, boxes)[::-1]
+    return labels, [(obj.cls, float(visible), obj.cx * canvas, obj.cy * canvas) for obj, visible in instances]
 
 
 def generate_image(seed: int, split: str, index: int, image_size: int) -> tuple[Image.Image, np.ndarray]:

@@ -5,6 +5,12 @@ Layout: ``root/annotations/instances_{train,val}<year>.json`` with images in ``r
 json, test = the val json. Classes: the 80 category names ordered by category id. An image is positive for
 every category that has at least one instance annotation on it (crowd annotations included). Images with no
 instance annotation are skipped, with a note per split (82,081 of 82,783 train2014 images are kept).
+
+As the seeds' ``preproc/format_coco.py``, the images are ordered by their id sorted as a string (``"100"`` before
+``"9"``), so the split and the observed labels drawn by row are the published ones. That script orders the classes
+as the json lists its categories, which for the official files is id order; ``coco:DIR?reference`` takes the json
+order for any file. The instance annotations (areas, boxes, image sizes) are read again only for the label-bias
+protocols (``train_objects``).
 """
 
 from __future__ import annotations
@@ -16,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from train.data.csv_format import emit_note
-from train.data.types import DataError, DatasetSplits, LabelledImages
+from train.data.types import AnnotatedObject, DataError, DatasetSplits, LabelledImages, ObjectTable
 
-__all__ = ["find_coco_year", "load_coco"]
+__all__ = ["coco_objects", "find_coco_year", "load_coco"]
 
 YEARS = ("2014", "2017")
 
@@ -72,8 +78,9 @@ def _field(path: Path, record: Any, key: str, kind: type, what: str) -> Any:
     return value
 
 
-def _categories(path: Path, data: dict[str, Any]) -> list[tuple[int, str]]:
-    """Return (id, name) for every category, sorted by id; duplicate ids or names -> ``DataError``."""
+def _categories(path: Path, data: dict[str, Any], json_order: bool = False) -> list[tuple[int, str]]:
+    """Return (id, name) for every category, sorted by id (in the json's order with ``json_order``); duplicate ids
+    or names -> ``DataError``."""
     cats: dict[int, str] = {}
     for number, cat in enumerate(data["categories"], start=1):
         cat_id = _field(path, cat, "id", int, f"category #{number}")
@@ -87,7 +94,7 @@ def _categories(path: Path, data: dict[str, Any]) -> list[tuple[int, str]]:
         cats[cat_id] = name
     if not cats:
         raise DataError(f"{path}: no categories")
-    return sorted(cats.items())
+    return list(cats.items()) if json_order else sorted(cats.items())
 
 
 def _load_split(
@@ -98,12 +105,14 @@ def _load_split(
     data: dict[str, Any],
     categories: list[tuple[int, str]],
     notes: list[str],
-) -> LabelledImages:
-    """Build the label matrix for one json; skip (and note) images with no annotation."""
+) -> tuple[LabelledImages, list[int]]:
+    """Build the label matrix for one json, rows ordered by image id as a string (the seeds' order); skip (and
+    note) images with no annotation. Returns the images and their ids."""
     image_dir = root / f"{split}{year}"
     cat_index = {cat_id: i for i, (cat_id, _) in enumerate(categories)}
     image_index: dict[int, int] = {}
     paths: list[Path] = []
+    ids: list[int] = []
     for number, image in enumerate(data["images"], start=1):
         image_id = _field(path, image, "id", int, f"image #{number}")
         file_name = _field(path, image, "file_name", str, f"image id {image_id}")
@@ -114,6 +123,7 @@ def _load_split(
             raise DataError(f"{path}: image id {image_id}: image not found: {image_path}")
         image_index[image_id] = len(paths)
         paths.append(image_path)
+        ids.append(image_id)
 
     labels = np.zeros((len(paths), len(categories)), dtype=np.uint8)
     for number, ann in enumerate(data["annotations"], start=1):
@@ -128,7 +138,7 @@ def _load_split(
             raise DataError(f"{path}: {what}: unknown category_id {cat_id}")
         labels[image_index[image_id], cat_index[cat_id]] = 1
 
-    keep = np.flatnonzero(labels.any(axis=1))
+    keep = sorted(np.flatnonzero(labels.any(axis=1)).tolist(), key=lambda row: str(ids[row]))
     skipped = len(paths) - len(keep)
     if skipped:
         emit_note(
@@ -138,14 +148,55 @@ def _load_split(
     if len(keep) == 0:
         raise DataError(f"{path}: no image has an instance annotation")
     classes = [name for _, name in categories]
-    return LabelledImages([paths[i] for i in keep], labels[keep], classes)
+    return LabelledImages([paths[i] for i in keep], labels[keep], classes), [ids[i] for i in keep]
 
 
-def load_coco(root: Path) -> DatasetSplits:
+def _is_number(value: Any) -> bool:
+    """True for a JSON number (int or float, not bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(path: Path, record: dict[str, Any], key: str, what: str) -> float:
+    """``record[key]``, a number; else ``DataError`` naming it."""
+    value = record.get(key)
+    if not _is_number(value):
+        raise DataError(f"{path}: {what}: {key!r} must be a number, found {value!r}")
+    return value
+
+
+def coco_objects(path: Path, image_ids: list[int], categories: list[tuple[int, str]]) -> ObjectTable:
+    """The :class:`ObjectTable` of the images ``image_ids`` (rows, in that order) from the instance json ``path``:
+    each annotation's category column (``categories`` order), ``area`` and box centre (``x + w / 2``,
+    ``y + h / 2``), in the json's annotation order, and each image's ``width`` and ``height``."""
+    data = _read_json(path)
+    sizes: dict[int, tuple[float, float]] = {}
+    for image in data["images"]:
+        image_id = _field(path, image, "id", int, "image")
+        what = f"image id {image_id}"
+        sizes[image_id] = (_number(path, image, "width", what), _number(path, image, "height", what))
+    column = {cat_id: i for i, (cat_id, _) in enumerate(categories)}
+    objects: dict[int, list[AnnotatedObject]] = {image_id: [] for image_id in image_ids}
+    for ann in data["annotations"]:
+        image_id = ann.get("image_id") if isinstance(ann, dict) else None
+        if image_id not in objects:
+            continue
+        what = f"annotation id {ann.get('id')}"
+        box = ann.get("bbox")
+        if not isinstance(box, list) or len(box) != 4 or not all(_is_number(v) for v in box):
+            raise DataError(f"{path}: {what}: 'bbox' must be [x, y, width, height], found {box!r}")
+        x, y, w, h = box
+        objects[image_id].append((column[ann["category_id"]], _number(path, ann, "area", what), x + w / 2, y + h / 2))
+    missing = [i for i in image_ids if i not in sizes]
+    if missing:
+        raise DataError(f"{path}: image id {missing[0]} is not in its images")
+    return ObjectTable.from_rows([objects[i] for i in image_ids], [sizes[i] for i in image_ids])
+
+
+def load_coco(root: Path, reference: bool = False) -> DatasetSplits:
     """Load MS-COCO from ``root`` (with ``annotations/instances_*.json``) and return train/test splits.
 
-    See the module docstring for the year choice, class order and skip rule. Name: ``coco2014`` or
-    ``coco2017``; source: ``coco:<absolute root>``.
+    See the module docstring for the year choice, class order (the json's with ``reference``), image order and
+    skip rule. Name: ``coco2014`` or ``coco2017``; source: ``coco:<absolute root>[?reference]``.
     """
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
@@ -163,20 +214,21 @@ def load_coco(root: Path) -> DatasetSplits:
 
     train_path, val_path = _json_path(root, "train", year), _json_path(root, "val", year)
     train_data = _read_json(train_path)
-    train_cats = _categories(train_path, train_data)
-    train = _load_split(root, "train", year, train_path, train_data, train_cats, notes)
+    train_cats = _categories(train_path, train_data, reference)
+    train, train_ids = _load_split(root, "train", year, train_path, train_data, train_cats, notes)
     del train_data  # the real train json is large: free it before reading the val json
     val_data = _read_json(val_path)
-    if _categories(val_path, val_data) != train_cats:
+    if _categories(val_path, val_data, reference) != train_cats:
         raise DataError(f"{val_path}: categories differ from those in {train_path.name}")
-    test = _load_split(root, "val", year, val_path, val_data, train_cats, notes)
+    test, _ = _load_split(root, "val", year, val_path, val_data, train_cats, notes)
     classes = [name for _, name in train_cats]
     return DatasetSplits(
         name=f"coco{year}",
-        source=f"coco:{root}",
+        source=f"coco:{root}" + ("?reference" if reference else ""),
         classes=classes,
         train=train,
         test=test,
         val=None,
         notes=notes,
+        train_objects=lambda: coco_objects(train_path, train_ids, train_cats),
     )

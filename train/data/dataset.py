@@ -19,13 +19,15 @@ from models.preprocess import read_image
 from train.data.types import LabelledImages
 
 SKIPPED = "skipped"  # batch key: the dataset rows of this batch whose image could not be read
+NEGATIVES = "observed_negatives"  # batch key: 1 where a label is observed negative (the protocol's -1 entries)
 
 
 class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
-    """Items are dicts: ``images`` (transformed float tensor), ``observed`` and ``full`` (float (C,) label
-    rows; observed = full when no observed matrix is given) and ``index`` (the row number), plus one entry per
-    extra view (``views``: key -> transform of the same decoded image, e.g. LAC's strong view). An image that
-    cannot be read gives an item holding only ``SKIPPED`` (its row number)."""
+    """Items are dicts: ``images`` (transformed float tensor), ``observed`` (float (C,): 1 at the observed
+    positives), ``observed_negatives`` (float (C,): 1 at the observed negatives, the -1 entries of the observed
+    matrix), ``full`` (float (C,) annotated labels; observed = full when no observed matrix is given) and ``index``
+    (the row number), plus one entry per extra view (``views``: key -> transform of the same decoded image, e.g.
+    LAC's strong view). An image that cannot be read gives an item holding only ``SKIPPED`` (its row number)."""
 
     def __init__(
         self,
@@ -36,15 +38,17 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
     ) -> None:
         self.paths: list[Path] = list(images.paths)
         self.full = torch.from_numpy(images.labels.astype(np.float32))
-        self.observed = self.full if observed is None else torch.from_numpy(np.asarray(observed, dtype=np.float32))
-        if self.observed.shape != self.full.shape:
+        matrix = self.full.numpy() if observed is None else np.asarray(observed, dtype=np.float32)
+        if matrix.shape != tuple(self.full.shape):
             raise ValueError("observed labels must have the same shape as the full labels")
+        self.observed = torch.from_numpy((matrix > 0).astype(np.float32))
+        self.negatives = torch.from_numpy((matrix < 0).astype(np.float32))
         self.transform = transform
         # every transform of this package resizes the whole image to its ``image_size`` first, so large JPEGs
         # may be decoded at reduced scale (models.preprocess.decode_scaled); others get full-size images
         self.decode_side: int | None = getattr(transform, "decode_side", None)
         self.views = dict(views or {})
-        clash = set(self.views) & {"images", "observed", "full", "index", SKIPPED}
+        clash = set(self.views) & {"images", "observed", NEGATIVES, "full", "index", SKIPPED}
         if clash:
             raise ValueError(f"extra view names clash with batch keys: {sorted(clash)}")
 
@@ -60,6 +64,7 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         item = {
             "images": self.transform(image),
             "observed": self.observed[index],
+            NEGATIVES: self.negatives[index],
             "full": self.full[index],
             "index": torch.tensor(index, dtype=torch.long),
         }

@@ -5,8 +5,9 @@ Files in DIR (written by the seeds' ``preproc/format_{pascal,coco,nuswide,cub}.p
 
 - ``formatted_train_images.npy`` / ``formatted_val_images.npy``: arrays of image path strings;
 - ``formatted_train_labels.npy`` / ``formatted_val_labels.npy``: (N, C) 0/1 full label matrices;
-- optional ``formatted_train_labels_obs.npy``: (N_train, C) observed labels (1 = observed positive; the seeds'
-  -1 "observed negative" entries count as unobserved), used for training when present (``?resample`` ignores it);
+- optional ``formatted_train_labels_obs.npy``: (N_train, C) observed labels (1 = observed positive, -1 = observed
+  negative, written by the seeds' ``--num-neg``), used for the published ``--observed single`` when present
+  (``?resample`` ignores it);
 - optional ``classes.txt``: the class names, one per line.
 
 As in the seeds' ``datasets.py``, the "val" files are the TEST split, and the validation split is carved out of
@@ -205,6 +206,6 @@ def load_formatted(argument: str) -> DatasetSplits:
         observed = load_label_matrix(observed_path, len(train_raw), allowed=(-1, 0, 1))
         if observed.shape[1] != len(classes):
             raise DataError(f"{observed_path}: has {observed.shape[1]} classes but the label files have {len(classes)}")
-        splits.train_observed = (observed == 1).astype(np.uint8)
+        splits.train_observed = observed.astype(np.int8)
         splits.observed_source = OBSERVED_NPY
     return splits

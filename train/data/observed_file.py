@@ -3,14 +3,18 @@ a later run (``--observed FILE``) trains on exactly the same labels and split.
 
 An ``.npz`` archive (``np.load(path)`` reads it; no pickles) with these arrays:
 
-- ``format``: ``"spml-observed/1"``;
+- ``format``: ``"spml-observed/2"`` (version 1 files, without ``val_observed`` and with 0/1 ``train_observed``,
+  are still read);
 - ``dataset``: the dataset name (``voc``, ``builtin-tiny``, ...); ``fingerprint``: its annotation fingerprint;
 - ``classes``: (C,) class names;
 - ``train_paths``: (N_train,) training image paths, relative to the dataset's image root (the deepest folder
-  holding every image of the dataset), ``/``-separated; ``train_observed``: (N_train, C) uint8 observed labels;
-- ``val_paths``: (N_val,) the validation images, the same way;
-- ``observed``: how the labels were made (``single``, ``full``, ``partial:R``, ``given:<file>``);
-  ``protocol_seed``: the seed that sampled them and drew the split.
+  holding every image of the dataset), ``/``-separated; ``train_observed``: (N_train, C) int8 observed labels
+  (1 observed positive, -1 observed negative, 0 unobserved);
+- ``val_paths``: (N_val,) the validation images, the same way; ``val_observed``: (N_val, C) int8, their observed
+  labels (what ``val=observed`` scores them with; all 0 where the protocol does not know them);
+- ``observed``: how the labels were made, in ``--observed`` syntax (``single``, ``single:size``,
+  ``single?neg=3&val=observed``, ``full``, ``partial:R``, ``given:<file>``, ...); ``protocol_seed``: the seed that
+  sampled them and drew the split.
 
 The bytes depend only on these values (fixed member order, timestamps and compression), so two runs with the same
 protocol write byte-identical files and the file's sha256 identifies the protocol.
@@ -33,7 +37,8 @@ __all__ = ["FORMAT", "OBSERVED_FILE", "ProtocolRecord", "image_root", "protocol_
            "relative_paths", "sha256_of"]
 
 OBSERVED_FILE = "observed.npz"
-FORMAT = "spml-observed/1"
+FORMAT = "spml-observed/2"
+FORMAT_V1 = "spml-observed/1"
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 
 
@@ -49,14 +54,19 @@ class ProtocolRecord:
     val_paths: list[str]
     observed: str
     protocol_seed: int
+    val_observed: np.ndarray | None = None  # None: unknown (a version-1 file; written as all-unobserved)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The archive members, in file order."""
+        """The archive members, in file order (version 2)."""
+        val_observed = self.val_observed
+        if val_observed is None:
+            val_observed = np.zeros((len(self.val_paths), len(self.classes)))
         return {
             "format": np.array(FORMAT), "dataset": np.array(self.dataset), "fingerprint": np.array(self.fingerprint),
             "classes": np.array(self.classes, dtype=str), "train_paths": np.array(self.train_paths, dtype=str),
-            "train_observed": np.ascontiguousarray(self.train_observed, dtype=np.uint8),
-            "val_paths": np.array(self.val_paths, dtype=str), "observed": np.array(self.observed),
+            "train_observed": np.ascontiguousarray(self.train_observed, dtype=np.int8),
+            "val_paths": np.array(self.val_paths, dtype=str),
+            "val_observed": np.ascontiguousarray(val_observed, dtype=np.int8), "observed": np.array(self.observed),
             "protocol_seed": np.array(self.protocol_seed, dtype=np.int64),
         }
 
@@ -75,26 +85,39 @@ def protocol_file_bytes(record: ProtocolRecord) -> bytes:
     return buffer.getvalue()
 
 
+def _check_shape(path: Path, name: str, matrix: np.ndarray, rows: int, columns: int) -> np.ndarray:
+    """``matrix`` as int8 -1/0/1 of shape ``(rows, columns)``; anything else -> ``DataError``."""
+    if matrix.ndim != 2 or matrix.shape != (rows, columns):
+        raise DataError(f"{path}: {name} has shape {matrix.shape}, expected ({rows}, {columns})")
+    if not np.isin(matrix, (-1, 0, 1)).all():
+        raise DataError(f"{path}: {name} holds values other than -1, 0 and 1")
+    return matrix.astype(np.int8)
+
+
 def read_protocol_file(path: Path) -> ProtocolRecord:
-    """Read a protocol file written by :func:`protocol_file_bytes`; anything else -> one-line ``DataError``."""
+    """Read a protocol file written by :func:`protocol_file_bytes` (version 2, or a version 1 file); anything
+    else -> one-line ``DataError``."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path}: not a readable protocol file ({exc})") from exc
     expected = set(ProtocolRecord("", "", [], [], np.zeros((0, 0)), [], "", 0).arrays())
-    if set(arrays) != expected or str(arrays["format"]) != FORMAT:
+    version_1 = expected - {"val_observed"}
+    found = str(arrays.get("format", ""))
+    if not ((set(arrays) == expected and found == FORMAT) or (set(arrays) == version_1 and found == FORMAT_V1)):
         raise DataError(f"{path}: not an spml protocol file (expected the members {', '.join(sorted(expected))} "
                         f"and format {FORMAT!r}, as written to a run folder's {OBSERVED_FILE})")
-    observed = arrays["train_observed"]
-    if observed.ndim != 2 or observed.shape != (len(arrays["train_paths"]), len(arrays["classes"])):
-        raise DataError(f"{path}: train_observed has shape {observed.shape}, expected "
-                        f"({len(arrays['train_paths'])}, {len(arrays['classes'])})")
+    rows, columns = len(arrays["train_paths"]), len(arrays["classes"])
+    train_observed = _check_shape(path, "train_observed", arrays["train_observed"], rows, columns)
+    val_observed = None
+    if "val_observed" in arrays:
+        val_observed = _check_shape(path, "val_observed", arrays["val_observed"], len(arrays["val_paths"]), columns)
     return ProtocolRecord(
         dataset=str(arrays["dataset"]), fingerprint=str(arrays["fingerprint"]),
         classes=[str(c) for c in arrays["classes"]], train_paths=[str(p) for p in arrays["train_paths"]],
-        train_observed=observed.astype(np.uint8), val_paths=[str(p) for p in arrays["val_paths"]],
-        observed=str(arrays["observed"]), protocol_seed=int(arrays["protocol_seed"]),
+        train_observed=train_observed, val_paths=[str(p) for p in arrays["val_paths"]],
+        observed=str(arrays["observed"]), protocol_seed=int(arrays["protocol_seed"]), val_observed=val_observed,
     )
 
 

@@ -1,87 +1,63 @@
 """The SPML protocol of Cole et al. (METHODS.md section 6.2): observed labels and the train/val split.
 
-- Observed labels are sampled ONCE from the annotated labels with a fixed seed (1200 by default), before
-  the split and independently of the method, so every method sees the same positives.
-- 20% of the training pool is held out as a fully labelled validation split (unless the source has an
-  explicit val split); the test split is always fully labelled.
+- Observed labels are sampled ONCE from the annotated labels of the whole training pool with a fixed seed (1200
+  by default), before the split and independently of the method, so every method sees the same positives; the
+  sampling equals the reference's ``preproc/generate_observed_labels.py`` (and its label-bias branch) bit for bit
+  (train/data/sampling.py, train/data/label_bias.py; ``--observed`` syntax: train/data/observed_spec.py).
+- 20% of the training pool is held out as the validation split (unless the source has an explicit val split),
+  scored with its clean labels, or with its observed positives (``?val=observed``); the test split is always
+  fully labelled.
 - A dataset that ships its observed labels (the seeds' ``formatted_train_labels_obs.npy``) uses them instead of
-  sampling (``given``); ``--observed FILE`` takes them from a saved protocol file (train/data/observed_file.py:
-  labels AND split) or from a ``.npy`` matrix with one row per image of the training pool.
+  sampling the published setting (``given``); ``--observed FILE`` takes them from a saved protocol file
+  (train/data/observed_file.py: labels AND split) or from a ``.npy`` matrix with one row per image of the pool.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from train.data.formatted import load_label_matrix
+from train.data.label_bias import bias_weights
 from train.data.observed_file import ProtocolRecord, image_root, read_protocol_file, relative_paths
+from train.data.observed_spec import ObservedSpec, parse_observed
+from train.data.sampling import observe_partial, observe_uniform, observe_weighted
+from train.data.spec_options import split_spec_options
 from train.data.types import DataError, DatasetSplits, LabelledImages
+
+__all__ = ["PROTOCOL_SEED", "ObservedSpec", "ProtocolSplits", "build_protocol", "dataset_fingerprint",
+           "parse_observed", "protocol_record", "sample_observed", "split_train_val"]
 
 PROTOCOL_SEED = 1200
 
 
-@dataclass
-class ObservedSpec:
-    """How training labels are observed: ``single`` (one positive), ``full``, ``partial`` with rate, ``file``
-    (read from ``path``: a protocol file or a pool-aligned .npy) or ``given`` (shipped with the data, ``path``
-    names the file)."""
+def sample_observed(labels: np.ndarray, spec: ObservedSpec, seed: int = PROTOCOL_SEED,
+                    splits: DatasetSplits | None = None) -> np.ndarray:
+    """Observed int8 matrix (1 observed positive, -1 observed negative, 0 unobserved) from the full ``labels``
+    (N, C) of the training pool.
 
-    kind: str
-    rate: float = 1.0
-    path: str = ""
-
-    def __str__(self) -> str:
-        if self.kind == "partial":
-            return f"partial:{self.rate:g}"
-        return f"{self.kind}:{self.path}" if self.kind in ("file", "given") else self.kind
-
-
-def parse_observed(text: str) -> ObservedSpec:
-    """Parse ``single`` | ``full`` | ``partial:R`` (0 < R <= 1) | an existing FILE into an :class:`ObservedSpec`."""
-    word = text.strip().lower()
-    if word in ("single", "full"):
-        return ObservedSpec(word)
-    if word.startswith("partial:"):
-        try:
-            rate = float(word.split(":", 1)[1])
-        except ValueError:
-            rate = -1.0
-        if 0.0 < rate <= 1.0:
-            return ObservedSpec("partial", rate)
-        raise ValueError(f"invalid --observed {text!r}: use single, full or partial:R with 0 < R <= 1")
-    if Path(text.strip()).expanduser().is_file():
-        return ObservedSpec("file", path=str(Path(text.strip()).expanduser().resolve()))
-    raise ValueError(f"invalid --observed {text!r}: use single, full, partial:R with 0 < R <= 1, or an existing "
-                     "protocol FILE (a run's observed.npz, or a formatted_train_labels_obs.npy)")
-
-
-def sample_observed(labels: np.ndarray, spec: ObservedSpec, seed: int = PROTOCOL_SEED) -> np.ndarray:
-    """Observed 0/1 matrix from the full ``labels`` (N, C).
-
-    ``single``: for each row in order, shuffle its positive indices with ``RandomState(seed)`` and keep the
-    first (Cole et al.'s ``generate_observed_labels``); rows with no positive stay all-zero.
-    ``partial``: keep each positive independently with probability ``rate`` (PU-MLC's setting).
-    ``full``: the labels themselves.
+    ``single``: ``spec.num_pos`` positives and ``spec.num_neg`` negatives per image drawn uniformly as the
+    reference does (``observe_uniform``), or one positive drawn by a label-bias ``spec.variant`` from the
+    dataset ``splits`` (its objects or class weights; ``labels`` must then be ``splits.train.labels``).
+    ``partial``: each positive kept with probability ``rate`` (PU-MLC's setting). ``full``: the labels.
     """
-    labels = np.asarray(labels, dtype=np.uint8)
+    labels = np.asarray(labels)
     if spec.kind == "full":
-        return labels.copy()
-    rng = np.random.RandomState(seed)
-    observed = np.zeros_like(labels)
-    if spec.kind == "single":
-        for i, row in enumerate(labels):
-            positives = np.flatnonzero(row)
-            if positives.size:
-                rng.shuffle(positives)
-                observed[i, positives[0]] = 1
-        return observed
-    keep = rng.random_sample(labels.shape) < spec.rate
-    return (labels.astype(bool) & keep).astype(np.uint8)
+        return (labels == 1).astype(np.int8)
+    if spec.kind == "partial":
+        return observe_partial(labels, spec.rate, seed)
+    if spec.kind != "single":
+        raise ValueError(f"--observed {spec} is read from a file, not sampled")
+    if spec.variant == "uniform":
+        return observe_uniform(labels, spec.num_pos, spec.num_neg, seed)
+    if splits is None:
+        raise ValueError(f"--observed {spec} needs the dataset (its objects or classes), not only its labels")
+    weights = bias_weights(spec.variant, splits, spec.weights)
+    return observe_weighted(labels, weights, seed, uniform_if_equal=spec.variant == "empirical")
 
 
 def split_train_val(n: int, val_fraction: float = 0.2, seed: int = PROTOCOL_SEED) -> tuple[np.ndarray, np.ndarray]:
@@ -96,25 +72,29 @@ def split_train_val(n: int, val_fraction: float = 0.2, seed: int = PROTOCOL_SEED
 
 @dataclass
 class ProtocolSplits:
-    """Train images with observed and full labels, a fully labelled val split, an optional test split."""
+    """Train images with full and observed labels, the val split, an optional (fully labelled) test split."""
 
     classes: list[str]
     train: LabelledImages  # .labels are the FULL (annotated) labels
-    train_observed: np.ndarray  # (N_train, C) uint8: what training may use
-    val: LabelledImages
+    train_observed: np.ndarray  # (N_train, C) int8: 1 observed positive, -1 observed negative, 0 unobserved
+    val: LabelledImages  # .labels: what val is scored with (clean, or the observed positives with val=observed)
     test: LabelledImages | None
     observed: ObservedSpec
     fingerprint: str
     seed: int = PROTOCOL_SEED  # the protocol seed that sampled the labels and drew the split
+    val_observed: np.ndarray | None = None  # (N_val, C) int8 observed labels of the val images (None: unknown)
 
     def summary(self) -> str:
         """One line describing split sizes and label counts."""
-        obs = self.train_observed.sum(1).mean() if len(self.train) else 0.0
+        pos = (self.train_observed == 1).sum(1).mean() if len(self.train) else 0.0
+        neg = (self.train_observed == -1).sum(1).mean() if len(self.train) else 0.0
         full = self.train.labels.sum(1).mean() if len(self.train) else 0.0
         test = len(self.test) if self.test is not None else 0
+        negatives = f" and {neg:.2f} negatives" if neg else ""
         return (
-            f"train {len(self.train)} (observed {self.observed}: {obs:.2f} labels/image of {full:.2f}), "
-            f"val {len(self.val)}, test {test}, {len(self.classes)} classes"
+            f"train {len(self.train)} (observed {self.observed}: {pos:.2f} positives/image of {full:.2f}"
+            f"{negatives}), val {len(self.val)} ({self.observed.val} labels), test {test}, "
+            f"{len(self.classes)} classes"
         )
 
 
@@ -136,22 +116,43 @@ def dataset_fingerprint(splits: DatasetSplits) -> str:
     return h.hexdigest()[:16]
 
 
+def _val_part(val: LabelledImages, val_observed: np.ndarray | None, observed: ObservedSpec,
+              where: str) -> LabelledImages:
+    """``val`` scored with its clean labels, or (``val=observed``) with its observed positives."""
+    if observed.val == "clean":
+        return val
+    if val_observed is None:
+        raise DataError(f"--observed {observed}: {where} has no observed labels for the validation images, so "
+                        "they cannot be scored with them (val=observed)")
+    return LabelledImages(val.paths, (val_observed == 1).astype(np.uint8), val.classes)
+
+
 def _split_pool(
     splits: DatasetSplits, pool_observed: np.ndarray, observed: ObservedSpec, val_fraction: float, seed: int
 ) -> ProtocolSplits:
-    """Hold out ``val_fraction`` of the training pool as val (unless the dataset has an explicit val split)."""
+    """Hold out ``val_fraction`` of the training pool as val (unless the dataset has an explicit val split); the
+    val images' observed labels are the pool's rows (sampled on an explicit val split as on a pool)."""
     pool = splits.train
     if splits.val is not None and len(splits.val) > 0:
         train, train_obs, val = pool, pool_observed, splits.val
+        samplable = observed.kind in ("single", "partial", "full") and (
+            observed.kind != "single" or observed.variant in ("uniform", "empirical"))
+        if samplable:
+            explicit = replace(splits, train=splits.val, train_observed=None, train_objects=None)
+            val_obs: np.ndarray | None = sample_observed(val.labels, observed, seed, explicit)
+        else:
+            val_obs = None
     else:
         tr_idx, va_idx = split_train_val(len(pool), val_fraction, seed)
         if len(va_idx) == 0:
             raise ValueError(f"dataset {splits.name}: too few training images ({len(pool)}) to hold out a val split")
         train, train_obs, val = pool.subset(tr_idx), pool_observed[tr_idx], pool.subset(va_idx)
+        val_obs = pool_observed[va_idx]
     return ProtocolSplits(
-        classes=list(splits.classes), train=train, train_observed=train_obs, val=val,
+        classes=list(splits.classes), train=train, train_observed=train_obs,
+        val=_val_part(val, val_obs, observed, f"dataset {splits.name}'s val split"),
         test=splits.test if splits.test is not None and len(splits.test) > 0 else None,
-        observed=observed, fingerprint=dataset_fingerprint(splits), seed=seed,
+        observed=observed, fingerprint=dataset_fingerprint(splits), seed=seed, val_observed=val_obs,
     )
 
 
@@ -162,6 +163,14 @@ def _rows_by_path(record_paths: list[str], candidates: dict[str, int], path: Pat
         raise DataError(f"--observed {path} does not match this dataset: {len(missing)} of its {len(record_paths)} "
                         f"{what} images are not in it (first: {missing[0]})")
     return [candidates[p] for p in record_paths]
+
+
+def _recorded_spec(text: str) -> ObservedSpec:
+    """The :class:`ObservedSpec` a protocol file's ``observed`` member names (``given:NAME[?val=...]`` too)."""
+    if not text.startswith("given:"):
+        return parse_observed(text, check_files=False)
+    name, options = split_spec_options(text[len("given:"):], ("val",), "given")
+    return ObservedSpec("given", path=name, val=options.get("val", "clean") or "clean")
 
 
 def _protocol_from_record(splits: DatasetSplits, record: ProtocolRecord, path: Path) -> ProtocolSplits:
@@ -181,12 +190,12 @@ def _protocol_from_record(splits: DatasetSplits, record: ProtocolRecord, path: P
     candidates = {rel: i for i, rel in enumerate(relative_paths(pool, root))}
     train_rows = _rows_by_path(record.train_paths, candidates, path, "training")
     val_rows = _rows_by_path(record.val_paths, candidates, path, "validation")
-    kind, _, given = record.observed.partition(":")
-    observed = ObservedSpec("given", path=given) if kind == "given" else parse_observed(record.observed)
+    observed = _recorded_spec(record.observed)
+    val = _val_part(pool.subset(val_rows), record.val_observed, observed, f"{path} (a version-1 protocol file)")
     return ProtocolSplits(
         classes=list(splits.classes), train=pool.subset(train_rows), train_observed=record.train_observed,
-        val=pool.subset(val_rows), test=splits.test if splits.test is not None and len(splits.test) > 0 else None,
-        observed=observed, fingerprint=fingerprint, seed=record.protocol_seed,
+        val=val, test=splits.test if splits.test is not None and len(splits.test) > 0 else None,
+        observed=observed, fingerprint=fingerprint, seed=record.protocol_seed, val_observed=record.val_observed,
     )
 
 
@@ -198,6 +207,7 @@ def protocol_record(protocol: ProtocolSplits, splits: DatasetSplits) -> Protocol
         dataset=splits.name, fingerprint=protocol.fingerprint, classes=list(protocol.classes),
         train_paths=relative_paths(protocol.train, root), train_observed=protocol.train_observed,
         val_paths=relative_paths(protocol.val, root), observed=str(protocol.observed), protocol_seed=protocol.seed,
+        val_observed=protocol.val_observed,
     )
 
 
@@ -208,8 +218,9 @@ def build_protocol(
     seed: int = PROTOCOL_SEED,
 ) -> ProtocolSplits:
     """Apply the protocol to a loaded dataset: the observed labels of the training pool (sampled, shipped with
-    the dataset for ``single``, or read from ``observed.path``), then ``val_fraction`` of the pool held out as val
-    (unless the dataset has an explicit val split). A protocol file fixes labels and split together."""
+    the dataset for the published ``single``, or read from ``observed.path``), then ``val_fraction`` of the pool
+    held out as val (unless the dataset has an explicit val split). A protocol file fixes labels, split and val
+    labels together."""
     pool = splits.train
     if len(pool) == 0:
         raise ValueError(f"dataset {splits.name} has no training images")
@@ -221,9 +232,9 @@ def build_protocol(
         if matrix.shape[1] != len(splits.classes):
             raise DataError(f"--observed {path} does not match this dataset: it has {matrix.shape[1]} classes, the "
                             f"dataset {len(splits.classes)}")
-        given = ObservedSpec("given", path=path.name)
-        return _split_pool(splits, (matrix == 1).astype(np.uint8), given, val_fraction, seed)
-    if observed.kind == "single" and splits.train_observed is not None:
-        given = ObservedSpec("given", path=splits.observed_source)
+        given = ObservedSpec("given", path=path.name, val=observed.val)
+        return _split_pool(splits, matrix.astype(np.int8), given, val_fraction, seed)
+    if observed.is_published and splits.train_observed is not None:
+        given = ObservedSpec("given", path=splits.observed_source, val=observed.val)
         return _split_pool(splits, splits.train_observed, given, val_fraction, seed)
-    return _split_pool(splits, sample_observed(pool.labels, observed, seed), observed, val_fraction, seed)
+    return _split_pool(splits, sample_observed(pool.labels, observed, seed, splits), observed, val_fraction, seed)

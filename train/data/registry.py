@@ -17,6 +17,7 @@ from train.data.csv_format import CSV_FILENAME, load_csv
 from train.data.cub import find_cub_dir, load_cub
 from train.data.formatted import formatted_dataset_name, is_formatted_dir, load_formatted
 from train.data.nus import is_nus_dir, load_nus_spec
+from train.data.spec_options import split_spec_options
 from train.data.types import DataError, DatasetSplits
 from train.data.voc import find_voc_dirs, load_voc
 
@@ -39,7 +40,7 @@ def parse_builtin_argument(argument: str) -> tuple[str, int]:
 def _load_builtin(argument: str) -> DatasetSplits:
     """``builtin:<preset>[@seed<N>]``: generate (or reuse) the procedural dataset and load its CSV."""
     preset, seed = parse_builtin_argument(argument)
-    from train.data.builtin import PRESETS, ensure_builtin  # lazy: only this kind needs the generator
+    from train.data.builtin import PRESETS, builtin_objects, ensure_builtin  # lazy: only this kind needs them
 
     if preset not in PRESETS:
         raise DataError(
@@ -50,6 +51,8 @@ def _load_builtin(argument: str) -> DatasetSplits:
     splits = load_csv(folder / CSV_FILENAME)
     splits.name = f"builtin-{preset}"
     splits.source = f"builtin:{preset}@seed{seed}"
+    train = splits.train
+    splits.train_objects = lambda: builtin_objects(preset, seed, train)
     return splits
 
 
@@ -77,8 +80,10 @@ def _load_voc_spec(argument: str) -> DatasetSplits:
 
 
 def _load_coco_spec(argument: str) -> DatasetSplits:
-    """``coco:<root with annotations/instances_*.json>``: load MS-COCO."""
-    return load_coco(Path(argument))
+    """``coco:<root with annotations/instances_*.json>[?reference]``: load MS-COCO (``reference``: the classes in
+    the json's category order, as the seeds' format script)."""
+    path, options = split_spec_options(argument, ("reference",), "coco")
+    return load_coco(Path(path), reference="reference" in options)
 
 
 def _load_cub_spec(argument: str) -> DatasetSplits:
@@ -100,7 +105,7 @@ _FORMS: dict[str, str] = {
     "builtin": "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, small, default, large)",
     "csv": "csv:<labels.csv | folder>         generic CSV (image,labels[,split]; classes.txt optional)",
     "voc": "voc:<VOCdevkit | VOC20xx folder>  PASCAL VOC 2007/2012",
-    "coco": "coco:<root>                       MS-COCO 2014/2017 (annotations/instances_*.json)",
+    "coco": "coco:<root>[?reference]           MS-COCO 2014/2017 (annotations/instances_*.json)",
     "cub": "cub:<CUB_200_2011 | its parent>    CUB-200-2011, 312 attributes as labels",
     "nus": "nus:<root>[?images=DIR][&keep-unlabelled]  NUS-WIDE, 81 concepts (images under root/Flickr)",
     "formatted": "formatted:<dir>[?image-root=P&dataset=voc|coco|nus|cub&resample]  the seeds' formatted_*.npy",

@@ -8,6 +8,10 @@ object at all are skipped (a note gives the count). Classes: the 20 standard nam
 Splits: when ``ImageSets/Main/test.txt`` exists and every image it lists has an annotation (VOC2007 with the
 test set extracted), train = ``trainval.txt`` and test = ``test.txt``; otherwise (VOC2012) train =
 ``train.txt`` and test = ``val.txt`` (the papers use the official val split as the test set).
+
+Images are sorted by file name (the official lists are sorted already). On VOC2012 this gives the seeds'
+``preproc/format_pascal.py`` output (which reads the per-class ``<class>_{train,val}.txt`` lists, built from the
+same XML files: 1 for a non-difficult object) row for row.
 """
 
 from __future__ import annotations
@@ -117,12 +121,13 @@ def _parse_annotation(xml_path: Path) -> np.ndarray:
 
 
 def _load_list(year_dir: Path, list_name: str, notes: list[str]) -> LabelledImages:
-    """Load the images listed in ``ImageSets/Main/<list_name>``; skip (and note) those with no label."""
+    """Load the images listed in ``ImageSets/Main/<list_name>``, sorted by file name as the seeds'
+    ``format_pascal.py`` sorts them; skip (and note) those with no label."""
     list_path = year_dir / "ImageSets" / "Main" / list_name
     paths: list[Path] = []
     rows: list[np.ndarray] = []
     ids = _read_id_list(list_path)
-    for image_id, lineno in ids:
+    for image_id, lineno in sorted(ids, key=lambda entry: f"{entry[0]}.jpg"):
         xml_path = year_dir / "Annotations" / f"{image_id}.xml"
         if not xml_path.is_file():
             raise DataError(f"{list_path}:{lineno}: image {image_id!r}: annotation not found: {xml_path}")

@@ -62,7 +62,7 @@ class MethodContext:
 
     num_classes: int
     num_train: int
-    train_observed: torch.Tensor  # (N_train, C) float 0/1: the observed labels of the training set
+    train_observed: torch.Tensor  # (N_train, C) float: 1 observed positive, 0 unobserved, -1 observed negative
     expected_positives: float  # k: mean number of positives per training image (Cole's lookup)
     epochs: int  # all training epochs of the run (LinearInit + every stage)
     dataset: str = ""  # dataset name, used to pick a preset
@@ -105,11 +105,15 @@ class Method(nn.Module):
     # TrainConfig fields per dataset family ("*": every family), applied over ``--preset paper``
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {}
     uses_full_labels: ClassVar[bool] = False  # oracle methods train on the annotated labels
+    uses_observed_negatives: ClassVar[bool] = False  # reads batch["observed_negatives"] (the protocol's -1 entries)
     required_head: ClassVar[str | None] = None  # a classifier head the method needs (models.resnet.HEADS)
     description: ClassVar[str] = ""
 
     def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
         super().__init__()
+        if not (self.uses_full_labels or self.uses_observed_negatives) and bool((ctx.train_observed < 0).any()):
+            raise ValueError(f"the observed labels hold observed negatives, which method {self.name!r} does not use "
+                             "(the reference's losses reject them too); train with iu, or observe no negatives")
         self.ctx = ctx
         self.hp = hparams
 

@@ -1,0 +1,37 @@
+"""IU, "ignore unobserved" (Cole et al. 2021, ``loss_iu`` in the reference code): the observed positives and the
+observed negatives, nothing else.
+
+It needs a protocol that observes negatives (``--observed 'single?neg=N'``, the reference's ``--num-neg``; the
+other losses of the reference reject those -1 entries, and so do this package's other methods). ``-log p`` at the
+observed positives, ``-log(1 - p)`` at the observed negatives, 0 elsewhere; mean over all N*C entries (zeros
+included), as in the reference code.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from train.data.dataset import NEGATIVES
+from train.methods.base import LossOutput, Method, MethodContext, MethodHparams, neg_log, register
+
+
+@register
+class IgnoreUnobserved(Method):
+    """Observed positives and observed negatives only."""
+
+    name = "iu"
+    uses_observed_negatives = True
+    description = "observed positives + observed negatives only (needs --observed 'single?neg=N')"
+
+    def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
+        super().__init__(ctx, hparams)
+        if not bool((ctx.train_observed < 0).any()):
+            raise ValueError("method 'iu' trains on observed negatives, and these observed labels have none; "
+                             "observe some with --observed 'single?neg=N' (N per image, or all)")
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        p = torch.sigmoid(logits)
+        positive, negative = batch["observed"] > 0.5, batch[NEGATIVES] > 0.5
+        zero = torch.zeros_like(p)
+        loss = torch.where(positive, neg_log(p), torch.where(negative, neg_log(1.0 - p), zero))
+        return LossOutput(loss.mean())
