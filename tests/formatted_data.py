@@ -49,9 +49,11 @@ def make_formatted(
     observed: bool = True,
     classes: list[str] | None = None,
     seed: int = 0,
+    negatives: bool = False,
 ) -> Formatted:
     """Write ``formatted_{train,val}_{images,labels}.npy`` (+ ``formatted_train_labels_obs.npy`` with one observed
-    positive per row and a few seed-style -1 entries, + ``classes.txt``) into ``root``.
+    positive per row, as published, and with ``negatives`` two observed negatives (-1) per row as the seeds'
+    ``--num-neg 2`` writes them, + ``classes.txt``) into ``root``.
 
     Images go to ``image_dir`` (default ``root``) as ``cls/train_000.jpg``; the .npy files hold the paths relative to
     it, or ``recorded_prefix + relative`` (e.g. an absolute path of another machine) when given."""
@@ -72,7 +74,8 @@ def make_formatted(
         obs = np.zeros_like(train_labels)
         for i, row in enumerate(train_labels):
             obs[i, rng.choice(np.flatnonzero(row))] = 1.0
-        obs[0, np.flatnonzero(train_labels[0] == 0)[:1]] = -1.0  # the seeds' "observed negative" value
+            if negatives:
+                obs[i, rng.permutation(np.flatnonzero(row == 0))[:2]] = -1.0
         np.save(root / "formatted_train_labels_obs.npy", obs)
     if classes is not None:
         (root / "classes.txt").write_text("".join(f"{c}\n" for c in classes))

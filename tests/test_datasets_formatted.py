@@ -23,20 +23,20 @@ TRAIN = ["--no-lgconv", "--arch", "resnet18", "--image-size", "32", "--epochs", 
 
 def test_relative_paths_labels_sidecar_and_shipped_observed_labels(tmp_path: Path) -> None:
     names = ["ant", "bee", "cat", "dog", "eel"]
-    f = make_formatted(tmp_path / "mydata", classes=names)
+    f = make_formatted(tmp_path / "mydata", classes=names, negatives=True)  # the seeds' -1 entries are kept
     splits = load_dataset(f"formatted:{f.root}")
     assert splits.name == "mydata" and splits.classes == names and splits.val is None
     assert splits.train.paths == f.train_files and splits.test is not None and splits.test.paths == f.test_files
     np.testing.assert_array_equal(splits.train.labels, f.train_labels.astype(np.uint8))
     np.testing.assert_array_equal(splits.test.labels, f.test_labels.astype(np.uint8))
     assert f.observed is not None and splits.observed_source == "formatted_train_labels_obs.npy"
-    np.testing.assert_array_equal(splits.train_observed, (f.observed == 1).astype(np.uint8))  # -1 = unobserved
+    np.testing.assert_array_equal(splits.train_observed, f.observed)
     assert detect_kind(f.root) == "formatted" and load_dataset(str(f.root)).classes == names
     # the seeds' protocol: val carved out of the train files (their "val" files are the test set)
     protocol = build_protocol(splits, parse_observed("single"), 0.2, 1200)
     train_idx, val_idx = split_train_val(30, 0.2, 1200)
     assert str(protocol.observed) == "given:formatted_train_labels_obs.npy"
-    np.testing.assert_array_equal(protocol.train_observed, (f.observed[train_idx] == 1).astype(np.uint8))
+    np.testing.assert_array_equal(protocol.train_observed, f.observed[train_idx])
     assert protocol.val.paths == [f.train_files[i] for i in val_idx] and len(protocol.test or []) == 10
     resampled = load_dataset(f"formatted:{f.root}?resample")
     assert resampled.train_observed is None
@@ -101,7 +101,7 @@ def test_one_epoch_through_the_cli_uses_the_shipped_observed_labels(tmp_path: Pa
     saved = np.load(run / "observed.npz")
     train_idx, _ = split_train_val(40)
     assert f.observed is not None
-    np.testing.assert_array_equal(saved["train_observed"], (f.observed[train_idx] == 1).astype(np.uint8))
+    np.testing.assert_array_equal(saved["train_observed"], f.observed[train_idx])
     assert str(saved["observed"]) == "given:formatted_train_labels_obs.npy" and str(saved["dataset"]) == "voc"
     assert list(saved["classes"][:2]) == ["aeroplane", "bicycle"]
     # export rebuilds the same split from the checkpoint (to calibrate on the validation images)

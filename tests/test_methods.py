@@ -17,6 +17,7 @@ from train.methods.base import dataset_family
 
 LOGITS = [[2.0, -1.0, 0.0, 0.5], [0.5, 3.0, -2.0, -0.3]]
 OBSERVED = [[1, 0, 0, 0], [0, 1, 0, 0]]
+NEGATIVES = [[0, 1, 0, 0], [1, 0, 1, 0]]  # observed negatives (the protocol's -1 entries), for iu
 FULL = [[1, 0, 1, 0], [0, 1, 0, 1]]
 EPS = 1e-5
 
@@ -42,7 +43,12 @@ def ctx(num_train: int = 2, k: float = 2.0, epochs: int = 3) -> MethodContext:
 
 def batch() -> dict[str, torch.Tensor]:
     return {"observed": torch.tensor(OBSERVED, dtype=torch.float), "full": torch.tensor(FULL, dtype=torch.float),
-            "index": torch.tensor([0, 1])}
+            "observed_negatives": torch.tensor(NEGATIVES, dtype=torch.float), "index": torch.tensor([0, 1])}
+
+
+def ctx_with_negatives() -> MethodContext:
+    """:func:`ctx` whose training set also observes the NEGATIVES (-1 entries)."""
+    return dataclasses.replace(ctx(), train_observed=torch.tensor(OBSERVED) - torch.tensor(NEGATIVES).float())
 
 
 def loss_of(name: str, logits: torch.Tensor | None = None, **hp: str) -> torch.Tensor:
@@ -243,7 +249,8 @@ def test_em_apl_default_warm_up_is_half_the_run_between_1_and_the_papers_5(epoch
 @pytest.mark.parametrize("autocast", [False, True])
 def test_extreme_logits_give_finite_loss_and_gradients(name: str, autocast: bool) -> None:
     """(Methods that need a special head, i.e. lac, have their own version in test_lac.py.)"""
-    method = get_method(name)(ctx(), make_hparams(METHODS[name], {}))
+    method = get_method(name)(ctx_with_negatives() if METHODS[name].uses_observed_negatives else ctx(),
+                              make_hparams(METHODS[name], {}))
     logits = torch.tensor([[50.0, -50.0, 50.0, -50.0], [-50.0, 50.0, -50.0, 50.0]], requires_grad=True)
     if autocast:
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -460,6 +467,27 @@ def test_pu_mlc_mixup_regulariser_value_and_training_step() -> None:
     assert out.logs["mixup_reg"] > 0
     out.loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_iu_uses_the_observed_positives_and_negatives_only_and_other_methods_refuse_negatives() -> None:
+    """The reference's loss_iu; its other losses assert that no label is -1, and so do the methods here."""
+    total = 0.0
+    for row, z, n in zip(LOGITS, OBSERVED, NEGATIVES, strict=True):
+        for s, zz, nn in zip(row, z, n, strict=True):
+            total += nl(sig(s)) if zz else (nl(1 - sig(s)) if nn else 0.0)
+    method = get_method("iu")(ctx_with_negatives(), make_hparams(METHODS["iu"], {}))
+    logits = torch.tensor(LOGITS, requires_grad=True)
+    loss = method.loss(logits, batch()).loss
+    assert loss.item() == pytest.approx(total / 8, rel=1e-6)
+    loss.backward()
+    assert logits.grad[0, 2] == 0 and logits.grad[1, 3] == 0 and logits.grad[0, 1] > 0  # unobserved: no gradient
+    with pytest.raises(ValueError, match="have none"):
+        get_method("iu")(ctx(), make_hparams(METHODS["iu"], {}))
+    for name in sorted(set(METHODS) - {"iu", "bce", "iun"}):
+        with pytest.raises(ValueError, match=f"which method '{name}' does not use"):
+            get_method(name)(ctx_with_negatives(), make_hparams(METHODS[name], {}))
+    for name in ("bce", "iun"):  # they train on the annotated labels, of which the observed ones are a part
+        get_method(name)(ctx_with_negatives(), make_hparams(METHODS[name], {}))
 
 
 def test_iun_uses_the_observed_positive_and_true_negatives_only() -> None:

@@ -13,7 +13,7 @@ from formatted_data import make_formatted
 from models import load_checkpoint
 from train.__main__ import main
 from train.data.observed_file import protocol_file_bytes, read_protocol_file
-from train.data.protocol import build_protocol, parse_observed, protocol_record, split_train_val
+from train.data.protocol import build_protocol, parse_observed, protocol_record, sample_observed, split_train_val
 from train.data.registry import load_dataset
 
 FAST = ["--data", "builtin:tiny", "--no-lgconv", "--arch", "resnet18", "--image-size", "16", "--epochs", "1",
@@ -91,3 +91,59 @@ def test_an_unreadable_image_is_reported_and_skipped(tmp_path: Path, capsys: pyt
     assert summary["train_recovery"]["num_images"] == 31 and 0 < summary["test"]["mAP"] <= 100
     metrics = [json.loads(line) for line in (tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics] == [1, 2]
+
+
+def test_negatives_val_labels_and_bias_variants_round_trip_through_the_cli(builtin_cache: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``--observed 'single?neg=3&val=observed'`` with iu: config.json, the version-2 protocol file (-1 entries,
+    the val images' observed labels, the variant) and checkpoint record it, and ``--observed FILE`` restores all
+    of it byte for byte; a method that does not use negatives refuses them; ``single:size`` on the built-in
+    data is recorded as such."""
+    a = _run(tmp_path, "a", "--method", "iu", "--observed", "single?neg=3&val=observed")
+    assert json.loads((a / "config.json").read_text())["config"]["observed"] == "single?neg=3&val=observed"
+    assert load_checkpoint(a / "best.pt").meta.data["observed"] == "single?neg=3&val=observed"
+    with np.load(a / "observed.npz") as raw:
+        assert str(raw["format"]) == "spml-observed/2" and raw["train_observed"].dtype == np.int8
+    record = read_protocol_file(a / "observed.npz")
+    assert record.observed == "single?neg=3&val=observed" and record.val_observed is not None
+    assert ((record.train_observed == 1).sum(1) == 1).all() and ((record.train_observed == -1).sum(1) == 3).all()
+    assert record.val_observed.shape == (40, 20) and ((record.val_observed == -1).sum(1) == 3).all()
+    dataset = load_dataset("builtin:tiny")
+    pool = sample_observed(dataset.train.labels, parse_observed("single?neg=3"))
+    train_idx, val_idx = split_train_val(200)
+    np.testing.assert_array_equal(record.train_observed, pool[train_idx])
+    np.testing.assert_array_equal(record.val_observed, pool[val_idx])
+    restored = build_protocol(dataset, parse_observed(str(a / "observed.npz")))
+    np.testing.assert_array_equal(restored.val.labels, pool[val_idx] == 1)  # scored with the observed positives
+    b = _run(tmp_path, "b", "--method", "iu", "--observed", str(a / "observed.npz"))
+    assert (b / "observed.npz").read_bytes() == (a / "observed.npz").read_bytes()
+    capsys.readouterr()
+    for method, observed, expected in [("an", "single?neg=3", "which method 'an' does not use"),
+                                       ("iu", "single", "these observed labels have none")]:
+        assert main([*FAST, "--runs-dir", str(tmp_path), "--method", method, "--observed", observed]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and expected in err and len(err.splitlines()) == 1, err
+    size = build_protocol(dataset, parse_observed("single:size"))  # what a run with --observed single:size saves
+    (tmp_path / "size.npz").write_bytes(protocol_file_bytes(protocol_record(size, dataset)))
+    record = read_protocol_file(tmp_path / "size.npz")
+    expected_size = sample_observed(dataset.train.labels, parse_observed("single:size"), 1200, dataset)
+    assert record.observed == "single:size" and (record.train_observed != pool[train_idx]).any()
+    np.testing.assert_array_equal(record.train_observed, expected_size[train_idx])
+
+
+def test_version_1_protocol_files_are_still_read(builtin_cache: Path, tmp_path: Path) -> None:
+    """A file of format spml-observed/1 (0/1 uint8 train_observed, no val_observed) gives the same protocol."""
+    dataset = load_dataset("builtin:tiny")
+    protocol = build_protocol(dataset, parse_observed("single"))
+    arrays = protocol_record(protocol, dataset).arrays()
+    del arrays["val_observed"]
+    arrays["format"] = np.array("spml-observed/1")
+    arrays["train_observed"] = arrays["train_observed"].astype(np.uint8)
+    np.savez(tmp_path / "v1.npz", **arrays)
+    restored = build_protocol(dataset, parse_observed(str(tmp_path / "v1.npz")))
+    np.testing.assert_array_equal(restored.train_observed, protocol.train_observed)
+    assert restored.val.paths == protocol.val.paths and restored.val_observed is None
+    np.testing.assert_array_equal(restored.val.labels, protocol.val.labels)
+    written = read_protocol_file(tmp_path / "v1.npz")
+    assert written.val_observed is None and str(restored.observed) == "single"
+    assert protocol_file_bytes(protocol_record(restored, dataset)) != (tmp_path / "v1.npz").read_bytes()

@@ -206,7 +206,7 @@ def _objects_chunk(seed: int, indices: list[int], image_size: int) -> list[tuple
     return [labelled_objects(seed, "train", index, image_size) for index in indices]
 
 
-def builtin_objects(preset: str, seed: int, train: LabelledImages, progress: bool = True) -> ObjectTable:
+def builtin_objects(preset: str, seed: int, train: LabelledImages) -> ObjectTable:
     """The :class:`ObjectTable` of the built-in training images ``train`` (``images/train/NNNNNN.jpg``): the
     instances that make each image's labels, with their visible pixels as area and their centres, on the canvas
     the labels are decided on. Regenerated from the images' seeds without painting (about 2 ms an image at 96 px,
@@ -215,8 +215,8 @@ def builtin_objects(preset: str, seed: int, train: LabelledImages, progress: boo
     indices = [int(path.stem) for path in train.paths]
     chunks = [indices[start:start + 200] for start in range(0, len(indices), 200)]
     workers = _default_workers(spec)
-    bar = tqdm(total=len(indices), desc="builtin objects", unit="img", file=sys.stderr, disable=not progress,
-               leave=False)
+    bar = tqdm(total=len(indices), desc="builtin objects", unit="img", file=sys.stderr, disable=None,
+               leave=False)  # shown on a terminal
     results: list[tuple[np.ndarray, list[Any]]] = []
     with bar, (ProcessPoolExecutor(max_workers=workers) if workers > 1 else contextlib.nullcontext()) as pool:
         parts = (pool.map(_objects_chunk, [seed] * len(chunks), chunks, [spec.image_size] * len(chunks))
