@@ -200,6 +200,18 @@ def test_coco_label_bias_equals_the_reference(trees: dict[str, tuple[DatasetSpli
     assert str(protocol.observed) == spec.argument()
 
 
+def test_the_seeds_formatted_coco_folder_with_its_annotations_gives_the_biased_labels(tmp_path: Path) -> None:
+    """The reference's own data/coco layout: formatted files beside annotations/ (formatted: loader)."""
+    root = build_coco(tmp_path / "coco", read_description("coco"))
+    ref = reference_outputs("coco")
+    for phase, name in (("train", "train"), ("val", "test")):
+        np.save(root / f"formatted_{phase}_images.npy", ref[f"{name}_images"])
+        np.save(root / f"formatted_{phase}_labels.npy", ref[f"{name}_labels"].astype(np.float64))
+    splits = load_dataset(f"formatted:{root}")
+    protocol = build_protocol(splits, parse_observed("single:location"))
+    np.testing.assert_array_equal(protocol.train_observed, ref["chain_train_obs_loc"])
+
+
 def test_coco_categories_by_id_or_in_the_jsons_order_with_reference(tmp_path: Path) -> None:
     """A json listing its categories out of id order: the loader sorts them by id (the official files are in id
     order, so both agree there); ?reference keeps the json's order, as format_coco.py."""
@@ -245,3 +257,12 @@ def test_builtin_size_variant_prefers_the_large_objects(builtin_cache: Path) -> 
                                                         splits))
     location = sample_observed(splits.train.labels, parse_observed("single:location"), 1200, splits)
     assert (location.sum(1) == 1).all() and (location != size).any()
+
+
+def test_train_help_explains_the_observed_forms() -> None:
+    from train.config import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for form in ("single?pos=N&neg=M", "single:size|location", "single:empirical?weights=FILE", "val=observed",
+                 "train_set_variant='clean'", "coco:DIR[?reference]"):
+        assert form in text, form

@@ -164,11 +164,14 @@ def _number(path: Path, record: dict[str, Any], key: str, what: str) -> float:
     return value
 
 
-def coco_objects(path: Path, image_ids: list[int], categories: list[tuple[int, str]]) -> ObjectTable:
+def coco_objects(path: Path, image_ids: list[int], categories: list[tuple[int, str]] | None = None) -> ObjectTable:
     """The :class:`ObjectTable` of the images ``image_ids`` (rows, in that order) from the instance json ``path``:
-    each annotation's category column (``categories`` order), ``area`` and box centre (``x + w / 2``,
-    ``y + h / 2``), in the json's annotation order, and each image's ``width`` and ``height``."""
+    each annotation's category column (``categories`` order; default the json's, as the seeds' format script),
+    ``area`` and box centre (``x + w / 2``, ``y + h / 2``), in the json's annotation order, and each image's
+    ``width`` and ``height``."""
     data = _read_json(path)
+    if categories is None:
+        categories = _categories(path, data, json_order=True)
     sizes: dict[int, tuple[float, float]] = {}
     for image in data["images"]:
         image_id = _field(path, image, "id", int, "image")

@@ -10,6 +10,9 @@ Files in DIR (written by the seeds' ``preproc/format_{pascal,coco,nuswide,cub}.p
   (``?resample`` ignores it);
 - optional ``classes.txt``: the class names, one per line.
 
+A COCO folder laid out as the seeds' ``data/coco`` (``annotations/instances_train2014.json`` beside the formatted
+files) also gives the images' objects to the label-bias protocols (``--observed single:size``).
+
 As in the seeds' ``datasets.py``, the "val" files are the TEST split, and the validation split is carved out of
 the train files (``--val-fraction``, ``--protocol-seed``). Image paths are relative to each dataset's image
 folder in the seeds' ``get_metadata`` (VOC: ``VOCdevkit/VOC2012/JPEGImages``, COCO: the folder itself, NUS-WIDE:
@@ -29,10 +32,11 @@ from pathlib import Path, PurePath
 
 import numpy as np
 
+from train.data.coco import coco_objects
 from train.data.csv_format import CLASSES_FILENAME, emit_note, read_classes_file
 from train.data.known_classes import FAMILY_CLASSES, detect_family
 from train.data.spec_options import split_spec_options
-from train.data.types import DataError, DatasetSplits, LabelledImages
+from train.data.types import DataError, DatasetSplits, LabelledImages, ObjectTable
 
 __all__ = ["FORMATTED_FILES", "OBSERVED_NPY", "formatted_dataset_name", "is_formatted_dir", "load_formatted",
            "load_label_matrix"]
@@ -208,4 +212,17 @@ def load_formatted(argument: str) -> DatasetSplits:
             raise DataError(f"{observed_path}: has {observed.shape[1]} classes but the label files have {len(classes)}")
         splits.train_observed = observed.astype(np.int8)
         splits.observed_source = OBSERVED_NPY
+    instances = root / "annotations" / "instances_train2014.json"
+    if instances.is_file():  # the seeds' data/coco folder: the objects of the label-bias protocols
+        splits.train_objects = lambda: _coco_objects(instances, train_raw)
     return splits
+
+
+def _coco_objects(instances: Path, names: list[str]) -> ObjectTable:
+    """The objects of the formatted COCO images ``names`` (``train2014/COCO_train2014_<id>.jpg``) from the
+    instance json beside the formatted files."""
+    try:
+        ids = [int(PurePath(name).stem.rsplit("_", 1)[-1]) for name in names]
+    except ValueError as exc:
+        raise DataError(f"{instances.parent.parent}: a formatted image name carries no COCO image id ({exc})") from exc
+    return coco_objects(instances, ids)

@@ -92,7 +92,7 @@ class ProtocolSplits:
         test = len(self.test) if self.test is not None else 0
         negatives = f" and {neg:.2f} negatives" if neg else ""
         return (
-            f"train {len(self.train)} (observed {self.observed}: {pos:.2f} positives/image of {full:.2f}"
+            f"train {len(self.train)} (observed {self.observed}: {pos:.2f} labels/image of {full:.2f}"
             f"{negatives}), val {len(self.val)} ({self.observed.val} labels), test {test}, "
             f"{len(self.classes)} classes"
         )

@@ -18,7 +18,7 @@ from train.data.cub import find_cub_dir, load_cub
 from train.data.formatted import formatted_dataset_name, is_formatted_dir, load_formatted
 from train.data.nus import is_nus_dir, load_nus_spec
 from train.data.spec_options import split_spec_options
-from train.data.types import DataError, DatasetSplits
+from train.data.types import DataError, DatasetSplits, ObjectTable
 from train.data.voc import find_voc_dirs, load_voc
 
 __all__ = ["DATASET_KINDS", "describe_kinds", "detect_kind", "load_dataset", "parse_builtin_argument",
@@ -40,7 +40,7 @@ def parse_builtin_argument(argument: str) -> tuple[str, int]:
 def _load_builtin(argument: str) -> DatasetSplits:
     """``builtin:<preset>[@seed<N>]``: generate (or reuse) the procedural dataset and load its CSV."""
     preset, seed = parse_builtin_argument(argument)
-    from train.data.builtin import PRESETS, builtin_objects, ensure_builtin  # lazy: only this kind needs them
+    from train.data.builtin import PRESETS, ensure_builtin  # lazy: only this kind needs the generator
 
     if preset not in PRESETS:
         raise DataError(
@@ -52,7 +52,14 @@ def _load_builtin(argument: str) -> DatasetSplits:
     splits.name = f"builtin-{preset}"
     splits.source = f"builtin:{preset}@seed{seed}"
     train = splits.train
-    splits.train_objects = lambda: builtin_objects(preset, seed, train)
+
+    def objects() -> ObjectTable:
+        """The training images' shapes (train/data/builtin.py), for the label-bias protocols."""
+        from train.data.builtin import builtin_objects
+
+        return builtin_objects(preset, seed, train)
+
+    splits.train_objects = objects
     return splits
 
 
