@@ -91,10 +91,10 @@ class ProtocolSplits:
         full = self.train.labels.sum(1).mean() if len(self.train) else 0.0
         test = len(self.test) if self.test is not None else 0
         negatives = f" and {neg:.2f} negatives" if neg else ""
+        val_labels = " (observed labels)" if self.observed.val == "observed" else ""
         return (
             f"train {len(self.train)} (observed {self.observed}: {pos:.2f} labels/image of {full:.2f}"
-            f"{negatives}), val {len(self.val)} ({self.observed.val} labels), test {test}, "
-            f"{len(self.classes)} classes"
+            f"{negatives}), val {len(self.val)}{val_labels}, test {test}, {len(self.classes)} classes"
         )
 
 
