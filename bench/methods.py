@@ -39,6 +39,7 @@ from train.data.observed_file import OBSERVED_FILE
 from train.methods import METHODS
 from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
 
+# every method but iu, which trains on observed negatives that the default protocol does not observe
 DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-apl", "opml", "opml-sp", "pu-mlc",
                    "lac"]
 

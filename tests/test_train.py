@@ -107,7 +107,8 @@ def test_resume_after_the_last_epoch_runs_only_the_missing_final_evaluation(
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_trains_end_to_end(builtin_cache: Path, tmp_path: Path, method: str) -> None:
-    summary = Trainer(_cfg(tmp_path, name=method, method=method, epochs=1)).fit()
+    observed = "single?neg=3" if METHODS[method].uses_observed_negatives else "single"  # iu trains on negatives
+    summary = Trainer(_cfg(tmp_path, name=method, method=method, epochs=1, observed=observed)).fit()
     assert 0 < summary["test"]["mAP"] <= 100
     best = load_checkpoint(tmp_path / method / "best.pt")
     assert best.meta.method == method and best.meta.method_hparams == make_hparams(METHODS[method], {}).__dict__
