@@ -19,13 +19,15 @@ from models.preprocess import read_image
 from train.data.types import LabelledImages
 
 SKIPPED = "skipped"  # batch key: the dataset rows of this batch whose image could not be read
+FULL_LABELS = "full"  # batch key of the annotated labels: only in the batches of methods that train on them
 
 
 class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
-    """Items are dicts: ``images`` (transformed float tensor), ``observed`` and ``full`` (float (C,) label
-    rows; observed = full when no observed matrix is given) and ``index`` (the row number), plus one entry per
-    extra view (``views``: key -> transform of the same decoded image, e.g. LAC's strong view). An image that
-    cannot be read gives an item holding only ``SKIPPED`` (its row number)."""
+    """Items are dicts: ``images`` (transformed float tensor), ``observed`` (float (C,) label row; the annotated
+    labels when no observed matrix is given) and ``index`` (the row number), plus one entry per extra view
+    (``views``: key -> transform of the same decoded image, e.g. LAC's strong view). The annotated labels are in
+    ``labels`` for scoring; items carry them (under ``FULL_LABELS``) only with ``annotated_in_items`` (the trainer's
+    oracle capability). An image that cannot be read gives an item holding only ``SKIPPED`` (its row number)."""
 
     def __init__(
         self,
@@ -33,18 +35,20 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         transform: Callable[[torch.Tensor], torch.Tensor],
         observed: np.ndarray | None = None,
         views: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+        annotated_in_items: bool = False,
     ) -> None:
         self.paths: list[Path] = list(images.paths)
-        self.full = torch.from_numpy(images.labels.astype(np.float32))
-        self.observed = self.full if observed is None else torch.from_numpy(np.asarray(observed, dtype=np.float32))
-        if self.observed.shape != self.full.shape:
+        self.labels = torch.from_numpy(images.labels.astype(np.float32))
+        self.observed = self.labels if observed is None else torch.from_numpy(np.asarray(observed, dtype=np.float32))
+        if self.observed.shape != self.labels.shape:
             raise ValueError("observed labels must have the same shape as the full labels")
+        self.annotated_in_items = annotated_in_items
         self.transform = transform
         # every transform of this package resizes the whole image to its ``image_size`` first, so large JPEGs
         # may be decoded at reduced scale (models.preprocess.decode_scaled); others get full-size images
         self.decode_side: int | None = getattr(transform, "decode_side", None)
         self.views = dict(views or {})
-        clash = set(self.views) & {"images", "observed", "full", "index", SKIPPED}
+        clash = set(self.views) & {"images", "observed", FULL_LABELS, "index", SKIPPED}
         if clash:
             raise ValueError(f"extra view names clash with batch keys: {sorted(clash)}")
 
@@ -60,9 +64,10 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         item = {
             "images": self.transform(image),
             "observed": self.observed[index],
-            "full": self.full[index],
             "index": torch.tensor(index, dtype=torch.long),
         }
+        if self.annotated_in_items:
+            item[FULL_LABELS] = self.labels[index]
         for key, view in self.views.items():
             item[key] = view(image)
         return item
