@@ -109,8 +109,19 @@ def test_resume_after_the_last_epoch_runs_only_the_missing_final_evaluation(
     assert "already finished all 1 epochs" in capsys.readouterr().out
 
 
+def test_training_beats_the_untrained_model(squares_csv: Path, tmp_path: Path) -> None:
+    """A real learning signal: two epochs of AN lift the test mAP far above the untrained network's on the same
+    test images (measured, seeds 0-7: +15.6 to +38.7 points; seed 0: 41.9 -> 76.9)."""
+    trainer = Trainer(_cfg(tmp_path, data=f"csv:{squares_csv}", name="learns"))
+    test = trainer.predictor.eval_loader(trainer.splits.test)
+    untrained = trainer.evaluate(trainer.model, test, "test").metrics
+    summary = trainer.fit()
+    assert summary["test"]["num_images"] == untrained["num_images"] == 48
+    assert summary["test"]["mAP"] >= untrained["mAP"] + 10.0
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_trains_end_to_end(builtin_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_every_method_trains_end_to_end(squares_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         method: str) -> None:
     """Every method trains; only one that trains on the full labels (an oracle) finds them in its batches."""
     batch_keys: list[set[str]] = []
@@ -121,7 +132,7 @@ def test_every_method_trains_end_to_end(builtin_cache: Path, tmp_path: Path, mon
         return original(model, m, batch)  # type: ignore[arg-type]
 
     monkeypatch.setattr(training_step, "method_step", spy)
-    summary = Trainer(_cfg(tmp_path, name=method, method=method, epochs=1)).fit()
+    summary = Trainer(_cfg(tmp_path, data=f"csv:{squares_csv}", name=method, method=method, epochs=1)).fit()
     assert 0 < summary["test"]["mAP"] <= 100
     assert batch_keys and all(("full" in keys) == METHODS[method].trains_on_full_labels for keys in batch_keys)
     best = load_checkpoint(tmp_path / method / "best.pt")
@@ -129,14 +140,17 @@ def test_every_method_trains_end_to_end(builtin_cache: Path, tmp_path: Path, mon
 
 
 def test_without_hidden_labels_oracles_are_refused_and_nothing_is_scored(
-        builtin_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        squares_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--observed full: the training labels hold nothing beyond what the methods observe, so the reference bounds
-    refuse to start (exit 2) and no full-label diagnostic is computed."""
+    refuse to start (exit 2, no run folder) and no full-label diagnostic is computed."""
+    data = ["--data", f"csv:{squares_csv}", "--image-size", "32", "--no-progress", "--observed", "full"]
     for oracle in (m for m in METHODS if METHODS[m].trains_on_full_labels):
-        assert main([*FAST, "--observed", "full", "--method", oracle, "--runs-dir", str(tmp_path)]) == 2
+        assert main([*data, "--method", oracle, "--runs-dir", str(tmp_path), "--name", oracle]) == 2
         assert "reference bound that trains on the training images' full labels" in capsys.readouterr().err
-    summary = Trainer(_cfg(tmp_path, name="role-full", method="role", observed="full", epochs=1)).fit()
-    assert "train_recovery" not in summary and summary["test"]["num_images"] == 80
+        assert not (tmp_path / oracle).exists()
+    cfg = _cfg(tmp_path, data=f"csv:{squares_csv}", name="role-full", method="role", observed="full", epochs=1)
+    summary = Trainer(cfg).fit()
+    assert "train_recovery" not in summary and summary["test"]["num_images"] == 48
     line = json.loads((tmp_path / "role-full" / "metrics.jsonl").read_text())
     assert "estimator_unobserved_mean" in line and "estimator_recovery_mAP" not in line
 

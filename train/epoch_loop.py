@@ -2,9 +2,10 @@
 epoch's running totals.
 
 Nothing in the loop waits for the device unless the step itself needs it: the loss and the methods' logged values
-are summed where they are computed, and read on the host (progress bar, divergence check) every
-:data:`HOST_SYNC_EVERY` steps and at the end of the epoch. A non-finite loss is therefore noticed at the next such
-point, not at its step; the error names the first step that had one, and no checkpoint of that epoch is written.
+are summed where they are computed, and read on the host (progress bar, divergence check) after the epoch's first
+step, every :data:`HOST_SYNC_EVERY` steps and at the end of the epoch. A non-finite loss is therefore noticed at
+the next such point, not at its step; the error names the first step that had one, and no checkpoint of that
+epoch is written.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def train_epoch(data: TrainData, epoch: int, step: Callable[[dict[str, torch.Ten
             continue
         batch = to_device(readable)
         totals.add(step(batch), batch["images"].shape[0], index + 1)
-        if (index + 1) % HOST_SYNC_EVERY == 0:
+        if index == 0 or (index + 1) % HOST_SYNC_EVERY == 0:  # the first step: a run that diverges at once stops
             totals.raise_if_diverged()
             rate = totals.seen / (time.perf_counter() - start)
             bar.set_postfix(loss=f"{totals.mean_loss():.4f}", img_s=f"{rate:.0f}")
