@@ -36,12 +36,17 @@ import torch
 from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
 from train.data.observed_file import OBSERVED_FILE
-from train.methods import METHODS
+from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names
 from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
 
-# every method but iu, which trains on observed negatives that the default protocol does not observe
-DEFAULT_METHODS = ["bce", "iun", "an", "an-ls", "wan", "epr", "role", "em", "em-apl", "opml", "opml-sp", "pu-mlc",
-                   "lac"]
+# every registered method, the full-label reference bounds first; not iu, which trains on observed negatives that
+# the default protocol does not observe
+DEFAULT_METHODS = [name for name in method_names() if not METHODS[name].uses_observed_negatives]
+
+
+def is_reference_bound(method: str) -> bool:
+    """Whether ``method`` trains on the full labels (an oracle bound, not a single-positive method)."""
+    return method in METHODS and METHODS[method].trains_on_full_labels
 
 
 class RunMismatch(Exception):
@@ -176,9 +181,9 @@ def aggregate(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         recovery = _mean_std([s.get("train_recovery", {}).get("mAP", math.nan) for s in summaries])
         rows.append({"method": method, "seeds": len(summaries), "test": test, "val": val, "last_val": last_val,
                      "recovery": recovery, "chosen": [str(s["grid_value"]) for s in summaries if "grid_value" in s],
-                     "vs_an": paired_vs_an(summaries, results.get("an", []))})
+                     "vs_an": paired_vs_an(summaries, results.get(BASELINE, []))})
     means = {r["method"]: r["test"][0] for r in rows}
-    an, bce = means.get("an", math.nan), means.get("bce", math.nan)
+    an, bce = means.get(BASELINE, math.nan), means.get(UPPER_BOUND, math.nan)
     for r in rows:
         span = bce - an
         r["gap"] = (r["test"][0] - an) / span if span and not math.isnan(span) and span > 0 else math.nan
@@ -194,7 +199,7 @@ def _fmt(pair: tuple[float, float]) -> str:
 
 def _fmt_vs_an(row: dict[str, Any]) -> str:
     mean, std, above, compared = row["vs_an"]
-    if row["method"] == "an":
+    if row["method"] == BASELINE:
         return "0"
     if not compared:
         return "n/a"
@@ -207,26 +212,28 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
              plot_link: str | None = None) -> str:
     """The results section: settings, command, table (with the chosen grid value per seed when ``grid`` is
     given), the methods that do not beat ``an`` and, with ``plot_link``, the bar plot at that relative path."""
-    an = next((r["test"][0] for r in rows if r["method"] == "an"), math.nan)
+    an = next((r["test"][0] for r in rows if r["method"] == BASELINE), math.nan)
+    bounds = " and ".join(f"`{name}`" for name in method_names() if is_reference_bound(name))
     lines = [
         f"## Method comparison on `{data}`", "",
         machine_line(gpu=torch.cuda.is_available()), "",
         "Command:", "", "```", command, "```", "",
         f"Training arguments shared by every run: `{shlex.join(train_args) or '(defaults)'}`. Test mAP is the "
         "test-set mAP of the epoch with the best validation mAP (the papers' protocol), mean ± std over seeds. "
-        "Gap recovered = (method - an) / (bce - an). Vs an, same seed = the method's test mAP minus that of "
-        "`an` trained with the same seed (the same initialisation, batch order and augmentation), mean ± std "
-        "over the seeds both have, and on how many of them the method is above `an`. Val mAP is the best "
-        "epoch's; the last epoch's is below it when the network has started to fit its wrong targets "
-        "(memorisation). Label recovery = mAP of the best epoch's model on the training set against its "
-        "hidden full labels (Cole et al.). `bce` (full labels) and `iun` (observed positive + all true "
-        "negatives) are reference bounds that see labels the other methods do not." + (
-            f" Every run of seed N starts from the backbone of `{warm_start}/an-seedN/best.pt` (AN with the same "
-            "arguments) and a new head (`--weights ... --reset-head`)." if warm_start else "") + (
+        f"Gap recovered = (method - {BASELINE}) / ({UPPER_BOUND} - {BASELINE}). Vs {BASELINE}, same seed = the "
+        f"method's test mAP minus that of `{BASELINE}` trained with the same seed (the same initialisation, batch "
+        f"order and augmentation), mean ± std over the seeds both have, and on how many of them the method is "
+        f"above `{BASELINE}`. Val mAP is the best epoch's; the last epoch's is below it when the network has "
+        "started to fit its wrong targets (memorisation). Label recovery = mAP of the best epoch's model on the "
+        f"training set against its hidden full labels (Cole et al.). {bounds} train on the full labels: reference "
+        "bounds that see labels the other methods do not." + (
+            f" Every run of seed N starts from the backbone of `{warm_start}/{BASELINE}-seedN/best.pt` "
+            f"(`{BASELINE}` with the same arguments) and a new head (`--weights ... --reset-head`)."
+            if warm_start else "") + (
             f" Each method and seed is trained with every value of `--{grid[0]}` in {{{', '.join(grid[1])}}}; "
             "the run with the best validation mAP is the one in the table (its value per seed in the last "
             "column)." if grid else ""), "",
-        "| method | seeds | test mAP | gap recovered | vs an, same seed | val mAP | val mAP, last epoch | "
+        f"| method | seeds | test mAP | gap recovered | vs {BASELINE}, same seed | val mAP | val mAP, last epoch | "
         "label recovery mAP |" + (f" chosen --{grid[0]} |" if grid else ""),
         "|---|---|---|---|---|---|---|---|" + ("---|" if grid else ""),
     ]
@@ -235,10 +242,10 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
         chosen = f" {' / '.join(r['chosen'])} |" if grid else ""
         lines.append(f"| {r['method']} | {r['seeds']} | {_fmt(r['test'])} | {gap} | {_fmt_vs_an(r)} | "
                      f"{_fmt(r['val'])} | {_fmt(r['last_val'])} | {_fmt(r['recovery'])} |{chosen}")
-    compared = [r for r in rows if r["method"] not in ("an", "bce", "iun")]
-    if not math.isnan(an) and compared:  # without an `an` row, or with nothing else, there is nothing to compare
+    compared = [r for r in rows if r["method"] != BASELINE and not is_reference_bound(r["method"])]
+    if not math.isnan(an) and compared:  # without a baseline row, or with nothing else, there is nothing to compare
         below = [r["method"] for r in compared if r["test"][0] < an]
-        lines += ["", "Methods below `an`: " + (", ".join(below) if below else "none") + "."]
+        lines += ["", f"Methods below `{BASELINE}`: " + (", ".join(below) if below else "none") + "."]
     if failed:
         lines += ["", "Runs that failed (not in the table): " + ", ".join(failed) + "."]
     if plot_link:
@@ -257,7 +264,7 @@ def plot(rows: list[dict[str, Any]], path: Path, data: str) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(rows)), 4.0))
     names = [r["method"] for r in rows]
-    colours = ["0.6" if n in ("bce", "iun") else ("tab:red" if n == "an" else "tab:blue") for n in names]
+    colours = ["0.6" if is_reference_bound(n) else ("tab:red" if n == BASELINE else "tab:blue") for n in names]
     spreads = [0.0 if math.isnan(r["test"][1]) else r["test"][1] for r in rows]  # one seed: no error bar
     ax.bar(names, [r["test"][0] for r in rows], yerr=spreads, color=colours, capsize=3)
     ax.set_ylabel("test mAP (%)")
@@ -320,10 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             seed_args = list(train_args)
             if args.warm_start is not None:
-                if run_one("an", seed, args.data, args.warm_start, train_args) is None:
+                if run_one(BASELINE, seed, args.data, args.warm_start, train_args) is None:
                     failed += [f"{method}-seed{seed} (no warm start)" for method in methods]
                     continue
-                seed_args += ["--weights", str(args.warm_start / f"an-seed{seed}" / BEST), "--reset-head"]
+                seed_args += ["--weights", str(args.warm_start / f"{BASELINE}-seed{seed}" / BEST), "--reset-head"]
             for method in methods:
                 if grid is None:
                     summary = run_one(method, seed, args.data, args.runs_dir, seed_args)

@@ -44,13 +44,12 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["input"] == "synthetic":
             c = len(trainer.classes)
             fixed = {"images": torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size),
-                     "observed": torch.zeros(cfg.batch_size, c), "full": torch.zeros(cfg.batch_size, c),
-                     "index": torch.arange(cfg.batch_size)}
+                     "observed": torch.zeros(cfg.batch_size, c), "index": torch.arange(cfg.batch_size)}
             batches = iter(lambda: fixed, None)
         else:
             def endless() -> Any:
                 while True:
-                    yield from trainer.train_loader
+                    yield from trainer.train.loader
             batches = endless()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)

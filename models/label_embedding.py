@@ -1,4 +1,5 @@
-"""LAC's label-wise embedding head (a Query2Label-style transformer decoder; METHODS.md section 4.1).
+"""LAC's label-wise embedding head, a Query2Label-style transformer decoder (Xie, Xiao, Huang, NeurIPS 2022;
+docs/methods.md, "LAC").
 
 The backbone's last feature map ``(N, D, H, W)`` becomes ``H*W`` tokens with a fixed 2-D sine position
 encoding. One self-attention encoder layer mixes them; then decoder layers WITHOUT self-attention (cross-

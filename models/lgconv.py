@@ -1,7 +1,7 @@
 """PU-MLC's local-global convolution (LgConv) for torchvision ResNets, and its exact inference-time fold.
 
-Training form (METHODS.md 5.3): every 3x3 convolution ``conv`` of the backbone becomes
-``conv(x) + GB(x)``, where the global branch ``GB`` is
+Training form (Yuan, Zhang, Huang, ICME 2024; docs/methods.md, "PU-MLC and LgConv"): every 3x3 convolution
+``conv`` of the backbone becomes ``conv(x) + GB(x)``, where the global branch ``GB`` is
 
     x_l  = ReLU(R x)                                   R: 1x1, C_in -> C_in/4 (with bias)
     x_h  = [x_l, mean_pos(x_l)]                        global context appended to every position

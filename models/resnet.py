@@ -27,9 +27,9 @@ ARCHITECTURES: dict[str, Callable[..., tvm.ResNet]] = {
 # enum member name (e.g. IMAGENET1K_V2) is accepted as well.
 _PAPER_WEIGHTS = "IMAGENET1K_V1"
 
-# Which parameters train: everything, or PU-MLC's choice (LgConv global branches + layer4 + head; the stem and
-# layers 1-3 frozen, their BatchNorms kept in eval mode so the frozen features really are fixed).
-TRAINABLE_SCOPES = ("all", "pu-mlc")
+# Which parameters train: everything, or only the last stage (LgConv global branches + layer4 + head; the stem
+# and layers 1-3 frozen, their BatchNorms kept in eval mode so the frozen features really are fixed).
+TRAINABLE_SCOPES = ("all", "layer4")
 
 # Classifier heads: "linear" (global average pool + Linear, the papers' default) or "lem" (LAC's label-wise
 # embedding transformer on the last feature map, models.label_embedding).
@@ -64,14 +64,14 @@ class MultiLabelResNet(nn.Module):
         return any(isinstance(m, GlobalBranch) for m in self.backbone.modules())
 
     def set_trainable_scope(self, scope: str) -> None:
-        """``all``: every parameter trains. ``pu-mlc``: only the LgConv global branches, layer4 and the head;
+        """``all``: every parameter trains. ``layer4``: only the LgConv global branches, layer4 and the head;
         the stem and layers 1-3 are frozen (``requires_grad=False``, BatchNorm statistics fixed)."""
         if scope not in TRAINABLE_SCOPES:
             raise ValueError(f"unknown trainable scope {scope!r}; choose from {', '.join(TRAINABLE_SCOPES)}")
         for p in self.parameters():
             p.requires_grad_(True)
         self._frozen = []
-        if scope == "pu-mlc":
+        if scope == "layer4":
             b = self.backbone
             in_branch = {id(m) for g in b.modules() if isinstance(g, GlobalBranch) for m in g.modules()}
             for stage in (b.conv1, b.bn1, b.layer1, b.layer2, b.layer3):

@@ -31,3 +31,30 @@ def builtin_cache(_isolated_cache: Path) -> Path:
 
     ensure_builtin("tiny", seed=0, cache_dir=_isolated_cache, progress=False)
     return _isolated_cache
+
+
+SQUARE_COLOURS = {"red": (230, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 230), "yellow": (230, 230, 30)}
+
+
+@pytest.fixture(scope="session")
+def squares_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CSV dataset (``labels.csv``) a small network learns within two epochs: 96 train and 48 test images of
+    32 px, each with 1 or 2 coloured squares on dark noise, one class per colour (4 classes)."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("squares")
+    rng = np.random.default_rng(0)
+    rows = ["image,labels,split"]
+    side, square = 32, 10
+    for split, count in (("train", 96), ("test", 48)):
+        for i in range(count):
+            names = sorted(rng.choice(list(SQUARE_COLOURS), size=int(rng.integers(1, 3)), replace=False))
+            pixels = rng.integers(0, 60, size=(side, side, 3), dtype=np.uint8)
+            for name in names:
+                x, y = rng.integers(0, side - square, size=2)
+                pixels[y:y + square, x:x + square] = SQUARE_COLOURS[name]
+            Image.fromarray(pixels).save(root / f"{split}{i}.png")
+            rows.append(f"{split}{i}.png,{';'.join(names)},{split}")
+    (root / "labels.csv").write_text("\n".join(rows) + "\n")
+    return root / "labels.csv"

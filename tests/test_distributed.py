@@ -120,7 +120,7 @@ def test_gathered_eval_equals_one_process_eval(runs: dict[str, Path], tmp_path: 
     trainer = Trainer(cfg, run_dir=run, resume=True)
     best = load_checkpoint(run / "best.pt")
     trainer.model.load_state_dict(best.model)
-    val = trainer._evaluate_loader(trainer.model, trainer.val_loader, "val")
+    val = trainer.evaluate(trainer.model, trainer.val_loader, "val").metrics
     assert val["num_images"] == summary["val"]["num_images"] == 39
     assert abs(val["mAP"] - summary["val"]["mAP"]) < 1e-6
 

@@ -22,7 +22,8 @@ from train.__main__ import main
 from train.data.augment import StrongTransform, cutout
 from train.methods import METHODS, MethodContext, get_method, make_hparams
 from train.methods.lac import class_embedding_similarity, plc_loss, supcon_loss
-from train.trainer import lem_token_warning
+from train.run_setup import lem_token_warning
+from train.training_step import method_step
 
 # plain ResNet: LgConv is not what these tests are about, and at 32 px its global branches cost about as much
 # as the rest of the network (tests/test_lgconv.py and test_train.py train and resume with it)
@@ -181,13 +182,12 @@ def test_extreme_logits_give_finite_loss_and_gradients(autocast: bool, stage: in
     logits = torch.tensor([[50.0, -50.0, 50.0, -50.0], [-50.0, 50.0, -50.0, 50.0]] * 2, requires_grad=True)
     emb = (torch.randn(4, 4, 8) * 50).requires_grad_(True)
     batch = {"images": torch.zeros(2, 3, 4, 4), "images_strong": torch.zeros(2, 3, 4, 4),
-             "observed": torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]]), "full": torch.zeros(2, 4),
-             "index": torch.tensor([0, 1])}
+             "observed": torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]]), "index": torch.tensor([0, 1])}
     if autocast:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = method.training_step(_StubModel(logits.to(torch.bfloat16), emb.to(torch.bfloat16)), batch)
+            out = method_step(_StubModel(logits.to(torch.bfloat16), emb.to(torch.bfloat16)), method, batch)
     else:
-        out = method.training_step(_StubModel(logits, emb), batch)
+        out = method_step(_StubModel(logits, emb), method, batch)
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(logits.grad).all()
     assert ("lac" in out.logs) == (stage == 2)

@@ -20,7 +20,8 @@ from train.data.registry import load_dataset
 
 
 def _naive_branch(gb: GlobalBranch, x: torch.Tensor) -> torch.Tensor:
-    """GB(x) written out position by position and head by head, from METHODS.md 5.3 (eval-mode BN)."""
+    """GB(x) written out position by position and head by head (docs/methods.md, "PU-MLC and LgConv"; eval-mode
+    BN)."""
     n, c, h, w = x.shape
     heads, k = gb.heads, c // gb.heads
     w_r, b_r = gb.reduce.weight[:, :, 0, 0], gb.reduce.bias
@@ -133,10 +134,11 @@ def test_plain_resnet_weights_load_into_an_lgconv_model(tmp_path: Path) -> None:
     assert isinstance(model.backbone.layer2[0].conv1, LgConv2d)
 
 
-def test_pu_mlc_scope_trains_branches_layer4_and_head_only(real_images: torch.Tensor) -> None:
+def test_layer4_scope_trains_branches_layer4_and_head_only(real_images: torch.Tensor) -> None:
+    """PU-MLC's published scope (``trainable_scope`` of the method, applied by --preset paper)."""
     torch.manual_seed(0)
     model = build_model("resnet18", 5, lgconv=True)
-    model.set_trainable_scope("pu-mlc")
+    model.set_trainable_scope("layer4")
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     assert all(n.startswith(("backbone.layer4.", "head.")) or ".global_branch." in n for n in names)
     assert "backbone.layer1.0.conv1.global_branch.value.weight" in names
@@ -157,7 +159,7 @@ def test_pu_mlc_scope_trains_branches_layer4_and_head_only(real_images: torch.Te
     model.set_trainable_scope("all")
     assert all(p.requires_grad for p in model.parameters()) and frozen_bn.training
     with pytest.raises(ValueError, match="unknown trainable scope"):
-        model.set_trainable_scope("layer4")
+        model.set_trainable_scope("layer3")
 
 
 @pytest.mark.parametrize("arch", ["resnet18", "resnet50"])

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from train.config import TrainConfig, build_parser, config_from_args, validate
+from train.diagnostics import score_label_estimates
 from train.methods import METHODS, EpochEndContext, MethodContext, get_method, make_hparams
 from train.methods.base import dataset_family
+from train.training_step import method_step
 
 LOGITS = [[2.0, -1.0, 0.0, 0.5], [0.5, 3.0, -2.0, -0.3]]
 OBSERVED = [[1, 0, 0, 0], [0, 1, 0, 0]]
@@ -41,9 +43,12 @@ def ctx(num_train: int = 2, k: float = 2.0, epochs: int = 3) -> MethodContext:
                          expected_positives=k, epochs=epochs)
 
 
-def batch() -> dict[str, torch.Tensor]:
-    return {"observed": torch.tensor(OBSERVED, dtype=torch.float), "full": torch.tensor(FULL, dtype=torch.float),
-            "observed_negatives": torch.tensor(NEGATIVES, dtype=torch.float), "index": torch.tensor([0, 1])}
+def batch(full: bool = False) -> dict[str, torch.Tensor]:
+    """The observed labels (positives and negatives) and indices of LOGITS' two images; the full labels too for a
+    method that trains on them (the only ones whose batches carry them)."""
+    out = {"observed": torch.tensor(OBSERVED, dtype=torch.float),
+           "observed_negatives": torch.tensor(NEGATIVES, dtype=torch.float), "index": torch.tensor([0, 1])}
+    return {**out, "full": torch.tensor(FULL, dtype=torch.float)} if full else out
 
 
 def ctx_with_negatives() -> MethodContext:
@@ -53,7 +58,8 @@ def ctx_with_negatives() -> MethodContext:
 
 def loss_of(name: str, logits: torch.Tensor | None = None, **hp: str) -> torch.Tensor:
     method = get_method(name)(ctx(), make_hparams(METHODS[name], hp))
-    return method.loss(torch.tensor(LOGITS) if logits is None else logits, batch()).loss
+    return method.loss(torch.tensor(LOGITS) if logits is None else logits,
+                       batch(full=METHODS[name].trains_on_full_labels)).loss
 
 
 def test_an_ls_value_follows_the_reference_code_targets() -> None:
@@ -154,21 +160,18 @@ def test_role_logs_its_estimator_without_changing_it() -> None:
         method.estimator.copy_(torch.tensor(phi))
     before = method.estimator.detach().clone()
     full = torch.tensor(FULL, dtype=torch.float)
-    logs = method.on_epoch_end(EpochEndContext(epoch=1, predict_train=lambda augment: torch.zeros(2, 4),
-                                               train_full_labels=full))
+    logs = method.on_epoch_end(EpochEndContext(epoch=1, predict_train=lambda augment: torch.zeros(2, 4)))
     assert torch.equal(method.estimator.detach(), before)
     unobserved = [-2.0, 1.0, -1.0, -3.0, 0.5, 2.0]
     assert logs["estimator_unobserved_abs_logit"] == pytest.approx(sum(map(abs, unobserved)) / 6, rel=1e-6)
     assert logs["estimator_unobserved_mean"] == pytest.approx(sum(map(sig, unobserved)) / 6, rel=1e-6)
+    assert "estimator_recovery_mAP" not in logs  # the method never sees full labels: the trainer scores them
     # per class, hand-ranked against FULL: classes 0 and 1 rank their positive first (AP 1); class 2's positive
     # (image 0, logit 1.0) is above image 1's 0.5 (AP 1); class 3's positive (image 1, 2.0) above -1.0 (AP 1)
-    assert logs["estimator_recovery_mAP"] == pytest.approx(100.0)
+    scored = score_label_estimates(method.label_estimates(), full)
+    assert scored == {"estimator_recovery_mAP": pytest.approx(100.0)}
     flipped = full.flip(0)  # every class's positive now sits on the lower-ranked image: AP 1/2 each
-    logs = method.on_epoch_end(EpochEndContext(epoch=1, predict_train=lambda augment: torch.zeros(2, 4),
-                                               train_full_labels=flipped))
-    assert logs["estimator_recovery_mAP"] == pytest.approx(50.0)
-    assert "estimator_recovery_mAP" not in method.on_epoch_end(
-        EpochEndContext(epoch=1, predict_train=lambda augment: torch.zeros(2, 4)))
+    assert score_label_estimates(method.label_estimates(), flipped)["estimator_recovery_mAP"] == pytest.approx(50.0)
 
 
 def test_em_unobserved_term_is_minimal_at_one_half_and_pushes_towards_it() -> None:
@@ -195,7 +198,7 @@ def test_em_apl_pseudo_labels_lowest_unobserved_accumulate_and_enter_the_loss() 
     c = MethodContext(num_classes=2, num_train=5, train_observed=observed, expected_positives=1.0, epochs=3)
     method = get_method("em-apl")(c, make_hparams(METHODS["em-apl"], {"theta": "0.5", "warmup_epochs": "1"}))
     probs = torch.tensor([[0.9, 0.05], [0.3, 0.8], [0.2, 0.6], [0.4, 0.1], [0.01, 0.7]])
-    full = torch.tensor([[1, 0], [0, 1], [0, 1], [0, 0], [0, 0]], dtype=torch.float)
+    full = torch.tensor([[1, 0], [0, 1], [1, 1], [0, 0], [0, 0]], dtype=torch.float)  # (2, 0): hidden positive
     seen_augment = []
 
     def predict(augment: bool) -> torch.Tensor:
@@ -203,16 +206,20 @@ def test_em_apl_pseudo_labels_lowest_unobserved_accumulate_and_enter_the_loss() 
         return probs
 
     # U = [4, 4] unobserved, theta 0.5 over T - Tw = 2 rounds -> int(0.5 * 4 / 2) = 1 per class per round
-    logs = method.on_epoch_end(EpochEndContext(1, predict, full))
+    assert score_label_estimates(method.label_estimates(), full) == {}  # no pseudo-label yet: nothing to score
+    logs = method.on_epoch_end(EpochEndContext(1, predict))
     assert seen_augment == [True]  # the reference code predicts with the training transform
     assert method.pseudo[4, 0].item() == pytest.approx(0.01) and method.pseudo[0, 1].item() == pytest.approx(0.05)
-    assert logs["apl_added"] == 2 and logs["apl_negative_precision"] == 1.0
-    method.on_epoch_end(EpochEndContext(2, predict, full))  # next lowest, previous ones excluded
+    assert logs["apl_added"] == 2 and "apl_negative_precision" not in logs
+    assert score_label_estimates(method.label_estimates(), full) == {"apl_negative_precision": 1.0}
+    method.on_epoch_end(EpochEndContext(2, predict))  # next lowest, previous ones excluded
     assert method.pseudo[2, 0].item() == pytest.approx(0.2) and method.pseudo[3, 1].item() == pytest.approx(0.1)
     assert int((method.pseudo >= 0).sum()) == 4 and "pseudo" in method.state_dict()
+    # (2, 0) is a true positive taken as a negative: 3 of the 4 pseudo-negatives are right
+    assert score_label_estimates(method.label_estimates(), full)["apl_negative_precision"] == pytest.approx(0.75)
 
     logits = torch.tensor([[1.0, -1.0], [0.0, 2.0], [-0.5, 0.5], [0.2, 0.3], [-1.0, 0.4]])
-    b = {"observed": observed, "full": full, "index": torch.arange(5)}
+    b = {"observed": observed, "index": torch.arange(5)}
     soft = method.pseudo.tolist()
     total = 0.0
     for i in range(5):
@@ -229,7 +236,7 @@ def test_em_apl_pseudo_labels_lowest_unobserved_accumulate_and_enter_the_loss() 
 
 def test_em_apl_does_nothing_during_warm_up() -> None:
     method = get_method("em-apl")(ctx(epochs=10), make_hparams(METHODS["em-apl"], {"warmup_epochs": "5"}))
-    method.on_epoch_end(EpochEndContext(4, lambda _aug: torch.rand(2, 4), None))
+    method.on_epoch_end(EpochEndContext(4, lambda _aug: torch.rand(2, 4)))
     assert (method.pseudo < 0).all()
 
 
@@ -237,7 +244,7 @@ def test_em_apl_does_nothing_during_warm_up() -> None:
 def test_em_apl_default_warm_up_is_half_the_run_between_1_and_the_papers_5(epochs: int, warmup: int) -> None:
     method = get_method("em-apl")(ctx(epochs=epochs), make_hparams(METHODS["em-apl"], {}))
     assert method.warmup_epochs() == warmup
-    method.on_epoch_end(EpochEndContext(warmup - 1, lambda _aug: torch.rand(2, 4), None))  # still warming up
+    method.on_epoch_end(EpochEndContext(warmup - 1, lambda _aug: torch.rand(2, 4)))  # still warming up
     assert (method.pseudo < 0).all()
     explicit = get_method("em-apl")(ctx(epochs=epochs), make_hparams(METHODS["em-apl"], {"warmup_epochs": "2"}))
     assert explicit.warmup_epochs() == 2  # --hp wins
@@ -254,9 +261,10 @@ def test_extreme_logits_give_finite_loss_and_gradients(name: str, autocast: bool
     logits = torch.tensor([[50.0, -50.0, 50.0, -50.0], [-50.0, 50.0, -50.0, 50.0]], requires_grad=True)
     if autocast:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = method.training_step(lambda _x: logits.to(torch.bfloat16), {**batch(), "images": torch.zeros(2)})
+            out = method_step(lambda _x: logits.to(torch.bfloat16), method,
+                              {**batch(METHODS[name].trains_on_full_labels), "images": torch.zeros(2)})
     else:
-        out = method.loss(logits, batch())
+        out = method.loss(logits, batch(METHODS[name].trains_on_full_labels))
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(logits.grad).all()
 
@@ -297,7 +305,7 @@ def test_paper_preset_adds_each_methods_published_settings_per_dataset(tmp_path:
         "adamw", 1e-2, 1e-4, 0.9997, 32, 40)
     pu = paper_config(tmp_path, "--method", "pu-mlc", "--data", "coco:/nowhere")
     assert (pu.batch_size, pu.lr, pu.ema, pu.epochs, pu.weight_decay, pu.trainable) == (
-        70, 1e-4, 0.9997, 40, 1e-4, "pu-mlc")
+        70, 1e-4, 0.9997, 40, 1e-4, "layer4")
     assert paper_config(tmp_path, "--method", "pu-mlc", "--data", "voc:/x").batch_size == 90
     assert paper_config(tmp_path, "--method", "pu-mlc", "--data", "builtin").batch_size == 8  # no family entry
     flags_win = paper_config(tmp_path, "--method", "em", "--data", "voc:/x", "--lr", "3e-4", "--batch-size", "4")
@@ -386,7 +394,7 @@ def test_opml_sp_label_correction_flips_top_unlabelled_entries_and_accumulates()
     probs[:3, 1] = torch.tensor([0.99, 0.98, 0.97])
     full = observed.clone()
     full[:2, 1] = 1.0
-    logs = method.on_epoch_end(EpochEndContext(1, lambda _aug: probs, full))
+    logs = method.on_epoch_end(EpochEndContext(1, lambda _aug: probs))
     ap1 = float(method.class_ap[1])
     assert float(method.class_ap[0]) == pytest.approx(1.0) and ap1 < 0.5
     n1 = math.floor(0.5 * (1 - ap1) * 10)
@@ -395,11 +403,12 @@ def test_opml_sp_label_correction_flips_top_unlabelled_entries_and_accumulates()
     expected_rows = torch.argsort(torch.where(observed[:, 1] > 0, -1.0, probs[:, 1]), descending=True)[:n1]
     assert sorted(flipped) == sorted(expected_rows.tolist()) and {0, 1, 2} <= set(flipped)
     assert method.corrected[:, 0].sum() == 0
-    assert logs["corrections_added"] == n1 and logs["correction_precision"] == pytest.approx(2 / n1)
+    assert logs["corrections_added"] == n1 and "correction_precision" not in logs
+    assert score_label_estimates(method.label_estimates(), full) == {"correction_precision": pytest.approx(2 / n1)}
     before = method.corrected.clone()
-    method.on_epoch_end(EpochEndContext(2, lambda _aug: probs, full))
+    method.on_epoch_end(EpochEndContext(2, lambda _aug: probs))
     assert (method.corrected >= before).all()  # corrections accumulate, never revert
-    b = {"observed": observed[:3], "full": full[:3], "index": torch.tensor([0, 1, 2])}
+    b = {"observed": observed[:3], "index": torch.tensor([0, 1, 2])}
     assert (method.labels(b)[:, 1] == 1).all()
 
 
@@ -438,10 +447,10 @@ def test_pu_mlc_guards_zero_std_and_keeps_u_term_for_classes_without_positives()
     assert torch.isfinite(out)
     assert out.item() == pytest.approx(pu_reference(same.tolist(), OBSERVED, 0.55, 1.0), rel=1e-5)
     one = get_method("pu-mlc")(ctx(num_train=1), make_hparams(METHODS["pu-mlc"], {}))
-    single = {"observed": torch.tensor([[1.0, 0, 0, 0]]), "full": torch.tensor([[1.0, 0, 0, 0]]),
-              "index": torch.tensor([0]), "images": torch.randn(1, 3, 8, 8)}
+    single = {"observed": torch.tensor([[1.0, 0, 0, 0]]), "index": torch.tensor([0]),
+              "images": torch.randn(1, 3, 8, 8)}
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 4))
-    assert torch.isfinite(one.training_step(model, single).loss)  # a batch of one: mixup with itself
+    assert torch.isfinite(method_step(model, one, single).loss)  # a batch of one: mixup with itself
 
 
 def test_pu_mlc_mixup_regulariser_value_and_training_step() -> None:
@@ -461,10 +470,10 @@ def test_pu_mlc_mixup_regulariser_value_and_training_step() -> None:
     b["observed"] = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
     with_reg = get_method("pu-mlc")(ctx(), make_hparams(METHODS["pu-mlc"], {}))
     without = get_method("pu-mlc")(ctx(), make_hparams(METHODS["pu-mlc"], {"mixup_weight": "0"}))
-    base = without.training_step(model, b).loss
-    out = with_reg.training_step(model, b)
-    assert out.loss.item() == pytest.approx(base.item() + out.logs["mixup_reg"], rel=1e-5)
-    assert out.logs["mixup_reg"] > 0
+    base = method_step(model, without, b).loss
+    out = method_step(model, with_reg, b)
+    regulariser = float(out.logs["mixup_reg"])
+    assert out.loss.item() == pytest.approx(base.item() + regulariser, rel=1e-5) and regulariser > 0
     out.loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
@@ -499,3 +508,39 @@ def test_iun_uses_the_observed_positive_and_true_negatives_only() -> None:
     logits = torch.tensor(LOGITS, requires_grad=True)
     loss_of("iun", logits).backward()
     assert logits.grad[0, 2] == 0 and logits.grad[1, 3] == 0  # unobserved true positives are ignored
+
+
+def test_method_lists_come_from_the_registry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """README's and docs/methods.md's tables are the registry's (regenerated by ``python -m train.methods --write``),
+    the CLI's choices are its names, and no product module outside train/methods/ spells a method name."""
+    import ast
+
+    from train.methods import method_names, methods_table
+    from train.methods.__main__ import main as methods_main
+    from train.methods.__main__ import table_block
+
+    root = Path(__file__).resolve().parent.parent
+    for page in ("README.md", "docs/methods.md"):
+        assert table_block((root / page).read_text()) == methods_table(), f"run python -m train.methods --write {page}"
+    choices = next(a.choices for a in build_parser()._actions if a.dest == "method")
+    assert list(choices) == method_names() and sorted(method_names()) == sorted(METHODS)
+    assert method_names()[:2] == ["bce", "iun"]  # the reference bounds first
+
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- methods-table -->\nold rows\n<!-- /methods-table -->\nend\n")
+    assert methods_main(["--write", str(page)]) == 0
+    assert table_block(page.read_text()) == methods_table() and page.read_text().startswith("intro\n")
+    assert page.read_text().endswith("<!-- /methods-table -->\nend\n")
+    (tmp_path / "bare.md").write_text("no markers\n")
+    assert methods_main(["--write", str(tmp_path / "bare.md")]) == 2 and "no <!-- methods-table -->" in \
+        capsys.readouterr().err
+
+    spelled = []
+    for package in ("models", "train", "serve", "export", "bench"):
+        for path in sorted((root / package).rglob("*.py")):
+            if path.relative_to(root).parts[:2] == ("train", "methods"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and node.value in METHODS:
+                    spelled.append(f"{path.relative_to(root)}:{node.lineno} {node.value!r}")
+    assert not spelled

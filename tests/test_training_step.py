@@ -16,7 +16,7 @@ from torch import nn
 from models import load_checkpoint
 from models.resnet import build_model
 from train.methods import MethodContext, get_method, make_hparams
-from train.training_step import TrainingStep, run_training_step, wrap_training_step
+from train.training_step import TrainingStep, method_step, run_training_step, wrap_training_step
 
 REPO = Path(__file__).resolve().parent.parent
 NUM_TRAIN, NUM_CLASSES = 8, 5
@@ -36,11 +36,11 @@ def build(method_name: str) -> tuple[nn.Module, TrainingStep]:
 
 
 def batch() -> dict[str, torch.Tensor]:
-    """Four 32-px images with their observed/full labels and dataset indices."""
+    """Four 32-px images with their observed labels and dataset indices."""
     generator = torch.Generator().manual_seed(1)
     observed = torch.zeros(4, NUM_CLASSES)
     observed[torch.arange(4), torch.tensor([0, 2, 4, 1])] = 1.0
-    return {"images": torch.randn(4, 3, 32, 32, generator=generator), "observed": observed, "full": observed,
+    return {"images": torch.randn(4, 3, 32, 32, generator=generator), "observed": observed,
             "index": torch.tensor([0, 3, 5, 7])}
 
 
@@ -66,11 +66,40 @@ def test_one_process_step_is_the_methods_step_unwrapped() -> None:
     grads = [p.grad.clone() for p in step.parameters()]
     step.zero_grad(set_to_none=True)
     torch.manual_seed(2)
-    reference = plain.method.training_step(model, batch())
+    reference = method_step(model, plain.method, batch())
     reference.loss.backward()
-    assert torch.equal(out.loss, reference.loss) and out.logs == reference.logs
+    assert torch.equal(out.loss, reference.loss) and out.logs.keys() == reference.logs.keys() == {"role_reg"}
+    assert all(torch.equal(out.logs[k], reference.logs[k]) for k in out.logs)
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, step.parameters(), strict=True))
     assert grads[-1].abs().sum() > 0  # the estimator rows of the batch's images got a gradient
+
+
+class RecordingModel(nn.Module):
+    """A linear model on flattened images that records the batch size of every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3 * 32 * 32, NUM_CLASSES)
+        self.calls: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(x.shape[0])
+        return self.linear(x.flatten(1))
+
+
+def test_the_step_runs_views_in_one_call_and_extra_inputs_in_their_own() -> None:
+    """Extra views (``images_<name>``) share the model call of ``images`` (as LAC's reference forwards 2N images);
+    a method's extra inputs (PU-MLC's mixup images) get a call each; the loss sees their logits."""
+    _, step = build("an")
+    model = RecordingModel()
+    views = {**batch(), "images_strong": batch()["images"].flip(-1)}
+    loss = method_step(model, step.method, views).loss
+    assert model.calls == [8] and torch.isfinite(loss)
+    torch.testing.assert_close(loss, method_step(model, step.method, batch()).loss)  # AN uses the weak view only
+    _, pu_step = build("pu-mlc")
+    model.calls.clear()
+    out = method_step(model, pu_step.method, batch())
+    assert model.calls == [4, 2] and float(out.logs["mixup_reg"]) > 0
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ from typing import Any
 
 from models.resnet import ARCHITECTURES, HEADS, TRAINABLE_SCOPES
 from train.data.protocol import PROTOCOL_SEED, parse_observed
+from train.methods import BASELINE, METHODS, get_method, method_names
+from train.methods.base import paper_settings_for
 from train.optimizers import OPTIMIZERS, SCHEDULERS
 from train.runs import default_runs_dir
 
@@ -27,7 +29,7 @@ class TrainConfig:
     observed: str = "single"
     val_fraction: float = 0.2
     protocol_seed: int = PROTOCOL_SEED
-    method: str = "an"
+    method: str = BASELINE  # AN, the method every comparison starts from
     hp: dict[str, str] = field(default_factory=dict)
     arch: str = "resnet18"
     weights: str = "none"
@@ -68,6 +70,9 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
         values.setdefault("lgconv", False)  # runs saved before LgConv existed were plain ResNets
+        scope_of = METHODS.get(str(values.get("trainable")))  # earlier runs named a scope after its method
+        if scope_of is not None and scope_of.trainable_scope:
+            values["trainable"] = scope_of.trainable_scope
         return cls(**values)
 
 
@@ -109,8 +114,6 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m train`` argument parser (defaults are None so presets can fill them)."""
-    from train.methods import METHODS
-
     p = argparse.ArgumentParser(
         prog="python -m train", description=_DESCRIPTION, epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -140,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--protocol-seed", type=int, help="seed of label sampling and the split, the same for every "
                    f"method. Default: {d.protocol_seed}")
     g = p.add_argument_group("method")
-    g.add_argument("--method", choices=sorted(METHODS), help=f"training method. Default: {d.method}")
+    g.add_argument("--method", choices=method_names(), help="training method (`python -m train.methods` lists them "
+                   f"with their papers and ideas). Default: {d.method}")
     g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
                    help="set a method hyperparameter (repeatable)")
     g = p.add_argument_group("model")
@@ -158,15 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--head", choices=["auto", *HEADS], help="classifier head: linear (global average pool + "
                    "linear layer) or lem (LAC's label-wise embedding transformer: one embedding and one linear "
                    "classifier per class). auto: what the method needs (lem for lac), else linear. Default: auto")
-    g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all, or pu-mlc (LgConv "
-                   "branches + layer4 + head; stem and layers 1-3 frozen, as PU-MLC does with ImageNet "
-                   f"weights). Default: {d.trainable}")
+    scoped = ", ".join(f"{m.name}: {m.trainable_scope}" for m in METHODS.values() if m.trainable_scope)
+    g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all, or layer4 (LgConv "
+                   "branches + layer4 + head; stem and layers 1-3 frozen). --preset paper applies a method's "
+                   f"published scope ({scoped or 'none'}). Default: {d.trainable}")
     g = p.add_argument_group("optimisation")
+    published = ", ".join(name for name in method_names() if METHODS[name].paper_settings)
     g.add_argument("--preset", choices=sorted(PRESETS), help="bundle of defaults: cpu (built-in data on a "
                    "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs, "
-                   "then the method's published settings for the dataset: em/em-apl batch and lr per "
-                   "dataset, lac AdamW + OneCycle 1e-4 + EMA for 40 epochs per stage, pu-mlc's README "
-                   "commands for voc/coco)")
+                   "then the method's published settings for the dataset, which the papers give for "
+                   f"{published or 'no method'}; the run prints them)")
     g.add_argument("--epochs", type=int, help="end-to-end epochs; 0 with --linear-init N trains only the head on "
                    "fixed backbone features (Cole et al.'s linear protocol, a linear probe). "
                    f"Default: {d.epochs}")
@@ -212,8 +217,6 @@ def paper_settings(method: str, data: str) -> dict[str, Any]:
     """The published optimisation settings of ``method`` for the dataset family of spec ``data`` (what
     ``--preset paper`` adds for that pair; empty when the method's papers publish none)."""
     from train.data.registry import spec_dataset_name
-    from train.methods import get_method
-    from train.methods.base import paper_settings_for
 
     return paper_settings_for(get_method(method), spec_dataset_name(data))
 

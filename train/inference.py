@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from train.data.dataset import ImageLabelDataset, SkipReporter
-from train.distributed import gather_indexed_rows
+from train.data.dataset import ImageLabelDataset, SkipReporter, collate_readable
+from train.data.types import LabelledImages
+from train.distributed import current_world, gather_indexed_rows
 
 
 @dataclass
@@ -63,3 +64,38 @@ def predict_rows(
     local = torch.cat(chunks) if chunks else torch.zeros((0, width))  # a shard of unreadable images only
     values, present = gather_indexed_rows(local, torch.cat(indices), len(dataset))
     return Rows(values, present)
+
+
+class Predictor:
+    """Runs a forward over whole datasets in dataset order with the run's evaluation settings: the evaluation
+    transform, loaders of ``batch_size`` with ``workers`` (sharded under torchrun, gathered back), the device,
+    autocast, channels-last inputs and the run's report of unreadable images."""
+
+    def __init__(self, eval_transform: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+                 autocast: Callable[[], AbstractContextManager[Any]], channels_last: bool, reporter: SkipReporter,
+                 batch_size: int, workers: int, progress: bool = False) -> None:
+        self.eval_transform = eval_transform
+        self.device = device
+        self.autocast = autocast
+        self.channels_last = channels_last
+        self.reporter = reporter
+        self.batch_size = batch_size
+        self.workers = workers
+        self.progress = progress
+
+    def loader(self, dataset: ImageLabelDataset) -> DataLoader[dict[str, torch.Tensor]]:
+        """In-order loader over ``dataset``; under torchrun each rank reads its shard (:meth:`rows` gathers them)."""
+        sampler = DistributedSampler(dataset, shuffle=False) if current_world().distributed else None
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, sampler=sampler,
+                          num_workers=self.workers, pin_memory=self.device.type == "cuda",
+                          collate_fn=collate_readable)
+
+    def eval_loader(self, images: LabelledImages) -> DataLoader[dict[str, torch.Tensor]]:
+        """:meth:`loader` over ``images`` with the evaluation transform."""
+        return self.loader(ImageLabelDataset(images, self.eval_transform))
+
+    def rows(self, forward: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader[dict[str, torch.Tensor]],
+             width: int, desc: str = "") -> Rows:
+        """``forward`` (already in the wanted mode) over every row of ``loader``'s dataset (:func:`predict_rows`)."""
+        return predict_rows(forward, loader, width, self.device, self.autocast, self.channels_last, self.reporter,
+                            desc, self.progress)

@@ -1,4 +1,4 @@
-"""Training-only augmentations beyond the papers' flip: LAC's strong view (METHODS.md section 4.2).
+"""Training-only augmentations beyond the papers' flip: LAC's strong view (docs/methods.md, "LAC").
 
 All steps work on ``uint8 (3, H, W)`` tensors with torchvision's v2 transforms, then the image is normalised
 like every other model input. The reference uses pypi ``randaugment`` (a random pair of 15 ops, each applied

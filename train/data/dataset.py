@@ -20,14 +20,17 @@ from train.data.types import LabelledImages
 
 SKIPPED = "skipped"  # batch key: the dataset rows of this batch whose image could not be read
 NEGATIVES = "observed_negatives"  # batch key: 1 where a label is observed negative (the protocol's -1 entries)
+FULL_LABELS = "full"  # batch key of the annotated labels: only in the batches of methods that train on them
 
 
 class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
     """Items are dicts: ``images`` (transformed float tensor), ``observed`` (float (C,): 1 at the observed
-    positives), ``observed_negatives`` (float (C,): 1 at the observed negatives, the -1 entries of the observed
-    matrix), ``full`` (float (C,) annotated labels; observed = full when no observed matrix is given) and ``index``
-    (the row number), plus one entry per extra view (``views``: key -> transform of the same decoded image, e.g.
-    LAC's strong view). An image that cannot be read gives an item holding only ``SKIPPED`` (its row number)."""
+    positives; the annotated labels when no observed matrix is given), ``observed_negatives`` (float (C,): 1 at the
+    observed negatives, the -1 entries of the observed matrix) and ``index`` (the row number), plus one entry per
+    extra view (``views``: key -> transform of the same decoded image, e.g. LAC's strong view). The annotated
+    labels are in ``labels`` for scoring; items carry them (under ``FULL_LABELS``) only with ``annotated_in_items``
+    (the trainer's oracle capability). An image that cannot be read gives an item holding only ``SKIPPED`` (its row
+    number)."""
 
     def __init__(
         self,
@@ -35,20 +38,22 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
         transform: Callable[[torch.Tensor], torch.Tensor],
         observed: np.ndarray | None = None,
         views: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+        annotated_in_items: bool = False,
     ) -> None:
         self.paths: list[Path] = list(images.paths)
-        self.full = torch.from_numpy(images.labels.astype(np.float32))
-        matrix = self.full.numpy() if observed is None else np.asarray(observed, dtype=np.float32)
-        if matrix.shape != tuple(self.full.shape):
+        self.labels = torch.from_numpy(images.labels.astype(np.float32))
+        matrix = self.labels.numpy() if observed is None else np.asarray(observed, dtype=np.float32)
+        if matrix.shape != tuple(self.labels.shape):
             raise ValueError("observed labels must have the same shape as the full labels")
         self.observed = torch.from_numpy((matrix > 0).astype(np.float32))
         self.negatives = torch.from_numpy((matrix < 0).astype(np.float32))
+        self.annotated_in_items = annotated_in_items
         self.transform = transform
         # every transform of this package resizes the whole image to its ``image_size`` first, so large JPEGs
         # may be decoded at reduced scale (models.preprocess.decode_scaled); others get full-size images
         self.decode_side: int | None = getattr(transform, "decode_side", None)
         self.views = dict(views or {})
-        clash = set(self.views) & {"images", "observed", NEGATIVES, "full", "index", SKIPPED}
+        clash = set(self.views) & {"images", "observed", NEGATIVES, FULL_LABELS, "index", SKIPPED}
         if clash:
             raise ValueError(f"extra view names clash with batch keys: {sorted(clash)}")
 
@@ -65,9 +70,10 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
             "images": self.transform(image),
             "observed": self.observed[index],
             NEGATIVES: self.negatives[index],
-            "full": self.full[index],
             "index": torch.tensor(index, dtype=torch.long),
         }
+        if self.annotated_in_items:
+            item[FULL_LABELS] = self.labels[index]
         for key, view in self.views.items():
             item[key] = view(image)
         return item

@@ -1,4 +1,5 @@
-"""The SPML protocol of Cole et al. (METHODS.md section 6.2): observed labels and the train/val split.
+"""The SPML protocol of Cole et al. (CVPR 2021; docs/methods.md, "The SPML protocol"): observed labels and the
+train/val split.
 
 - Observed labels are sampled ONCE from the annotated labels of the whole training pool with a fixed seed (1200
   by default), before the split and independently of the method, so every method sees the same positives; the
@@ -83,6 +84,15 @@ class ProtocolSplits:
     fingerprint: str
     seed: int = PROTOCOL_SEED  # the protocol seed that sampled the labels and drew the split
     val_observed: np.ndarray | None = None  # (N_val, C) int8 observed labels of the val images (None: unknown)
+
+    @property
+    def train_has_full_labels(self) -> bool:
+        """Whether the training split's annotated labels hold more than what training observes: then (and only
+        then) the trainer scores full-label diagnostics (label recovery, the precision of a method's pseudo-labels)
+        and lets the oracle methods train. Decided here alone: today by the observed labels differing from the
+        annotated ones, which is false for single-positive labels as given (nothing is hidden) and for
+        ``--observed full`` (nothing to recover)."""
+        return not np.array_equal(self.train_observed, self.train.labels)
 
     def summary(self) -> str:
         """One line describing split sizes and label counts."""

@@ -1,9 +1,14 @@
-"""Training methods, one file each, registered in :data:`METHODS` (name -> class)."""
+"""Training methods, one file each, registered in :data:`METHODS` (name -> class).
+
+Every list of methods (the CLI's choices, the benchmark's default comparison, the methods table of README.md and
+docs/methods.md) is read from this registry: ``python -m train.methods`` prints the table.
+"""
 
 from train.methods import an, an_ls, bce, em, epr, iu, iun, lac, opml, pu_mlc, role, wan  # noqa: F401  (imports register)
 from train.methods.base import (
     METHODS,
     EpochEndContext,
+    LabelEstimate,
     LossOutput,
     Method,
     MethodContext,
@@ -11,7 +16,11 @@ from train.methods.base import (
     register,
 )
 
-__all__ = ["METHODS", "EpochEndContext", "LossOutput", "Method", "MethodContext", "make_hparams", "register"]
+__all__ = ["BASELINE", "METHODS", "UPPER_BOUND", "EpochEndContext", "LabelEstimate", "LossOutput", "Method",
+           "MethodContext", "get_method", "make_hparams", "method_names", "methods_table", "register"]
+
+BASELINE = an.AssumeNegative.name  # what comparisons measure every method against (Cole et al.'s AN)
+UPPER_BOUND = bce.FullLabelBCE.name  # the full-label oracle that bounds them from above
 
 
 def get_method(name: str) -> type[Method]:
@@ -19,4 +28,15 @@ def get_method(name: str) -> type[Method]:
     try:
         return METHODS[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; choose from {', '.join(sorted(METHODS))}") from None
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(method_names())}") from None
+
+
+def method_names() -> list[str]:
+    """Every registered method in table order: the oracle bounds first, then the rest, each alphabetical."""
+    return sorted(METHODS, key=lambda name: (not METHODS[name].trains_on_full_labels, name))
+
+
+def methods_table() -> str:
+    """The markdown table of the registered methods (name, paper, idea), as README.md and docs/methods.md show it."""
+    rows = [f"| `{name}` | {METHODS[name].paper or '-'} | {METHODS[name].description} |" for name in method_names()]
+    return "\n".join(["| method | paper | idea |", "|---|---|---|", *rows]) + "\n"

@@ -1,4 +1,4 @@
-"""AN, "assume negative" (Cole et al. 2021): every unobserved label is treated as a negative."""
+"""AN, "assume negative" (Cole et al., CVPR 2021; docs/methods.md): every unobserved label is a negative."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ class AssumeNegative(Method):
     """BCE against the observed labels, unobserved = negative."""
 
     name = "an"
-    description = "assume negative: BCE with every unobserved label treated as negative"
+    paper = "Cole et al. 2021"
+    description = "assume every unobserved label is negative"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         return LossOutput(assume_negative_loss(logits, self.targets(batch)))

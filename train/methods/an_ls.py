@@ -1,4 +1,4 @@
-"""AN-LS: assume negative with label smoothing (Cole et al. 2021).
+"""AN-LS: assume negative with label smoothing (Cole et al., CVPR 2021; docs/methods.md).
 
 The reference code smooths with ``ls_coef = 0.1`` into targets 0.9 / 0.1; the paper's formula with
 epsilon = 0.1 would give 0.95 / 0.05. We follow the code (the published numbers come from it), so the
@@ -44,7 +44,9 @@ class AssumeNegativeLabelSmoothing(Method):
 
     name = "an-ls"
     Hparams = AnLsHparams
-    description = "assume negative with label smoothing (targets 0.9 / 0.1)"
+    paper = "Cole et al. 2021"
+    description = ("AN with label smoothing (the code's targets 0.9 / 0.1; `--hp ls_pos=0` is the appendix's "
+                   "asymmetric AN-LS(0, 0.1))")
 
     def __init__(self, ctx: MethodContext, hparams: AnLsHparams) -> None:
         super().__init__(ctx, hparams)

@@ -1,26 +1,56 @@
 """The method interface and registry.
 
 A method is an ``nn.Module`` (so any state it keeps - label matrices, pseudo-labels, queues - is saved in
-checkpoints through ``state_dict`` and moved to the device with the model) with these hooks:
+checkpoints through ``state_dict`` and moved to the device with the model). It has ONE override point for the
+loss and a few optional hooks; the trainer runs the model, the method never does.
 
-- :meth:`Method.training_step` - per batch: the loss (the default runs the model and calls :meth:`loss`).
-  Under torchrun the whole step runs inside one DistributedDataParallel forward (``train.training_step``),
-  which averages the gradients of the model and of the method's parameters over the ranks; collectives a
-  step issues itself (EPR's global mean, LAC's gathers) must run in the same order on every rank;
-- :meth:`Method.param_groups` - optional extra optimiser parameter groups (e.g. a label estimator);
-- :meth:`Method.on_epoch_end` - optional step after each training epoch (e.g. pseudo-labelling), given a
-  function that predicts the whole training set;
-- :meth:`Method.extra_views` - optional extra augmented views of each training image (e.g. LAC's strong view),
-  added to the batch under their own keys;
-- :meth:`Method.stage_epochs` / :meth:`Method.start_stage` - optional training stages: the trainer runs them
-  one after the other, each starting from the previous stage's best weights with a fresh optimiser, schedule
-  and EMA (LAC's two stages);
-- ``required_head`` - the classifier head the method needs (``"lem"`` for LAC), or None for any.
+The loss (override this):
+
+- :meth:`Method.loss` ``(logits, batch) -> LossOutput``: the loss of one batch from the model's logits ``(N, C)``
+  (float32) on ``batch["images"]``. ``batch`` holds ``observed`` (the labels the method may train on, float 0/1),
+  ``index`` (the images' rows in the training set) and, when a hook below asks for them, further model outputs.
+  It never holds ground-truth labels, with one documented exception (:attr:`Method.trains_on_full_labels`).
+  :class:`LossOutput` carries values to log; give them as detached tensors (a Python float forces the device to
+  finish the step before the next one starts). Under torchrun the loss runs inside one
+  DistributedDataParallel forward (``train.training_step``); collectives it issues itself (EPR's global mean,
+  LAC's gathers) must run in the same order on every rank.
+
+What the trainer feeds the model (optional):
+
+- :meth:`Method.extra_views` - extra augmented views of each training image under batch keys ``images_<name>``
+  (LAC's strong view). The trainer runs every view through the model in ONE call together with ``images`` and
+  passes their logits to the loss as ``logits_<name>``;
+- :attr:`Method.needs_embeddings` - the model call is ``forward_embeddings`` (label-wise embedding head), and the
+  per-class embeddings reach the loss as ``embeddings`` / ``embeddings_<name>`` ``(N, C, D)``;
+- :meth:`Method.extra_model_inputs` - inputs the method makes from the batch after that call (PU-MLC's mixup
+  images); each ``images_<name>`` entry runs through the model in its own call (``logits_<name>``), other
+  entries (mixing weights) reach the loss unchanged.
+
+State and schedule (optional):
+
+- :meth:`Method.param_groups` - the method's own trainable parameters (ROLE's label matrix, LAC's projector),
+  as extra optimiser groups. :attr:`Method.leaves_parameters_unused`: True when a step may use only some of
+  them (LAC's projector in stage 1); only then does DistributedDataParallel search for unused parameters;
+- :meth:`Method.on_epoch_end` - after each training epoch (pseudo-labelling, label correction), given a
+  predictor of the whole training set; returns values to log;
+- :meth:`Method.stage_epochs` / :meth:`Method.start_stage` - training stages run one after the other, each from
+  the previous stage's best weights with a fresh optimiser, schedule and EMA (LAC's two stages);
+- checkpoint state: everything registered as a buffer or parameter is saved in ``last.pt`` and restored by
+  ``--resume``; keep state that must survive a resume there, not in plain attributes;
+- ``required_head`` - the classifier head the method needs (``"lem"`` for LAC), or None for any;
+  ``trainable_scope`` - the backbone scope its papers train (``models.resnet.TRAINABLE_SCOPES``), applied by
+  ``--preset paper`` (None: everything trains).
+
+Diagnostics (optional): :meth:`Method.label_estimates` exposes what the method believes about the hidden labels of
+the training set (its pseudo-labels, its estimated label matrix). The trainer scores them against the full labels
+when the training split has any (``train.diagnostics``); the method never sees the result.
 
 Hyperparameters are a dataclass per method (``Hparams``); the CLI sets them with ``--hp name=value``, and
 ``presets`` holds per-dataset published values. ``paper_settings`` holds the published optimisation settings
-(batch size, learning rate, epochs, EMA, ...) per dataset family, applied by ``--preset paper``. Adding a
-method = one file with a ``@register`` class plus its import line in ``train/methods/__init__.py``.
+(batch size, learning rate, epochs, EMA, ...) per dataset family, applied by ``--preset paper``. ``paper`` names
+the publication and ``description`` says the idea in a line (both go into the methods table). Adding a method =
+one file with a ``@register`` class plus its import line in ``train/methods/__init__.py``. The papers and the
+notes on where a method follows the reference code rather than the paper: ``docs/methods.md``.
 """
 
 from __future__ import annotations
@@ -34,6 +64,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from train.data.dataset import FULL_LABELS
 from train.distributed import global_mean
 
 LOG_EPSILON = 1e-5  # Cole et al.'s neg_log epsilon, used by every probability-space loss
@@ -72,10 +103,11 @@ class MethodContext:
 
 @dataclass
 class LossOutput:
-    """A training step's loss and scalar values to log (averaged per epoch)."""
+    """A training step's loss and values to log (batch-size weighted means per epoch). Log values may be floats
+    or (preferably) detached scalar tensors, which the trainer sums on the device."""
 
     loss: torch.Tensor
-    logs: dict[str, float] = dataclasses.field(default_factory=dict)
+    logs: dict[str, torch.Tensor | float] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -88,7 +120,27 @@ class EpochEndContext:
 
     epoch: int
     predict_train: Callable[[bool], torch.Tensor]
-    train_full_labels: torch.Tensor | None = None  # for logging label-recovery only, never for training
+
+
+SCORES, POSITIVES, NEGATIVES = "scores", "positives", "negatives"
+
+
+@dataclass
+class LabelEstimate:
+    """A method's current belief about the training set's labels, for the trainer to score (never to train on).
+
+    ``kind``: ``"scores"`` - ``values`` (N_train, C) rank how likely each entry is positive, scored as label
+    recovery (mAP against the full labels, logged as ``<name>_recovery_mAP``); ``"positives"`` / ``"negatives"`` -
+    ``values`` is a bool mask of the entries the method takes as positive / negative (pseudo-labels, corrections),
+    scored by precision (the share that truly are, ``<name>_precision``; nothing logged for an empty mask).
+    """
+
+    values: torch.Tensor
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in (SCORES, POSITIVES, NEGATIVES):
+            raise ValueError(f"label estimate kind must be {SCORES}, {POSITIVES} or {NEGATIVES}, got {self.kind!r}")
 
 
 @dataclass
@@ -97,38 +149,47 @@ class MethodHparams:
 
 
 class Method(nn.Module):
-    """Base class of a training method (loss + optional state and hooks)."""
+    """Base class of a training method: :meth:`loss` plus optional state and hooks (see the module docstring)."""
 
     name: ClassVar[str] = ""
     Hparams: ClassVar[type[MethodHparams]] = MethodHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     # TrainConfig fields per dataset family ("*": every family), applied over ``--preset paper``
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {}
-    uses_full_labels: ClassVar[bool] = False  # oracle methods train on the annotated labels
+    # The oracle capability: the trainer adds the training images' annotated labels to each batch (``full``)
+    # so that the method can train on them - a reference bound, not an SPML method. The trainer grants it only
+    # when the training split has full labels and refuses to start otherwise.
+    trains_on_full_labels: ClassVar[bool] = False
     uses_observed_negatives: ClassVar[bool] = False  # reads batch["observed_negatives"] (the protocol's -1 entries)
     required_head: ClassVar[str | None] = None  # a classifier head the method needs (models.resnet.HEADS)
+    trainable_scope: ClassVar[str | None] = None  # the backbone scope of its papers (--preset paper)
+    needs_embeddings: ClassVar[bool] = False  # the step calls forward_embeddings (label-wise embedding head)
+    leaves_parameters_unused: ClassVar[bool] = False  # a step may leave some of its parameters out (DDP)
+    paper: ClassVar[str] = ""  # who published it, e.g. "Cole et al. 2021" (docs/methods.md has the references)
     description: ClassVar[str] = ""
 
     def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
         super().__init__()
-        if not (self.uses_full_labels or self.uses_observed_negatives) and bool((ctx.train_observed < 0).any()):
+        if not (self.trains_on_full_labels or self.uses_observed_negatives) and bool((ctx.train_observed < 0).any()):
             raise ValueError(f"the observed labels hold observed negatives, which method {self.name!r} does not use "
                              "(the reference's losses reject them too); train with iu, or observe no negatives")
         self.ctx = ctx
         self.hp = hparams
 
     def targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The label matrix the method trains on: annotated labels for oracles, else the observed ones."""
-        return batch["full"] if self.uses_full_labels else batch["observed"]
+        """The label matrix the method trains on: the annotated labels for an oracle, else the observed ones."""
+        return batch[FULL_LABELS] if self.trains_on_full_labels else batch["observed"]
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """Loss from the model's logits ``(N, C)`` and the batch (keys images, observed, full, index)."""
+        """The loss of a batch from the model's logits ``(N, C)`` (float32) and the batch (keys ``observed``,
+        ``index`` and the model outputs the hooks asked for; see the module docstring)."""
         raise NotImplementedError
 
-    def training_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """One batch: run ``model`` and return the loss. Losses are computed in float32."""
-        logits = model(batch["images"])
-        return self.loss(logits.float(), batch)
+    def extra_model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Further model inputs made from the batch (it already holds ``logits``): ``images_<name>`` entries run
+        through the model, one call each, and reach :meth:`loss` as ``logits_<name>``; other entries reach it
+        unchanged (default: none)."""
+        return {}
 
     def param_groups(self, lr: float) -> list[dict[str, Any]]:
         """Extra optimiser parameter groups (default: none)."""
@@ -138,10 +199,15 @@ class Method(nn.Module):
         """Called after each training epoch; returns values to log (default: nothing)."""
         return {}
 
+    def label_estimates(self) -> dict[str, LabelEstimate]:
+        """The method's current estimates of the training labels by name, scored by the trainer against the full
+        labels after each epoch when they exist (default: none)."""
+        return {}
+
     def extra_views(self, image_size: int, mean: Sequence[float],
                     std: Sequence[float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-        """Extra training views: batch key -> transform of the decoded ``uint8 (3, H, W)`` image to a model
-        input (default: none; the batch's ``images`` always holds the standard training view)."""
+        """Extra training views: batch key (``images_<name>``) -> transform of the decoded ``uint8 (3, H, W)``
+        image to a model input (default: none; ``images`` always holds the standard training view)."""
         return {}
 
     @classmethod
@@ -199,8 +265,10 @@ def preset_for(method: type[Method], dataset: str) -> dict[str, Any]:
 
 def paper_settings_for(method: type[Method], dataset: str) -> dict[str, Any]:
     """The method's published optimisation settings (``TrainConfig`` field -> value) for ``dataset``'s family:
-    its ``"*"`` entry updated by the family's own entry; empty when the papers publish none."""
-    settings = dict(method.paper_settings.get("*", {}))
+    its trainable scope, its ``"*"`` entry and the family's own entry (later ones win); empty when the papers
+    publish none."""
+    settings: dict[str, Any] = {"trainable": method.trainable_scope} if method.trainable_scope else {}
+    settings.update(method.paper_settings.get("*", {}))
     settings.update(method.paper_settings.get(dataset_family(dataset), {}))
     return settings
 

@@ -1,4 +1,8 @@
-"""The full-label BCE oracle: trains on the annotated labels (an upper bound, not an SPML method)."""
+"""The full-label BCE oracle: trains on the annotated labels (an upper bound, not an SPML method).
+
+It uses the trainer's oracle capability (:attr:`~train.methods.base.Method.trains_on_full_labels`): the annotated
+labels reach its batches only because it declares it, and only when the training split has them.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ class FullLabelBCE(Method):
     """BCE against the full annotated labels (the papers' "BCE full labels" row)."""
 
     name = "bce"
-    uses_full_labels = True
-    description = "oracle: BCE on the full annotated labels (upper bound)"
+    trains_on_full_labels = True
+    paper = "-"
+    description = "oracle: BCE on the full labels (upper bound)"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         return LossOutput(assume_negative_loss(logits, self.targets(batch)))

@@ -1,4 +1,4 @@
-"""EPR: expected positive regularisation (Cole et al. 2021).
+"""EPR: expected positive regularisation (Cole et al., CVPR 2021; docs/methods.md).
 
 As in the reference code: the positive term is divided by N*C like every loss, and the regulariser
 ``((k_hat - k) / C)^2`` is added with weight 1 (the paper's formula has no 1/C on the first term and an
@@ -39,7 +39,8 @@ class ExpectedPositiveRegularisation(Method):
     name = "epr"
     Hparams = EprHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {f: {"k": k} for f, k in EXPECTED_POSITIVES.items()}
-    description = "positives only + regulariser pulling the predicted count of positives to k"
+    paper = "Cole et al. 2021"
+    description = "positives only + expected-number-of-positives regulariser"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         k = self.hp.k if self.hp.k is not None else self.ctx.expected_positives
@@ -47,4 +48,4 @@ class ExpectedPositiveRegularisation(Method):
         z = self.targets(batch)
         positive = torch.where(z > 0.5, neg_log(p), torch.zeros_like(p)).mean()
         reg = expected_positives_regulariser(p, k)
-        return LossOutput(positive + reg, {"epr_reg": float(reg.detach())})
+        return LossOutput(positive + reg, {"epr_reg": reg.detach()})

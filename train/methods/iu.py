@@ -20,8 +20,9 @@ class IgnoreUnobserved(Method):
     """Observed positives and observed negatives only."""
 
     name = "iu"
+    paper = "Cole et al. 2021"
     uses_observed_negatives = True
-    description = "observed positives + observed negatives only (needs --observed 'single?neg=N')"
+    description = "observed positives + negatives (`single?neg=N`)"
 
     def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
         super().__init__(ctx, hparams)

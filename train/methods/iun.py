@@ -1,8 +1,9 @@
-"""IUN, "ignore unobserved positives" (Cole et al. 2021): the observed positive plus every TRUE negative.
+"""IUN, "ignore unobserved positives" (Cole et al., CVPR 2021): the observed positive plus every TRUE negative.
 
 A reference bound, not an SPML method: it needs the full labels to know which unobserved labels are
-negative. ``-log p`` at the observed positive, ``-log(1 - p)`` at true negatives, 0 at unobserved true
-positives; mean over all N*C entries (zeros included), as in the reference code.
+negative, and gets them through the trainer's oracle capability (``trains_on_full_labels``). ``-log p`` at the
+observed positive, ``-log(1 - p)`` at true negatives, 0 at unobserved true positives; mean over all N*C entries
+(zeros included), as in the reference code.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ class IgnoreUnobservedPositives(Method):
     """One observed positive + all true negatives (uses the annotated labels to find the negatives)."""
 
     name = "iun"
-    uses_full_labels = True
-    description = "reference bound: observed positive + all true negatives (needs full labels)"
+    trains_on_full_labels = True
+    paper = "Cole et al. 2021"
+    description = "reference: observed positive + all true negatives (needs full labels)"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         p = torch.sigmoid(logits)
-        observed, full = batch["observed"], batch["full"]
+        observed, full = batch["observed"], self.targets(batch)
         loss = torch.where(observed > 0.5, neg_log(p), torch.where(full < 0.5, neg_log(1.0 - p), torch.zeros_like(p)))
         return LossOutput(loss.mean())

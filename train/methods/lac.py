@@ -1,8 +1,10 @@
-"""LAC: label-aware global consistency (Xie, Xiao, Huang, NeurIPS 2022; METHODS.md section 4).
+"""LAC: label-aware global consistency (Xie, Xiao, Huang, NeurIPS 2022; docs/methods.md, "LAC").
 
 Needs the label-wise embedding head (``--head lem``, chosen automatically). Every step runs the weak view
 (the standard training view, ``images``) and the strong view (``images_strong``,
-:class:`train.data.augment.StrongTransform`) through the model in one forward pass of 2N images.
+:class:`train.data.augment.StrongTransform`) through the model in one forward pass of 2N images (the trainer
+does, as :meth:`~train.methods.base.Method.extra_views` and ``needs_embeddings`` ask); the loss gets the weak
+logits, ``logits_strong`` and the per-class embeddings of both views.
 
 - **Stage 1:** ``L_AN(weak) + plc_weight * L_PLC``. Pseudo-labels ``q = sg(sigmoid(s_weak)) + z`` (so the observed
   positive has q >= 1); entries with ``q >= delta`` (target 1) or ``q < 1 - delta`` (target 0) supervise the
@@ -12,13 +14,15 @@ Needs the label-wise embedding head (``--head lem``, chosen automatically). Ever
   ``lac_weight * L_LAC``: every (image, class) pair with target 1 gives two projected, L2-normalised embeddings
   (weak and strong view) labelled with the class; they are written into a memory queue (older entries detached)
   and the SupCon loss runs over all valid queue entries, as the reference code does (denominator over every
-  other vector, intra-class pairs included; paper Eq. 7 differs, see METHODS.md).
+  other vector, intra-class pairs included; paper Eq. 7 differs, see docs/methods.md).
 - The projector (Linear-ReLU-Linear to ``feat_dim``) exists only for training; it is re-initialised when stage 2
   starts and is not part of the exported model. It runs in float32 even under autocast (the reference's
   fp16 contrastive logits are a suspected NaN source).
 - **Queue size:** the reference crashes when one batch selects more pairs than the queue holds (likely on CUB).
   The queue here holds ``max(queue_size, batch_size * num_classes)`` entries, the most one batch can select, so
   it cannot overflow.
+- ``class_embedding_cos`` (a log line only): the mean cosine between one image's class embeddings, computed at
+  the end of each epoch on that epoch's last training batch (an N x C x C Gram matrix is not worth a step).
 
 Not reproduced from the reference: FrozenBatchNorm everywhere and a frozen stem + layer1 (both only make sense
 with ImageNet weights; ``--trainable`` and the backbone's BatchNorms are the package's), and the reference's
@@ -38,7 +42,7 @@ from torch import nn
 
 from train.data.augment import StrongTransform
 from train.distributed import gather_varying
-from train.methods.base import LossOutput, Method, MethodContext, MethodHparams, register
+from train.methods.base import EpochEndContext, LossOutput, Method, MethodContext, MethodHparams, register
 
 STRONG = "images_strong"
 
@@ -121,7 +125,12 @@ class LabelAwareConsistency(Method):
         "*": {"optimizer": "adamw", "weight_decay": 1e-2, "scheduler": "onecycle", "lr": 1e-4, "ema": 0.9997,
               "batch_size": 32, "epochs": 40},
     }
-    description = "LAC: weak/strong pseudo-label consistency, then a label-aware contrastive queue (2 stages)"
+    needs_embeddings = True
+    leaves_parameters_unused = True  # the projector: unused in stage 1, and on a rank that selects no pair
+    paper = "Xie, Xiao, Huang 2022"
+    description = ("label-wise embedding head; stage 1: AN + pseudo-label consistency between a weak and a strong "
+                   "view; stage 2 (from stage 1's best weights): + a label-aware contrastive loss over a memory "
+                   "queue")
 
     def __init__(self, ctx: MethodContext, hparams: LacHparams) -> None:
         super().__init__(ctx, hparams)
@@ -138,6 +147,13 @@ class LabelAwareConsistency(Method):
         self.register_buffer("queue", torch.zeros(capacity, 2, hparams.feat_dim))
         self.register_buffer("queue_labels", torch.full((capacity,), -1, dtype=torch.long))  # -1: empty slot
         self.register_buffer("queue_ptr", torch.tensor(0, dtype=torch.long))
+        # the stage as a Python int beside its buffer, so that a step does not read a device tensor to branch
+        self._stage = 1
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._read_stage())
+        self._last_embeddings: torch.Tensor | None = None  # the weak view's, of the latest batch (a log line)
+
+    def _read_stage(self) -> None:
+        self._stage = int(self.stage)
 
     # ----------------------------------------------------------------- hooks
     def extra_views(self, image_size: int, mean: Sequence[float],
@@ -151,6 +167,7 @@ class LabelAwareConsistency(Method):
 
     def start_stage(self, stage: int) -> None:
         self.stage.fill_(stage)
+        self._stage = stage
         for layer in self.projector:  # the reference builds a fresh projector for stage 2
             if isinstance(layer, nn.Linear):
                 layer.reset_parameters()
@@ -165,7 +182,7 @@ class LabelAwareConsistency(Method):
     @property
     def threshold(self) -> float:
         """PLC's delta in the current stage."""
-        return self.hp.threshold_stage2 if int(self.stage) >= 2 else self.hp.threshold_stage1
+        return self.hp.threshold_stage2 if self._stage >= 2 else self.hp.threshold_stage1
 
     def _enqueue(self, feats: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this batch's items (with gradients) at the queue pointer (wrapping to 0 when they do not fit);
@@ -186,25 +203,34 @@ class LabelAwareConsistency(Method):
         valid = self.queue_labels >= 0
         return live[valid], self.queue_labels[valid]
 
-    def training_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
-        weak, strong = batch["images"], batch[STRONG]
-        n = weak.shape[0]
-        logits, embeddings = model.forward_embeddings(torch.cat([weak, strong]))
-        logits = logits.float()
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """``logits``: the weak view's; ``batch`` also holds ``logits_strong`` and the per-class ``embeddings`` /
+        ``embeddings_strong`` of both views (one model call)."""
+        strong = batch["logits_strong"]
+        weak_emb, strong_emb = batch["embeddings"], batch["embeddings_strong"]
+        n = logits.shape[0]
         z = self.targets(batch)
-        an = F.binary_cross_entropy_with_logits(logits[:n], z)
-        plc, target = plc_loss(logits[n:], logits[:n], z, self.threshold)
+        an = F.binary_cross_entropy_with_logits(logits, z)
+        plc, target = plc_loss(strong, logits, z, self.threshold)
         loss = an + self.hp.plc_weight * plc
-        logs = {"an": float(an.detach()), "plc": float(plc.detach()),
-                "plc_positives_per_image": float(target.sum() / n),
-                "class_embedding_cos": class_embedding_similarity(embeddings[:n])}
-        if int(self.stage) >= 2 and self.hp.lac_weight > 0:
+        logs: dict[str, torch.Tensor | float] = {"an": an.detach(), "plc": plc.detach(),
+                                                 "plc_positives_per_image": target.sum() / n}
+        self._last_embeddings = weak_emb.detach()
+        if self._stage >= 2 and self.hp.lac_weight > 0:
             rows, cols = torch.nonzero(target > 0.5, as_tuple=True)
-            with torch.autocast(embeddings.device.type, enabled=False):
-                pairs = torch.stack([embeddings[rows, cols].float(), embeddings[n + rows, cols].float()], dim=1)
+            with torch.autocast(weak_emb.device.type, enabled=False):
+                pairs = torch.stack([weak_emb[rows, cols].float(), strong_emb[rows, cols].float()], dim=1)
                 projected = F.normalize(self.projector(pairs), dim=-1)
                 feats, labels = self._enqueue(projected, cols)
                 lac = supcon_loss(feats, labels, self.hp.temperature)
             loss = loss + self.hp.lac_weight * lac
-            logs.update(lac=float(lac.detach()), queue_entries=float(labels.numel()))
+            logs.update(lac=lac.detach(), queue_entries=float(labels.numel()))
         return LossOutput(loss, logs)
+
+    def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
+        """``class_embedding_cos`` of the epoch's last training batch (see the module docstring)."""
+        if self._last_embeddings is None:
+            return {}
+        similarity = class_embedding_similarity(self._last_embeddings)
+        self._last_embeddings = None
+        return {"class_embedding_cos": similarity}

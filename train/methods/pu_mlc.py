@@ -12,9 +12,10 @@ summed over classes (not averaged); a class with no positive in the batch contri
 - re-balance factor ``w_c = (mean_n sigmoid(s~_nc))^gamma``, stop-gradient.
 - mixup regulariser (weight ``mixup_weight``, 1 as in the paper): the first and second halves of the batch
   are mixed with lambda ~ Beta(0.3, 0.3) (first half permuted), targets phi = 1 at observed positives and
-  sigmoid(s) (un-tempered, NOT detached, as in the reference code) elsewhere; the mixed images are run
-  through the model and ``sum_c mean_n (log(phi^ + 1e-10) - log(sigmoid(s^) + 1e-10))^2`` is added.
-- all of it in float32 (the 1e-10 epsilon underflows in fp16): ``training_step`` casts the logits.
+  sigmoid(s) (un-tempered, NOT detached, as in the reference code) elsewhere; the mixed images
+  (:meth:`PuMlc.extra_model_inputs`) run through the model in a second call and
+  ``sum_c mean_n (log(phi^ + 1e-10) - log(sigmoid(s^) + 1e-10))^2`` is added.
+- all of it in float32 (the 1e-10 epsilon underflows in fp16): the trainer hands the loss float32 logits.
 The LgConv backbone and the GNN head of the paper are not part of the loss (LgConv is a model option).
 """
 
@@ -24,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
 from train.methods.base import LossOutput, Method, MethodHparams, register
 
 PU_EPSILON = 1e-10
+MIXUP = "images_mixup"  # the mixed images, run through the model by the trainer (their logits: "logits_mixup")
 
 
 def adaptive_temperature(logits: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -84,34 +85,42 @@ class PuMlc(Method):
     # 1e-4, OneCycle, EMA, and the paper's trainable scope. Two differences stay: the backbone is the SPML
     # protocol's ResNet-50 (the paper uses ResNet-101) and OneCycle spans the run's epochs (the reference
     # schedules 80 epochs and stops early, so it never anneals fully).
+    trainable_scope = "layer4"  # LgConv branches + layer4 + head; stem and layers 1-3 frozen
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
-        "*": {"weight_decay": 1e-4, "scheduler": "onecycle", "trainable": "pu-mlc"},
+        "*": {"weight_decay": 1e-4, "scheduler": "onecycle"},
         "coco": {"batch_size": 70, "lr": 1e-4, "ema": 0.9997, "epochs": 40},
         "voc": {"batch_size": 90, "lr": 4e-5, "ema": 0.991, "epochs": 55},
     }
-    description = "variational PU loss: positives vs all images, adaptive temperature, mixup regulariser"
+    paper = "Yuan, Zhang, Huang 2024"
+    description = ("variational PU loss (positives vs all images), adaptive temperature, re-balance factor, "
+                   "mixup regulariser")
+
+    def extra_model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The mixup images (the permuted first half of the batch mixed with the second half), the pairs and
+        lambda; nothing when the regulariser is off."""
+        if self.hp.mixup_weight <= 0:
+            return {}
+        images = batch["images"]
+        n = images.shape[0]
+        half = n // 2
+        first = torch.arange(half, device=images.device)
+        second = torch.arange(n - half, n, device=images.device) if half > 0 else first
+        if half == 0:  # a batch of one: mix the sample with itself
+            first = second = torch.zeros(1, dtype=torch.long, device=images.device)
+        first = first[torch.randperm(first.numel()).to(images.device)]
+        lam = torch.distributions.Beta(self.hp.mixup_alpha, self.hp.mixup_alpha).sample()
+        return {MIXUP: lam * images[first] + (1.0 - lam) * images[second], "mixup_pairs": torch.stack([first, second]),
+                "mixup_lambda": lam}
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
-        loss = variational_pu_loss(logits.float(), self.targets(batch), self.hp.gamma, self.hp.alpha)
-        return LossOutput(loss)
-
-    def training_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
-        logits = model(batch["images"]).float()
-        out = self.loss(logits, batch)
-        if self.hp.mixup_weight <= 0:
-            return out
-        n = logits.shape[0]
-        half = n // 2
-        first = torch.arange(half, device=logits.device)
-        second = torch.arange(n - half, n, device=logits.device) if half > 0 else first
-        if half == 0:  # a batch of one: mix the sample with itself
-            first = second = torch.zeros(1, dtype=torch.long, device=logits.device)
-        first = first[torch.randperm(first.numel()).to(logits.device)]
-        lam = float(torch.distributions.Beta(self.hp.mixup_alpha, self.hp.mixup_alpha).sample())
+        """L_var, plus the mixup regulariser when the batch holds the mixed images' logits (``logits_mixup``)."""
         z = self.targets(batch)
+        loss = variational_pu_loss(logits, z, self.hp.gamma, self.hp.alpha)
+        if "logits_mixup" not in batch:
+            return LossOutput(loss)
+        first, second = batch["mixup_pairs"]
+        lam = batch["mixup_lambda"].to(logits.device)
         phi = torch.where(z > 0.5, torch.ones_like(logits), torch.sigmoid(logits))
-        images = batch["images"]
-        mixed_images = lam * images[first] + (1.0 - lam) * images[second]
         mixed_targets = lam * phi[first] + (1.0 - lam) * phi[second]
-        reg = mixup_regulariser(mixed_targets, model(mixed_images).float())
-        return LossOutput(out.loss + self.hp.mixup_weight * reg, {"mixup_reg": float(reg.detach())})
+        reg = mixup_regulariser(mixed_targets, batch["logits_mixup"])
+        return LossOutput(loss + self.hp.mixup_weight * reg, {"mixup_reg": reg.detach()})

@@ -1,4 +1,4 @@
-"""ROLE: regularised online label estimation (Cole et al. 2021).
+"""ROLE: regularised online label estimation (Cole et al., CVPR 2021; docs/methods.md).
 
 A free label-estimator matrix Phi (N_train x C logits) is learnt jointly with the classifier, with its own
 optimiser group at 10x the learning rate. Each side is trained against the other's stop-gradient
@@ -23,7 +23,9 @@ import torch
 from torch import nn
 
 from train.methods.base import (
+    SCORES,
     EpochEndContext,
+    LabelEstimate,
     LossOutput,
     Method,
     MethodContext,
@@ -34,7 +36,6 @@ from train.methods.base import (
     register,
 )
 from train.methods.epr import EXPECTED_POSITIVES
-from train.metrics import mean_average_precision
 
 
 def _logit(p: float) -> float:
@@ -58,7 +59,8 @@ class Role(Method):
     name = "role"
     Hparams = RoleHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {f: {"k": k} for f, k in EXPECTED_POSITIVES.items()}
-    description = "online label estimation: a learnt N x C label matrix, 10x learning rate"
+    paper = "Cole et al. 2021"
+    description = "online label estimation: a learnt N x C label matrix (10x learning rate)"
 
     def __init__(self, ctx: MethodContext, hparams: RoleHparams) -> None:
         super().__init__(ctx, hparams)
@@ -86,18 +88,18 @@ class Role(Method):
         estimator = torch.where(observed, neg_log(y), zero) + prob_bce(y, p.detach())
         main = (0.5 * (classifier + estimator)).mean()
         reg = 0.5 * (expected_positives_regulariser(p, k) + expected_positives_regulariser(y, k))
-        return LossOutput(main + reg, {"role_reg": float(reg.detach())})
+        return LossOutput(main + reg, {"role_reg": reg.detach()})
 
     @torch.no_grad()
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
         """Logs only (nothing changes): how far the estimator's unobserved entries have moved from their
-        initial 0.5 +- 0.1, and - when the hidden full labels exist - the estimator's own label recovery
-        (mAP of sigmoid(Phi) against them), beside the classifier's in the run summary."""
+        initial 0.5 +- 0.1."""
         unobserved = self.ctx.train_observed.to(self.estimator.device) < 0.5
         probs = torch.sigmoid(self.estimator)
-        logs = {"estimator_unobserved_mean": float(probs[unobserved].mean()),
+        return {"estimator_unobserved_mean": float(probs[unobserved].mean()),
                 "estimator_unobserved_abs_logit": float(self.estimator[unobserved].abs().mean())}
-        if ctx.train_full_labels is not None:  # ranked on the logits, as the run summary ranks the classifier's
-            logs["estimator_recovery_mAP"] = mean_average_precision(self.estimator.detach().cpu().numpy(),
-                                                                    ctx.train_full_labels.cpu().numpy())
-        return logs
+
+    def label_estimates(self) -> dict[str, LabelEstimate]:
+        """The estimator's logits: where full labels exist the trainer logs their label recovery
+        (``estimator_recovery_mAP``), beside the classifier's in the run summary (both ranked on logits)."""
+        return {"estimator": LabelEstimate(self.estimator.detach(), SCORES)}

@@ -1,4 +1,4 @@
-"""WAN: weak assume negative (Cole et al. 2021): unobserved labels are negatives with weight gamma."""
+"""WAN: weak assume negative (Cole et al., CVPR 2021): unobserved labels are negatives with weight gamma."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ class WeakAssumeNegative(Method):
 
     name = "wan"
     Hparams = WanHparams
-    description = "weak assume negative: unobserved negatives down-weighted by 1/(C-1)"
+    paper = "Cole et al. 2021"
+    description = "AN with the negatives weighted 1/(C-1)"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         c = logits.shape[1]

@@ -1,0 +1,26 @@
+"""Full-label diagnostics, computed by the trainer (never by a method) and only where the training split has full
+labels (:attr:`train.data.protocol.ProtocolSplits.train_has_full_labels`): how well what a method believes about
+the hidden training labels (:meth:`train.methods.base.Method.label_estimates`) matches them. The scores are
+logged; nothing of them reaches the method."""
+
+from __future__ import annotations
+
+import torch
+
+from train.methods.base import NEGATIVES, POSITIVES, SCORES, LabelEstimate
+from train.metrics import mean_average_precision
+
+
+def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torch.Tensor) -> dict[str, float]:
+    """Per estimate ``name``: ``<name>_recovery_mAP`` (scores: mAP against ``full_labels`` (N_train, C)) or
+    ``<name>_precision`` (positives / negatives: the share of the marked entries that truly are positive /
+    negative; left out when nothing is marked)."""
+    logs: dict[str, float] = {}
+    for name, estimate in estimates.items():
+        values = estimate.values.detach().cpu()
+        if estimate.kind == SCORES:
+            logs[f"{name}_recovery_mAP"] = mean_average_precision(values.float().numpy(), full_labels.numpy())
+        elif estimate.kind in (POSITIVES, NEGATIVES) and bool(values.any()):
+            truth = full_labels[values.bool()] > 0.5
+            logs[f"{name}_precision"] = float((truth if estimate.kind == POSITIVES else ~truth).float().mean())
+    return logs

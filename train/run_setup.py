@@ -1,0 +1,172 @@
+"""Setting a run up from its :class:`~train.config.TrainConfig`: seeds, precision, the data and its protocol, the
+model, the method, and what the method may see of the labels."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from models.resnet import MultiLabelResNet, build_model
+from train.config import TrainConfig
+from train.data.observed_file import protocol_file_bytes, sha256_of
+from train.data.protocol import ProtocolSplits, build_protocol, parse_observed, protocol_record
+from train.data.registry import load_dataset
+from train.data.types import DatasetSplits
+from train.distributed import current_world
+from train.methods.base import Method, MethodContext, MethodHparams
+
+
+def log(message: str) -> None:
+    """Print a status line (through tqdm so it does not break an active progress bar); rank 0 only."""
+    if current_world().is_main:
+        tqdm.write(message, file=sys.stderr)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Precision:
+    """Autocast settings for the device."""
+
+    dtype: torch.dtype | None  # None = no autocast
+    device_type: str
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The autocast context (or a no-op)."""
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+def resolve_precision(amp: str, device: torch.device) -> Precision:
+    """``auto``: bf16 on CUDA GPUs that support it, fp16 on older ones, none on CPU."""
+    if amp == "off" or (amp == "auto" and device.type != "cuda"):
+        return Precision(None, device.type)
+    if amp == "auto":
+        return Precision(torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16, device.type)
+    return Precision(torch.bfloat16 if amp == "bf16" else torch.float16, device.type)
+
+
+def resolve_head(head: str, method: type[Method]) -> str:
+    """The classifier head to build: ``auto`` -> the method's required head, else ``linear``; an explicit head
+    that the method cannot train with is a ``ValueError``."""
+    if head == "auto":
+        return method.required_head or "linear"
+    if method.required_head and head != method.required_head:
+        raise ValueError(f"method {method.name!r} needs --head {method.required_head} (got --head {head})")
+    return head
+
+
+# Query2Label / LAC run at 448 px (14 x 14 = 196 tokens). The 7 x 7 floor (224 px, where Query2Label also
+# reports results) is a heuristic; measured at 64 px (2 x 2 tokens), runs/compare/lac-seed0 stage 1: the 20
+# class embeddings of an image have cosine similarity 0.9999997, i.e. the head is not label-wise at all.
+LEM_MIN_TOKENS = 49
+
+
+def lem_token_warning(head: str, image_size: int) -> str | None:
+    """A warning when the label-wise embedding head sees fewer than :data:`LEM_MIN_TOKENS` feature-map tokens at
+    ``image_size`` (ResNets downsample by 32, rounding up); None otherwise."""
+    side = math.ceil(image_size / 32)
+    if head != "lem" or side * side >= LEM_MIN_TOKENS:
+        return None
+    return (f"warning: at {image_size} px the label-wise embedding head sees {side}x{side} = {side * side} "
+            "feature-map tokens (the papers: 448 px, 196 tokens); with few positions its class queries can "
+            "attend to little that differs, and at 64 px (4 tokens) the per-class embeddings came out identical. "
+            "Use --image-size 224 or more for a label-wise head; a method that trains on the per-class "
+            "embeddings logs class_embedding_cos, the mean cosine between one image's class embeddings "
+            "(1 = identical)")
+
+
+def make_run_name(cfg: TrainConfig, dataset_name: str) -> str:
+    """``DATA-METHOD-ARCH-YYYYmmdd-HHMMSS``."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{dataset_name}-{cfg.method}-{cfg.arch}-{stamp}"
+
+
+@dataclass
+class RunData:
+    """The dataset, the run's protocol over it (observed labels, split) and the protocol file's bytes (the same
+    on every rank)."""
+
+    dataset: DatasetSplits
+    splits: ProtocolSplits
+    protocol_bytes: bytes
+
+    @property
+    def protocol_sha256(self) -> str:
+        """The protocol file's sha256 (in config.json and the checkpoints)."""
+        return sha256_of(self.protocol_bytes)
+
+
+def load_run_data(cfg: TrainConfig) -> RunData:
+    """Load ``cfg.data`` and apply the protocol (``--observed``, val split, protocol seed); say on stdout (rank 0)
+    when the observed labels are read, not sampled."""
+    dataset = load_dataset(cfg.data)
+    splits = build_protocol(dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed)
+    if current_world().is_main:
+        if cfg.observed.strip().lower() == "single" and splits.observed.kind == "given":
+            print(f"observed labels: the dataset's own {splits.observed.path} (not sampled; add ?resample to the "
+                  "--data spec to sample them with --protocol-seed)")
+        elif parse_observed(cfg.observed).kind == "file":
+            print(f"observed labels: {splits.observed} from {cfg.observed}, protocol seed {splits.seed} "
+                  f"({len(splits.train)} train / {len(splits.val)} val images)")
+    return RunData(dataset, splits, protocol_file_bytes(protocol_record(splits, dataset)))
+
+
+def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
+    """Whether the batches of ``method`` carry the annotated training labels: only for a method that trains on
+    them (the oracle capability), and for it a ``ValueError`` when the training split has no full labels."""
+    if not method.trains_on_full_labels:
+        return False
+    if not splits.train_has_full_labels:
+        raise ValueError(f"method {method.name!r} is a reference bound that trains on the training images' full "
+                         f"labels, and this run's training labels hold nothing beyond what it observes "
+                         f"({splits.observed}); use it on fully labelled data with --observed single or partial:R")
+    return True
+
+
+def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch.device,
+                    channels_last: bool) -> MultiLabelResNet:
+    """The network of ``cfg`` on ``device``: backbone, LgConv, head, weights, SyncBatchNorm, trainable scope."""
+    model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=head,
+                        load_head=not cfg.reset_head)
+    if cfg.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device)
+    model.set_trainable_scope(cfg.trainable)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig, splits: ProtocolSplits,
+                 dataset_name: str, total_epochs: int, feature_width: int, device: torch.device) -> Method:
+    """``method`` built for this run's training set, on ``device``: it knows the observed training labels, never
+    the annotated ones. ``k`` (expected positives per image) is still measured on the annotated labels, as
+    Cole et al. do for EPR and ROLE."""
+    ctx = MethodContext(
+        num_classes=len(splits.classes),
+        num_train=len(splits.train),
+        train_observed=torch.from_numpy(splits.train_observed.astype(np.float32)),
+        expected_positives=float(splits.train.labels.sum(1).mean()),
+        epochs=total_epochs,  # epoch numbers given to on_epoch_end count every phase and stage
+        dataset=dataset_name,
+        batch_size=cfg.batch_size,
+        feature_width=feature_width,
+    )
+    return method(ctx, hparams).to(device)
