@@ -190,7 +190,7 @@ class Trainer:
         if warning:
             log(warning)
         self.model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=self.head,
-                                 load_head=not cfg.reset_head)
+                                 load_head=not cfg.reset_head, boostlu=cfg.boostlu)
         if cfg.sync_bn:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.model = self.model.to(self.device)

@@ -1,6 +1,19 @@
 """Training methods, one file each, registered in :data:`METHODS` (name -> class)."""
 
-from train.methods import an, an_ls, bce, em, epr, iun, lac, opml, pu_mlc, role, wan  # noqa: F401  (imports register)
+from train.methods import (  # noqa: F401  (imports register)
+    an,
+    an_ls,
+    bce,
+    em,
+    epr,
+    iun,
+    lac,
+    large_loss,
+    opml,
+    pu_mlc,
+    role,
+    wan,
+)
 from train.methods.base import (
     METHODS,
     EpochEndContext,
