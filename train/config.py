@@ -162,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs, "
                    "then the method's published settings for the dataset: em/em-apl batch and lr per "
                    "dataset, lac AdamW + OneCycle 1e-4 + EMA for 40 epochs per stage, pu-mlc's README "
-                   "commands for voc/coco)")
+                   "commands for voc/coco, ll-r/ll-ct/ll-cp batch 16 with SGD 5e-3 on voc, Adam 1e-5 on coco/nus, "
+                   "7.5e-5 on cub)")
     g.add_argument("--epochs", type=int, help="end-to-end epochs; 0 with --linear-init N trains only the head on "
                    "fixed backbone features (Cole et al.'s linear protocol, a linear probe). "
                    f"Default: {d.epochs}")
