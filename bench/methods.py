@@ -4,9 +4,10 @@ Trains every (method, seed) pair with the same protocol and budget (the extra ar
 ``python -m train`` unchanged), each in its own subprocess and run folder ``RUNS_DIR/<method>-seed<seed>``.
 Finished runs are reused and interrupted ones resumed, so a long comparison can be continued by running the
 same command again; a run folder trained with other settings is an error, never silently reused.
-``--warm-start DIR`` starts every run of seed N from the backbone of ``DIR/an-seedN`` (an AN run with the same
-arguments, trained first when missing) with a new head: the papers fine-tune pretrained features, which a
-from-scratch CPU budget does not give. ``--grid NAME=V1,V2,...`` trains every (method, seed) pair once per value
+A method name may carry a model option: ``ll-r+boostlu`` trains ``ll-r`` with ``--boostlu`` (its own row and
+run folders). ``--warm-start DIR`` starts every run of seed N from the backbone of ``DIR/an-seedN`` (an AN run
+with the same arguments, trained first when missing) with a new head: the papers fine-tune pretrained features,
+which a from-scratch CPU budget does not give. ``--grid NAME=V1,V2,...`` trains every (method, seed) pair once per value
 of one training option (run folders ``<method>-seed<seed>-<NAME><V>``) and keeps the run with the best
 validation mAP, as Cole et al. pick each method's learning rate and batch size.
 
@@ -47,15 +48,30 @@ DEFAULT_METHODS = [name for name in method_names() if not METHODS[name].uses_obs
 def is_reference_bound(method: str) -> bool:
     """Whether ``method`` trains on the full labels (an oracle bound, not a single-positive method)."""
     return method in METHODS and METHODS[method].trains_on_full_labels
+# Model options a method name may carry in --methods: METHOD+OPTION trains METHOD with these training flags
+VARIANTS: dict[str, list[str]] = {"boostlu": ["--boostlu"]}
 
 
 class RunMismatch(Exception):
     """An existing run folder was trained with settings other than the ones this comparison asks for."""
 
 
-def _train_argv(method: str, seed: int, data: str, runs_dir: Path, name: str, train_args: list[str]) -> list[str]:
-    return [*train_args, "--data", data, "--method", method, "--seed", str(seed), "--runs-dir", str(runs_dir),
-            "--name", name, "--no-progress"]
+def parse_method(spec: str) -> tuple[str, list[str]]:
+    """``METHOD[+OPTION...]`` -> (the registered method, the training flags of its :data:`VARIANTS` options), e.g.
+    ``ll-r+boostlu`` -> (``ll-r``, ``["--boostlu"]``); ``ValueError`` for an unknown method or option."""
+    method, *options = spec.split("+")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} in {spec!r}; known: {', '.join(sorted(METHODS))}")
+    unknown = [o for o in options if o not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown option {'+'.join(unknown)!r} in {spec!r}; known: {', '.join(VARIANTS)}")
+    return method, [flag for o in options for flag in VARIANTS[o]]
+
+
+def _train_argv(spec: str, seed: int, data: str, runs_dir: Path, name: str, train_args: list[str]) -> list[str]:
+    method, variant = parse_method(spec)
+    return [*train_args, *variant, "--data", data, "--method", method, "--seed", str(seed),
+            "--runs-dir", str(runs_dir), "--name", name, "--no-progress"]
 
 
 def check_existing_run(run: Path, argv: list[str]) -> None:
@@ -293,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.methods", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python -m bench.methods --seeds 0,1,2 -- --epochs 3")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated (default: all)")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated; METHOD+boostlu trains "
+                   "METHOD with --boostlu (e.g. an,em,ll-r,ll-r+boostlu; default: every method)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default: %(default)s)")
     p.add_argument("--data", default="builtin", help="dataset spec as in python -m train (default: %(default)s)")
     p.add_argument("--runs-dir", type=Path, default=Path("runs/compare"), help="default: %(default)s")
@@ -306,9 +323,11 @@ def main(argv: list[str] | None = None) -> int:
                    "validation mAP (Cole et al.'s per-method search)")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        p.error(f"unknown methods {unknown}; known: {', '.join(sorted(METHODS))}")
+    for spec in methods:
+        try:
+            parse_method(spec)
+        except ValueError as exc:
+            p.error(str(exc))
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:

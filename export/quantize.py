@@ -442,12 +442,14 @@ def activation_matmuls(model: onnx.ModelProto) -> list[str]:
 
 
 def _float_compute_nodes(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
-    """(quantized, kept float): Conv/Gemm/MatMul nodes with / without a DequantizeLinear input."""
+    """(quantized, kept float): Conv/Gemm/MatMul nodes whose weight (second input) is / is not a
+    DequantizeLinear output. A float node may still read a dequantized activation: the BoostLU head's 1x1
+    convolution reads the last block's quantized output."""
     dq_outputs = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     quantized, kept = [], []
     for node in model.graph.node:
         if node.op_type in ("Conv", *HEAD_OP_TYPES):
-            (quantized if any(i in dq_outputs for i in node.input) else kept).append(node.name)
+            (quantized if node.input[1] in dq_outputs else kept).append(node.name)
     return quantized, kept
 
 

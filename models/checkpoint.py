@@ -46,7 +46,8 @@ class ModelMeta:
     # decoding (large JPEGs at reduced scale, never below 2 x image_size per side: models.preprocess)
     resize: str = "squash"
     lgconv: bool = False
-    # classifier head: {"kind": "linear"} or {"kind": "lem", heads, encoder_layers, ...} (models.resnet.HEADS)
+    # classifier head: {"kind": "linear"} (+ "boostlu": alpha when the head runs per position with BoostLU) or
+    # {"kind": "lem", heads, encoder_layers, ...} (models.resnet.HEADS)
     head: dict[str, Any] = field(default_factory=lambda: {"kind": "linear"})
     output: str = "logits"  # the network outputs logits; probabilities = sigmoid(logits)
     method: str = ""

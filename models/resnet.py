@@ -1,4 +1,5 @@
-"""torchvision ResNets (optionally with LgConv in their 3x3 convs) with a linear multi-label head (logits out)."""
+"""torchvision ResNets (optionally with LgConv in their 3x3 convs) with a linear multi-label head (logits out),
+optionally applied per position with BoostLU (:class:`BoostedCamHead`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torchvision import models as tvm
 
 from models.label_embedding import LabelEmbeddingConfig, LabelEmbeddingHead
@@ -35,27 +37,70 @@ TRAINABLE_SCOPES = ("all", "layer4")
 # embedding transformer on the last feature map, models.label_embedding).
 HEADS = ("linear", "lem")
 
+BOOSTLU_ALPHA = 5.0  # Kim et al. 2023's published BoostLU factor
+
+
+def boost_lu(cam: torch.Tensor, alpha: float) -> torch.Tensor:
+    """BoostLU (Kim et al., CVPR 2023): positive values multiplied by ``alpha``, the others kept."""
+    return torch.where(cam > 0, cam * alpha, cam)
+
+
+class BoostedCamHead(nn.Linear):
+    """The linear head applied at every position of the last feature map - class activation maps (CAM) -
+    then BoostLU, then global average pooling: ``(N, D, H, W)`` -> logits ``(N, C)``.
+
+    Kim et al. 2023 (``models.py`` of youngwk/BridgeGapExplanationPAMC: a 1x1 convolution with bias, BoostLU,
+    ``adaptive_avg_pool2d``), in training and inference alike. It *is* an ``nn.Linear`` (the same
+    ``weight``/``bias`` names and shapes), so plain linear-head weights load into it; with ``alpha = 1`` it
+    computes the plain head's logits (pooling and the linear map commute)."""
+
+    def __init__(self, in_features: int, out_features: int, alpha: float = BOOSTLU_ALPHA) -> None:
+        if not alpha > 0:
+            raise ValueError(f"--boostlu must be > 0 (the published factor is {BOOSTLU_ALPHA:g}), got {alpha}")
+        super().__init__(in_features, out_features)
+        self.alpha = float(alpha)
+
+    def class_activation_maps(self, feature_map: torch.Tensor) -> torch.Tensor:
+        """The classifier at every position: ``(N, D, H, W)`` -> ``(N, C, H, W)`` (before BoostLU)."""
+        return F.conv2d(feature_map, self.weight[:, :, None, None], self.bias)
+
+    def forward(self, feature_map: torch.Tensor) -> torch.Tensor:
+        cam = boost_lu(self.class_activation_maps(feature_map), self.alpha)
+        return F.adaptive_avg_pool2d(cam, 1).flatten(1)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, boostlu_alpha={self.alpha:g}"
+
 
 class MultiLabelResNet(nn.Module):
     """A torchvision ResNet backbone (fc removed) + a multi-label head.
 
-    Heads: ``linear`` (global average pool + ``Linear(features, C)``) or ``lem`` (LAC's label-wise embedding
-    transformer on the last feature map, :class:`~models.label_embedding.LabelEmbeddingHead`).
+    Heads: ``linear`` (global average pool + ``Linear(features, C)``; with ``boostlu=ALPHA`` the linear map
+    runs before the pooling, per position, with BoostLU in between: :class:`BoostedCamHead`) or ``lem`` (LAC's
+    label-wise embedding transformer on the last feature map, :class:`~models.label_embedding.LabelEmbeddingHead`).
     ``forward(x)`` takes a normalised float batch ``(N, 3, H, W)`` and returns logits ``(N, C)``.
     """
 
     def __init__(self, backbone: tvm.ResNet, num_classes: int, head: str = "linear",
-                 head_config: LabelEmbeddingConfig | None = None) -> None:
+                 head_config: LabelEmbeddingConfig | None = None, boostlu: float | None = None) -> None:
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
+        if boostlu is not None and head != "linear":
+            raise ValueError(f"--boostlu boosts the class activation maps of the linear head; the {head!r} head "
+                             "has none (it pools with per-class attention): use --head linear or drop --boostlu")
         in_features = backbone.fc.in_features
         backbone.fc = nn.Identity()
         self.backbone = backbone
         self._num_features = int(in_features)
         self.head_kind = head
-        self.head: nn.Module = (nn.Linear(in_features, num_classes) if head == "linear"
-                                else LabelEmbeddingHead(in_features, num_classes, head_config))
+        self.head: nn.Module
+        if head == "lem":
+            self.head = LabelEmbeddingHead(in_features, num_classes, head_config)
+        elif boostlu is not None:
+            self.head = BoostedCamHead(in_features, num_classes, boostlu)
+        else:
+            self.head = nn.Linear(in_features, num_classes)
         self._frozen: list[nn.Module] = []  # modules kept in eval mode by train() (see set_trainable_scope)
 
     @property
@@ -95,10 +140,18 @@ class MultiLabelResNet(nn.Module):
         """Channel width of the backbone's last stage (the pooled feature vector of the linear head)."""
         return self._num_features
 
+    @property
+    def boostlu(self) -> float | None:
+        """The head's BoostLU factor, None without BoostLU."""
+        return self.head.alpha if isinstance(self.head, BoostedCamHead) else None
+
     def head_meta(self) -> dict[str, object]:
-        """The head's description for checkpoint metadata: ``{"kind": ...}`` plus the LEM shape."""
+        """The head's description for checkpoint metadata: ``{"kind": ...}`` plus the LEM shape or, with
+        BoostLU, ``"boostlu": alpha``."""
         if isinstance(self.head, LabelEmbeddingHead):
             return {"kind": "lem", **self.head.config.to_dict()}
+        if isinstance(self.head, BoostedCamHead):
+            return {"kind": "linear", "boostlu": self.head.alpha}
         return {"kind": "linear"}
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
@@ -108,8 +161,10 @@ class MultiLabelResNet(nn.Module):
         return b.layer4(b.layer3(b.layer2(b.layer1(x))))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """What the head takes: pooled features ``(N, D)`` (linear head) or the feature map (LEM head)."""
-        return self.backbone(x) if self.head_kind == "linear" else self.feature_map(x)
+        """What the head takes: pooled features ``(N, D)`` (linear head) or the feature map (LEM head, BoostLU)."""
+        if self.head_kind == "linear" and not isinstance(self.head, BoostedCamHead):
+            return self.backbone(x)
+        return self.feature_map(x)
 
     def forward_embeddings(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """LEM head only: (logits ``(N, C)``, per-class embeddings ``(N, C, D)``)."""
@@ -168,9 +223,10 @@ def _load_weights_file(model: MultiLabelResNet, path: Path, load_head: bool = Tr
 
 def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool = False,
                 head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
-                load_head: bool = True) -> MultiLabelResNet:
+                load_head: bool = True, boostlu: float | None = None) -> MultiLabelResNet:
     """Build ``arch`` (resnet18/34/50/101) with a ``num_classes`` head (``head``: linear or lem, see
-    :class:`MultiLabelResNet`; ``head_config`` shapes the LEM head).
+    :class:`MultiLabelResNet`; ``head_config`` shapes the LEM head; ``boostlu``: the linear head's BoostLU
+    factor, None = off, ``ValueError`` with the LEM head).
 
     ``weights``: ``none`` (random init), ``imagenet`` (torchvision IMAGENET1K_V1, downloaded by torchvision
     on first use), another torchvision weight name, or a path to a state dict / checkpoint file, whose head is
@@ -192,7 +248,7 @@ def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool
             path = candidate
         else:
             tv_weights = _torchvision_weights(arch, weights)
-    model = MultiLabelResNet(ARCHITECTURES[arch](weights=tv_weights), num_classes, head, head_config)
+    model = MultiLabelResNet(ARCHITECTURES[arch](weights=tv_weights), num_classes, head, head_config, boostlu)
     if lgconv:
         convert_to_lgconv(model.backbone)
     if path is not None:
@@ -204,5 +260,6 @@ def model_from_meta(meta: ModelMeta) -> MultiLabelResNet:
     """Rebuild the (randomly initialised) network a checkpoint's metadata describes; load weights after."""
     kind = str(meta.head.get("kind", "linear"))
     config = LabelEmbeddingConfig.from_dict(meta.head) if kind == "lem" else None
+    boostlu = meta.head.get("boostlu")
     return build_model(meta.arch, len(meta.classes), weights="none", lgconv=meta.lgconv, head=kind,
-                       head_config=config)
+                       head_config=config, boostlu=float(boostlu) if boostlu is not None else None)

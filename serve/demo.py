@@ -144,6 +144,8 @@ def model_markdown(key: str, predictor: Predictor) -> str:
     ]
     if info["method"]:
         parts.append(f"method {info['method']}")
+    if info["boostlu"] is not None:
+        parts.append(f"BoostLU {info['boostlu']:g}")
     if isinstance(val, dict) and isinstance(val.get("mAP"), (int, float)):
         parts.append(f"val mAP {val['mAP']:.1f}")
     if info["dataset"]:

@@ -495,6 +495,7 @@ class Predictor:
             "image_size": self.meta.image_size,
             "classes": len(self.classes),
             "method": self.meta.method,
+            "boostlu": self.meta.head.get("boostlu"),  # the head's BoostLU factor (None: plain linear head)
             "calibrated_thresholds": self.meta.thresholds is not None,
             "dataset": (self.meta.data or {}).get("source"),
         }

@@ -9,8 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.methods import aggregate, last_epoch_val_map, main, markdown, parse_grid, section_for
+from bench.methods import (
+    _train_argv,
+    aggregate,
+    last_epoch_val_map,
+    main,
+    markdown,
+    parse_grid,
+    parse_method,
+    section_for,
+)
 from bench.results_page import read_section
+from train.config import build_parser, config_from_args
 from train.runs import CONFIG_FILE, METRICS_FILE
 
 
@@ -113,9 +123,17 @@ def test_compare_runs_reuses_and_writes_the_table(builtin_cache: Path, tmp_path:
 
 
 def test_compare_rejects_unknown_methods(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["--methods", "an,magic"])
-    assert exc.value.code == 2 and "magic" in capsys.readouterr().err
+    for spec, name in (("an,magic", "magic"), ("an,ll-r+turbo", "turbo"), ("magic+boostlu", "magic")):
+        with pytest.raises(SystemExit) as exc:
+            main(["--methods", spec])
+        assert exc.value.code == 2 and name in capsys.readouterr().err
+
+
+def test_a_method_with_boostlu_trains_that_method_with_the_option(tmp_path: Path) -> None:
+    assert parse_method("ll-r+boostlu") == ("ll-r", ["--boostlu"]) and parse_method("em") == ("em", [])
+    argv = _train_argv("ll-r+boostlu", 0, "builtin:tiny", tmp_path, "ll-r+boostlu-seed0", ["--epochs", "1"])
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert (cfg.method, cfg.boostlu, cfg.name) == ("ll-r", 5.0, "ll-r+boostlu-seed0")
 
 
 def _tiny(tmp_path: Path, *extra: str) -> list[str]:

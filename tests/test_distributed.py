@@ -32,6 +32,8 @@ EXACT = {  # method -> extra flags; each must give the one-process loss and stat
     "role": [],
     "em-apl": ["--hp", "warmup_epochs=1", "--hp", "total_epochs=2"],  # pseudo-labels after epoch 1
     "opml-sp": ["--hp", "high_rank=0"],  # label correction and training APs from gathered predictions
+    # epoch 2 corrects large losses: the threshold over the global batch, corrections merged at the epoch end
+    "ll-cp": ["--linear-init", "2", "--hp", "delta_rel=5"],
 }
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 REPO = Path(__file__).resolve().parent.parent
@@ -85,7 +87,8 @@ def test_two_processes_equal_one(runs: dict[str, Path], method: str) -> None:
     """Loss of every step (their epoch mean), weights and method state equal one process with the same batch."""
     two, one = runs[f"{method}-2"], runs[f"{method}-1"]
     assert sorted(p.name for p in two.glob("*.pt")) == ["best.pt", "last.pt"]
-    assert abs(metrics(two)[0]["loss"] - metrics(one)[0]["loss"]) < 1e-5
+    for epoch_two, epoch_one in zip(metrics(two), metrics(one), strict=True):
+        assert abs(epoch_two["loss"] - epoch_one["loss"]) < 1e-5
     a, b = load_checkpoint(two / "last.pt"), load_checkpoint(one / "last.pt")
     assert max_difference(a.model, b.model) < 1e-5
     assert a.training is not None and b.training is not None
@@ -102,6 +105,14 @@ def test_method_state_is_updated_from_gathered_predictions(runs: dict[str, Path]
     assert pseudo is not None and opml is not None
     assert int((pseudo["method"]["pseudo"] >= 0).sum()) > 0  # EM-APL pseudo-labels from all 160 images
     assert float(opml["method"]["class_ap"].sum()) > 0  # OPML-SP's training APs
+
+
+def test_large_loss_corrections_of_every_rank_reach_every_rank(runs: dict[str, Path]) -> None:
+    """LL-Cp's permanent corrections (logged after the epoch-end merge) equal one process's; each rank alone
+    marks only its own images' entries."""
+    two, one = metrics(runs["ll-cp-2"]), metrics(runs["ll-cp-1"])
+    assert two[0]["llcp_corrected"] == one[0]["llcp_corrected"] == 0  # the first epoch is plain AN
+    assert two[1]["llcp_corrected"] == one[1]["llcp_corrected"] > 0
 
 
 def test_pu_mlc_batch_statistics_are_per_process(runs: dict[str, Path]) -> None:

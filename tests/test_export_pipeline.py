@@ -6,14 +6,20 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
+from reference import reference_logits
 
 from export.calibrate import THRESHOLD_MAX, THRESHOLD_MIN
 from export.metadata import file_sha256, read_onnx_meta, read_sidecar
 from export.pipeline import export_run, parse_precisions
 from export.precision_check import PrecisionBounds, PrecisionError
+from models import load_checkpoint
 from models.preprocess import EvalTransform
+from serve.demo import model_markdown
+from serve.predictor import Predictor
 from serve.runtimes.tensorrt_backend import tensorrt_importable
 from train.__main__ import main as train_main
 from train.data.protocol import build_protocol, parse_observed
@@ -24,9 +30,12 @@ HAS_RTX = tensorrt_importable("tensorrt-rtx")
 
 @pytest.fixture(scope="module")
 def run(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A briefly trained tiny run (LgConv on, so the export folds it)."""
+    """A briefly trained tiny run (LgConv on, so the export folds it): LL-R with BoostLU (Kim et al. 2023's
+    combination), whose boosted head the export, its checks and the tagger must all keep; its second epoch
+    rejects large losses."""
     runs = tmp_path_factory.mktemp("pipeline-runs")
-    assert train_main(["--data", "builtin:tiny", "--epochs", "2", "--image-size", "32", "--batch-size", "16",
+    assert train_main(["--data", "builtin:tiny", "--method", "ll-r", "--hp", "delta_rel=5", "--boostlu",
+                       "--epochs", "2", "--image-size", "32", "--batch-size", "16",
                        "--workers", "0", "--no-progress", "--runs-dir", str(runs), "--name", "tiny"]) == 0
     return runs / "tiny"
 
@@ -88,11 +97,31 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
             assert f1 == pytest.approx(_best_f1(probs[:, c], labels[:, c]), abs=1e-12), (art.name, c)
     fp16 = next(a for a in result.artifacts if a.name == "fp16")
     assert fp16.max_prob_diff is not None and fp16.max_prob_diff <= 5e-3 and fp16.agreement >= 0.995
+    _serves_the_boosted_model(run, folder)
     if HAS_RTX:
         engine = next(a for a in result.artifacts if a.name == "engine-int8")
         doc = read_sidecar(engine.path.with_name(engine.path.name + ".json"))
         source = read_onnx_meta(folder / "model.int8-tensorrt.onnx")
         assert doc["meta"]["thresholds"] == source.thresholds and doc["profile"]["max"][0] == 8
+
+
+def _serves_the_boosted_model(run: Path, folder: Path) -> None:
+    """Every artifact records BoostLU; INT8 keeps the head's 1x1 convolution (the class activation maps) in
+    float; the tagger's two runtimes and the demo serve the boosted network."""
+    assert load_checkpoint(run / "best.pt").meta.head == {"kind": "linear", "boostlu": 5.0}
+    for path in folder.glob("*.onnx"):
+        assert read_onnx_meta(path).head == {"kind": "linear", "boostlu": 5.0}, path.name
+    int8 = onnx.load(str(folder / "model.int8-cpu.onnx"))
+    weights = {t.name: numpy_helper.to_array(t) for t in int8.graph.initializer}
+    (head,) = [n for n in int8.graph.node if n.op_type == "Conv" and "head.bias" in n.input]
+    assert weights[head.input[1]].dtype == np.float32
+    assert head.name in read_onnx_meta(folder / "model.int8-cpu.onnx").quantization["nodes_kept_float"]
+    paths = build_protocol(load_dataset("builtin:tiny@seed0"), parse_observed("single"), 0.2, 1200).val.paths[:8]
+    expected = 1 / (1 + np.exp(-reference_logits(run / "best.pt", list(paths))))  # the boosted PyTorch network
+    for model in (folder / "model.onnx", run / "best.pt"):
+        predictor = Predictor.load(model)
+        np.testing.assert_allclose(predictor.scores(list(paths)), expected, atol=1e-5)
+        assert predictor.describe()["boostlu"] == 5.0 and "BoostLU 5" in model_markdown("run", predictor)
 
 
 def test_a_broken_precision_bound_fails_and_leaves_no_model(run: Path, tmp_path: Path) -> None:

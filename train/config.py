@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.resnet import ARCHITECTURES, HEADS, TRAINABLE_SCOPES
+from models.resnet import ARCHITECTURES, BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
 from train.data.protocol import PROTOCOL_SEED, parse_observed
 from train.methods import BASELINE, METHODS, get_method, method_names
 from train.methods.base import paper_settings_for
@@ -37,6 +37,7 @@ class TrainConfig:
     image_size: int = 64
     lgconv: bool = True
     head: str = "auto"
+    boostlu: float | None = None
     trainable: str = "all"
     epochs: int = 3
     batch_size: int = 32
@@ -162,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--head", choices=["auto", *HEADS], help="classifier head: linear (global average pool + "
                    "linear layer) or lem (LAC's label-wise embedding transformer: one embedding and one linear "
                    "classifier per class). auto: what the method needs (lem for lac), else linear. Default: auto")
+    g.add_argument("--boostlu", type=float, nargs="?", const=BOOSTLU_ALPHA, metavar="ALPHA",
+                   help="BoostLU (Kim et al. 2023), with any method: the linear head runs at every position of "
+                   "the last feature map (class activation maps), positive values are multiplied by ALPHA, then "
+                   f"pooled; in training and in the exported model alike. --boostlu alone: the published "
+                   f"{BOOSTLU_ALPHA:g}. Linear head only; not with --linear-init. Default: off "
+                   "(e.g. --method ll-r --boostlu)")
     scoped = ", ".join(f"{m.name}: {m.trainable_scope}" for m in METHODS.values() if m.trainable_scope)
     g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all, or layer4 (LgConv "
                    "branches + layer4 + head; stem and layers 1-3 frozen). --preset paper applies a method's "
@@ -263,6 +270,11 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.trainable in TRAINABLE_SCOPES, f"--trainable must be one of {', '.join(TRAINABLE_SCOPES)}"),
         (cfg.head in ("auto", *HEADS), f"--head must be auto or one of {', '.join(HEADS)}"),
         (not cfg.reset_head or cfg.weights.lower() != "none", "--reset-head needs --weights FILE"),
+        (cfg.boostlu is None or cfg.boostlu > 0, f"--boostlu must be > 0 (published: {BOOSTLU_ALPHA:g})"),
+        (cfg.boostlu is None or cfg.head != "lem", "--boostlu needs the linear head (the lem head has no class "
+         "activation maps to boost)"),
+        (cfg.boostlu is None or cfg.linear_init == 0, "--boostlu cannot be combined with --linear-init (its head "
+         "works on feature maps, LinearInit caches pooled features)"),
     ]
     for ok, message in checks:
         if not ok:

@@ -232,3 +232,11 @@ def gather_indexed_rows(local: torch.Tensor, indices: torch.Tensor, total: int) 
     present = torch.zeros(total, dtype=torch.bool)
     present[where.cpu()] = True
     return out, present
+
+
+def max_over_ranks_(tensor: torch.Tensor) -> torch.Tensor:
+    """In place: the element-wise maximum of ``tensor`` over the ranks (e.g. marks each rank set for its own
+    samples); no-op in one process. Returns ``tensor``."""
+    if current_world().distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor

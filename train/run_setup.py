@@ -142,9 +142,10 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
 
 def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch.device,
                     channels_last: bool) -> MultiLabelResNet:
-    """The network of ``cfg`` on ``device``: backbone, LgConv, head, weights, SyncBatchNorm, trainable scope."""
+    """The network of ``cfg`` on ``device``: backbone, LgConv, head (and BoostLU), weights, SyncBatchNorm and
+    trainable scope."""
     model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=head,
-                        load_head=not cfg.reset_head)
+                        load_head=not cfg.reset_head, boostlu=cfg.boostlu)
     if cfg.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)

@@ -45,8 +45,7 @@ class AssumeNegativeLabelSmoothing(Method):
     name = "an-ls"
     Hparams = AnLsHparams
     paper = "Cole et al. 2021"
-    description = ("AN with label smoothing (the code's targets 0.9 / 0.1; `--hp ls_pos=0` is the appendix's "
-                   "asymmetric AN-LS(0, 0.1))")
+    description = "AN with label smoothing (targets 0.9 / 0.1; `--hp ls_pos=0`: the asymmetric AN-LS(0, 0.1))"
 
     def __init__(self, ctx: MethodContext, hparams: AnLsHparams) -> None:
         super().__init__(ctx, hparams)

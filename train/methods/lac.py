@@ -128,9 +128,8 @@ class LabelAwareConsistency(Method):
     needs_embeddings = True
     leaves_parameters_unused = True  # the projector: unused in stage 1, and on a rank that selects no pair
     paper = "Xie, Xiao, Huang 2022"
-    description = ("label-wise embedding head; stage 1: AN + pseudo-label consistency between a weak and a strong "
-                   "view; stage 2 (from stage 1's best weights): + a label-aware contrastive loss over a memory "
-                   "queue")
+    description = ("label-wise embedding head; AN + weak/strong-view pseudo-label consistency, then (stage 2) "
+                   "+ a label-aware contrastive loss over a memory queue")
 
     def __init__(self, ctx: MethodContext, hparams: LacHparams) -> None:
         super().__init__(ctx, hparams)
