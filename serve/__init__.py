@@ -14,6 +14,12 @@ DEFAULT_BATCH_SIZE = 16
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_OUTPUT = Path("tags.jsonl")
 
+#: The decompression-bomb limit of every entry point (``serve tag``, ``serve demo``, :class:`serve.tag.TagJob`,
+#: :func:`serve.tag.tag_folder`, :class:`serve.predictor.Predictor`): the largest image accepted, width x height,
+#: checked from the file header before decoding (Pillow's own limit). Turning it off is explicit: ``max_pixels=None``
+#: in Python, ``--max-pixels 0`` on the command line (Pillow still refuses images over twice its limit).
+DEFAULT_MAX_PIXELS = 89_478_485
+
 #: ``--device`` help shared by ``tag`` and ``demo``.
 DEVICE_HELP = ("cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "
                "uses the CPU); a GPU that cannot be used is an error, never a silent CPU fallback")
