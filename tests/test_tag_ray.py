@@ -315,15 +315,18 @@ def test_local_engine_never_imports_ray_and_ray_missing_hint(setup: dict, tmp_pa
 
 
 def test_engines_benchmark_writes_its_section(ray_instance: object, tmp_path: Path) -> None:
-    """``python -m bench.tag_engines`` on a few tiny images: both engines agree and the section is written."""
+    """``python -m bench.tag_engines`` on a few tiny images, joining the shared instance: both engines give the
+    same scores, and the section has img/s and peak RSS for both."""
     from bench import tag_engines
     from bench.results_page import read_section
 
     page = tmp_path / "page.md"
-    assert tag_engines.main(["--images", "6", "--side", "32", "--image-size", "32", "--batch-size", "4",
-                             "--page", str(page)]) == 0
+    argv = ["--images", "6", "--width", "40", "--height", "30", "--sizes", "32", "--batch-size", "4",
+            "--address", address(ray_instance), "--page", str(page)]  # fmt: skip
+    assert tag_engines.main(argv) == 0
     text = read_section("tag-engines", page)
     assert text is not None and "python -m bench.tag_engines --images 6" in text
-    assert "joined a running instance" in text and "between the engines: 0.0e+00." in " ".join(text.split())
-    rows = [line for line in text.splitlines() if line.startswith(("| local", "| ray"))]
-    assert len(rows) == 3 and all(float(row.split(" | ")[-1].rstrip(" |")) > 0 for row in rows)
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| resnet18 @32 px")]
+    assert [row[1] for row in rows] == ["local", "ray"]
+    assert all(row[-1] == "0.0e+00 |" and row[5].endswith(" GB") for row in rows)
+    assert rows[0][6] == "-" and rows[1][6].endswith(" GB")  # the ray engine's model actor
