@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -41,11 +40,19 @@ def make_model(root: Path, image_size: int, calibration: Path) -> Path:
     return export_onnx(root / "best.pt", images=calibration).onnx_path
 
 
+def peak_rss_mb(pid: int) -> int:
+    """Peak resident memory of process ``pid`` (``VmHWM``: unlike ``ru_maxrss``, not inherited from a parent)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
 class ActorMemory:
-    """Samples the peak RSS (``VmHWM``) of the Ray model actors (``ray::MapWorker`` processes) every 0.2 s."""
+    """Samples the peak RSS (``VmHWM``) of the Ray model actors (``ray::TagActor`` processes) every 0.2 s."""
 
     def __init__(self) -> None:
-        self.peak_kb = 0
+        self.peak_mb = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -54,20 +61,16 @@ class ActorMemory:
         while not self._stop.wait(0.2):
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
-                    if b"ray::MapWorker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                        continue
-                    status = Path(f"/proc/{pid}/status").read_text()
+                    if b"ray::TagActor" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        self.peak_mb = max(self.peak_mb, peak_rss_mb(int(pid)))
                 except OSError:
                     continue
-                for line in status.splitlines():
-                    if line.startswith("VmHWM:"):
-                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
 
     def stop(self) -> int:
         """Stop sampling; the peak in MB."""
         self._stop.set()
         self._thread.join()
-        return self.peak_kb // 1024
+        return self.peak_mb
 
 
 def run_child(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,7 +100,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     actors = ActorMemory() if args.engine == "ray" else None
     t1 = seconds(args.one, Path(args.output).with_suffix(".one.jsonl"))
     tn = seconds(args.folder, Path(args.output))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    peak = peak_rss_mb(os.getpid())
     return {"t1": t1, "tn": tn, "init": init, "driver_mb": peak, "actor_mb": actors.stop() if actors else None}
 
 

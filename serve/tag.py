@@ -199,7 +199,9 @@ def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
     run_classes: list[str] | None = None
     if job.existing == "skip":
         plan.journal = read_journal(journal_path(job.output))
-        if plan.header is not None and plan.journal.header is not None:
+        if not plan.journal.offsets and not plan.journal.errors:
+            plan.journal = JournalContents(None, {}, {})  # no result in it (a run that failed at once): start afresh
+        elif plan.header is not None and plan.journal.header is not None:
             plan.header.refuse_other(plan.journal.header, journal_path(job.output))
         for rec in iter_run_file(job.output, job.separator):
             run_keys.add(rec["path"])

@@ -1,33 +1,29 @@
-"""The ``ray`` engine: score a plan on a Ray cluster (or a local Ray instance) with Ray Data.
+"""The ``ray`` engine: score a plan on a Ray cluster (or a local Ray instance), on a pool of model actors.
 
-The driver (this process) handles metadata only: the plan's keys and locations, the results coming back. It
+The driver (this process) handles metadata only: the plan's keys and locations, and the results coming back. It
 never imports torch or ONNX Runtime and needs no GPU, so the head node of a GPU cluster may be CPU-only.
 
-Dataflow: one row per image to tag (key, location), or, for tar shards, one row per shard file with the keys
-already done inside it (expanded into samples, with their encoded bytes, by :func:`expand_shard`) -> a pool of
-model actors (:class:`TagActor`: ``--workers`` of them, ``--gpus-per-worker`` GPUs and ``--cpus-per-worker``
-CPUs each). Each actor loads the model once, on its own device, and runs the local engine's loop
-(:func:`serve.scoring.score_items`) on the chunks it receives: its CPUs decode images in threads ahead of the
-model, as uint8, so decoding is fused with inference and only paths (or a shard's encoded bytes) travel to the
-actors, and only scores travel back. The driver receives the results batch by batch; the pipeline journals them.
+Work units: chunks of :data:`CHUNK_IMAGES` images (folders, list files: keys and locations), or one ``.tar``
+shard each (with the keys already done inside it). A pool of model actors (:class:`TagActor`: ``--workers`` of
+them, ``--gpus-per-worker`` GPUs and ``--cpus-per-worker`` CPUs each; ``ray.util.ActorPool``) takes them as they
+free up, :data:`CALLS_PER_ACTOR` at a time per actor. Each actor loads the model once, on its own device, and runs
+the local engine's loop (:func:`serve.scoring.score_items`) on each unit: its CPUs decode images in threads
+ahead of the model, as uint8, so decoding is fused with inference: only paths (or a shard's name) travel to the
+actors and only scores travel back. The driver receives the results unit by unit; the pipeline journals them.
 
-CPU budget: by default one actor per node (CPU models) with all of the node's CPUs, or one actor per GPU
-share (``--gpus-per-worker``) with the node's CPUs split between its actors; each actor uses its CPUs both for
+CPU budget: by default one actor per node (CPU models) with all of the node's CPUs, or one actor per GPU share
+(``--gpus-per-worker``) with the node's CPUs split between its actors; each actor uses its CPUs both for
 decoding and for the model's threads, as the local engine does on one machine.
 
-Faults: a batch whose scoring raises is retried in the actor, with the model reloaded, up to
-:data:`MAX_BATCH_RETRIES` times. An actor that dies (killed, out of memory, node lost) ends the Ray job; the
-engine then starts a new one for the images not returned yet, up to :data:`MAX_JOB_RESTARTS` times, so no
-image is lost or returned twice. Ray Data's own actor restarts are switched off: they keep the actors'
-constructor arguments in the object store and make Ray log an error line on every run (ray-project/ray#53727).
+Faults: a model call that raises is retried in the actor with the model reloaded (:data:`MAX_BATCH_RETRIES`
+times). An actor that dies (killed, out of memory, node lost) is restarted by Ray and its units are run again
+(:data:`MAX_ACTOR_RESTARTS` times), so no image is lost or returned twice. The actors' constructor arguments are
+a few small values, so Ray keeps them inline (not in its object store) and logs nothing about them.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -42,53 +38,37 @@ from serve.sources import Item, shard_items
 if TYPE_CHECKING:
     from serve.tag import TagJob, TagPlan
 
-#: How many times a batch whose scoring raised is retried in its actor (with the model reloaded).
+#: How many times a model call that raised is retried in its actor (with the model reloaded).
 MAX_BATCH_RETRIES = 3
-#: How many times the Ray job is started again, for the images not returned yet, after an actor died.
-MAX_JOB_RESTARTS = 3
-#: Images per actor call (at least one model batch): results come back, and are journaled, call by call.
+#: How many times Ray restarts a model actor that died (its units are run again).
+MAX_ACTOR_RESTARTS = 3
+#: Images per work unit of a folder or list file: results come back, and are journaled, unit by unit.
 CHUNK_IMAGES = 64
-#: Calls an actor runs at once: while one call's batch is in the model, the next call's images decode.
+#: Units an actor works on at once: while one unit's batch is in the model, the next unit's images decode.
 CALLS_PER_ACTOR = 2
+
+#: A work unit: ``("images", [(key, location), ...])`` or ``("shard", (path, [keys done]))``.
+Unit = tuple[str, Any]
 
 
 def import_ray() -> Any:
     """The ``ray`` module; raises :class:`EngineUnavailableError` with the install hint when it is missing."""
     try:
         import ray
-        import ray.data
     except ImportError:
-        raise EngineUnavailableError(
-            'the ray engine needs Ray Data: pip install "spml[ray]" (or pip install "ray[data]")'
-        ) from None
+        raise EngineUnavailableError('the ray engine needs Ray: pip install "spml[ray]" (or pip install ray)') from None
     return ray
 
 
 def check_available() -> None:
-    """Raise :class:`EngineUnavailableError` (with the install hint) when Ray Data is not installed."""
+    """Raise :class:`EngineUnavailableError` (with the install hint) when Ray is not installed."""
     import_ray()
-
-
-class _HandledActorDeaths(logging.Filter):
-    """Drops Ray Data's error records (tracebacks) about a dead actor: the engine restarts the job for the images
-    not tagged yet and says so in one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
-        return exc is None or not _actor_died(exc)
 
 
 def connect(ray: Any, address: str | None) -> None:
     """Join the cluster at ``address``, or start a local Ray instance; reuse an instance this process already has."""
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # no per-dataset INFO lines between our messages
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled": ours is on
-    for name in ("ray.data.exceptions", "ray.data._internal.execution.streaming_executor_state"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _HandledActorDeaths) for f in logger.filters):
-            logger.addFilter(_HandledActorDeaths())
-    if ray.is_initialized():
-        return
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
 def actor_layout(nodes: Sequence[dict[str, Any]], job: TagJob) -> tuple[int, int]:
@@ -105,21 +85,13 @@ def actor_layout(nodes: Sequence[dict[str, Any]], job: TagJob) -> tuple[int, int
         return workers, cpus
     cpu_nodes = [int(r.get("CPU", 0)) for r in resources if r.get("CPU", 0) >= 1] or [1]
     workers = job.workers or len(cpu_nodes)
-    cpus = job.cpus_per_worker or max(1, min(max(cpu_nodes), sum(cpu_nodes) // workers))
+    cpus = job.cpus_per_worker or max(1, min(min(cpu_nodes), sum(cpu_nodes) // workers))  # fits on every node
     return workers, cpus
 
 
-def expand_shard(row: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Ray Data ``flat_map``: one shard unit -> one row per sample not done yet (key, image bytes or error)."""
-    skip = set(row["skip"])
-    for item in shard_items(row["location"]):
-        if item.key not in skip:
-            yield {"key": item.key, "location": item.location, "data": item.data, "error": item.error or ""}
-
-
 class TagActor:
-    """Ray Data actor: loads the model once on its device, then decodes (``threads`` threads, ahead of the model)
-    and scores the chunks of images it receives. It runs :data:`CALLS_PER_ACTOR` calls at once, one of them in
+    """A model actor: loads the model once on its device, then decodes (``threads`` threads, ahead of the
+    model) and scores the work units it receives. It runs :data:`CALLS_PER_ACTOR` units at once, one of them in
     the model at a time, so that decoding never waits for the model."""
 
     def __init__(
@@ -151,71 +123,34 @@ class TagActor:
                 self.predictor = Predictor.load(model, backend, device, max_pixels=max_pixels, threads=threads)
         return self.run_model(images)
 
-    def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Rows (key, location[, data, error]) -> (key, scores ``(N, C)`` float32, error; "" when scored)."""
-        data, known = rows.get("data"), rows.get("error")
-        items = [
-            Item(
-                str(key),
-                str(rows["location"][i]),
-                bytes(data[i]) if data is not None and data[i] is not None else None,
-                str(known[i]) if known is not None and known[i] else None,
-            )
-            for i, key in enumerate(rows["key"])
-        ]
+    def score_unit(self, unit: Unit) -> tuple[list[str], np.ndarray, list[str]]:
+        """One work unit -> (keys, scores ``(N, C)`` float32, errors: "" for the scored images)."""
+        kind, payload = unit
+        if kind == "shard":
+            location, done = payload
+            skip = set(done)
+            items: Any = (i for i in shard_items(location) if i.key not in skip)
+        else:
+            items = [Item(key, location) for key, location in payload]
         results = [r for batch in score_items(items, self.score, self.preprocess, self.batch_size, pool=self.pool)
                    for r in batch]  # fmt: skip
         scores = np.zeros((len(results), len(self.predictor.classes)), np.float32)
         for i, result in enumerate(results):
             if result.scores is not None:
                 scores[i] = result.scores
-        return {
-            "key": np.array([r.key for r in results], dtype=object),
-            "scores": scores,
-            "error": np.array([r.error or "" for r in results], dtype=object),
-        }
+        return [r.key for r in results], scores, [r.error or "" for r in results]
 
 
-def _units(plan: TagPlan, todo: list[Item] | None, returned: set[str]) -> list[dict[str, Any]]:
-    """Rows of the Ray job: one per image of ``todo`` still to tag (folders, list files), or, for shards
-    (``todo=None``), one per shard file with the keys done inside it (done before or ``returned`` by this run),
-    grouped in one pass."""
-    if todo is not None:
-        return [{"key": i.key, "location": i.location} for i in todo if i.key not in returned]
+def work_units(plan: TagPlan) -> list[Unit]:
+    """The plan's work units: chunks of :data:`CHUNK_IMAGES` images, or one unit per shard file with the keys
+    already done inside it (grouped in one pass over the done keys)."""
+    if plan.source.kind != "shards":
+        todo = [(i.key, i.location) for i in plan.todo]
+        return [("images", todo[i : i + CHUNK_IMAGES]) for i in range(0, len(todo), CHUNK_IMAGES)]
     by_shard: dict[str, list[str]] = {}
-    for key in (*plan.done, *returned):
+    for key in plan.done:
         by_shard.setdefault(key.split("/", 1)[0], []).append(key)
-    return [{"key": u.key, "location": u.location, "skip": by_shard.get(u.key, [])} for u in plan.source.locations()]
-
-
-def build_dataset(
-    ray: Any, job: TagJob, shards: bool, units: list[dict[str, Any]], layout: tuple[int, int], actor_cls: type
-) -> Any:
-    """The Ray Data pipeline: units -> (shard expansion) -> the pool of model actors (``layout``: actors, CPUs)."""
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # the pipeline shows one bar of its own (images done)
-    ctx.print_on_execution_start = False
-    workers, cpus = layout
-    chunk = job.batch_size * max(1, round(CHUNK_IMAGES / job.batch_size))
-    ds = ray.data.from_items(units, override_num_blocks=max(1, min(len(units), 200)))
-    if shards:
-        ds = ds.flat_map(expand_shard, num_cpus=0)  # reading tars: light, and the actors may hold every CPU
-    device = job.device or ("cuda" if job.gpus_per_worker else None)
-    kwargs = {"model": str(job.model), "backend": job.backend, "device": device, "max_pixels": job.max_pixels,
-              "batch_size": job.batch_size, "threads": cpus}  # fmt: skip
-    with warnings.catch_warnings():  # max_restarts has no named parameter (yet): Ray warns about the **kwargs
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return ds.map_batches(
-            actor_cls,
-            fn_constructor_kwargs=kwargs,
-            batch_size=chunk,
-            compute=ray.data.ActorPoolStrategy(
-                size=workers, max_concurrent_calls_per_actor=CALLS_PER_ACTOR, enable_true_multi_threading=True
-            ),
-            num_cpus=cpus,
-            num_gpus=job.gpus_per_worker or None,
-            max_restarts=0,  # see the module docstring: the engine restarts the job instead
-        )
+    return [("shard", (u.location, by_shard.get(u.key, []))) for u in plan.source.locations()]
 
 
 def score(
@@ -228,46 +163,40 @@ def score(
     if parse_device(job.device)[0] in ("cuda", "tensorrt") and not job.gpus_per_worker:
         raise ValueError(f"--device {job.device} with the ray engine needs --gpus-per-worker (actors get no GPU)")
     ray = import_ray()
-    shards = plan.source.kind == "shards"
-    todo = None if shards else list(plan.todo)
-    returned: set[str] = set()
-    units = _units(plan, todo, returned)
+    from ray.util import ActorPool
+
+    units = work_units(plan)
     if not units:
         return
     connect(ray, job.address)
     workers, cpus = actor_layout(ray.nodes(), job)
-    report(f"engine ray: {workers} model actor(s), {cpus} CPU(s)" + (f" and {job.gpus_per_worker:g} GPU(s)" if
-           job.gpus_per_worker else "") + " each")  # fmt: skip
-    for restart in range(MAX_JOB_RESTARTS + 1):
-        ds = build_dataset(ray, job, shards, units, (workers, cpus), actor_cls)
+    gpus = f" and {job.gpus_per_worker:g} GPU(s)" if job.gpus_per_worker else ""
+    report(f"engine ray: {workers} model actor(s), {cpus} CPU(s){gpus} each")
+    remote = ray.remote(actor_cls).options(
+        num_cpus=cpus,
+        num_gpus=job.gpus_per_worker or None,
+        max_concurrency=CALLS_PER_ACTOR,
+        max_restarts=MAX_ACTOR_RESTARTS,
+        max_task_retries=MAX_ACTOR_RESTARTS,
+    )
+    device = job.device or ("cuda" if job.gpus_per_worker else None)
+    actors = [remote.remote(str(job.model), job.backend, device, job.max_pixels, job.batch_size, cpus)
+              for _ in range(workers)]  # fmt: skip
+    try:
+        pool = ActorPool([actor for actor in actors for _ in range(CALLS_PER_ACTOR)])
         try:
-            for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-                results = [
-                    Result(str(key), None, str(error)) if error else Result(str(key), row)
-                    for key, row, error in zip(batch["key"], batch["scores"], batch["error"], strict=True)
-                ]
-                results = [r for r in results if r.key not in returned]  # never expected: each batch comes once
-                returned.update(r.key for r in results)
-                yield results
-            return
+            for keys, scores, errors in pool.map_unordered(lambda actor, unit: actor.score_unit.remote(unit), units):
+                yield [Result(k, None, e) if e else Result(k, s) for k, s, e in zip(keys, scores, errors, strict=True)]
         except ray.exceptions.RayError as exc:
-            reason = _one_line(exc)
-            if not _actor_died(exc) or restart == MAX_JOB_RESTARTS:
-                raise RuntimeError(f"the Ray job failed ({reason})") from None
-            units = _units(plan, todo, returned)
-            report(f"a model actor died ({reason}); starting the Ray job again for the images not tagged yet")
-            if not units:
-                return
-
-
-def _actor_died(exc: BaseException) -> bool:
-    """True when ``exc`` (or what it wraps) says that an actor process died."""
-    return any(name in type(exc).__name__ for name in ("ActorDiedError", "RayActorError", "ActorUnavailableError"))
+            raise RuntimeError(f"the Ray job failed ({_one_line(exc)})") from None
+    finally:
+        for actor in actors:
+            ray.kill(actor)
 
 
 def _one_line(exc: BaseException) -> str:
-    """A short reason: the first line of an actor's death notice, else the last line (the remote exception)."""
+    """A short reason: the last line of a remote exception, or the first one of an actor's death notice."""
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
-    return f"{type(exc).__name__}: {lines[0]}" if _actor_died(exc) else lines[-1]
+    return f"{type(exc).__name__}: {lines[0]}" if "Actor" in type(exc).__name__ else lines[-1]
