@@ -1,4 +1,4 @@
-"""Tagging engines on one machine: local vs Ray Data, images/s after start-up and peak memory, in two regimes.
+"""Tagging engines on one machine: local vs Ray, images/s after start-up and peak memory, in two regimes.
 
 ``python -m bench.tag_engines [--images 1200] [--width 800] [--height 600] [--sizes 64,448] [--cpus 2]``
 makes a folder of JPEGs (:func:`bench.tag_speed.make_jpegs`) and, for each network input size, a random
@@ -179,7 +179,7 @@ def publish_results(args: argparse.Namespace, argv: list[str] | None, rows: list
     from bench.machine import machine_line
     from bench.results_page import command_line, publish
 
-    lines = ["## Tagging engines: local vs Ray Data", "", "```", command_line("bench.tag_engines", argv), "```", "",
+    lines = ["## Tagging engines: local vs Ray", "", "```", command_line("bench.tag_engines", argv), "```", "",
              f"{args.images} JPEGs of {args.width}x{args.height} px, random resnet18 exported to ONNX (ONNX Runtime, "
              f"CPU), batch {args.batch_size}; each engine in a fresh process, `python -m serve tag`'s pipeline. Ray: "
              + ("an existing instance" if args.address else f"a local instance with {args.cpus} CPUs") + ", default "

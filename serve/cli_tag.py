@@ -60,12 +60,12 @@ sources (SOURCE):
 
 engines (--engine):
   local  this machine: --workers decode threads ahead of one model (default)
-  ray    Ray Data (pip install "spml[ray]"): joins the cluster at --address, else starts a local Ray
-         instance. --workers model actors (default: one per node, or one per --gpus-per-worker share of
-         the GPUs), each loading the model on its own device and decoding its images with --cpus-per-worker
-         threads ahead of the model (default: its node's CPUs split between its actors). The driver reads
-         only the model's metadata: no torch, no GPU on the head node. A failing batch is retried; a dead
-         actor ends the Ray job, which starts again for the images not tagged yet.
+  ray    Ray (pip install "spml[ray]"): joins the cluster at --address, else starts a local Ray instance.
+         --workers model actors (default: one per node, or one per --gpus-per-worker share of the GPUs),
+         each loading the model on its own device and decoding its images with --cpus-per-worker threads
+         ahead of the model (default: its node's CPUs split between its actors). The driver reads only
+         the model's metadata: no torch, no GPU on the head node. A failing batch is retried; a dead actor
+         is restarted and its images are tagged again.
 
 Skipped as errors: unreadable, empty, truncated or non-image files, and images over --max-pixels
 (checked from the header before decoding: decompression bombs; --max-pixels 0 turns the check off).
@@ -177,7 +177,7 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
         "--engine",
         choices=engine_names(),
         default=DEFAULT_ENGINE,
-        help="where the work runs: local (this machine) or ray (Ray Data; see below) (default: %(default)s)",
+        help="where the work runs: local (this machine) or ray (Ray actors; see below) (default: %(default)s)",
     )
     tag.add_argument(
         "--address",

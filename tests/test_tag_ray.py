@@ -1,4 +1,4 @@
-"""Tagging engines and sources: the Ray Data engine against the local one (one shared local Ray instance, which
+"""Tagging engines and sources: the Ray engine against the local one (one shared local Ray instance, which
 subprocess drivers join by address), WebDataset shards, list files, --shard partitions, resuming after a killed
 driver or a killed actor, the light Ray driver (no torch, no onnxruntime, no error lines), and the local engine
 not importing Ray."""
