@@ -88,6 +88,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         return time.perf_counter() - start
 
     init = 0.0
+    if args.engine == "local":
+        import serve.predictor  # noqa: F401 - imports (torch...) are this process's start-up, not the runs'
     if args.engine == "ray":
         import ray
 
@@ -184,7 +186,9 @@ def publish_results(args: argparse.Namespace, argv: list[str] | None, rows: list
              f"CPU), batch {args.batch_size}; each engine in a fresh process, `python -m serve tag`'s pipeline. Ray: "
              + ("an existing instance" if args.address else f"a local instance with {args.cpus} CPUs") + ", default "
              "layout (one model actor per node, decoding in its threads). img/s after start-up = (N - 1) / (t(N) - "
-             "t(1 image)); start-up = t(1 image) (Ray: actor start and model load; `ray.init` not included). Peak "
+             "t(1 image)); start-up = t(1 image): loading the model (Ray: starting the actor, which imports torch, and "
+             "loading the model; the driver's imports and `ray.init` are not included, nor the local process's "
+             "imports). Peak "
              "RSS: the tagging process (the driver, for Ray) and Ray's model actor.", "",
              "| network input | engine | img/s after start-up | vs local | start-up s | peak RSS, process | "
              "peak RSS, model actor | largest score difference |",

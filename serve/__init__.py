@@ -1,5 +1,6 @@
-"""Serving trained models: batch tagging (``python -m serve tag``: engines in :mod:`serve.engines`, sources in
-:mod:`serve.sources`) and the web demo (``python -m serve demo``), over pluggable runtimes.
+"""Serving trained models: batch tagging (``python -m serve tag``: the pipeline in :mod:`serve.tag`, engines in
+:mod:`serve.engines`, sources in :mod:`serve.sources`, the journal in :mod:`serve.journal`, outputs in
+:mod:`serve.outputs`) and the web demo (``python -m serve demo``), over pluggable runtimes.
 
 Runtimes live in :mod:`serve.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
 dependencies such as onnxruntime are imported only when a model of that kind is loaded. This module only
