@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.tag_speed import make_jpegs
 
     rows = []
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         paths = make_jpegs(root / "images", args.images, args.width, height=args.height)
@@ -172,12 +173,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("the engines tagged different images: the benchmark's comparison is void")
             diff = max(abs(a - b) for key in local for a, b in zip(local[key], ray[key], strict=True))
             rows.append((size, results, diff))
-    publish_results(args, argv, rows)
+    load.append(os.getloadavg()[0])
+    publish_results(args, argv, rows, load)
     return 0
 
 
-def publish_results(args: argparse.Namespace, argv: list[str] | None, rows: list[tuple[int, dict, float]]) -> None:
-    """Write the section: one line per regime and engine, the ratio, the command and the machine."""
+def publish_results(
+    args: argparse.Namespace, argv: list[str] | None, rows: list[tuple[int, dict, float]], load: list[float]
+) -> None:
+    """Write the section: one line per regime and engine, the ratio, the command, the machine and its load (the
+    1-minute load average at the start and at the end: above the CPU count, other work shared the CPUs)."""
     from bench.machine import machine_line
     from bench.results_page import command_line, publish
 
@@ -200,7 +205,7 @@ def publish_results(args: argparse.Namespace, argv: list[str] | None, rows: list
             lines.append(f"| resnet18 @{size} px | {engine} | {r['rate']:.1f} | "
                          f"{r['rate'] / results['local']['rate']:.2f}x | {r['t1']:.1f} | "
                          f"{r['driver_mb'] / 1024:.2f} GB | {actor} | {diff:.1e} |")  # fmt: skip
-    lines += ["", machine_line(), ""]
+    lines += ["", f"{machine_line()} Load average at the start and the end: {load[0]:.1f}, {load[-1]:.1f}.", ""]
     publish(args.section or "tag-engines", "\n".join(lines), args.page)
 
 
