@@ -38,7 +38,9 @@ def run_until_journaled(
 ) -> list[dict]:
     """Run this script with ``args``; kill it (SIGKILL) as soon as the journal of ``output`` holds ``records``
     results. Returns the results the journal holds after the kill (complete lines only)."""
-    journal = output.with_name(output.name + ".partial")
+    from serve.journal import journal_path
+
+    journal = journal_path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output.with_name("killed-run.log"), "w") as log:
         proc = subprocess.Popen([sys.executable, __file__, *args], env=env, stdout=log, stderr=log)
