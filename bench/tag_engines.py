@@ -1,117 +1,212 @@
-"""Tagging engines on this machine: the local engine vs the Ray Data engine, same folder, same model.
+"""Tagging engines on one machine: local vs Ray, images/s after start-up and peak memory, in two regimes.
 
-``python -m bench.tag_engines [--images 300] [--side 448] [--image-size 224] [--cpus 2]`` makes a folder
-of JPEGs (``--side`` px, :func:`bench.tag_speed.make_jpegs`) and a random resnet18 exported to ONNX (no
-downloads), tags the folder with ``--engine local`` and ``--engine ray`` (a local Ray instance with
-``--cpus`` CPUs), checks that both give the same scores, and writes images/s and the Ray engine's start-up
-cost to the ``tag-engines`` section of the results page (``--page``, ``--section``).
+``python -m bench.tag_engines [--images 1200] [--width 800] [--height 600] [--sizes 64,448] [--cpus 2]``
+makes a folder of JPEGs (:func:`bench.tag_speed.make_jpegs`) and, for each network input size, a random
+resnet18 exported to ONNX (no downloads): a small input makes decoding the bottleneck, a large one the model.
+Each engine runs in a fresh process that tags a one-image folder, then the whole folder (``python -m serve tag``'s
+pipeline): images/s after start-up = (N - 1) / (t_N - t_1), start-up = t_1. Peak memory: the process's peak
+RSS (the driver, for Ray), and for Ray the peak RSS of its model actors (read from ``/proc`` while it runs).
+Ray runs on a local instance with ``--cpus`` CPUs (or joins ``--address``). The run files of both engines must
+hold the same images; their largest score difference is reported. The results go to section ``tag-engines``
+of the results page.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-import torch
-
-from bench.machine import machine_line
-from bench.results_page import add_page_options, command_line, publish
-from bench.tag_speed import make_jpegs
-from export import export_onnx
-from models import ModelMeta, build_model, save_checkpoint
-from serve.engines import TagJob, get_engine
-from serve.predictor import Predictor
+ENGINES = ("local", "ray")
 
 
 def make_model(root: Path, image_size: int, calibration: Path) -> Path:
-    """A random resnet18 (20 classes) exported to ONNX; returns the .onnx path."""
+    """A random resnet18 (20 classes) at ``image_size`` px, exported to ONNX; returns the .onnx path."""
+    import torch
+
+    from export import export_onnx
+    from models import ModelMeta, build_model, save_checkpoint
+
     torch.manual_seed(0)
     meta = ModelMeta(classes=[f"c{i}" for i in range(20)], arch="resnet18", image_size=image_size)
     save_checkpoint(root / "best.pt", build_model("resnet18", 20).state_dict(), meta)
     return export_onnx(root / "best.pt", images=calibration).onnx_path
 
 
-def time_engine(name: str, folder: Path, onnx: Path, output: Path, batch_size: int) -> float:
-    """Seconds the engine takes to tag ``folder`` (model already loaded in the driver)."""
-    job = TagJob(str(folder), onnx, output, batch_size=batch_size, existing="overwrite", progress=False)
-    predictor = Predictor.load(onnx)
-    start = time.perf_counter()
-    summary = get_engine(name).run(job, predictor)
-    seconds = time.perf_counter() - start
-    if summary.failed or summary.tagged == 0:
-        raise SystemExit(f"{name} engine: {len(summary.failed)} images failed")
-    return seconds
+def peak_rss_mb(pid: int) -> int:
+    """Peak resident memory of process ``pid`` (``VmHWM``: unlike ``ru_maxrss``, not inherited from a parent)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return 0
 
 
-def scores(path: Path) -> dict[str, np.ndarray]:
+class ActorMemory:
+    """Samples the peak RSS (``VmHWM``) of the Ray model actors (``ray::TagActor`` processes) every 0.2 s."""
+
+    def __init__(self) -> None:
+        self.peak_mb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if b"ray::TagActor" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        self.peak_mb = max(self.peak_mb, peak_rss_mb(int(pid)))
+                except OSError:
+                    continue
+
+    def stop(self) -> int:
+        """Stop sampling; the peak in MB."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak_mb
+
+
+def run_child(args: argparse.Namespace) -> dict[str, Any]:
+    """In a fresh process: tag ``args.one`` (one image) then ``args.folder`` with ``args.engine``; timings and
+    peak memory."""
+    from serve.tag import TagJob, tag
+
+    def seconds(folder: str, output: Path) -> float:
+        job = TagJob(folder, Path(args.model), output, engine=args.engine, batch_size=args.batch_size,
+                     existing="overwrite", progress=False, address=args.address)
+        start = time.perf_counter()
+        summary = tag(job, warn=lambda _: None)
+        if summary.failed or summary.tagged == 0:
+            raise SystemExit(f"{args.engine}: {len(summary.failed)} images failed")
+        return time.perf_counter() - start
+
+    init = 0.0
+    if args.engine == "local":
+        import serve.predictor  # noqa: F401 - imports (torch...) are this process's start-up, not the runs'
+    if args.engine == "ray":
+        import ray
+
+        start = time.perf_counter()
+        if args.address:
+            ray.init(address=args.address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+        init = time.perf_counter() - start
+    actors = ActorMemory() if args.engine == "ray" else None
+    t1 = seconds(args.one, Path(args.output).with_suffix(".one.jsonl"))
+    tn = seconds(args.folder, Path(args.output))
+    peak = peak_rss_mb(os.getpid())
+    return {"t1": t1, "tn": tn, "init": init, "driver_mb": peak, "actor_mb": actors.stop() if actors else None}
+
+
+def measure(engine: str, model: Path, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one engine in a child process (:func:`run_child`); its results."""
+    output = root / f"{engine}-{model.parent.parent.name}.jsonl"
+    cmd = [sys.executable, "-m", "bench.tag_engines", "--child", engine, "--model", str(model), "--folder",
+           str(root / "images"), "--one", str(root / "one"), "--output", str(output), "--batch-size",
+           str(args.batch_size), "--cpus", str(args.cpus)]  # fmt: skip
+    if args.address:
+        cmd += ["--address", args.address]
+    repo = str(Path(__file__).resolve().parents[1])  # importable by the child and by its Ray workers
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{engine} engine failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rate = (args.images - 1) / max(result["tn"] - result["t1"], 1e-3)
+    result.update(engine=engine, output=output, rate=rate)
+    print(f"{engine} @{model.parent.parent.name}: {result['rate']:.1f} img/s after start-up", file=sys.stderr)
+    return result
+
+
+def scores(path: Path) -> dict[str, list[float]]:
     """Scores by path of a JSONL run file."""
-    recs = [json.loads(line) for line in path.read_text().splitlines()]
-    return {r["path"]: np.array(list(r["scores"].values())) for r in recs}
+    return {r["path"]: list(r["scores"].values()) for r in map(json.loads, path.read_text().splitlines())}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and write its results section."""
+    """Run the benchmark (or, with ``--child``, one engine of it) and write its results section."""
+    from bench.results_page import add_page_options
+
     parser = argparse.ArgumentParser(prog="python -m bench.tag_engines", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=300, help="number of JPEGs (default: %(default)s)")
-    parser.add_argument("--side", type=int, default=448, help="JPEG side in pixels (default: %(default)s)")
-    parser.add_argument("--image-size", type=int, default=224, help="model input size (default: %(default)s)")
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs given to the Ray instance (default: %(default)s)")
+    parser.add_argument("--images", type=int, default=1200, help="number of JPEGs (default: %(default)s)")
+    parser.add_argument("--width", type=int, default=800, help="JPEG width in pixels (default: %(default)s)")
+    parser.add_argument("--height", type=int, default=600, help="JPEG height in pixels (default: %(default)s)")
+    parser.add_argument("--sizes", default="64,448", help="network input sizes, one regime each (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=16, help="inference batch (default: %(default)s)")
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance (default: %(default)s)")
+    parser.add_argument("--address", help="join this running Ray instance instead of starting one")
+    parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
+    for hidden in ("--model", "--folder", "--one", "--output"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
     add_page_options(parser, "tag-engines")
     args = parser.parse_args(argv)
-    if min(args.images, args.side, args.image_size, args.cpus, args.batch_size) < 1:
-        parser.error("every option must be >= 1")
-    import ray
+    if args.child:
+        args.engine = args.child
+        print(json.dumps(run_child(args)))
+        return 0
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if min(args.images, args.width, args.height, args.cpus, args.batch_size, *sizes) < 1 or args.images < 2:
+        parser.error("every option must be >= 1 (--images >= 2)")
+    from bench.tag_speed import make_jpegs
 
+    rows = []
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        make_jpegs(root / "images", args.images, args.side)
-        onnx = make_model(root, args.image_size, root / "images")
-        local_s = time_engine("local", root / "images", onnx, root / "local.jsonl", args.batch_size)
-        joined = ray.is_initialized()  # a running instance (e.g. the tests' one) is reused, not timed
-        start = time.perf_counter()
-        if not joined:
-            ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
-        init_s = time.perf_counter() - start
-        first_s = time_engine("ray", root / "images", onnx, root / "ray1.jsonl", args.batch_size)
-        warm_s = time_engine("ray", root / "images", onnx, root / "ray2.jsonl", args.batch_size)
-        if not joined:
-            ray.shutdown()
-        a, b = scores(root / "local.jsonl"), scores(root / "ray1.jsonl")
-        if a.keys() != b.keys():
-            raise SystemExit("the engines tagged different images: the benchmark's comparison is void")
-        diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
-    startup = ("joined a running instance: not measured" if joined
-               else f"{init_s:.1f} s, on top of the first run")
-    n = args.images
-    command = command_line("bench.tag_engines", argv)
-    markdown = f"""## Tagging engines: local vs Ray Data
-
-```
-{command}
-```
-
-{n} JPEGs of {args.side}x{args.side} px, a random resnet18 at {args.image_size} px exported to ONNX (ONNX Runtime,
-CPU), batch {args.batch_size}. Ray: a local instance with {args.cpus} CPUs, one model actor, decoding in Ray tasks.
-
-| engine | seconds | images/s |
-|---|---:|---:|
-| local (decode threads + one model) | {local_s:.1f} | {n / local_s:.1f} |
-| ray, first run (actor start + model load included) | {first_s:.1f} | {n / first_s:.1f} |
-| ray, second run on the same instance | {warm_s:.1f} | {n / warm_s:.1f} |
-
-Ray start-up (`ray.init`, local instance): {startup}. Largest score difference
-between the engines: {diff:.1e}.
-
-{machine_line()}
-"""
-    publish(args.section or "tag-engines", markdown, args.page)
+        paths = make_jpegs(root / "images", args.images, args.width, height=args.height)
+        (root / "one").mkdir()
+        (root / "one" / paths[0].name).write_bytes(paths[0].read_bytes())
+        for size in sizes:
+            (root / f"m{size}").mkdir()
+            model = make_model(root / f"m{size}", size, paths[0].parent)
+            results = {engine: measure(engine, model, root, args) for engine in ENGINES}
+            local, ray = (scores(results[e]["output"]) for e in ENGINES)
+            if local.keys() != ray.keys():
+                raise SystemExit("the engines tagged different images: the benchmark's comparison is void")
+            diff = max(abs(a - b) for key in local for a, b in zip(local[key], ray[key], strict=True))
+            rows.append((size, results, diff))
+    load.append(os.getloadavg()[0])
+    publish_results(args, argv, rows, load)
     return 0
+
+
+def publish_results(
+    args: argparse.Namespace, argv: list[str] | None, rows: list[tuple[int, dict, float]], load: list[float]
+) -> None:
+    """Write the section: one line per regime and engine, the ratio, the command, the machine and its load (the
+    1-minute load average at the start and at the end: above the CPU count, other work shared the CPUs)."""
+    from bench.machine import machine_line
+    from bench.results_page import command_line, publish
+
+    lines = ["## Tagging engines: local vs Ray", "", "```", command_line("bench.tag_engines", argv), "```", "",
+             f"{args.images} JPEGs of {args.width}x{args.height} px, random resnet18 exported to ONNX (ONNX Runtime, "
+             f"CPU), batch {args.batch_size}; each engine in a fresh process, `python -m serve tag`'s pipeline. Ray: "
+             + ("an existing instance" if args.address else f"a local instance with {args.cpus} CPUs") + ", default "
+             "layout (one model actor per node, decoding in its threads). img/s after start-up = (N - 1) / (t(N) - "
+             "t(1 image)); start-up = t(1 image): loading the model (Ray: starting the actor, which imports torch, and "
+             "loading the model; the driver's imports and `ray.init` are not included, nor the local process's "
+             "imports). Peak "
+             "RSS: the tagging process (the driver, for Ray) and Ray's model actor.", "",
+             "| network input | engine | img/s after start-up | vs local | start-up s | peak RSS, process | "
+             "peak RSS, model actor | largest score difference |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for size, results, diff in rows:
+        for engine in ENGINES:
+            r = results[engine]
+            actor = f"{r['actor_mb'] / 1024:.2f} GB" if r["actor_mb"] else "-"
+            lines.append(f"| resnet18 @{size} px | {engine} | {r['rate']:.1f} | "
+                         f"{r['rate'] / results['local']['rate']:.2f}x | {r['t1']:.1f} | "
+                         f"{r['driver_mb'] / 1024:.2f} GB | {actor} | {diff:.1e} |")  # fmt: skip
+    lines += ["", f"{machine_line()} Load average at the start and the end: {load[0]:.1f}, {load[-1]:.1f}.", ""]
+    publish(args.section or "tag-engines", "\n".join(lines), args.page)
 
 
 if __name__ == "__main__":

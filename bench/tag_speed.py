@@ -29,24 +29,25 @@ from serve.predictor import Predictor
 from serve.tag import tag_folder
 
 
-def make_jpegs(folder: Path, count: int, size: int, seed: int = 0) -> list[Path]:
-    """``count`` JPEGs of ``size`` x ``size`` px in ``folder`` (upscaled built-in images when cached)."""
-    sources: list[Path] = []
-    try:
-        from train.data.registry import load_dataset
+def make_jpegs(folder: Path, count: int, size: int, seed: int = 0, height: int | None = None) -> list[Path]:
+    """``count`` JPEGs of ``size`` x ``height`` px (default: square) in ``folder`` (upscaled built-in images when
+    cached, else random textures)."""
+    height = height or size
+    from train.data.builtin import cache_root
 
-        sources = list(load_dataset("builtin:default").train.paths[:count])
-    except Exception:  # not generated: random textures instead (the tagger decodes either the same way)
-        sources = []
+    # the built-in dataset's training images when it is already generated (never generated here): random
+    # textures otherwise; the tagger decodes either the same way
+    folders = sorted((cache_root() / "builtin").glob("default-seed0-v*/images/train"))
+    sources = sorted(folders[-1].glob("*.jpg"))[:count] if folders else []
     rng = np.random.default_rng(seed)
     paths = []
     for i in range(count):
         if sources:
             with Image.open(sources[i % len(sources)]) as img:
-                image = img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+                image = img.convert("RGB").resize((size, height), Image.Resampling.BILINEAR)
         else:
-            coarse = rng.integers(0, 256, (size // 16, size // 16, 3), dtype=np.uint8)
-            image = Image.fromarray(coarse).resize((size, size), Image.Resampling.BILINEAR)
+            coarse = rng.integers(0, 256, (max(1, height // 16), max(1, size // 16), 3), dtype=np.uint8)
+            image = Image.fromarray(coarse).resize((size, height), Image.Resampling.BILINEAR)
         path = folder / f"{i // 500:02d}" / f"img{i:05d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
         image.save(path, quality=90)

@@ -2,9 +2,31 @@
 schema and atomic file writes.
 
 Layering: ``models`` imports no other package of this project; every other package may import it.
+
+Importing the package is free: the names below load their module (and torch) on first use, so light modules
+(:mod:`models.image_files`, :class:`~models.checkpoint.ModelMeta`) serve command lines and drivers without torch.
 """
 
-from models.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
-from models.resnet import ARCHITECTURES, build_model, model_from_meta
+from __future__ import annotations
 
-__all__ = ["ARCHITECTURES", "ModelMeta", "build_model", "load_checkpoint", "model_from_meta", "save_checkpoint"]
+import importlib
+from typing import Any
+
+#: Public name -> the module defining it, imported on first access.
+_EXPORTS = {
+    "ModelMeta": "models.checkpoint",
+    "load_checkpoint": "models.checkpoint",
+    "save_checkpoint": "models.checkpoint",
+    "ARCHITECTURES": "models.resnet",
+    "build_model": "models.resnet",
+    "model_from_meta": "models.resnet",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module behind a public name on first use (PEP 562)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -6,19 +6,26 @@ File layout (one ``torch.save`` dict, readable with ``torch.load(weights_only=Tr
 - ``meta``: :class:`ModelMeta` serialised as a JSON string (so it can never carry code)
 - ``model``: the network's state dict
 - ``training`` (optional): resume state - optimizer, scheduler, scaler, EMA, RNG, method state
+
+torch is imported only by the functions that save or load weights: :class:`ModelMeta` and
+:func:`read_checkpoint_meta` serve drivers and command lines that never load a network.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import tempfile
+import zipfile
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "spml-checkpoint"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -86,6 +93,8 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    import torch
+
     try:
         torch.save(obj, tmp)
         umask = os.umask(0o022)
@@ -128,6 +137,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    import torch
+
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # pickle refusing a global, truncated file, not a zip...
@@ -140,3 +151,51 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
         training=payload.get("training"),
         path=path,
     )
+
+
+class _Opaque(dict):
+    """What :func:`read_checkpoint_meta` builds for every object of a checkpoint's pickle other than plain
+    containers and strings (tensors, ordered dicts, ...): an empty stand-in that runs no code."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def append(self, item: Any) -> None:
+        pass
+
+    def extend(self, items: Any) -> None:
+        pass
+
+
+class _MetaUnpickler(pickle.Unpickler):
+    """Unpickles a checkpoint's structure without importing anything: every class is :class:`_Opaque` and
+    tensor storages (persistent ids) are ``None``; the metadata is a plain JSON string, read as such."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return _Opaque
+
+    def persistent_load(self, pid: Any) -> None:
+        return None
+
+
+def read_checkpoint_meta(path: Path) -> ModelMeta:
+    """The :class:`ModelMeta` of a checkpoint written by :func:`save_checkpoint`, read without torch and without
+    loading the weights (only the archive's small pickle of the structure is read; no code runs).
+
+    Raises ``FileNotFoundError``, or ``ValueError`` for files that are not checkpoints of this package.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n == "data.pkl" or n.endswith("/data.pkl"))
+            payload = _MetaUnpickler(io.BytesIO(archive.read(name))).load()
+    except (OSError, StopIteration, zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise ValueError(f"{path}: not a loadable checkpoint ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or not isinstance(payload.get("meta"), str):
+        raise ValueError(f"{path}: not an spml checkpoint (no '{FORMAT}' format marker)")
+    return ModelMeta.from_json(payload["meta"])

@@ -23,7 +23,8 @@ from PIL import Image, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 from torchvision.transforms.v2 import functional as F
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+from models.image_files import IMAGE_EXTENSIONS  # noqa: F401 - re-exported: its home before image_files
+
 #: JPEGs are decoded at reduced scale only while keeping at least this many times the network input per side.
 DECODE_MARGIN = 2
 

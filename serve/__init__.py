@@ -1,5 +1,6 @@
-"""Serving trained models: batch tagging (``python -m serve tag``: engines in :mod:`serve.engines`, sources in
-:mod:`serve.sources`) and the web demo (``python -m serve demo``), over pluggable runtimes.
+"""Serving trained models: batch tagging (``python -m serve tag``: the pipeline in :mod:`serve.tag`, engines in
+:mod:`serve.engines`, sources in :mod:`serve.sources`, the journal in :mod:`serve.journal`, outputs in
+:mod:`serve.outputs`) and the web demo (``python -m serve demo``), over pluggable runtimes.
 
 Runtimes live in :mod:`serve.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
 dependencies such as onnxruntime are imported only when a model of that kind is loaded. This module only
@@ -13,6 +14,12 @@ from pathlib import Path
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_OUTPUT = Path("tags.jsonl")
+
+#: The decompression-bomb limit of every entry point (``serve tag``, ``serve demo``, :class:`serve.tag.TagJob`,
+#: :func:`serve.tag.tag_folder`, :class:`serve.predictor.Predictor`): the largest image accepted, width x height,
+#: checked from the file header before decoding (Pillow's own limit). Turning it off is explicit: ``max_pixels=None``
+#: in Python, ``--max-pixels 0`` on the command line (Pillow still refuses images over twice its limit).
+DEFAULT_MAX_PIXELS = 89_478_485
 
 #: ``--device`` help shared by ``tag`` and ``demo``.
 DEVICE_HELP = ("cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "

@@ -15,11 +15,11 @@ from serve.cli_tag import add_tag_parser, run_tag
 
 
 class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose epilog may contain ``%(exts)s``, filled in (importing torch) only for --help."""
+    """ArgumentParser whose epilog may contain ``%(exts)s``, filled in only for --help."""
 
     def format_help(self) -> str:
         if self.epilog and "%(exts)s" in self.epilog:
-            from models.preprocess import IMAGE_EXTENSIONS
+            from models.image_files import IMAGE_EXTENSIONS
 
             self.epilog = self.epilog % {"exts": " ".join(sorted(IMAGE_EXTENSIONS))}
         return super().format_help()

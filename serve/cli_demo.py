@@ -81,7 +81,8 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=d.DEFAULT_MAX_PIXELS,
         metavar="N",
-        help="largest image accepted, in pixels (width x height), checked before decoding (default: %(default)s)",
+        help="largest image accepted, in pixels (width x height), checked before decoding (default: %(default)s, "
+        "Pillow's; 0 turns the check off)",
     )
     demo.add_argument(
         "--queue-size",
@@ -114,9 +115,12 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{prog}: error: {message}", file=sys.stderr)
         return code
 
-    for name in ("max_pixels", "queue_size", "concurrency", "max_batch_files"):
+    for name in ("queue_size", "concurrency", "max_batch_files"):
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')} must be >= 1", EXIT_USAGE)
+    if args.max_pixels < 0:
+        return fail("--max-pixels must be >= 0 (0 turns the check off)", EXIT_USAGE)
+    args.max_pixels = args.max_pixels or None
     if args.port is not None and not 0 < args.port < 65536:
         return fail(f"--port must be in 1..65535, got {args.port}", EXIT_USAGE)
     from serve.demo import parse_size

@@ -1,6 +1,7 @@
 """``python -m serve tag SOURCE --model MODEL``: the tagger's command line (options, checks, exit codes).
 
-The work itself is done by a tagging engine (:mod:`serve.engines`): ``local`` (default) or ``ray``.
+The run itself is :mod:`serve.tag`'s pipeline, with a tagging engine (:mod:`serve.engines`): ``local`` (default)
+or ``ray``. ``--help`` and usage errors answer without importing torch or a runtime.
 """
 
 from __future__ import annotations
@@ -10,14 +11,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serve import DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
+from serve import DEFAULT_MAX_PIXELS, DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
+from serve.engines import DEFAULT_ENGINE, engine_names
 
 if TYPE_CHECKING:
-    from serve.sidecars import SidecarSpec
-    from serve.tag import TagPlan
-
-ENGINE_NAMES = ("local", "ray")  # = serve.engines.ENGINES, spelled out: that module is imported after the checks
-TAG_MAX_PIXELS = 89_478_485  # = serve.tag.DEFAULT_MAX_PIXELS (Pillow's limit); not imported: that loads torch
+    from serve.tag import TagJob, TagPlan
 
 TAG_EPILOG = """\
 outputs:
@@ -31,12 +29,16 @@ outputs:
     Images sharing a name stem (a.jpg, a.png) get a.jpg.txt and a.png.txt.
   errors file (--errors, default <output stem>.errors.tsv beside the run file): path<TAB>reason for
     every image that could not be used; also printed on stderr. Such images get no prediction.
+  journal (<output>.partial, every engine): each batch's results are appended and flushed as it finishes;
+    the run file is written from it at the end, then it is removed. A run killed at any point (kill -9
+    too) resumes with --existing skip and re-tags at most the batches that were in flight; the run file is
+    then the one an uninterrupted run writes. A journal written by another model is refused (exit 2).
   Every file is written atomically (temp file + rename): a killed run leaves no half-written file. Sidecars
   are written as each batch finishes; the run file and the errors file at the end.
 
 existing outputs (--existing):
   skip       resume: an image whose sidecar exists (with --sidecar), else whose path is in the existing
-             run file, is not tagged again; its run-file record is kept (default)
+             run file or the journal, is not tagged again; its record is kept (default)
   overwrite  tag every image again and replace its outputs
   append     tag every image again; add new tags to an existing sidecar, without duplicates
 
@@ -58,21 +60,24 @@ sources (SOURCE):
 
 engines (--engine):
   local  this machine: --workers decode threads ahead of one model (default)
-  ray    Ray Data (pip install "spml[ray]"): joins the cluster at --address, else starts a local Ray
-         instance; --workers model actors with --gpus-per-worker GPUs each; decoding in Ray tasks. A dead
-         actor or a failing batch is retried; results are journaled in <output>.partial as they arrive, so
-         an interrupted run resumes with --existing skip.
+  ray    Ray (pip install "spml[ray]"): joins the cluster at --address, else starts a local Ray instance.
+         --workers model actors (default: one per node, or one per --gpus-per-worker share of the GPUs),
+         each loading the model on its own device and decoding its images with --cpus-per-worker threads
+         ahead of the model (default: its node's CPUs split between its actors). The driver reads only
+         the model's metadata: no torch, no GPU on the head node. A failing batch is retried; a dead actor
+         is restarted and its images are tagged again.
 
 Skipped as errors: unreadable, empty, truncated or non-image files, and images over --max-pixels
-(checked from the header before decoding: decompression bombs).
+(checked from the header before decoding: decompression bombs; --max-pixels 0 turns the check off).
 
 exit status:
   0  every image was tagged (or was already done under --existing skip); --dry-run listed the images
   1  some images could not be used (the others are still written; see the errors file), no images were
      found, or the model could not be loaded / run
   2  usage error: SOURCE or MODEL missing, unsupported model file, bad option value, bad or unknown class
-     in --thresholds, existing run file written for other classes (with --existing skip)
-  130 interrupted (Ctrl-C): outputs already written are complete, the run file is not rewritten
+     in --thresholds, existing run file or journal written by another model (with --existing skip)
+  130 interrupted (Ctrl-C): outputs already written are complete, finished images are in the journal, the
+      run file is not rewritten: run again to resume
 
 examples:
   python -m serve tag ~/photos --model runs/voc-an/export/model.onnx
@@ -166,13 +171,13 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help="local engine: image decoding threads, working ahead of the model (default: CPU count, at most 8); "
-        "ray engine: model actors (default: 1)",
+        "ray engine: model actors (default: one per node, or per --gpus-per-worker share of the GPUs)",
     )
     tag.add_argument(
         "--engine",
-        choices=ENGINE_NAMES,
-        default="local",
-        help="where the work runs: local (this machine) or ray (Ray Data; see below) (default: %(default)s)",
+        choices=engine_names(),
+        default=DEFAULT_ENGINE,
+        help="where the work runs: local (this machine) or ray (Ray actors; see below) (default: %(default)s)",
     )
     tag.add_argument(
         "--address",
@@ -184,60 +189,89 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=0.0,
         metavar="F",
-        help="ray engine: GPUs per model actor, fractions allowed (default: %(default)s, CPU actors)",
+        help="ray engine: GPUs per model actor, fractions allowed (default: %(default)s, CPU actors; with GPUs "
+        "the actors use --device cuda unless told otherwise)",
+    )
+    tag.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        metavar="N",
+        help="ray engine: CPUs per model actor, its decoding threads and the model's CPU threads (default: the "
+        "node's CPUs split between the actors it holds)",
     )
     tag.add_argument("--shard", metavar="K/N", help="tag only part K of N of SOURCE (deterministic; see sources below)")
     tag.add_argument(
         "--max-pixels",
         type=int,
-        default=TAG_MAX_PIXELS,
+        default=DEFAULT_MAX_PIXELS,
         metavar="N",
-        help="largest image accepted, width x height, checked before decoding (default: %(default)s, Pillow's)",
+        help="largest image accepted, width x height, checked before decoding (default: %(default)s, Pillow's; "
+        "0 turns the check off)",
     )
     tag.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
 
 
 def _check_tag_args(args: argparse.Namespace) -> str | None:
-    """The first usage error of the cheap checks (no torch import), or None."""
-    from serve.sources import Partition, source_kind  # cheap: no torch
+    """The first usage error of the cheap checks (no torch import), or None. Option values themselves are
+    checked by :class:`serve.tag.TagJob`."""
+    from serve.sources import Partition, source_kind
 
     try:
         source_kind(args.source)
         args.partition = Partition.parse(args.shard) if args.shard is not None else None
     except (FileNotFoundError, ValueError) as exc:
         return str(exc)
-    if args.engine != "ray" and (args.address is not None or args.gpus_per_worker):
-        return "--address and --gpus-per-worker need --engine ray"
-    if args.gpus_per_worker < 0:
-        return "--gpus-per-worker must be >= 0"
+    ray_options = ("address", "gpus_per_worker", "cpus_per_worker")
+    ray_only = [f"--{n.replace('_', '-')}" for n in ray_options if getattr(args, n)]
+    if args.engine != "ray" and ray_only:
+        return f"{', '.join(ray_only)} need(s) --engine ray"
     if not args.model.is_file():
         return f"model not found: {args.model}"
-    if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
-        return f"--threshold must be in [0, 1], got {args.threshold}"
     if args.thresholds is not None and not args.thresholds.is_file():
         return f"thresholds file not found: {args.thresholds}"
-    for name in ("batch_size", "workers", "top_k", "max_pixels"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            return f"--{name.replace('_', '-')} must be >= 1"
+    if args.max_pixels < 0:
+        return "--max-pixels must be >= 0 (0 turns the check off)"
     if not args.separator:
         return "--separator must not be empty"
     return None
 
 
-def _tag_plan(args: argparse.Namespace) -> tuple[SidecarSpec | None, TagPlan]:
-    """(SidecarSpec or None, TagPlan) from the arguments; raises ValueError / FileNotFoundError."""
+def _tag_job(args: argparse.Namespace) -> TagJob:
+    """The :class:`~serve.tag.TagJob` of the arguments; raises ``ValueError`` / ``OSError`` (bad values, thresholds
+    file) and :class:`~serve.runtimes.ModelSpecError` (unknown device)."""
     from serve.sidecars import SidecarSpec
-    from serve.tag import plan_tagging
+    from serve.tag import TagJob
+    from serve.thresholds import read_thresholds_file
 
     sidecar = None
     if args.sidecar or args.sidecar_dir is not None:
         ext = args.sidecar_ext if args.sidecar_ext.startswith(".") else "." + args.sidecar_ext
         sidecar = SidecarSpec(ext=ext, separator=args.separator, folder=args.sidecar_dir)
-    return sidecar, plan_tagging(args.source, args.output, args.existing, sidecar, args.partition)
+    return TagJob(
+        source=args.source,
+        model=args.model,
+        output=args.output,
+        engine=args.engine,
+        backend=args.backend,
+        device=args.device,
+        errors=args.errors,
+        threshold=args.threshold,
+        per_class=read_thresholds_file(args.thresholds) if args.thresholds is not None else None,
+        top_k=args.top_k,
+        sidecar=sidecar,
+        existing=args.existing,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        max_pixels=args.max_pixels or None,
+        progress=not args.no_progress,
+        partition=args.partition,
+        address=args.address,
+        gpus_per_worker=args.gpus_per_worker,
+        cpus_per_worker=args.cpus_per_worker,
+    )
 
 
-def _print_dry_run(plan: TagPlan, existing: str) -> int:
+def _print_dry_run(plan: TagPlan) -> int:
     """List the images a run would tag on stdout, the counts on stderr; exit status."""
     todo = 0
     for item in plan.todo:
@@ -247,16 +281,18 @@ def _print_dry_run(plan: TagPlan, existing: str) -> int:
     if not found:
         print(f"no image files found in {plan.source.spec}", file=sys.stderr)
         return EXIT_SOME_FAILED
+    journaled = f" ({len(plan.journal.offsets)} in the journal of an interrupted run)" if plan.journal.offsets else ""
     print(
-        f"dry run: {found} images found, {len(plan.done)} already done (--existing {existing}), "
-        f"{todo} would be tagged; {plan.ignored} non-image files ignored; no model loaded",
+        f"dry run: {found} images found, {len(plan.done)} already done{journaled} (--existing "
+        f"{plan.job.existing}), {todo} would be tagged; {plan.ignored} non-image files ignored; no model loaded",
         file=sys.stderr,
     )
     return EXIT_OK
 
 
 def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Execute ``tag`` with parsed arguments; returns the exit status."""
+    """Execute ``tag`` with parsed arguments; returns the exit status. Usage errors are found without importing
+    torch or a runtime; the model is loaded by the engine, where it runs."""
     prog = f"{parser.prog} tag"
 
     def fail(message: str, code: int) -> int:
@@ -266,68 +302,48 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     problem = _check_tag_args(args)
     if problem:
         return fail(problem, EXIT_USAGE)
-    from serve.records import OutputConflictError  # heavy (torch): after the cheap checks
-    from serve.thresholds import read_thresholds_file, resolve_thresholds, thresholds_source
+    from serve.engines import EngineUnavailableError, get_engine
+    from serve.journal import journal_path
+    from serve.records import OutputConflictError
+    from serve.runtimes import ModelLoadError, ModelSpecError
+    from serve.tag import plan_tagging, run_plan
+    from serve.thresholds import thresholds_source
 
     try:
-        per_class = read_thresholds_file(args.thresholds) if args.thresholds is not None else None
-        sidecar, plan = _tag_plan(args)
+        job = _tag_job(args)
+        plan = plan_tagging(job, read_model=not args.dry_run)
+    except ModelSpecError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except ModelLoadError as exc:
+        return fail(f"cannot load model: {exc}", EXIT_SOME_FAILED)
     except (ValueError, OSError) as exc:
         return fail(str(exc), EXIT_USAGE)
     if args.dry_run:
-        return _print_dry_run(plan, args.existing)
-    from serve.engines import EngineUnavailableError, TagJob, get_engine
-
+        return _print_dry_run(plan)
     try:
-        engine = get_engine(args.engine)
+        get_engine(args.engine)
     except EngineUnavailableError as exc:
         return fail(str(exc), EXIT_SOME_FAILED)
-    from serve.predictor import ModelSpecError, Predictor
-
-    try:
-        predictor = Predictor.load(args.model, args.backend, args.device, max_pixels=args.max_pixels)
-    except ModelSpecError as exc:
-        return fail(str(exc), EXIT_USAGE)
-    except Exception as exc:  # ModelLoadError and anything a runtime raises: one line, no traceback
-        return fail(f"cannot load model: {exc}", EXIT_SOME_FAILED)
-    try:
-        resolve_thresholds(predictor.meta, args.threshold, per_class)
-    except ValueError as exc:
-        return fail(f"--thresholds {args.thresholds}: {exc}", EXIT_USAGE)
+    assert plan.meta is not None
+    resumed = f"; resuming: {len(plan.journal.offsets)} results journaled" if plan.journal.offsets else ""
     print(
-        f"model {predictor.path}: {predictor.device_description}; {len(predictor.classes)} classes; thresholds: "
-        f"{thresholds_source(predictor.meta, args.threshold, per_class)}; batch {args.batch_size}; "
-        f"engine {args.engine}",
+        f"model {args.model}: {len(plan.meta.classes)} classes; thresholds: "
+        f"{thresholds_source(plan.meta, args.threshold, job.per_class)}; batch {args.batch_size}; "
+        f"engine {args.engine}{resumed}",
         file=sys.stderr,
     )
-    job = TagJob(
-        source=args.source,
-        model=args.model,
-        output=args.output,
-        backend=args.backend,
-        device=args.device,
-        errors=args.errors,
-        threshold=args.threshold,
-        per_class=per_class,
-        top_k=args.top_k,
-        sidecar=sidecar,
-        existing=args.existing,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        max_pixels=args.max_pixels,
-        progress=not args.no_progress,
-        partition=args.partition,
-        address=args.address,
-        gpus_per_worker=args.gpus_per_worker,
-    )
+    kept = f"finished images are kept in {journal_path(args.output)}: run again to resume"
     try:
-        summary = engine.run(job, predictor)
+        summary = run_plan(plan)
+    except ModelSpecError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except ModelLoadError as exc:
+        return fail(f"cannot load model: {exc}", EXIT_SOME_FAILED)
     except OutputConflictError as exc:
         return fail(str(exc), EXIT_USAGE)
     except (ValueError, OSError, RuntimeError) as exc:
-        return fail(f"{exc}; {args.output} not written", EXIT_SOME_FAILED)
+        return fail(f"{exc}; {args.output} not written ({kept})", EXIT_SOME_FAILED)
     except KeyboardInterrupt:
-        kept = "finished images are journaled: rerun to resume" if args.engine == "ray" else "sidecars are kept"
         print(f"{prog}: interrupted; {args.output} not written ({kept})", file=sys.stderr)
         return 130
     if summary.tagged == 0 and summary.skipped == 0 and not summary.failed:
@@ -341,3 +357,4 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         return EXIT_SOME_FAILED
     return EXIT_OK
+

@@ -3,7 +3,8 @@
 Layout: a model picker (runs and exports found under the runs folder, or ``--model``) with the model's facts;
 threshold controls shared by every tab (calibrated per-class thresholds, or one global slider); an *Image* tab
 (upload / webcam / clipboard, examples from the built-in dataset with their true labels) showing every class's
-score against its own threshold; a *Batch* tab (several files -> table, CSV and JSONL downloads); an *API* tab.
+score against its own threshold; a *Batch* tab (several files -> table, CSV and JSONL downloads, scored by the
+tagging pipeline's loop, :func:`serve.scoring.score_items`, with its selection of tags); an *API* tab.
 
 The model runs once per image: its scores are kept in ``gr.State`` and moving a threshold control only
 re-filters them (no queue, no model call). ``/predict`` returns every class score as JSON, with the thresholds
@@ -29,6 +30,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from serve import DEFAULT_MAX_PIXELS
 from serve.demo_catalog import ExampleSet, find_examples, find_models
 from serve.demo_results import (
     EMPTY_HTML,
@@ -52,7 +54,6 @@ __all__ = ["ExampleSet", "ModelStore", "build_demo", "find_examples", "find_mode
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_FILE_SIZE = "20mb"
-DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_QUEUE_SIZE = 32
 DEFAULT_CONCURRENCY = 1
 DEFAULT_MAX_BATCH_FILES = 64
@@ -185,7 +186,9 @@ def build_demo(
     import numpy as np
 
     from serve import DEFAULT_BATCH_SIZE, DEFAULT_THRESHOLD
-    from serve.predictor import ImageError, ModelLoadError, Prediction
+    from serve.predictor import ImageError, ImagePreprocessor, ModelLoadError, Prediction
+    from serve.scoring import score_items
+    from serve.sources import Item
 
     if default_model not in store.choices:
         raise ValueError(f"default model {default_model!r} is not one of the store's choices")
@@ -276,30 +279,25 @@ def build_demo(
         predictor = predictor_for(model)
         thresholds, _, _ = thresholds_for(predictor.meta, use_calibrated, threshold)
         rows: list[BatchRow] = []
-        pending: list[tuple[int, np.ndarray]] = []
-
-        def flush() -> None:
-            probs = predictor.scores_from_inputs(np.stack([x for _, x in pending]))
-            for (index, _), row in zip(pending, probs, strict=True):
-                rows[index].probs = [float(p) for p in row]
-            pending.clear()
-
+        work: list[Item] = []  # the tagging pipeline's items: key = the row's index
         for i, item in enumerate(items):
-            progress((i, len(items)), desc="tagging", unit="images")
-            name = _payload_name(item)
-            rows.append(BatchRow(name, None))
             try:
                 image, name = payload_image(item)
-                rows[-1].name = name
-                pending.append((i, predictor.preprocess(image)))
-            except ImageError as exc:
-                rows[-1].error = exc.reason
-            except (ValueError, TypeError) as exc:
-                rows[-1].error = str(exc)
-            if len(pending) == DEFAULT_BATCH_SIZE:
-                flush()
-        if pending:
-            flush()
+                rows.append(BatchRow(name, None))
+                work.append(Item(str(i), image) if isinstance(image, str) else Item(str(i), data=image))
+            except ValueError as exc:
+                rows.append(BatchRow(_payload_name(item), None, str(exc)))
+        preprocess = ImagePreprocessor(predictor.transform, predictor.max_pixels)
+        done = 0
+        for batch in score_items(work, predictor.scores_from_inputs, preprocess, DEFAULT_BATCH_SIZE):
+            for result in batch:
+                row = rows[int(result.key)]
+                if result.scores is not None:
+                    row.probs = [float(p) for p in result.scores]
+                else:
+                    row.error = result.error or "unknown error"
+            done += len(batch)
+            progress((done, len(work)), desc="tagging", unit="images")
         folder = Path(tempfile.mkdtemp(prefix="batch-", dir=work_root))
         frame, csv_path, jsonl_path = batch_outputs(rows, predictor.classes, thresholds, folder)
         state = {"model": model, "rows": rows, "folder": str(folder)}

@@ -154,9 +154,10 @@ def batch_outputs(
     import numpy as np
     import pandas as pd
 
-    from serve.records import tag_record
+    from serve.outputs import Selection
 
     classes = list(classes)
+    select = Selection(classes, np.asarray(thresholds))  # the tagging pipeline's selection of tags
     table, csv_rows, lines = [], [], []
     for row in rows:
         if row.probs is None:
@@ -164,7 +165,7 @@ def batch_outputs(
             csv_rows.append([row.name, "", row.error, *([""] * len(classes))])
             lines.append({"path": row.name, "error": row.error})
             continue
-        rec = tag_record(row.name, np.asarray(row.probs, dtype=np.float64), classes, np.asarray(thresholds))
+        rec = select(row.name, np.asarray(row.probs, dtype=np.float64))
         table.append([row.name, ", ".join(rec["tags"]), "", *(round(rec["scores"][c], 3) for c in classes)])
         csv_rows.append([row.name, ";".join(rec["tags"]), "", *(f"{rec['scores'][c]:.6f}" for c in classes)])
         lines.append(rec)

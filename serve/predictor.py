@@ -30,10 +30,19 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from models.checkpoint import ModelMeta
-from models.preprocess import EvalTransform, decode_scaled, read_image, to_rgb
-from serve import DEFAULT_BATCH_SIZE
+from models.preprocess import EvalTransform, decode_scaled, normalize, read_image, resize_uint8, to_rgb
+from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS
 from serve.records import sigmoid, tag_record
-from serve.runtimes import RUNTIMES, Runtime, runtime_for, supported_suffixes
+from serve.runtimes import (
+    RUNTIMES,
+    BackendUnavailableError,
+    ModelLoadError,
+    ModelSpecError,
+    Runtime,
+    parse_device,
+    runtime_class,
+    supported_suffixes,
+)
 from serve.thresholds import resolve_thresholds
 
 #: What :meth:`Predictor.scores` and :meth:`Predictor.predict` accept as one image: a file path, encoded file
@@ -41,20 +50,6 @@ from serve.thresholds import resolve_thresholds
 #: tensor ``(3, H, W)`` (RGB, as :func:`models.preprocess.read_image` returns).
 ImageInput = str | os.PathLike | bytes | Image.Image | np.ndarray | torch.Tensor
 
-#: Model file suffixes of runtimes that may not be installed, for a more helpful "unsupported" message.
-_KNOWN_SUFFIXES = {".engine": "TensorRT engine", ".plan": "TensorRT engine", ".trt": "TensorRT engine"}
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message says why (no need to read a traceback)."""
-
-
-class ModelSpecError(ModelLoadError):
-    """The request itself is wrong: no such file or run, unsupported suffix, unknown backend or device."""
-
-
-class BackendUnavailableError(ModelLoadError):
-    """The runtime or accelerator the model needs is not installed or not usable on this machine."""
 
 
 class ImageError(ValueError):
@@ -70,19 +65,6 @@ class ImageError(ValueError):
 # Devices and ONNX Runtime execution providers
 
 _ORT_PROVIDER = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
-
-
-def parse_device(device: str | None) -> tuple[str, int | None]:
-    """``"cpu"`` / ``"cuda"`` / ``"cuda:1"`` / ``"tensorrt"`` / ``"tensorrt:0"`` -> ``(kind, index or None)``.
-
-    ``None`` gives ``("default", None)``: the backend's own default. Raises :class:`ModelSpecError`.
-    """
-    if device is None:
-        return "default", None
-    kind, _, index = str(device).strip().lower().partition(":")
-    if kind not in ("cpu", "cuda", "tensorrt") or (index and not index.isdigit()) or (kind == "cpu" and index):
-        raise ModelSpecError(f"unknown device {device!r}; use cpu, cuda, cuda:N, tensorrt or tensorrt:N")
-    return kind, int(index) if index else None
 
 
 def ort_providers(device: str | None, available: Sequence[str]) -> list[Any]:
@@ -113,33 +95,6 @@ def _provider_name(provider: Any) -> str:
 
 # --------------------------------------------------------------------------------------------------------
 # Model files
-
-
-def _runtime_class(path: Path, backend: str | None) -> type:
-    """The registry class that loads ``path`` (``backend`` forces one); :class:`ModelSpecError` otherwise."""
-    suffix = path.suffix.lower()
-    if backend is not None:
-        if backend not in RUNTIMES:
-            raise ModelSpecError(f"unknown backend {backend!r}; available: {', '.join(RUNTIMES)}")
-        cls = RUNTIMES[backend]
-        if suffix not in cls.suffixes:
-            raise ModelSpecError(
-                f"backend {backend} cannot load {path.name}: it reads {', '.join(cls.suffixes)} files"
-            )
-        return cls
-    try:
-        return runtime_for(path)
-    except ValueError:
-        kind = _KNOWN_SUFFIXES.get(suffix)
-        if kind:
-            raise ModelSpecError(
-                f"{path} is a {kind}, but no installed runtime reads {suffix} files (runtimes: "
-                f"{', '.join(RUNTIMES)}; they read {', '.join(supported_suffixes())})"
-            ) from None
-        raise ModelSpecError(
-            f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())} "
-            "(or a run folder / run name)"
-        ) from None
 
 
 def models_in_folder(folder: Path) -> list[Path]:
@@ -282,14 +237,16 @@ def _rgb_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.asarray(to_rgb(image)).copy()).permute(2, 0, 1).contiguous()
 
 
-def load_rgb(image: ImageInput, max_pixels: int | None = None, decode_side: int | None = None) -> torch.Tensor:
-    """Any :data:`ImageInput` -> ``uint8`` RGB tensor ``(3, H, W)`` with EXIF orientation applied and alpha composited
-    onto white (:func:`models.preprocess.read_image` / :func:`~models.preprocess.to_rgb`).
+def load_rgb(
+    image: ImageInput, max_pixels: int | None = DEFAULT_MAX_PIXELS, decode_side: int | None = None
+) -> torch.Tensor:
+    """Any :data:`ImageInput` -> ``uint8`` RGB tensor ``(3, H, W)`` with EXIF orientation applied and alpha
+    composited onto white (:func:`models.preprocess.read_image` / :func:`~models.preprocess.to_rgb`).
 
-    ``max_pixels`` (``None``: Pillow's own decompression-bomb limit) bounds width x height, checked from the file
-    header before decoding. ``decode_side``: encoded JPEGs (paths, bytes) may be decoded at reduced scale down
-    to this many pixels per side, as :class:`~models.preprocess.EvalTransform` does (its ``decode_side``). Raises
-    :class:`ImageError` with a readable reason, or ``TypeError`` for other inputs.
+    ``max_pixels`` (:data:`serve.DEFAULT_MAX_PIXELS`; ``None`` turns the check off) bounds width x height, checked
+    from the file header before decoding. ``decode_side``: encoded JPEGs (paths, bytes) may be decoded at reduced
+    scale down to this many pixels per side, as :class:`~models.preprocess.EvalTransform` does (its
+    ``decode_side``). Raises :class:`ImageError` with a readable reason, or ``TypeError`` for other inputs.
     """
     source = _describe(image)
     try:
@@ -326,34 +283,50 @@ def load_rgb(image: ImageInput, max_pixels: int | None = None, decode_side: int 
 @dataclass(frozen=True)
 class ImagePreprocessor:
     """Any :data:`ImageInput` -> model input ``float32 (3, S, S)``: :func:`load_rgb` (pixel-count check, EXIF,
-    alpha) then the model's :class:`~models.preprocess.EvalTransform`. Picklable, for decode workers."""
+    alpha) then the model's :class:`~models.preprocess.EvalTransform`. Picklable, for decode workers.
+
+    The two halves can run apart, with the same values: :meth:`decode` (file -> resized ``uint8 (3, S, S)``, the
+    costly part, 4x smaller to keep or send than floats) and :meth:`normalize` (a ``uint8`` batch -> floats)."""
 
     transform: EvalTransform
-    max_pixels: int | None = None
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     @classmethod
-    def for_model(cls, meta: ModelMeta, max_pixels: int | None = None) -> ImagePreprocessor:
+    def for_model(cls, meta: ModelMeta, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ImagePreprocessor:
         """The preprocessing of a model with metadata ``meta``."""
         return cls(EvalTransform(meta.image_size, meta.mean, meta.std), max_pixels)
 
+    def decode(self, image: ImageInput) -> np.ndarray:
+        """Decode one image and resize it to the model input: ``uint8 (3, S, S)`` (raises :class:`ImageError` /
+        ``TypeError``)."""
+        rgb = load_rgb(image, self.max_pixels, self.transform.decode_side)
+        return resize_uint8(rgb, self.transform.image_size).numpy()
+
+    def normalize(self, images: np.ndarray) -> np.ndarray:
+        """Decoded ``uint8 (..., 3, S, S)`` -> model input ``float32`` (the model's mean and std)."""
+        tensor = torch.from_numpy(np.ascontiguousarray(images))
+        return normalize(tensor, self.transform.mean, self.transform.std).numpy()
+
     def __call__(self, image: ImageInput) -> np.ndarray:
-        """Preprocess one image (raises :class:`ImageError` / ``TypeError``)."""
-        return self.transform(load_rgb(image, self.max_pixels, self.transform.decode_side)).numpy()
+        """Preprocess one image (raises :class:`ImageError` / ``TypeError``): :meth:`decode` then :meth:`normalize`,
+        the values of :class:`~models.preprocess.EvalTransform`."""
+        return self.normalize(self.decode(image))
 
 
 # --------------------------------------------------------------------------------------------------------
 # The predictor
 
 
-def _load_runtime(cls: type, path: Path, device: str | None) -> tuple[Runtime, str]:
-    """Load ``path`` with registry class ``cls`` on ``device``; returns (runtime, device description)."""
+def _load_runtime(cls: type, path: Path, device: str | None, threads: int | None = None) -> tuple[Runtime, str]:
+    """Load ``path`` with registry class ``cls`` on ``device`` (``threads``: CPU threads of ONNX Runtime / PyTorch);
+    returns (runtime, device description)."""
     kind, _ = parse_device(device)
     if cls.name == "onnxruntime":
         from serve.runtimes.onnxruntime_backend import import_onnxruntime
 
         ort = import_onnxruntime()
         providers = ort_providers(device, ort.get_available_providers())
-        runtime = cls.load(path, providers=providers)
+        runtime = cls.load(path, providers=providers, threads=threads)
         active = list(runtime.session.get_providers())
         missing = [_provider_name(p) for p in providers if _provider_name(p) not in active]
         if missing:  # ONNX Runtime silently falls back to CPU when CUDA / cuDNN / TensorRT libraries are absent
@@ -368,6 +341,8 @@ def _load_runtime(cls: type, path: Path, device: str | None) -> tuple[Runtime, s
             raise ModelSpecError("device tensorrt needs an .onnx model (ONNX Runtime) or a TensorRT engine")
         if kind == "cuda" and not torch.cuda.is_available():
             raise BackendUnavailableError(f"device {device!r}: PyTorch sees no CUDA GPU on this machine")
+        if threads is not None:
+            torch.set_num_threads(threads)
         runtime = cls.load(path, device=None if kind == "default" else str(device))
         return runtime, f"torch ({runtime.device})"
     params = inspect.signature(cls.load).parameters
@@ -389,7 +364,7 @@ class Predictor:
         *,
         path: Path | None = None,
         device_description: str = "",
-        max_pixels: int | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         meta = runtime.meta
         if meta.output != "logits":
@@ -413,21 +388,24 @@ class Predictor:
         device: str | None = None,
         *,
         runs_dir: Path | None = None,
-        max_pixels: int | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        threads: int | None = None,
     ) -> Predictor:
         """Load a model file (``.pt`` checkpoint, ``.onnx`` export, any registered suffix), a run folder, a run name
         under ``runs_dir``, or the latest run (``path=None``).
 
         ``backend`` forces a runtime of :data:`serve.runtimes.RUNTIMES`; ``device`` is ``cpu``, ``cuda[:N]`` or
-        ``tensorrt[:N]`` (``None``: PyTorch uses CUDA when available, ONNX Runtime uses CPU). Raises
+        ``tensorrt[:N]`` (``None``: PyTorch uses CUDA when available, ONNX Runtime uses CPU). ``max_pixels``: the
+        decompression-bomb limit of :meth:`scores` and :meth:`predict` (:data:`serve.DEFAULT_MAX_PIXELS`; ``None``
+        turns it off). ``threads``: CPU threads of the runtime (default: its own choice). Raises
         :class:`ModelSpecError` (bad request), :class:`BackendUnavailableError` (runtime or GPU provider missing)
         or :class:`ModelLoadError` (the file does not load).
         """
         parse_device(device)
         model_path = resolve_model_path(path, backend, runs_dir)
-        runtime_cls = _runtime_class(model_path, backend)
+        runtime_cls = runtime_class(model_path, backend)
         try:
-            runtime, description = _load_runtime(runtime_cls, model_path, device)
+            runtime, description = _load_runtime(runtime_cls, model_path, device, threads)
         except ModelLoadError:
             raise
         except ImportError as exc:  # ModuleNotFoundError from the backend names the package and the pip command

@@ -1,7 +1,7 @@
 """Output records: scores -> one record per image, and the files they go to (run file JSONL/CSV, errors file).
 
-The one home of record formatting, shared by every tagging engine and the demo's batch downloads. Files are
-written atomically with :mod:`models.atomic_files`.
+The one home of record formatting, shared by every tagging engine (through :mod:`serve.outputs`) and the demo's
+batch downloads. Files are written atomically with :mod:`models.atomic_files`.
 
 Run file line (JSONL): ``{"path": "sub/a.jpg", "scores": {class: p, ...}, "tags": [class, ...]}``: every
 class's probability rounded to 6 decimals, and the tags being the classes whose (rounded) probability is >=
@@ -12,9 +12,8 @@ joined with the separator. Images that cannot be used go to the errors file (``p
 from __future__ import annotations
 
 import csv
-import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,57 +56,59 @@ def is_csv(path: str | Path) -> bool:
     return Path(path).suffix.lower() == ".csv"
 
 
-def read_run_file(path: Path, separator: str = DEFAULT_SEPARATOR) -> dict[str, dict[str, Any]]:
-    """Records of an existing run file (JSONL or CSV) by relative path; ``{}`` when it does not exist.
-    Raises :class:`OutputConflictError` when it cannot be parsed."""
+def iter_run_file(path: Path, separator: str = DEFAULT_SEPARATOR) -> Iterator[dict[str, Any]]:
+    """The records of an existing run file (JSONL or CSV), streamed in file order; nothing when it does not
+    exist. Raises :class:`OutputConflictError` when it cannot be parsed."""
     if not path.is_file():
-        return {}
-    text = path.read_text(encoding="utf-8")
+        return
     try:
-        return _read_csv(text, separator) if is_csv(path) else _read_jsonl(text)
+        with open(path, encoding="utf-8", newline="") as fh:
+            yield from (_csv_records(fh, separator) if is_csv(path) else _jsonl_records(fh))
     except (ValueError, KeyError, TypeError) as exc:
         raise OutputConflictError(f"cannot read the existing run file {path}: {exc}") from None
 
 
-def _read_jsonl(text: str) -> dict[str, dict[str, Any]]:
-    records = {}
-    for line in text.splitlines():
+def read_run_file(path: Path, separator: str = DEFAULT_SEPARATOR) -> dict[str, dict[str, Any]]:
+    """Records of an existing run file (JSONL or CSV) by relative path; ``{}`` when it does not exist.
+    Raises :class:`OutputConflictError` when it cannot be parsed."""
+    return {rec["path"]: rec for rec in iter_run_file(path, separator)}
+
+
+def _jsonl_records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    for line in lines:
         if line.strip():
             rec = json.loads(line)
             if "scores" in rec:
-                records[str(rec["path"])] = {"path": rec["path"], "scores": rec["scores"], "tags": list(rec["tags"])}
-    return records
+                yield {"path": str(rec["path"]), "scores": rec["scores"], "tags": list(rec["tags"])}
 
 
-def _read_csv(text: str, separator: str) -> dict[str, dict[str, Any]]:
-    rows = list(csv.reader(io.StringIO(text, newline="")))
-    if not rows:
-        return {}
-    header, body = rows[0], rows[1:]
+def _csv_records(lines: Iterable[str], separator: str) -> Iterator[dict[str, Any]]:
+    rows = csv.reader(lines)
+    header = next(rows, None)
+    if header is None:
+        return
     if header[:2] != ["path", "tags"]:
         raise ValueError(f"expected columns path, tags, <classes>; got {', '.join(header[:3])}")
     classes = header[2:]
-    return {
-        row[0]: {
+    for row in rows:
+        yield {
             "path": row[0],
             "scores": {c: float(v) for c, v in zip(classes, row[2:], strict=True)},
             "tags": split_tags(row[1], separator),
         }
-        for row in body
-    }
 
 
 def write_run_file(path: Path, records: Iterable[dict[str, Any]], classes: Sequence[str], separator: str) -> None:
-    """Write records (sorted by path) to ``path`` atomically as CSV or JSONL (see the module docstring)."""
-    ordered = sorted(records, key=lambda r: r["path"])
+    """Write records, in the order given (callers sort them by path), to ``path`` atomically as CSV or JSONL
+    (see the module docstring); records are streamed, never all held at once."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
         if is_csv(path):
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(["path", "tags", *classes])
-            for rec in ordered:
+            for rec in records:
                 writer.writerow([rec["path"], separator.join(rec["tags"]), *(rec["scores"][c] for c in classes)])
         else:
-            for rec in ordered:
+            for rec in records:
                 fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
@@ -130,56 +131,3 @@ def split_tags(text: str, separator: str) -> list[str]:
     """Tags of a sidecar's text (split on the separator, surrounding whitespace dropped, empties removed)."""
     sep = separator.strip() or separator
     return [t.strip() for t in text.replace("\r\n", "\n").split(sep) if t.strip()]
-
-
-def journal_path(output: str | Path) -> Path:
-    """``out/tags.jsonl`` -> ``out/tags.jsonl.partial``: the records of a run in progress (see :class:`Journal`)."""
-    output = Path(output)
-    return output.with_name(output.name + ".partial")
-
-
-def read_journal(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """(records by path, errors by path) of a journal left by an interrupted run; ``({}, {})`` when there is
-    none. A line cut short by the interruption is ignored (its image is tagged again)."""
-    records: dict[str, dict[str, Any]] = {}
-    errors: dict[str, str] = {}
-    if not path.is_file():
-        return records, errors
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and "scores" in rec:
-            records[str(rec["path"])] = rec
-        elif isinstance(rec, dict) and "error" in rec:
-            errors[str(rec["path"])] = str(rec["error"])
-    return records, errors
-
-
-class Journal:
-    """Append-only JSON Lines log of a run in progress: records and ``{"path", "error"}`` lines, flushed after
-    every batch, so an interrupted run resumes from it (``--existing skip``) and the run file itself is only
-    ever written whole, atomically."""
-
-    def __init__(self, path: Path, fresh: bool) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not fresh and path.is_file():  # drop a line cut short by the interruption
-            text = path.read_text(encoding="utf-8")
-            if text and not text.endswith("\n"):
-                atomic_write_text(path, text[: text.rfind("\n") + 1])
-        self._fh = open(path, "w" if fresh else "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-
-    def write(self, records: Iterable[dict[str, Any]], failed: Iterable[tuple[str, str]] = ()) -> None:
-        """Append records and (path, reason) failures, then flush them to the operating system."""
-        lines = [json.dumps(r, ensure_ascii=False) for r in records]
-        lines += [json.dumps({"path": p, "error": e}, ensure_ascii=False) for p, e in failed]
-        self._fh.write("".join(line + "\n" for line in lines))
-        self._fh.flush()
-
-    def close(self, remove: bool) -> None:
-        """Close the file; ``remove`` deletes it (the run file and errors file now hold everything)."""
-        self._fh.close()
-        if remove:
-            self.path.unlink(missing_ok=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.atomic_files import atomic_write_text
-from models.preprocess import IMAGE_EXTENSIONS
+from models.image_files import IMAGE_EXTENSIONS
 from serve.records import DEFAULT_SEPARATOR, split_tags
 
 DEFAULT_SIDECAR_EXT = ".txt"

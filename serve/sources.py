@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.preprocess import IMAGE_EXTENSIONS
+from models.image_files import IMAGE_EXTENSIONS
 
 SOURCE_KINDS = ("folder", "list", "shards")
 _IMAGE_EXTS = {e.lstrip(".") for e in IMAGE_EXTENSIONS}

@@ -1,24 +1,31 @@
-"""The local tagging engine's core: tag every image of a SOURCE on this machine into a run file and sidecars.
+"""The tagging pipeline: one for every engine, for ``python -m serve tag`` and for Python callers.
 
-Pipeline: :class:`serve.sources.Source` lists the items (a folder, a list file or WebDataset shards, optionally
-one ``--shard K/N`` part) -> :func:`plan_tagging` decides per item under the ``existing`` policy (skip =
-resume, overwrite, append) -> decode + preprocess in a thread pool (:func:`decode_item`: the one
-:class:`serve.predictor.ImagePreprocessor`, with its pixel-count check), a bounded window ahead of the model so
-decoding overlaps inference -> batches through the runtime -> sigmoid -> per-class thresholds
-(:func:`serve.thresholds.resolve_thresholds`) -> :func:`serve.records.tag_record` -> one sidecar text file per
-image (folders only; written atomically as each batch finishes) and the run file (written atomically at the end,
-sorted by path). Record formats: :mod:`serve.records`. Images that cannot be used go to the errors file, never
-into the run file.
+1. **Plan** (:func:`plan_tagging`, once, before any model is loaded): the items of the SOURCE
+   (:mod:`serve.sources`), which are already done under the ``existing`` policy (sidecars, the run file, the
+   journal of an interrupted run), the model's metadata and thresholds, read from the model file without
+   loading it (:func:`serve.runtimes.read_model_meta`: no torch, no onnxruntime), and the sidecar paths.
+2. **Score**: an engine (:mod:`serve.engines`: ``local``, ``ray``) turns the plan's to-do items into batches of
+   scores or errors; that is all an engine does.
+3. **Journal** (:mod:`serve.journal`): each batch's records are appended to ``<output>.partial`` and flushed as
+   it arrives, so a run killed at any point (SIGKILL included) resumes with ``existing="skip"`` and re-tags at
+   most the batches that were in flight.
+4. **Outputs** (:mod:`serve.outputs`): a selection function turns scores into tags, writers take the records:
+   sidecars as each batch finishes; the run file (sorted by path, from the journal) and the errors file at the
+   end, atomically. The journal is then removed.
+
+>>> summary = tag(TagJob("photos", "model.onnx", Path("tags.jsonl")))      # doctest: +SKIP
+>>> summary = tag_folder("photos", "model.onnx", "tags.csv", threshold=0.3)  # doctest: +SKIP
+
+Memory: the plan holds the keys (paths) of the source, never the records or the images; decoded images are
+bounded by the engine's batches.
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,51 +33,133 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from serve import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT
-from serve.records import (
-    DEFAULT_SEPARATOR,
-    OutputConflictError,
-    default_errors_path,
-    read_run_file,
-    tag_record,
-    write_errors,
-    write_run_file,
-)
-from serve.runtimes import Runtime
-from serve.sidecars import SidecarSpec, sidecar_paths, write_sidecar
-from serve.sources import Item, Partition, Source, read_location
+from models.checkpoint import ModelMeta
+from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS, DEFAULT_OUTPUT
+from serve.engines import DEFAULT_ENGINE, engine_names, get_engine
+from serve.journal import Journal, JournalContents, JournalHeader, file_sha256, journal_path, read_journal
+from serve.outputs import ErrorsWriter, OutputStage, RunFileWriter, Selection, SidecarWriter
+from serve.records import DEFAULT_SEPARATOR, OutputConflictError, default_errors_path, iter_run_file
+from serve.runtimes import parse_device, read_model_meta
+from serve.sidecars import SidecarSpec, sidecar_paths
+from serve.sources import Item, Partition, Source
 from serve.thresholds import resolve_thresholds
 
 if TYPE_CHECKING:
     from serve.predictor import Predictor
+    from serve.runtimes import Runtime
 
-#: Largest image accepted (width x height), checked from the header before decoding: Pillow's own limit.
-DEFAULT_MAX_PIXELS = 89_478_485
-#: What to do with images whose outputs exist already (see :func:`tag_folder`).
+#: What to do with images whose outputs exist already (see :class:`TagJob`).
 EXISTING_POLICIES = ("skip", "overwrite", "append")
 DEFAULT_EXISTING = "skip"
+#: Records imported from an earlier run file into the journal per write.
+_IMPORT_CHUNK = 1024
 
 
-def default_workers() -> int:
-    """Decode threads used when none are given: the CPU count, capped at 8."""
-    return max(1, min(8, os.cpu_count() or 1))
+@dataclass
+class TagJob:
+    """A tagging run: what to read, the model, where to write and how to run; the one set of options of the
+    command line and of Python callers. Invalid values raise ``ValueError`` naming the option.
+
+    ``source``: a folder, a list file, ``.tar`` shards or a :class:`~serve.sources.Source`; ``model``: a model
+    file, or an already loaded :class:`~serve.predictor.Predictor` (or runtime), which the local engine uses
+    as is. ``existing``: ``skip`` resumes (images whose sidecar exists, with ``sidecar``, or whose record is in
+    the run file or the journal, are not tagged again and their records are kept), ``overwrite`` redoes
+    everything, ``append`` redoes everything and adds new tags to existing sidecars. ``max_pixels``: the
+    decompression-bomb limit (on by default; ``None`` turns it off). ``workers``: decode threads (local
+    engine) or model actors (ray). ``address``, ``gpus_per_worker``, ``cpus_per_worker``: the ray engine's
+    cluster, GPUs and CPUs (decode threads and model threads) of each model actor.
+    """
+
+    source: str | Path | Source
+    model: str | Path | Predictor | Runtime | None = None
+    output: Path = DEFAULT_OUTPUT
+    engine: str = DEFAULT_ENGINE
+    backend: str | None = None
+    device: str | None = None
+    errors: Path | None = None
+    threshold: float | None = None
+    per_class: Mapping[str, float] | None = None
+    top_k: int | None = None
+    sidecar: SidecarSpec | None = None
+    existing: str = DEFAULT_EXISTING
+    batch_size: int = DEFAULT_BATCH_SIZE
+    workers: int | None = None
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    progress: bool = True
+    partition: Partition | None = None
+    address: str | None = None
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: int | None = None
+    predictor: Predictor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.output = Path(self.output)
+        self.errors = Path(self.errors) if self.errors is not None else None
+        if self.existing not in EXISTING_POLICIES:
+            choices = ", ".join(EXISTING_POLICIES)
+            raise ValueError(f"existing (--existing) must be one of {choices}, got {self.existing!r}")
+        if self.engine not in engine_names():
+            raise ValueError(f"unknown engine {self.engine!r} (--engine); available: {', '.join(engine_names())}")
+        for name in ("batch_size", "top_k", "workers", "max_pixels", "cpus_per_worker"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {value}")
+        if self.gpus_per_worker < 0:
+            raise ValueError(f"gpus_per_worker (--gpus-per-worker) must be >= 0, got {self.gpus_per_worker}")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold (--threshold) must be in [0, 1], got {self.threshold}")
+        parse_device(self.device)  # ModelSpecError for unknown devices
+        if self.model is not None and not isinstance(self.model, (str, Path)):
+            self.predictor = as_predictor(self.model)
+            self.model = self.predictor.path
+        if self.model is None and self.predictor is None:
+            raise ValueError("a model is needed: a model file or a loaded Predictor")
+        if self.model is not None:
+            self.model = Path(self.model)
+
+    @property
+    def errors_file(self) -> Path:
+        """Where failures are listed: ``errors``, else :func:`serve.records.default_errors_path` of the output."""
+        return self.errors if self.errors is not None else default_errors_path(self.output)
+
+    @property
+    def separator(self) -> str:
+        """The tag separator of the run file's CSV tags column and of the sidecars."""
+        return self.sidecar.separator if self.sidecar is not None else DEFAULT_SEPARATOR
+
+
+def as_predictor(model: Predictor | Runtime) -> Predictor:
+    """A :class:`~serve.predictor.Predictor` from a loaded one or a runtime (``ValueError`` unless it outputs
+    logits)."""
+    from serve.predictor import Predictor
+
+    if isinstance(model, Predictor):
+        return model
+    if model.meta.output != "logits":
+        raise ValueError(f"model output is {model.meta.output!r}; the tagger expects logits")
+    return Predictor(model, path=getattr(model, "path", None))
 
 
 # --------------------------------------------------------------------------------------------------------
-# Planning: what to tag, what is done
+# 1. The plan
 
 
 @dataclass
 class TagPlan:
-    """The items to tag (streaming for shards) and the keys skipped as already done, decided before any model
-    is loaded."""
+    """What a run will do, decided once before any model is loaded (:func:`plan_tagging`)."""
 
+    job: TagJob
     source: Source
-    todo: Iterable[Item]
-    total: int | None  # len(todo) when known (folders)
-    done: list[str]
-    previous: dict[str, dict[str, Any]]  # records of the existing run file, by key
+    todo: Iterable[Item]  # the items to tag (a list, or streaming for list files and shards)
+    total: int | None  # len(todo) when known
+    done: set[str]  # keys skipped as already done
+    kept: set[str]  # keys of earlier runs' records that the run file keeps (in the journal or the run file)
+    imports: set[str]  # kept keys whose record is in the run file only (copied into the journal at the start)
     sidecars: dict[str, Path]  # key -> sidecar file ({} without sidecars)
+    journal: JournalContents  # of an interrupted run (empty unless existing == "skip")
+    meta: ModelMeta | None = None  # None: planned without the model (a dry run)
+    thresholds: np.ndarray | None = None
+    header: JournalHeader | None = None  # the model, as the journal records it
     scan_errors: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -79,47 +168,68 @@ class TagPlan:
         return self.source.ignored
 
 
-def plan_tagging(
-    source: str | Path | Source,
-    output: str | Path,
-    existing: str = DEFAULT_EXISTING,
-    sidecar: SidecarSpec | None = None,
-    partition: Partition | None = None,
-    journal: Mapping[str, dict[str, Any]] | None = None,
-) -> TagPlan:
-    """Split the items of ``source`` into to-do and done under the ``existing`` policy: with ``skip``, an item
-    is done when its sidecar exists (with sidecars) or its key is in the existing run file (without). Reads the
-    existing run file (plus ``journal``: records of an interrupted run), whose records of skipped items are kept.
-    Sidecars need a folder source."""
-    if existing not in EXISTING_POLICIES:
-        raise ValueError(f"existing must be one of {', '.join(EXISTING_POLICIES)}, got {existing!r}")
-    src = source if isinstance(source, Source) else Source.open(source, partition)
-    if sidecar is not None and src.kind != "folder":
+def model_header(job: TagJob, meta: ModelMeta) -> JournalHeader:
+    """The journal header of ``job``'s model: its file's SHA-256 (of its metadata for a model given in memory)."""
+    if job.model is not None and Path(job.model).is_file():
+        return JournalHeader(str(job.model), file_sha256(job.model), tuple(meta.classes))
+    digest = hashlib.sha256(meta.to_json().encode("utf-8")).hexdigest()
+    return JournalHeader("<model in memory>", digest, tuple(meta.classes))
+
+
+def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
+    """Plan ``job``: list the source, decide what is done, and (``read_model``) read the model's metadata and
+    resolve its thresholds. Reads, never writes. Raises ``FileNotFoundError`` (no source), ``ValueError`` (bad
+    option, unknown class in ``per_class``, :class:`~serve.records.OutputConflictError` for a run file or
+    journal of another model) and :class:`~serve.runtimes.ModelLoadError` (model metadata unreadable).
+
+    Without ``read_model`` (a dry run) the model file is not opened and a journal is not checked against it.
+    """
+    src = job.source if isinstance(job.source, Source) else Source.open(job.source, job.partition)
+    if job.sidecar is not None and src.kind != "folder":
         raise ValueError(f"sidecars need a folder SOURCE; {src.spec} is a {src.kind} source")
-    separator = sidecar.separator if sidecar is not None else DEFAULT_SEPARATOR
-    previous = {**read_run_file(Path(output), separator), **(journal or {})} if existing == "skip" else {}
-    sidecars: dict[str, Path] = {}
+    plan = TagPlan(job, src, [], None, set(), set(), set(), {}, JournalContents(None, {}, {}))
+    if read_model:
+        plan.meta = job.predictor.meta if job.predictor is not None else read_model_meta(job.model, job.backend)
+        try:
+            plan.thresholds = resolve_thresholds(plan.meta, job.threshold, job.per_class)
+        except ValueError as exc:
+            raise ValueError(f"thresholds: {exc}") from None
+        plan.header = model_header(job, plan.meta)
+    run_keys: set[str] = set()
+    run_classes: list[str] | None = None
+    if job.existing == "skip":
+        plan.journal = read_journal(journal_path(job.output))
+        if not plan.journal.offsets and not plan.journal.errors:
+            plan.journal = JournalContents(None, {}, {})  # no result in it (a run that failed at once): start afresh
+        elif plan.header is not None and plan.journal.header is not None:
+            plan.header.refuse_other(plan.journal.header, journal_path(job.output))
+        for rec in iter_run_file(job.output, job.separator):
+            run_keys.add(rec["path"])
+            run_classes = run_classes or list(rec["scores"])
+    recorded = run_keys | set(plan.journal.offsets)
     if src.kind == "folder":
         paths = src.folder_images()
-        if sidecar is not None:
-            sidecars = {
-                p.relative_to(src.folder).as_posix(): s for p, s in sidecar_paths(src.folder, paths, sidecar).items()
-            }
-        items: Iterable[Item] = [Item(p.relative_to(src.folder).as_posix(), str(p)) for p in paths]
-    else:
-        items = src.items()
-    plan = TagPlan(src, [], None, [], previous, sidecars, src.scan_errors)
+        if job.sidecar is not None:
+            found = sidecar_paths(src.folder, paths, job.sidecar)
+            plan.sidecars = {p.relative_to(src.folder).as_posix(): s for p, s in found.items()}
+        items = [Item(p.relative_to(src.folder).as_posix(), str(p)) for p in paths]
 
-    def is_done(key: str) -> bool:
-        return existing == "skip" and (sidecars[key].is_file() if sidecar is not None else key in previous)
+        def is_done(key: str) -> bool:
+            return job.existing == "skip" and (plan.sidecars[key].is_file() if job.sidecar else key in recorded)
 
-    if isinstance(items, list):
-        plan.done = [i.key for i in items if is_done(i.key)]
-        plan.todo = [i for i in items if not is_done(i.key)]
+        plan.done = {i.key for i in items if is_done(i.key)}
+        plan.todo = [i for i in items if i.key not in plan.done]
         plan.total = len(plan.todo)
     else:
-        plan.done = [k for k in previous if existing == "skip" and src.partition.keeps(_partition_name(src, k))]
-        plan.todo = (i for i in items if not is_done(i.key))
+        plan.done = {k for k in recorded if src.partition.keeps(_partition_name(src, k))}
+        plan.todo = (i for i in src.items() if i.key not in plan.done)
+    plan.kept = plan.done & recorded
+    plan.imports = plan.kept - set(plan.journal.offsets)
+    if plan.meta is not None and run_classes is not None and run_classes != list(plan.meta.classes) and plan.imports:
+        raise OutputConflictError(
+            f"{job.output} was written by a model with other classes; use --existing overwrite or another --output"
+        )
+    plan.scan_errors = list(src.scan_errors)
     return plan
 
 
@@ -129,71 +239,17 @@ def _partition_name(source: Source, key: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Decoding ahead of the model
-
-
-def decode_item(preprocess: Callable[[Any], np.ndarray], item: Item) -> tuple[np.ndarray | None, str | None]:
-    """``(model input, None)`` or ``(None, reason)`` for one item; one bad file must not stop the run."""
-    from serve.predictor import ImageError
-
-    if item.error is not None:
-        return None, item.error
-    try:
-        if item.data is not None or "://" in item.location:
-            image: Any = item.data if item.data is not None else read_location(item.location)
-            if not image:
-                return None, "empty file (0 bytes)"
-        else:
-            image = Path(item.location)
-            if image.stat().st_size == 0:
-                return None, "empty file (0 bytes)"
-            if not os.access(image, os.R_OK):
-                return None, "permission denied"
-        return np.asarray(preprocess(image)), None
-    except ImageError as exc:
-        return None, exc.reason
-    except FileNotFoundError:
-        return None, "file not found (a broken symlink, or deleted during the run)"
-    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError...
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def decode_ahead(
-    items: Iterable[Item], preprocess: Callable[[Any], np.ndarray], workers: int, window: int
-) -> Iterator[tuple[Item, np.ndarray | None, str | None]]:
-    """Yield ``(item, array or None, error or None)`` in input order, decoding up to ``window`` items ahead
-    in ``workers`` threads (so decoding continues while the caller runs the model)."""
-    it = iter(items)
-    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="decode")
-    pending: deque[tuple[Item, Future[tuple[np.ndarray | None, str | None]]]] = deque()
-    try:
-        for item in it:
-            pending.append((item, pool.submit(decode_item, preprocess, item)))
-            if len(pending) >= window:
-                break
-        while pending:
-            item, fut = pending.popleft()
-            nxt = next(it, None)
-            if nxt is not None:
-                pending.append((nxt, pool.submit(decode_item, preprocess, nxt)))
-            array, error = fut.result()
-            yield item, array, error
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Tagging
+# 2-4. Scoring, journal, outputs
 
 
 @dataclass
 class TagSummary:
-    """Result of :func:`tag_folder`."""
+    """Result of a run (:func:`run_plan`)."""
 
     source: str
     output: Path
     tagged: int
-    failed: list[tuple[str, str]] = field(default_factory=list)  # (relative path, reason)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (key, reason)
     ignored: int = 0  # files without an image extension
     seconds: float = 0.0
     skipped: int = 0  # already done under --existing skip
@@ -217,32 +273,88 @@ class TagSummary:
         return "; ".join(parts)
 
 
-def as_predictor(
-    model: Predictor | Runtime | str | Path, device: str | None = None, max_pixels: int | None = None
-) -> Predictor:
-    """A :class:`~serve.predictor.Predictor` from a loaded one, a runtime, or a model path (loaded on ``device``).
-    Raises ``ValueError`` when the model does not output logits."""
-    from serve.predictor import Predictor
-
-    if isinstance(model, Predictor):
-        return model
-    if isinstance(model, (str, Path)):
-        return Predictor.load(model, device=device, max_pixels=max_pixels)
-    if model.meta.output != "logits":
-        raise ValueError(f"model output is {model.meta.output!r}; the tagger expects logits")
-    return Predictor(model, path=getattr(model, "path", None), max_pixels=max_pixels)
+def default_outputs(plan: TagPlan, journal: Journal) -> OutputStage:
+    """The outputs of a run: :class:`~serve.outputs.Selection` (thresholds, ``top_k``), then sidecars (when
+    asked), the run file and the errors file."""
+    job = plan.job
+    assert plan.meta is not None and plan.thresholds is not None
+    classes = list(plan.meta.classes)
+    writers: list[Any] = []
+    if job.sidecar is not None:
+        writers.append(SidecarWriter(job.sidecar, plan.sidecars, append=job.existing == "append"))
+    writers.append(RunFileWriter(job.output, journal, classes, job.separator, plan.kept))
+    writers.append(ErrorsWriter(job.errors_file, plan.scan_errors))
+    return OutputStage(Selection(classes, plan.thresholds, job.top_k), writers)
 
 
-def check_previous(
-    previous: Mapping[str, dict[str, Any]], keys: Iterable[str], classes: list[str], output: Path
-) -> None:
-    """Raise :class:`OutputConflictError` when a kept record of the run file has other classes than the model."""
-    for key in keys:
-        rec = previous.get(key)
-        if rec is not None and list(rec["scores"]) != classes:
-            raise OutputConflictError(
-                f"{output} was written by a model with other classes; use --existing overwrite or another --output"
-            )
+def run_plan(
+    plan: TagPlan,
+    *,
+    outputs: Callable[[TagPlan, Journal], OutputStage] = default_outputs,
+    warn: Callable[[str], None] | None = None,
+    engine: Any = None,
+) -> TagSummary:
+    """Run a plan made with the model (:func:`plan_tagging`): the job's engine scores the to-do items, each batch
+    is journaled then given to the output stage (``outputs(plan, journal)``); when every item is done the
+    writers finish and the journal is removed. Failures and start-up lines go to ``warn`` (default: stderr).
+    ``engine``: anything with an engine's ``score`` function (default: the module of ``job.engine``).
+
+    An interruption (exception, Ctrl-C, kill) leaves the journal and the files written so far; the run file is
+    not rewritten. Raises what the engine raises (``RuntimeError`` for a failed Ray job,
+    :class:`~serve.runtimes.ModelLoadError` when the model does not load) and ``OSError``.
+    """
+    job = plan.job
+    if plan.meta is None or plan.header is None:
+        raise ValueError("this plan was made without the model (a dry run): plan again with read_model=True")
+    start = time.perf_counter()
+    report = warn or (lambda msg: tqdm.write(msg, file=sys.stderr))
+    engine = engine or get_engine(job.engine)
+    summary = TagSummary(plan.source.spec, job.output, 0, list(plan.scan_errors), plan.ignored, skipped=len(plan.done))
+    summary.errors_file = job.errors_file
+    for key, reason in plan.scan_errors:
+        report(f"skipped {key}: {reason}")
+    journal = Journal(journal_path(job.output), plan.header, plan.journal if job.existing == "skip" else None)
+    completed = False
+    try:
+        _import_run_file(plan, journal)
+        stage = outputs(plan, journal)
+        with tqdm(total=plan.total, unit="img", file=sys.stderr, disable=not job.progress, dynamic_ncols=True) as bar:
+            for results in engine.score(job, plan, report):
+                records, failed = stage.records(results)
+                journal.write(records, failed)
+                stage.write(records, failed)
+                for key, reason in failed:
+                    report(f"skipped {key}: {reason}")
+                summary.tagged += len(records)
+                summary.failed += failed
+                bar.update(len(results))
+        if summary.tagged or summary.failed or summary.skipped:
+            stage.finish()
+        completed = True
+    finally:
+        journal.close(remove=completed)
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _import_run_file(plan: TagPlan, journal: Journal) -> None:
+    """Copy the kept records found only in the existing run file into the journal, which then holds every
+    record the new run file needs."""
+    if not plan.imports:
+        return
+    chunk: list[dict[str, Any]] = []
+    for rec in iter_run_file(plan.job.output, plan.job.separator):
+        if rec["path"] in plan.imports and rec["path"] not in journal.offsets:
+            chunk.append(rec)
+            if len(chunk) == _IMPORT_CHUNK:
+                journal.write(chunk)
+                chunk = []
+    journal.write(chunk)
+
+
+def tag(job: TagJob, *, warn: Callable[[str], None] | None = None) -> TagSummary:
+    """Plan and run ``job`` (:func:`plan_tagging`, :func:`run_plan`)."""
+    return run_plan(plan_tagging(job), warn=warn)
 
 
 def tag_folder(
@@ -250,88 +362,15 @@ def tag_folder(
     model: Predictor | Runtime | str | Path,
     output: str | Path = DEFAULT_OUTPUT,
     *,
-    threshold: float | None = None,
-    per_class: Mapping[str, float] | None = None,
-    top_k: int | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    workers: int | None = None,
-    progress: bool = True,
     warn: Callable[[str], None] | None = None,
-    existing: str = DEFAULT_EXISTING,
-    sidecar: SidecarSpec | None = None,
-    errors: str | Path | None = None,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    device: str | None = None,
-    partition: Partition | None = None,
+    **options: Any,
 ) -> TagSummary:
-    """Tag every image of ``folder`` (a folder, list file or shard pattern, or a :class:`~serve.sources.Source`)
-    with ``model`` (a Predictor, a loaded runtime, or a model path), on this machine.
+    """Tag every image of ``folder`` (a folder, list file, shard pattern or :class:`~serve.sources.Source`) with
+    ``model`` (a model file, a loaded Predictor or runtime) into the run file ``output``: :func:`tag` of
+    ``TagJob(folder, model, output, **options)`` (see :class:`TagJob` for the options and their defaults).
 
-    Writes the run file ``output`` (CSV when it ends in .csv, else JSONL; sorted by path) atomically at the end,
-    and with ``sidecar`` one text file per image as each batch finishes (atomic too). ``existing``: ``skip``
-    leaves images already done (see :func:`plan_tagging`) and keeps their run-file records, ``overwrite`` redoes
-    everything, ``append`` redoes everything and adds new tags to existing sidecars without duplicates.
-    ``partition``: tag only one ``--shard K/N`` part. Thresholds: :func:`serve.thresholds.resolve_thresholds`.
-    Images that cannot be used (unreadable, empty, not an image, over ``max_pixels``) are reported through
-    ``warn`` (default: stderr) and listed in ``errors`` (default: :func:`default_errors_path`), never tagged.
     Raises ``FileNotFoundError`` (no source), ``ValueError`` (bad option, model output not logits,
-    :class:`OutputConflictError`) and whatever the runtime raises. Without image files nothing is written.
+    :class:`~serve.records.OutputConflictError`) and whatever the engine raises. Without image files nothing
+    is written.
     """
-    start = time.perf_counter()
-    if batch_size < 1:
-        raise ValueError("batch size must be >= 1")
-    if top_k is not None and top_k < 1:
-        raise ValueError("top_k must be >= 1")
-    output = Path(output)
-    plan = plan_tagging(folder, output, existing, sidecar, partition)
-    predictor = as_predictor(model, device, max_pixels)
-    from serve.predictor import ImagePreprocessor
-
-    classes = list(predictor.classes)
-    thresholds = resolve_thresholds(predictor.meta, threshold, per_class)
-    check_previous(plan.previous, plan.done, classes, output)
-    summary = TagSummary(plan.source.spec, output, 0, list(plan.scan_errors), plan.ignored, skipped=len(plan.done))
-    summary.errors_file = Path(errors) if errors is not None else default_errors_path(output)
-    report = warn or (lambda msg: tqdm.write(msg, file=sys.stderr))
-    for rel, reason in plan.scan_errors:
-        report(f"skipped {rel}: {reason}")
-    records = {k: plan.previous[k] for k in plan.done if k in plan.previous}
-    bar = tqdm(total=plan.total, unit="img", file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    preprocess = ImagePreprocessor(predictor.transform, max_pixels)
-
-    def flush(batch: list[Item], arrays: list[np.ndarray]) -> None:
-        probs = predictor.scores_from_inputs(np.stack(arrays))
-        for item, row in zip(batch, probs, strict=True):
-            rec = tag_record(item.key, row, classes, thresholds, top_k)
-            records[rec["path"]] = rec
-            if sidecar is not None:
-                write_sidecar(plan.sidecars[item.key], rec["tags"], sidecar, append=existing == "append")
-        summary.tagged += len(arrays)
-        bar.update(len(arrays))
-
-    try:
-        n_workers = workers if workers is not None else default_workers()
-        window = max(2 * batch_size, 4 * n_workers)
-        batch: list[Item] = []
-        arrays: list[np.ndarray] = []
-        for item, array, error in decode_ahead(plan.todo, preprocess, n_workers, window):
-            if array is None:
-                summary.failed.append((item.key, error or "unknown error"))
-                report(f"skipped {item.key}: {error}")
-                bar.update(1)
-                continue
-            batch.append(item)
-            arrays.append(array)
-            if len(arrays) == batch_size:
-                flush(batch, arrays)
-                batch, arrays = [], []
-        if arrays:
-            flush(batch, arrays)
-    finally:
-        bar.close()
-    if summary.tagged or summary.failed or summary.skipped:
-        write_run_file(output, records.values(), classes, sidecar.separator if sidecar else DEFAULT_SEPARATOR)
-    if summary.failed or summary.errors_file.exists():
-        write_errors(summary.errors_file, summary.failed)
-    summary.seconds = time.perf_counter() - start
-    return summary
+    return tag(TagJob(folder, model, Path(output), **options), warn=warn)

@@ -356,13 +356,140 @@ def test_crash_mid_run_leaves_outputs_intact(
 
 def test_help_documents_policies_and_exit_codes() -> None:
     from serve.__main__ import build_parser
-    from serve.cli_tag import TAG_MAX_PIXELS
-    from serve.tag import DEFAULT_MAX_PIXELS
 
-    assert TAG_MAX_PIXELS == DEFAULT_MAX_PIXELS
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     text = sub.choices["tag"].format_help()
     for needle in ("symlinked folders are not", "--existing", "skip", "append", "errors.tsv", "exit status",
                    "  2  usage error", "--dry-run", ".csv", "--top-k"):
         assert needle in text, needle
+
+
+# --------------------------------------------------------------------------------------------------------
+# Nothing lost: the journal, a real SIGKILL, resuming, dry runs, foreign journals; the light command line
+
+
+def assert_same_run_file(got: Path, want: Path) -> None:
+    """Same rows in the same (sorted) order, same tags, scores within 1e-6 (batches may differ)."""
+    a = [json.loads(line) for line in got.read_text().splitlines()]
+    b = [json.loads(line) for line in want.read_text().splitlines()]
+    assert [r["path"] for r in a] == [r["path"] for r in b] == sorted(r["path"] for r in b)
+    for x, y in zip(a, b, strict=True):
+        assert x["tags"] == y["tags"], x["path"]
+        assert max(abs(x["scores"][c] - y["scores"][c]) for c in CLASSES) <= 1e-6, x["path"]
+
+
+def test_sigkilled_run_resumes_with_nothing_lost_or_doubled(
+    model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tag_slowly import run_until_journaled
+
+    checkpoint, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 24, seed=11)
+    reference = tmp_path / "reference.jsonl"
+    assert tag_main(folder, "--model", onnx_path, "--output", reference, "--batch-size", "2") == 0
+    out = tmp_path / "out" / "tags.jsonl"
+    args = [str(folder), "--model", str(onnx_path), "--output", str(out), "--batch-size", "2", "--no-progress"]
+    env = {**_env(), "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    journaled = run_until_journaled(["0.25", *args], out, 4, env)
+    assert 4 <= len(journaled) < 24 and not out.exists()
+    capsys.readouterr()
+    # a dry run counts what the journal holds
+    assert tag_main(folder, "--model", onnx_path, "--output", out, "--dry-run") == 0
+    captured = capsys.readouterr()
+    assert f"24 images found, {len(journaled)} already done ({len(journaled)} in the journal" in captured.err
+    assert sorted(captured.out.split()) == sorted(set(find_keys(folder)) - {r["path"] for r in journaled})
+    # another model (the checkpoint: same classes, other file) does not merge into this journal
+    assert tag_main(folder, "--model", checkpoint, "--output", out) == 2
+    assert "written by another model" in capsys.readouterr().err and not out.exists()
+    # resuming tags only what the journal lacks, and writes the uninterrupted run's file
+    assert tag_main(folder, "--model", onnx_path, "--output", out, "--batch-size", "2") == 0
+    assert f"tagged {24 - len(journaled)} images" in capsys.readouterr().err
+    assert_same_run_file(out, reference)
+    assert not (out.parent / "tags.jsonl.partial").exists()
+
+
+def find_keys(folder: Path) -> list[str]:
+    return [p.relative_to(folder).as_posix() for p in find_images(folder)]
+
+
+def test_journal_header_cut_line_and_other_models(tmp_path: Path) -> None:
+    from serve.journal import Journal, JournalHeader, read_journal
+    from serve.records import OutputConflictError
+
+    path = tmp_path / "tags.jsonl.partial"
+    header = JournalHeader("m.onnx", "a" * 64, ("cat", "dog"))
+    journal = Journal(path, header)
+    rec = {"path": "x.jpg", "scores": {"cat": 0.5, "dog": 0.25}, "tags": ["cat"]}
+    journal.write([rec, {**rec, "path": "y.jpg"}], [("z.jpg", "not an image")])
+    journal.close(remove=False)
+    with open(path, "a") as fh:
+        fh.write('{"path": "w.jpg", "sco')  # cut short by a kill
+    contents = read_journal(path)
+    assert contents.header == header and sorted(contents.offsets) == ["x.jpg", "y.jpg"]
+    assert contents.errors == {"z.jpg": "not an image"}
+    again = Journal(path, header, contents)  # continues: the cut line is dropped
+    again.write([{**rec, "path": "w.jpg"}])
+    assert [r["path"] for r in again.records(["w.jpg", "x.jpg"])] == ["w.jpg", "x.jpg"]
+    again.close(remove=False)
+    assert path.read_text().count("\n") == 5 and '"sco\n' not in path.read_text()
+    for other, why in ((JournalHeader("m.onnx", "b" * 64, ("cat", "dog")), "another model"),
+                       (JournalHeader("m.onnx", "a" * 64, ("cat",)), "other classes")):
+        with pytest.raises(OutputConflictError, match=why):
+            other.refuse_other(read_journal(path).header, path)  # type: ignore[arg-type]
+    path.write_text('{"path": "x.jpg", "scores": {}, "tags": []}\n')  # no header: an older journal
+    with pytest.raises(OutputConflictError, match="no header"):
+        read_journal(path)
+
+
+def test_bomb_check_is_on_by_default_in_the_python_api(model: tuple[Path, Path, ModelMeta], tmp_path: Path) -> None:
+    from serve import DEFAULT_MAX_PIXELS
+    from serve.predictor import ImagePreprocessor, Predictor
+    from serve.tag import TagJob, tag_folder
+
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 2, seed=3)
+    png_header_only(folder / "bomb.png", 100_000, 100_000)
+    assert TagJob(folder, onnx_path).max_pixels == DEFAULT_MAX_PIXELS == Image.MAX_IMAGE_PIXELS
+    summary = tag_folder(folder, onnx_path, tmp_path / "t.jsonl", progress=False, warn=lambda _: None)
+    assert summary.tagged == 2 and [k for k, _ in summary.failed] == ["bomb.png"]
+    assert "image too large" in summary.failed[0][1]
+    predictor = Predictor.load(onnx_path)
+    assert predictor.max_pixels == DEFAULT_MAX_PIXELS
+    assert ImagePreprocessor(predictor.transform).max_pixels == DEFAULT_MAX_PIXELS
+    # turning it off is explicit: None
+    small = tag_folder(folder, onnx_path, tmp_path / "s.jsonl", max_pixels=100, progress=False, warn=lambda _: None)
+    assert small.tagged == 0 and len(small.failed) == 3
+    off = tag_folder(folder / "a", onnx_path, tmp_path / "o.jsonl", max_pixels=None, progress=False)
+    assert off.tagged == 1 and not off.failed
+
+
+def test_help_and_usage_errors_without_torch(model: tuple[Path, Path, ModelMeta], tmp_path: Path) -> None:
+    """``--help`` and usage errors answer without importing torch or a runtime (and quickly)."""
+    _, onnx_path, _ = model
+    code = f"""
+import contextlib, io, sys
+from serve.__main__ import main
+codes = []
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    for argv in (['tag', '--help'], ['--help']):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            codes.append(exc.code)
+for argv in (['tag', {str(tmp_path / 'missing')!r}, '-m', {str(onnx_path)!r}],
+             ['tag', {str(tmp_path)!r}, '-m', {str(tmp_path / 'nope.onnx')!r}],
+             ['tag', {str(tmp_path)!r}, '-m', {str(onnx_path)!r}, '--batch-size', '0'],
+             ['tag', {str(tmp_path)!r}, '-m', {str(onnx_path)!r}, '--device', 'gpu7'],
+             ['tag', {str(tmp_path)!r}, '-m', {str(onnx_path)!r}, '--cpus-per-worker', '2']):
+    codes.append(main(argv))
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'onnxruntime', 'ray'))
+print(codes, heavy, 'symlinked folders' in out.getvalue())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert done.stdout.strip() == "[0, 0, 2, 2, 2, 2, 2] [] True", done.stdout + done.stderr
+    for message in ("folder not found", "model not found", "batch_size (--batch-size) must be >= 1",
+                    "unknown device 'gpu7'", "--cpus-per-worker need(s) --engine ray"):
+        assert message in done.stderr, message

@@ -1,15 +1,21 @@
-"""Tagging engines and sources: the Ray Data engine against the local one (one shared local Ray instance),
-WebDataset shards, list files, --shard partitions, resuming, fault injection, and the local engine not
-importing Ray."""
+"""Tagging engines and sources: the Ray engine against the local one (one shared local Ray instance, which
+subprocess drivers join by address), WebDataset shards, list files, --shard partitions, resuming after a killed
+driver or a killed actor, the light Ray driver (no torch, no onnxruntime, no error lines), and the local engine
+not importing Ray."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tag_slowly import run_until_journaled
 
 from export import export_onnx
 from models import ModelMeta, build_model, save_checkpoint
@@ -125,9 +132,33 @@ def assert_same_scores(a: dict[str, dict], b: dict[str, dict]) -> None:
         assert a[key]["tags"] == b[key]["tags"]
 
 
-def test_ray_folder_matches_local(setup: dict, ray_instance: object, tmp_path: Path) -> None:
+def driver_env() -> dict[str, str]:
+    """Environment of a driver process: this checkout and tests/ importable."""
+    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def address(ray_instance: object) -> str:
+    """The shared Ray instance's address, for drivers in other processes."""
+    return ray_instance.get_runtime_context().gcs_address  # type: ignore[attr-defined]
+
+
+def test_ray_light_driver_matches_local(setup: dict, ray_instance: object, tmp_path: Path) -> None:
+    """A driver process joins the shared instance: it never imports torch or onnxruntime, prints no error line,
+    and writes what the local engine writes."""
     assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "local.jsonl") == 1
-    assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "ray.jsonl", "--engine", "ray") == 1
+    code = (
+        "import sys; from serve.__main__ import main\n"
+        f"code = main(['tag', {str(setup['pics'])!r}, '-m', {str(setup['onnx'])!r}, '-o', "
+        f"{str(tmp_path / 'ray.jsonl')!r}, '--engine', 'ray', '--address', {address(ray_instance)!r}])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'onnxruntime'))\n"
+        "print('HEAVY', heavy, file=sys.stderr); sys.exit(code)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=driver_env(), timeout=300)
+    assert proc.returncode == 1, proc.stderr  # exit 1: the bad files
+    assert "HEAVY []" in proc.stderr, proc.stderr
+    assert "engine ray:" in proc.stderr and f"tagged {len(GOOD)} images" in proc.stderr
+    assert not re.search(r"\bERROR\b|^\[[^]]* E \d+ \d+\]", proc.stderr, re.M), proc.stderr
     local, ray = read_jsonl(tmp_path / "local.jsonl"), read_jsonl(tmp_path / "ray.jsonl")
     assert sorted(local) == sorted(GOOD)
     assert list(ray) == sorted(ray), "the ray engine's run file is sorted by path too"
@@ -168,46 +199,73 @@ def test_ray_shards_match_local_folder(
     assert_same_scores(read_jsonl(tmp_path / "resumed.jsonl"), local)
 
 
-@pytest.mark.parametrize("fault", ["raise", "actor dies"])
-def test_ray_batch_failure_is_retried(setup: dict, ray_instance: object, tmp_path: Path, fault: str) -> None:
-    from serve.engines import TagJob
-    from serve.engines.ray_engine import ModelActor, run
-    from serve.predictor import Predictor
+def test_ray_failing_batch_and_killed_actor(setup: dict, ray_instance: object, tmp_path: Path) -> None:
+    """A model call that raises is retried in the actor; an actor killed (SIGKILL) mid-run is restarted and its
+    work runs again: nothing lost, nothing doubled."""
+    from serve.engines import ray as ray_engine
+    from serve.tag import TagJob, plan_tagging, run_plan
 
-    marker = tmp_path / "failed-once"
+    raised, killed = tmp_path / "raised", tmp_path / "killed"
 
-    class FailsOnce(ModelActor):
-        def score(self, images: np.ndarray) -> np.ndarray:
-            if not marker.exists():
-                marker.write_text("x")
-                if fault == "raise":
-                    raise RuntimeError("injected failure")
-                os._exit(1)  # the actor process dies mid-batch
-            return super().score(images)
+    class Faulty(ray_engine.TagActor):
+        def run_model(self, images: np.ndarray) -> np.ndarray:
+            if not raised.exists():
+                raised.write_text("x")
+                raise RuntimeError("injected failure")
+            if not killed.exists():
+                killed.write_text("x")
+                os.kill(os.getpid(), signal.SIGKILL)  # the actor process dies mid-batch
+            return super().run_model(images)
 
-    predictor = Predictor.load(setup["onnx"])
-    job = TagJob(str(setup["pics"]), setup["onnx"], tmp_path / "ray.jsonl", batch_size=2, progress=False)
-    summary = run(job, predictor, warn=lambda _: None, actor_cls=FailsOnce)
-    assert marker.exists()
+    messages: list[str] = []
+    job = TagJob(setup["pics"], setup["onnx"], tmp_path / "ray.jsonl", engine="ray", batch_size=2, progress=False)
+    engine = types.SimpleNamespace(score=functools.partial(ray_engine.score, actor_cls=Faulty))
+    summary = run_plan(plan_tagging(job), engine=engine, warn=messages.append)
+    assert raised.exists() and killed.exists() and any(m.startswith("engine ray:") for m in messages)
     assert summary.tagged == len(GOOD) and sorted(k for k, _ in summary.failed) == sorted(BAD)
     assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "local.jsonl") == 1
     assert_same_scores(read_jsonl(tmp_path / "ray.jsonl"), read_jsonl(tmp_path / "local.jsonl"))
 
 
-def test_resume_from_partial_output_and_journal(setup: dict, ray_instance: object, tmp_path: Path) -> None:
+def test_ray_killed_driver_resumes(
+    setup: dict, ray_instance: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A driver killed with SIGKILL mid-run (its actors slowed down) leaves its journal; the next run skips what
+    it holds and writes the run file an uninterrupted run writes."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(25):  # 200 images: several actor calls
+        for name in GOOD:
+            shutil.copy(setup["pics"] / name, folder / f"{i:02d}-{name.replace('/', '-')}")
+    assert tag(folder, "-m", setup["onnx"], "-o", tmp_path / "reference.jsonl") == 0
     out = tmp_path / "tags.jsonl"
-    assert tag(setup["pics"], "-m", setup["onnx"], "-o", out, "--shard", "1/2") == 1
-    first = read_jsonl(out)
-    assert 0 < len(first) < len(GOOD)
-    assert tag(setup["pics"], "-m", setup["onnx"], "-o", tmp_path / "full.jsonl") == 1
-    full = read_jsonl(tmp_path / "full.jsonl")
-    rest = [json.dumps(r) for k, r in full.items() if k not in first]
-    # an interrupted ray run: one record journaled, a second one cut short
-    (tmp_path / "tags.jsonl.partial").write_text(rest[0] + "\n" + rest[1][:20])
-    assert tag(setup["pics"], "-m", setup["onnx"], "-o", out, "--engine", "ray") == 1
-    resumed = read_jsonl(out)
-    assert_same_scores(resumed, full)
+    args = [str(folder), "-m", str(setup["onnx"]), "-o", str(out), "--engine", "ray", "--batch-size", "4"]
+    journaled = run_until_journaled(["0.05", "--ray", address(ray_instance), *args], out, 1, driver_env())
+    assert 0 < len(journaled) < 200 and not out.exists()
+    capsys.readouterr()
+    assert tag(folder, "-m", setup["onnx"], "-o", out, "--engine", "ray") == 0  # the dead driver's actors are gone
+    assert f"tagged {200 - len(journaled)} images" in capsys.readouterr().err
+    resumed, reference = read_jsonl(out), read_jsonl(tmp_path / "reference.jsonl")
+    assert list(resumed) == list(reference)  # same rows, sorted
+    assert_same_scores(resumed, reference)
     assert not (tmp_path / "tags.jsonl.partial").exists()
+
+
+def test_actor_layout_splits_each_node_between_its_actors() -> None:
+    from serve.engines.ray import actor_layout
+    from serve.tag import TagJob
+
+    head = {"Alive": True, "Resources": {"CPU": 4.0}}  # a CPU-only head
+    gpu_node = {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 4.0}}
+    dead = {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}
+    job = TagJob(".", "m.onnx", engine="ray", gpus_per_worker=1)
+    assert actor_layout([head, gpu_node, gpu_node, dead], job) == (8, 4)  # one actor per GPU, 16 / 4 CPUs each
+    job = TagJob(".", "m.onnx", engine="ray", gpus_per_worker=0.5, workers=3, cpus_per_worker=3)
+    assert actor_layout([head, gpu_node], job) == (3, 3)  # as given
+    assert actor_layout([{"Resources": {"CPU": 2.0}}], TagJob(".", "m.onnx", engine="ray")) == (1, 2)
+    assert actor_layout([head, {"Resources": {"CPU": 8.0}}], TagJob(".", "m.onnx", engine="ray")) == (2, 4)
+    with pytest.raises(RuntimeError, match="no node of the Ray cluster has 1 GPU"):
+        actor_layout([head], TagJob(".", "m.onnx", engine="ray", gpus_per_worker=1))
 
 
 def test_shard_partitions_cover_every_image_once(setup: dict, tmp_path: Path) -> None:
@@ -250,7 +308,7 @@ def test_usage_errors(setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture
     assert tag(tmp_path / "nope/*.tar", "-m", setup["onnx"]) == 2
     assert tag(setup["shards"] / "*.tar", "-m", setup["onnx"], "--sidecar") == 2
     err = capsys.readouterr().err
-    assert "--shard must be K/N" in err and "need --engine ray" in err and "no .tar shards match" in err
+    assert "--shard must be K/N" in err and "need(s) --engine ray" in err and "no .tar shards match" in err
     assert "sidecars need a folder SOURCE" in err
 
 
@@ -269,19 +327,22 @@ def test_local_engine_never_imports_ray_and_ray_missing_hint(setup: dict, tmp_pa
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].endswith('pip install "spml[ray]" (or pip install "ray[data]")')
+    assert proc.stderr.strip().splitlines()[-1].endswith('pip install "spml[ray]" (or pip install ray)')
 
 
 def test_engines_benchmark_writes_its_section(ray_instance: object, tmp_path: Path) -> None:
-    """``python -m bench.tag_engines`` on a few tiny images: both engines agree and the section is written."""
+    """``python -m bench.tag_engines`` on a few tiny images, joining the shared instance: both engines give the
+    same scores, and the section has img/s and peak RSS for both."""
     from bench import tag_engines
     from bench.results_page import read_section
 
     page = tmp_path / "page.md"
-    assert tag_engines.main(["--images", "6", "--side", "32", "--image-size", "32", "--batch-size", "4",
-                             "--page", str(page)]) == 0
+    argv = ["--images", "6", "--width", "40", "--height", "30", "--sizes", "32", "--batch-size", "4",
+            "--address", address(ray_instance), "--page", str(page)]  # fmt: skip
+    assert tag_engines.main(argv) == 0
     text = read_section("tag-engines", page)
     assert text is not None and "python -m bench.tag_engines --images 6" in text
-    assert "joined a running instance" in text and "between the engines: 0.0e+00." in " ".join(text.split())
-    rows = [line for line in text.splitlines() if line.startswith(("| local", "| ray"))]
-    assert len(rows) == 3 and all(float(row.split(" | ")[-1].rstrip(" |")) > 0 for row in rows)
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| resnet18 @32 px")]
+    assert [row[1] for row in rows] == ["local", "ray"]
+    assert all(row[-1] == "0.0e+00 |" and row[5].endswith(" GB") for row in rows)
+    assert rows[0][6] == "-" and rows[1][6].endswith(" GB")  # the ray engine's model actor

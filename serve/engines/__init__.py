@@ -1,28 +1,30 @@
-"""Tagging engines: how ``python -m serve tag`` runs a :class:`TagJob`. One module per engine, one registry.
+"""Tagging engines: where a plan's images are turned into scores. One module per engine in this package, found by
+its file name (adding an engine is adding one file); :data:`DEFAULT_ENGINE` is used when none is named.
 
-- ``local`` (:mod:`serve.engines.local`): this machine, decode threads ahead of one model; the default.
-- ``ray`` (:mod:`serve.engines.ray_engine`): a Ray cluster (or a local Ray instance) with Ray Data: streaming
-  reads, decoding in tasks, a pool of model actors on GPUs or CPUs, retries.
+An engine only turns image keys into scores or errors. Everything else (what to tag, thresholds, the journal,
+sidecars, the run file, resuming) is :mod:`serve.tag`'s pipeline, the same for every engine. An engine module
+defines::
 
-An engine module defines ``run(job, predictor, warn) -> serve.tag.TagSummary``; it is imported only when
-chosen, so the local engine never imports Ray. Adding an engine is one module plus one line in :data:`ENGINES`.
+    def score(job: serve.tag.TagJob, plan: serve.tag.TagPlan, report: Callable[[str], None]) -> Iterator[list[Result]]
+
+yielding one list of :class:`Result` per finished batch (each key of ``plan.todo`` exactly once, in any
+order), and may define ``check_available()`` (raise :class:`EngineUnavailableError` when its package is
+missing). Engines load the model themselves (``job.model`` on ``job.device``), or use ``job.predictor`` when
+one is given; ``report`` prints a line for the user (start-up, warnings). Importing this package is light:
+an engine module is imported only when chosen, so the local engine never imports Ray.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import pkgutil
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from serve.sidecars import SidecarSpec
-    from serve.sources import Partition
+    import numpy as np
 
-#: Engine name -> module defining ``run``.
-ENGINES: dict[str, str] = {"local": "serve.engines.local", "ray": "serve.engines.ray_engine"}
 DEFAULT_ENGINE = "local"
 
 
@@ -30,36 +32,26 @@ class EngineUnavailableError(RuntimeError):
     """The engine's package is not installed (the message says what to install)."""
 
 
-@dataclass
-class TagJob:
-    """Everything a tagging run needs besides the loaded model: what to read, where to write, how to run."""
+@dataclass(frozen=True)
+class Result:
+    """What an engine returns for one image: its sigmoid scores ``(C,)`` float32, or why it could not be used."""
 
-    source: str
-    model: Path
-    output: Path
-    backend: str | None = None
-    device: str | None = None
-    errors: Path | None = None
-    threshold: float | None = None
-    per_class: Mapping[str, float] | None = None
-    top_k: int | None = None
-    sidecar: SidecarSpec | None = None
-    existing: str = "skip"
-    batch_size: int = 16
-    workers: int | None = None  # local: decode threads; ray: model actors
-    max_pixels: int | None = None
-    progress: bool = True
-    partition: Partition | None = None
-    address: str | None = None  # ray: cluster address (None: start a local instance)
-    gpus_per_worker: float = 0.0  # ray: GPUs per model actor
+    key: str
+    scores: np.ndarray | None
+    error: str | None = None
+
+
+def engine_names() -> list[str]:
+    """The registered engines: the modules of this package (no engine is imported)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
 def get_engine(name: str) -> ModuleType:
     """The engine module registered as ``name``, checked usable (its ``check_available``, when it has one).
     Raises ``ValueError`` for unknown names, :class:`EngineUnavailableError` when its package is missing."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}")
-    module = importlib.import_module(ENGINES[name])
+    if name not in engine_names():
+        raise ValueError(f"unknown engine {name!r}; available: {', '.join(engine_names())}")
+    module = importlib.import_module(f"{__name__}.{name}")
     check = getattr(module, "check_available", None)
     if check is not None:
         check()

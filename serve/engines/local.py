@@ -1,20 +1,30 @@
-"""The ``local`` engine: this machine, decode threads working ahead of one model (:func:`serve.tag.tag_folder`)."""
+"""The ``local`` engine: this machine; ``--workers`` threads decode images ahead of one model
+(:func:`serve.scoring.score_items`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import chain
+from typing import TYPE_CHECKING
 
-from serve.engines import TagJob
-from serve.predictor import Predictor
-from serve.tag import TagSummary, tag_folder
+from serve.engines import Result
+from serve.scoring import default_workers, score_items
 
-#: The :class:`TagJob` fields :func:`tag_folder` takes as keyword options, under the same names.
-OPTIONS = (
-    "threshold", "per_class", "top_k", "batch_size", "workers", "progress", "existing", "sidecar", "errors",
-    "max_pixels", "partition",
-)  # fmt: skip
+if TYPE_CHECKING:
+    from serve.tag import TagJob, TagPlan
 
 
-def run(job: TagJob, predictor: Predictor, warn: Callable[[str], None] | None = None) -> TagSummary:
-    """Tag ``job`` on this machine with ``predictor``; the run file is sorted by path."""
-    return tag_folder(job.source, predictor, job.output, warn=warn, **{name: getattr(job, name) for name in OPTIONS})
+def score(job: TagJob, plan: TagPlan, report: Callable[[str], None]) -> Iterator[list[Result]]:
+    """Score ``plan.todo`` in batches of ``job.batch_size`` with ``job.predictor``, else ``job.model`` loaded on
+    ``job.device`` (only when there is something to tag)."""
+    from serve.predictor import ImagePreprocessor, Predictor
+
+    items = iter(plan.todo)
+    first = next(items, None)
+    if first is None:
+        return
+    predictor = job.predictor or Predictor.load(job.model, job.backend, job.device, max_pixels=job.max_pixels)
+    workers = job.workers or default_workers()
+    report(f"engine local: {predictor.device_description}, {workers} decode threads")
+    preprocess = ImagePreprocessor(predictor.transform, job.max_pixels)
+    yield from score_items(chain([first], items), predictor.scores_from_inputs, preprocess, job.batch_size, workers)

@@ -1,8 +1,10 @@
 """The one registry of inference runtimes: name -> class, picked from the model file's suffix.
 
-Every runtime class has ``name``, ``suffixes``, a classmethod ``load(path)``, the attribute
-``meta: ModelMeta`` and ``predict_logits(batch float32 (N,3,S,S)) -> float32 (N,C)``. Heavy optional
-dependencies (onnxruntime, TensorRT) are imported inside ``load`` only.
+Every runtime class has ``name``, ``suffixes``, a classmethod ``load(path)``, a classmethod ``read_meta(path)``
+(the model's :class:`~models.checkpoint.ModelMeta` without loading the model: no torch, no onnxruntime), the
+attribute ``meta: ModelMeta`` and ``predict_logits(batch float32 (N,3,S,S)) -> float32 (N,C)``. Heavy optional
+dependencies (torch, onnxruntime, TensorRT) are imported inside ``load`` only, so this module, the device names
+and :func:`read_model_meta` are light: a Ray driver or a command line's checks use them without torch.
 """
 
 from __future__ import annotations
@@ -36,6 +38,34 @@ RUNTIMES: dict[str, type] = {
     TensorRTBackend.name: TensorRTBackend,
 }
 
+#: Model file suffixes of runtimes that may not be installed, for a more helpful "unsupported" message.
+_KNOWN_SUFFIXES = {".engine": "TensorRT engine", ".plan": "TensorRT engine", ".trt": "TensorRT engine"}
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says why (no need to read a traceback)."""
+
+
+class ModelSpecError(ModelLoadError):
+    """The request itself is wrong: no such file or run, unsupported suffix, unknown backend or device."""
+
+
+class BackendUnavailableError(ModelLoadError):
+    """The runtime or accelerator the model needs is not installed or not usable on this machine."""
+
+
+def parse_device(device: str | None) -> tuple[str, int | None]:
+    """``"cpu"`` / ``"cuda"`` / ``"cuda:1"`` / ``"tensorrt"`` / ``"tensorrt:0"`` -> ``(kind, index or None)``.
+
+    ``None`` gives ``("default", None)``: the backend's own default. Raises :class:`ModelSpecError`.
+    """
+    if device is None:
+        return "default", None
+    kind, _, index = str(device).strip().lower().partition(":")
+    if kind not in ("cpu", "cuda", "tensorrt") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise ModelSpecError(f"unknown device {device!r}; use cpu, cuda, cuda:N, tensorrt or tensorrt:N")
+    return kind, int(index) if index else None
+
 
 def supported_suffixes() -> list[str]:
     """All model file suffixes some runtime accepts, e.g. ``['.onnx', '.pt', '.pth']``."""
@@ -51,6 +81,53 @@ def runtime_for(path: str | Path) -> type:
     raise ValueError(f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())}")
 
 
+def runtime_class(path: Path, backend: str | None) -> type:
+    """The registry class that loads ``path`` (``backend`` forces one); :class:`ModelSpecError` otherwise."""
+    suffix = path.suffix.lower()
+    if backend is not None:
+        if backend not in RUNTIMES:
+            raise ModelSpecError(f"unknown backend {backend!r}; available: {', '.join(RUNTIMES)}")
+        cls = RUNTIMES[backend]
+        if suffix not in cls.suffixes:
+            raise ModelSpecError(
+                f"backend {backend} cannot load {path.name}: it reads {', '.join(cls.suffixes)} files"
+            )
+        return cls
+    try:
+        return runtime_for(path)
+    except ValueError:
+        kind = _KNOWN_SUFFIXES.get(suffix)
+        if kind:
+            raise ModelSpecError(
+                f"{path} is a {kind}, but no installed runtime reads {suffix} files (runtimes: "
+                f"{', '.join(RUNTIMES)}; they read {', '.join(supported_suffixes())})"
+            ) from None
+        raise ModelSpecError(
+            f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())} "
+            "(or a run folder / run name)"
+        ) from None
+
+
+def read_model_meta(path: str | Path, backend: str | None = None) -> ModelMeta:
+    """The metadata (classes, input size, normalisation, thresholds...) of model file ``path`` without loading
+    the model, importing torch or starting a runtime: what a driver that never runs the model needs.
+
+    Raises :class:`ModelSpecError` (no such file, unsupported suffix, unknown backend) or :class:`ModelLoadError`
+    (the file holds no readable metadata of this package, or its output is not logits).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelSpecError(f"model not found: {path}")
+    cls = runtime_class(path, backend)
+    try:
+        meta: ModelMeta = cls.read_meta(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read the metadata of {path}: {exc}") from exc
+    if meta.output != "logits":
+        raise ModelLoadError(f"{path}: model output is {meta.output!r}; the tagger expects logits")
+    return meta
+
+
 def load_runtime(path: str | Path, runtime: str | None = None) -> Runtime:
     """Load ``path`` with the runtime named ``runtime`` (default: chosen from the suffix)."""
     if runtime is None:
@@ -64,10 +141,16 @@ def load_runtime(path: str | Path, runtime: str | None = None) -> Runtime:
 
 __all__ = [
     "RUNTIMES",
+    "BackendUnavailableError",
+    "ModelLoadError",
+    "ModelSpecError",
     "OnnxRuntimeBackend",
     "Runtime",
     "TensorRTBackend",
     "TorchBackend",
     "load_runtime",
+    "parse_device",
+    "read_model_meta",
+    "runtime_class",
     "runtime_for",
 ]

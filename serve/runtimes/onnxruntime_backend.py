@@ -1,6 +1,7 @@
 """ONNX Runtime backend for exported ``.onnx`` models (metadata read from the file's metadata_props).
 
-``onnxruntime`` is imported only when a model is loaded, so importing this module is free.
+``onnxruntime`` is imported only when a model is loaded, so importing this module is free; the metadata alone is
+read with ``onnx`` (:meth:`OnnxRuntimeBackend.read_meta`), without onnxruntime.
 """
 
 from __future__ import annotations
@@ -43,8 +44,26 @@ class OnnxRuntimeBackend:
         self.output_name: str = session.get_outputs()[0].name
 
     @classmethod
-    def load(cls, path: str | Path, providers: Sequence[str] = DEFAULT_PROVIDERS) -> OnnxRuntimeBackend:
-        """Open ``path`` with the given execution providers (default: CPU only).
+    def read_meta(cls, path: str | Path) -> ModelMeta:
+        """The model metadata embedded in ``path`` (its ``metadata_props``), read with ``onnx`` without building a
+        session (the weights are parsed, not used). Raises ``FileNotFoundError`` or ``ValueError``."""
+        import onnx
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model not found: {path}")
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # onnx raises DecodeError and others for files that are not ONNX models
+            raise ValueError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc})") from exc
+        return meta_from_props({p.key: p.value for p in model.metadata_props}, path)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, providers: Sequence[str] = DEFAULT_PROVIDERS, threads: int | None = None
+    ) -> OnnxRuntimeBackend:
+        """Open ``path`` with the given execution providers (default: CPU only) and ``threads`` intra-op threads
+        (default: ONNX Runtime's, one per physical core).
 
         Raises ``FileNotFoundError``, ``ModuleNotFoundError`` (onnxruntime missing) or ``ValueError``
         (not a loadable ONNX model, or no ``spml_meta`` metadata).
@@ -55,6 +74,11 @@ class OnnxRuntimeBackend:
         ort = import_onnxruntime()
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        # no CPU memory arena: it keeps the largest batch's activations (rounded up to a power of two) for the
+        # session's lifetime; without it, memory follows the batch (resnet18 @448, batch 16: 0.29 GB, not 0.47 GB)
+        options.enable_cpu_mem_arena = False
+        if threads is not None:
+            options.intra_op_num_threads = threads
         try:
             session = ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
         except Exception as exc:  # onnxruntime's own exception classes (InvalidProtobuf, Fail, ...)

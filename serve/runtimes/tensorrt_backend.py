@@ -11,7 +11,8 @@ Two TensorRT flavours exist and their engines are not interchangeable:
 
 The sidecar JSON written next to the engine names the flavour, its version, the targets and the model metadata
 (classes, preprocessing, thresholds), so the engine needs nothing else. This module also holds the helpers the
-builder shares (module import, logger, sidecar path); TensorRT and CUDA are touched only inside ``load``.
+builder shares (module import, logger, sidecar path); TensorRT, CUDA and torch are imported only by the
+functions that run an engine, so reading an engine's metadata (:meth:`TensorRTBackend.read_meta`) is light.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import json
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
 from models.checkpoint import ModelMeta
+
+if TYPE_CHECKING:
+    import torch
 
 FLAVOUR_TENSORRT = "tensorrt"
 FLAVOUR_RTX = "tensorrt-rtx"
@@ -49,16 +52,16 @@ INSTALL_HINTS: dict[str, str] = {
 ENGINE_SIDECAR_FORMAT = "spml-tensorrt-engine"
 ENGINE_SUFFIXES: tuple[str, ...] = (".engine", ".plan")
 
-# TensorRT DataType member name -> torch dtype (names are shared by both flavours)
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "FLOAT": torch.float32,
-    "HALF": torch.float16,
-    "BF16": torch.bfloat16,
-    "INT8": torch.int8,
-    "UINT8": torch.uint8,
-    "INT32": torch.int32,
-    "INT64": torch.int64,
-    "BOOL": torch.bool,
+# TensorRT DataType member name -> torch dtype name (names are shared by both flavours)
+_TORCH_DTYPES: dict[str, str] = {
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "BF16": "bfloat16",
+    "INT8": "int8",
+    "UINT8": "uint8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOL": "bool",
 }
 
 
@@ -124,6 +127,8 @@ def make_logger(trt: ModuleType, echo: bool = False, keep: int = 200) -> Any:
 
 def cuda_target() -> str | None:
     """Compute capability of the current CUDA GPU as ``"sm<major><minor>"`` (e.g. ``"sm90"``), None without one."""
+    import torch
+
     if not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability()
@@ -184,14 +189,18 @@ def _engine_io(engine: Any, trt: ModuleType) -> tuple[str, str]:
 
 
 def _torch_dtype(trt_dtype: Any) -> torch.dtype:
+    import torch
+
     try:
-        return _TORCH_DTYPES[trt_dtype.name]
+        return getattr(torch, _TORCH_DTYPES[trt_dtype.name])
     except KeyError:
         raise ValueError(f"engine tensor type {trt_dtype.name} has no torch equivalent") from None
 
 
 def _cuda_device(device: int | str | torch.device | None) -> torch.device:
     """``None`` / ``3`` / ``"cuda:3"`` / ``"tensorrt:3"`` / ``torch.device`` -> a CUDA ``torch.device``."""
+    import torch
+
     if device is None:
         return torch.device("cuda")
     if isinstance(device, int):
@@ -255,6 +264,8 @@ class TensorRTBackend:
         self.output_dtype = _torch_dtype(engine.get_tensor_dtype(self.output_name))
         lo, _opt, hi = (tuple(d) for d in engine.get_tensor_profile_shape(self.input_name, 0))
         self.min_batch, self.max_batch = int(lo[0]), int(hi[0])
+        import torch
+
         self.stream = torch.cuda.Stream(device=device)
 
     @classmethod
@@ -266,15 +277,14 @@ class TensorRTBackend:
         command) or :class:`TensorRTRuntimeError` (no CUDA GPU, another TensorRT version, an engine built for a
         different GPU, deserialization failed).
         """
+        import torch
+
         path = Path(path)
         dev = _cuda_device(device)
         if not path.is_file():
             raise FileNotFoundError(f"engine not found: {path}")
         info = read_engine_sidecar(path)
-        try:
-            meta = ModelMeta.from_json(json.dumps(info["meta"]))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{engine_sidecar_path(path)}: invalid model metadata ({exc})") from exc
+        meta = cls.read_meta(path)
         flavour = str(info["tensorrt"].get("flavour"))
         if flavour not in FLAVOURS:
             raise ValueError(f"{engine_sidecar_path(path)}: unknown TensorRT flavour {flavour!r}")
@@ -349,6 +359,17 @@ class TensorRTBackend:
             )
         return backend
 
+    @classmethod
+    def read_meta(cls, path: str | Path) -> ModelMeta:
+        """The model metadata of engine ``path``, from its sidecar (no TensorRT, CUDA or torch needed).
+
+        Raises ``FileNotFoundError`` (sidecar missing) or ``ValueError`` (bad sidecar)."""
+        info = read_engine_sidecar(path)
+        try:
+            return ModelMeta.from_json(json.dumps(info["meta"]))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{engine_sidecar_path(path)}: invalid model metadata ({exc})") from exc
+
     @property
     def profile(self) -> tuple[int, int]:
         """The engine's batch range ``(min, max)`` for one call."""
@@ -356,6 +377,8 @@ class TensorRTBackend:
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
         """float32 ``(N, 3, S, S)`` preprocessed batch -> float32 logits ``(N, C)`` (any ``N``; split as needed)."""
+        import torch
+
         batch = np.ascontiguousarray(batch, dtype=np.float32)
         size, n_cls = int(self.meta.image_size), len(self.meta.classes)
         if batch.ndim != 4 or batch.shape[1:] != (3, size, size):
@@ -373,6 +396,8 @@ class TensorRTBackend:
 
     def _run(self, chunk: np.ndarray) -> np.ndarray:
         """One engine call on the current (own) stream; the caller holds the lock and the stream context."""
+        import torch
+
         ctx = self._context
         x = torch.from_numpy(chunk).to(self.device).to(self.input_dtype).contiguous()
         if not ctx.set_input_shape(self.input_name, tuple(x.shape)):

@@ -1,15 +1,20 @@
-"""PyTorch backend for training checkpoints (``.pt``): the reference the exported runtimes must match."""
+"""PyTorch backend for training checkpoints (``.pt``): the reference the exported runtimes must match.
+
+torch is imported by :meth:`TorchBackend.load` only: :meth:`TorchBackend.read_meta` reads a checkpoint's
+metadata without it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torch
 
-from models.checkpoint import ModelMeta, load_checkpoint
-from models.resnet import model_from_meta
+from models.checkpoint import ModelMeta, load_checkpoint, read_checkpoint_meta
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TorchBackend:
@@ -30,6 +35,10 @@ class TorchBackend:
 
         Raises ``FileNotFoundError`` or ``ValueError`` (not a checkpoint of this package).
         """
+        import torch
+
+        from models.resnet import model_from_meta
+
         path = Path(path)
         ckpt = load_checkpoint(path)
         dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -40,8 +49,15 @@ class TorchBackend:
             raise ValueError(f"{path}: weights do not fit {ckpt.meta.arch} ({exc})") from exc
         return cls(model.float().eval().to(dev), ckpt.meta, path, dev)
 
+    @classmethod
+    def read_meta(cls, path: str | Path) -> ModelMeta:
+        """The checkpoint's metadata, without torch or the weights (:func:`models.checkpoint.read_checkpoint_meta`)."""
+        return read_checkpoint_meta(Path(path))
+
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
         """float32 ``(N, 3, S, S)`` preprocessed batch -> float32 logits ``(N, C)``."""
+        import torch
+
         x = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)).to(self.device)
         with torch.inference_mode():
             return self.model(x).float().cpu().numpy()
