@@ -62,8 +62,6 @@ def test_class_without_observed_positive_gets_zero_and_bad_input_fails() -> None
     assert estimate_class_priors(scores, observed)[5] == 0.0
     with pytest.raises(ValueError, match="non-empty"):
         estimate_class_priors(scores[:, :3], observed)
-    with pytest.raises(ValueError, match="delta"):
-        estimate_class_priors(scores, observed, delta=1.5)
 
 
 def test_resolve_order_and_description() -> None:

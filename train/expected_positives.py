@@ -12,19 +12,25 @@ calibration needs to know how many tags an image should get. Where k comes from,
   (:func:`estimate_class_priors`, summed).
 
 **The estimator** (``estimated``). For each class c, the observed positives of c are a sample of its positives,
-and the prior pi_c = P(y_c = 1) is estimated with the best-bin estimator of mixture proportions (Garg et al.,
-"Mixture Proportion Estimation and PU Learning: A Modern Approach", NeurIPS 2021): over the cuts t of the
-class's validation scores, ``pi_c = min_t q_all(t) / q_obs(t)``, with ``q_all(t)`` the fraction of ALL images
-scoring at least t and ``q_obs(t)`` the fraction of the observed positives that do (each widened by a
-Hoeffding confidence term when the cut is chosen, then read without it). Every image above a cut is a
-positive or a negative, so the ratio is at least pi_c; it equals pi_c at a cut above which only positives
-remain. Then k = sum_c pi_c. The scores may come from any model trained on the observed labels; the estimate
-is an upper bound in expectation, tight when the model ranks its top-scoring images well.
+and the prior pi_c = P(y_c = 1) is estimated in the manner of the best-bin estimator of mixture proportions
+(Garg et al., "Mixture Proportion Estimation and PU Learning: A Modern Approach", NeurIPS 2021): over the cuts
+t of the class's validation scores, ``pi_c = min_t q_all(t) / q_obs(t)``, with ``q_all(t)`` the fraction of
+ALL images scoring at least t and ``q_obs(t)`` the fraction of the observed positives that do. Every image above
+a cut is a positive or a negative, so the ratio is at least pi_c in expectation; it equals pi_c at a cut above
+which only positives remain. Only cuts that keep at least :data:`MIN_OBSERVED_SHARE` of the observed positives
+count: at the very top a cut holds one or two images and the ratio is noise (it falls to the observed share of
+the class, pi_c / k, when the top image happens to be observed); the paper's confidence terms do the same job,
+but with the few observed positives of a validation split they widen too much. Then k = sum_c pi_c.
+
+The scores may come from any model trained on the observed labels (only their order per class counts). The
+estimate is an upper bound, tight when the model ranks its top-scoring images well: on simulated scores it is
+within 10% of the truth while positives score 2 standard deviations above negatives; with the CPU benchmark
+models of this package (test mAP about 30) it came out 1.9 to 2.7 times the truth (docs/your-data.md), where a
+20-image audit list is within 25% 99% of the time. Prefer an audit list when the model is weak.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +46,8 @@ __all__ = [
 ]
 
 K_SOURCES = ("given", "published", "labels", "audit", "estimated")
-DEFAULT_DELTA = 0.1
+#: The least share of a class's observed positives a cut must keep (module docstring).
+MIN_OBSERVED_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,7 @@ def mean_positives(labels: np.ndarray) -> float:
     return float((matrix > 0).sum(1).mean())
 
 
-def _best_bin_prior(scores: np.ndarray, observed: np.ndarray, delta: float) -> float:
+def _best_bin_prior(scores: np.ndarray, observed: np.ndarray) -> float:
     """The best-bin estimate of P(y = 1) for one class (module docstring); needs one observed positive."""
     n, m = len(scores), int(observed.sum())
     order = np.argsort(-scores, kind="mergesort")
@@ -80,34 +87,25 @@ def _best_bin_prior(scores: np.ndarray, observed: np.ndarray, delta: float) -> f
     last = np.r_[np.flatnonzero(ordered[1:] != ordered[:-1]), n - 1]  # cuts between distinct scores
     q_all = (last + 1) / n
     q_obs = np.cumsum(observed[order])[last] / m
-    slack_all = math.sqrt(math.log(4 / delta) / (2 * n))
-    slack_obs = math.sqrt(math.log(4 / delta) / (2 * m))
-    usable = q_obs > slack_obs
-    if not usable.any():
-        return 1.0
-    bound = np.full(len(last), np.inf)
-    bound[usable] = (q_all[usable] + slack_all) / (q_obs[usable] - slack_obs)
-    j = int(np.argmin(bound))
-    return float(min(1.0, q_all[j] / q_obs[j]))
+    ratio = np.where(q_obs >= MIN_OBSERVED_SHARE, q_all / np.maximum(q_obs, 1e-12), np.inf)
+    return float(min(1.0, ratio.min()))
 
 
-def estimate_class_priors(scores: np.ndarray, observed: np.ndarray, delta: float = DEFAULT_DELTA) -> np.ndarray:
+def estimate_class_priors(scores: np.ndarray, observed: np.ndarray) -> np.ndarray:
     """Per-class prior estimates pi_c (C,) from held-out ``scores`` (N, C, any monotone scale: logits or
     probabilities) and their observed single-positive (or partial) 0/1 labels ``observed`` (N, C). A class with no
-    observed positive gets 0 (nothing says it occurs). ``delta``: the confidence level of the cut choice."""
+    observed positive gets 0 (nothing says it occurs)."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(observed) > 0
     if s.ndim != 2 or s.shape != y.shape or len(s) == 0:
         raise ValueError(f"scores and observed must both be non-empty (N, C); got {s.shape} and {y.shape}")
-    if not 0.0 < delta < 1.0:
-        raise ValueError("delta must be in (0, 1)")
-    return np.array([_best_bin_prior(s[:, c], y[:, c], delta) if y[:, c].any() else 0.0
+    return np.array([_best_bin_prior(s[:, c], y[:, c]) if y[:, c].any() else 0.0
                      for c in range(s.shape[1])])
 
 
-def estimate_expected_positives(scores: np.ndarray, observed: np.ndarray, delta: float = DEFAULT_DELTA) -> float:
+def estimate_expected_positives(scores: np.ndarray, observed: np.ndarray) -> float:
     """k = the sum of :func:`estimate_class_priors`."""
-    return float(estimate_class_priors(scores, observed, delta).sum())
+    return float(estimate_class_priors(scores, observed).sum())
 
 
 def resolve_expected_positives(
