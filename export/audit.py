@@ -1,9 +1,9 @@
 """The audit list: a few images the user labelled completely (``python -m export --audit SPEC``).
 
-With single-positive validation labels nothing measures F1 or says how many tags an image should get. A small
-list of fully labelled images (a few dozen are enough for the mean number of positives per image) answers both:
-its mean number of positives is the expected number of tags per image k used by the positive-only threshold
-calibration, and the export reports its F1 figures on it ("measured against the audit list").
+With single-positive validation labels nothing measures F1 or says how many positives an image has. A small
+list of fully labelled images answers both: the export reports its F1 figures on it ("against the audit list"),
+and its mean number of positives per image is k (20 images put it within 25% of the truth 99% of the time on
+the built-in data; the training side can use it as EPR/ROLE's k, see :mod:`train.expected_positives`).
 
 The list is any dataset the ``--data`` option of ``python -m train`` reads (a ``labels.csv`` with one row per
 image and all its labels, a folder of class folders where an image sits in each of its classes' folders, ...);

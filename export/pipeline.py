@@ -9,9 +9,9 @@
    written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot. The labels of the
    validation split are full or single-positive (:mod:`train.data.label_regime`); every figure says which, and
    F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)``, or is measured on the audit
-   list (:mod:`export.audit`) when one is given. The positive-only calibration needs the expected number of
-   tags per image k: from the audit list, else the run's own k, else estimated from the validation scores
-   (:mod:`train.expected_positives`).
+   list (:mod:`export.audit`) when one is given. The positive-only calibration (pu-f1) needs the expected
+   number of tags per image K: estimated from the validation scores (:mod:`train.expected_positives`) unless
+   given as ``pu-f1:K``.
 3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
    the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
    when engines are asked for. Each is checked against FP32 (:mod:`export.precision_check`): the export fails
@@ -36,7 +36,15 @@ import onnx
 from tqdm import tqdm
 
 from export.audit import AuditList, load_audit
-from export.calibrate import calibrate, calibration_report, default_mode, parse_mode, plot_pr_curves, write_report
+from export.calibrate import (
+    CalibrationMode,
+    calibrate,
+    calibration_report,
+    default_mode,
+    parse_mode,
+    plot_pr_curves,
+    write_report,
+)
 from export.metadata import (
     file_sha256,
     onnx_meta,
@@ -53,7 +61,7 @@ from models.checkpoint import ModelMeta
 from serve.records import sigmoid
 from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
 from train.data.protocol import ProtocolSplits
-from train.expected_positives import K_SOURCES, ExpectedPositives, estimate_expected_positives
+from train.expected_positives import ExpectedPositives, estimate_expected_positives
 
 PRECISIONS = ("fp32", "fp16", "int8")
 DEFAULT_CALIBRATION_IMAGES = 256
@@ -181,21 +189,18 @@ def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], prog
     return AuditData(audit, inputs, audit.labels[keep])
 
 
-def expected_tags(meta: ModelMeta, audit: AuditData | None, val: ValData, val_logits: np.ndarray) -> ExpectedPositives:
-    """k, the expected number of tags per image, for positive-only calibration: the audit list's mean number
-    of positives, else the k the run recorded (``meta.data["expected_positives"]``) or trained with (EPR/ROLE's
-    ``k``), else the estimate from the validation scores
-    (:func:`train.expected_positives.estimate_expected_positives`)."""
-    if audit is not None:
-        return ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
-    recorded = meta.data.get("expected_positives")
-    if isinstance(recorded, dict) and recorded.get("source") in K_SOURCES and recorded.get("k"):
-        return ExpectedPositives(float(recorded["k"]), str(recorded["source"]), "the run's k")
-    if meta.method_hparams.get("k") is not None:
-        return ExpectedPositives(float(meta.method_hparams["k"]), "given", f"the k {meta.method} trained with")
+def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None = None
+                  ) -> tuple[ExpectedPositives, ExpectedPositives | None]:
+    """The K of pu-f1 calibration, estimated from the validation scores
+    (:func:`train.expected_positives.estimate_expected_positives`), and, when an audit list is given, its mean
+    number of positives (for comparison: on the package's benchmarks the estimate gave thresholds closer to the
+    full-label F1 than the audit list's k, docs/your-data.md)."""
     assert val.labels is not None
-    return ExpectedPositives(estimate_expected_positives(val_logits, val.labels), "estimated",
-                             f"best-bin class priors on the {val.labels_name}")
+    estimate = ExpectedPositives(estimate_expected_positives(val_logits, val.labels), "estimated",
+                                 f"best-bin class priors on the {val.labels_name}")
+    audited = (ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
+               if audit is not None else None)
+    return estimate, audited
 
 
 def load_train_sample(meta: ModelMeta, splits: ProtocolSplits, count: int, seed: int, progress: bool) -> np.ndarray:
@@ -311,9 +316,9 @@ def export_run(
     ``calibrate_mode``: ``auto`` (f1 on fully labelled validation data, pu-f1 on single-positive), ``f1``,
     ``pu``, ``pu-f1[:K]``, ``recall:R``, ``threshold:X`` or ``none`` (keep the checkpoint's thresholds).
     ``val_images`` caps the validation images used for calibration and the precision checks. ``audit``: a
-    dataset spec of fully labelled images (:mod:`export.audit`): k for pu-f1 and the F1 figures when val is
-    single-positive. Raises ``ExportError`` (and its subclasses) on any failure, ``ValueError`` for bad
-    arguments.
+    dataset spec of fully labelled images (:mod:`export.audit`): the F1 figures when val is single-positive,
+    and its k printed beside the estimate. Raises ``ExportError`` (and its subclasses) on any failure,
+    ``ValueError`` for bad arguments.
     """
     say = log or (lambda _msg: None)
     if calibrate_mode not in ("auto", "none"):
@@ -350,10 +355,11 @@ def export_run(
     ref = OrtModel(fp32.onnx_path)
     ref_logits = ref.logits(val.inputs)
     k: ExpectedPositives | None = None
-    wants_k = calibrate_mode == "pu-f1" or (calibrate_mode == "auto" and not val.fully_labelled)
-    if wants_k:
-        k = expected_tags(meta, audit_data, val, ref_logits)
-        say(f"expected tags per image: {k.describe()}")
+    chosen = default_mode(val.fully_labelled) if calibrate_mode == "auto" else calibrate_mode
+    if chosen != "none" and parse_mode(chosen) == CalibrationMode("pu-f1"):  # pu-f1 without its K
+        k, audited = expected_tags(val, ref_logits, audit_data)
+        say(f"expected tags per image for pu-f1: {k.describe()}"
+            + (f"; the audit list says {audited.describe()}" if audited is not None else ""))
 
     def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> None:
         audit_logits = model.logits(audit_data.inputs) if audit_data is not None else None
