@@ -35,7 +35,7 @@ thresholds (--calibrate), chosen per artifact on its own validation scores:
   f1            per class, the threshold maximising F1 (classes with < 5 positives: the pooled optimum)
   pu-f1[:K]     for single-positive validation data: per class, maximise the F1 estimated from the observed
                 positives and the class prior (K x the class's share of the val labels); K = expected positives
-                per image, estimated from the val scores unless given
+                per image: given, else the --audit list's mean, else estimated from the val scores
   pu            for single-positive validation data: per class, maximise recall^2 / P(predicted positive)
                 (Lee & Liu 2003), which needs no negatives when positives are labelled at random
   recall:R      per class, the highest threshold with recall >= R
@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threshold", type=float, metavar="X", help="one threshold for every class (= --calibrate "
                    "threshold:X)")
     g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form of python -m "
-                   "train, e.g. a labels.csv with all labels of each image): with single-positive val labels the "
-                   "F1 figures are measured on it, and its mean number of labels per image is printed")
+                   "train, e.g. a labels.csv with all labels of each image): with single-positive val labels, "
+                   "its mean number of labels per image is pu-f1's K, and F1 is measured on it")
     g.add_argument("--val-images", type=int, metavar="N", help="use at most N validation images for calibration "
                    "and the FP16/INT8 checks (default: all)")
     g.add_argument("--calibration-images", type=int, default=256, metavar="N",

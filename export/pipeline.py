@@ -10,8 +10,8 @@
    validation split are full or single-positive (:mod:`train.data.label_regime`); every figure says which, and
    F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)``, or is measured on the audit
    list (:mod:`export.audit`) when one is given. The positive-only calibration (pu-f1) needs the expected
-   number of tags per image K: estimated from the validation scores (:mod:`train.expected_positives`) unless
-   given as ``pu-f1:K``.
+   number of tags per image K: the audit list's, else estimated from the validation scores
+   (:mod:`train.expected_positives`), unless given as ``pu-f1:K``.
 3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
    the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
    when engines are asked for. Each is checked against FP32 (:mod:`export.precision_check`): the export fails
@@ -189,18 +189,16 @@ def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], prog
     return AuditData(audit, inputs, audit.labels[keep])
 
 
-def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None = None
-                  ) -> tuple[ExpectedPositives, ExpectedPositives | None]:
-    """The K of pu-f1 calibration, estimated from the validation scores
-    (:func:`train.expected_positives.estimate_expected_positives`), and, when an audit list is given, its mean
-    number of positives (for comparison: on the package's benchmarks the estimate gave thresholds closer to the
-    full-label F1 than the audit list's k, docs/your-data.md)."""
+def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None = None) -> ExpectedPositives:
+    """The K of pu-f1 calibration: the audit list's mean number of positives per image when one is given, else
+    the estimate from the validation scores (:func:`train.expected_positives.estimate_expected_positives`, an
+    upper bound: with weak models it tags about as many as full-label F1 thresholds do, the audit list's k fewer,
+    closer to the true number; docs/your-data.md)."""
+    if audit is not None:
+        return ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
     assert val.labels is not None
-    estimate = ExpectedPositives(estimate_expected_positives(val_logits, val.labels), "estimated",
-                                 f"best-bin class priors on the {val.labels_name}")
-    audited = (ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
-               if audit is not None else None)
-    return estimate, audited
+    return ExpectedPositives(estimate_expected_positives(val_logits, val.labels), "estimated",
+                             f"best-bin class priors on the {val.labels_name}")
 
 
 def load_train_sample(meta: ModelMeta, splits: ProtocolSplits, count: int, seed: int, progress: bool) -> np.ndarray:
@@ -316,8 +314,8 @@ def export_run(
     ``calibrate_mode``: ``auto`` (f1 on fully labelled validation data, pu-f1 on single-positive), ``f1``,
     ``pu``, ``pu-f1[:K]``, ``recall:R``, ``threshold:X`` or ``none`` (keep the checkpoint's thresholds).
     ``val_images`` caps the validation images used for calibration and the precision checks. ``audit``: a
-    dataset spec of fully labelled images (:mod:`export.audit`): the F1 figures when val is single-positive,
-    and its k printed beside the estimate. Raises ``ExportError`` (and its subclasses) on any failure,
+    dataset spec of fully labelled images (:mod:`export.audit`): pu-f1's K and the F1 figures when val is
+    single-positive. Raises ``ExportError`` (and its subclasses) on any failure,
     ``ValueError`` for bad arguments.
     """
     say = log or (lambda _msg: None)
@@ -357,9 +355,8 @@ def export_run(
     k: ExpectedPositives | None = None
     chosen = default_mode(val.fully_labelled) if calibrate_mode == "auto" else calibrate_mode
     if chosen != "none" and parse_mode(chosen) == CalibrationMode("pu-f1"):  # pu-f1 without its K
-        k, audited = expected_tags(val, ref_logits, audit_data)
-        say(f"expected tags per image for pu-f1: {k.describe()}"
-            + (f"; the audit list says {audited.describe()}" if audited is not None else ""))
+        k = expected_tags(val, ref_logits, audit_data)
+        say(f"expected tags per image for pu-f1: {k.describe()}")
 
     def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> None:
         audit_logits = model.logits(audit_data.inputs) if audit_data is not None else None

@@ -73,10 +73,11 @@ def test_export_with_an_audit_list_takes_k_and_f1_from_it(own_run: tuple[Path, P
     lines: list[str] = []
     export_run(run, tmp_path / "model.onnx", progress=False, log=lines.append, audit=str(audit), verify_images=8)
     text = "\n".join(lines)
-    assert f"; the audit list says k = {k_audit:.2f} (audit: {len(rows)} audited images)" in text
+    assert f"expected tags per image for pu-f1: k = {k_audit:.2f} (audit: {len(rows)} audited images)" in text
     assert f"calibrated, against the audit list ({len(rows)} images)" in text
     calibration = read_sidecar(tmp_path / "model.json")["meta"]["calibration"]
-    assert calibration["expected_positives"]["source"] == "estimated"
+    assert calibration["expected_positives"]["source"] == "audit"
+    assert calibration["expected_positives"]["k"] == pytest.approx(k_audit, abs=1e-4)
     assert calibration["audit_report"] == "calibration-fp32-audit.md"
     audit_report = json.loads((tmp_path / "calibration-fp32-audit.json").read_text())
     assert audit_report["labels"] == f"the audit list ({len(rows)} images)" and audit_report["num_images"] == len(rows)
