@@ -115,8 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = TrainConfig()
     g = p.add_argument_group("data and protocol")
-    g.add_argument("--data", help="dataset: builtin[:tiny|small|default|large|dense-small|...][@seedN], csv:FILE, "
-                   "folder:DIR (one sub-folder per class, or DIR/{train,val,test}/<class>/), voc:DIR, coco:DIR, "
+    g.add_argument("--data", help="dataset: builtin[:tiny|small|default|large][@seedN], csv:FILE, voc:DIR, coco:DIR, "
                    "cub:DIR, nus:DIR[?images=DIR&keep-unlabelled], "
                    "formatted:DIR[?image-root=PATH&dataset=voc|coco|nus|cub&resample] (the seeds' formatted_*.npy "
                    f"files; see docs/datasets.md) or a path (auto-detected). Default: {d.data}")

@@ -175,41 +175,25 @@ def scene_masks(scene: list[SceneObject], canvas: int) -> list[np.ndarray]:
     return _masks_and_boxes(scene, canvas)[0]
 
 
-def visible_pixels(
-    scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None] | None = None
-) -> list[tuple[int, int]]:
-    """Per scene object (scene order): ``(visible, area)``, its pixels not covered by anything drawn later and
-    all its pixels, from the masks of :func:`scene_masks` (``boxes``: their bounding boxes, to save work).
-    Walks the scene from the last-drawn object back, tracking the union drawn later."""
-    counts = [(0, 0)] * len(scene)
+def _labels_from_masks(
+    scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None]
+) -> np.ndarray:
+    """Walk the scene from the last-drawn object back, tracking the union of everything drawn later."""
+    labels = np.zeros(NUM_CLASSES, dtype=np.uint8)
     if not masks:
-        return counts
+        return labels
     covered = np.zeros_like(masks[0])
-    for i in range(len(scene) - 1, -1, -1):
-        mask = masks[i]
-        box = boxes[i] if boxes is not None else (0, 0, mask.shape[1], mask.shape[0])
+    for obj, mask, box in zip(reversed(scene), reversed(masks), reversed(boxes), strict=True):
         if box is None:
             continue
         x0, y0, x1, y1 = box
         m, cov = mask[y0:y1, x0:x1], covered[y0:y1, x0:x1]
-        counts[i] = (int(np.count_nonzero(m & ~cov)), int(np.count_nonzero(m)))
+        area = int(np.count_nonzero(m))
+        if not obj.is_occluder and area > 0:
+            visible = int(np.count_nonzero(m & ~cov))
+            if visible >= MIN_VISIBLE_FRACTION * area:
+                labels[obj.cls] = 1
         cov |= m
-    return counts
-
-
-def is_visible(visible: int, area: int) -> bool:
-    """True when an instance with ``area`` pixels, ``visible`` of them uncovered, counts as present."""
-    return area > 0 and visible >= MIN_VISIBLE_FRACTION * area
-
-
-def _labels_from_masks(
-    scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None]
-) -> np.ndarray:
-    """The classes with an instance that :func:`is_visible`."""
-    labels = np.zeros(NUM_CLASSES, dtype=np.uint8)
-    for obj, (visible, area) in zip(scene, visible_pixels(scene, masks, boxes), strict=True):
-        if not obj.is_occluder and is_visible(visible, area):
-            labels[obj.cls] = 1
     return labels
 
 

@@ -1,4 +1,5 @@
-"""Model-selection criteria (train.selection): hand-computed values, agreement with brute force, defaults."""
+"""Selection criteria for single-positive val labels (train.label_free_selection): hand-computed values,
+agreement with brute force, a better model ranked higher, the defaults."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from train.selection import CRITERIA, default_criterion, get_criterion, observed_auc, observed_rank, score
+from train.label_free_selection import (
+    DESCRIPTIONS,
+    LABEL_FREE_CRITERIA,
+    an_loss_score,
+    default_criterion,
+    observed_auc,
+    observed_rank,
+)
+from train.metrics import mean_average_precision
 
 # 4 images, 2 classes; one observed positive per image
 LOGITS = np.array([[2.0, 1.0], [0.5, 3.0], [1.0, 1.0], [-1.0, 0.0]])
@@ -16,7 +25,7 @@ OBSERVED = np.array([[1, 0], [0, 1], [1, 0], [0, 1]])
 
 
 def brute_auc(scores: np.ndarray, positive: np.ndarray) -> float:
-    pairs = [(a, b) for a, b in itertools.product(scores[positive], scores[~positive])]
+    pairs = list(itertools.product(scores[positive], scores[~positive]))
     return sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
 
 
@@ -26,10 +35,7 @@ def test_hand_computed_values() -> None:
     # observed positive ranks within the image: 1, 1, 2 (tie, pessimistic), 1
     assert observed_rank(LOGITS, OBSERVED) == pytest.approx(100 * (1 + 1 + 0.5 + 1) / 4)
     loss = np.mean(np.logaddexp(0, -LOGITS) * OBSERVED + np.logaddexp(0, LOGITS) * (1 - OBSERVED))
-    assert score("an-loss", LOGITS, OBSERVED) == pytest.approx(-loss)
-    # AP class 0: ranks 2.0 (pos), 1.0 (pos) -> 1.0; class 1: 3.0 (pos), 1.0, 1.0 (ties), 0.0 (pos) -> (1 + 2/4)/2
-    assert score("map", LOGITS, OBSERVED) == pytest.approx(100 * (1.0 + 0.75) / 2)
-    assert score("observed-map", LOGITS, OBSERVED) == score("map", LOGITS, OBSERVED)
+    assert an_loss_score(LOGITS, OBSERVED) == pytest.approx(-loss)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -43,9 +49,10 @@ def test_auc_matches_brute_force_with_ties(seed: int) -> None:
     assert observed_auc(logits, labels) == pytest.approx(100 * expected)
 
 
-def test_criteria_rank_a_better_model_higher() -> None:
-    """A model whose scores follow the full labels more closely scores higher on single-positive labels under
-    every ranking criterion; the assume-negative loss does not (it punishes confident unobserved positives)."""
+def test_a_better_model_scores_higher() -> None:
+    """Scores that follow the full labels more closely score higher on single-positive labels under the ranking
+    criteria (and mAP); the assume-negative loss punishes confident unobserved positives instead, and prefers
+    the model closer to the observation probabilities AN trains towards."""
     rng = np.random.default_rng(0)
     full = (rng.random((500, 6)) < 0.3).astype(np.uint8)
     full[full.sum(1) == 0, 0] = 1
@@ -53,18 +60,20 @@ def test_criteria_rank_a_better_model_higher() -> None:
     observed[np.arange(500), [rng.choice(np.flatnonzero(r)) for r in full]] = 1
     noise = rng.normal(size=full.shape)
     good, poor = 3.0 * full + noise, 1.0 * full + noise
-    for name in ("observed-map", "observed-auc", "observed-rank"):
-        assert score(name, good, observed) > score(name, poor, observed), name
-    assert score("an-loss", good, observed) < score("an-loss", poor, observed)
+    for criterion in (observed_auc, observed_rank, mean_average_precision):
+        assert criterion(good, observed) > criterion(poor, observed), criterion.__name__
+    assert an_loss_score(good, observed) < an_loss_score(poor, observed)
+    # models of what AN learns, the chance that a class is the observed one (y / k), mixed with a uniform guess:
+    # an-loss prefers the one closer to it
+    target = full / full.sum(1, keepdims=True)
+    sharp, blurred = (np.log(p / (1 - p)) for p in (w * target + (1 - w) / full.shape[1] for w in (0.9, 0.5)))
+    assert an_loss_score(sharp, observed) > an_loss_score(blurred, observed)
 
 
 def test_registry_and_defaults() -> None:
-    assert default_criterion(True).name == "map" and default_criterion(True).needs_full_labels
-    label_free = default_criterion(False)
-    assert not label_free.needs_full_labels and label_free.name in CRITERIA
-    with pytest.raises(ValueError, match="unknown selection criterion 'best'"):
-        get_criterion("best")
+    assert default_criterion(True) == "val_mAP" and default_criterion(False) == "an-loss"
+    assert set(LABEL_FREE_CRITERIA) == set(DESCRIPTIONS) == {"an-loss", "observed-auc", "observed-rank"}
     with pytest.raises(ValueError, match=r"\(N, C\)"):
-        score("observed-auc", LOGITS[:, :1], OBSERVED)
+        observed_auc(LOGITS[:, :1], OBSERVED)
     assert math.isnan(observed_auc(LOGITS, np.zeros_like(OBSERVED)))
     assert math.isnan(observed_rank(LOGITS, np.zeros_like(OBSERVED)))
