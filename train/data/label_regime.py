@@ -102,7 +102,9 @@ def detect_regime(labels: np.ndarray, split: str, declared: str = "auto") -> Lab
 
 def detect_regimes(labels_by_split: dict[str, np.ndarray | None], declared: str = "auto") -> dict[str, LabelRegime]:
     """:func:`detect_regime` of every split present (``None`` or empty splits are left out), in the given order.
-    This is what a run prints at its start and saves in config.json."""
+    Give each split's labels as the dataset provides them (``ProtocolSplits.train.labels``, ``val.labels``,
+    ``test.labels``), not the observed labels the protocol sampled from them. This is what a run prints at its
+    start (:func:`describe_regimes`) and saves in config.json (``{split: regime.to_dict()}``)."""
     return {split: detect_regime(labels, split, declared) for split, labels in labels_by_split.items()
             if labels is not None and len(labels) > 0}
 
