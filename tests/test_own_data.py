@@ -1,0 +1,96 @@
+"""Own single-positive data end to end: a class-per-folder tree with one label per image -> train -> export with
+positive-only thresholds (k estimated, or from an audit list) and every figure naming its labels."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export.__main__ import main as export_main
+from export.metadata import read_sidecar
+from export.pipeline import export_run
+from train.__main__ import main as train_main
+from train.data.protocol import ObservedSpec, sample_observed
+from train.data.registry import load_dataset
+
+
+@pytest.fixture(scope="module")
+def own_run(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
+    """builtin:tiny's 200 training images filed (hard links) under the folder of ONE of their classes, a 1-epoch
+    run on that tree, and an audit list: 20 test images with all their labels (labels.csv)."""
+    tiny = load_dataset("builtin:tiny")
+    assert tiny.test is not None
+    base = tmp_path_factory.mktemp("own")
+    root = base / "shapes"
+    observed = sample_observed(tiny.train.labels, ObservedSpec("single"))
+    for path, row in zip(tiny.train.paths, observed, strict=True):
+        folder = root / tiny.classes[int(np.flatnonzero(row)[0])]
+        folder.mkdir(parents=True, exist_ok=True)
+        os.link(path, folder / path.name)
+    classes = sorted(p.name for p in root.iterdir())
+    lines = ["image,labels"]
+    for path, row in list(zip(tiny.test.paths, tiny.test.labels, strict=True))[:20]:
+        names = [tiny.classes[c] for c in np.flatnonzero(row) if tiny.classes[c] in classes]
+        if names:
+            lines.append(f"{path},{';'.join(names)}")
+    audit = base / "audit" / "labels.csv"
+    audit.parent.mkdir()
+    audit.write_text("\n".join(lines) + "\n")
+    runs = base / "runs"
+    assert train_main(["--data", f"folder:{root}", "--epochs", "1", "--image-size", "32", "--batch-size", "16",
+                       "--workers", "0", "--no-progress", "--no-lgconv", "--runs-dir", str(runs), "--name", "own"]) == 0
+    return runs / "own", audit, classes
+
+
+def test_export_calibrates_positive_only_with_estimated_k(own_run: tuple[Path, Path, list[str]], tmp_path: Path
+                                                          ) -> None:
+    run, _, classes = own_run
+    lines: list[str] = []
+    result = export_run(run, tmp_path / "model.onnx", progress=False, log=lines.append, verify_images=8)
+    text = "\n".join(lines)
+    assert "validation labels: val single-positive (" in text
+    assert "expected tags per image for pu-f1: k = " in text and "(estimated: best-bin class priors" in text
+    assert "(single-positive val labels); F1 n/a (no full labels)" in text
+    assert "| val mAP (single-positive val labels) |" in result.table()
+    calibration = read_sidecar(tmp_path / "model.json")["meta"]["calibration"]
+    assert calibration["mode"].startswith("pu-f1:") and calibration["labels"] == "single-positive val labels"
+    k = calibration["expected_positives"]
+    assert k["source"] == "estimated" and 1.0 <= k["k"] <= len(classes)
+    assert float(calibration["mode"].split(":")[1]) == pytest.approx(k["k"], rel=1e-4)
+    report = (tmp_path / "calibration-fp32.md").read_text()
+    assert "metrics against the single-positive val labels" in report and "lower bounds" in report
+
+
+def test_export_with_an_audit_list_takes_k_and_f1_from_it(own_run: tuple[Path, Path, list[str]],
+                                                         tmp_path: Path) -> None:
+    run, audit, _ = own_run
+    rows = audit.read_text().splitlines()[1:]
+    k_audit = np.mean([len(r.split(",", 1)[1].split(";")) for r in rows])
+    lines: list[str] = []
+    export_run(run, tmp_path / "model.onnx", progress=False, log=lines.append, audit=str(audit), verify_images=8)
+    text = "\n".join(lines)
+    assert f"expected tags per image for pu-f1: k = {k_audit:.2f} (audit: {len(rows)} audited images)" in text
+    assert f"calibrated, against the audit list ({len(rows)} images)" in text
+    calibration = read_sidecar(tmp_path / "model.json")["meta"]["calibration"]
+    assert calibration["expected_positives"]["source"] == "audit"
+    assert calibration["expected_positives"]["k"] == pytest.approx(k_audit, abs=1e-4)
+    assert calibration["audit_report"] == "calibration-fp32-audit.md"
+    audit_report = json.loads((tmp_path / "calibration-fp32-audit.json").read_text())
+    assert audit_report["labels"] == f"the audit list ({len(rows)} images)" and audit_report["num_images"] == len(rows)
+
+
+def test_export_cli_rejects_an_audit_list_with_unknown_classes(own_run: tuple[Path, Path, list[str]],
+                                                                tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    run, audit, _ = own_run
+    bad = tmp_path / "bad.csv"
+    first = audit.read_text().splitlines()[1].split(",")[0]
+    bad.write_text(f"image,labels\n{first},no_such_class\n")
+    code = export_main([str(run), "--output", str(tmp_path / "m.onnx"), "--audit", str(bad), "--no-progress"])
+    assert code == 2
+    assert "classes the model does not know: no_such_class" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()  # checked before anything is exported
