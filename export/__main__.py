@@ -184,8 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from export.calibrate import parse_mode  # numpy only
     if args.audit is not None:  # a bad audit list is a usage error, found before the (long) export
-        from export.audit import load_audit
         from models.checkpoint import load_checkpoint
+        from train.data.audit_list import load_audit
         from train.data.types import DataError
 
         try:

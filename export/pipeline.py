@@ -9,8 +9,8 @@
    written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot. The labels of the
    validation split are full or single-positive (:mod:`train.data.label_regime`); every figure says which, and
    F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)``, or is measured on the audit
-   list (:mod:`export.audit`) when one is given. The positive-only calibration (pu-f1) needs the expected
-   number of tags per image K: the audit list's, else estimated from the validation scores
+   list (:mod:`train.data.audit_list`) when one is given. The positive-only calibration (pu-f1) needs the
+   expected number of tags per image K: the audit list's, else estimated from the validation scores
    (:mod:`train.expected_positives`), unless given as ``pu-f1:K``.
 3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
    the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
@@ -35,7 +35,6 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
-from export.audit import AuditList, load_audit
 from export.calibrate import (
     CalibrationMode,
     calibrate,
@@ -59,6 +58,7 @@ from export.verify import ExportError, VerificationDataError, load_inputs, rebui
 from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
 from serve.records import sigmoid
+from train.data.audit_list import AuditList, load_audit
 from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
 from train.data.protocol import ProtocolSplits
 from train.expected_positives import ExpectedPositives, estimate_expected_positives
@@ -181,8 +181,8 @@ def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, lo
 
 
 def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], progress: bool) -> AuditData:
-    """The audit list ``spec`` (:func:`export.audit.load_audit`), preprocessed for ``meta``'s model; a bad list
-    raises :class:`train.data.types.DataError`."""
+    """The audit list ``spec`` (:func:`train.data.audit_list.load_audit`), preprocessed for ``meta``'s model; a bad
+    list raises :class:`train.data.types.DataError`."""
     audit = load_audit(spec, list(meta.classes))
     log(f"reading {len(audit)} audit images ({spec}) ...")
     inputs, keep = _load(audit.paths, meta, progress)
@@ -314,7 +314,7 @@ def export_run(
     ``calibrate_mode``: ``auto`` (f1 on fully labelled validation data, pu-f1 on single-positive), ``f1``,
     ``pu``, ``pu-f1[:K]``, ``recall:R``, ``threshold:X`` or ``none`` (keep the checkpoint's thresholds).
     ``val_images`` caps the validation images used for calibration and the precision checks. ``audit``: a
-    dataset spec of fully labelled images (:mod:`export.audit`): pu-f1's K and the F1 figures when val is
+    dataset spec of fully labelled images (:mod:`train.data.audit_list`): pu-f1's K and the F1 figures when val is
     single-positive. Raises ``ExportError`` (and its subclasses) on any failure,
     ``ValueError`` for bad arguments.
     """

@@ -66,9 +66,9 @@ def test_class_without_observed_positive_gets_zero_and_bad_input_fails() -> None
 
 def test_resolve_order_and_description() -> None:
     labels = np.array([[1, 1, 0], [0, 1, 1], [1, 0, 0], [1, 1, 1]])
-    everything = {"given": 3.0, "published": 2.9, "full_train_labels": labels, "audit_labels": labels[:2],
+    everything = {"given": 3.0, "published": 2.9, "full_labels": labels, "audit_labels": labels[:2],
                   "estimate": 2.2, "estimate_detail": "best-bin on 400 val images"}
-    order = ["given", "published", "full_train_labels", "audit_labels", "estimate"]
+    order = ["given", "published", "full_labels", "audit_labels", "estimate"]
     seen = []
     for drop in range(len(order)):
         kwargs = {k: v for k, v in everything.items() if k not in order[:drop]}

@@ -20,8 +20,9 @@ from train.data.registry import load_dataset
 
 @pytest.fixture(scope="module")
 def own_run(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
-    """builtin:tiny's 200 training images filed (hard links) under the folder of ONE of their classes, a 1-epoch
-    run on that tree, and an audit list: 20 test images with all their labels (labels.csv)."""
+    """builtin:tiny's 200 training images filed (hard links) under the folder of ONE of their classes, a 2-epoch
+    EPR run on that tree (k estimated: no published k, no full labels), and an audit list: 20 test images with all
+    their labels (labels.csv)."""
     tiny = load_dataset("builtin:tiny")
     assert tiny.test is not None
     base = tmp_path_factory.mktemp("own")
@@ -41,9 +42,42 @@ def own_run(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     audit.parent.mkdir()
     audit.write_text("\n".join(lines) + "\n")
     runs = base / "runs"
-    assert train_main(["--data", f"folder:{root}", "--epochs", "1", "--image-size", "32", "--batch-size", "16",
+    assert train_main(["--data", f"folder:{root}", "--method", "epr", "--epochs", "2", "--image-size", "32",
+                       "--batch-size", "16",
                        "--workers", "0", "--no-progress", "--no-lgconv", "--runs-dir", str(runs), "--name", "own"]) == 0
     return runs / "own", audit, classes
+
+
+def test_the_run_knows_it_has_no_full_labels(own_run: tuple[Path, Path, list[str]]) -> None:
+    """Regimes detected and saved, label-free selection, k estimated after every epoch, no figure that needs full
+    labels, no full-label diagnostics."""
+    run, _, _ = own_run
+    resolved = json.loads((run / "config.json").read_text())["resolved"]
+    assert {s: r["kind"] for s, r in resolved["labels"].items()} == {"train": "single-positive",
+                                                                    "val": "single-positive"}
+    assert resolved["selection"]["criterion"] == "an-loss" and "no full labels" in resolved["selection"]["reason"]
+    assert resolved["expected_positives"]["source"] == "estimated"
+    assert resolved["expected_positives"]["k"] == pytest.approx(1.0)  # the first epoch: the observed positives
+    epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    for e in epochs:
+        assert e["val_mAP"] is None and e["val_OF1"] is None and e["val_mAP_observed"] > 0
+        assert e["k_estimate"] >= 1.0 and "val_an-loss" in e
+        assert not any(key.endswith(("_recovery_mAP", "_precision")) for key in e)  # no full-label diagnostics
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["selection"] == "an-loss" and "train_recovery" not in summary
+    assert summary["expected_positives"]["k"] == pytest.approx(epochs[-1]["k_estimate"], abs=1e-4)
+    assert summary["val"]["mAP"] is None and summary["val"]["mAP_observed"] is not None
+
+
+def test_an_oracle_is_refused_without_full_labels(own_run: tuple[Path, Path, list[str]], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    run, _, _ = own_run
+    source = json.loads((run / "config.json").read_text())["config"]["data"]
+    code = train_main(["--data", source, "--method", "bce", "--epochs", "1", "--workers", "0", "--no-progress",
+                       "--runs-dir", str(tmp_path), "--name", "oracle"])
+    assert code == 2 and "training labels are single-positive" in capsys.readouterr().err
+    assert not (tmp_path / "oracle").exists()
 
 
 def test_export_calibrates_positive_only_with_estimated_k(own_run: tuple[Path, Path, list[str]], tmp_path: Path

@@ -6,7 +6,7 @@ calibration needs to know how many tags an image should get. Where k comes from,
 
 * ``given``: the user's ``--hp k=...``;
 * ``published``: the papers' value for a known dataset (VOC 1.5, COCO 2.9, NUS 1.9, CUB 31.4);
-* ``labels``: the mean number of positives of the training labels, when they are full (``--observed full``);
+* ``labels``: the mean number of positives of full labels (the training split's, else the validation split's);
 * ``audit``: the mean over a small list of images the user labelled completely (:func:`mean_positives`);
 * ``estimated``: from a model's scores on held-out images with single-positive labels
   (:func:`estimate_class_priors`, summed).
@@ -113,21 +113,21 @@ def resolve_expected_positives(
     *,
     given: float | None = None,
     published: float | None = None,
-    full_train_labels: np.ndarray | None = None,
+    full_labels: np.ndarray | None = None,
     audit_labels: np.ndarray | None = None,
     estimate: float | None = None,
     estimate_detail: str = "",
 ) -> ExpectedPositives:
     """k from the first available source, in the order of :data:`K_SOURCES` (module docstring):
-    ``full_train_labels`` only when the training labels are full; ``audit_labels`` the audit list's full labels;
+    ``full_labels`` the training (or validation) labels when they are full; ``audit_labels`` the audit list's;
     ``estimate`` a value of :func:`estimate_expected_positives`. ``ValueError`` when nothing is given."""
     if given is not None:
         return ExpectedPositives(float(given), "given", "--hp k")
     if published is not None:
         return ExpectedPositives(float(published), "published")
-    if full_train_labels is not None:
-        return ExpectedPositives(mean_positives(full_train_labels), "labels",
-                                 f"mean of {len(full_train_labels)} fully labelled training images")
+    if full_labels is not None:
+        return ExpectedPositives(mean_positives(full_labels), "labels",
+                                 f"mean of {len(full_labels)} fully labelled images")
     if audit_labels is not None:
         return ExpectedPositives(mean_positives(audit_labels), "audit", f"{len(audit_labels)} audited images")
     if estimate is not None:

@@ -91,7 +91,7 @@ LABEL_FREE_CRITERIA: dict[str, Criterion] = {
     "observed-rank": observed_rank,
 }
 DESCRIPTIONS: dict[str, str] = {
-    "an-loss": "the assume-negative BCE of the single-positive val labels (lower is better)",
+    "an-loss": "minus the assume-negative BCE of the single-positive val labels",
     "observed-auc": "mean per-class AUC of the observed val positives against all other val images",
     "observed-rank": "mean reciprocal rank of each val image's observed positive among its classes",
 }

@@ -1,10 +1,11 @@
-"""The audit list: a few images the user labelled completely (``python -m export --audit SPEC``).
+"""The audit list: a few images the user labelled completely (``--audit SPEC`` of ``python -m train`` and
+``python -m export``).
 
 With single-positive validation labels nothing measures F1 or says how many positives an image has. A small
 list of fully labelled images answers both: its mean number of positives per image is k, the expected number of
 tags per image of the positive-only calibration (20 images put it within 25% of the truth 99% of the time on the
-built-in data; the training side can use it as EPR/ROLE's k, :mod:`train.expected_positives`), and the export
-reports its F1 figures on it ("against the audit list").
+built-in data; training uses it as EPR/ROLE's k, :mod:`train.expected_positives`), and the export reports
+its F1 figures on it ("against the audit list").
 
 The list is any dataset the ``--data`` option of ``python -m train`` reads (a ``labels.csv`` with one row per
 image and all its labels, a folder of class folders where an image sits in each of its classes' folders, ...);
