@@ -130,8 +130,9 @@ def plot_tag_counts(summary: RunSummary, path: Path, top: int = TOP_TAGS) -> boo
 
 def summary_paths(run_file: Path) -> tuple[Path, Path, Path]:
     """``tags.jsonl`` -> ``tags.summary.md``, ``tags.summary.json``, ``tags.summary.png``."""
-    stem = run_file.with_name(run_file.stem + ".summary")
-    return stem.with_suffix(".md"), stem.with_suffix(".json"), stem.with_suffix(".png")
+    base = f"{run_file.stem}.summary"
+    return (run_file.with_name(f"{base}.md"), run_file.with_name(f"{base}.json"),
+            run_file.with_name(f"{base}.png"))
 
 
 def write_summary_reports(summary: RunSummary, run_file: Path) -> list[Path]:

@@ -41,6 +41,7 @@ def test_cli_writes_reports_that_match_the_run_file(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith("5 images, 1.40 tags per image, 3 distinct tags; 1 of 4 classes")
     md, js, png = summary_paths(run_file)
+    assert [p.name for p in (md, js, png)] == ["tags.summary.md", "tags.summary.json", "tags.summary.png"]
     doc = json.loads(js.read_text())
     assert doc["per_tag"] == {"cat": 3, "dog": 3, "tree": 1} and doc["never_predicted"] == ["car"]
     assert doc["tags_per_image"] == {"0": 1, "1": 2, "2": 1, "3": 1}
