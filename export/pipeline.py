@@ -39,6 +39,7 @@ from export.metadata import (
     sidecar_document,
     sidecar_path,
 )
+from export.model_card import CardFile, write_model_card
 from export.onnx_export import ExportResult, export_onnx
 from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, check_precision, compare_outputs
 from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
@@ -46,6 +47,7 @@ from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
 from serve.records import sigmoid
 from train.data.protocol import ProtocolSplits
+from train.metrics import per_class_ap
 
 PRECISIONS = ("fp32", "fp16", "int8")
 DEFAULT_CALIBRATION_IMAGES = 256
@@ -95,6 +97,7 @@ class RunExport:
     fp32: ExportResult
     artifacts: list[Artifact] = field(default_factory=list)
     summary_path: Path | None = None
+    card_path: Path | None = None
 
     def table(self) -> str:
         """The summary table as markdown."""
@@ -261,14 +264,17 @@ def export_run(
         result.artifacts.append(Artifact("fp32", fp32.onnx_path, "fp32", "onnxruntime", fp32.size_bytes,
                                          thresholds=meta.thresholds, note="not calibrated: no labelled val data"))
         _write_summary(result, say)
+        _write_card(result, meta, None, "No labelled validation data: thresholds were not calibrated.")
         return result
 
     ref = OrtModel(fp32.onnx_path)
     ref_logits = ref.logits(val.inputs)
     fp32_art = Artifact("fp32", fp32.onnx_path, "fp32", "onnxruntime", fp32.size_bytes)
     _measure(fp32_art, ref, ref_logits, None, val)
+    card_meta = meta
     if calibrate_mode != "none":
-        _calibrate_artifact(fp32_art, ref_logits, val, calibrate_mode, list(meta.classes), folder, say)
+        card_meta = _calibrate_artifact(fp32_art, ref_logits, val, calibrate_mode, list(meta.classes), folder,
+                                        say) or meta
         fp32_art.size_bytes = fp32_art.path.stat().st_size
     ref_thresholds = np.asarray(fp32_art.thresholds or [0.5] * len(meta.classes))
     result.artifacts.append(fp32_art)
@@ -319,6 +325,8 @@ def export_run(
     if trt:
         _build_engines(result, precisions, trt_targets, trt_batch, say)
     _write_summary(result, say)
+    _write_card(result, card_meta, per_class_ap(ref_logits, val.labels) if val.labels is not None else None,
+                _labels_note(val))
     return result
 
 
@@ -356,6 +364,20 @@ def _build_engines(result: RunExport, precisions: Sequence[str], targets: Sequen
             thresholds=built.meta.thresholds, calibration=src.calibration,
             note=f"{built.flavour} {built.tensorrt_version}, targets {','.join(built.targets)}; "
                  f"mAP/agreement of its ONNX source"))
+
+
+def _labels_note(val: ValData) -> str:
+    """Which labels the validation figures were measured against."""
+    if val.fully_labelled:
+        return f"Validation figures are measured against the full labels of {val.source}."
+    return (f"Validation figures are measured against the single-positive labels of {val.source}: most positives "
+            "are missing there, so precision, F1 and AP are lower bounds.")
+
+
+def _write_card(result: RunExport, meta: ModelMeta, ap: np.ndarray | None, labels_note: str) -> None:
+    """The export folder's model card (``README.md``) and ``tags.csv``."""
+    files = [CardFile(a.path.name, a.precision, a.runtime, a.size_bytes, a.val_mAP) for a in result.artifacts]
+    result.card_path, _ = write_model_card(result.folder, meta, files, result.fp32.onnx_path, labels_note, ap)
 
 
 def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:
