@@ -34,12 +34,17 @@ checks (the export fails, and leaves no new model file, when one is broken):
   INT8 vs FP32: val mAP drop <= 0.5 point and >= 99% identical decisions.
 
 thresholds (--calibrate), chosen per artifact on its own validation scores:
-  auto          f1 when the validation labels are complete, pu when every val image has one label
+  auto          f1 when the validation labels are complete, pu-f1 when no val image has two labels
   f1            per class, the threshold maximising F1 (classes with < 5 positives: the pooled optimum)
+  pu-f1[:K]     for single-positive validation data: per class, maximise the F1 estimated from the observed
+                positives and the class prior (K x the class's share of the val labels); K = expected positives
+                per image: given, else the --audit list's mean, else estimated from the val scores
   pu            for single-positive validation data: per class, maximise recall^2 / P(predicted positive)
                 (Lee & Liu 2003), which needs no negatives when positives are labelled at random
   recall:R      per class, the highest threshold with recall >= R
   threshold:X   X for every class (same as --threshold X);  none: keep the checkpoint's thresholds
+  Every F1 figure says which labels it was measured against; on single-positive val labels it reads
+  "n/a (no full labels)", unless --audit gives a few fully labelled images to measure on.
 
 TensorRT (--trt): with the tensorrt module and a GPU, engines are built for that GPU; otherwise with
 TensorRT for RTX (pip install -e ".[trt]"), which needs no GPU and builds for --trt-target (default: its
@@ -48,13 +53,14 @@ portable set, Ampere and newer; Hopper needs full TensorRT).
 exit status:
   0  exported and verified
   1  export, conversion or verification failed (a bound broken, no validation images, TensorRT missing)
-  2  usage error (bad option, no such run or checkpoint, --images folder missing)
+  2  usage error (bad option, no such run or checkpoint, --images folder missing, a bad --audit list)
 
 examples:
   python -m export                                       # latest run: FP32 ONNX, F1-calibrated thresholds
   python -m export runs/voc-an --precision fp32,fp16,int8
   python -m export runs/voc-an --precision int8 --trt --trt-target sm86,sm89
   python -m export runs/voc-an/best.pt --calibrate recall:0.9 --output /tmp/tagger.onnx
+  python -m export runs/pets-an --audit pets-audit/labels.csv   # single-positive val + 30 fully labelled images
 """
 
 
@@ -120,9 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precision", default="fp32", metavar="LIST",
                    help="comma-separated: fp32, fp16, int8 (fp32 is always made; default: %(default)s)")
     g.add_argument("--calibrate", default="auto", metavar="MODE",
-                   help="threshold calibration: auto, f1, pu, recall:R, threshold:X or none (default: auto)")
+                   help="threshold calibration: auto, f1, pu-f1[:K], pu, recall:R, threshold:X or none (default: "
+                   "auto)")
     g.add_argument("--threshold", type=float, metavar="X", help="one threshold for every class (= --calibrate "
                    "threshold:X)")
+    g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form of python -m "
+                   "train, e.g. a labels.csv with all labels of each image): with single-positive val labels, "
+                   "its mean number of labels per image is pu-f1's K, and F1 is measured on it")
     g.add_argument("--val-images", type=int, metavar="N", help="use at most N validation images for calibration "
                    "and the FP16/INT8 checks (default: all)")
     g.add_argument("--calibration-images", type=int, default=256, metavar="N",
@@ -176,6 +186,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return usage("--calibration-images must be >= 1")
 
     from export.calibrate import parse_mode  # numpy only
+    if args.audit is not None:  # a bad audit list is a usage error, found before the (long) export
+        from models.checkpoint import load_checkpoint
+        from train.data.audit_list import load_audit
+        from train.data.types import DataError
+
+        try:
+            load_audit(args.audit, list(load_checkpoint(checkpoint).meta.classes))
+        except DataError as exc:
+            return usage(f"--audit {args.audit}: {exc}")
     from export.pipeline import export_run, parse_precisions  # heavy (torch): once the arguments are good
     from export.verify import ExportError
 
@@ -203,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs_dir=args.runs_dir,
             progress=args.progress,
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
+            audit=args.audit,
         )
     except (ExportError, OSError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -20,6 +20,7 @@ import numpy as np
 
 from models.atomic_files import atomic_write_text
 from models.checkpoint import ModelMeta
+from train.data.label_regime import NOT_AVAILABLE
 
 MODEL_CARD_FILE = "README.md"
 TAGS_FILE = "tags.csv"
@@ -58,9 +59,14 @@ def _metric_lines(meta: ModelMeta, labels_note: str) -> list[str]:
     lines = []
     for split in ("val", "test"):
         metrics = meta.metrics.get(split)
-        if isinstance(metrics, dict) and metrics.get("mAP") is not None:
+        if not isinstance(metrics, dict):
+            continue
+        if metrics.get("mAP") is not None:
             figures = ", ".join(f"{k} {metrics[k]:.2f}" for k in ("mAP", "OF1", "CF1") if metrics.get(k) is not None)
             lines.append(f"- {split}: {figures}")
+        elif metrics.get("mAP_observed") is not None:
+            lines.append(f"- {split}: mAP {NOT_AVAILABLE}; {metrics['mAP_observed']:.2f} against its labels as "
+                         "given (a lower bound)")
     if not lines:
         return ["No metrics: the run had no labelled evaluation data."]
     return [*lines, "", labels_note]

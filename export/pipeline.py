@@ -6,7 +6,12 @@
 2. The validation split is rebuilt from the checkpoint's metadata and scored by every artifact
    (ONNX Runtime, CPU); the artifact's own per-class thresholds are calibrated on its own scores
    (:mod:`export.calibrate`; INT8 squeezes scores, so thresholds are never shared between precisions), then
-   written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot.
+   written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot. The labels of the
+   validation split are full or single-positive (:mod:`train.data.label_regime`); every figure says which, and
+   F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)``, or is measured on the audit
+   list (:mod:`train.data.audit_list`) when one is given. The positive-only calibration (pu-f1) needs the
+   expected number of tags per image K: the audit list's, else estimated from the validation scores
+   (:mod:`train.expected_positives`), unless given as ``pu-f1:K``.
 3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
    the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
    when engines are asked for. Each is checked against FP32 (:mod:`export.precision_check`): the export fails
@@ -30,7 +35,15 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
-from export.calibrate import calibrate, calibration_report, default_mode, parse_mode, plot_pr_curves, write_report
+from export.calibrate import (
+    CalibrationMode,
+    calibrate,
+    calibration_report,
+    default_mode,
+    parse_mode,
+    plot_pr_curves,
+    write_report,
+)
 from export.metadata import (
     file_sha256,
     onnx_meta,
@@ -46,7 +59,10 @@ from export.verify import ExportError, VerificationDataError, load_inputs, rebui
 from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
 from serve.records import sigmoid
+from train.data.audit_list import AuditList, load_audit
+from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
 from train.data.protocol import ProtocolSplits
+from train.expected_positives import ExpectedPositives, estimate_expected_positives
 from train.metrics import per_class_ap
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -81,12 +97,33 @@ class Artifact:
 
 @dataclass
 class ValData:
-    """Preprocessed validation images with their labels (None when verifying on an unlabelled folder)."""
+    """Preprocessed validation images with their labels (None when verifying on an unlabelled folder) and the
+    regime of those labels."""
 
     inputs: np.ndarray
     labels: np.ndarray | None
     source: str
     fully_labelled: bool
+    regime: LabelRegime | None = None
+
+    @property
+    def labels_name(self) -> str:
+        """``full val labels`` or ``single-positive val labels`` (what a figure was measured against)."""
+        kind = "full" if self.regime is None else self.regime.kind
+        return f"{kind} val labels"
+
+
+@dataclass
+class AuditData:
+    """The audit list (fully labelled images the user provides), preprocessed."""
+
+    audit: AuditList
+    inputs: np.ndarray
+    labels: np.ndarray
+
+    @property
+    def name(self) -> str:
+        return f"the audit list ({len(self.labels)} images)"
 
 
 @dataclass
@@ -98,10 +135,13 @@ class RunExport:
     artifacts: list[Artifact] = field(default_factory=list)
     summary_path: Path | None = None
     card_path: Path | None = None
+    val_labels: str = ""  # what the val mAP column was measured against
 
     def table(self) -> str:
         """The summary table as markdown."""
-        rows = ["| artifact | file | size (MB) | val mAP | decisions = FP32 | max |dprob| | img/s (this CPU) | note |",
+        against = f" ({self.val_labels})" if self.val_labels else ""
+        rows = [f"| artifact | file | size (MB) | val mAP{against} | decisions = FP32 | max |dprob| | "
+                "img/s (this CPU) | note |",
                 "|---|---|---|---|---|---|---|---|"]
         for a in self.artifacts:
             rows.append(
@@ -137,9 +177,31 @@ def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, lo
         raise VerificationDataError(f"the rebuilt dataset's classes differ from the model's{split_notes(meta, splits)}")
     log(f"reading {len(paths)} validation images ...")
     inputs, keep = _load(paths, meta, progress)
-    # single-positive val labels (every image exactly one positive) cannot give F1: pu calibration then
-    fully = not bool((labels.sum(1) == 1).all())
-    return ValData(inputs, labels[keep], f"val split of {meta.data.get('source')} ({len(keep)} images)", fully)
+    # single-positive val labels (no image with two positives) cannot give F1: positive-only calibration then
+    regime = detect_regime(labels[keep], "val")
+    return ValData(inputs, labels[keep], f"val split of {meta.data.get('source')} ({len(keep)} images)",
+                   regime.full, regime)
+
+
+def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], progress: bool) -> AuditData:
+    """The audit list ``spec`` (:func:`train.data.audit_list.load_audit`), preprocessed for ``meta``'s model; a bad
+    list raises :class:`train.data.types.DataError`."""
+    audit = load_audit(spec, list(meta.classes))
+    log(f"reading {len(audit)} audit images ({spec}) ...")
+    inputs, keep = _load(audit.paths, meta, progress)
+    return AuditData(audit, inputs, audit.labels[keep])
+
+
+def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None = None) -> ExpectedPositives:
+    """The K of pu-f1 calibration: the audit list's mean number of positives per image when one is given, else
+    the estimate from the validation scores (:func:`train.expected_positives.estimate_expected_positives`, an
+    upper bound: with weak models it tags about as many as full-label F1 thresholds do, the audit list's k fewer,
+    closer to the true number; docs/your-data.md)."""
+    if audit is not None:
+        return ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
+    assert val.labels is not None
+    return ExpectedPositives(estimate_expected_positives(val_logits, val.labels), "estimated",
+                             f"best-bin class priors on the {val.labels_name}")
 
 
 def load_train_sample(meta: ModelMeta, splits: ProtocolSplits, count: int, seed: int, progress: bool) -> np.ndarray:
@@ -189,23 +251,42 @@ def write_thresholds(path: Path, thresholds: list[float] | None, calibration: di
 
 
 def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mode_text: str, classes: list[str],
-                        folder: Path, log: Callable[[str], None]) -> ModelMeta | None:
-    """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot."""
+                        folder: Path, log: Callable[[str], None], k: ExpectedPositives | None = None,
+                        audit: AuditData | None = None, audit_logits: np.ndarray | None = None) -> ModelMeta | None:
+    """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot. F1
+    figures come from full val labels, else from the audit list (its own report), else read n/a."""
     if val.labels is None:
         return None
     probs = sigmoid(logits)
     mode = parse_mode(mode_text if mode_text != "auto" else default_mode(val.fully_labelled))
-    cal = calibrate(probs, val.labels, mode)
-    report = calibration_report(probs, val.labels, cal.thresholds, classes, mode=cal.mode, rules=cal.rules)
+    cal = calibrate(probs, val.labels, mode, expected_positives=k.k if k is not None else None)
+    report = calibration_report(probs, val.labels, cal.thresholds, classes, mode=cal.mode, rules=cal.rules,
+                                labels_name=val.labels_name)
     stem = f"calibration-{artifact.name}"
     write_report(report, folder / f"{stem}.md", folder / f"{stem}.json")
     plotted = plot_pr_curves(probs, val.labels, cal.thresholds, classes, folder / f"{stem}.png")
-    info = {**cal.to_dict(), "data": val.source, "report": f"{stem}.md", "plot": f"{stem}.png" if plotted else None}
+    info = {**cal.to_dict(), "data": val.source, "labels": val.labels_name, "report": f"{stem}.md",
+            "plot": f"{stem}.png" if plotted else None}
+    if mode.kind == "pu-f1" and mode.value is None and k is not None:
+        info["expected_positives"] = k.to_dict()
+    figures: dict[str, Any] | None = report["overall"] if val.fully_labelled else None
+    against = val.labels_name
+    if figures is None and audit is not None and audit_logits is not None:
+        audit_report = calibration_report(sigmoid(audit_logits), audit.labels, cal.thresholds, classes,
+                                          mode=cal.mode, rules=cal.rules, labels_name=audit.name)
+        write_report(audit_report, folder / f"{stem}-audit.md", folder / f"{stem}-audit.json")
+        info["audit_report"] = f"{stem}-audit.md"
+        figures, against = audit_report["overall"], audit.name
     meta = write_thresholds(artifact.path, [float(t) for t in cal.thresholds], info)
     artifact.thresholds, artifact.calibration = meta.thresholds, cal.mode
-    base, summ = report["overall"]["at_0.5"], report["overall"]["calibrated"]
-    log(f"  {artifact.name}: thresholds by {cal.mode} on {val.source}; OF1 {base['OF1']:.2f} / CF1 {base['CF1']:.2f} "
-        f"at 0.5 -> {summ['OF1']:.2f} / {summ['CF1']:.2f} calibrated (report {stem}.md)")
+    line = f"  {artifact.name}: thresholds by {cal.mode} on {val.source} ({val.labels_name}); "
+    if figures is None:
+        line += f"F1 {NOT_AVAILABLE}"
+    else:
+        base, summ = figures["at_0.5"], figures["calibrated"]
+        line += (f"OF1 {base['OF1']:.2f} / CF1 {base['CF1']:.2f} at 0.5 -> {summ['OF1']:.2f} / {summ['CF1']:.2f} "
+                 f"calibrated, against {against}")
+    log(f"{line} (report {stem}.md)")
     return meta
 
 
@@ -229,13 +310,16 @@ def export_run(
     seed: int = 0,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    audit: str | None = None,
 ) -> RunExport:
     """Export a checkpoint to every requested artifact (see the module docstring); returns what was written.
 
-    ``calibrate_mode``: ``auto`` (f1 on fully labelled validation data, pu on single-positive), ``f1``,
-    ``pu``, ``recall:R``, ``threshold:X`` or ``none`` (keep the checkpoint's thresholds). ``val_images`` caps the
-    validation images used for calibration and the precision checks. Raises ``ExportError`` (and its
-    subclasses) on any failure, ``ValueError`` for bad arguments.
+    ``calibrate_mode``: ``auto`` (f1 on fully labelled validation data, pu-f1 on single-positive), ``f1``,
+    ``pu``, ``pu-f1[:K]``, ``recall:R``, ``threshold:X`` or ``none`` (keep the checkpoint's thresholds).
+    ``val_images`` caps the validation images used for calibration and the precision checks. ``audit``: a
+    dataset spec of fully labelled images (:mod:`train.data.audit_list`): pu-f1's K and the F1 figures when val is
+    single-positive. Raises ``ExportError`` (and its subclasses) on any failure,
+    ``ValueError`` for bad arguments.
     """
     say = log or (lambda _msg: None)
     if calibrate_mode not in ("auto", "none"):
@@ -267,15 +351,29 @@ def export_run(
         _write_card(result, meta, None, "No labelled validation data: thresholds were not calibrated.")
         return result
 
+    result.val_labels = val.labels_name
+    say(f"validation labels: {val.regime.describe() if val.regime is not None else val.labels_name}")
+    audit_data = load_audit_data(audit, meta, say, progress) if audit is not None else None
     ref = OrtModel(fp32.onnx_path)
     ref_logits = ref.logits(val.inputs)
+    k: ExpectedPositives | None = None
+    chosen = default_mode(val.fully_labelled) if calibrate_mode == "auto" else calibrate_mode
+    if chosen != "none" and parse_mode(chosen) == CalibrationMode("pu-f1"):  # pu-f1 without its K
+        k = expected_tags(val, ref_logits, audit_data)
+        say(f"expected tags per image for pu-f1: {k.describe()}")
+
+    def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> ModelMeta | None:
+        audit_logits = model.logits(audit_data.inputs) if audit_data is not None else None
+        calibrated = _calibrate_artifact(art, logits, val, calibrate_mode, list(meta.classes), folder, say, k,
+                                         audit_data, audit_logits)
+        art.size_bytes = art.path.stat().st_size
+        return calibrated
+
     fp32_art = Artifact("fp32", fp32.onnx_path, "fp32", "onnxruntime", fp32.size_bytes)
     _measure(fp32_art, ref, ref_logits, None, val)
     card_meta = meta
     if calibrate_mode != "none":
-        card_meta = _calibrate_artifact(fp32_art, ref_logits, val, calibrate_mode, list(meta.classes), folder,
-                                        say) or meta
-        fp32_art.size_bytes = fp32_art.path.stat().st_size
+        card_meta = calibrate_on(fp32_art, ref, ref_logits) or meta
     ref_thresholds = np.asarray(fp32_art.thresholds or [0.5] * len(meta.classes))
     result.artifacts.append(fp32_art)
 
@@ -312,14 +410,13 @@ def export_run(
         except ExportError:  # the export fails loudly and leaves no unverified model behind
             conv.path.unlink(missing_ok=True)
             raise
-        say(f"  {report.summary()}")
+        say(f"  {report.summary()}" + (f" (mAP against the {val.labels_name})" if report.map_drop is not None else ""))
         art.agreement, art.max_prob_diff = report.decision_agreement, report.max_prob_diff
         _measure(art, model, logits, report, val)
         side = sidecar_document(conv.path, conv.meta, conv.info(), report.to_dict(), sha256=conv.sha256)
         atomic_write_text(sidecar_path(conv.path), json.dumps(side, indent=2) + "\n")
         if calibrate_mode != "none":
-            _calibrate_artifact(art, logits, val, calibrate_mode, list(meta.classes), folder, say)
-            art.size_bytes = art.path.stat().st_size
+            calibrate_on(art, model, logits)
         result.artifacts.append(art)
 
     if trt:
@@ -369,9 +466,9 @@ def _build_engines(result: RunExport, precisions: Sequence[str], targets: Sequen
 def _labels_note(val: ValData) -> str:
     """Which labels the validation figures were measured against."""
     if val.fully_labelled:
-        return f"Validation figures are measured against the full labels of {val.source}."
-    return (f"Validation figures are measured against the single-positive labels of {val.source}: most positives "
-            "are missing there, so precision, F1 and AP are lower bounds.")
+        return f"Validation figures are measured against the {val.labels_name} of {val.source}."
+    return (f"Validation figures are measured against the {val.labels_name} of {val.source}: most positives are "
+            "missing there, so precision, F1 and AP are lower bounds.")
 
 
 def _write_card(result: RunExport, meta: ModelMeta, ap: np.ndarray | None, labels_note: str) -> None:

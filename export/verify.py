@@ -107,6 +107,7 @@ def rebuild_splits(meta: ModelMeta) -> ProtocolSplits:
             parse_observed(str(data.get("observed", "single"))),
             val_fraction=float(data.get("val_fraction", 0.2)),
             seed=int(data.get("protocol_seed", PROTOCOL_SEED)),
+            labels=str(data.get("labels", "auto")),
         )
     except Exception as exc:  # import error, missing files, bad CSV...: all mean "no val split here"
         raise VerificationDataError(

@@ -319,3 +319,40 @@ def test_command_line_prints_folder_and_statistics(tiny_dir: Path, capsys: pytes
         builtin.main(["--help"])
     assert exc.value.code == 0
     assert "--preset" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- dense variant
+
+
+def test_dense_variant_same_images_with_attribute_labels(tiny_dir: Path, tmp_path: Path) -> None:
+    """dense-tiny: the tiny images byte for byte, the same shape labels, plus 7 attributes checked against the
+    scenes; about 6.4 positives per image (2.8 shapes + attributes)."""
+    from train.data.builtin_attributes import (
+        ATTRIBUTE_NAMES,
+        DENSE_CLASS_NAMES,
+        generate_dense_image,
+        scene_attributes,
+    )
+
+    dense = ensure_builtin("dense-tiny", seed=0, cache_dir=tmp_path, workers=1, progress=False)
+    classes, labels, splits = read_label_matrix(dense)
+    _, plain, plain_splits = read_label_matrix(tiny_dir)
+    assert classes == list(DENSE_CLASS_NAMES) and len(classes) == len(CLASS_NAMES) + len(ATTRIBUTE_NAMES)
+    assert splits == plain_splits
+    np.testing.assert_array_equal(labels[:, : len(CLASS_NAMES)], plain)
+    images = sorted(p.relative_to(dense).as_posix() for p in (dense / "images").rglob("*.jpg"))
+    assert all((dense / p).read_bytes() == (tiny_dir / p).read_bytes() for p in images)
+    assert 5.5 <= labels.sum(1).mean() <= 7.5
+    assert labels[:, len(CLASS_NAMES):].sum(0).min() > 0  # every attribute occurs
+    for index in range(5):
+        _img, vec = generate_dense_image(0, "train", index, TINY.image_size)
+        np.testing.assert_array_equal(vec, labels[index])
+    # hand-made scene: one large, unhidden square in the top-left quadrant, nothing else
+    from train.data.builtin_scenes import SceneObject
+
+    scene = [SceneObject(CLASS_NAMES.index("square"), 0.3, 0.3, 0.52, 0.0)]
+    assert dict(zip(ATTRIBUTE_NAMES, scene_attributes(scene, 128).tolist(), strict=True)) == {
+        "top_left": 1, "top_right": 0, "bottom_left": 0, "bottom_right": 0, "large": 1, "partly_hidden": 0,
+        "crowded": 0}
+    hidden = [*scene, SceneObject(-1, 0.3, 0.3, 0.3, 0.0, (1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))]
+    assert scene_attributes(hidden, 128)[ATTRIBUTE_NAMES.index("partly_hidden")] == 1

@@ -200,6 +200,31 @@ def test_pu_mode_hand_computed() -> None:
     assert cal.thresholds[0] == pytest.approx(0.075, abs=1e-12)
 
 
+# Mode pu-f1 on the same data: one class, so its prior is K itself; criterion 2 K r / (K + P).
+#   K = .6: cut .1 (r 1, P .9) gives 1.2/1.5 = .8, the best (.5 tie: .9/1.2 = .75) -> threshold .075
+#   K = .2: cut .7 (r 2/4, P .3) gives .2/.5 = .4, the best (.5: .3/.8 = .375; .1: .4/1.1 = .364) -> .65
+
+
+def test_pu_f1_mode_hand_computed_and_priors_from_k() -> None:
+    scores = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.5, 0.3, 0.2, 0.1, 0.05]]).T
+    observed = np.array([[1, 0, 1, 0, 1, 0, 0, 0, 1, 0]]).T
+    cal = calibrate(scores, observed, "pu-f1:0.6", min_positives=4)
+    assert cal.mode == "pu-f1:0.6" and cal.rules == ["pu-f1:0.6"]
+    assert cal.thresholds[0] == pytest.approx(0.075, abs=1e-12)
+    cal = calibrate(scores, observed, "pu-f1", min_positives=4, expected_positives=0.2)
+    assert cal.mode == "pu-f1:0.2" and cal.thresholds[0] == pytest.approx(0.65, abs=1e-12)
+    assert calibrate(scores, observed, "pu-f1:0.2").rules == ["fallback:pooled-pu-f1"]  # 4 < 5 observed
+    # two classes: each prior is K times the class's share of the observed labels, so a larger K lowers both
+    two = np.hstack([scores, scores[::-1]])
+    obs2 = np.hstack([observed, observed[::-1]])
+    low, high = (np.array(calibrate(two, obs2, "pu-f1", min_positives=4, expected_positives=k).thresholds)
+                 for k in (0.4, 1.2))
+    np.testing.assert_allclose(low, [0.65, 0.65], atol=1e-12)  # prior .2 each, as above
+    np.testing.assert_allclose(high, [0.075, 0.075], atol=1e-12)  # prior .6 each
+    with pytest.raises(ValueError, match="pu-f1 needs the expected number of positives"):
+        calibrate(scores, observed, "pu-f1")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Mode recall:R. Ten positives at .95 .9 ... .5 (step .05) and five negatives at .92 .78 .62 .52 .3.
 #   recall:0.7  -> 7 positives needed -> cut at the 7th positive
@@ -277,7 +302,9 @@ def test_parse_mode_accepts_the_documented_forms() -> None:
     assert parse_mode("threshold:0.25") == CalibrationMode("threshold", 0.25)
     assert parse_mode("0.25") == CalibrationMode("threshold", 0.25)
     assert str(parse_mode("recall:0.90")) == "recall:0.9"
-    assert default_mode(True) == "f1" and default_mode(False) == "pu"
+    assert parse_mode("pu-f1") == CalibrationMode("pu-f1")
+    assert parse_mode("PU-F1:2.9") == CalibrationMode("pu-f1", 2.9)
+    assert default_mode(True) == "f1" and default_mode(False) == "pu-f1"
 
 
 @pytest.mark.parametrize(
@@ -290,6 +317,8 @@ def test_parse_mode_accepts_the_documented_forms() -> None:
         ("recall:1.5", "0 < R <= 1"),
         ("recall:x", "0 < R <= 1"),
         ("recall:nan", "0 < R <= 1"),
+        ("pu-f1:0", "K > 0"),
+        ("pu-f1:x", "K > 0"),
         ("threshold:0", "0 < X < 1"),
         ("threshold:1", "0 < X < 1"),
         ("threshold:abc", "0 < X < 1"),
@@ -367,6 +396,7 @@ def test_pu_thresholds_approach_the_full_label_optimum(builtin_cache: Path) -> N
 
     oracle = calibrate(probs, full, "f1")
     pu = calibrate(probs, observed, "pu")
+    pu_f1 = calibrate(probs, observed, "pu-f1", expected_positives=float(full.sum(1).mean()))
     wrong = calibrate(probs, observed, "f1")
     assert pu.rules == ["pu"] * num_classes  # every class has enough observed positives
     assert pu.positives == observed.sum(0).tolist()
@@ -378,6 +408,7 @@ def test_pu_thresholds_approach_the_full_label_optimum(builtin_cache: Path) -> N
     f1_half = _class_f1(probs, full, 0.5).mean()
 
     assert f1_pu >= f1_oracle - 0.03
+    assert _class_f1(probs, full, np.array(pu_f1.thresholds)).mean() >= f1_oracle - 0.03  # 0.008 in this draw
     assert f1_pu > f1_wrong
     assert f1_pu > f1_half + 0.05
     assert abs(np.mean(t_pu - t_oracle)) < 0.035  # PU: no systematic bias

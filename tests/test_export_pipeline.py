@@ -136,7 +136,7 @@ def _check_model_card(folder: Path, artifacts: list[Any], x: np.ndarray, labels:
     for art in artifacts:
         assert f"`{art.path.name}`" in card
     assert f"python -m serve tag path/to/images --model {folder / 'model.onnx'}" in card
-    assert "by `f1` on" in card and "measured against the full labels" in card
+    assert "by `f1` on" in card and "measured against the full val labels" in card
     rows = list(csv.DictReader((folder / "tags.csv").open()))
     assert [r["name"] for r in rows] == meta.classes
     assert [float(r["threshold"]) for r in rows] == pytest.approx(meta.thresholds, rel=1e-5)

@@ -539,9 +539,9 @@ def test_coco_structure_errors(tmp_path: Path) -> None:
 
 def test_registry_kinds_and_help() -> None:
     """The kinds are registered, the help lists them, builtin arguments parse."""
-    assert set(DATASET_KINDS) == {"builtin", "csv", "voc", "coco", "cub", "nus", "formatted"}
+    assert set(DATASET_KINDS) == {"builtin", "csv", "voc", "coco", "cub", "nus", "formatted", "folder"}
     text = describe_kinds()
-    for form in ("builtin", "csv:", "voc:", "coco:", "cub:", "nus:", "formatted:", "auto-detected"):
+    for form in ("builtin", "csv:", "voc:", "coco:", "cub:", "nus:", "formatted:", "folder:", "auto-detected"):
         assert form in text
     assert parse_builtin_argument("tiny") == ("tiny", 0)
     assert parse_builtin_argument("tiny@seed3") == ("tiny", 3)

@@ -143,12 +143,13 @@ def test_every_method_trains_end_to_end(squares_csv: Path, tmp_path: Path, monke
 
 def test_without_hidden_labels_oracles_are_refused_and_nothing_is_scored(
         squares_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """--observed full: the training labels hold nothing beyond what the methods observe, so the reference bounds
-    refuse to start (exit 2, no run folder) and no full-label diagnostic is computed."""
-    data = ["--data", f"csv:{squares_csv}", "--image-size", "32", "--no-progress", "--observed", "full"]
+    """Training labels declared partial (--labels partial): the reference bounds refuse to start (exit 2, no run
+    folder). --observed full: nothing is hidden, so no full-label diagnostic is computed."""
+    data = ["--data", f"csv:{squares_csv}", "--image-size", "32", "--no-progress", "--labels", "partial"]
     for oracle in (m for m in METHODS if METHODS[m].trains_on_full_labels):
         assert main([*data, "--method", oracle, "--runs-dir", str(tmp_path), "--name", oracle]) == 2
-        assert "reference bound that trains on the training images' full labels" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "reference bound that trains on the training images' full labels" in err and "partial" in err
         assert not (tmp_path / oracle).exists()
     cfg = _cfg(tmp_path, data=f"csv:{squares_csv}", name="role-full", method="role", observed="full", epochs=1)
     summary = Trainer(cfg).fit()

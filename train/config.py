@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.resnet import ARCHITECTURES, BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
+from train.data.label_regime import DECLARABLE, parse_declared
 from train.data.protocol import PROTOCOL_SEED, parse_observed
 from train.methods import BASELINE, METHODS, get_method, method_names
 from train.methods.base import paper_settings_for
 from train.optimizers import OPTIMIZERS, SCHEDULERS
 from train.runs import default_runs_dir
+from train.selection import SELECT_CHOICES
 
 
 def default_workers() -> int:
@@ -29,6 +31,9 @@ class TrainConfig:
     observed: str = "single"
     val_fraction: float = 0.2
     protocol_seed: int = PROTOCOL_SEED
+    labels: str = "auto"
+    select: str = "auto"
+    audit: str = ""
     method: str = BASELINE  # AN, the method every comparison starts from
     hp: dict[str, str] = field(default_factory=dict)
     arch: str = "resnet18"
@@ -143,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--val-fraction", type=float, help=f"share of train held out as val. Default: {d.val_fraction}")
     g.add_argument("--protocol-seed", type=int, help="seed of label sampling and the split, the same for every "
                    f"method. Default: {d.protocol_seed}")
+    g.add_argument("--labels", choices=DECLARABLE, help="what the labels of every split are: auto (detected per "
+                   "split: at most one positive per image = single-positive, else full), full (complete, e.g. a "
+                   "multi-class set where one label per image is all there is), single-positive, or partial (some "
+                   "positives missing). Figures that need full labels (F1, mAP, label recovery) are computed only on "
+                   "splits with full labels and read 'n/a (no full labels)' elsewhere; the oracle methods need full "
+                   f"training labels. Default: {d.labels}")
+    g.add_argument("--select", choices=SELECT_CHOICES, help="how the best epoch is chosen on the validation split: "
+                   "auto (val_mAP where val has full labels, else an-loss), val_mAP (the papers'), or a criterion "
+                   "for single-positive val labels: an-loss (the assume-negative loss of the observed val labels; "
+                   "measured closest to clean-val selection), observed-auc, observed-rank (docs/your-data.md). "
+                   f"Default: {d.select}")
+    g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form, e.g. "
+                   "csv:audit/labels.csv): their mean number of positives is k, the expected positives per image "
+                   "of epr and role, when the dataset has no published k and its training labels are not full. "
+                   "Without one, k is estimated from the model's own validation scores after every epoch "
+                   "(docs/your-data.md). Default: none")
     g = p.add_argument_group("method")
     g.add_argument("--method", choices=method_names(), help="training method (`python -m train.methods` lists them "
                    f"with their papers and ideas). Default: {d.method}")
@@ -256,7 +277,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def validate(cfg: TrainConfig) -> None:
     """Raise ``ValueError`` with a readable message for inconsistent settings."""
     parse_observed(cfg.observed)
+    parse_declared(cfg.labels)
     checks = [
+        (cfg.select in SELECT_CHOICES, f"--select must be one of {', '.join(SELECT_CHOICES)}"),
         (cfg.epochs >= 1 or (cfg.epochs == 0 and cfg.linear_init >= 1),
          "--epochs must be >= 1 (0 only with --linear-init N: a linear probe on fixed features)"),
         (cfg.batch_size >= 1 and cfg.eval_batch_size >= 1, "batch sizes must be >= 1"),

@@ -43,10 +43,12 @@ class LinearPhase:
 
     def __init__(self, model: MultiLabelResNet, method: Method, predictor: Predictor, train: LabelledImages,
                  val: LabelledImages, observed: torch.Tensor, negatives: torch.Tensor, annotated: torch.Tensor | None,
-                 lr: float, batch_size: int, seed: int, criterion: Criterion = CRITERIA[DEFAULT_CRITERION]) -> None:
+                 lr: float, batch_size: int, seed: int, criterion: Criterion = CRITERIA[DEFAULT_CRITERION],
+                 val_full_labels: bool = True) -> None:
         self.model, self.method, self.predictor = model, method, predictor
         self.observed, self.negatives, self.annotated = observed, negatives, annotated
         self.batch_size, self.seed, self.criterion = batch_size, seed, criterion
+        self.val_full_labels = val_full_labels
         self.val_labels = val.labels
         self.classes = list(train.classes)
         params = [{"params": list(model.head.parameters())}, *method.param_groups(lr)]
@@ -118,7 +120,8 @@ class LinearPhase:
         present = self.val_present
         with torch.inference_mode():
             logits = self.model.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
-        return assess(logits, self.val_labels[present.numpy()], self.classes, self.criterion)
+        return assess(logits, self.val_labels[present.numpy()], self.classes, self.criterion,
+                      full_labels=self.val_full_labels)
 
     def remember_if_best(self, score: float) -> bool:
         """Keep a copy of the head and the method state when ``score`` is the best of phase 1."""

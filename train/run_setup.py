@@ -18,12 +18,15 @@ from tqdm import tqdm
 
 from models.resnet import MultiLabelResNet, build_model
 from train.config import TrainConfig
+from train.data.audit_list import load_audit
 from train.data.observed_file import protocol_file_bytes, sha256_of
 from train.data.protocol import ProtocolSplits, build_protocol, parse_observed, protocol_record
 from train.data.registry import load_dataset
 from train.data.types import DatasetSplits
 from train.distributed import current_world
-from train.methods.base import Method, MethodContext, MethodHparams
+from train.expected_positives import ExpectedPositives
+from train.expected_positives import resolve_expected_positives as resolve_k
+from train.methods.base import Method, MethodContext, MethodHparams, preset_for
 
 
 def log(message: str) -> None:
@@ -117,7 +120,7 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     """Load ``cfg.data`` and apply the protocol (``--observed``, val split, protocol seed); say on stdout (rank 0)
     when the observed labels are read, not sampled."""
     dataset = load_dataset(cfg.data)
-    splits = build_protocol(dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed)
+    splits = build_protocol(dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed, cfg.labels)
     if current_world().is_main:
         if cfg.observed.strip().lower() == "single" and splits.observed.kind == "given":
             print(f"observed labels: the dataset's own {splits.observed.path} (not sampled; add ?resample to the "
@@ -133,11 +136,33 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
     them (the oracle capability), and for it a ``ValueError`` when the training split has no full labels."""
     if not method.trains_on_full_labels:
         return False
-    if not splits.train_has_full_labels:
+    if not splits.train_labels_full:
         raise ValueError(f"method {method.name!r} is a reference bound that trains on the training images' full "
-                         f"labels, and this run's training labels hold nothing beyond what it observes "
-                         f"({splits.observed}); use it on fully labelled data with --observed single or partial:R")
+                         f"labels, and this run's training labels are {splits.regimes['train'].kind}; use it on "
+                         "fully labelled data (or declare them with --labels full)")
     return True
+
+
+def resolve_expected_positives(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
+                               dataset_name: str) -> ExpectedPositives | None:
+    """k, the expected number of positives per image, for a method that uses it (None for the others), from the
+    first source that exists (train/expected_positives.py): ``--hp k``, the published value of the dataset, the
+    full training (else validation) labels, the ``--audit`` list; with none of them ``estimated``: the observed
+    positives per image for the first epoch, then the estimate from the model's own validation scores after every
+    epoch (:meth:`train.trainer.Trainer` updates it)."""
+    if not method.uses_expected_positives:
+        return None
+    given = cfg.hp.get("k")
+    published = preset_for(method, dataset_name).get("k")
+    full = splits.train.labels if splits.train_labels_full else (
+        splits.val.labels if splits.has_full_labels("val") else None)
+    audit = load_audit(cfg.audit, list(splits.classes)).labels if cfg.audit else None
+    if given is None and published is None and full is None and audit is None:
+        start = float((splits.train_observed == 1).sum(1).mean())
+        return ExpectedPositives(start, "estimated", "from the model's validation scores after each epoch; "
+                                 f"{start:.2f} (the observed positives per image) in the first")
+    return resolve_k(given=None if given is None else float(given), published=published, full_labels=full,
+                     audit_labels=audit)
 
 
 def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch.device,
@@ -156,15 +181,15 @@ def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch
 
 
 def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig, splits: ProtocolSplits,
-                 dataset_name: str, total_epochs: int, feature_width: int, device: torch.device) -> Method:
+                 dataset_name: str, total_epochs: int, feature_width: int, device: torch.device,
+                 expected_positives: ExpectedPositives | None) -> Method:
     """``method`` built for this run's training set, on ``device``: it knows the observed training labels, never
-    the annotated ones. ``k`` (expected positives per image) is still measured on the annotated labels, as
-    Cole et al. do for EPR and ROLE."""
+    the annotated ones, and ``expected_positives`` (k, :func:`resolve_expected_positives`) when it uses it."""
     ctx = MethodContext(
         num_classes=len(splits.classes),
         num_train=len(splits.train),
         train_observed=torch.from_numpy(splits.train_observed.astype(np.float32)),
-        expected_positives=float(splits.train.labels.sum(1).mean()),
+        expected_positives=expected_positives.k if expected_positives is not None else float("nan"),
         epochs=total_epochs,  # epoch numbers given to on_epoch_end count every phase and stage
         dataset=dataset_name,
         batch_size=cfg.batch_size,

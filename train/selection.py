@@ -2,8 +2,10 @@
 and the best epoch so far.
 
 A selection criterion is a function of the validation predictions (logits, one row per image) and the
-validation labels that returns a score, higher being better (NaN when it cannot be computed). Today's is the
-validation mAP (the papers' protocol). Adding one is one function in :data:`CRITERIA`.
+validation labels that returns a score, higher being better (NaN when it cannot be computed). ``val_mAP`` is the
+papers' criterion and needs full validation labels; the label-free ones of :mod:`train.label_free_selection`
+need only single positives. ``--select auto`` (:func:`resolve_criterion`) takes the first where val has full
+labels, ``an-loss`` where it has not. Adding one is one function in :data:`CRITERIA`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from train.data.label_regime import NOT_AVAILABLE
+from train.label_free_selection import DESCRIPTIONS, LABEL_FREE_CRITERIA, default_criterion
 from train.metrics import evaluate, mean_average_precision
 
 Criterion = Callable[[np.ndarray, np.ndarray], float]
@@ -26,8 +30,41 @@ def validation_map(logits: np.ndarray, labels: np.ndarray) -> float:
     return mean_average_precision(logits, labels)
 
 
-CRITERIA: dict[str, Criterion] = {"val_mAP": validation_map}
+CRITERIA: dict[str, Criterion] = {"val_mAP": validation_map, **LABEL_FREE_CRITERIA}
 DEFAULT_CRITERION = "val_mAP"
+SELECT_CHOICES = ("auto", *CRITERIA)
+
+
+@dataclass(frozen=True)
+class SelectionRule:
+    """The criterion a run selects its epochs with (``name`` in :data:`CRITERIA`) and why it is that one."""
+
+    name: str
+    reason: str
+
+    @property
+    def criterion(self) -> Criterion:
+        """The criterion's function."""
+        return CRITERIA[self.name]
+
+    def describe(self) -> str:
+        """The start-of-run line."""
+        what = DESCRIPTIONS.get(self.name, "the validation mAP (the papers' criterion)")
+        return f"best epoch selected by {self.name}: {what} ({self.reason})"
+
+
+def resolve_criterion(select: str, val_has_full_labels: bool) -> SelectionRule:
+    """The selection rule of ``--select``: ``auto`` gives ``val_mAP`` when the validation labels are full and
+    the label-free default otherwise; a named criterion is taken as is (``val_mAP`` on validation labels that
+    are not full is allowed, and said)."""
+    if select == "auto":
+        name = default_criterion(val_has_full_labels)
+        return SelectionRule(name, "auto: val has full labels" if val_has_full_labels else
+                             "auto: val has no full labels")
+    if select not in CRITERIA:
+        raise ValueError(f"unknown selection criterion {select!r}; choose from {', '.join(SELECT_CHOICES)}")
+    note = "" if val_has_full_labels or select != "val_mAP" else ", against val labels that are not full"
+    return SelectionRule(select, f"--select {select}{note}")
 
 
 def finite_score(value: float | None) -> float:
@@ -38,16 +75,33 @@ def finite_score(value: float | None) -> float:
 @dataclass
 class Assessment:
     """A model's predictions on a split, judged: ``metrics`` against the split's labels (mAP, F1, per-class AP;
-    :func:`train.metrics.evaluate`) and ``score``, the selection criterion's value (-inf when undefined)."""
+    :func:`train.metrics.evaluate`; with ``full_labels`` False the figures that need full labels are None and
+    ``mAP_observed`` is the mAP against the labels as given), ``score``, the selection criterion's value (-inf
+    when undefined), and the ``logits`` and ``labels`` it was computed from."""
 
     metrics: dict[str, Any]
     score: float
+    logits: np.ndarray | None = None
+    labels: np.ndarray | None = None
 
 
 def assess(logits: np.ndarray, labels: np.ndarray, classes: list[str],
-           criterion: Criterion = CRITERIA[DEFAULT_CRITERION]) -> Assessment:
+           criterion: Criterion = CRITERIA[DEFAULT_CRITERION], full_labels: bool = True) -> Assessment:
     """The metrics of ``logits`` (N, C) against ``labels`` (N, C) and the criterion's score."""
-    return Assessment(evaluate(logits, labels, classes), finite_score(criterion(logits, labels)))
+    metrics = evaluate(logits, labels, classes)
+    if not full_labels:
+        metrics = {**{k: None for k in FULL_LABEL_FIGURES}, "mAP_observed": metrics["mAP"],
+                   "num_images": metrics.get("num_images")}
+    return Assessment(metrics, finite_score(criterion(logits, labels)), logits, labels)
+
+
+#: The figures of :func:`train.metrics.evaluate` that need full labels (None on a split without them).
+FULL_LABEL_FIGURES = ("mAP", "OF1", "CF1", "OP", "OR", "CP", "CR", "per_class_AP")
+
+
+def figure(value: float | None, spec: str = ".2f") -> str:
+    """A figure for a log line: formatted, or ``n/a (no full labels)`` when None."""
+    return NOT_AVAILABLE if value is None else f"{value:{spec}}"
 
 
 @dataclass

@@ -26,10 +26,12 @@ from models.resnet import model_from_meta
 from train.checkpointing import capture_rng, load_shared, restore_rng, run_meta
 from train.config import TrainConfig
 from train.data.dataset import ImageLabelDataset, SkipReporter
+from train.data.label_regime import describe_regimes
 from train.data.observed_file import OBSERVED_FILE
 from train.diagnostics import score_label_estimates
 from train.distributed import barrier, broadcast_buffers, broadcast_object, init_world, per_rank_batch
 from train.epoch_loop import build_train_data, train_epoch
+from train.expected_positives import ExpectedPositives, estimate_expected_positives
 from train.inference import Predictor, Rows
 from train.linear_init import LinearPhase
 from train.methods import EpochEndContext, LossOutput, get_method, make_hparams
@@ -43,12 +45,13 @@ from train.run_setup import (
     load_run_data,
     log,
     make_run_name,
+    resolve_expected_positives,
     resolve_head,
     resolve_precision,
     seed_everything,
 )
 from train.runs import BEST, LAST
-from train.selection import CRITERIA, DEFAULT_CRITERION, Assessment, BestSoFar, Candidate, assess, pick
+from train.selection import Assessment, BestSoFar, Candidate, assess, figure, pick, resolve_criterion
 from train.training_step import run_training_step, wrap_training_step
 
 
@@ -87,8 +90,9 @@ class Trainer:
         # --epochs 0 (only with --linear-init): a linear probe, no end-to-end stage at all
         self.stage_plan = method_cls.stage_epochs(self.hparams, cfg.epochs) if cfg.epochs else [0]
         self.total_epochs = cfg.linear_init + sum(self.stage_plan)
+        self.expected_positives = resolve_expected_positives(method_cls, cfg, self.splits, self.dataset.name)
         self.method = build_method(method_cls, self.hparams, cfg, self.splits, self.dataset.name, self.total_epochs,
-                                   self.model.num_features, self.device)
+                                   self.model.num_features, self.device, self.expected_positives)
 
         mean, std = IMAGENET_MEAN, IMAGENET_STD
         self.predictor = Predictor(EvalTransform(cfg.image_size, mean, std), self.device, self.precision.autocast,
@@ -106,7 +110,8 @@ class Trainer:
                                       self.device.type == "cuda", self.predictor.reporter)
         self.val_loader = self.predictor.eval_loader(self.splits.val)
         self.steps_per_epoch = len(self.train.loader)
-        self.criterion = CRITERIA[DEFAULT_CRITERION]
+        self.selection = resolve_criterion(cfg.select, self.splits.has_full_labels("val"))
+        self.criterion = self.selection.criterion
 
         self._fresh_optimisation(stage=1)
         self.start_epoch = 1
@@ -148,7 +153,8 @@ class Trainer:
         annotated = self.train.dataset.labels if self.train.dataset.annotated_in_items else None
         return LinearPhase(self.model, self.method, self.predictor, self.splits.train, self.splits.val,
                            self.train.dataset.observed, self.train.dataset.negatives, annotated,
-                           self.cfg.linear_init_lr, self.cfg.batch_size, self.cfg.seed, self.criterion)
+                           self.cfg.linear_init_lr, self.cfg.batch_size, self.cfg.seed, self.criterion,
+                           self.splits.has_full_labels("val"))
 
     def _next_stage(self, stage: int) -> None:
         """End the current stage: keep its best checkpoint as ``best-stageK.pt``, load its best weights, then start
@@ -160,25 +166,35 @@ class Trainer:
                 shutil.copyfile(best_path, tmp)
         best = load_shared(best_path, self.device)
         self.model.load_state_dict(best.model)
-        self.stage_history.append({"stage": finished, "best_epoch": self.best.epoch, "val_mAP": self.best.score,
+        self.stage_history.append({"stage": finished, "best_epoch": self.best.epoch,
+                                   f"val_{self.selection.name}": self.best.score,
                                    "weights": best.meta.metrics.get("weights", "model")})
+        log(f"stage {finished} done (best val {self.selection.name} {self.best.score:.4g} at epoch {self.best.epoch}); "
+            f"stage {stage} starts from those weights")
         self.method.start_stage(stage)
         self._fresh_optimisation(stage)
         self.best.reset()
-        log(f"stage {finished} done (best val mAP {self.stage_history[-1]['val_mAP']:.2f} at epoch "
-            f"{self.stage_history[-1]['best_epoch']}); stage {stage} starts from those weights")
 
     # ----------------------------------------------------------------- checkpoints
     def meta(self, epoch: int, metrics: dict[str, Any]) -> ModelMeta:
-        """The checkpoint metadata for the current model."""
-        return run_meta(self.cfg, self.model, self.method, self.dataset, self.splits, self.data.protocol_sha256,
+        """The checkpoint metadata for the current model: what it is, the run's data and protocol, its label regimes,
+        selection criterion and k."""
+        meta = run_meta(self.cfg, self.model, self.method, self.dataset, self.splits, self.data.protocol_sha256,
                         epoch, metrics)
+        meta.data.update({
+            "labels": self.cfg.labels,
+            "label_regimes": {split: regime.kind for split, regime in self.splits.regimes.items()},
+            "selection": self.selection.name,
+            "expected_positives": self.expected_positives.to_dict() if self.expected_positives else None,
+        })
+        return meta
 
     def save_last(self, epoch: int) -> None:
         """Write last.pt with everything ``--resume`` needs (rank 0; the state is the same on every rank)."""
         if not self.world.is_main:
             return
         training = {"epoch": epoch, **self.best.state_dict(), **self.optimisation.state_dict(),
+                    "expected_positives": self.expected_positives.to_dict() if self.expected_positives else None,
                     "method": self.method.state_dict(), "rng": capture_rng(), "stage_history": self.stage_history}
         if self.linear is not None:
             training["linear"] = self.linear.state_dict()
@@ -204,10 +220,13 @@ class Trainer:
         restore_rng(t["rng"])
         self._linear_resume = t.get("linear")
         self.best.load_state_dict(t)
+        if t.get("expected_positives") and self.expected_positives is not None:  # an estimate made before the stop
+            k = t["expected_positives"]
+            self._set_expected_positives(ExpectedPositives(float(k["k"]), k["source"], k.get("detail", "")))
         barrier()  # every rank has read last.pt
         self.files.keep_metrics_before(self.start_epoch)  # those epochs run again
         log(f"resuming {self.run_dir} at epoch {self.start_epoch}/{self.total_epochs} "
-            f"(best val mAP so far {self.best.score:.2f} at epoch {self.best.epoch})")
+            f"(best {self.selection.name} so far {self.best.score:.4g} at epoch {self.best.epoch})")
 
     # ----------------------------------------------------------------- training
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -275,13 +294,30 @@ class Trainer:
         probs[~rows.present] = dataset.observed[~rows.present]
         return probs
 
-    def evaluate(self, model: nn.Module, loader: Any, desc: str) -> Assessment:
-        """``model``'s predictions on ``loader``'s dataset against its labels, with the selection criterion."""
+    def evaluate(self, model: nn.Module, loader: Any, desc: str, split: str = "val") -> Assessment:
+        """``model``'s predictions on ``loader``'s dataset (the ``split``) against its labels, with the selection
+        criterion; the figures that need full labels are None when the split has none."""
         rows = self._predict(model, loader, desc)
         if rows.missing:
             log(f"{desc}: {rows.missing} unreadable image(s) left out of the metrics")
         labels = loader.dataset.labels[rows.present]
-        return assess(rows.values[rows.present].numpy(), labels.numpy(), self.classes, self.criterion)
+        return assess(rows.values[rows.present].numpy(), labels.numpy(), self.classes, self.criterion,
+                      full_labels=self.splits.has_full_labels(split))
+
+    def _set_expected_positives(self, k: ExpectedPositives) -> None:
+        self.expected_positives = k
+        self.method.set_expected_positives(k.k)
+
+    def _estimate_expected_positives(self, assessment: Assessment) -> dict[str, float]:
+        """When k is estimated: a new estimate from this epoch's validation scores (the same on every rank), given
+        to the method for the next epoch; returns it for the metrics line."""
+        k = self.expected_positives
+        if k is None or k.source != "estimated" or assessment.logits is None or assessment.labels is None:
+            return {}
+        value = estimate_expected_positives(assessment.logits, assessment.labels)
+        self._set_expected_positives(ExpectedPositives(value, "estimated", "from the model's validation scores "
+                                                       "after each epoch"))
+        return {"k_estimate": value}
 
     def _candidates(self, linear: LinearPhase | None) -> list[Candidate]:
         """The epoch's candidate weights with their val assessment: the model (its head on cached features in
@@ -306,6 +342,10 @@ class Trainer:
         if self.start_epoch == 1:
             log(f"run {self.run_dir}: {cfg.method} on {self.dataset.name} ({self.splits.summary()}), {cfg.arch} "
                 f"@{cfg.image_size}px, {self.device}" + (f", {self.precision.dtype}" if self.precision.dtype else ""))
+            log(describe_regimes(self.splits.regimes))
+            log(self.selection.describe())
+            if self.expected_positives is not None:
+                log(f"{cfg.method}: {self.expected_positives.describe()}")
             if len(self.stage_plan) > 1:
                 log(f"{cfg.method} trains in {len(self.stage_plan)} stages of {', '.join(map(str, self.stage_plan))}"
                     " epochs; each stage starts from the previous stage's best weights")
@@ -331,6 +371,9 @@ class Trainer:
             "splits": self.splits.summary(), "notes": self.dataset.notes,
             "observed_file": OBSERVED_FILE, "observed_sha256": self.data.protocol_sha256,
             "protocol_seed": self.splits.seed,
+            "labels": {split: regime.to_dict() for split, regime in self.splits.regimes.items()},
+            "selection": {"criterion": self.selection.name, "reason": self.selection.reason},
+            "expected_positives": self.expected_positives.to_dict() if self.expected_positives else None,
         }}
 
     def _run_epoch(self, epoch: int) -> None:
@@ -346,13 +389,19 @@ class Trainer:
         if linear is not None:
             linear.remember_if_best(candidates[0].assessment.score)
         chosen = pick(candidates)
+        stats.update(self._estimate_expected_positives(candidates[0].assessment))
         val = candidates[0].assessment.metrics
         stage = self.stage_of(epoch)
         record = {"epoch": epoch, **({"stage": stage} if len(self.stage_plan) > 1 else {}),
                   **{k: round(v, 6) for k, v in stats.items()},
                   "val_mAP": val["mAP"], "val_OF1": val["OF1"], "val_CF1": val["CF1"]}
+        if val["mAP"] is None:
+            record["val_mAP_observed"] = val["mAP_observed"]
+        if self.selection.name != "val_mAP":
+            record[f"val_{self.selection.name}"] = candidates[0].assessment.score
         if len(candidates) > 1:
             record["val_mAP_ema"] = candidates[1].assessment.metrics["mAP"]
+            record[f"val_{self.selection.name}_ema"] = candidates[1].assessment.score
         improved = self.best.offer(chosen.assessment.score, epoch)
         if improved and self.world.is_main:
             val_summary = {k: v for k, v in chosen.assessment.metrics.items() if k != "per_class_AP"}
@@ -367,9 +416,12 @@ class Trainer:
         if stage < len(self.stage_plan) and epoch == self._last_epoch_of_stage(stage):
             self._next_stage(stage + 1)
         self.save_last(epoch)
+        score = f"  val {self.selection.name} {candidates[0].assessment.score:.4g}" \
+            if self.selection.name != "val_mAP" else ""
         log(f"epoch {epoch}/{self.total_epochs}{' (linear)' if linear is not None else ''}  loss {stats['loss']:.4f}"
-            f"  val mAP {val['mAP']:.2f}"
-            + (f"  (ema {record['val_mAP_ema']:.2f})" if "val_mAP_ema" in record else "")
+            f"  val mAP {figure(val['mAP'])}{score}"
+            + (f"  (ema {figure(record['val_mAP_ema'])})" if "val_mAP_ema" in record else "")
+            + (f"  k {stats['k_estimate']:.2f}" if "k_estimate" in stats else "")
             + (f"  {stats['train_images_per_s']:.0f} img/s" if "train_images_per_s" in stats else "")
             + ("  *best*" if improved else ""))
 
@@ -384,13 +436,13 @@ class Trainer:
         metrics: dict[str, Any] = {"val": self.evaluate(model, self.val_loader, "val (best)").metrics}
         if self.splits.test is not None:
             test_loader = self.predictor.eval_loader(self.splits.test)
-            metrics["test"] = self.evaluate(model, test_loader, "test (best)").metrics
+            metrics["test"] = self.evaluate(model, test_loader, "test (best)", "test").metrics
         else:
             log("no test split in this dataset: reporting validation metrics only")
         if self.splits.train_has_full_labels:
             # Cole et al.'s label recovery: how well the model ranks the training set's hidden labels
             train_loader = self.predictor.eval_loader(self.splits.train)
-            metrics["train_recovery"] = self.evaluate(model, train_loader, "train (label recovery)").metrics
+            metrics["train_recovery"] = self.evaluate(model, train_loader, "train (label recovery)", "train").metrics
         compact = {k: {m: v for m, v in d.items() if m != "per_class_AP"} for k, d in metrics.items()}
         compact["weights"] = best.meta.metrics.get("weights", "model")
         best.meta.metrics = compact
@@ -399,16 +451,19 @@ class Trainer:
         summary = {
             "run": str(self.run_dir), "method": self.cfg.method, "dataset": self.dataset.name,
             "observed": str(self.splits.observed), "arch": self.cfg.arch, "image_size": self.cfg.image_size,
-            "epochs": self.cfg.epochs, "best_epoch": self.best.epoch, **metrics,
+            "epochs": self.cfg.epochs, "best_epoch": self.best.epoch, "selection": self.selection.name,
+            "best_score": self.best.score,
+            "labels": {split: regime.kind for split, regime in self.splits.regimes.items()},
+            "expected_positives": self.expected_positives.to_dict() if self.expected_positives else None, **metrics,
         }
         if self.stage_history:
             summary["stages"] = [*self.stage_history, {"stage": len(self.stage_plan), "best_epoch": self.best.epoch,
-                                                       "val_mAP": self.best.score}]
+                                                       f"val_{self.selection.name}": self.best.score}]
         self.files.write_summary(summary)
-        line = f"best epoch {self.best.epoch}: val mAP {metrics['val']['mAP']:.2f}"
+        line = f"best epoch {self.best.epoch} ({self.selection.name}): val mAP {figure(metrics['val']['mAP'])}"
         if "test" in metrics:
             t = metrics["test"]
-            line += f" | test mAP {t['mAP']:.2f}  OF1 {t['OF1']:.2f}  CF1 {t['CF1']:.2f}"
+            line += f" | test mAP {figure(t['mAP'])}  OF1 {figure(t['OF1'])}  CF1 {figure(t['CF1'])}"
         if "train_recovery" in metrics:
             line += f" | train label recovery mAP {metrics['train_recovery']['mAP']:.2f}"
         log(line)

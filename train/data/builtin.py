@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from train.data.builtin_attributes import DENSE_CLASS_NAMES, generate_dense_image
 from train.data.builtin_scenes import (
     COOCCURRING_PAIRS,
     GENERATOR_VERSION,
@@ -77,22 +78,33 @@ JPEG_QUALITY = 90
 
 @dataclass(frozen=True)
 class BuiltinPreset:
-    """A named size of the built-in dataset."""
+    """A named size of the built-in dataset; ``attributes``: the dense variant, labelled with the shapes and
+    their attributes (:mod:`train.data.builtin_attributes`)."""
 
     name: str
     image_size: int
     n_train: int
     n_test: int
+    attributes: bool = False
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The preset's class names, in label order."""
+        return DENSE_CLASS_NAMES if self.attributes else tuple(CLASS_NAMES)
 
 
 #: Images are seeded by ``(seed, split, index)`` only, so ``small`` is exactly the first 2,000 training images of
 #: ``default`` with the same 2,000 test images: the regime where a network memorises its assumed negatives within
-#: a CPU budget, measured on the same test set as ``default``.
+#: a CPU budget, measured on the same test set as ``default``. The ``dense-*`` presets are the same images (same
+#: seed) labelled with 7 attributes on top of the 20 shapes: about 6.4 positives per image instead of 2.8.
 PRESETS: dict[str, BuiltinPreset] = {
     "tiny": BuiltinPreset("tiny", 64, 200, 80),
     "small": BuiltinPreset("small", 96, 2000, 2000),
     "default": BuiltinPreset("default", 96, 16000, 2000),
     "large": BuiltinPreset("large", 448, 30000, 6000),
+    "dense-tiny": BuiltinPreset("dense-tiny", 64, 200, 80, attributes=True),
+    "dense-small": BuiltinPreset("dense-small", 96, 2000, 2000, attributes=True),
+    "dense": BuiltinPreset("dense", 96, 16000, 2000, attributes=True),
 }
 
 
@@ -150,13 +162,14 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "spml"
 
 
-def _generate_chunk(folder: str, seed: int, split: str, start: int, stop: int, image_size: int) -> list[str]:
+def _generate_chunk(folder: str, seed: int, split: str, start: int, stop: int, preset: BuiltinPreset) -> list[str]:
     """Worker: write images ``start:stop`` of ``split`` into ``folder``; returns their ';'-joined labels."""
     out = []
+    generate = generate_dense_image if preset.attributes else generate_image
     for index in range(start, stop):
-        img, labels = generate_image(seed, split, index, image_size)
+        img, labels = generate(seed, split, index, preset.image_size)
         img.save(Path(folder) / "images" / split / f"{index:06d}.jpg", format="JPEG", quality=JPEG_QUALITY)
-        out.append(";".join(CLASS_NAMES[c] for c in np.flatnonzero(labels)))
+        out.append(";".join(preset.classes[c] for c in np.flatnonzero(labels)))
     return out
 
 
@@ -172,14 +185,13 @@ def _write_dataset(folder: Path, preset: BuiltinPreset, seed: int, workers: int,
     with bar:
         if workers <= 1:
             for split, start, stop in tasks:
-                results[split, start] = _generate_chunk(str(folder), seed, split, start, stop,
-                                                        preset.image_size)
+                results[split, start] = _generate_chunk(str(folder), seed, split, start, stop, preset)
                 bar.update(stop - start)
         else:
             pool = ProcessPoolExecutor(max_workers=workers)
             try:
                 futures = {
-                    pool.submit(_generate_chunk, str(folder), seed, split, start, stop, preset.image_size):
+                    pool.submit(_generate_chunk, str(folder), seed, split, start, stop, preset):
                         (split, start, stop)
                     for split, start, stop in tasks
                 }
@@ -191,7 +203,7 @@ def _write_dataset(folder: Path, preset: BuiltinPreset, seed: int, workers: int,
                 # On an error or Ctrl-C, drop the queued chunks instead of finishing them.
                 pool.shutdown(wait=True, cancel_futures=True)
 
-    (folder / "classes.txt").write_text("".join(f"{name}\n" for name in CLASS_NAMES))
+    (folder / "classes.txt").write_text("".join(f"{name}\n" for name in preset.classes))
     with open(folder / "labels.csv", "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["image", "labels", "split"])

@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import sys
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from train.data.formatted import load_label_matrix
 from train.data.label_bias import bias_weights
+from train.data.label_regime import LabelRegime, detect_regimes, parse_declared
 from train.data.observed_file import ProtocolRecord, image_root, read_protocol_file, relative_paths
 from train.data.observed_spec import ObservedSpec, parse_observed
 from train.data.sampling import observe_partial, observe_uniform, observe_weighted
@@ -84,15 +86,32 @@ class ProtocolSplits:
     fingerprint: str
     seed: int = PROTOCOL_SEED  # the protocol seed that sampled the labels and drew the split
     val_observed: np.ndarray | None = None  # (N_val, C) int8 observed labels of the val images (None: unknown)
+    declared_labels: str = "auto"  # the label regime the user declared for every split (--labels), or auto
+
+    @cached_property
+    def regimes(self) -> dict[str, LabelRegime]:
+        """The label regime of each split's labels as given (train: the annotated labels, not the observed ones;
+        val: what it is scored with): full, single-positive or partial (train/data/label_regime.py)."""
+        parts = {"train": self.train.labels, "val": self.val.labels,
+                 "test": self.test.labels if self.test is not None else None}
+        return detect_regimes(parts, self.declared_labels)
+
+    def has_full_labels(self, split: str) -> bool:
+        """Whether ``split`` (train, val or test) has full labels: figures that need them are computed on it."""
+        regime = self.regimes.get(split)
+        return regime is not None and regime.full
+
+    @property
+    def train_labels_full(self) -> bool:
+        """Whether the training images' annotated labels are complete: the oracle methods may train on them."""
+        return self.has_full_labels("train")
 
     @property
     def train_has_full_labels(self) -> bool:
-        """Whether the training split's annotated labels hold more than what training observes: then (and only
-        then) the trainer scores full-label diagnostics (label recovery, the precision of a method's pseudo-labels)
-        and lets the oracle methods train. Decided here alone: today by the observed labels differing from the
-        annotated ones, which is false for single-positive labels as given (nothing is hidden) and for
-        ``--observed full`` (nothing to recover)."""
-        return not np.array_equal(self.train_observed, self.train.labels)
+        """Whether the training split has full labels that training does not observe: then (and only then) the
+        trainer scores full-label diagnostics (label recovery, the precision of a method's pseudo-labels). False for
+        single-positive or partial labels as given, and for ``--observed full`` (nothing hidden to recover)."""
+        return self.train_labels_full and not np.array_equal(self.train_observed, self.train.labels)
 
     def summary(self) -> str:
         """One line describing split sizes and label counts."""
@@ -226,11 +245,19 @@ def build_protocol(
     observed: ObservedSpec,
     val_fraction: float = 0.2,
     seed: int = PROTOCOL_SEED,
+    labels: str = "auto",
 ) -> ProtocolSplits:
     """Apply the protocol to a loaded dataset: the observed labels of the training pool (sampled, shipped with
     the dataset for the published ``single``, or read from ``observed.path``), then ``val_fraction`` of the pool
     held out as val (unless the dataset has an explicit val split). A protocol file fixes labels, split and val
-    labels together."""
+    labels together. ``labels`` declares the label regime of every split (``auto``: detected per split;
+    train/data/label_regime.py); a declaration the labels contradict is a ``ValueError``."""
+    protocol = replace(_build_protocol(splits, observed, val_fraction, seed), declared_labels=parse_declared(labels))
+    protocol.regimes  # noqa: B018  (detected now: a contradicted declaration fails before any training)
+    return protocol
+
+
+def _build_protocol(splits: DatasetSplits, observed: ObservedSpec, val_fraction: float, seed: int) -> ProtocolSplits:
     pool = splits.train
     if len(pool) == 0:
         raise ValueError(f"dataset {splits.name} has no training images")

@@ -2,7 +2,8 @@
 
 Spec forms: ``kind:argument`` with kind in ``DATASET_KINDS`` (``builtin:tiny``, ``builtin:default@seed3``,
 ``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``, ``cub:/data/CUB_200_2011``,
-``nus:/data/nus?images=/mnt/flickr&keep-unlabelled``, ``formatted:/data/voc?image-root=/mnt/voc``), ``builtin`` alone
+``nus:/data/nus?images=/mnt/flickr&keep-unlabelled``, ``formatted:/data/voc?image-root=/mnt/voc``,
+``folder:/data/pets``), ``builtin`` alone
 (= ``builtin:default``), or a bare path whose kind is detected from its contents.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from train.data.coco import find_coco_year, load_coco
 from train.data.csv_format import CSV_FILENAME, load_csv
 from train.data.cub import find_cub_dir, load_cub
+from train.data.folder import is_class_tree, load_folder_spec
 from train.data.formatted import formatted_dataset_name, is_formatted_dir, load_formatted
 from train.data.nus import is_nus_dir, load_nus_spec
 from train.data.spec_options import split_spec_options
@@ -106,16 +108,20 @@ DATASET_KINDS: dict[str, Callable[[str], DatasetSplits]] = {
     "cub": _load_cub_spec,
     "nus": load_nus_spec,
     "formatted": load_formatted,
+    "folder": load_folder_spec,
 }
 
 _FORMS: dict[str, str] = {
-    "builtin": "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, small, default, large)",
+    "builtin": "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, small, default, large; "
+               "dense-tiny, dense-small, dense: with 7 attribute labels)",
     "csv": "csv:<labels.csv | folder>         generic CSV (image,labels[,split]; classes.txt optional)",
     "voc": "voc:<VOCdevkit | VOC20xx folder>  PASCAL VOC 2007/2012",
     "coco": "coco:<root>[?reference]           MS-COCO 2014/2017 (annotations/instances_*.json)",
     "cub": "cub:<CUB_200_2011 | its parent>    CUB-200-2011, 312 attributes as labels",
     "nus": "nus:<root>[?images=DIR][&keep-unlabelled]  NUS-WIDE, 81 concepts (images under root/Flickr)",
     "formatted": "formatted:<dir>[?image-root=P&dataset=voc|coco|nus|cub&resample]  the seeds' formatted_*.npy",
+    "folder": "folder:<root>[?skip-verify]       one folder per class: root/<class>/<image> or "
+              "root/{train,val,test}/<class>/<image>",
 }
 
 
@@ -125,14 +131,15 @@ def describe_kinds() -> str:
     lines += [f"  {_FORMS.get(kind, f'{kind}:<argument>')}" for kind in DATASET_KINDS]
     lines.append(
         "  <path>                            auto-detected: a .csv file or a folder with labels.csv, a VOC "
-        "folder, a COCO root, a CUB_200_2011 folder, a NUS-WIDE root or a folder of formatted_*.npy files"
+        "folder, a COCO root, a CUB_200_2011 folder, a NUS-WIDE root, a folder of formatted_*.npy files or a "
+        "folder of class folders"
     )
     return "\n".join(lines)
 
 
 def detect_kind(path: Path) -> str | None:
-    """Return the dataset kind (``csv``/``voc``/``coco``/``cub``/``nus``/``formatted``) of an existing bare path,
-    or None."""
+    """Return the dataset kind (``csv``/``voc``/``coco``/``cub``/``nus``/``formatted``/``folder``) of an existing
+    bare path, or None."""
     path = Path(path).expanduser().resolve()
     if path.is_file():
         return "csv" if path.suffix.lower() == ".csv" else None
@@ -150,12 +157,14 @@ def detect_kind(path: Path) -> str | None:
         return "cub"
     if is_nus_dir(path):
         return "nus"
+    if is_class_tree(path):
+        return "folder"
     return None
 
 
 def spec_dataset_name(spec: str) -> str:
     """The dataset name a spec will load under, without loading it: ``builtin-<preset>``, ``voc``, ``coco``,
-    ``cub``, ``nus``, a formatted folder's family or name, or a CSV's folder name (enough for
+    ``cub``, ``nus``, a formatted folder's family or name, a CSV's or a class tree's folder name (enough for
     :func:`train.methods.base.dataset_family`); ``""`` if unknown."""
     spec = spec.strip()
     match = _KIND_PREFIX.match(spec)
@@ -176,6 +185,8 @@ def spec_dataset_name(spec: str) -> str:
     if kind == "csv":
         path = Path(argument).expanduser()
         return (path if path.is_dir() else path.parent).resolve().name
+    if kind == "folder":
+        return Path(argument.partition("?")[0]).expanduser().absolute().name
     return ""
 
 

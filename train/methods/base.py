@@ -94,7 +94,7 @@ class MethodContext:
     num_classes: int
     num_train: int
     train_observed: torch.Tensor  # (N_train, C) float: 1 observed positive, 0 unobserved, -1 observed negative
-    expected_positives: float  # k: mean number of positives per training image (Cole's lookup)
+    expected_positives: float  # k, positives per image (uses_expected_positives; NaN for the others)
     epochs: int  # all training epochs of the run (LinearInit + every stage)
     dataset: str = ""  # dataset name, used to pick a preset
     batch_size: int = 32  # training batch size (sizes per-batch buffers such as LAC's queue)
@@ -161,6 +161,9 @@ class Method(nn.Module):
     # when the training split has full labels and refuses to start otherwise.
     trains_on_full_labels: ClassVar[bool] = False
     uses_observed_negatives: ClassVar[bool] = False  # reads batch["observed_negatives"] (the protocol's -1 entries)
+    # reads ctx.expected_positives (k): the trainer resolves it (published, given, audit, or estimated and then
+    # updated through set_expected_positives after every epoch; train/expected_positives.py)
+    uses_expected_positives: ClassVar[bool] = False
     required_head: ClassVar[str | None] = None  # a classifier head the method needs (models.resnet.HEADS)
     trainable_scope: ClassVar[str | None] = None  # the backbone scope of its papers (--preset paper)
     needs_embeddings: ClassVar[bool] = False  # the step calls forward_embeddings (label-wise embedding head)
@@ -190,6 +193,10 @@ class Method(nn.Module):
         through the model, one call each, and reach :meth:`loss` as ``logits_<name>``; other entries reach it
         unchanged (default: none)."""
         return {}
+
+    def set_expected_positives(self, k: float) -> None:
+        """Take a new estimate of k (the trainer's, after an epoch, when k is estimated)."""
+        self.ctx.expected_positives = float(k)
 
     def param_groups(self, lr: float) -> list[dict[str, Any]]:
         """Extra optimiser parameter groups (default: none)."""

@@ -27,7 +27,8 @@ EXPECTED_POSITIVES = {"voc": 1.5, "coco": 2.9, "nus": 1.9, "cub": 31.4}
 
 @dataclass
 class EprHparams(MethodHparams):
-    """``k``: expected number of positives per image; None = measured on the training set's labels."""
+    """``k``: expected number of positives per image; None = the run's k (published for VOC/COCO/NUS/CUB, else
+    from full labels, the ``--audit`` list, or estimated: train/expected_positives.py)."""
 
     k: float | None = None
 
@@ -39,6 +40,7 @@ class ExpectedPositiveRegularisation(Method):
     name = "epr"
     Hparams = EprHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {f: {"k": k} for f, k in EXPECTED_POSITIVES.items()}
+    uses_expected_positives = True
     paper = "Cole et al. 2021"
     description = "positives only + expected-number-of-positives regulariser"
 

@@ -59,6 +59,7 @@ class Role(Method):
     name = "role"
     Hparams = RoleHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {f: {"k": k} for f, k in EXPECTED_POSITIVES.items()}
+    uses_expected_positives = True
     paper = "Cole et al. 2021"
     description = "online label estimation: a learnt N x C label matrix (10x learning rate)"
 

@@ -1,0 +1,119 @@
+"""The label regime of each split: full, single-positive or partial, detected from the label matrix or declared.
+
+The package's benchmarks know every label and hide most of them; a user's own data (a CSV with one label per row,
+one folder per class) has one label per image in every split. What can be computed depends on which:
+the figures that need full labels (F1 at a threshold, label recovery, mAP as a measure of quality) are only
+meaningful on a split whose labels are full.
+
+Rule (:func:`detect_regime`):
+
+* ``single-positive``: no image of the split has more than one positive (images with none are allowed, as
+  unlabelled images). A one-label-per-image matrix cannot tell a single-positive annotation from a complete
+  multi-class one; the package's premise is the former, so it is the default. Declare ``full`` when every image
+  really has exactly one class.
+* ``full``: some image has two or more positives and nothing says otherwise.
+* ``partial``: only when declared: several positives per image, but not all of them (each kept with some
+  probability, PU-MLC's setting). A matrix cannot reveal missing positives, so this is never detected.
+
+``declared`` is ``auto`` (detect) or one of the regimes; a declaration that the matrix contradicts
+(``single-positive`` with an image of two positives) is a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DECLARABLE",
+    "NOT_AVAILABLE",
+    "REGIMES",
+    "LabelRegime",
+    "describe_regimes",
+    "detect_regime",
+    "detect_regimes",
+    "parse_declared",
+]
+
+FULL, SINGLE, PARTIAL = "full", "single-positive", "partial"
+REGIMES = (FULL, SINGLE, PARTIAL)
+DECLARABLE = ("auto", *REGIMES)
+#: What a figure that needs full labels shows on a split without them.
+NOT_AVAILABLE = "n/a (no full labels)"
+_ALIASES = {"single": SINGLE, "single-positive": SINGLE, "full": FULL, "partial": PARTIAL, "auto": "auto"}
+
+
+@dataclass(frozen=True)
+class LabelRegime:
+    """The labels of one split: ``kind`` (one of :data:`REGIMES`), how it was decided (``detected`` or
+    ``declared``), the number of images and the mean and largest number of positives per image."""
+
+    split: str
+    kind: str
+    source: str
+    images: int
+    positives_per_image: float
+    max_positives: int
+
+    @property
+    def full(self) -> bool:
+        """True when the split's labels are complete: figures that need full labels may be computed on it."""
+        return self.kind == FULL
+
+    def describe(self) -> str:
+        """One phrase, e.g. ``val single-positive (400 images, 1.00 positive/image, detected)``."""
+        return (f"{self.split} {self.kind} ({self.images} images, {self.positives_per_image:.2f} positives/image, "
+                f"{self.source})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (for config.json)."""
+        return {"kind": self.kind, "source": self.source, "images": self.images,
+                "positives_per_image": round(self.positives_per_image, 4), "max_positives": self.max_positives}
+
+
+def parse_declared(text: str) -> str:
+    """``auto`` | ``full`` | ``single-positive`` (or ``single``) | ``partial`` -> the canonical name; anything
+    else is a ``ValueError`` listing the accepted words."""
+    word = text.strip().lower()
+    if word not in _ALIASES:
+        raise ValueError(f"unknown label regime {text!r}: use {', '.join(DECLARABLE)}")
+    return _ALIASES[word]
+
+
+def detect_regime(labels: np.ndarray, split: str, declared: str = "auto") -> LabelRegime:
+    """The :class:`LabelRegime` of one split's 0/1 label matrix ``labels`` (N, C) (module docstring rule)."""
+    matrix = np.asarray(labels)
+    if matrix.ndim != 2:
+        raise ValueError(f"{split} labels must be a 2-D (N, C) matrix, got shape {matrix.shape}")
+    per_image = (matrix > 0).sum(1)
+    most = int(per_image.max()) if len(per_image) else 0
+    mean = float(per_image.mean()) if len(per_image) else 0.0
+    kind = parse_declared(declared)
+    if kind == "auto":
+        kind, source = (SINGLE if most <= 1 else FULL), "detected"
+    else:
+        source = "declared"
+        if kind == SINGLE and most > 1:
+            raise ValueError(f"{split} labels were declared single-positive, but an image has {most} positives")
+    return LabelRegime(split, kind, source, len(per_image), mean, most)
+
+
+def detect_regimes(labels_by_split: dict[str, np.ndarray | None], declared: str = "auto") -> dict[str, LabelRegime]:
+    """:func:`detect_regime` of every split present (``None`` or empty splits are left out), in the given order.
+    Give each split's labels as the dataset provides them (``ProtocolSplits.train.labels``, ``val.labels``,
+    ``test.labels``), not the observed labels the protocol sampled from them. This is what a run prints at its
+    start (:func:`describe_regimes`) and saves in config.json (``{split: regime.to_dict()}``)."""
+    return {split: detect_regime(labels, split, declared) for split, labels in labels_by_split.items()
+            if labels is not None and len(labels) > 0}
+
+
+def describe_regimes(regimes: dict[str, LabelRegime]) -> str:
+    """The start-of-run line: ``labels: train single-positive (...); val ...; test full (...)``, with a note
+    when val has no full labels."""
+    line = "labels: " + "; ".join(regime.describe() for regime in regimes.values())
+    val = regimes.get("val")
+    if val is not None and not val.full:
+        line += f". val has no full labels: figures that need them read {NOT_AVAILABLE}"
+    return line
