@@ -87,16 +87,28 @@ class CaptionRules:
         """True when the class ``name`` is dropped by an ``exclude`` or ``exclude-re`` rule."""
         return name in self.exclude or any(p.search(name) for p in self._patterns)
 
-    def apply(self, names: Sequence[str], scores: Sequence[float]) -> list[str]:
-        """The tag texts of selected classes ``names`` (highest score first) with their ``scores``."""
+    def _names(self, names: Sequence[str], scores: Sequence[float]) -> list[tuple[str, float]]:
+        """Rules 1-3 (exclude, replace, spaces): ``(tag, score)`` of each class kept, in order."""
         renamed = dict(self.replace)
-        out: list[str] = []
+        out: list[tuple[str, float]] = []
         for name, score in zip(names, scores, strict=True):
             if self.is_excluded(name):
                 continue
             tag = renamed.get(name, name)
             if self.spaces and len(tag) > KAOMOJI_MAX_LENGTH:
                 tag = tag.replace("_", " ")
+            out.append((tag, score))
+        return out
+
+    def labels(self, names: Sequence[str]) -> list[str]:
+        """The tag names of selected classes with rules 1-3 only (exclude, replace, spaces; no escaping, weights
+        or first words): what names a tag folder (``--sort-into``). Each name once."""
+        return list(dict.fromkeys(tag for tag, _ in self._names(names, [0.0] * len(names))))
+
+    def apply(self, names: Sequence[str], scores: Sequence[float]) -> list[str]:
+        """The tag texts of selected classes ``names`` (highest score first) with their ``scores``."""
+        out: list[str] = []
+        for tag, score in self._names(names, scores):
             if self.escape:
                 tag = tag.replace("(", "\\(").replace(")", "\\)")
             if self.weights:
@@ -110,6 +122,19 @@ class CaptionRules:
         return {"exclude": list(self.exclude), "exclude_re": list(self.exclude_re),
                 "replace": {old: new for old, new in self.replace}, "first": list(self.first),
                 "spaces": self.spaces, "escape": self.escape, "weights": self.weights}
+
+
+def rules_from_dict(doc: dict[str, Any]) -> CaptionRules:
+    """The :class:`CaptionRules` of :meth:`CaptionRules.to_dict` (:class:`CaptionRuleError` on a bad document)."""
+    try:
+        return CaptionRules(
+            exclude=tuple(doc.get("exclude", ())), exclude_re=tuple(doc.get("exclude_re", ())),
+            replace=tuple((str(k), str(v)) for k, v in dict(doc.get("replace", {})).items()),
+            first=tuple(doc.get("first", ())), spaces=bool(doc.get("spaces")), escape=bool(doc.get("escape")),
+            weights=bool(doc.get("weights")),
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CaptionRuleError(f"not a set of caption rules: {doc!r} ({exc})") from None
 
 
 def parse_replacement(text: str) -> tuple[str, str]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from models.atomic_files import atomic_path, atomic_write_text
+from serve.records import iter_run_file
 
 #: Tags shown in the terminal table and the bar plot (the reports list every tag).
 TOP_TAGS = 20
@@ -44,31 +45,42 @@ class RunSummary:
                 "never_predicted": self.never_predicted, "classes": len(self.classes)}
 
 
-def summarize(records: Iterable[Mapping[str, Any]], classes: Sequence[str] | None = None,
-              selected_classes: Iterable[Sequence[str]] | None = None) -> RunSummary:
-    """Count a run's ``records`` (each with ``tags``). ``classes`` default to the first record's score keys;
-    ``selected_classes`` (the class names selected per record, before caption rules) decide which classes were
-    never predicted; without them a class counts as predicted when its name appears among the tags."""
-    rows = list(records)
-    if classes is None:
-        classes = list(rows[0].get("scores", {})) if rows else []
+def summarize(
+    records: Iterable[Mapping[str, Any]],
+    classes: Sequence[str] | None = None,
+    chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None,
+) -> RunSummary:
+    """Count a run's ``records`` (each with ``tags``; streamed, not held). ``classes`` default to the first
+    record's score keys; ``chosen`` (a record's scores -> the classes selected, before caption rules, e.g.
+    :meth:`serve.outputs.Selection.chosen`) decides which classes were never predicted; without it a class
+    counts as predicted when its name appears among the tags."""
     per_tag: Counter[str] = Counter()
     per_count: Counter[int] = Counter()
-    for rec in rows:
+    predicted: set[str] = set()
+    images = 0
+    for rec in records:
+        if classes is None:
+            classes = list(rec.get("scores", {}))
         tags = list(rec["tags"])
         per_tag.update(dict.fromkeys(tags, 1))
         per_count[len(tags)] += 1
-    if selected_classes is not None:
-        predicted = {name for chosen in selected_classes for name in chosen}
-    else:
-        predicted = set(per_tag)
+        predicted.update(chosen(rec["scores"]) if chosen is not None else tags)
+        images += 1
+    classes = list(classes or [])
     return RunSummary(
-        images=len(rows),
+        images=images,
         per_tag=dict(sorted(per_tag.items(), key=lambda kv: (-kv[1], kv[0]))),
         tags_per_image=dict(sorted(per_count.items())),
         never_predicted=[c for c in classes if c not in predicted],
-        classes=list(classes),
+        classes=classes,
     )
+
+
+def summarize_run_file(
+    run_file: Path, separator: str, chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None
+) -> RunSummary:
+    """:func:`summarize` of the records of a run file (JSONL or CSV), streamed."""
+    return summarize(iter_run_file(run_file, separator), chosen=chosen)
 
 
 def summary_table(summary: RunSummary, top: int = TOP_TAGS) -> str:

@@ -27,9 +27,10 @@ def test_counts() -> None:
     assert summary.never_predicted == ["car"]
     assert summary.mean_tags == 7 / 5
     # with caption rules the tags are texts; the selected classes decide what was never predicted
-    renamed = [dict(r, tags=[t.upper() for t in r["tags"]]) for r in _records()]
-    chosen = [r["tags"] for r in _records()]
-    assert summarize(renamed, CLASSES, chosen).never_predicted == ["car"]
+    renamed = [dict(r, tags=[t.upper() for t in r["tags"]], scores={c: float(c in r["tags"]) for c in CLASSES})
+               for r in _records()]
+    assert summarize(renamed, CLASSES, lambda scores: [c for c, p in scores.items() if p > 0.5]).never_predicted \
+        == ["car"]
     assert summarize(renamed, CLASSES).never_predicted == CLASSES
 
 

@@ -361,8 +361,10 @@ def test_help_documents_policies_and_exit_codes() -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     text = sub.choices["tag"].format_help()
     for needle in ("symlinked folders are not", "--existing", "skip", "append", "errors.tsv", "exit status",
-                   "  2  usage error", "--dry-run", ".csv", "--top-k"):
+                   "  2  usage error", "--dry-run", ".csv", "--select MODE", "--max-tags", "--min-score",
+                   "--caption-rules", "--sidecar-format", "--sort-into", "--sort-mode", "--untagged", "manifest.json"):
         assert needle in text, needle
+    assert "--top-k" not in text  # the deprecated alias of --max-tags works, hidden from the help
 
 
 # --------------------------------------------------------------------------------------------------------
