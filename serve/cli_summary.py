@@ -13,9 +13,11 @@ if TYPE_CHECKING:
     from serve.outputs import Selection
 
 SUMMARY_EPILOG = """\
-Classes never predicted are counted per class: with the run file's manifest (<stem>.manifest.json, written by
-`serve tag` beside it) each record's selected classes are chosen again from its scores, so caption rules
-(renamed, excluded, weighted tags) do not hide them; without a manifest a class counts when its name is a tag.
+With the run file's manifest (<stem>.manifest.json, written by `serve tag` beside it) each record's selected
+classes are chosen again from its scores: classes never predicted are counted per class, so caption rules
+(renamed, excluded, weighted tags) do not hide them, and tags are counted by name (after exclude, replace,
+spaces; without trigger words, escaping or weights). Without a manifest the tags are counted as written and a
+class counts as predicted when its name is a tag.
 
 writes beside RUNFILE: <stem>.summary.md (every tag with its count, the tags-per-image histogram, the classes
 never predicted), <stem>.summary.json (the same numbers) and <stem>.summary.png (a bar plot of the most
@@ -67,7 +69,8 @@ def run_summary(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     separator = args.separator or (manifest or {}).get("separator") or DEFAULT_SEPARATOR
     try:
         select = manifest_selection(manifest)
-        summary = summarize_run_file(args.run_file, separator, select.chosen if select is not None else None)
+        summary = summarize_run_file(args.run_file, separator, select.chosen if select is not None else None,
+                                     select.rules.labels if select is not None else None)
     except (OutputConflictError, ValueError, KeyError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -359,6 +359,7 @@ def _tag_job(args: argparse.Namespace) -> TagJob:
         min_score=args.min_score,
         rules=args.rules,
         sidecar=sidecar,
+        tag_separator=args.separator,
         sort_into=sort_into,
         summary=not args.no_summary,
         existing=args.existing,

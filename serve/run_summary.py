@@ -2,8 +2,10 @@
 
 Made from a run file's records (``python -m serve summary RUNFILE``, or at the end of ``serve tag``): a short
 table for the terminal, a Markdown and a JSON report, and a bar plot of the most frequent tags (with the
-matplotlib extra). Counts are of the tags as written (after caption rules); "never predicted" is per class:
-a class no image was tagged with.
+matplotlib extra). "Never predicted" is per class: a class no image selected. Images per tag count the tags as
+written (the run file's ``tags``), or, when the selection is known (the run file's manifest), the tag *names*:
+the selected classes after exclude, replace and spaces, without trigger words, escaping or weights, so that
+``(cat:0.83)`` and ``(cat:0.91)`` count as one tag ``cat`` and a trigger word on every image is not a tag.
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ def summarize(
     records: Iterable[Mapping[str, Any]],
     classes: Sequence[str] | None = None,
     chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None,
+    names: Callable[[Sequence[str]], Sequence[str]] | None = None,
 ) -> RunSummary:
     """Count a run's ``records`` (each with ``tags``; streamed, not held). ``classes`` default to the first
     record's score keys; ``chosen`` (a record's scores -> the classes selected, before caption rules, e.g.
     :meth:`serve.outputs.Selection.chosen`) decides which classes were never predicted; without it a class
-    counts as predicted when its name appears among the tags."""
+    counts as predicted when its name appears among the tags. ``names`` (selected classes -> tag names, e.g.
+    :meth:`serve.caption_rules.CaptionRules.labels`; with ``chosen``) gives the tags counted instead of the
+    record's ``tags``."""
     per_tag: Counter[str] = Counter()
     per_count: Counter[int] = Counter()
     predicted: set[str] = set()
@@ -61,10 +66,11 @@ def summarize(
     for rec in records:
         if classes is None:
             classes = list(rec.get("scores", {}))
-        tags = list(rec["tags"])
+        selected = list(chosen(rec["scores"])) if chosen is not None else None
+        tags = list(names(selected)) if names is not None and selected is not None else list(rec["tags"])
         per_tag.update(dict.fromkeys(tags, 1))
         per_count[len(tags)] += 1
-        predicted.update(chosen(rec["scores"]) if chosen is not None else tags)
+        predicted.update(selected if selected is not None else tags)
         images += 1
     classes = list(classes or [])
     return RunSummary(
@@ -77,10 +83,13 @@ def summarize(
 
 
 def summarize_run_file(
-    run_file: Path, separator: str, chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None
+    run_file: Path,
+    separator: str,
+    chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None,
+    names: Callable[[Sequence[str]], Sequence[str]] | None = None,
 ) -> RunSummary:
     """:func:`summarize` of the records of a run file (JSONL or CSV), streamed."""
-    return summarize(iter_run_file(run_file, separator), chosen=chosen)
+    return summarize(iter_run_file(run_file, separator), chosen=chosen, names=names)
 
 
 def summary_table(summary: RunSummary, top: int = TOP_TAGS) -> str:

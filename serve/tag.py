@@ -78,7 +78,8 @@ class TagJob:
     model's), ``"mcut"``, ``"top-k:K"`` or a :class:`serve.tag_selection.Selection`; ``max_tags`` caps and
     ``min_score`` floors it (``top_k``: the deprecated name of ``max_tags``). ``rules``: the caption rules
     (:class:`~serve.caption_rules.CaptionRules`) of the tags written. ``sidecar``: sidecar files (formats,
-    names); ``sort_into``: tag folders (:class:`~serve.tag_folders.TagFolders`; folder sources). ``summary``:
+    names, tag separator); ``tag_separator``: the CSV run file's tag separator without sidecars; ``sort_into``:
+    tag folders (:class:`~serve.tag_folders.TagFolders`; folder sources). ``summary``:
     count the run file's tags at the end and write the reports beside it. ``existing``: ``skip`` resumes
     (images whose sidecars exist, with ``sidecar``, or whose record is in the run file or the journal, are not
     tagged again and their records are kept), ``overwrite`` redoes everything, ``append`` redoes everything
@@ -103,6 +104,7 @@ class TagJob:
     top_k: int | None = None  # deprecated: max_tags
     rules: CaptionRules = field(default_factory=CaptionRules)
     sidecar: SidecarSpec | None = None
+    tag_separator: str = DEFAULT_SEPARATOR  # of a CSV run file's tags column without sidecars
     sort_into: TagFolders | None = None
     summary: bool = True
     existing: str = DEFAULT_EXISTING
@@ -175,7 +177,7 @@ class TagJob:
     @property
     def separator(self) -> str:
         """The tag separator of the run file's CSV tags column and of the sidecars."""
-        return self.sidecar.separator if self.sidecar is not None else DEFAULT_SEPARATOR
+        return self.sidecar.separator if self.sidecar is not None else self.tag_separator
 
 
 def as_predictor(model: Predictor | Runtime) -> Predictor:
@@ -449,7 +451,8 @@ def run_plan(
         journal.close(remove=completed)
     if job.summary and job.output.is_file():
         select = stage.select if isinstance(stage.select, Selection) else None
-        summary.counts = summarize_run_file(job.output, job.separator, select.chosen if select else None)
+        summary.counts = summarize_run_file(job.output, job.separator, select.chosen if select else None,
+                                            select.rules.labels if select else None)
         summary.reports = write_summary_reports(summary.counts, job.output)
     summary.seconds = time.perf_counter() - start
     return summary
