@@ -40,6 +40,7 @@ outputs:
   tag folders (--sort-into DIR): each image linked into DIR/<tag>/<its path> for each of its tags (tag names
     after --exclude, --replace, --spaces), images without tags into DIR/<--untagged>/. Folder sources only.
     A re-run adds only what is missing (never a duplicate); an entry that is another file is an error.
+    Links are never removed: after changing the selection or the rules, sort into a new DIR.
   errors file (--errors, default <output stem>.errors.tsv beside the run file): path<TAB>reason for
     every image that could not be used; also printed on stderr. Such images get no prediction.
   journal (<output>.partial, every engine): each batch's results are appended and flushed as it finishes;

@@ -37,6 +37,7 @@ class TagFolders:
     untagged: str = DEFAULT_UNTAGGED
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
         if self.how not in LINK_MODES:
             raise ValueError(f"unknown link mode {self.how!r}; choose from {', '.join(LINK_MODES)}")
         folder_name(self.untagged)  # validates
