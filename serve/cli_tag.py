@@ -38,7 +38,8 @@ outputs:
     or the same under DIR with --sidecar-dir DIR (mirrors the tree). Images sharing a name stem (a.jpg,
     a.png) get a.jpg.txt and a.png.txt. An existing .xmp keeps everything else it holds (ratings, edits).
   tag folders (--sort-into DIR): each image linked into DIR/<tag>/<its path> for each of its tags (tag names
-    after --exclude, --replace, --spaces), images without tags into DIR/<--untagged>/. Folder sources only.
+    after --exclude, --replace, --spaces), images without tags into DIR/<--untagged>/. Folder sources only;
+    DIR outside SOURCE.
     A re-run adds only what is missing (never a duplicate); an entry that is another file is an error.
     Links are never removed: after changing the selection or the rules, sort into a new DIR.
   errors file (--errors, default <output stem>.errors.tsv beside the run file): path<TAB>reason for

@@ -248,6 +248,10 @@ def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
     if job.sort_into is not None and src.kind != "folder":
         raise ValueError(f"--sort-into needs a folder SOURCE (it links the image files); {src.spec} is a "
                          f"{src.kind} source")
+    if job.sort_into is not None and src.folder is not None and \
+            job.sort_into.root.resolve().is_relative_to(src.folder.resolve()):
+        raise ValueError(f"--sort-into {job.sort_into.root} is inside SOURCE {src.spec}: its images would be tagged "
+                         "again by the next run; choose a folder outside it")
     plan = TagPlan(job, src, [], None, set(), set(), set(), {}, JournalContents(None, {}, {}))
     if read_model:
         plan.meta = job.predictor.meta if job.predictor is not None else read_model_meta(job.model, job.backend)

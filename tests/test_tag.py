@@ -669,6 +669,8 @@ def test_sort_into_tag_folders_without_duplicates(
     listing.write_text("\n".join(str(p) for p in find_images(folder)) + "\n")
     assert tag_main(listing, "--model", onnx_path, "--output", tmp_path / "l.jsonl", "--sort-into", by_tag) == 2
     assert "--sort-into needs a folder SOURCE" in capsys.readouterr().err
+    assert tag_main(folder, "--model", onnx_path, "--output", tmp_path / "i.jsonl", "--sort-into", folder / "x") == 2
+    assert "inside SOURCE" in capsys.readouterr().err and not (folder / "x").exists()
 
 
 def test_summary_after_a_run_counts_the_run_file(
