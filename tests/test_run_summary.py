@@ -32,6 +32,9 @@ def test_counts() -> None:
     assert summarize(renamed, CLASSES, lambda scores: [c for c, p in scores.items() if p > 0.5]).never_predicted \
         == ["car"]
     assert summarize(renamed, CLASSES).never_predicted == CLASSES
+    # with the selection known, tags are counted by name (here: the class names again), not as written
+    by_name = summarize(renamed, CLASSES, lambda scores: [c for c, p in scores.items() if p > 0.5], lambda cs: cs)
+    assert by_name.per_tag == summary.per_tag and by_name.tags_per_image == summary.tags_per_image
 
 
 def test_cli_writes_reports_that_match_the_run_file(tmp_path: Path) -> None:
