@@ -24,6 +24,9 @@ what it writes (into <run>/export/ unless --output says otherwise):
   model.<p>.engine      --trt: TensorRT engine per precision (+ model.<p>.engine.json)
   calibration-<artifact>.md/.json/.png   per-class P/R/F1 at 0.5 vs calibrated, OF1/CF1, PR curves
   summary.md/.json      one row per artifact: size, val mAP, decisions identical to FP32, images/s here
+  README.md             the model card: classes, thresholds and how they were calibrated, training data and
+                        method, val metrics (and against which labels), the files, the exact tag command
+  tags.csv              name,threshold,val_ap per class, for other taggers and spreadsheets
 
 checks (the export fails, and leaves no new model file, when one is broken):
   FP32 ONNX Runtime vs PyTorch logits within --atol on real validation images (batches 1, 3, 16);

@@ -52,6 +52,7 @@ from export.metadata import (
     sidecar_document,
     sidecar_path,
 )
+from export.model_card import CardFile, write_model_card
 from export.onnx_export import ExportResult, export_onnx
 from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, check_precision, compare_outputs
 from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
@@ -62,6 +63,7 @@ from train.data.audit_list import AuditList, load_audit
 from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
 from train.data.protocol import ProtocolSplits
 from train.expected_positives import ExpectedPositives, estimate_expected_positives
+from train.metrics import per_class_ap
 
 PRECISIONS = ("fp32", "fp16", "int8")
 DEFAULT_CALIBRATION_IMAGES = 256
@@ -132,6 +134,7 @@ class RunExport:
     fp32: ExportResult
     artifacts: list[Artifact] = field(default_factory=list)
     summary_path: Path | None = None
+    card_path: Path | None = None
     val_labels: str = ""  # what the val mAP column was measured against
 
     def table(self) -> str:
@@ -345,6 +348,7 @@ def export_run(
         result.artifacts.append(Artifact("fp32", fp32.onnx_path, "fp32", "onnxruntime", fp32.size_bytes,
                                          thresholds=meta.thresholds, note="not calibrated: no labelled val data"))
         _write_summary(result, say)
+        _write_card(result, meta, None, "No labelled validation data: thresholds were not calibrated.")
         return result
 
     result.val_labels = val.labels_name
@@ -358,16 +362,18 @@ def export_run(
         k = expected_tags(val, ref_logits, audit_data)
         say(f"expected tags per image for pu-f1: {k.describe()}")
 
-    def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> None:
+    def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> ModelMeta | None:
         audit_logits = model.logits(audit_data.inputs) if audit_data is not None else None
-        _calibrate_artifact(art, logits, val, calibrate_mode, list(meta.classes), folder, say, k, audit_data,
-                            audit_logits)
+        calibrated = _calibrate_artifact(art, logits, val, calibrate_mode, list(meta.classes), folder, say, k,
+                                         audit_data, audit_logits)
         art.size_bytes = art.path.stat().st_size
+        return calibrated
 
     fp32_art = Artifact("fp32", fp32.onnx_path, "fp32", "onnxruntime", fp32.size_bytes)
     _measure(fp32_art, ref, ref_logits, None, val)
+    card_meta = meta
     if calibrate_mode != "none":
-        calibrate_on(fp32_art, ref, ref_logits)
+        card_meta = calibrate_on(fp32_art, ref, ref_logits) or meta
     ref_thresholds = np.asarray(fp32_art.thresholds or [0.5] * len(meta.classes))
     result.artifacts.append(fp32_art)
 
@@ -416,6 +422,8 @@ def export_run(
     if trt:
         _build_engines(result, precisions, trt_targets, trt_batch, say)
     _write_summary(result, say)
+    _write_card(result, card_meta, per_class_ap(ref_logits, val.labels) if val.labels is not None else None,
+                _labels_note(val))
     return result
 
 
@@ -453,6 +461,20 @@ def _build_engines(result: RunExport, precisions: Sequence[str], targets: Sequen
             thresholds=built.meta.thresholds, calibration=src.calibration,
             note=f"{built.flavour} {built.tensorrt_version}, targets {','.join(built.targets)}; "
                  f"mAP/agreement of its ONNX source"))
+
+
+def _labels_note(val: ValData) -> str:
+    """Which labels the validation figures were measured against."""
+    if val.fully_labelled:
+        return f"Validation figures are measured against the {val.labels_name} of {val.source}."
+    return (f"Validation figures are measured against the {val.labels_name} of {val.source}: most positives are "
+            "missing there, so precision, F1 and AP are lower bounds.")
+
+
+def _write_card(result: RunExport, meta: ModelMeta, ap: np.ndarray | None, labels_note: str) -> None:
+    """The export folder's model card (``README.md``) and ``tags.csv``."""
+    files = [CardFile(a.path.name, a.precision, a.runtime, a.size_bytes, a.val_mAP) for a in result.artifacts]
+    result.card_path, _ = write_model_card(result.folder, meta, files, result.fp32.onnx_path, labels_note, ap)
 
 
 def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:

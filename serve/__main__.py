@@ -1,6 +1,8 @@
 """``python -m serve tag SOURCE --model MODEL``: tag images (see :mod:`serve.cli_tag`).
 
 ``python -m serve demo [--model MODEL]``: the Gradio web demo (see :mod:`serve.cli_demo`).
+
+``python -m serve summary RUNFILE``: images per tag, tags per image, classes never predicted (:mod:`serve.cli_summary`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 
 from serve import EXIT_USAGE
 from serve.cli_demo import add_demo_parser, run_demo
+from serve.cli_summary import add_summary_parser, run_summary
 from serve.cli_tag import add_tag_parser, run_tag
 
 
@@ -26,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of ``python -m serve`` (subcommands ``tag`` and ``demo``)."""
+    """The argparse parser of ``python -m serve`` (subcommands ``tag``, ``demo`` and ``summary``)."""
     parser = _Parser(
         prog="python -m serve",
         description="Serve trained multi-label tagging models.",
@@ -34,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     add_tag_parser(sub)
     add_demo_parser(sub)
+    add_summary_parser(sub)
     return parser
 
 
@@ -45,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_tag(args, parser)
     if args.command == "demo":
         return run_demo(args, parser)
+    if args.command == "summary":
+        return run_summary(args, parser)
     parser.error(f"unknown command {args.command}")
     return EXIT_USAGE
 

@@ -1,13 +1,15 @@
 """``python -m serve demo``: a Gradio web demo over a :class:`~serve.predictor.Predictor`.
 
 Layout: a model picker (runs and exports found under the runs folder, or ``--model``) with the model's facts;
-threshold controls shared by every tab (calibrated per-class thresholds, or one global slider); an *Image* tab
-(upload / webcam / clipboard, examples from the built-in dataset with their true labels) showing every class's
-score against its own threshold; a *Batch* tab (several files -> table, CSV and JSONL downloads, scored by the
-tagging pipeline's loop, :func:`serve.scoring.score_items`, with its selection of tags); an *API* tab.
+controls shared by every tab: thresholds (calibrated per-class thresholds, or one global slider), the tag
+selection mode (thresholds, MCut, top-k) with its cap and floor, and caption rules (as in a rules file of
+``serve tag --caption-rules``); an *Image* tab (upload / webcam / clipboard, examples from the built-in dataset
+with their true labels) showing every class's score against its own threshold and the caption as written; a
+*Batch* tab (several files -> table, CSV, JSONL and a zip of caption files, scored by the tagging pipeline's loop,
+:func:`serve.scoring.score_items`, with its selection of tags, :class:`serve.outputs.Selection`); an *API* tab.
 
-The model runs once per image: its scores are kept in ``gr.State`` and moving a threshold control only
-re-filters them (no queue, no model call). ``/predict`` returns every class score as JSON, with the thresholds
+The model runs once per image: its scores are kept in ``gr.State`` and moving a control only re-filters them
+(no queue, no model call). ``/predict`` returns every class score as JSON, with the thresholds
 used and the tags. Images are decoded by the same code as ``python -m serve tag`` (the original uploaded file,
 EXIF orientation applied, alpha composited onto white), so the demo, the tagger and evaluation agree.
 
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from serve import DEFAULT_MAX_PIXELS
 from serve.demo_catalog import ExampleSet, find_examples, find_models
 from serve.demo_results import (
+    DEMO_MODES,
     EMPTY_HTML,
     BatchRow,
     batch_outputs,
@@ -40,14 +43,15 @@ from serve.demo_results import (
     payload_image,
     result_document,
     scores_html,
-    threshold_choice,
+    tag_choice,
 )
 
 if TYPE_CHECKING:
     import gradio as gr
 
     from models.checkpoint import ModelMeta
-    from serve.predictor import Predictor
+    from serve.outputs import Selection
+    from serve.predictor import Prediction, Predictor
 
 # find_models / find_examples (serve.demo_catalog) are part of this module's API: ``python -m serve demo`` uses them
 __all__ = ["ExampleSet", "ModelStore", "build_demo", "find_examples", "find_models", "launch_demo", "parse_size"]
@@ -164,12 +168,17 @@ client = Client("http://127.0.0.1:7860/")  # this page's address
 result = client.predict(handle_file("cat.jpg"), True, 0.5, "{model}", api_name="/predict")
 result["scores"]      # every class -> probability (sigmoid), full precision
 result["thresholds"]  # the threshold used for each class
-result["tags"]        # classes at or above their threshold, highest score first
+result["tags"]        # the classes chosen (by default: at or above their threshold), highest score first
+result["caption"]     # the tags as a sidecar holds them (caption rules applied)
+result = client.predict(handle_file("cat.jpg"), True, 0.5, "{model}", "mcut", 5, 10, 0.1, "first sks\nspaces",
+                        api_name="/predict")   # MCut, at most 10 tags scoring >= 0.1, a trigger word first
 ```
 
 Parameters of `/predict`: image; use the model's calibrated per-class thresholds (bool); global threshold
-(0..1, used when the previous one is false); model (one of the picker's entries).
-`/predict_batch` takes a list of images and returns the table and the CSV and JSONL files.
+(0..1, used when the previous one is false); model (one of the picker's entries); then, optional: selection
+mode (thresholds, mcut, top-k), K (top-k), at most N tags (0: no cap), minimum score, caption rules (the text
+of a `serve tag --caption-rules` file). `/predict_batch` takes a list of images and the same options, and
+returns the table and the CSV, JSONL and captions zip files.
 """
 
 
@@ -205,17 +214,19 @@ def build_demo(
         except ModelLoadError as exc:
             raise gr.Error(f"cannot load model {key}: {exc}") from None
 
-    def thresholds_for(meta: ModelMeta, use_calibrated: bool, threshold: float) -> tuple[Any, str, str]:
+    def choice_for(
+        meta: ModelMeta, use_calibrated: bool, threshold: float, *tagging: Any
+    ) -> tuple[Selection, str, str]:
+        """The pipeline's selection for the controls (:func:`serve.demo_results.tag_choice`); ``gr.Error``."""
         try:
-            return threshold_choice(meta, bool(use_calibrated), float(threshold))
+            return tag_choice(meta, bool(use_calibrated), float(threshold), *tagging)
         except (TypeError, ValueError) as exc:
-            raise gr.Error(str(exc)) from None
+            raise gr.Error(str(exc), title="Bad option", print_exception=False) from None
 
     # ---- single image
-    def score_one(payload: Any, use_calibrated: bool, threshold: float, model: str) -> tuple[dict, dict]:
-        """Run the model on one image: (API document, state kept for re-filtering); ``gr.Error`` if unreadable."""
+    def score_one(payload: Any, model: str) -> dict:
+        """Run the model on one image: the state kept for re-filtering; ``gr.Error`` if unreadable."""
         predictor = predictor_for(model)
-        thresholds, mode, _ = thresholds_for(predictor.meta, use_calibrated, threshold)
         try:
             image, name = payload_image(payload)
             start = time.perf_counter()
@@ -227,39 +238,55 @@ def build_demo(
         except (ValueError, TypeError) as exc:
             raise gr.Error(f"Cannot read the image: {exc}", title="Bad image", print_exception=False) from None
         truth = examples.truth_for(file_bytes(image)) if examples.labels else None
-        prediction = Prediction.from_probabilities(predictor.classes, probs, thresholds)
-        state = {"model": model, "name": name, "probs": [float(p) for p in probs], "truth": truth, "seconds": seconds}
-        return result_document(prediction, model, mode, seconds), state
+        return {"model": model, "name": name, "probs": [float(p) for p in probs], "truth": truth, "seconds": seconds}
 
-    def predict(payload: Any, use_calibrated: bool, threshold: float, model: str) -> tuple[dict, dict]:
-        """The ``/predict`` endpoint: every class score, the thresholds used and the tags, as JSON (the state,
-        which API clients do not see, lets the same session call ``/refilter``)."""
+    def document(state: dict, use_calibrated: bool, threshold: float, *tagging: Any) -> tuple[dict, Prediction, str]:
+        """(API document, prediction, description) of kept scores under the controls; ``gr.Error`` on a bad one."""
+        meta = store.meta(state["model"])
+        select, mode, description = choice_for(meta, use_calibrated, threshold, *tagging)
+        probs = np.asarray(state["probs"])
+        prediction = Prediction.from_probabilities(list(meta.classes), probs, select.thresholds, select.mode)
+        return result_document(prediction, state["model"], mode, state["seconds"], select), prediction, description
+
+    def predict(payload: Any, use_calibrated: bool, threshold: float, model: str, *tagging: Any) -> tuple[dict, dict]:
+        """The ``/predict`` endpoint: every class score, the thresholds used, the tags and the caption, as JSON
+        (the state, which API clients do not see, lets the same session call ``/refilter``)."""
         if payload is None:
             raise gr.Error("No image given.")
-        return score_one(payload, use_calibrated, threshold, model)
+        predictor_for(model)
+        choice_for(store.meta(model), use_calibrated, threshold, *tagging)  # a bad option fails before the model runs
+        state = score_one(payload, model)
+        return document(state, use_calibrated, threshold, *tagging)[0], state
 
-    def predict_ui(payload: Any, use_calibrated: bool, threshold: float, model: str) -> tuple[Any, Any]:
-        """The page's own call: like ``predict`` but an unreadable image is reported in the result panel."""
+    def predict_ui(payload: Any, model: str) -> dict | None:
+        """The page's own call: the model's scores for the page to show (``render``); an unreadable image is
+        reported in the result panel."""
         if payload is None:
-            return None, None
+            return None
         try:
-            return score_one(payload, use_calibrated, threshold, model)
+            return score_one(payload, model)
         except gr.Error as exc:
             gr.Warning(exc.message)
-            return None, {"error": exc.message}
+            return {"error": exc.message}
 
-    def render(state: dict | None, use_calibrated: bool, threshold: float) -> tuple[Any, str]:
-        """Re-filter the kept scores with the current controls (no model call): (API document, HTML)."""
+    def error_html(message: str) -> str:
+        return f'<div class="spml-res" style="color:rgb(200,60,60)">{html.escape(message)}</div>'
+
+    def render(state: dict | None, use_calibrated: bool, threshold: float, *tagging: Any) -> tuple[Any, str]:
+        """Re-filter the kept scores with the current controls (no model call): (API document, HTML). A bad
+        control value (e.g. a caption rule being typed) is shown in the panel."""
         if not state:
             return None, EMPTY_HTML
         if "error" in state:
-            return None, f'<div class="spml-res" style="color:rgb(200,60,60)">{html.escape(state["error"])}</div>'
-        meta = store.meta(state["model"])
-        thresholds, mode, description = thresholds_for(meta, use_calibrated, threshold)
-        prediction = Prediction.from_probabilities(list(meta.classes), np.asarray(state["probs"]), thresholds)
+            return None, error_html(state["error"])
+        try:
+            doc, prediction, description = document(state, use_calibrated, threshold, *tagging)
+        except gr.Error as exc:
+            return None, error_html(exc.message)
         caption = f"{state['name']} · {state['model']} · {1000 * state['seconds']:.0f} ms"
-        body = scores_html(prediction, description=description, truth=state["truth"], caption=caption)
-        return result_document(prediction, state["model"], mode, state["seconds"]), body
+        written = doc["caption"] if doc["caption"] != ", ".join(prediction.tags) else None
+        body = scores_html(prediction, description=description, truth=state["truth"], caption=caption, written=written)
+        return doc, body
 
     # ---- batch
     def predict_batch(
@@ -267,9 +294,15 @@ def build_demo(
         use_calibrated: bool,
         threshold: float,
         model: str,
+        mode: str = "thresholds",
+        k: float | None = None,
+        max_tags: float | None = None,
+        min_score: float | None = None,
+        rules: str = "",
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio's way to ask for a progress tracker
-    ) -> tuple[Any, Any, Any, Any]:
-        """Score several images: table, CSV file, JSONL file (+ state kept for re-filtering)."""
+    ) -> tuple[Any, Any, Any, Any, Any]:
+        """Score several images: table, CSV file, JSONL file, captions zip (+ state kept for re-filtering)."""
+        tagging = (mode, k, max_tags, min_score, rules)
         items = payloads if isinstance(payloads, list) else ([payloads] if payloads else [])
         if not items:
             raise gr.Error("Add one or more image files first.")
@@ -277,7 +310,7 @@ def build_demo(
             gr.Warning(f"{len(items)} files given; only the first {max_batch_files} are tagged.")
             items = items[:max_batch_files]
         predictor = predictor_for(model)
-        thresholds, _, _ = thresholds_for(predictor.meta, use_calibrated, threshold)
+        select, _, _ = choice_for(predictor.meta, use_calibrated, threshold, *tagging)
         rows: list[BatchRow] = []
         work: list[Item] = []  # the tagging pipeline's items: key = the row's index
         for i, item in enumerate(items):
@@ -299,17 +332,20 @@ def build_demo(
             done += len(batch)
             progress((done, len(work)), desc="tagging", unit="images")
         folder = Path(tempfile.mkdtemp(prefix="batch-", dir=work_root))
-        frame, csv_path, jsonl_path = batch_outputs(rows, predictor.classes, thresholds, folder)
+        frame, *files = batch_outputs(rows, select, folder)
         state = {"model": model, "rows": rows, "folder": str(folder)}
-        return frame, str(csv_path), str(jsonl_path), state
+        return frame, *map(str, files), state
 
-    def refilter_batch(state: dict | None, use_calibrated: bool, threshold: float) -> tuple[Any, Any, Any]:
+    def refilter_batch(state: dict | None, use_calibrated: bool, threshold: float, *tagging: Any) -> tuple[Any, ...]:
+        """Re-filter the batch's kept scores with the current controls (nothing changes while one is invalid)."""
         if not state:
-            return gr.skip(), gr.skip(), gr.skip()
-        meta = store.meta(state["model"])
-        thresholds, _, _ = thresholds_for(meta, use_calibrated, threshold)
-        frame, csv_path, jsonl_path = batch_outputs(state["rows"], meta.classes, thresholds, Path(state["folder"]))
-        return frame, str(csv_path), str(jsonl_path)
+            return (gr.skip(),) * 4
+        try:
+            select, _, _ = choice_for(store.meta(state["model"]), use_calibrated, threshold, *tagging)
+        except gr.Error:
+            return (gr.skip(),) * 4
+        frame, *files = batch_outputs(state["rows"], select, Path(state["folder"]))
+        return frame, *map(str, files)
 
     # ---- model picker
     def calibrated_info(meta: ModelMeta) -> str:
@@ -344,6 +380,30 @@ def build_demo(
                 info="applies to every class when the box on the left is unticked; re-filters instantly",
                 elem_id="spml-threshold",
             )
+        with gr.Row():
+            mode_box = gr.Dropdown(
+                list(DEMO_MODES),
+                value="thresholds",
+                label="Tag selection",
+                info="thresholds: per class (above); mcut: above the largest gap between scores; top-k: the K best",
+                elem_id="spml-mode",
+            )
+            k_box = gr.Number(5, precision=0, minimum=1, label="K (top-k)", elem_id="spml-k")
+            max_tags_box = gr.Number(0, precision=0, minimum=0, label="At most N tags (0: no cap)", elem_id="spml-max")
+            min_score_box = gr.Slider(
+                0.0, 1.0, value=0.0, step=0.01, label="Minimum score", info="a floor, with any mode",
+                elem_id="spml-min-score",
+            )
+        rules_box = gr.Textbox(
+            "",
+            lines=2,
+            label="Caption rules",
+            placeholder="first sks\nexclude-re ^rating_\nreplace cat=kitty\nspaces",
+            info="one per line, as in `serve tag --caption-rules FILE`: exclude NAME, exclude-re REGEX, "
+            "replace OLD=NEW, first WORD, spaces, escape, weights",
+            elem_id="spml-rules",
+        )
+        tagging = [mode_box, k_box, max_tags_box, min_score_box, rules_box]
         single_state = gr.State(None)
         batch_state = gr.State(None)
         with gr.Tabs():
@@ -380,6 +440,7 @@ def build_demo(
                 with gr.Row():
                     csv_file = gr.DownloadButton("Download CSV", value=None)
                     jsonl_file = gr.DownloadButton("Download JSONL", value=None)
+                    zip_file = gr.DownloadButton("Download captions (zip)", value=None, elem_id="spml-zip")
             with gr.Tab("API"):
                 gr.Markdown(API_HELP.format(model=default_model))
         # /predict is its own event (on a button that is never shown) so that the page's calls can report a bad
@@ -390,28 +451,30 @@ def build_demo(
 
         inputs = [use_calibrated, threshold]
         run = {"concurrency_id": "model", "preprocess": False}
-        show = {"fn": render, "inputs": [single_state, *inputs], "outputs": [result_json, result_html]}
+        show = {"fn": render, "inputs": [single_state, *inputs, *tagging], "outputs": [result_json, result_html]}
         for trigger in (tag_button.click, image.change):
-            trigger(
-                predict_ui, [image, *inputs, model_box], [result_json, single_state], api_visibility="private", **run
-            ).then(**show, api_visibility="private", queue=False)
+            trigger(predict_ui, [image, model_box], [single_state], api_visibility="private", **run).then(
+                **show, api_visibility="private", queue=False
+            )
         api_button.click(
             predict,
-            [image, *inputs, model_box],
+            [image, *inputs, model_box, *tagging],
             [api_result, single_state],
             api_name="predict",
-            api_description="Score one image: every class's sigmoid score, the thresholds used and the tags.",
+            api_description="Score one image: every class's sigmoid score, the thresholds used, the tags and the "
+            "caption.",
             **run,
         )
         batch_button.click(
             predict_batch,
-            [files, *inputs, model_box],
-            [batch_table, csv_file, jsonl_file, batch_state],
+            [files, *inputs, model_box, *tagging],
+            [batch_table, csv_file, jsonl_file, zip_file, batch_state],
             api_name="predict_batch",
-            api_description="Score several images: a table, and the same results as CSV and JSONL files.",
+            api_description="Score several images: a table, and the same results as CSV and JSONL files and a zip "
+            "of caption files.",
             **run,
         )
-        for control in (use_calibrated, threshold):
+        for control in (*inputs, *tagging):
             control.change(
                 **show,
                 api_name="refilter" if control is threshold else None,
@@ -421,8 +484,8 @@ def build_demo(
             )
             control.change(
                 refilter_batch,
-                [batch_state, *inputs],
-                [batch_table, csv_file, jsonl_file],
+                [batch_state, *inputs, *tagging],
+                [batch_table, csv_file, jsonl_file, zip_file],
                 api_visibility="private",
                 queue=False,
                 trigger_mode="always_last",
@@ -431,9 +494,9 @@ def build_demo(
         threshold.input(lambda: False, None, [use_calibrated], api_visibility="private", queue=False)
         model_box.change(
             change_model, [model_box], [model_info, use_calibrated], api_visibility="private", concurrency_id="model"
-        ).then(
-            predict_ui, [image, *inputs, model_box], [result_json, single_state], api_visibility="private", **run
-        ).then(**show, api_visibility="private", queue=False)
+        ).then(predict_ui, [image, model_box], [single_state], api_visibility="private", **run).then(
+            **show, api_visibility="private", queue=False
+        )
         clear_button.click(lambda: (None, EMPTY_HTML), None, [single_state, result_html], api_visibility="private")
     return demo
 

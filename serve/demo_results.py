@@ -1,4 +1,5 @@
-"""The demo's pure helpers: threshold choice, the result document, the score HTML, batch table and downloads.
+"""The demo's pure helpers: threshold and tag choice, the result document, the score HTML, batch table and
+downloads (CSV, JSONL, a zip of captions).
 
 No gradio here: :mod:`serve.demo` lays these out in its Gradio app.
 """
@@ -10,6 +11,7 @@ import binascii
 import csv
 import html
 import json
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from models.checkpoint import ModelMeta
+    from serve.outputs import Selection
     from serve.predictor import Prediction
+
+#: The demo's selection modes (``top-k`` takes its K from a separate control).
+DEMO_MODES = ("thresholds", "mcut", "top-k")
 
 
 NEAR_MISS = 0.1  # below the threshold by at most this much: shown as a near miss
@@ -43,18 +49,66 @@ def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) ->
     return resolve_thresholds(meta, value), "global", f"global threshold {value:.2f}"
 
 
-def result_document(prediction: Prediction, model: str, mode: str, seconds: float | None = None) -> dict[str, Any]:
-    """What ``/predict`` returns: every class score (model order, full precision), thresholds used, tags."""
+def tag_choice(
+    meta: ModelMeta,
+    use_calibrated: bool,
+    threshold: float,
+    mode: str = "thresholds",
+    k: float | None = None,
+    max_tags: float | None = None,
+    min_score: float | None = None,
+    rules: str = "",
+) -> tuple[Selection, str, str]:
+    """The demo's controls -> ``(selection, threshold mode, description)``: the tagging pipeline's
+    :class:`~serve.outputs.Selection` with the thresholds of :func:`threshold_choice`, the selection ``mode``
+    (``top-k`` with ``k``), ``max_tags`` (0 or empty: no cap), ``min_score`` and the caption ``rules`` (the text
+    of a rules file). Raises ``ValueError`` (:class:`~serve.caption_rules.CaptionRuleError` naming a bad rule)."""
+    from serve.caption_rules import parse_rules_text
+    from serve.outputs import Selection
+    from serve.tag_selection import make_selection
+
+    thresholds, threshold_mode, description = threshold_choice(meta, use_calibrated, threshold)
+    if mode not in DEMO_MODES:
+        raise ValueError(f"unknown selection mode {mode!r}; choose from {', '.join(DEMO_MODES)}")
+    text = f"top-k:{int(k or 0)}" if mode == "top-k" else mode
+    cap = int(max_tags) if max_tags else None
+    chosen = make_selection(text, cap, float(min_score or 0.0))
+    caption_rules = parse_rules_text(rules or "", "caption rules")
+    caption_rules.check_classes(meta.classes)
+    if not chosen.uses_thresholds:
+        description = f"{chosen.describe()} (thresholds not used)"
+    elif chosen.describe() != "thresholds":
+        description = f"{description}; {chosen.describe().removeprefix('thresholds, ')}"
+    return Selection(list(meta.classes), thresholds, chosen, caption_rules), threshold_mode, description
+
+
+def result_document(
+    prediction: Prediction, model: str, mode: str, seconds: float | None = None, select: Selection | None = None
+) -> dict[str, Any]:
+    """What ``/predict`` returns: every class score (model order, full precision), thresholds used, tags (the
+    selected classes), and with ``select`` the selection and ``caption``: the tags as a sidecar writes them
+    (caption rules applied, joined with ``", "``)."""
     doc: dict[str, Any] = {"model": model, "threshold_mode": mode, **prediction.to_dict()}
+    if select is not None:
+        doc["selection"] = select.mode.to_dict()
+        doc["caption"] = ", ".join(caption_tags(prediction, select))
     if seconds is not None:
         doc["seconds"] = round(seconds, 4)
     return doc
+
+
+def caption_tags(prediction: Prediction, select: Selection) -> list[str]:
+    """The tags of a prediction as written: the pipeline's selection of its scores, caption rules applied."""
+    import numpy as np
+
+    return select("", np.array([prediction.scores[c] for c in select.classes]))["tags"]
 
 
 CSS = """
 <style>
 .spml-res{font-size:14px;line-height:1.35}
 .spml-res .spml-sum{margin:0 0 6px 0}
+.spml-res .spml-cap{margin:4px 0 0 0}
 .spml-res .spml-tag{display:inline-block;padding:1px 8px;margin:2px 4px 2px 0;border-radius:10px;
   background:rgba(34,160,80,.18);border:1px solid rgba(34,160,80,.55)}
 .spml-res .spml-sub{opacity:.75;font-size:12px;margin-bottom:6px}
@@ -81,9 +135,11 @@ def scores_html(
     description: str,
     truth: Sequence[str] | None = None,
     caption: str = "",
+    written: str | None = None,
 ) -> str:
     """Every class as a row: a bar for the score with its own threshold marked, score, threshold, margin and
-    status (tag / near miss), highest score first; true labels marked when known."""
+    status (tag / near miss), highest score first; true labels marked when known; ``written``: the caption as a
+    sidecar holds it (caption rules applied)."""
     scores, thresholds = prediction.scores, prediction.thresholds
     truth_set = set(truth or [])
     tags = prediction.tags
@@ -97,6 +153,8 @@ def scores_html(
             f"<b>No tag:</b> no class reaches its threshold (closest: {esc(top)} {scores[top]:.3f} "
             f"vs {thresholds[top]:.3f})"
         )
+    if written is not None:
+        summary += f'<div class="spml-cap"><b>caption:</b> <code>{esc(written) or "(empty)"}</code></div>'
     sub = [esc(description)]
     if caption:
         sub.insert(0, esc(caption))
@@ -145,21 +203,18 @@ class BatchRow:
     error: str = ""
 
 
-def batch_outputs(
-    rows: Sequence[BatchRow], classes: Sequence[str], thresholds: Any, folder: Path
-) -> tuple[Any, Path, Path]:
-    """Table (pandas DataFrame: file, tags, error, one column per class) and the CSV / JSONL files written into
-    ``folder``; the JSONL lines have the format of ``python -m serve tag`` (``{"path", "scores", "tags"}``),
-    unreadable files ``{"path", "error"}``."""
+def batch_outputs(rows: Sequence[BatchRow], select: Selection, folder: Path) -> tuple[Any, Path, Path, Path]:
+    """Table (pandas DataFrame: file, tags, error, one column per class) and the CSV, JSONL and captions zip files
+    written into ``folder``, the tags chosen by ``select`` (the tagging pipeline's selection, caption rules
+    applied). The JSONL lines have the format of ``python -m serve tag`` (``{"path", "scores", "tags"}``),
+    unreadable files ``{"path", "error"}``; the zip holds one ``.txt`` caption per image, named as ``serve tag
+    --sidecar`` names them (``a.jpg`` -> ``a.txt``)."""
     import numpy as np
     import pandas as pd
 
-    from serve.outputs import Selection
-
-    classes = list(classes)
-    select = Selection(classes, np.asarray(thresholds))  # the tagging pipeline's selection of tags
-    table, csv_rows, lines = [], [], []
-    for row in rows:
+    classes = list(select.classes)
+    table, csv_rows, lines, captions = [], [], [], {}
+    for row, name in zip(rows, caption_names([r.name for r in rows]), strict=True):
         if row.probs is None:
             table.append([row.name, "", row.error, *([None] * len(classes))])
             csv_rows.append([row.name, "", row.error, *([""] * len(classes))])
@@ -169,15 +224,35 @@ def batch_outputs(
         table.append([row.name, ", ".join(rec["tags"]), "", *(round(rec["scores"][c], 3) for c in classes)])
         csv_rows.append([row.name, ";".join(rec["tags"]), "", *(f"{rec['scores'][c]:.6f}" for c in classes)])
         lines.append(rec)
+        captions[name] = ", ".join(rec["tags"]) + "\n"
     folder.mkdir(parents=True, exist_ok=True)
-    csv_path, jsonl_path = folder / "tags.csv", folder / "tags.jsonl"
+    csv_path, jsonl_path, zip_path = folder / "tags.csv", folder / "tags.jsonl", folder / "captions.zip"
     with open(csv_path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(["file", "tags", "error", *classes])
         writer.writerows(csv_rows)
     jsonl_path.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, text in captions.items():
+            archive.writestr(name, text)
     frame = pd.DataFrame(table, columns=["file", "tags", "error", *classes])
-    return frame, csv_path, jsonl_path
+    return frame, csv_path, jsonl_path, zip_path
+
+
+def caption_names(names: Sequence[str]) -> list[str]:
+    """The caption file of each uploaded file name, as :func:`serve.sidecars.sidecar_paths` names sidecars
+    (``a.jpg`` -> ``a.txt``; ``a.jpg.txt`` when stems collide); the same name uploaded twice gets ``a-2.txt``."""
+    from serve.sidecars import SidecarSpec, sidecar_paths
+
+    unique: list[Path] = []
+    for name in names:
+        path, n = Path(Path(name).name or "image"), 1
+        while path in unique:
+            n += 1
+            path = Path(f"{Path(name).stem}-{n}{Path(name).suffix}")
+        unique.append(path)
+    found = sidecar_paths(Path(), unique, SidecarSpec())
+    return [found[p]["txt"].as_posix() for p in unique]
 
 
 def payload_image(payload: Any) -> tuple[str | bytes, str]:

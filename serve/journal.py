@@ -3,9 +3,10 @@
 Every engine writes it through :func:`serve.tag.run_plan`, so a run killed at any point (even by SIGKILL) loses
 at most the batches in flight: the next run with ``--existing skip`` reads the journal, skips what it holds
 and writes the run file from it. Format: JSON Lines; the first line is the :class:`JournalHeader` (which model
-wrote the results), then one run-file record ``{"path", "scores", "tags"}`` or one failure ``{"path", "error"}``
-per image. A line cut short by a kill is dropped (its image is tagged again). Resuming costs one pass over the
-file: the journal keeps, per image, the byte offset of its last record, not the record itself.
+wrote the results, and the tag options it chose them with), then one run-file record ``{"path", "scores",
+"tags"}`` or one failure ``{"path", "error"}`` per image. A line cut short by a kill is dropped (its image is
+tagged again). Resuming costs one pass over the file: the journal keeps, per image, the byte offset of its last
+record, not the record itself.
 
 A journal written by another model (another file content, or other classes) is refused, never merged.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,14 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 @dataclass(frozen=True)
 class JournalHeader:
-    """Which model produced a journal's results: its file, the file's SHA-256 and its classes."""
+    """Which model produced a journal's results: its file, the file's SHA-256 and its classes; and ``tagging``,
+    the tag options its records' tags (and the sidecars written) were chosen with
+    (:meth:`serve.outputs.Selection.to_dict`), ``None`` when unknown."""
 
     model: str
     sha256: str
     classes: tuple[str, ...]
+    tagging: dict[str, Any] | None = field(default=None, compare=False)
 
     def line(self) -> str:
         """The header as the journal's first line (JSON, no newline)."""
@@ -63,7 +67,8 @@ class JournalHeader:
         if not isinstance(doc, dict) or doc.get("format") != JOURNAL_FORMAT:
             return None
         try:
-            return cls(str(doc["model"]), str(doc["sha256"]), tuple(str(c) for c in doc["classes"]))
+            tagging = doc.get("tagging") if isinstance(doc.get("tagging"), dict) else None
+            return cls(str(doc["model"]), str(doc["sha256"]), tuple(str(c) for c in doc["classes"]), tagging)
         except (KeyError, TypeError):
             return None
 

@@ -43,6 +43,7 @@ from serve.runtimes import (
     runtime_class,
     supported_suffixes,
 )
+from serve.tag_selection import Selection, make_selection
 from serve.thresholds import resolve_thresholds
 
 #: What :meth:`Predictor.scores` and :meth:`Predictor.predict` accept as one image: a file path, encoded file
@@ -158,20 +159,24 @@ def resolve_model_path(target: str | Path | None, backend: str | None = None, ru
 @dataclass(frozen=True)
 class Prediction:
     """One image's result: ``scores`` (every class, model order), the ``thresholds`` used, and ``tags``: the classes
-    whose score reaches their threshold, highest score first (the same rule as ``python -m serve tag``)."""
+    the selection chooses (by default those whose score reaches their threshold), highest score first (the same
+    rule as ``python -m serve tag``)."""
 
     scores: dict[str, float]
     thresholds: dict[str, float]
     tags: list[str]
 
     @classmethod
-    def from_probabilities(cls, classes: Sequence[str], probs: np.ndarray, thresholds: np.ndarray) -> Prediction:
-        """Build from a probability row ``(C,)`` and thresholds ``(C,)`` (no model involved)."""
+    def from_probabilities(
+        cls, classes: Sequence[str], probs: np.ndarray, thresholds: np.ndarray, selection: Selection | None = None
+    ) -> Prediction:
+        """Build from a probability row ``(C,)`` and thresholds ``(C,)`` (no model involved); ``selection``: a
+        :class:`serve.tag_selection.Selection` (default: the thresholds mode)."""
         probs = np.asarray(probs, dtype=np.float32).reshape(-1)
         thresholds = np.asarray(thresholds, dtype=np.float64).reshape(-1)
         if not len(classes) == probs.size == thresholds.size:
             raise ValueError(f"{len(classes)} classes, {probs.size} scores, {thresholds.size} thresholds")
-        tags = tag_record("", probs, list(classes), thresholds)["tags"]
+        tags = tag_record("", probs, list(classes), thresholds, selection)["tags"]
         return cls(
             scores={c: float(p) for c, p in zip(classes, probs, strict=True)},
             thresholds={c: float(t) for c, t in zip(classes, thresholds, strict=True)},
@@ -457,11 +462,17 @@ class Predictor:
         return np.concatenate(chunks)
 
     def predict(
-        self, image: ImageInput, threshold: float | None = None, per_class: Mapping[str, float] | None = None
+        self,
+        image: ImageInput,
+        threshold: float | None = None,
+        per_class: Mapping[str, float] | None = None,
+        selection: Selection | str | None = None,
     ) -> Prediction:
-        """Score one image and apply the thresholds (see :meth:`thresholds`)."""
+        """Score one image and choose its tags: ``selection`` (a :class:`serve.tag_selection.Selection` or its
+        text, ``"mcut"``, ``"top-k:5"``; default: the thresholds, see :meth:`thresholds`)."""
         thresholds = self.thresholds(threshold, per_class)
-        return Prediction.from_probabilities(self.classes, self.scores([image])[0], thresholds)
+        mode = make_selection(selection) if isinstance(selection, str) else selection
+        return Prediction.from_probabilities(self.classes, self.scores([image])[0], thresholds, mode)
 
     def describe(self) -> dict[str, Any]:
         """Model facts for display: file, backend/device, architecture, input size, classes, threshold source."""

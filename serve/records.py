@@ -3,10 +3,12 @@
 The one home of record formatting, shared by every tagging engine (through :mod:`serve.outputs`) and the demo's
 batch downloads. Files are written atomically with :mod:`models.atomic_files`.
 
-Run file line (JSONL): ``{"path": "sub/a.jpg", "scores": {class: p, ...}, "tags": [class, ...]}``: every
-class's probability rounded to 6 decimals, and the tags being the classes whose (rounded) probability is >=
-their threshold, highest score first (at most ``top_k``). CSV: columns ``path, tags, <one per class>``, tags
-joined with the separator. Images that cannot be used go to the errors file (``path<TAB>reason``).
+Run file line (JSONL): ``{"path": "sub/a.jpg", "scores": {class: p, ...}, "tags": [tag, ...]}``: every
+class's probability rounded to 6 decimals, and the tags: the classes chosen by the tag selection
+(:mod:`serve.tag_selection`; by default those whose rounded probability is >= their threshold), highest score
+first, written with the caption rules (:mod:`serve.caption_rules`; by default the class names). CSV: columns
+``path, tags, <one per class>``, tags joined with the separator. Images that cannot be used go to the errors
+file (``path<TAB>reason``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from typing import Any
 import numpy as np
 
 from models.atomic_files import atomic_path, atomic_write_text
+from serve.caption_rules import CaptionRules
+from serve.tag_selection import Selection, rounded_scores, select_classes
 
 DEFAULT_SEPARATOR = ", "
+
 
 def sigmoid(logits: np.ndarray) -> np.ndarray:
     """Numerically stable logistic function, computed in float64."""
@@ -30,19 +35,23 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
 
 
 def tag_record(
-    rel_path: str, probs: np.ndarray, classes: list[str], thresholds: np.ndarray, top_k: int | None = None
+    rel_path: str,
+    probs: np.ndarray,
+    classes: list[str],
+    thresholds: np.ndarray | None = None,
+    selection: Selection | None = None,
+    rules: CaptionRules | None = None,
 ) -> dict[str, Any]:
-    """One output record from a probability row ``(C,)``: rounded scores of all classes + tags (at most
-    ``top_k`` of them, highest first, when given)."""
-    rounded = [round(float(p), 6) for p in probs]
-    chosen = [i for i, p in enumerate(rounded) if p >= thresholds[i]]
-    chosen.sort(key=lambda i: (-rounded[i], i))
-    if top_k is not None:
-        chosen = chosen[:top_k]
+    """One output record from a probability row ``(C,)``: the scores of all classes, rounded as stored, and the
+    tags: the classes ``selection`` chooses from the rounded scores (default: at or above their ``thresholds``),
+    highest first, written with the caption ``rules`` (default: the class names)."""
+    scores = rounded_scores(probs)
+    chosen = select_classes(scores, thresholds, selection or Selection())
+    names = [classes[i] for i in chosen]
     return {
         "path": rel_path,
-        "scores": {c: p for c, p in zip(classes, rounded, strict=True)},
-        "tags": [classes[i] for i in chosen],
+        "scores": dict(zip(classes, scores.tolist(), strict=True)),
+        "tags": rules.apply(names, [float(scores[i]) for i in chosen]) if rules is not None else names,
     }
 
 

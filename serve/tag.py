@@ -9,12 +9,18 @@
 3. **Journal** (:mod:`serve.journal`): each batch's records are appended to ``<output>.partial`` and flushed as
    it arrives, so a run killed at any point (SIGKILL included) resumes with ``existing="skip"`` and re-tags at
    most the batches that were in flight.
-4. **Outputs** (:mod:`serve.outputs`): a selection function turns scores into tags, writers take the records:
-   sidecars as each batch finishes; the run file (sorted by path, from the journal) and the errors file at the
-   end, atomically. The journal is then removed.
+4. **Outputs** (:mod:`serve.outputs`): a selection function turns scores into tags (a selection mode,
+   :mod:`serve.tag_selection`, then the caption rules, :mod:`serve.caption_rules`), writers take the records:
+   sidecars and tag-folder links as each batch finishes; the run file (sorted by path, from the journal) with
+   its manifest, and the errors file at the end, atomically. The journal is then removed.
+5. **Summary** (:mod:`serve.run_summary`): images per tag, tags per image and the classes never predicted,
+   counted from the run file and written as reports beside it.
 
 >>> summary = tag(TagJob("photos", "model.onnx", Path("tags.jsonl")))      # doctest: +SKIP
 >>> summary = tag_folder("photos", "model.onnx", "tags.csv", threshold=0.3)  # doctest: +SKIP
+>>> rules = make_rules(first=["sks"], exclude_re=["^rating_"], spaces=True)   # doctest: +SKIP
+>>> summary = tag(TagJob("photos", "model.onnx", selection="mcut", max_tags=20, rules=rules,
+...                      sidecar=SidecarSpec(formats=("txt", "json"))))        # doctest: +SKIP
 
 Memory: the plan holds the keys (paths) of the source, never the records or the images; decoded images are
 bounded by the engine's batches.
@@ -22,9 +28,11 @@ bounded by the engine's batches.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,15 +42,19 @@ import numpy as np
 from tqdm import tqdm
 
 from models.checkpoint import ModelMeta
-from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS, DEFAULT_OUTPUT
+from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS, DEFAULT_OUTPUT, tag_selection
+from serve.caption_rules import CaptionRules
 from serve.engines import DEFAULT_ENGINE, engine_names, get_engine
 from serve.journal import Journal, JournalContents, JournalHeader, file_sha256, journal_path, read_journal
-from serve.outputs import ErrorsWriter, OutputStage, RunFileWriter, Selection, SidecarWriter
+from serve.outputs import ErrorsWriter, OutputStage, RunFileWriter, Selection, SidecarWriter, TagFolderWriter
 from serve.records import DEFAULT_SEPARATOR, OutputConflictError, default_errors_path, iter_run_file
+from serve.run_manifest import read_manifest
+from serve.run_summary import RunSummary, summarize_run_file, write_summary_reports
 from serve.runtimes import parse_device, read_model_meta
 from serve.sidecars import SidecarSpec, sidecar_paths
 from serve.sources import Item, Partition, Source
-from serve.thresholds import resolve_thresholds
+from serve.tag_folders import TagFolders
+from serve.thresholds import resolve_thresholds, thresholds_source
 
 if TYPE_CHECKING:
     from serve.predictor import Predictor
@@ -62,9 +74,16 @@ class TagJob:
 
     ``source``: a folder, a list file, ``.tar`` shards or a :class:`~serve.sources.Source`; ``model``: a model
     file, or an already loaded :class:`~serve.predictor.Predictor` (or runtime), which the local engine uses
-    as is. ``existing``: ``skip`` resumes (images whose sidecar exists, with ``sidecar``, or whose record is in
-    the run file or the journal, are not tagged again and their records are kept), ``overwrite`` redoes
-    everything, ``append`` redoes everything and adds new tags to existing sidecars. ``max_pixels``: the
+    as is. ``selection``: ``"thresholds"`` (the per-class thresholds: ``threshold``, ``per_class``, else the
+    model's), ``"mcut"``, ``"top-k:K"`` or a :class:`serve.tag_selection.Selection`; ``max_tags`` caps and
+    ``min_score`` floors it (``top_k``: the deprecated name of ``max_tags``). ``rules``: the caption rules
+    (:class:`~serve.caption_rules.CaptionRules`) of the tags written. ``sidecar``: sidecar files (formats,
+    names, tag separator); ``tag_separator``: the CSV run file's tag separator without sidecars; ``sort_into``:
+    tag folders (:class:`~serve.tag_folders.TagFolders`; folder sources). ``summary``:
+    count the run file's tags at the end and write the reports beside it. ``existing``: ``skip`` resumes
+    (images whose sidecars exist, with ``sidecar``, or whose record is in the run file or the journal, are not
+    tagged again and their records are kept), ``overwrite`` redoes everything, ``append`` redoes everything
+    and adds new tags to existing sidecars. ``max_pixels``: the
     decompression-bomb limit (on by default; ``None`` turns it off). ``workers``: decode threads (local
     engine) or model actors (ray). ``address``, ``gpus_per_worker``, ``cpus_per_worker``: the ray engine's
     cluster, GPUs and CPUs (decode threads and model threads) of each model actor.
@@ -79,8 +98,15 @@ class TagJob:
     errors: Path | None = None
     threshold: float | None = None
     per_class: Mapping[str, float] | None = None
-    top_k: int | None = None
+    selection: str | tag_selection.Selection = tag_selection.DEFAULT_MODE
+    max_tags: int | None = None
+    min_score: float | None = None
+    top_k: int | None = None  # deprecated: max_tags
+    rules: CaptionRules = field(default_factory=CaptionRules)
     sidecar: SidecarSpec | None = None
+    tag_separator: str = DEFAULT_SEPARATOR  # of a CSV run file's tags column without sidecars
+    sort_into: TagFolders | None = None
+    summary: bool = True
     existing: str = DEFAULT_EXISTING
     batch_size: int = DEFAULT_BATCH_SIZE
     workers: int | None = None
@@ -100,7 +126,7 @@ class TagJob:
             raise ValueError(f"existing (--existing) must be one of {choices}, got {self.existing!r}")
         if self.engine not in engine_names():
             raise ValueError(f"unknown engine {self.engine!r} (--engine); available: {', '.join(engine_names())}")
-        for name in ("batch_size", "top_k", "workers", "max_pixels", "cpus_per_worker"):
+        for name in ("batch_size", "max_tags", "top_k", "workers", "max_pixels", "cpus_per_worker"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {value}")
@@ -108,6 +134,7 @@ class TagJob:
             raise ValueError(f"gpus_per_worker (--gpus-per-worker) must be >= 0, got {self.gpus_per_worker}")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold (--threshold) must be in [0, 1], got {self.threshold}")
+        self.selection = self._selection()
         parse_device(self.device)  # ModelSpecError for unknown devices
         if self.model is not None and not isinstance(self.model, (str, Path)):
             self.predictor = as_predictor(self.model)
@@ -117,6 +144,31 @@ class TagJob:
         if self.model is not None:
             self.model = Path(self.model)
 
+    def _selection(self) -> tag_selection.Selection:
+        """The selection mode with ``max_tags`` / ``min_score`` (and the deprecated ``top_k``) applied."""
+        if self.top_k is not None:
+            warnings.warn("top_k (--top-k) is deprecated: use max_tags (--max-tags)", DeprecationWarning, 4)
+            if self.max_tags is not None and self.max_tags != self.top_k:
+                raise ValueError("top_k (--top-k) is the old name of max_tags (--max-tags): give one of them")
+            self.max_tags, self.top_k = self.top_k, None
+        if self.min_score is not None and not 0.0 <= self.min_score <= 1.0:
+            raise ValueError(f"min_score (--min-score) must be in [0, 1], got {self.min_score}")
+        try:
+            if isinstance(self.selection, str):
+                return tag_selection.make_selection(self.selection, self.max_tags, self.min_score)
+            limits: dict[str, Any] = {"max_tags": self.max_tags} if self.max_tags is not None else {}
+            if self.min_score is not None:
+                limits["min_score"] = float(self.min_score)
+            return dataclasses.replace(self.selection, **limits)
+        except ValueError as exc:
+            raise ValueError(f"selection (--select): {exc}") from None
+
+    @property
+    def mode(self) -> tag_selection.Selection:
+        """The selection mode (``selection`` as given, made a :class:`serve.tag_selection.Selection`)."""
+        assert isinstance(self.selection, tag_selection.Selection)
+        return self.selection
+
     @property
     def errors_file(self) -> Path:
         """Where failures are listed: ``errors``, else :func:`serve.records.default_errors_path` of the output."""
@@ -125,7 +177,7 @@ class TagJob:
     @property
     def separator(self) -> str:
         """The tag separator of the run file's CSV tags column and of the sidecars."""
-        return self.sidecar.separator if self.sidecar is not None else DEFAULT_SEPARATOR
+        return self.sidecar.separator if self.sidecar is not None else self.tag_separator
 
 
 def as_predictor(model: Predictor | Runtime) -> Predictor:
@@ -155,12 +207,14 @@ class TagPlan:
     done: set[str]  # keys skipped as already done
     kept: set[str]  # keys of earlier runs' records that the run file keeps (in the journal or the run file)
     imports: set[str]  # kept keys whose record is in the run file only (copied into the journal at the start)
-    sidecars: dict[str, Path]  # key -> sidecar file ({} without sidecars)
+    sidecars: dict[str, dict[str, Path]]  # key -> sidecar file per format ({} without sidecars)
     journal: JournalContents  # of an interrupted run (empty unless existing == "skip")
     meta: ModelMeta | None = None  # None: planned without the model (a dry run)
     thresholds: np.ndarray | None = None
-    header: JournalHeader | None = None  # the model, as the journal records it
+    select: Selection | None = None  # how tags are chosen and written (None: a dry run)
+    header: JournalHeader | None = None  # the model, as the journal records it, and the tag options
     scan_errors: list[tuple[str, str]] = field(default_factory=list)
+    reselected: bool = False  # earlier records were tagged with other options: their tags are chosen again
 
     @property
     def ignored(self) -> int:
@@ -168,25 +222,36 @@ class TagPlan:
         return self.source.ignored
 
 
-def model_header(job: TagJob, meta: ModelMeta) -> JournalHeader:
-    """The journal header of ``job``'s model: its file's SHA-256 (of its metadata for a model given in memory)."""
+def model_header(job: TagJob, meta: ModelMeta, tagging: dict[str, Any] | None = None) -> JournalHeader:
+    """The journal header of ``job``'s model: its file's SHA-256 (of its metadata for a model given in memory),
+    with the ``tagging`` options."""
     if job.model is not None and Path(job.model).is_file():
-        return JournalHeader(str(job.model), file_sha256(job.model), tuple(meta.classes))
+        return JournalHeader(str(job.model), file_sha256(job.model), tuple(meta.classes), tagging)
     digest = hashlib.sha256(meta.to_json().encode("utf-8")).hexdigest()
-    return JournalHeader("<model in memory>", digest, tuple(meta.classes))
+    return JournalHeader("<model in memory>", digest, tuple(meta.classes), tagging)
 
 
 def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
-    """Plan ``job``: list the source, decide what is done, and (``read_model``) read the model's metadata and
-    resolve its thresholds. Reads, never writes. Raises ``FileNotFoundError`` (no source), ``ValueError`` (bad
-    option, unknown class in ``per_class``, :class:`~serve.records.OutputConflictError` for a run file or
-    journal of another model) and :class:`~serve.runtimes.ModelLoadError` (model metadata unreadable).
+    """Plan ``job``: list the source, decide what is done, and (``read_model``) read the model's metadata,
+    resolve its thresholds and check the caption rules against its classes. Reads, never writes. Raises
+    ``FileNotFoundError`` (no source), ``ValueError`` (bad option, unknown class in ``per_class``,
+    :class:`~serve.caption_rules.CaptionRuleError` for a rule naming an unknown class,
+    :class:`~serve.records.OutputConflictError` for a run file or journal of another model, or for sidecars
+    kept that were written with other tag options) and :class:`~serve.runtimes.ModelLoadError` (model metadata
+    unreadable).
 
     Without ``read_model`` (a dry run) the model file is not opened and a journal is not checked against it.
     """
     src = job.source if isinstance(job.source, Source) else Source.open(job.source, job.partition)
     if job.sidecar is not None and src.kind != "folder":
         raise ValueError(f"sidecars need a folder SOURCE; {src.spec} is a {src.kind} source")
+    if job.sort_into is not None and src.kind != "folder":
+        raise ValueError(f"--sort-into needs a folder SOURCE (it links the image files); {src.spec} is a "
+                         f"{src.kind} source")
+    if job.sort_into is not None and src.folder is not None and \
+            job.sort_into.root.resolve().is_relative_to(src.folder.resolve()):
+        raise ValueError(f"--sort-into {job.sort_into.root} is inside SOURCE {src.spec}: its images would be tagged "
+                         "again by the next run; choose a folder outside it")
     plan = TagPlan(job, src, [], None, set(), set(), set(), {}, JournalContents(None, {}, {}))
     if read_model:
         plan.meta = job.predictor.meta if job.predictor is not None else read_model_meta(job.model, job.backend)
@@ -194,7 +259,9 @@ def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
             plan.thresholds = resolve_thresholds(plan.meta, job.threshold, job.per_class)
         except ValueError as exc:
             raise ValueError(f"thresholds: {exc}") from None
-        plan.header = model_header(job, plan.meta)
+        job.rules.check_classes(plan.meta.classes)
+        plan.select = Selection(list(plan.meta.classes), plan.thresholds, job.mode, job.rules)
+        plan.header = model_header(job, plan.meta, plan.select.to_dict())
     run_keys: set[str] = set()
     run_classes: list[str] | None = None
     if job.existing == "skip":
@@ -215,7 +282,9 @@ def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
         items = [Item(p.relative_to(src.folder).as_posix(), str(p)) for p in paths]
 
         def is_done(key: str) -> bool:
-            return job.existing == "skip" and (plan.sidecars[key].is_file() if job.sidecar else key in recorded)
+            if job.existing != "skip":
+                return False
+            return all(f.is_file() for f in plan.sidecars[key].values()) if job.sidecar else key in recorded
 
         plan.done = {i.key for i in items if is_done(i.key)}
         plan.todo = [i for i in items if i.key not in plan.done]
@@ -229,8 +298,36 @@ def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
         raise OutputConflictError(
             f"{job.output} was written by a model with other classes; use --existing overwrite or another --output"
         )
+    if plan.header is not None and job.existing == "skip":
+        _check_earlier_options(plan, bool(run_keys))
     plan.scan_errors = list(src.scan_errors)
     return plan
+
+
+def _check_earlier_options(plan: TagPlan, has_run_file: bool) -> None:
+    """Compare this run's tag options with those of the outputs it keeps (the journal's header, the run file's
+    manifest). Records kept from a run with other options are re-selected (``plan.reselected``); sidecars kept
+    from one are refused, as they would not match the new ones."""
+    assert plan.header is not None
+    earlier: list[tuple[str, dict[str, Any] | None]] = []
+    if plan.journal.header is not None:
+        earlier.append((f"the journal {journal_path(plan.job.output)}", plan.journal.header.tagging))
+    manifest = read_manifest(plan.job.output) if has_run_file else None
+    if manifest is not None:
+        earlier.append((str(plan.job.output), manifest.get("tagging")))
+    now = plan.header.tagging or {}
+    for where, options in earlier:
+        if options is None or options == now:
+            continue
+        plan.reselected = plan.reselected or bool(plan.kept)
+        if plan.job.sidecar is not None and plan.done:
+            differ = ", ".join(k.replace("_", " ") for k in ("selection", "thresholds", "caption_rules")
+                               if options.get(k) != now.get(k))
+            raise OutputConflictError(
+                f"{where} was written with other tag options ({differ} differ): the sidecars of the "
+                f"{len(plan.done)} images already done (--existing skip) would not match this run's; rerun with "
+                "the same options to resume, or use --existing overwrite to tag every image again"
+            )
 
 
 def _partition_name(source: Source, key: str) -> str:
@@ -254,6 +351,8 @@ class TagSummary:
     seconds: float = 0.0
     skipped: int = 0  # already done under --existing skip
     errors_file: Path | None = None  # where the failures were listed
+    counts: RunSummary | None = None  # the run file's tags counted (with ``summary``)
+    reports: list[Path] = field(default_factory=list)  # the summary reports written
 
     @property
     def ok(self) -> bool:
@@ -274,17 +373,38 @@ class TagSummary:
 
 
 def default_outputs(plan: TagPlan, journal: Journal) -> OutputStage:
-    """The outputs of a run: :class:`~serve.outputs.Selection` (thresholds, ``top_k``), then sidecars (when
-    asked), the run file and the errors file."""
+    """The outputs of a run: the plan's :class:`~serve.outputs.Selection` (mode, thresholds, caption rules),
+    then sidecars and tag folders (when asked), the run file with its manifest, and the errors file."""
     job = plan.job
-    assert plan.meta is not None and plan.thresholds is not None
-    classes = list(plan.meta.classes)
+    assert plan.meta is not None and plan.select is not None and plan.header is not None
     writers: list[Any] = []
     if job.sidecar is not None:
-        writers.append(SidecarWriter(job.sidecar, plan.sidecars, append=job.existing == "append"))
-    writers.append(RunFileWriter(job.output, journal, classes, job.separator, plan.kept))
+        writers.append(SidecarWriter(job.sidecar, plan.sidecars, plan.select, append=job.existing == "append"))
+    if job.sort_into is not None:
+        assert plan.source.folder is not None
+        writers.append(TagFolderWriter(job.sort_into, plan.source.folder, plan.select, journal, plan.kept))
+    writers.append(RunFileWriter(job.output, journal, plan.select, job.separator, plan.kept, run_manifest(plan)))
     writers.append(ErrorsWriter(job.errors_file, plan.scan_errors))
-    return OutputStage(Selection(classes, plan.thresholds, job.top_k), writers)
+    return OutputStage(plan.select, writers)
+
+
+def run_manifest(plan: TagPlan) -> dict[str, Any]:
+    """What the run file's manifest records (:mod:`serve.run_manifest`): the model, the tag options (selection,
+    thresholds and where they come from, caption rules), the sidecars and tag folders."""
+    job = plan.job
+    assert plan.meta is not None and plan.select is not None and plan.header is not None
+    sidecar = job.sidecar
+    return {
+        "model": {"path": plan.header.model, "sha256": plan.header.sha256, "classes": list(plan.header.classes)},
+        "tagging": plan.select.to_dict(),
+        "selection": job.mode.describe(),
+        "thresholds_source": thresholds_source(plan.meta, job.threshold, job.per_class),
+        "separator": job.separator,
+        "sidecars": None if sidecar is None else {
+            "formats": list(sidecar.formats), "ext": sidecar.ext, "folder": str(sidecar.folder or "") or None},
+        "sort_into": None if job.sort_into is None else {
+            "folder": str(job.sort_into.root), "mode": job.sort_into.how, "untagged": job.sort_into.untagged},
+    }
 
 
 def run_plan(
@@ -333,6 +453,11 @@ def run_plan(
         completed = True
     finally:
         journal.close(remove=completed)
+    if job.summary and job.output.is_file():
+        select = stage.select if isinstance(stage.select, Selection) else None
+        summary.counts = summarize_run_file(job.output, job.separator, select.chosen if select else None,
+                                            select.rules.labels if select else None)
+        summary.reports = write_summary_reports(summary.counts, job.output)
     summary.seconds = time.perf_counter() - start
     return summary
 

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ gradio_client = pytest.importorskip("gradio_client")
 REPO = Path(__file__).resolve().parents[1]
 MAX_PIXELS = 200 * 200
 MAX_FILE_SIZE = 300 * 1024
+#: The tag controls left as they start: thresholds mode, K 5, no cap, no floor, no caption rules.
+NO_RULES = ("thresholds", 5, 0, 0.0, "")
 
 
 def free_port() -> int:
@@ -148,7 +151,7 @@ def test_threshold_changes_refilter_without_running_the_model(app: dict[str, Any
     first = client.predict(gradio_client.handle_file(str(image)), True, 0.5, key, api_name="/predict")
     assert predictor.model_calls == before + 1
     for use_calibrated, value in ((False, 0.0), (False, 1.0), (True, 0.5), (False, 0.25)):
-        doc, html = client.predict(use_calibrated, value, api_name="/refilter")
+        doc, html = client.predict(use_calibrated, value, *NO_RULES, api_name="/refilter")
         assert doc["scores"] == first["scores"]
         want = predictor.thresholds(None if use_calibrated else value)
         assert list(doc["thresholds"].values()) == pytest.approx(want.tolist())
@@ -177,7 +180,7 @@ def test_batch_table_csv_and_jsonl(setup: dict[str, Any], app: dict[str, Any]) -
     client, predictor, key = app["client"], app["predictor"], app["key"]
     images = app["examples"].images[:3]
     payload = [gradio_client.handle_file(str(p)) for p in [images[0], setup["files"] / "notes.png", *images[1:]]]
-    table, csv_path, jsonl_path = client.predict(payload, True, 0.5, key, api_name="/predict_batch")
+    table, csv_path, jsonl_path, zip_path = client.predict(payload, True, 0.5, key, api_name="/predict_batch")
     assert table["headers"] == ["file", "tags", "error", *predictor.classes]
     assert [row[0] for row in table["data"]] == [images[0].name, "notes.png", images[1].name, images[2].name]
     assert "not an image" in table["data"][1][2]
@@ -192,6 +195,56 @@ def test_batch_table_csv_and_jsonl(setup: dict[str, Any], app: dict[str, Any]) -
         assert np.abs(from_csv - want).max() <= 1e-6 and np.abs(from_jsonl - want).max() <= 1e-6
         tags = predictor.predict(image).tags
         assert line["tags"] == tags and row["tags"] == ";".join(tags)
+    with zipfile.ZipFile(zip_path) as archive:  # one caption per readable image, named as serve tag names sidecars
+        captions = {name: archive.read(name).decode() for name in archive.namelist()}
+    assert captions == {Path(line["path"]).with_suffix(".txt").name: ", ".join(line["tags"]) + "\n"
+                        for line in lines if "tags" in line}
+
+
+def test_selection_modes_and_caption_rules_in_the_demo(app: dict[str, Any]) -> None:
+    """The tag controls (mode, K, cap, floor, caption rules) through the API: the tags equal the pipeline's
+    selection of the same scores, the caption has the rules applied, the batch zip holds the captions, and a bad
+    rule is an error naming it, before the model runs."""
+    from serve.caption_rules import parse_rules_text
+    from serve.outputs import Selection
+    from serve.tag_selection import make_selection
+
+    client, predictor, key = app["client"], app["predictor"], app["key"]
+    images = app["examples"].images[3:5]
+    scores = predictor.scores(images)
+    first_class = predictor.classes[0]
+    rules_text = f"first sks\nreplace {first_class}=FIRST\nweights"
+    rules = parse_rules_text(rules_text)
+    cases = [("mcut", 5, 0, 0.0), ("top-k", 3, 0, 0.0), ("top-k", 4, 2, 0.0), ("thresholds", 5, 0, 0.2)]
+    for mode, k, cap, floor in cases:
+        select = Selection(list(predictor.classes), predictor.thresholds(),
+                           make_selection(f"top-k:{k}" if mode == "top-k" else mode, cap or None, floor), rules)
+        want = select("x", scores[0])
+        doc = client.predict(gradio_client.handle_file(str(images[0])), True, 0.5, key, mode, k, cap, floor,
+                             rules_text, api_name="/predict")
+        chosen = select.chosen(want["scores"])
+        assert doc["tags"] == chosen, (mode, k, cap, floor)
+        assert doc["caption"] == ", ".join(want["tags"]) and want["tags"][0] == "sks"
+        if mode == "top-k":
+            assert len(chosen) == min(k, cap or k)
+        # the same controls re-filter the kept scores (no model call)
+        before = predictor.model_calls
+        refiltered, _ = client.predict(True, 0.5, mode, k, cap, floor, rules_text, api_name="/refilter")
+        assert refiltered["tags"] == chosen and predictor.model_calls == before
+    payload = [gradio_client.handle_file(str(p)) for p in images]
+    _, _, jsonl_path, zip_path = client.predict(payload, True, 0.5, key, "top-k", 2, 0, 0.0, "first sks\nspaces",
+                                                api_name="/predict_batch")
+    lines = [json.loads(line) for line in Path(jsonl_path).read_text().splitlines()]
+    with zipfile.ZipFile(zip_path) as archive:
+        for image, line in zip(images, lines, strict=True):
+            caption = archive.read(image.with_suffix(".txt").name).decode().strip().split(", ")
+            assert caption[0] == "sks" and len(caption) == 3 and caption == line["tags"]
+    before = predictor.model_calls
+    for bad, named in (("exclude-re ([a-z", "exclude-re"), ("replace nosuchclass=x", "nosuchclass")):
+        with pytest.raises(Exception, match=named):
+            client.predict(gradio_client.handle_file(str(images[0])), True, 0.5, key, "thresholds", 5, 0, 0.0, bad,
+                           api_name="/predict")
+    assert predictor.model_calls == before
 
 
 def test_cli_help_and_usage_errors(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -24,6 +26,7 @@ from serve.runtimes.tensorrt_backend import tensorrt_importable
 from train.__main__ import main as train_main
 from train.data.protocol import build_protocol, parse_observed
 from train.data.registry import load_dataset
+from train.metrics import per_class_ap
 
 HAS_RTX = tensorrt_importable("tensorrt-rtx")
 
@@ -95,6 +98,7 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
             tp = float((pred & (labels[:, c] == 1)).sum())
             f1 = 2 * tp / (pred.sum() + labels[:, c].sum())
             assert f1 == pytest.approx(_best_f1(probs[:, c], labels[:, c]), abs=1e-12), (art.name, c)
+    _check_model_card(folder, result.artifacts, x, labels)
     fp16 = next(a for a in result.artifacts if a.name == "fp16")
     assert fp16.max_prob_diff is not None and fp16.max_prob_diff <= 5e-3 and fp16.agreement >= 0.995
     _serves_the_boosted_model(run, folder)
@@ -122,6 +126,24 @@ def _serves_the_boosted_model(run: Path, folder: Path) -> None:
         predictor = Predictor.load(model)
         np.testing.assert_allclose(predictor.scores(list(paths)), expected, atol=1e-5)
         assert predictor.describe()["boostlu"] == 5.0 and "BoostLU 5" in model_markdown("run", predictor)
+
+
+def _check_model_card(folder: Path, artifacts: list[Any], x: np.ndarray, labels: np.ndarray) -> None:
+    """README.md names every file, the tag command and the thresholds; tags.csv holds the FP32 thresholds and the
+    per-class val AP measured here on the FP32 model's own scores."""
+    meta = read_onnx_meta(folder / "model.onnx")
+    card = (folder / "README.md").read_text()
+    for art in artifacts:
+        assert f"`{art.path.name}`" in card
+    assert f"python -m serve tag path/to/images --model {folder / 'model.onnx'}" in card
+    assert "by `f1` on" in card and "measured against the full val labels" in card
+    rows = list(csv.DictReader((folder / "tags.csv").open()))
+    assert [r["name"] for r in rows] == meta.classes
+    assert [float(r["threshold"]) for r in rows] == pytest.approx(meta.thresholds, rel=1e-5)
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    ap = per_class_ap(session.run(None, {"images": x})[0], labels)
+    for row, value in zip(rows, ap, strict=True):
+        assert row["val_ap"] == ("" if np.isnan(value) else f"{100 * value:.2f}")
 
 
 def test_a_broken_precision_bound_fails_and_leaves_no_model(run: Path, tmp_path: Path) -> None:

@@ -97,6 +97,8 @@ def test_export_calibrates_positive_only_with_estimated_k(own_run: tuple[Path, P
     assert float(calibration["mode"].split(":")[1]) == pytest.approx(k["k"], rel=1e-4)
     report = (tmp_path / "calibration-fp32.md").read_text()
     assert "metrics against the single-positive val labels" in report and "lower bounds" in report
+    card = (tmp_path / "README.md").read_text()  # the model card says what its figures were measured against
+    assert "measured against the single-positive val labels" in card and "val: mAP n/a (no full labels)" in card
 
 
 def test_export_with_an_audit_list_takes_k_and_f1_from_it(own_run: tuple[Path, Path, list[str]],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -246,25 +247,25 @@ def test_existing_policies_skip_append_overwrite(model: tuple[Path, Path, ModelM
     out = tmp_path / "tags.jsonl"
     spec = SidecarSpec()
     kw = {"progress": False, "sidecar": spec, "threshold": 0.0}
-    first = tag_folder(folder, runtime, out, top_k=1, **kw)
+    first = tag_folder(folder, runtime, out, max_tags=1, **kw)
     assert first.tagged == 4 and first.skipped == 0
     records = {r["path"]: r for r in map(json.loads, out.read_text().splitlines())}
     ranked = {p: sorted(CLASSES, key=lambda c: -r["scores"][c]) for p, r in records.items()}
     (folder / "im0.txt").write_text("mine, " + ranked["im0.JPEG"][0] + "\n")  # the user's own caption
     (folder / "a" / "im1.txt").unlink()
 
-    skip = tag_folder(folder, runtime, out, top_k=1, existing="skip", **kw)
+    skip = tag_folder(folder, runtime, out, max_tags=1, existing="skip", **kw)
     assert (skip.tagged, skip.skipped) == (1, 3)
     assert (folder / "im0.txt").read_text() == "mine, " + ranked["im0.JPEG"][0] + "\n"  # untouched
     assert (folder / "a" / "im1.txt").read_text() == ranked["a/im1.png"][0] + "\n"
     assert {r["path"]: r for r in map(json.loads, out.read_text().splitlines())} == records  # kept + redone
 
-    append = tag_folder(folder, runtime, out, top_k=2, existing="append", **kw)
+    append = tag_folder(folder, runtime, out, max_tags=2, existing="append", **kw)
     assert (append.tagged, append.skipped) == (4, 0)
     assert (folder / "im0.txt").read_text() == ", ".join(["mine", *ranked["im0.JPEG"][:2]]) + "\n"
     assert (folder / "im3.txt").read_text() == ", ".join(ranked["im3.png"][:2]) + "\n"  # no duplicate
 
-    overwrite = tag_folder(folder, runtime, out, top_k=1, existing="overwrite", **kw)
+    overwrite = tag_folder(folder, runtime, out, max_tags=1, existing="overwrite", **kw)
     assert overwrite.tagged == 4 and (folder / "im0.txt").read_text() == ranked["im0.JPEG"][0] + "\n"
 
     # without sidecars, "done" means: the path is in the run file
@@ -361,8 +362,10 @@ def test_help_documents_policies_and_exit_codes() -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     text = sub.choices["tag"].format_help()
     for needle in ("symlinked folders are not", "--existing", "skip", "append", "errors.tsv", "exit status",
-                   "  2  usage error", "--dry-run", ".csv", "--top-k"):
+                   "  2  usage error", "--dry-run", ".csv", "--select MODE", "--max-tags", "--min-score",
+                   "--caption-rules", "--sidecar-format", "--sort-into", "--sort-mode", "--untagged", "manifest.json"):
         assert needle in text, needle
+    assert "--top-k" not in text  # the deprecated alias of --max-tags works, hidden from the help
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -493,3 +496,278 @@ print(codes, heavy, 'symlinked folders' in out.getvalue())
     for message in ("folder not found", "model not found", "batch_size (--batch-size) must be >= 1",
                     "unknown device 'gpu7'", "--cpus-per-worker need(s) --engine ray"):
         assert message in done.stderr, message
+
+
+# --------------------------------------------------------------------------------------------------------
+# Tags the way their users want them (issue 35): selection modes, caption rules, sidecar formats, tag folders,
+# the manifest and summary of a run, resuming with other options
+
+
+def ranked(rec: dict) -> list[str]:
+    """A record's classes, highest stored score first (ties: class order)."""
+    return sorted(CLASSES, key=lambda c: (-rec["scores"][c], CLASSES.index(c)))
+
+
+def mcut_by_hand(rec: dict) -> list[str]:
+    """MCut written out: the classes above the largest gap between neighbouring sorted scores."""
+    order = ranked(rec)
+    values = [rec["scores"][c] for c in order]
+    gaps = [values[i] - values[i + 1] for i in range(len(values) - 1)]
+    return order[: gaps.index(max(gaps)) + 1]
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_selection_modes_through_the_cli_and_the_manifest(
+    model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from serve.run_manifest import read_manifest
+
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 5, seed=21)
+    runs = {
+        "mcut": (["--select", "mcut"], mcut_by_hand),
+        "top2": (["--select", "top-k:2"], lambda r: ranked(r)[:2]),
+        "mcut-cap1": (["--select", "mcut", "--max-tags", "1"], lambda r: mcut_by_hand(r)[:1]),
+        "floor": (["--threshold", "0", "--min-score", "0.5"],
+                  lambda r: [c for c in ranked(r) if r["scores"][c] >= 0.5]),
+        "calibrated-cap": (["--max-tags", "2"],
+                           lambda r: [c for c in ranked(r) if r["scores"][c] >= THRESHOLDS[CLASSES.index(c)]][:2]),
+    }
+    sizes = set()
+    for name, (options, want) in runs.items():
+        out = tmp_path / f"{name}.jsonl"
+        assert tag_main(folder, "--model", onnx_path, "--output", out, "--no-summary", *options) == 0, name
+        lines = read_lines(out)
+        assert len(lines) == 5
+        for rec in lines:
+            assert rec["tags"] == want(rec), (name, rec)
+            sizes.add(len(rec["tags"]))
+        manifest = read_manifest(out)
+        assert manifest is not None and manifest["images"] == 5 and manifest["model"]["classes"] == CLASSES
+        tagging = manifest["tagging"]
+        assert tagging["selection"]["mode"] == ("thresholds" if name in ("floor", "calibrated-cap") else
+                                                options[1].split(":")[0])
+        assert (tagging["thresholds"] is None) == (tagging["selection"]["mode"] != "thresholds")
+    assert read_manifest(tmp_path / "top2.jsonl")["tagging"]["selection"] == {  # type: ignore[index]
+        "mode": "top-k", "k": 2, "max_tags": None, "min_score": 0.0}
+    assert read_manifest(tmp_path / "floor.jsonl")["tagging"]["thresholds"] == dict.fromkeys(CLASSES, 0.0)  # type: ignore[index]
+    assert read_manifest(tmp_path / "calibrated-cap.jsonl")["thresholds_source"].startswith("the model's")  # type: ignore[index]
+    assert len(sizes) > 1  # the modes chose different numbers of tags on these images
+    capsys.readouterr()
+    # --top-k: the deprecated name of --max-tags, same tags, with a note
+    old = tmp_path / "old.jsonl"
+    assert tag_main(folder, "--model", onnx_path, "--output", old, "--top-k", "2", "--no-summary") == 0
+    assert "--top-k is deprecated" in capsys.readouterr().err
+    assert read_lines(old) == read_lines(tmp_path / "calibrated-cap.jsonl")
+    for bad, message in ((["--select", "top-k:0"], "top-k:K"), (["--select", "best"], "invalid selection mode"),
+                         (["--max-tags", "0"], "max_tags"), (["--min-score", "1.5"], "min_score"),
+                         (["--top-k", "2", "--max-tags", "3"], "old name of --max-tags")):
+        with contextlib.suppress(SystemExit):  # argparse type errors exit 2 by SystemExit
+            assert tag_main(folder, "--model", onnx_path, "--output", tmp_path / "bad.jsonl", *bad) == 2, bad
+        assert message in capsys.readouterr().err, bad
+    assert not (tmp_path / "bad.jsonl").exists()
+    # the Python API: the same options; top_k is the deprecated name of max_tags
+    from serve.tag import TagJob
+
+    with pytest.warns(DeprecationWarning, match="max_tags"):
+        job = TagJob(folder, onnx_path, top_k=2)
+    assert job.mode.max_tags == 2 and TagJob(folder, onnx_path, selection="top-k:3", min_score=0.1).mode.describe() \
+        == "top-3, score >= 0.1"
+
+
+def test_caption_rules_flags_file_and_sidecar_formats(
+    model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from serve.sidecar_formats import xmp_keywords
+
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 4, seed=22)
+    common = ["--model", onnx_path, "--threshold", "0", "--no-summary", "--sidecar-format", "txt,json,xmp"]
+    flags = ["--first", "sks", "--exclude", "dog", "--exclude-re", "^tr", "--replace", "cat=big_cat", "--spaces",
+             "--escape", "--weights"]
+    out = tmp_path / "flags.jsonl"
+    assert tag_main(folder, *common, "--sidecar-dir", tmp_path / "a", "--output", out, *flags) == 0
+    for rec in read_lines(out):
+        kept = [c for c in ranked(rec) if c not in ("dog", "tree")]  # threshold 0: every class, then the rules
+        texts = ["sks"] + [f"({'big cat' if c == 'cat' else c}:{rec['scores'][c]:.2f})" for c in kept]
+        assert rec["tags"] == texts, rec
+        stem = Path(rec["path"]).with_suffix("")
+        assert (tmp_path / "a" / f"{stem}.txt").read_text() == ", ".join(texts) + "\n"
+        doc = json.loads((tmp_path / "a" / f"{stem}.json").read_text())
+        assert doc["tags"] == texts and doc["scores"] == rec["scores"] and doc["selected"] == ranked(rec)
+        assert xmp_keywords((tmp_path / "a" / f"{rec['path']}.xmp").read_text()) == texts
+    # the same rules from a rules file (flags add to it): the same outputs
+    rules = tmp_path / "lora.rules"
+    rules.write_text("# captions for a LoRA\nfirst sks\nexclude dog\nexclude-re ^tr\nreplace cat=big_cat\nspaces\n")
+    again = tmp_path / "file.jsonl"
+    assert tag_main(folder, *common, "--sidecar-dir", tmp_path / "b", "--output", again, "--caption-rules", rules,
+                    "--escape", "--weights") == 0
+    assert read_lines(again) == read_lines(out)
+    assert sorted(p.read_bytes() for p in (tmp_path / "b").rglob("*.*")) == \
+        sorted(p.read_bytes() for p in (tmp_path / "a").rglob("*.*"))
+    # --existing append: txt appends new tags, json merges its tags and keeps its other fields, xmp merges keywords
+    some = tmp_path / "a" / "im0.json"
+    some.write_text(json.dumps({**json.loads(some.read_text()), "tags": ["mine"], "rating": 5}))
+    assert tag_main(folder, *common, "--sidecar-dir", tmp_path / "a", "--output", out, "--existing", "append",
+                    "--select", "top-k:1") == 0
+    doc = json.loads(some.read_text())
+    top = ranked(read_lines(out)[-1])[0]  # im0.JPEG sorts last
+    assert doc["rating"] == 5 and doc["tags"] == ["mine", top]
+    capsys.readouterr()
+    # bad rules: exit 2 naming the rule, before the model is read (a broken model file is never reached)
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    bad_file = tmp_path / "bad.rules"
+    bad_file.write_text("spaces\nfrist sks\n")
+    for bad, named in ((["--exclude-re", "([a-z"], "([a-z"), (["--replace", "cat"], "cat"),
+                       (["--caption-rules", bad_file], "bad.rules:2")):
+        assert tag_main(folder, "--model", broken, "--output", tmp_path / "x.jsonl", *bad) == 2, bad
+        err = capsys.readouterr().err
+        assert named in err and "cannot load" not in err, err
+    # a rule naming a class the model does not have: exit 2, nothing written
+    assert tag_main(folder, "--model", onnx_path, "--output", tmp_path / "x.jsonl", "--replace", "zebra=z") == 2
+    assert "zebra" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
+
+
+def test_sort_into_tag_folders_without_duplicates(
+    model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 4, seed=23)
+    by_tag, out = tmp_path / "by-tag", tmp_path / "tags.jsonl"
+    args = [folder, "--model", onnx_path, "--output", out, "--no-summary", "--sort-into", by_tag,
+            "--select", "top-k:2", "--replace", "cat=kitty"]
+
+    def entries() -> list[str]:
+        return sorted(p.relative_to(by_tag).as_posix() for p in by_tag.rglob("*") if not p.is_dir())
+
+    assert tag_main(*args) == 0
+    want = sorted(f"{'kitty' if c == 'cat' else c}/{r['path']}" for r in read_lines(out) for c in ranked(r)[:2])
+    assert entries() == want and len(want) == 8
+    for entry in by_tag.rglob("*"):
+        if not entry.is_dir():
+            assert entry.is_symlink() and entry.resolve() == (folder / entry.relative_to(by_tag).relative_to(
+                entry.relative_to(by_tag).parts[0])).resolve()
+    assert tag_main(*args) == 0 and entries() == want  # a plain re-run: nothing added
+    assert tag_main(*args, "--existing", "overwrite") == 0 and entries() == want  # re-tagged: no duplicate
+    # copies, and an untagged folder for images without tags
+    copies = tmp_path / "copies"
+    assert tag_main(folder, "--model", onnx_path, "--output", tmp_path / "c.jsonl", "--no-summary", "--sort-into",
+                    copies, "--sort-mode", "copy", "--min-score", "1", "--untagged", "none") == 0
+    placed = sorted(p.relative_to(copies).as_posix() for p in copies.rglob("*") if p.is_file())
+    assert placed == sorted(f"none/{k}" for k in find_keys(folder))
+    assert not any(p.is_symlink() for p in copies.rglob("*"))
+    assert (copies / "none" / "im0.JPEG").read_bytes() == (folder / "im0.JPEG").read_bytes()
+    capsys.readouterr()
+    listing = tmp_path / "list.txt"
+    listing.write_text("\n".join(str(p) for p in find_images(folder)) + "\n")
+    assert tag_main(listing, "--model", onnx_path, "--output", tmp_path / "l.jsonl", "--sort-into", by_tag) == 2
+    assert "--sort-into needs a folder SOURCE" in capsys.readouterr().err
+    assert tag_main(folder, "--model", onnx_path, "--output", tmp_path / "i.jsonl", "--sort-into", folder / "x") == 2
+    assert "inside SOURCE" in capsys.readouterr().err and not (folder / "x").exists()
+
+
+def test_summary_after_a_run_counts_the_run_file(
+    model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from collections import Counter
+
+    from serve.__main__ import main
+
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 6, seed=24)
+    out = tmp_path / "run" / "tags.csv"
+    assert tag_main(folder, "--model", onnx_path, "--output", out, "--select", "top-k:2", "--replace", "cat=kitty",
+                    "--first", "sks", "--weights", "--separator", "; ") == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out.parent / "tags.summary.json").read_text())
+    assert (out.parent / "tags.summary.md").is_file() and (out.parent / "tags.manifest.json").is_file()
+    import csv
+
+    rows = list(csv.DictReader(out.open(newline="")))
+    chosen = [ranked({"scores": {c: float(r[c]) for c in CLASSES}})[:2] for r in rows]
+    names = Counter(("kitty" if c == "cat" else c) for two in chosen for c in two)
+    assert report["images"] == 6 and report["per_tag"] == dict(names)  # by name: no weights, no trigger word
+    assert report["tags_per_image"] == {"2": 6}
+    assert report["never_predicted"] == [c for c in CLASSES if all(c not in two for two in chosen)]
+    assert all(row["tags"].split("; ")[0] == "sks" for row in rows)
+    assert "6 images" in printed and f"{len(report['never_predicted'])} of 5 classes never predicted" in printed
+    # python -m serve summary RUNFILE reads the manifest: the same numbers
+    (out.parent / "tags.summary.json").unlink()
+    assert main(["summary", str(out)]) == 0
+    assert json.loads((out.parent / "tags.summary.json").read_text()) == report
+    # --no-summary: no report
+    quiet = tmp_path / "quiet" / "tags.jsonl"
+    assert tag_main(folder, "--model", onnx_path, "--output", quiet, "--no-summary") == 0
+    assert sorted(p.name for p in quiet.parent.iterdir()) == ["tags.jsonl", "tags.manifest.json"]
+
+
+def test_resume_with_other_options_reselects_records_and_refuses_sidecars(
+    model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from serve.caption_rules import make_rules
+    from serve.run_manifest import read_manifest
+    from serve.sidecars import SidecarSpec
+    from serve.tag import TagJob, tag
+
+    _, onnx_path, _ = model
+    folder = tmp_path / "pics"
+    make_images(folder, 6, seed=25)
+    out = tmp_path / "tags.jsonl"
+    assert tag_main(folder, "--model", onnx_path, "--output", out, "--no-summary", "--batch-size", "2") == 0
+    first = read_lines(out)
+    # a re-run with other options: nothing is scored again; the kept records' tags are chosen again from their
+    # stored scores (exact), and the manifest says so
+    calls: list[int] = []
+    original = OnnxRuntimeBackend.predict_logits
+    monkeypatch.setattr(OnnxRuntimeBackend, "predict_logits", lambda self, b: calls.append(len(b)) or original(self, b))
+    capsys.readouterr()
+    assert tag_main(folder, "--model", onnx_path, "--output", out, "--no-summary", "--select", "mcut",
+                    "--exclude", "boat") == 0
+    assert "chosen again" in capsys.readouterr().err and calls == []
+    again = read_lines(out)
+    assert [r["scores"] for r in again] == [r["scores"] for r in first]
+    assert [r["tags"] for r in again] == [[c for c in mcut_by_hand(r) if c != "boat"] for r in first]
+    assert read_manifest(out)["tagging"]["selection"]["mode"] == "mcut"  # type: ignore[index]
+    # the Python API takes the same options, and with the first run's options the first run file comes back
+    summary = tag(TagJob(folder, onnx_path, out, progress=False, summary=False))
+    assert summary.tagged == 0 and read_lines(out) == first
+    # an interrupted run resumed with other options: the journaled records are re-selected too
+    monkeypatch.setattr(OnnxRuntimeBackend, "predict_logits", original)
+    fresh = tmp_path / "fresh.jsonl"
+
+    def crash_on_second(self: OnnxRuntimeBackend, batch: np.ndarray) -> np.ndarray:
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise RuntimeError("simulated crash")
+        return original(self, batch)
+
+    monkeypatch.setattr(OnnxRuntimeBackend, "predict_logits", crash_on_second)
+    assert tag_main(folder, "--model", onnx_path, "--output", fresh, "--batch-size", "2", "--no-summary") == 1
+    assert (tmp_path / "fresh.jsonl.partial").is_file() and not fresh.exists()
+    monkeypatch.setattr(OnnxRuntimeBackend, "predict_logits", original)
+    job = TagJob(folder, onnx_path, fresh, selection="top-k:1", rules=make_rules(first=["sks"]), progress=False,
+                 summary=False, batch_size=2)
+    assert tag(job).tagged == 4
+    assert [r["tags"] for r in read_lines(fresh)] == [["sks", ranked(r)[0]] for r in first]
+    # sidecars already written with other options are refused (they would not match): exit 2, nothing changed
+    side = tmp_path / "side.jsonl"
+    tag(TagJob(folder, onnx_path, side, progress=False, summary=False, sidecar=SidecarSpec(formats=("json",))))
+    before = sorted((p, p.read_bytes()) for p in folder.rglob("*.json"))
+    capsys.readouterr()
+    assert tag_main(folder, "--model", onnx_path, "--output", side, "--sidecar-format", "json",
+                    "--select", "top-k:1") == 2
+    err = capsys.readouterr().err
+    assert "written with other tag options (selection" in err and "--existing overwrite" in err
+    assert sorted((p, p.read_bytes()) for p in folder.rglob("*.json")) == before
+    assert tag_main(folder, "--model", onnx_path, "--output", side, "--sidecar-format", "json", "--no-summary",
+                    "--select", "top-k:1", "--existing", "overwrite") == 0
+    assert all(len(json.loads(p.read_text())["tags"]) == 1 for p in folder.rglob("*.json"))

@@ -1,0 +1,133 @@
+"""What a sidecar file holds, per format: ``txt`` (the tags joined by the separator), ``json`` (every score and
+the selected tags) and ``xmp`` (the tags as XMP keywords, ``dc:subject``, in an Adobe XMP sidecar that
+darktable, digiKam and other photo managers read as ``<image name>.xmp``; the images themselves are never
+modified).
+
+An existing sidecar is updated, per format, as :func:`json_updated` and :func:`xmp_updated` say: the tags are
+replaced, or merged with those already there (``--existing append``); what else the file holds (another tool's
+fields, a photo manager's XMP metadata) is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping, Sequence
+from io import StringIO
+from typing import Any
+
+#: ``(existing tags, new tags) -> tags``: how an update combines them (e.g. keep the new ones only, or merge).
+Combine = Callable[[Sequence[str], Sequence[str]], list[str]]
+
+#: Sidecar formats and the suffix each adds: ``a.jpg`` -> ``a.txt`` / ``a.json`` / ``a.jpg.xmp``.
+SIDECAR_FORMATS = ("txt", "json", "xmp")
+
+_NS = {
+    "x": "adobe:ns:meta/",
+    "rdf": "http://www.w3.org/1999/02/22-rdf-syntax-ns#",
+    "dc": "http://purl.org/dc/elements/1.1/",
+}
+for _prefix, _uri in _NS.items():
+    ET.register_namespace(_prefix, _uri)
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    """``"txt,json"`` -> ``("txt", "json")``; ``ValueError`` naming the known formats otherwise."""
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
+    unknown = [f for f in formats if f not in SIDECAR_FORMATS]
+    if unknown or not formats:
+        raise ValueError(f"sidecar formats are a comma-separated list of {', '.join(SIDECAR_FORMATS)}; got {text!r}")
+    return formats
+
+
+def json_sidecar(tags: Sequence[str], scores: Mapping[str, float], extra: Mapping[str, Any] | None = None) -> str:
+    """The JSON sidecar text: ``{"tags": [...], "scores": {class: p}, ...extra}``."""
+    return json.dumps({"tags": list(tags), "scores": dict(scores), **(extra or {})}, ensure_ascii=False,
+                      indent=1) + "\n"
+
+
+def json_updated(existing: str, tags: Sequence[str], scores: Mapping[str, float], extra: Mapping[str, Any],
+                 combine: Combine) -> str:
+    """An existing JSON sidecar with this run's scores and ``extra`` fields, and its tags ``combine``-d with
+    ``tags``; its other fields are kept. ``ValueError`` when it is not a JSON object."""
+    try:
+        doc = json.loads(existing)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not a JSON document ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    old = doc.get("tags")
+    old_tags = [str(t) for t in old] if isinstance(old, list) else []
+    doc.update({"tags": combine(old_tags, tags), "scores": dict(scores), **extra})
+    return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+
+
+def _xmp_document(root: ET.Element) -> str:
+    ET.indent(root)
+    return '<?xpacket begin="\ufeff" id="W5M0MpCehiHzreSzNTczkc9d"?>\n' + ET.tostring(root, encoding="unicode") \
+        + '\n<?xpacket end="w"?>\n'
+
+
+def _xmp_root(text: str) -> ET.Element:
+    """The parsed XMP document (the ``xpacket`` wrapper dropped); its namespace prefixes are registered so that
+    writing it back keeps them. ``ValueError`` when it is not XML."""
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("<?xpacket"))
+    try:
+        for _, (prefix, uri) in ET.iterparse(StringIO(body), events=("start-ns",)):
+            if prefix and not prefix.startswith("ns"):
+                ET.register_namespace(prefix, uri)
+        return ET.fromstring(body)
+    except ET.ParseError as exc:
+        raise ValueError(f"not an XMP document ({exc})") from None
+
+
+def xmp_sidecar(tags: Sequence[str]) -> str:
+    """An XMP sidecar document whose ``dc:subject`` bag holds ``tags`` (XMP keywords)."""
+    rdf = _NS["rdf"]
+    root = ET.Element(f"{{{_NS['x']}}}xmpmeta")
+    graph = ET.SubElement(root, f"{{{rdf}}}RDF")
+    ET.SubElement(graph, f"{{{rdf}}}Description", {f"{{{rdf}}}about": ""})
+    _set_keywords(root, tags)
+    return _xmp_document(root)
+
+
+_SUBJECT = f"{{{_NS['dc']}}}subject"
+_BAG = f"{{{_NS['rdf']}}}Bag"
+_LI = f"{{{_NS['rdf']}}}li"
+_DESCRIPTION = f"{{{_NS['rdf']}}}Description"
+
+
+def _set_keywords(root: ET.Element, tags: Sequence[str]) -> None:
+    """Make ``tags`` the ``dc:subject`` bag of the document (in the description that has one, else the first)."""
+    holder = next((d for d in root.iter(_DESCRIPTION) if d.find(_SUBJECT) is not None), None)
+    if holder is None:
+        holder = next(root.iter(_DESCRIPTION), None)
+    if holder is None:
+        graph = next(root.iter(f"{{{_NS['rdf']}}}RDF"), None)
+        if graph is None:
+            raise ValueError("not an XMP document (no rdf:RDF)")
+        holder = ET.SubElement(graph, _DESCRIPTION, {f"{{{_NS['rdf']}}}about": ""})
+    subject = holder.find(_SUBJECT)
+    if subject is None:
+        subject = ET.SubElement(holder, _SUBJECT)
+    for child in list(subject):
+        subject.remove(child)
+    bag = ET.SubElement(subject, _BAG)
+    for tag in tags:
+        ET.SubElement(bag, _LI).text = tag
+
+
+def xmp_keywords(text: str) -> list[str]:
+    """The ``dc:subject`` keywords of an XMP document (for appending to an existing sidecar); ``ValueError`` when
+    it is not XML."""
+    root = _xmp_root(text)
+    return [li.text or "" for li in root.iterfind(f".//{_SUBJECT}/{_BAG}/{_LI}")]
+
+
+def xmp_updated(existing: str, tags: Sequence[str], combine: Combine) -> str:
+    """An existing XMP sidecar whose keywords are its own ``combine``-d with ``tags``; everything else in it (a
+    photo manager's ratings, edits, other namespaces) is kept. ``ValueError`` when it is not XMP."""
+    root = _xmp_root(existing)
+    old = [li.text or "" for li in root.iterfind(f".//{_SUBJECT}/{_BAG}/{_LI}")]
+    _set_keywords(root, combine(old, tags))
+    return _xmp_document(root)
