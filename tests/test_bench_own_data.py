@@ -15,7 +15,8 @@ def test_own_data_benchmark_trains_on_single_positive_labels_and_writes_its_tabl
         builtin_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     page, runs = tmp_path / "page.md", tmp_path / "runs"
     argv = ["--datasets", "builtin:tiny", "--seeds", "0", "--backbone", "none", "--audit-size", "10",
-            "--runs-dir", str(runs), "--page", str(page), "--", "--epochs", "1", "--no-lgconv", "--batch-size", "16"]
+            "--runs-dir", str(runs), "--page", str(page), "--",
+            "--epochs", "1", "--no-lgconv", "--batch-size", "16", "--image-size", "32", "--workers", "0"]
     assert own_data.main(argv) == 0
     text = read_section("own-data", page)
     assert text is not None and "python -m bench.own_data --datasets builtin:tiny" in text and "Machine: " in text
