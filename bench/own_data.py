@@ -60,6 +60,8 @@ from train.data.protocol import PROTOCOL_SEED, sample_observed
 from train.data.registry import load_dataset
 from train.data.types import LabelledImages
 from train.expected_positives import estimate_expected_positives, mean_positives
+from train.methods import BASELINE, UPPER_BOUND
+from train.methods.epr import ExpectedPositiveRegularisation
 from train.metrics import f1_scores, mean_average_precision
 from train.runs import BEST, SUMMARY_FILE
 from train.selection import validation_map
@@ -81,7 +83,9 @@ class Variant:
     k: str = ""
 
 
-VARIANTS = (Variant("an", "an"), Variant("epr-k-estimated", "epr", "estimated"), Variant("epr-k-true", "epr", "true"))
+EPR = ExpectedPositiveRegularisation.name  # the method whose k the benchmark sets (from the registry)
+VARIANTS = (Variant(BASELINE, BASELINE), Variant(f"{EPR}-k-estimated", EPR, "estimated"),
+            Variant(f"{EPR}-k-true", EPR, "true"))
 
 
 @dataclass
@@ -140,9 +144,9 @@ def ensure_backbone(choice: str, runs_dir: Path) -> Path | None:
             raise FileNotFoundError(f"--backbone {choice}: no such checkpoint")
         return path
     folder = runs_dir / "backbone"
-    if run_one("bce", 0, BACKBONE_DATA, folder, BACKBONE_ARGS) is None:
+    if run_one(UPPER_BOUND, 0, BACKBONE_DATA, folder, BACKBONE_ARGS) is None:
         raise RuntimeError(f"training the backbone in {folder} failed")
-    return folder / "bce-seed0" / BEST
+    return folder / f"{UPPER_BOUND}-seed0" / BEST
 
 
 @dataclass
@@ -321,7 +325,7 @@ def markdown(results: list[dict[str, Any]], command: str, train_args: list[str],
               "| dataset | seed | true k | estimated, `an` val scores | estimated by the `epr` run | audit list |",
               "|---|---|---|---|---|---|"]
     for r in results:
-        if r["variant"].name != "an":
+        if r["variant"].name != BASELINE:
             continue
         epr = next((o["record"] for o in results if o["dataset"] == r["dataset"] and o["seed"] == r["seed"]
                     and o["variant"].k == "estimated"), None)
