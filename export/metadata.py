@@ -6,7 +6,6 @@ applies them to ``onnx.ModelProto`` objects and files. Atomic writes live in :mo
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -16,6 +15,7 @@ from typing import Any
 import onnx
 
 from models.checkpoint import ModelMeta
+from models.file_digest import file_sha256
 from models.onnx_metadata import meta_from_props, meta_to_props
 
 SIDECAR_FORMAT = "spml-onnx-export"
@@ -81,11 +81,3 @@ def read_sidecar(path: str | Path) -> dict[str, Any]:
     """Load a sidecar written by :func:`sidecar_document` + :func:`atomic_write_text` (a plain dict)."""
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
-
-def file_sha256(path: str | Path, chunk_size: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(chunk_size):
-            h.update(chunk)
-    return h.hexdigest()

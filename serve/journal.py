@@ -13,7 +13,6 @@ A journal written by another model (another file content, or other classes) is r
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,15 +30,6 @@ def journal_path(output: str | Path) -> Path:
     """``out/tags.jsonl`` -> ``out/tags.jsonl.partial``: the journal of the run writing ``output``."""
     output = Path(output)
     return output.with_name(output.name + ".partial")
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file's content (hex), read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

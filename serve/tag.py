@@ -42,10 +42,11 @@ import numpy as np
 from tqdm import tqdm
 
 from models.checkpoint import ModelMeta
+from models.file_digest import file_sha256
 from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS, DEFAULT_OUTPUT, tag_selection
 from serve.caption_rules import CaptionRules
 from serve.engines import DEFAULT_ENGINE, engine_names, get_engine
-from serve.journal import Journal, JournalContents, JournalHeader, file_sha256, journal_path, read_journal
+from serve.journal import Journal, JournalContents, JournalHeader, journal_path, read_journal
 from serve.outputs import ErrorsWriter, OutputStage, RunFileWriter, Selection, SidecarWriter, TagFolderWriter
 from serve.records import DEFAULT_SEPARATOR, OutputConflictError, default_errors_path, iter_run_file
 from serve.run_manifest import read_manifest
