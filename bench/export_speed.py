@@ -28,7 +28,6 @@ from export.precision_check import OrtModel
 from export.quantize import convert_fp16, quantize_int8
 from export.verify import load_inputs, rebuild_splits
 from models.checkpoint import ModelMeta
-from models.lgconv import fold_resnet
 from train.metrics import mean_average_precision
 
 
@@ -70,7 +69,7 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
     print(row, file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         fp32 = Path(tmp) / "model.onnx"
-        export_to_file(fold_resnet(model), meta, fp32)
+        export_to_file(model.fold_for_inference(), meta, fp32)
         files = {"fp32": fp32, "fp16": convert_fp16(fp32, Path(tmp) / "model.fp16.onnx").path,
                  "int8 (cpu)": quantize_int8(fp32, Path(tmp) / "model.int8.onnx", calibration, target="cpu").path}
         for precision, path in files.items():

@@ -72,7 +72,7 @@ def scaling_rows(images_per_s: dict[int, float]) -> list[tuple[int, float, float
 
 def build_training(arch: str, setting: TrainSetting, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The network (plain ResNet, linear head) and its Adam optimiser, in the setting's memory format."""
-    from models.resnet import build_model
+    from models.network import build_model
 
     model = build_model(arch, NUM_CLASSES, "none", lgconv=False).to(device)
     if setting.channels_last:
@@ -175,7 +175,7 @@ def bench_onnx(args: argparse.Namespace, folder: Path) -> list[tuple[str, float]
     from export.onnx_export import export_to_file
     from export.quantize import convert_fp16
     from models.checkpoint import ModelMeta
-    from models.resnet import build_model
+    from models.network import build_model
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         return "ONNX Runtime has no CUDAExecutionProvider here (pip install onnxruntime-gpu): skipped"

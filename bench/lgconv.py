@@ -31,7 +31,7 @@ from bench.results_page import add_page_options, command_line, publish
 from bench.timing import interleaved_order, time_interleaved
 from models.checkpoint import ModelMeta
 from models.lgconv import fold_resnet, global_branches
-from models.resnet import build_model
+from models.network import build_model
 
 VARIANTS = ("plain", "plain-folded", "lgconv", "lgconv-folded")
 PROFILE_WARMUP, PROFILE_RUNS = 2, 20  # --profile: runs left out, then runs whose per-op median is reported

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from train.config import TrainConfig
-from train.linear_init import LinearPhase
+from train.fixed_features import FixedFeaturePhase
 from train.selection import Candidate
 from train.trainer import Trainer
 
@@ -25,7 +25,7 @@ class RecordingTrainer(Trainer):
         self.val_logits: list[np.ndarray] = []
         self.epoch_weights: list[dict[str, torch.Tensor]] = []
 
-    def _candidates(self, linear: LinearPhase | None) -> list[Candidate]:
+    def _candidates(self, linear: FixedFeaturePhase | None) -> list[Candidate]:
         candidates = super()._candidates(linear)
         logits = candidates[0].assessment.logits
         if logits is None or len(logits) != len(self.splits.val):

@@ -34,10 +34,10 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
     amp, cl = VARIANTS[spec["variant"]]
     with tempfile.TemporaryDirectory() as runs:
-        cfg = TrainConfig(data=spec["data"], arch=spec["arch"], image_size=spec["image_size"],
-                          batch_size=spec["batch_size"], workers=spec["workers"], device=spec["device"],
-                          amp=amp, channels_last=cl, runs_dir=runs, name="bench", progress=False,
-                          epochs=1, scheduler="none")
+        cfg = TrainConfig(data=spec["data"], arch=spec["arch"], weights=spec.get("weights", "none"),
+                          image_size=spec["image_size"], batch_size=spec["batch_size"], workers=spec["workers"],
+                          device=spec["device"], amp=amp, channels_last=cl, runs_dir=runs, name="bench",
+                          progress=False, epochs=1, scheduler="none", trainable=spec.get("trainable", "all"))
         trainer = Trainer(cfg)
         device = trainer.device
         steps, warmup = spec["steps"], spec["warmup"]
@@ -72,14 +72,15 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _markdown(results: list[dict[str, Any]], command: str) -> str:
     gpu = any("peak_cuda_mb" in r for r in results)
-    head = "| arch | px | batch | variant | input | workers | images/s | s/step | peak RSS (MB) |"
-    rule = "|---|---|---|---|---|---|---|---|---|"
+    head = "| arch | weights | px | batch | variant | input | workers | images/s | s/step | peak RSS (MB) |"
+    rule = "|---|---|---|---|---|---|---|---|---|---|"
     if gpu:
         head += " peak CUDA (MB) |"
         rule += "---|"
     rows = []
     for r in results:
-        row = (f"| {r['arch']} | {r['image_size']} | {r['batch_size']} | {r['variant']} | {r['input']} | "
+        row = (f"| {r['arch']} | {r.get('weights', 'none')} | {r['image_size']} | {r['batch_size']} | {r['variant']} | "
+               f"{r['input']} | "
                f"{r['workers']} | {r['images_per_s']:.1f} | {r['seconds_per_step']:.3f} | {r['peak_rss_mb']:.0f} |")
         if gpu:
             row += f" {r.get('peak_cuda_mb', float('nan')):.0f} |"
@@ -99,12 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: run every (arch, variant) in a subprocess and write the markdown table."""
     p = argparse.ArgumentParser(prog="python -m bench.train_speed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--archs", default="resnet18,resnet50", help="comma-separated (default: %(default)s)")
+    p.add_argument("--archs", default="resnet18,resnet50", help="comma-separated ARCH[:WEIGHTS] (weights as "
+                   "python -m train --weights, default none; e.g. tf_efficientnet_lite0:imagenet; default: "
+                   "%(default)s)")
     p.add_argument("--variants", default="fp32", help=f"comma-separated from {', '.join(VARIANTS)} "
                    "(amp = autocast, cl = channels_last; default: %(default)s)")
     p.add_argument("--data", default="builtin", help="dataset spec as in python -m train (default: %(default)s)")
     p.add_argument("--input", choices=["data", "synthetic"], default="data", help="default: %(default)s")
-    p.add_argument("--image-size", type=int, default=64, help="default: %(default)s")
+    p.add_argument("--image-sizes", default="64", help="comma-separated input sides (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=32, help="default: %(default)s")
     p.add_argument("--steps", type=int, default=20, help="measured steps (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=3, help="default: %(default)s")
@@ -120,25 +123,27 @@ def main(argv: list[str] | None = None) -> int:
 
     workers = default_workers() if args.workers is None else args.workers
     results = []
-    for arch in args.archs.split(","):
-        for variant in args.variants.split(","):
-            if variant not in VARIANTS:
-                p.error(f"unknown variant {variant!r}")
-            spec = {"arch": arch, "variant": variant, "data": args.data, "input": args.input,
-                    "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,
-                    "warmup": args.warmup, "workers": workers, "device": args.device}
-            proc = subprocess.run([sys.executable, "-m", "bench.train_speed", "--worker-spec", json.dumps(spec)],
-                                  capture_output=True, text=True)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode != 0 or not lines:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                print(f"benchmark of {arch}/{variant} failed (exit {proc.returncode})", file=sys.stderr)
-                return 1
-            result = json.loads(lines[-1][len("RESULT "):])
-            results.append(result)
-            print(f"{arch:>9} {variant:>7}: {result['images_per_s']:8.1f} img/s, peak RSS "
-                  f"{result['peak_rss_mb']:.0f} MB" + (f", CUDA {result['peak_cuda_mb']:.0f} MB"
-                                                       if "peak_cuda_mb" in result else ""))
+    configurations = [(entry, int(size), variant) for entry in args.archs.split(",")
+                      for size in args.image_sizes.split(",") for variant in args.variants.split(",")]
+    for entry, size, variant in configurations:
+        if variant not in VARIANTS:
+            p.error(f"unknown variant {variant!r}")
+        arch, _, weights = entry.partition(":")
+        spec = {"arch": arch, "variant": variant, "data": args.data, "input": args.input, "image_size": size,
+                "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "workers": workers,
+                "device": args.device, "weights": weights or "none"}
+        proc = subprocess.run([sys.executable, "-m", "bench.train_speed", "--worker-spec", json.dumps(spec)],
+                              capture_output=True, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            print(f"benchmark of {arch}/{variant} failed (exit {proc.returncode})", file=sys.stderr)
+            return 1
+        result = json.loads(lines[-1][len("RESULT "):])
+        results.append(result)
+        print(f"{arch:>9} {size:>4} px {variant:>7}: {result['images_per_s']:8.1f} img/s, peak RSS "
+              f"{result['peak_rss_mb']:.0f} MB" + (f", CUDA {result['peak_cuda_mb']:.0f} MB"
+                                                   if "peak_cuda_mb" in result else ""))
     section = args.section or ("train-cuda" if "peak_cuda_mb" in results[0] else "train-cpu")
     publish(section, _markdown(results, command_line("bench.train_speed", argv)), args.page)
     return 0

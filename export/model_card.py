@@ -99,8 +99,11 @@ def model_card_markdown(meta: ModelMeta, files: Sequence[CardFile], model_path: 
         f"- data: `{data.get('source', data.get('name', 'unknown'))}` ({data.get('num_train', '?')} training and "
         f"{data.get('num_val', '?')} validation images), observed labels `{data.get('observed_labels', '?')}`",
         f"- method: `{meta.method}`" + (f" with {meta.method_hparams}" if meta.method_hparams else ""),
-        f"- model: {meta.arch}, {head} head" + (", LgConv" if meta.lgconv else "")
-        + f", {meta.image_size} px input, best epoch {meta.epoch}", "",
+        f"- model: {meta.arch}" + (f" from {meta.weights} weights" if meta.weights else "") + f", {head} head"
+        + (", LgConv" if meta.lgconv else "") + f", best epoch {meta.epoch}",
+        f"- input: {meta.image_size} x {meta.image_size} px RGB ({meta.resize} resize, {meta.interpolation}"
+        + (f", centre crop {meta.crop:g}" if meta.crop < 1 else "") + f"), pixels / 255 normalised with mean "
+        f"{list(meta.mean)} and std {list(meta.std)}", "",
         "## Metrics", "", *_metric_lines(meta, labels_note), "",
         "## Files", "", "| file | precision | runtime | size (MB) | val mAP |", "|---|---|---|---:|---:|",
     ]

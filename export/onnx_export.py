@@ -1,7 +1,8 @@
 """Checkpoint -> verified, self-describing, single-file ONNX model (``export_onnx``).
 
 Steps: load the checkpoint (weights only) and rebuild the network in eval mode; fold it for inference
-(:func:`models.lgconv.fold_resnet`: BatchNorms into convolutions, LgConv to its pooled form); pick the verification
+(:meth:`models.network.MultiLabelNet.fold_for_inference`: for ResNets BatchNorms into convolutions, LgConv to
+its pooled form); pick the verification
 images (fail early if there are none); export with the dynamo exporter at a batch of 2 with a dynamic batch
 axis named ``batch``; embed the metadata; save to a temp file; ``onnx.checker``; check the graph interface;
 compare ONNX Runtime with PyTorch on real images; only then rename the file into place and write the
@@ -42,9 +43,8 @@ from export.verify import (
 )
 from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta, load_checkpoint
-from models.lgconv import fold_resnet
+from models.network import MultiLabelNet, model_from_meta
 from models.onnx_metadata import meta_to_props
-from models.resnet import MultiLabelResNet, model_from_meta
 from train.runs import resolve_checkpoint
 
 INPUT_NAME = "images"
@@ -91,7 +91,7 @@ def default_output(checkpoint: Path) -> Path:
     return Path(checkpoint).parent / "export" / "model.onnx"
 
 
-def load_model(checkpoint: Path) -> tuple[MultiLabelResNet, ModelMeta]:
+def load_model(checkpoint: Path) -> tuple[MultiLabelNet, ModelMeta]:
     """Checkpoint path -> (eval-mode CPU float32 network with its weights, its ModelMeta)."""
     ckpt = load_checkpoint(checkpoint)
     model = model_from_meta(ckpt.meta)
@@ -226,7 +226,7 @@ def export_onnx(
         say(f"exporting with torch.onnx.export(dynamo=True), opset {opset} ...")
         t_export = time.perf_counter()
         # BatchNorms folded into the convolutions and LgConv in its inference form: the same function, less work
-        export_to_file(fold_resnet(model), meta, tmp, opset)
+        export_to_file(model.fold_for_inference(), meta, tmp, opset)
         export_seconds = time.perf_counter() - t_export
         proto = check_interface(tmp, meta, opset)
         say(f"verifying against PyTorch on {len(chosen.paths)} images ({chosen.source}) ...")
@@ -247,7 +247,8 @@ def export_onnx(
         "input": {"name": INPUT_NAME, "dtype": "float32", "shape": [BATCH_AXIS, 3, meta.image_size, meta.image_size]},
         "output": {"name": OUTPUT_NAME, "dtype": "float32", "shape": [BATCH_AXIS, len(meta.classes)]},
         "trace_batch": TRACE_BATCH,
-        "folded": "BatchNorm into conv" + (", LgConv inference form" if meta.lgconv else ""),
+        "folded": ("BatchNorm into conv" + (", LgConv inference form" if meta.lgconv else "")
+                   if model.family.name == "torchvision" else "none (ONNX Runtime fuses BatchNorm when it loads)"),
         "checkpoint": str(ckpt_path.resolve()),
         "checkpoint_sha256": file_sha256(ckpt_path),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

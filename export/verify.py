@@ -138,7 +138,7 @@ def validation_images(meta: ModelMeta, limit: int) -> VerifyImages:
 
 def load_inputs(paths: list[Path], meta: ModelMeta) -> tuple[np.ndarray, list[str]]:
     """Preprocess ``paths`` with the meta's EvalTransform -> (float32 (N,3,S,S), ["path: reason" skipped])."""
-    transform = EvalTransform(meta.image_size, meta.mean, meta.std)
+    transform = EvalTransform.for_meta(meta)
     arrays: list[np.ndarray] = []
     skipped: list[str] = []
     for path in paths:

@@ -1,5 +1,6 @@
-"""Model architectures, checkpoints with metadata, the one image preprocessing used everywhere, the ONNX metadata
-schema and atomic file writes.
+"""Model architectures (``backbones/``: torchvision ResNets and timm models; ``network``: backbone + head),
+checkpoints with metadata, the one image preprocessing used everywhere, the ONNX metadata schema and atomic file
+writes.
 
 Layering: ``models`` imports no other package of this project; every other package may import it.
 
@@ -17,9 +18,9 @@ _EXPORTS = {
     "ModelMeta": "models.checkpoint",
     "load_checkpoint": "models.checkpoint",
     "save_checkpoint": "models.checkpoint",
-    "ARCHITECTURES": "models.resnet",
-    "build_model": "models.resnet",
-    "model_from_meta": "models.resnet",
+    "MultiLabelNet": "models.network",
+    "build_model": "models.network",
+    "model_from_meta": "models.network",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -49,12 +49,15 @@ class ModelMeta:
     image_size: int
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
-    # resize to image_size x image_size, aspect ratio not kept (as the papers do); bilinear, antialiased, after
-    # decoding (large JPEGs at reduced scale, never below 2 x image_size per side: models.preprocess)
+    # resize to image_size x image_size, aspect ratio not kept (as the papers do); antialiased, after decoding
+    # (large JPEGs at reduced scale, never below 2 x image_size per side: models.preprocess)
     resize: str = "squash"
+    interpolation: str = "bilinear"  # bilinear or bicubic (the backbone's pretrained configuration)
+    crop: float = 1.0  # < 1: resize to image_size / crop, keep the centre (timm's crop_pct); 1: the whole image
+    weights: str = ""  # what the backbone started from: none, imagenet (source), a file
     lgconv: bool = False
     # classifier head: {"kind": "linear"} (+ "boostlu": alpha when the head runs per position with BoostLU) or
-    # {"kind": "lem", heads, encoder_layers, ...} (models.resnet.HEADS)
+    # {"kind": "lem", heads, encoder_layers, ...} (models.network.HEADS)
     head: dict[str, Any] = field(default_factory=lambda: {"kind": "linear"})
     output: str = "logits"  # the network outputs logits; probabilities = sigmoid(logits)
     method: str = ""

@@ -4,7 +4,9 @@ Keys written into an exported ONNX model's ``metadata_props``:
 
 - ``spml_meta``: the full :class:`~models.checkpoint.ModelMeta` as JSON (the authoritative copy);
 - convenience copies for other tools: ``classes`` (JSON list), ``image_size`` (decimal string),
-  ``mean`` / ``std`` (JSON lists, for pixel values scaled to 0..1) and ``output`` (``"logits"``).
+  ``mean`` / ``std`` (JSON lists, for pixel values scaled to 0..1), ``interpolation`` (``bilinear`` /
+  ``bicubic``), ``crop`` (the share kept around the centre, ``1.0`` = the whole image, squashed to a square) and
+  ``output`` (``"logits"``).
 
 ONNX Runtime exposes the same map as ``session.get_modelmeta().custom_metadata_map``. Plain string mappings
 only: this module needs neither onnx nor onnxruntime.
@@ -29,6 +31,8 @@ def meta_to_props(meta: ModelMeta) -> dict[str, str]:
         "image_size": str(int(meta.image_size)),
         "mean": json.dumps([float(v) for v in meta.mean]),
         "std": json.dumps([float(v) for v in meta.std]),
+        "interpolation": meta.interpolation,
+        "crop": str(float(meta.crop)),
         "output": meta.output,
     }
 

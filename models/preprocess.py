@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ from PIL.JpegImagePlugin import JpegImageFile
 from torchvision.transforms.v2 import functional as F
 
 from models.image_files import IMAGE_EXTENSIONS  # noqa: F401 - re-exported: its home before image_files
+
+if TYPE_CHECKING:
+    from models.checkpoint import ModelMeta
 
 #: JPEGs are decoded at reduced scale only while keeping at least this many times the network input per side.
 DECODE_MARGIN = 2
@@ -68,9 +72,22 @@ def read_image(path: str | Path, decode_side: int | None = None) -> torch.Tensor
     return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1).contiguous()
 
 
-def resize_uint8(image: torch.Tensor, image_size: int) -> torch.Tensor:
-    """Resize a ``uint8 (3, H, W)`` image to ``image_size x image_size`` (bilinear, antialiased)."""
-    return F.resize(image, [image_size, image_size], interpolation=F.InterpolationMode.BILINEAR, antialias=True)
+INTERPOLATIONS = {"bilinear": F.InterpolationMode.BILINEAR, "bicubic": F.InterpolationMode.BICUBIC}
+
+
+def resize_uint8(image: torch.Tensor, image_size: int, interpolation: str = "bilinear",
+                 crop: float = 1.0) -> torch.Tensor:
+    """Resize a ``uint8 (3, H, W)`` image to ``image_size x image_size`` (antialiased; ``interpolation``
+    bilinear or bicubic), aspect ratio not kept. ``crop`` < 1 resizes to ``image_size / crop`` first and keeps the
+    central ``image_size`` square (timm's ``crop_pct``); 1 keeps the whole image."""
+    mode = INTERPOLATIONS.get(interpolation)
+    if mode is None:
+        raise ValueError(f"unknown interpolation {interpolation!r}; choose from {', '.join(INTERPOLATIONS)}")
+    if not 0.0 < crop <= 1.0:
+        raise ValueError(f"crop must be in (0, 1], got {crop}")
+    side = image_size if crop >= 1.0 else round(image_size / crop)
+    out = F.resize(image, [side, side], interpolation=mode, antialias=True)
+    return out if side == image_size else F.center_crop(out, [image_size, image_size])
 
 
 def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
@@ -80,22 +97,53 @@ def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) 
 
 
 class EvalTransform:
-    """Path or uint8 image -> model input ``float32 (3, S, S)``; exactly what evaluation and serving use."""
+    """Path or uint8 image -> model input ``float32 (3, S, S)``; exactly what evaluation and serving use.
 
-    def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> None:
+    ``image_size``, ``mean``/``std`` (for the 0..1 range), ``interpolation`` and ``crop`` are the model's
+    preprocessing (:class:`~models.checkpoint.ModelMeta` carries them; :meth:`for_meta` builds the transform of a
+    model)."""
+
+    def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float], interpolation: str = "bilinear",
+                 crop: float = 1.0) -> None:
         self.image_size = int(image_size)
-        self.mean = tuple(mean)
-        self.std = tuple(std)
+        self.mean = tuple(float(v) for v in mean)
+        self.std = tuple(float(v) for v in std)
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"unknown interpolation {interpolation!r}; choose from {', '.join(INTERPOLATIONS)}")
+        self.interpolation = interpolation
+        self.crop = float(crop)
+
+    @classmethod
+    def for_meta(cls, meta: ModelMeta) -> EvalTransform:
+        """The preprocessing of a model with metadata ``meta``."""
+        return cls(meta.image_size, meta.mean, meta.std, meta.interpolation, meta.crop)
+
+    @classmethod
+    def like(cls, other: EvalTransform) -> EvalTransform:
+        """This transform class with ``other``'s preprocessing (e.g. the training transform of an eval one)."""
+        return cls(other.image_size, other.mean, other.std, other.interpolation, other.crop)
 
     @property
     def decode_side(self) -> int:
         """The smallest side a JPEG may be decoded at for this transform (:func:`decode_scaled`)."""
-        return DECODE_MARGIN * self.image_size
+        return int(DECODE_MARGIN * self.image_size / min(self.crop, 1.0))
+
+    def resize(self, image: torch.Tensor) -> torch.Tensor:
+        """Decoded ``uint8 (3, H, W)`` -> ``uint8 (3, S, S)`` (:func:`resize_uint8` with this model's settings)."""
+        return resize_uint8(image, self.image_size, self.interpolation, self.crop)
+
+    def normalize(self, image: torch.Tensor) -> torch.Tensor:
+        """``uint8 (..., 3, S, S)`` -> float32 with this model's mean and std."""
+        return normalize(image, self.mean, self.std)
 
     def __call__(self, image: torch.Tensor | str | Path) -> torch.Tensor:
         if not isinstance(image, torch.Tensor):
             image = read_image(image, self.decode_side)
-        return normalize(resize_uint8(image, self.image_size), self.mean, self.std)
+        return self.normalize(self.resize(image))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.image_size}, mean={self.mean}, std={self.std}, "
+                f"interpolation={self.interpolation!r}, crop={self.crop:g})")
 
 
 class TrainTransform(EvalTransform):

@@ -30,7 +30,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from models.checkpoint import ModelMeta
-from models.preprocess import EvalTransform, decode_scaled, normalize, read_image, resize_uint8, to_rgb
+from models.preprocess import EvalTransform, decode_scaled, read_image, to_rgb
 from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS
 from serve.records import sigmoid, tag_record
 from serve.runtimes import (
@@ -299,18 +299,18 @@ class ImagePreprocessor:
     @classmethod
     def for_model(cls, meta: ModelMeta, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ImagePreprocessor:
         """The preprocessing of a model with metadata ``meta``."""
-        return cls(EvalTransform(meta.image_size, meta.mean, meta.std), max_pixels)
+        return cls(EvalTransform.for_meta(meta), max_pixels)
 
     def decode(self, image: ImageInput) -> np.ndarray:
         """Decode one image and resize it to the model input: ``uint8 (3, S, S)`` (raises :class:`ImageError` /
         ``TypeError``)."""
         rgb = load_rgb(image, self.max_pixels, self.transform.decode_side)
-        return resize_uint8(rgb, self.transform.image_size).numpy()
+        return self.transform.resize(rgb).numpy()
 
     def normalize(self, images: np.ndarray) -> np.ndarray:
         """Decoded ``uint8 (..., 3, S, S)`` -> model input ``float32`` (the model's mean and std)."""
         tensor = torch.from_numpy(np.ascontiguousarray(images))
-        return normalize(tensor, self.transform.mean, self.transform.std).numpy()
+        return self.transform.normalize(tensor).numpy()
 
     def __call__(self, image: ImageInput) -> np.ndarray:
         """Preprocess one image (raises :class:`ImageError` / ``TypeError``): :meth:`decode` then :meth:`normalize`,
@@ -381,7 +381,7 @@ class Predictor:
         self.backend: str = type(runtime).name
         self.device_description = device_description or self.backend
         self.max_pixels = max_pixels
-        self.transform = EvalTransform(meta.image_size, meta.mean, meta.std)
+        self.transform = EvalTransform.for_meta(meta)
         self._lock = threading.Lock()
         self._calls = 0
 

@@ -17,6 +17,6 @@ def reference_logits(checkpoint: Path, paths: list[Path]) -> np.ndarray:
     model = model_from_meta(ckpt.meta)
     model.load_state_dict(ckpt.model)
     model.eval()
-    tf = EvalTransform(ckpt.meta.image_size, ckpt.meta.mean, ckpt.meta.std)
+    tf = EvalTransform.for_meta(ckpt.meta)
     with torch.no_grad():
         return model(torch.stack([tf(p) for p in paths])).numpy()

@@ -53,9 +53,9 @@ def test_export_benchmark_writes_one_row_per_precision(tmp_path: Path) -> None:
 def test_training_benchmark_writes_the_train_cpu_section(builtin_cache: Path, tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     assert train_speed.main(["--archs", "resnet18", "--data", "builtin:tiny", "--input", "synthetic",
-                             "--image-size", "32", "--batch-size", "4", "--steps", "1", "--warmup", "0",
+                             "--image-sizes", "32", "--batch-size", "4", "--steps", "1", "--warmup", "0",
                              "--workers", "0", "--device", "cpu", "--page", str(page)]) == 0
     text = read_section("train-cpu", page)
     assert text is not None and "python -m bench.train_speed --archs resnet18" in text
     (row,) = [line for line in text.splitlines() if line.startswith("| resnet18 |")]
-    assert row.startswith("| resnet18 | 32 | 4 | fp32 | synthetic | 0 |") and float(row.split(" | ")[6]) > 0
+    assert row.startswith("| resnet18 | none | 32 | 4 | fp32 | synthetic | 0 |") and float(row.split(" | ")[7]) > 0

@@ -12,7 +12,7 @@ import torch
 
 from models import ModelMeta, build_model, load_checkpoint, model_from_meta, save_checkpoint
 from models.lgconv import fold_resnet, global_branches
-from models.resnet import BoostedCamHead
+from models.network import BoostedCamHead
 from train.__main__ import main as train_main
 from train.config import TrainConfig, build_parser, config_from_args
 

@@ -25,7 +25,8 @@ from train.data.registry import describe_kinds, detect_kind, load_dataset, spec_
 from train.data.types import DataError
 from train.methods.base import dataset_family
 
-TRAIN_ONE_EPOCH = ["--method", "an", "--no-lgconv", "--arch", "resnet18", "--image-size", "32", "--epochs", "1",
+TRAIN_ONE_EPOCH = ["--method", "an", "--no-lgconv", "--arch", "resnet18", "--weights", "none", "--image-size", "32",
+                   "--epochs", "1",
                    "--batch-size", "8", "--workers", "0", "--no-progress"]
 
 

@@ -17,7 +17,8 @@ from train.data.protocol import build_protocol, parse_observed, split_train_val
 from train.data.registry import detect_kind, load_dataset, spec_dataset_name
 from train.data.types import DataError
 
-TRAIN = ["--no-lgconv", "--arch", "resnet18", "--image-size", "32", "--epochs", "1", "--batch-size", "8",
+TRAIN = ["--no-lgconv", "--arch", "resnet18", "--weights", "none", "--image-size", "32", "--epochs", "1",
+         "--batch-size", "8",
          "--workers", "0", "--no-progress"]
 
 

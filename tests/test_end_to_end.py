@@ -62,7 +62,7 @@ def test_train_export_tag(builtin_cache: Path, tmp_path: Path) -> None:
     # the scores are the trained model's: recompute them independently with the PyTorch checkpoint
     torch_model = TorchBackend.load(run / "best.pt", device="cpu")
     meta = torch_model.meta
-    transform = EvalTransform(meta.image_size, meta.mean, meta.std)
+    transform = EvalTransform.for_meta(meta)
     by_path = {r["path"]: r for r in records}
     for i, _src in enumerate(chosen):
         rel = ("nested/" if i % 3 == 0 else "") + f"img{i}.JPG"

@@ -117,7 +117,7 @@ def test_export_with_images_folder(setup: tuple[Path, Path, list[Path], ModelMet
 
     # independent parity check: ORT on the real images vs the PyTorch checkpoint, batches 1, 3 and all
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    tf = EvalTransform(meta.image_size, meta.mean, meta.std)
+    tf = EvalTransform.for_meta(meta)
     x = torch.stack([tf(p) for p in good]).numpy()
     ref = reference_logits(root / "run" / "best.pt", good)
     for n in (1, 3, len(good)):

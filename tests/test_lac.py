@@ -17,7 +17,8 @@ from interrupt import interrupt_after_saves
 from models import load_checkpoint
 from models.label_embedding import LabelEmbeddingConfig, sine_position_encoding
 from models.lgconv import fold_resnet
-from models.resnet import build_model, model_from_meta
+from models.network import build_model, model_from_meta
+from models.preprocess import EvalTransform
 from train.__main__ import main
 from train.data.augment import StrongTransform, cutout
 from train.methods import METHODS, MethodContext, get_method, make_hparams
@@ -89,7 +90,7 @@ def test_strong_view_is_augmented_but_shaped_like_the_weak_one() -> None:
     changed = (cut != image).any(0)
     assert changed.any() and changed.float().mean() <= 0.25 + 1e-6  # at most a (0.5 H) x (0.5 W) rectangle
     assert (image == 128).all()  # input untouched
-    strong = StrongTransform(32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    strong = StrongTransform(EvalTransform(32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
     views = torch.stack([strong(torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8)) for _ in range(4)])
     assert views.shape == (4, 3, 32, 32) and views.dtype == torch.float32 and torch.isfinite(views).all()
 

@@ -15,7 +15,7 @@ from export.onnx_export import export_to_file
 from models import ModelMeta, build_model, load_checkpoint, model_from_meta, save_checkpoint
 from models.lgconv import FoldedLgConv2d, GlobalBranch, LgConv2d, convert_to_lgconv, fold_resnet, global_branches
 from models.preprocess import EvalTransform
-from train.config import TrainConfig
+from train.config import TrainConfig, resolve_model_defaults
 from train.data.registry import load_dataset
 
 
@@ -264,6 +264,7 @@ def test_checkpoints_record_lgconv_and_rebuild_the_right_graph(tmp_path: Path) -
 
 
 def test_lgconv_is_on_by_default_and_old_run_configs_stay_plain() -> None:
-    assert TrainConfig().lgconv is True
+    assert resolve_model_defaults(TrainConfig()).lgconv is True  # the built-in data: ResNet-18 with LgConv
+    assert resolve_model_defaults(TrainConfig(arch="test_efficientnet")).lgconv is False  # timm: no LgConv
     assert TrainConfig.from_dict({"method": "an"}).lgconv is False  # a config.json written before LgConv
     assert TrainConfig.from_dict({"lgconv": True}).lgconv is True

@@ -16,7 +16,8 @@ from train.data.observed_file import protocol_file_bytes, read_protocol_file
 from train.data.protocol import build_protocol, parse_observed, protocol_record, sample_observed, split_train_val
 from train.data.registry import load_dataset
 
-FAST = ["--data", "builtin:tiny", "--no-lgconv", "--arch", "resnet18", "--image-size", "16", "--epochs", "1",
+FAST = ["--data", "builtin:tiny", "--no-lgconv", "--arch", "resnet18", "--weights", "none", "--image-size", "16",
+        "--epochs", "1",
         "--batch-size", "8", "--workers", "0", "--no-progress"]
 
 

@@ -27,8 +27,8 @@ FAST = ["--data", "builtin:tiny", "--image-size", "32", "--batch-size", "16", "-
 
 
 def _cfg(tmp_path: Path, **kw: object) -> TrainConfig:
-    base = {"data": "builtin:tiny", "image_size": 32, "batch_size": 16, "epochs": 2, "workers": 0,
-            "progress": False, "runs_dir": str(tmp_path), "lgconv": False}
+    base = {"data": "builtin:tiny", "arch": "resnet18", "weights": "none", "image_size": 32, "batch_size": 16,
+            "epochs": 2, "workers": 0, "progress": False, "runs_dir": str(tmp_path), "lgconv": False}
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from models import load_checkpoint
-from models.resnet import build_model
+from models.network import build_model
 from train.methods import MethodContext, get_method, make_hparams
 from train.training_step import TrainingStep, method_step, run_training_step, wrap_training_step
 

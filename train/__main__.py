@@ -23,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, train (or resume), print the summary. Returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.list_archs is not None:
+        from models.backbones import list_archs
+
+        names = list_archs(args.list_archs)
+        print("\n".join(names) if names else f"no architecture matches {args.list_archs!r}")
+        return 0 if names else 2
     from train.distributed import shutdown
     from train.runs import CONFIG_FILE, SUMMARY_FILE
     from train.trainer import Trainer

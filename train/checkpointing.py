@@ -14,13 +14,14 @@ import numpy as np
 import torch
 
 from models.checkpoint import Checkpoint, ModelMeta, load_checkpoint
-from models.resnet import MultiLabelResNet
+from models.network import MultiLabelNet
 from train.config import TrainConfig
 from train.data.observed_file import OBSERVED_FILE
 from train.data.protocol import ProtocolSplits
 from train.data.types import DatasetSplits
 from train.distributed import barrier, broadcast_object, current_world
 from train.methods import Method
+from train.run_setup import run_preprocessing
 
 
 def capture_rng() -> dict[str, Any]:
@@ -58,11 +59,14 @@ def load_shared(path: Path, device: torch.device) -> Checkpoint:
     return broadcast_object(load_checkpoint(path, map_location="cpu") if current_world().is_main else None)
 
 
-def run_meta(cfg: TrainConfig, model: MultiLabelResNet, method: Method, dataset: DatasetSplits,
+def run_meta(cfg: TrainConfig, model: MultiLabelNet, method: Method, dataset: DatasetSplits,
              splits: ProtocolSplits, protocol_sha256: str, epoch: int, metrics: dict[str, Any]) -> ModelMeta:
     """The metadata of a checkpoint of this run at ``epoch`` (``metrics``: what it was selected or tested with)."""
+    transform = run_preprocessing(cfg)
     return ModelMeta(
-        classes=list(splits.classes), arch=cfg.arch, image_size=cfg.image_size, lgconv=cfg.lgconv,
+        classes=list(splits.classes), arch=cfg.arch, image_size=cfg.image_size, lgconv=bool(cfg.lgconv),
+        mean=transform.mean, std=transform.std, interpolation=transform.interpolation,  # type: ignore[arg-type]
+        crop=transform.crop, weights=cfg.weights,
         head=model.head_meta(), method=cfg.method, method_hparams=method.hparams_dict(),
         data={
             "name": dataset.name, "source": dataset.source, "fingerprint": splits.fingerprint,

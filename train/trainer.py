@@ -3,9 +3,9 @@ the LinearInit phase and the method's stages, and finally test the selected weig
 
 The parts live in their own modules: set-up (``train.run_setup``), the step loop (``train.epoch_loop``), one
 stage's optimisation (``train.optimisation``), evaluation and selection (``train.selection``), checkpoint helpers
-(``train.checkpointing``), the run folder's files (``train.run_files``), the LinearInit phase
-(``train.linear_init``) and the full-label diagnostics (``train.diagnostics``). :class:`Trainer` holds them
-together and decides what happens when.
+(``train.checkpointing``), the run folder's files (``train.run_files``), the phase on fixed features (LinearInit
+and ``--trainable head``, ``train.fixed_features``) and the full-label diagnostics (``train.diagnostics``).
+:class:`Trainer` holds them together and decides what happens when.
 """
 
 from __future__ import annotations
@@ -20,20 +20,22 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from models.atomic_files import atomic_path
-from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD, ModelMeta, save_checkpoint
-from models.preprocess import EvalTransform, TrainTransform
-from models.resnet import model_from_meta
+from models.checkpoint import ModelMeta, save_checkpoint
+from models.network import model_from_meta
+from models.preprocess import TrainTransform
 from train.checkpointing import capture_rng, load_shared, restore_rng, run_meta
-from train.config import TrainConfig
+from train.config import TrainConfig, resolve_model_defaults
 from train.data.dataset import ImageLabelDataset, SkipReporter
 from train.data.label_regime import describe_regimes
 from train.data.observed_file import OBSERVED_FILE
+from train.data.types import LabelledImages
 from train.diagnostics import score_label_estimates
 from train.distributed import barrier, broadcast_buffers, broadcast_object, init_world, per_rank_batch
 from train.epoch_loop import build_train_data, train_epoch
 from train.expected_positives import ExpectedPositives, estimate_expected_positives
+from train.feature_cache import FeatureCache, feature_key, weights_digest
+from train.fixed_features import FixedFeaturePhase, HeadOptimisation
 from train.inference import Predictor, Rows
-from train.linear_init import LinearPhase
 from train.methods import EpochEndContext, LossOutput, get_method, make_hparams
 from train.optimisation import Optimisation
 from train.run_files import RunFiles
@@ -41,6 +43,7 @@ from train.run_setup import (
     build_method,
     build_run_model,
     grant_full_labels,
+    initialise_head_bias,
     lem_token_warning,
     load_run_data,
     log,
@@ -48,6 +51,7 @@ from train.run_setup import (
     resolve_expected_positives,
     resolve_head,
     resolve_precision,
+    run_preprocessing,
     seed_everything,
 )
 from train.runs import BEST, LAST
@@ -59,6 +63,7 @@ class Trainer:
     """Builds everything from a :class:`TrainConfig` and runs (or resumes) training in ``run_dir``."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None, resume: bool = False) -> None:
+        cfg = resolve_model_defaults(cfg)  # "auto" settings of a config made in code (the CLI resolves them)
         self.cfg = cfg
         self.world, self.device = init_world(cfg.device, cfg.sync_bn)
         self.progress = cfg.progress and self.world.is_main
@@ -85,24 +90,31 @@ class Trainer:
         warning = lem_token_warning(head, cfg.image_size)
         if warning:
             log(warning)
-        self.model = build_run_model(cfg, len(self.classes), head, self.device, self.channels_last)
+        self.weights_report: list[str] = []
+        self.model = build_run_model(cfg, len(self.classes), head, self.device, self.channels_last,
+                                     self.weights_report)
+        # Epochs on fixed backbone features: LinearInit's first phase, or every epoch with --trainable head.
+        self.feature_epochs = cfg.epochs if cfg.trainable == "head" else cfg.linear_init
         # Training stages (one for most methods): each starts from the previous stage's best weights.
-        # --epochs 0 (only with --linear-init): a linear probe, no end-to-end stage at all
-        self.stage_plan = method_cls.stage_epochs(self.hparams, cfg.epochs) if cfg.epochs else [0]
-        self.total_epochs = cfg.linear_init + sum(self.stage_plan)
+        # --epochs 0 (only with --linear-init) and --trainable head: no end-to-end stage at all
+        end_to_end = cfg.epochs if cfg.trainable != "head" else 0
+        self.stage_plan = method_cls.stage_epochs(self.hparams, end_to_end) if end_to_end else [0]
+        self.total_epochs = self.feature_epochs + sum(self.stage_plan)
         self.expected_positives = resolve_expected_positives(method_cls, cfg, self.splits, self.dataset.name)
         self.method = build_method(method_cls, self.hparams, cfg, self.splits, self.dataset.name, self.total_epochs,
                                    self.model.num_features, self.device, self.expected_positives)
+        self.head_bias = "loaded" if resume else initialise_head_bias(self.model, cfg, self.weights_report,
+                                                                          self.expected_positives, self.splits)
 
-        mean, std = IMAGENET_MEAN, IMAGENET_STD
-        self.predictor = Predictor(EvalTransform(cfg.image_size, mean, std), self.device, self.precision.autocast,
-                                   self.channels_last, SkipReporter(), cfg.eval_batch_size, cfg.workers,
-                                   self.progress)
-        views = self.method.extra_views(cfg.image_size, mean, std)
-        if views and cfg.linear_init:
-            raise ValueError(f"--linear-init trains on cached features of one fixed view; {cfg.method} trains on "
-                             f"extra augmented views ({', '.join(views)}), so it cannot use --linear-init")
-        train_set = ImageLabelDataset(self.splits.train, TrainTransform(cfg.image_size, mean, std),
+        self.transform = run_preprocessing(cfg)
+        self.predictor = Predictor(self.transform, self.device, self.precision.autocast, self.channels_last,
+                                   SkipReporter(), cfg.eval_batch_size, cfg.workers, self.progress)
+        views = self.method.extra_views(self.transform)
+        if views and self.feature_epochs:
+            option = "--trainable head" if cfg.trainable == "head" else "--linear-init"
+            raise ValueError(f"{option} trains on cached features of one fixed view; {cfg.method} trains on extra "
+                             f"augmented views ({', '.join(views)}), so it cannot use {option}")
+        train_set = ImageLabelDataset(self.splits.train, TrainTransform.like(self.transform),
                                       self.splits.train_observed, views=views,
                                       annotated_in_items=full_labels_in_batches)
         self.batch_per_process = per_rank_batch(cfg.batch_size, self.world)
@@ -117,7 +129,7 @@ class Trainer:
         self.start_epoch = 1
         self.best = BestSoFar()
         self.stage_history: list[dict[str, Any]] = []  # best epoch and val mAP of each finished stage
-        self.linear: LinearPhase | None = None
+        self.linear: FixedFeaturePhase | None = None
         self._linear_resume: dict[str, Any] | None = None
         if resume:
             self._load_resume_state()
@@ -137,8 +149,8 @@ class Trainer:
                                          self.device)
 
     def stage_of(self, epoch: int) -> int:
-        """The training stage (1-based) of ``epoch``; LinearInit epochs count as stage 1."""
-        end = self.cfg.linear_init
+        """The training stage (1-based) of ``epoch``; epochs on fixed features count as stage 1."""
+        end = self.feature_epochs
         for stage, epochs in enumerate(self.stage_plan, start=1):
             end += epochs
             if epoch <= end:
@@ -146,15 +158,35 @@ class Trainer:
         return len(self.stage_plan)
 
     def _last_epoch_of_stage(self, stage: int) -> int:
-        return self.cfg.linear_init + sum(self.stage_plan[:stage])
+        return self.feature_epochs + sum(self.stage_plan[:stage])
 
-    def _linear_phase(self) -> LinearPhase:
-        """The LinearInit phase on this run's model, method and data."""
+    def _feature_phase(self) -> FixedFeaturePhase:
+        """The phase on fixed features (LinearInit's first phase, or the whole --trainable head run) on this run's
+        model, method and data, with the features from the feature cache."""
+        cfg = self.cfg
         annotated = self.train.dataset.labels if self.train.dataset.annotated_in_items else None
-        return LinearPhase(self.model, self.method, self.predictor, self.splits.train, self.splits.val,
-                           self.train.dataset.observed, self.train.dataset.negatives, annotated,
-                           self.cfg.linear_init_lr, self.cfg.batch_size, self.cfg.seed, self.criterion,
-                           self.splits.has_full_labels("val"))
+        if cfg.trainable == "head":
+            optimisation = HeadOptimisation(cfg.optimizer, cfg.lr, cfg.epochs, cfg.weight_decay, cfg.momentum,
+                                            cfg.scheduler)
+        else:  # LinearInit: the reference's fixed Adam phase
+            optimisation = HeadOptimisation("adam", cfg.linear_init_lr, cfg.linear_init)
+        backbone = weights_digest(self.model.backbone)
+        preprocessing = {"image_size": self.transform.image_size, "mean": list(self.transform.mean),
+                         "std": list(self.transform.std), "interpolation": self.transform.interpolation,
+                         "crop": self.transform.crop}
+        precision = str(self.precision.dtype or "float32")
+
+        def key(images: LabelledImages) -> dict[str, Any]:
+            return feature_key(list(images.paths), cfg.arch, backbone, preprocessing, precision)
+
+        phase = FixedFeaturePhase(self.model, self.method, self.predictor, self.splits.train, self.splits.val,
+                                  self.train.dataset.observed, self.train.dataset.negatives, annotated, optimisation,
+                                  cfg.batch_size, cfg.seed, self.criterion, self.splits.has_full_labels("val"),
+                                  FeatureCache(), key)
+        reused = sum(phase.cache_hits)
+        log(f"features of {len(phase.cache_hits)} splits: {reused} from the cache, {len(phase.cache_hits) - reused} "
+            f"computed and stored ({FeatureCache().folder})")
+        return phase
 
     def _next_stage(self, stage: int) -> None:
         """End the current stage: keep its best checkpoint as ``best-stageK.pt``, load its best weights, then start
@@ -296,8 +328,14 @@ class Trainer:
 
     def evaluate(self, model: nn.Module, loader: Any, desc: str, split: str = "val") -> Assessment:
         """``model``'s predictions on ``loader``'s dataset (the ``split``) against its labels, with the selection
-        criterion; the figures that need full labels are None when the split has none."""
-        rows = self._predict(model, loader, desc)
+        criterion; the figures that need full labels are None when the split has none. With ``--trainable head``
+        the backbone part comes from the feature cache (the same values, computed once)."""
+        if self.cfg.trainable == "head":
+            if self.linear is None:
+                self.linear = self._feature_phase()
+            rows = self.linear.head_rows(model, getattr(self.splits, split), split)
+        else:
+            rows = self._predict(model, loader, desc)
         if rows.missing:
             log(f"{desc}: {rows.missing} unreadable image(s) left out of the metrics")
         labels = loader.dataset.labels[rows.present]
@@ -319,7 +357,7 @@ class Trainer:
                                                        "after each epoch"))
         return {"k_estimate": value}
 
-    def _candidates(self, linear: LinearPhase | None) -> list[Candidate]:
+    def _candidates(self, linear: FixedFeaturePhase | None) -> list[Candidate]:
         """The epoch's candidate weights with their val assessment: the model (its head on cached features in
         LinearInit), plus its EMA when there is one."""
         if linear is not None:
@@ -342,6 +380,9 @@ class Trainer:
         if self.start_epoch == 1:
             log(f"run {self.run_dir}: {cfg.method} on {self.dataset.name} ({self.splits.summary()}), {cfg.arch} "
                 f"@{cfg.image_size}px, {self.device}" + (f", {self.precision.dtype}" if self.precision.dtype else ""))
+            for line in self.weights_report:
+                log(line)
+            log(f"preprocessing: {self.transform}")
             log(describe_regimes(self.splits.regimes))
             log(self.selection.describe())
             if self.expected_positives is not None:
@@ -349,10 +390,14 @@ class Trainer:
             if len(self.stage_plan) > 1:
                 log(f"{cfg.method} trains in {len(self.stage_plan)} stages of {', '.join(map(str, self.stage_plan))}"
                     " epochs; each stage starts from the previous stage's best weights")
-        if self.start_epoch <= cfg.linear_init:
-            log(f"LinearInit: {cfg.linear_init} epochs on fixed {cfg.arch} features, "
-                + (f"then {cfg.epochs} end to end" if cfg.epochs else "no end-to-end phase (linear probe)"))
-            self.linear = self._linear_phase()
+        if self.start_epoch <= self.feature_epochs:
+            if cfg.trainable == "head":
+                log(f"fixed features: the {cfg.arch} backbone is frozen; the head trains {cfg.epochs} epochs on "
+                    "features computed once")
+            else:
+                log(f"LinearInit: {cfg.linear_init} epochs on fixed {cfg.arch} features, "
+                    + (f"then {cfg.epochs} end to end" if cfg.epochs else "no end-to-end phase (linear probe)"))
+            self.linear = self._feature_phase()
             if self._linear_resume is not None:
                 self.linear.load_state_dict(self._linear_resume)
         for epoch in range(self.start_epoch, self.total_epochs + 1):
@@ -380,7 +425,7 @@ class Trainer:
         """Train ``epoch``, let the method act on it, evaluate and select, write its metrics line and checkpoints,
         and move to the next phase or stage when this one ends."""
         cfg = self.cfg
-        linear = self.linear if epoch <= cfg.linear_init else None
+        linear = self.linear if epoch <= self.feature_epochs else None
         stats = linear.train_epoch(epoch) if linear is not None else self.train_epoch(epoch)
         predict = linear.predict_train if linear is not None else self.predict_train
         stats.update(self.method.on_epoch_end(EpochEndContext(epoch=epoch, predict_train=predict)))
@@ -409,7 +454,8 @@ class Trainer:
                             self.meta(epoch, {"val": val_summary, "weights": chosen.name}))
         record["best"] = improved
         self.files.append_metrics(record)
-        if linear is not None and epoch == cfg.linear_init:  # phase 1 over: its best epoch starts phase 2
+        if linear is not None and epoch == cfg.linear_init and cfg.trainable != "head":
+            # LinearInit's phase 1 over: its best epoch starts phase 2
             linear.restore_best()
             self.linear = None
             self.optimisation.restart_ema()  # average from the restored weights, not from the random head
@@ -418,7 +464,9 @@ class Trainer:
         self.save_last(epoch)
         score = f"  val {self.selection.name} {candidates[0].assessment.score:.4g}" \
             if self.selection.name != "val_mAP" else ""
-        log(f"epoch {epoch}/{self.total_epochs}{' (linear)' if linear is not None else ''}  loss {stats['loss']:.4f}"
+        phase = " (head on features)" if linear is not None and cfg.trainable == "head" else (
+            " (linear)" if linear is not None else "")
+        log(f"epoch {epoch}/{self.total_epochs}{phase}  loss {stats['loss']:.4f}"
             f"  val mAP {figure(val['mAP'])}{score}"
             + (f"  (ema {figure(record['val_mAP_ema'])})" if "val_mAP_ema" in record else "")
             + (f"  k {stats['k_estimate']:.2f}" if "k_estimate" in stats else "")

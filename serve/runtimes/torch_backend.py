@@ -37,7 +37,7 @@ class TorchBackend:
         """
         import torch
 
-        from models.resnet import model_from_meta
+        from models.network import model_from_meta
 
         path = Path(path)
         ckpt = load_checkpoint(path)

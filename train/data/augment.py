@@ -13,12 +13,11 @@ for non-square images).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 
 import torch
 from torchvision.transforms import v2
 
-from models.preprocess import normalize, resize_uint8
+from models.preprocess import EvalTransform
 
 
 def cutout(image: torch.Tensor, factor: float = 0.5) -> torch.Tensor:
@@ -54,9 +53,8 @@ class StrongTransform:
     ColorJitter(0.4, 0.4, 0.4, 0.1) with p = 0.8, RandomGrayscale(0.2), then normalise.
     ``uint8 (3, H, W)`` in, ``float32 (3, S, S)`` out."""
 
-    def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.image_size = int(image_size)
-        self.mean, self.std = tuple(mean), tuple(std)
+    def __init__(self, preprocessing: EvalTransform) -> None:
+        self.preprocessing = preprocessing
         self.randaugment = RandomPairAugment()
         self.colour = v2.Compose([
             v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
@@ -64,8 +62,8 @@ class StrongTransform:
         ])
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        x = resize_uint8(image, self.image_size)
+        x = self.preprocessing.resize(image)
         if random.random() < 0.5:
             x = x.flip(-1)
         x = self.colour(self.randaugment(cutout(x)))
-        return normalize(x, self.mean, self.std)
+        return self.preprocessing.normalize(x)

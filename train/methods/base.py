@@ -38,7 +38,7 @@ State and schedule (optional):
 - checkpoint state: everything registered as a buffer or parameter is saved in ``last.pt`` and restored by
   ``--resume``; keep state that must survive a resume there, not in plain attributes;
 - ``required_head`` - the classifier head the method needs (``"lem"`` for LAC), or None for any;
-  ``trainable_scope`` - the backbone scope its papers train (``models.resnet.TRAINABLE_SCOPES``), applied by
+  ``trainable_scope`` - the backbone scope its papers train (``models.network.TRAINABLE_SCOPES``), applied by
   ``--preset paper`` (None: everything trains).
 
 Diagnostics (optional): :meth:`Method.label_estimates` exposes what the method believes about the hidden labels of
@@ -57,13 +57,14 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from models.preprocess import EvalTransform
 from train.data.dataset import FULL_LABELS
 from train.distributed import global_mean
 
@@ -164,7 +165,7 @@ class Method(nn.Module):
     # reads ctx.expected_positives (k): the trainer resolves it (published, given, audit, or estimated and then
     # updated through set_expected_positives after every epoch; train/expected_positives.py)
     uses_expected_positives: ClassVar[bool] = False
-    required_head: ClassVar[str | None] = None  # a classifier head the method needs (models.resnet.HEADS)
+    required_head: ClassVar[str | None] = None  # a classifier head the method needs (models.network.HEADS)
     trainable_scope: ClassVar[str | None] = None  # the backbone scope of its papers (--preset paper)
     needs_embeddings: ClassVar[bool] = False  # the step calls forward_embeddings (label-wise embedding head)
     leaves_parameters_unused: ClassVar[bool] = False  # a step may leave some of its parameters out (DDP)
@@ -211,10 +212,10 @@ class Method(nn.Module):
         labels after each epoch when they exist (default: none)."""
         return {}
 
-    def extra_views(self, image_size: int, mean: Sequence[float],
-                    std: Sequence[float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    def extra_views(self, preprocessing: EvalTransform) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
         """Extra training views: batch key (``images_<name>``) -> transform of the decoded ``uint8 (3, H, W)``
-        image to a model input (default: none; ``images`` always holds the standard training view)."""
+        image to a model input, ending in the model's ``preprocessing`` (its resize and normalisation) (default:
+        none; ``images`` always holds the standard training view)."""
         return {}
 
     @classmethod

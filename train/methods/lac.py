@@ -32,7 +32,7 @@ flags (``--optimizer adamw --weight-decay 0.01 --lr 1e-4 --ema 0.9997 --epochs 4
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.preprocess import EvalTransform
 from train.data.augment import StrongTransform
 from train.distributed import gather_varying
 from train.methods.base import EpochEndContext, LossOutput, Method, MethodContext, MethodHparams, register
@@ -155,9 +156,8 @@ class LabelAwareConsistency(Method):
         self._stage = int(self.stage)
 
     # ----------------------------------------------------------------- hooks
-    def extra_views(self, image_size: int, mean: Sequence[float],
-                    std: Sequence[float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-        return {STRONG: StrongTransform(image_size, mean, std)}
+    def extra_views(self, preprocessing: EvalTransform) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        return {STRONG: StrongTransform(preprocessing)}
 
     @classmethod
     def stage_epochs(cls, hparams: MethodHparams, epochs: int) -> list[int]:

