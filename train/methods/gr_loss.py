@@ -159,7 +159,7 @@ class GeneralizedRobustLoss(Method):
         return LossOutput(entries.mean())
 
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
-        w, b, mu, sigma = self.schedule(ctx.epoch)
+        w, b, mu, sigma = self.schedule()  # what the epoch's steps used
         self._epoch = ctx.epoch + 1
         self.epoch.fill_(self._epoch)
         return {"gr_w": w, "gr_b": b, "gr_mu": mu, "gr_sigma": sigma}
