@@ -25,7 +25,7 @@ schedules stay at their initial values (the reference divides by zero). The refe
 its n epochs and trains on; this package's LinearInit trains the head on cached features and restores its best
 epoch - the schedule follows the epoch count either way (the restored method state never rewinds it).
 
-Where the package follows the reference rather than the paper, and the pitfalls:
+Where the package follows the reference code, departs from it, and the pitfalls:
 
 - defaults ``beta = (0, 2, -2, -2)``, ``alpha = (0.5, 2, 0.8, 0.5)``, ``(q2, q3) = (0.01, 1)`` are the repository's
   ``config.py`` defaults. Its argparse declares ``--beta``, ``--alpha``, ``--q2q3`` with ``type=list``, so a
@@ -36,8 +36,8 @@ Where the package follows the reference rather than the paper, and the pitfalls:
   variant, the classifier's 10x learning rate (``lr_mult``; one learning rate for the network here) and the early
   stop (when val mAP falls 2 points below the best) are not reproduced;
 - the robust terms are computed as ``-expm1(q log sigmoid(+-logits)) / q``: equal to the reference's
-  ``(1 - pow(p, q)) / q`` (within 1e-12 in float64, tests/test_gr_loss.py), but finite where float32 ``sigmoid``
-  underflows to 0 (logits below about -88) and ``pow``'s gradient gives inf or NaN in the reference.
+  ``(1 - pow(p, q)) / q`` (float64: the loss to 1e-13, tests/test_gr_loss.py), but finite where float32 ``sigmoid``
+  underflows to 0 (logits below about -88) and ``pow``'s gradient gives NaN in the reference.
 
 State (a buffer, saved in checkpoints and restored by ``--resume``): ``epoch``, the 1-based epoch the next steps
 belong to, set after each epoch end. Loading a state never moves it backwards. Under torchrun the loss is a
