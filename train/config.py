@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--method", choices=method_names(), help="training method (`python -m train.methods` lists them "
                    f"with their papers and ideas). Default: {d.method}")
     g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
-                   help="set a method hyperparameter (repeatable)")
+                   help="set a method hyperparameter (repeatable); a tuple comma-separated, e.g. "
+                   "--hp beta=0,10,-2,-8")
     g = p.add_argument_group("model")
     g.add_argument("--arch", choices=sorted(ARCHITECTURES), help=f"backbone. Default: {d.arch}")
     g.add_argument("--weights", help="none, imagenet (torchvision IMAGENET1K_V1, needs internet once), another "
