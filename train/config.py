@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--method", choices=method_names(), help="training method (`python -m train.methods` lists them "
                    f"with their papers and ideas). Default: {d.method}")
     g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
-                   help="set a method hyperparameter (repeatable)")
+                   help="set a method hyperparameter (repeatable); a tuple comma-separated, e.g. "
+                   "--hp beta=0,10,-2,-8")
     g = p.add_argument_group("model")
     g.add_argument("--arch", help="backbone: resnet18, resnet34, resnet50, resnet101 (torchvision's, the seeds'; "
                    "LgConv available) or any timm model name, e.g. tf_efficientnet_lite0, convnext_tiny, "

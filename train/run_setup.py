@@ -198,6 +198,7 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
         dataset=dataset_name,
         batch_size=cfg.batch_size,
         feature_width=feature_width,
+        linear_init_epochs=cfg.linear_init,
     )
     return method(ctx, hparams).to(device)
 

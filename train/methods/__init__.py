@@ -4,7 +4,22 @@ Every list of methods (the CLI's choices, the benchmark's default comparison, th
 docs/methods.md) is read from this registry: ``python -m train.methods`` prints the table.
 """
 
-from train.methods import an, an_ls, bce, em, epr, iu, iun, lac, large_loss, opml, pu_mlc, role, wan  # noqa: F401  (imports register)
+from train.methods import (  # noqa: F401  (imports register)
+    an,
+    an_ls,
+    bce,
+    em,
+    epr,
+    gr_loss,
+    iu,
+    iun,
+    lac,
+    large_loss,
+    opml,
+    pu_mlc,
+    role,
+    wan,
+)
 from train.methods.base import (
     METHODS,
     EpochEndContext,

@@ -100,6 +100,7 @@ class MethodContext:
     dataset: str = ""  # dataset name, used to pick a preset
     batch_size: int = 32  # training batch size (sizes per-batch buffers such as LAC's queue)
     feature_width: int = 0  # width of the model's features / per-class embeddings (sizes projectors)
+    linear_init_epochs: int = 0  # the first epochs of ``epochs`` that are LinearInit epochs (--linear-init)
 
 
 @dataclass
@@ -243,10 +244,22 @@ def register(cls: type[Method]) -> type[Method]:
 
 
 def _convert(value: str, annotation: Any) -> Any:
+    """``value`` (an ``--hp`` string) as ``annotation``: a scalar type, ``X | None`` (``none`` gives None), or a
+    tuple of scalars written comma-separated (``beta=0,2,-2,-2``; ``tuple[float, ...]`` takes any length)."""
+    if typing.get_origin(annotation) is tuple:
+        items = typing.get_args(annotation)
+        parts = [part.strip() for part in value.strip().strip("()[]").split(",")]
+        if len(items) == 2 and items[1] is Ellipsis:
+            items = (items[0],) * len(parts)
+        elif len(parts) != len(items):
+            raise ValueError(f"expected {len(items)} comma-separated values, got {value!r}")
+        return tuple(_convert(part, item) for part, item in zip(parts, items, strict=True))
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     kind = args[0] if args else annotation  # Optional[float] -> float
     if value.lower() == "none" and args:
         return None
+    if typing.get_origin(kind) is tuple:  # Optional[tuple[...]]
+        return _convert(value, kind)
     if kind is bool:
         if value.lower() in ("1", "true", "yes", "on"):
             return True
