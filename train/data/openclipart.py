@@ -38,18 +38,20 @@ normalised, lower-cased, and its runs of spaces, ``-``, ``/`` and ``.`` become o
    :data:`AUTHOR_KEYWORDS` (an author's name typed as a keyword).
 4. :data:`MERGED_KEYWORDS` maps plurals, spelling variants and synonyms onto one name (``icons`` -> ``icon``,
    ``transportation`` -> ``transport``, ``xmas`` -> ``christmas``).
-5. A drawing left with no keyword is left out (``no keyword``); the others are rasterised (below); a drawing that
-   neither its SVG nor its PNG render can draw is left out (``not rasterised``).
+5. A drawing left with no keyword is left out (``no keyword``); the others are rasterised (below); one that shows
+   nothing, or that neither cairosvg nor the PNG render can draw, is left out (``not rasterised``).
 6. Identical rasters from different files (the same picture saved twice with other metadata) are ONE image: the
    first in sorted path order keeps its raster, the keywords and sources are the union (``merged duplicate``).
 7. A keyword on at least ``min-count`` images is a class (sorted by name); an image with none of the classes is
    left out (``no frequent keyword``). An image's labels are its classes; the rarer keywords are kept in the
    manifest for inspection.
 
-On the Debian package (``python -m train.data.openclipart`` prints it all): 7,458 distinct drawings; left out:
-216 in a dropped folder, 2,799 batch drawings, 282 without a keyword, 5 not rasterised (their PNG render, where
-there is one, is used in their place for 6 more), 138 duplicate rasters merged, 306 with no frequent keyword;
-which leaves **3,912 images, 73 classes, 2.17 labels per image** (2,347 train, 782 val, 783 test).
+On the Debian package 0.18+dfsg-19 (``python -m train.data.openclipart`` prints it all): 8,121 SVG paths are
+7,458 distinct drawings; left out: 214 in a dropped folder, 2,799 batch drawings, 282 without a keyword, 5 not
+rasterised (blank on white: white lines, or an image linked from the author's disk), 317 identical rasters merged,
+290 with no frequent keyword; 26 are drawn from their PNG render (cairosvg cannot read their SVG). That leaves
+**3,551 images, 78 classes, 1.99 labels per image** (2,131 train, 710 val, 710 test). Rendering them took 311 s
+(one process, two busy cores); the cache holds 86 MB; a later load takes about 0.4 s.
 
 **Rasters.** Each drawing is rendered with cairosvg (imported only when something is rendered; ``pip install
 cairosvg``, which needs the system's cairo library, ``apt-get install libcairo2``) on white, cropped to the
@@ -57,9 +59,11 @@ bounding box of its non-white pixels (any channel more than :data:`BACKGROUND_TO
 margin of :data:`CROP_MARGIN` of the box's longest side, and resized to :data:`RASTER_SIZE` px on its longest
 side, so that 224 px training sees full resolution. It is first rendered with :data:`RENDER_SIZE` px on the
 page's longest side; a drawing smaller than :data:`RASTER_SIZE` px on that page (a small figure on a large page)
-is rendered again, larger (at most :data:`MAX_RENDER_SIZE` px), before cropping. Where the SVG fails (cairosvg
-error, or nothing visible), the package's PNG render is used, opened under PIL's decompression-bomb limit (a
-larger one counts as failed). A blank or failed drawing is left out and counted.
+is rendered again, larger (at most :data:`MAX_RENDER_SIZE` px), before cropping. An SVG without a size (or
+with a relative one) is drawn on a :data:`DEFAULT_PAGE` px page. Where cairosvg fails on the SVG, the package's
+PNG render is used, opened under PIL's decompression-bomb limit (a larger one counts as failed). A drawing that
+renders blank on white gets no fallback (its PNG render is blank too, or Inkscape's "Linked Image Not Found"
+placeholder, which would otherwise merge into one image with mixed labels); it is left out and counted.
 
 **Cache.** ``<cache>/openclipart/<digest>/`` (``<cache>``: ``$SPML_CACHE``, else ``~/.cache/spml``), where the
 digest covers the rule (every constant above, ``min-count``, the raster settings, :data:`RULE_VERSION`), the
@@ -82,12 +86,16 @@ of its classes (``animals/mammals/dogs/x.svg`` tagged ``dog mammal animal`` -> `
 paths, the first in sorted order that has one). Images with no such folder are left out of train and val
 (counted in a note). The view's classes are the folder classes of its training images; test images keep their
 full keyword labels over these classes (used only to score; test images with none of them are left out). On the
-Debian package: 2,650 of the 3,129 train and val images have a folder class (1,988 train, 662 val), 48 classes;
-479 have none; 771 test images. :func:`export_folder_view` (``python -m train.data.openclipart --export-folders
-OUT``) writes it as a real ``folder:`` tree: ``OUT/{train,val}/<class>/<image>`` (symlinks to the cached rasters,
-or hard links or copies) and ``OUT/test_labels.csv`` (``image,labels``, the ``csv:`` format: absolute paths, the
-test images' keyword labels), so ``--data folder:OUT`` trains as a user would and ``csv:OUT/test_labels.csv``
-scores it. The full keyword labels of train and val stay out of ``OUT``.
+Debian package: 2,636 of the 2,841 train and val images have a folder class (1,980 train, 656 val), 59 classes
+(``icon`` 142 training images ... ``navy`` 3); 205 have none (most are in ``signs_and_symbols/``, a folder name
+that is no class, tagged ``symbol`` or ``sign``; ``geography/`` maps tagged only ``map``, ...); 678 test images
+(32 have none of the 59 classes).
+
+:func:`export_folder_view` (``python -m train.data.openclipart --export-folders OUT``) writes the folder view as
+a real ``folder:`` tree: ``OUT/{train,val}/<class>/<image>`` (symlinks to the cached rasters, or hard links or
+copies) and ``OUT/test_labels.csv`` (``image,labels``, the ``csv:`` format: absolute paths, the test images'
+keyword labels), so ``--data folder:OUT`` trains as a user would and ``csv:OUT/test_labels.csv`` scores it. The
+full keyword labels of train and val stay out of ``OUT``.
 """
 
 from __future__ import annotations
@@ -181,7 +189,7 @@ _RDF = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}"
 DROPPED_FOLDERS: dict[str, str] = {
     "special/gradients": "118 colour-gradient swatches (gradient-americana.svg, ...), tagged only 'gradients "
                          "special': fills for other drawings, no subject",
-    "special/patterns": "95 tiling patterns (pattern-arches-intersecting-1.svg, ...): fills, no subject",
+    "special/patterns": "96 tiling patterns (pattern-arches-intersecting-1.svg, ...): fills, no subject",
 }
 
 #: A drawing carrying one of these keywords is part of a machine-made batch and is left out.
@@ -190,7 +198,8 @@ BATCH_KEYWORDS: dict[str, str] = {
               "tagged 'stars shapes magick geometry'; near-identical images with identical labels",
     "theme": "computer/icons/{flat,lemon,etiquette}-theme: about 1,420 icons of three desktop themes, tagged with "
              "the theme's words (computer icons theme action application filesystem mimetypes), not their picture",
-    "lemon_theme_icon": "the lemon theme's icons (416), also filed under computer/ without 'theme'",
+    "lemon_theme_icon": "the lemon theme's marker (416 icons, some also filed under computer/); they carry "
+                        "'theme' too, listed so that a copy without it is caught as well",
 }
 
 #: Whole keywords removed from every drawing: artifacts of the library's import script.
