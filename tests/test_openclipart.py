@@ -358,3 +358,17 @@ def test_export_folder_view_loads_as_folder_tree(library: Path, tmp_path: Path) 
         assert all(name in index for name in scored.classes)
     with pytest.raises(DataError, match="not an empty folder"):
         oc.export_folder_view(out, library, min_count=MIN, cache_dir=cache, progress=False)
+
+
+def test_command_line_report_and_export(library: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("cairosvg", reason="rendering the miniature needs cairosvg (pip install cairosvg)")
+    out = tmp_path / "tree"
+    assert oc.main([str(library), "--min-count", str(MIN), "--cache", str(tmp_path / "cache"), "--quiet", "--rule",
+                    "--export-folders", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for expected in ("batch drawing", "magick:", "images: 11 (train 7, val 2, test 2); classes: 7",
+                     "labels per image: 1.82", "folder view:", f"--data folder:{out}"):
+        assert expected in printed
+    assert (out / "test_labels.csv").is_file() and (out / "train").is_dir()
+    assert oc.main([str(tmp_path / "absent"), "--quiet"]) == 2
+    assert "apt-get install openclipart-svg" in capsys.readouterr().err

@@ -1036,43 +1036,41 @@ def _folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def report(folder: Path, manifest: dict[str, Any], classes_only: bool = False) -> str:
+def report(folder: Path, manifest: dict[str, Any]) -> str:
     """The cleaning report of a built cache folder: counts per reason, classes with their image counts per
-    split, labels per image, the folder view's size."""
+    split, labels per image, the folder view's size (train/val images with a folder class, its classes)."""
     counts, images = manifest["counts"], manifest["images"]
-    lines = [f"cache: {folder} ({_folder_size(folder) / 1e6:.1f} MB)"]
-    if not classes_only:
-        lines += [
-            f"source: {manifest['source']['svg']} (PNG renders: {manifest['source']['png'] or 'none'})",
-            f"SVG paths: {counts['svg_paths']:,} ({counts['symlinks']:,} symlinks); distinct drawings: "
-            f"{counts['drawings']:,}",
-            "left out / merged, by reason (in the order the rule applies them):",
-        ]
-        lines += [f"  {reason:<20} {n:>6,}" for reason, n in counts["left_out"].items()]
-        lines.append(f"rasterised from the PNG render (SVG failed): {counts['png_fallbacks']}; rendering time "
-                     f"(sum over drawings): {counts['render_seconds']:.0f} s")
+    lines = [
+        f"cache: {folder} ({_folder_size(folder) / 1e6:.1f} MB)",
+        f"source: {manifest['source']['svg']} (PNG renders: {manifest['source']['png'] or 'none'})",
+        f"SVG paths: {counts['svg_paths']:,} ({counts['symlinks']:,} symlinks); distinct drawings: "
+        f"{counts['drawings']:,}",
+        "left out / merged, by reason (in the order the rule applies them):",
+        *(f"  {reason:<20} {n:>6,}" for reason, n in counts["left_out"].items()),
+        f"rasterised from the PNG render (SVG failed): {counts['png_fallbacks']}; rendering time (sum over "
+        f"drawings): {counts['render_seconds']:.0f} s",
+    ]
     by_split = Counter(image["split"] for image in images)
     labels = sum(len(image["labels"]) for image in images)
     lines.append(f"images: {len(images):,} (train {by_split['train']:,}, val {by_split['val']:,}, test "
                  f"{by_split['test']:,}); classes: {len(manifest['classes'])} (min count "
                  f"{manifest['rule']['min_count']}); labels per image: {labels / max(1, len(images)):.2f}")
     lines.append("classes (images: all / train / val / test):")
-    per = {name: Counter() for name in manifest["classes"]}
+    per: dict[str, Counter[str]] = {name: Counter() for name in manifest["classes"]}
     for image in images:
         for name in image["labels"]:
             per[name][image["split"]] += 1
     for name in sorted(per, key=lambda n: (-sum(per[n].values()), n)):
         c = per[name]
         lines.append(f"  {name:<22} {sum(c.values()):>5} {c['train']:>5} {c['val']:>5} {c['test']:>5}")
-    if not classes_only:
-        train_val = [image for image in images if image["split"] != "test"]
-        placed = [image for image in train_val if image["folder_class"] is not None]
-        folder_classes = Counter(image["folder_class"] for image in placed if image["split"] == "train")
-        lines.append(f"folder view: {len(placed):,} of {len(train_val):,} train/val images have a folder class "
-                     f"(train {sum(1 for i in placed if i['split'] == 'train'):,}, val "
-                     f"{sum(1 for i in placed if i['split'] == 'val'):,}); {len(folder_classes)} classes; "
-                     f"{len(train_val) - len(placed):,} left out")
-        lines.append("  " + ", ".join(f"{name} {n}" for name, n in folder_classes.most_common()))
+    train_val = [image for image in images if image["split"] != "test"]
+    placed = Counter(image["split"] for image in train_val if image["folder_class"] is not None)
+    folder_classes = Counter(image["folder_class"] for image in train_val
+                             if image["split"] == "train" and image["folder_class"] is not None)
+    lines.append(f"folder view: {sum(placed.values()):,} of {len(train_val):,} train/val images have a folder "
+                 f"class (train {placed['train']:,}, val {placed['val']:,}); {len(folder_classes)} classes; "
+                 f"{len(train_val) - sum(placed.values()):,} left out")
+    lines.append("  " + ", ".join(f"{name} {n}" for name, n in folder_classes.most_common()))
     return "\n".join(lines)
 
 
