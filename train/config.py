@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data and protocol")
     g.add_argument("--data", help="dataset: builtin[:tiny|small|default|large][@seedN], csv:FILE, voc:DIR, "
                    "coco:DIR[?reference] (reference: classes in the json's order, as the seeds' format script), "
-                   "cub:DIR, nus:DIR[?images=DIR&keep-unlabelled], "
+                   "cub:DIR, nus:DIR[?images=DIR&keep-unlabelled], openclipart[:DIR][?view=folders] (the Open "
+                   "Clip Art Library, Debian package openclipart-svg), "
                    "formatted:DIR[?image-root=PATH&dataset=voc|coco|nus|cub&resample] (the seeds' formatted_*.npy "
                    f"files; see docs/datasets.md) or a path (auto-detected). Default: {d.data}")
     g.add_argument("--observed", help="training labels (quote values with ? or &): single (one positive per image "

@@ -3,8 +3,9 @@
 Spec forms: ``kind:argument`` with kind in ``DATASET_KINDS`` (``builtin:tiny``, ``builtin:default@seed3``,
 ``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``, ``cub:/data/CUB_200_2011``,
 ``nus:/data/nus?images=/mnt/flickr&keep-unlabelled``, ``formatted:/data/voc?image-root=/mnt/voc``,
-``folder:/data/pets``), ``builtin`` alone
-(= ``builtin:default``), or a bare path whose kind is detected from its contents.
+``folder:/data/pets``, ``openclipart:/usr/share/openclipart/svg?view=folders``), ``builtin`` alone
+(= ``builtin:default``), ``openclipart`` alone (the Debian package's folder), or a bare path whose kind is detected
+from its contents.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from train.data.cub import find_cub_dir, load_cub
 from train.data.folder import is_class_tree, load_folder_spec
 from train.data.formatted import formatted_dataset_name, is_formatted_dir, load_formatted
 from train.data.nus import is_nus_dir, load_nus_spec
+from train.data.openclipart import load_openclipart_spec, openclipart_dataset_name
 from train.data.spec_options import split_spec_options
 from train.data.types import DataError, DatasetSplits, ObjectTable
 from train.data.voc import find_voc_dirs, load_voc
@@ -109,7 +111,10 @@ DATASET_KINDS: dict[str, Callable[[str], DatasetSplits]] = {
     "nus": load_nus_spec,
     "formatted": load_formatted,
     "folder": load_folder_spec,
+    "openclipart": load_openclipart_spec,
 }
+#: Kinds that also stand alone, meaning ``kind:`` with an empty argument (their default).
+_STANDALONE_KINDS = ("builtin", "openclipart")
 
 _FORMS: dict[str, str] = {
     "builtin": "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, small, default, large; "
@@ -122,6 +127,8 @@ _FORMS: dict[str, str] = {
     "formatted": "formatted:<dir>[?image-root=P&dataset=voc|coco|nus|cub&resample]  the seeds' formatted_*.npy",
     "folder": "folder:<root>[?skip-verify]       one folder per class: root/<class>/<image> or "
               "root/{train,val,test}/<class>/<image>",
+    "openclipart": "openclipart[:<svg dir>][?view=folders&min-count=N]  Open Clip Art Library 0.18 (Debian "
+                   "openclipart-svg), uploader keywords as labels; view=folders: one label per image, its folder",
 }
 
 
@@ -164,7 +171,8 @@ def detect_kind(path: Path) -> str | None:
 
 def spec_dataset_name(spec: str) -> str:
     """The dataset name a spec will load under, without loading it: ``builtin-<preset>``, ``voc``, ``coco``,
-    ``cub``, ``nus``, a formatted folder's family or name, a CSV's or a class tree's folder name (enough for
+    ``cub``, ``nus``, ``openclipart`` (``openclipart-folders`` for its folder view), a formatted folder's family or
+    name, a CSV's or a class tree's folder name (enough for
     :func:`train.methods.base.dataset_family`); ``""`` if unknown."""
     spec = spec.strip()
     match = _KIND_PREFIX.match(spec)
@@ -180,6 +188,8 @@ def spec_dataset_name(spec: str) -> str:
         kind, argument = (detect_kind(Path(spec)) or "") if spec else "", spec
     if kind in ("voc", "coco", "cub", "nus"):
         return kind
+    if spec == "openclipart" or kind == "openclipart":
+        return openclipart_dataset_name(argument if kind == "openclipart" else "")
     if kind == "formatted":
         return formatted_dataset_name(argument)
     if kind == "csv":
@@ -198,8 +208,8 @@ def load_dataset(spec: str) -> DatasetSplits:
     spec = spec.strip()
     if not spec:
         raise DataError(f"empty dataset spec\n{describe_kinds()}")
-    if spec == "builtin":
-        return DATASET_KINDS["builtin"]("")
+    if spec in _STANDALONE_KINDS:
+        return DATASET_KINDS[spec]("")
     if spec in DATASET_KINDS and not Path(spec).exists():
         raise DataError(f"dataset spec {spec!r} needs an argument: {_FORMS.get(spec, spec)}")
     match = _KIND_PREFIX.match(spec)
