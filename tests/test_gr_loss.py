@@ -16,7 +16,7 @@ import torch
 
 from models import load_checkpoint
 from train.config import TrainConfig, build_parser, config_from_args
-from train.linear_init import LinearPhase
+from train.fixed_features import FixedFeaturePhase
 from train.methods import METHODS, EpochEndContext, MethodContext, make_hparams
 from train.methods.base import _convert, paper_settings_for
 from train.methods.gr_loss import GeneralizedRobustLoss, GrLossHparams, gr_entry_loss, gr_schedule
@@ -226,13 +226,14 @@ def test_linear_init_epochs_enter_the_schedule_of_a_run(squares_csv: Path, tmp_p
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A run with 2 LinearInit and 2 end-to-end epochs: T = 4, n = 2. LinearInit keeps its first epoch as best,
     so restoring it at its end loads the method state of epoch 1, which must not rewind the schedule."""
-    remember = LinearPhase.remember_if_best
+    remember = FixedFeaturePhase.remember_if_best
 
-    def first_only(self: LinearPhase, score: float) -> bool:
+    def first_only(self: FixedFeaturePhase, score: float) -> bool:
         return remember(self, score) if self.best_state is None else False
 
-    monkeypatch.setattr(LinearPhase, "remember_if_best", first_only)
-    cfg = TrainConfig(data=f"csv:{squares_csv}", image_size=32, batch_size=16, epochs=2, linear_init=2, workers=0,
+    monkeypatch.setattr(FixedFeaturePhase, "remember_if_best", first_only)
+    cfg = TrainConfig(data=f"csv:{squares_csv}", arch="resnet18", weights="none", image_size=32, batch_size=16,
+                      epochs=2, linear_init=2, workers=0,
                       progress=False, runs_dir=str(tmp_path), lgconv=False, name="gr", method="gr-loss")
     Trainer(cfg).fit()
     lines = [json.loads(line) for line in (tmp_path / "gr" / "metrics.jsonl").read_text().splitlines()]
