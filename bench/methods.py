@@ -8,8 +8,8 @@ A method name may carry a model option: ``ll-r+boostlu`` trains ``ll-r`` with ``
 run folders). ``--warm-start DIR`` starts every run of seed N from the backbone of ``DIR/an-seedN`` (an AN run
 with the same arguments, trained first when missing) with a new head: the papers fine-tune pretrained features,
 which a from-scratch CPU budget does not give. ``--grid NAME=V1,V2,...`` trains every (method, seed) pair once per value
-of one training option (run folders ``<method>-seed<seed>-<NAME><V>``) and keeps the run with the best
-validation mAP, as Cole et al. pick each method's learning rate and batch size.
+of a training option (run folders ``<method>-seed<seed>-<NAME><V>``; repeated, once per combination) and keeps the
+run with the best validation mAP, as Cole et al. pick each method's learning rate and batch size.
 
 The results table - val-selected test mAP mean +- std over seeds, the gap recovered ``(method - an) /
 (bce - an)``, the difference to ``an`` trained with the same seed (mean +- std, and on how many seeds the
@@ -22,6 +22,7 @@ labels) - goes to section ``methods-<data>`` of the results page with the exact 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import re
@@ -151,15 +152,19 @@ def parse_grid(spec: str, train_args: list[str]) -> tuple[str, list[str]]:
     return name, values
 
 
-def best_of_grid(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str], name: str,
-                 values: list[str]) -> dict[str, Any] | None:
-    """Train ``method`` / ``seed`` once per grid value of ``--NAME`` and return the summary (with ``grid_value``)
-    of the run with the best validation mAP; None when every run failed."""
+def best_of_grid(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str],
+                 grids: list[tuple[str, list[str]]]) -> dict[str, Any] | None:
+    """Train ``method`` / ``seed`` once per combination of the grids' values (``--NAME VALUE`` for each grid) and
+    return the summary (with ``grid_value``: the values, comma-joined) of the run with the best validation mAP;
+    None when every run failed."""
     best: dict[str, Any] | None = None
-    for value in values:
-        summary = run_one(method, seed, data, runs_dir, [*train_args, f"--{name}", value], f"-{name}{value}")
+    names = [name for name, _ in grids]
+    for combination in itertools.product(*(values for _, values in grids)):
+        flags = [item for name, value in zip(names, combination, strict=True) for item in (f"--{name}", value)]
+        suffix = "".join(f"-{name}{value}" for name, value in zip(names, combination, strict=True))
+        summary = run_one(method, seed, data, runs_dir, [*train_args, *flags], suffix)
         if summary is not None and (best is None or summary["val"]["mAP"] > best["val"]["mAP"]):
-            best = {**summary, "grid_value": value}
+            best = {**summary, "grid_value": ",".join(combination)}
     return best
 
 
@@ -223,8 +228,14 @@ def _fmt_vs_an(row: dict[str, Any]) -> str:
     return f"{mean:+.2f}{spread} ({above}/{compared} above)"
 
 
+def grid_text(grids: list[tuple[str, list[str]]]) -> str:
+    """``value of `--lr` in {1e-3, 1e-4}``, or ``combination of `--lr` in {...} and `--batch-size` in {...}``."""
+    parts = [f"`--{name}` in {{{', '.join(values)}}}" for name, values in grids]
+    return ("value of " if len(parts) == 1 else "combination of ") + " and ".join(parts)
+
+
 def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: list[str], failed: list[str],
-             warm_start: Path | None = None, grid: tuple[str, list[str]] | None = None,
+             warm_start: Path | None = None, grid: list[tuple[str, list[str]]] | None = None,
              plot_link: str | None = None) -> str:
     """The results section: settings, command, table (with the chosen grid value per seed when ``grid`` is
     given), the methods that do not beat ``an`` and, with ``plot_link``, the bar plot at that relative path."""
@@ -246,11 +257,10 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str, train_args: li
             f" Every run of seed N starts from the backbone of `{warm_start}/{BASELINE}-seedN/best.pt` "
             f"(`{BASELINE}` with the same arguments) and a new head (`--weights ... --reset-head`)."
             if warm_start else "") + (
-            f" Each method and seed is trained with every value of `--{grid[0]}` in {{{', '.join(grid[1])}}}; "
-            "the run with the best validation mAP is the one in the table (its value per seed in the last "
-            "column)." if grid else ""), "",
+            f" Each method and seed is trained with every {grid_text(grid)}; the run with the best validation "
+            "mAP is the one in the table (its value per seed in the last column)." if grid else ""), "",
         f"| method | seeds | test mAP | gap recovered | vs {BASELINE}, same seed | val mAP | val mAP, last epoch | "
-        "label recovery mAP |" + (f" chosen --{grid[0]} |" if grid else ""),
+        "label recovery mAP |" + (f" chosen {', '.join(f'--{name}' for name, _ in grid)} |" if grid else ""),
         "|---|---|---|---|---|---|---|---|" + ("---|" if grid else ""),
     ]
     for r in rows:
@@ -318,9 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-start", type=Path, metavar="DIR", help="start every run of seed N from the backbone "
                    "of DIR/an-seedN/best.pt with a new head (--weights FILE --reset-head); DIR/an-seedN is "
                    "trained first, with the same arguments, when missing")
-    p.add_argument("--grid", metavar="NAME=V1,V2,...", help="train each method and seed once per value of one "
-                   "training option (e.g. linear-init-lr=1e-2,1e-3,1e-4) and keep the run with the best "
-                   "validation mAP (Cole et al.'s per-method search)")
+    p.add_argument("--grid", metavar="NAME=V1,V2,...", action="append", help="train each method and seed once "
+                   "per value of a training option (e.g. linear-init-lr=1e-2,1e-3,1e-4; repeat for several options: "
+                   "every combination) and keep the run with the best validation mAP (Cole et al.'s per-method "
+                   "search over batch size x learning rate)")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for spec in methods:
@@ -335,11 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_start is not None and any(a.startswith(("--weights", "--reset-head")) for a in train_args):
         p.error("--warm-start sets --weights and --reset-head itself; leave them out of the training arguments")
     grid = None
-    if args.grid is not None:
+    if args.grid:
         try:
-            grid = parse_grid(args.grid, train_args)
+            grid = [parse_grid(spec, train_args) for spec in args.grid]
         except ValueError as exc:
             p.error(str(exc))
+        if len({name for name, _ in grid}) < len(grid):
+            p.error("--grid names one option twice")
     results: dict[str, list[dict[str, Any]]] = {}
     failed = []
     try:
@@ -354,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                 if grid is None:
                     summary = run_one(method, seed, args.data, args.runs_dir, seed_args)
                 else:
-                    summary = best_of_grid(method, seed, args.data, args.runs_dir, seed_args, *grid)
+                    summary = best_of_grid(method, seed, args.data, args.runs_dir, seed_args, grid)
                 if summary is None:
                     failed.append(f"{method}-seed{seed}")
                 else:

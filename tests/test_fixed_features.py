@@ -134,10 +134,17 @@ def test_head_mode_refuses_what_needs_images_or_feature_maps(squares_csv: Path, 
 
 
 def test_head_bias_starts_at_the_label_prior(squares_csv: Path, tmp_path: Path) -> None:
-    trainer = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior", head_bias="prior", method="epr",
-                           hp={"k": "1.5"}))
-    torch.testing.assert_close(trainer.model.head.bias, torch.full((4,), math.log(1.5 / 4 / (1 - 1.5 / 4))))
-    unknown = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior-an", head_bias="prior"))  # an: no k
-    torch.testing.assert_close(unknown.model.head.bias, torch.full((4,), math.log(1 / 4 / (1 - 1 / 4))))
+    def logit(p: float) -> float:
+        return math.log(p / (1 - p))
+
+    given = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior", head_bias="prior", method="epr",
+                         hp={"k": "1.5"}))  # the run's own k
+    torch.testing.assert_close(given.model.head.bias, torch.full((4,), logit(1.5 / 4)))
+    full = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior-an", head_bias="prior"))  # an: no k of its own
+    k = float(full.splits.train.labels.sum(1).mean())  # the training labels are full: their mean
+    assert 1.2 < k < 1.8
+    torch.testing.assert_close(full.model.head.bias, torch.full((4,), logit(k / 4)))
+    partial = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior-partial", head_bias="prior", labels="partial"))
+    torch.testing.assert_close(partial.model.head.bias, torch.full((4,), logit(1 / 4)))  # observed per image
     default = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="default", head_bias="default"))
-    assert not torch.allclose(default.model.head.bias, unknown.model.head.bias)
+    assert default.model.head.bias.std() > 0.01  # PyTorch's uniform initialisation

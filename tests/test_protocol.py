@@ -18,7 +18,7 @@ from train.data.protocol import (
     split_train_val,
 )
 from train.data.registry import load_dataset
-from train.data.types import DataError, DatasetSplits, LabelledImages
+from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 
 WEIGHTS = FIXTURES / "coco_weights.json"
 BIASES = {"size": "single:size", "loc": "single:location", "semantic": f"single:empirical?weights={WEIGHTS}"}
@@ -76,7 +76,8 @@ def test_negatives_partial_and_full() -> None:
 @pytest.mark.parametrize(("text", "canonical"), [
     ("single", "single"), ("SINGLE?pos=1&neg=0&val=clean", "single"), ("single:uniform?neg=all", "single?neg=all"),
     ("single?val=observed&neg=2&pos=3", "single?pos=3&neg=2&val=observed"), ("single:loc", "single:location"),
-    ("single:size?val=observed", "single:size?val=observed"), ("partial:0.50", "partial:0.5"), ("full", "full"),
+    ("single:size?val=observed", "single:size?val=observed"), ("partial:0.50", "partial:0.5"), ("full", "all"),
+    ("all", "all"), ("auto", "auto"),
     (f"single:semantic?weights={WEIGHTS}", f"single:empirical?weights={WEIGHTS}"),
 ])
 def test_parse_observed_round_trips(text: str, canonical: str) -> None:
@@ -85,8 +86,8 @@ def test_parse_observed_round_trips(text: str, canonical: str) -> None:
 
 
 @pytest.mark.parametrize(("bad", "fragment"), [
-    ("partial:0", "partial:R"), ("partial:1.5", "partial:R"), ("partial:x", "partial:R"), ("some", "use single"),
-    ("", "use single"), ("single:shape", "unknown variant 'shape'"), ("single?neg=-2", "neg= takes a number"),
+    ("partial:0", "partial:R"), ("partial:1.5", "partial:R"), ("partial:x", "partial:R"), ("some", "use auto, single"),
+    ("", "use auto, single"), ("single:shape", "unknown variant 'shape'"), ("single?neg=-2", "neg= takes a number"),
     ("single?pos=x", "pos= takes"), ("single?colour=red", "unknown option 'colour'"),
     ("single:size?neg=1", "pos= and neg= apply to single:uniform only"), ("single:empirical", "needs weights=FILE"),
     ("single?weights=w.json", "weights= applies to single:empirical"), ("full?val=observed", "--method bce"),
@@ -112,7 +113,7 @@ def _splits(n: int = 100, explicit_val: bool = False) -> DatasetSplits:
     images = LabelledImages([Path(f"/x/{i}.jpg") for i in range(n)], y, classes)
     val = LabelledImages([Path(f"/v/{i}.jpg") for i in range(10)], _labels(10, 5, 3), classes) if explicit_val else None
     test = LabelledImages([Path(f"/t/{i}.jpg") for i in range(20)], _labels(20, 5, 1), classes)
-    return DatasetSplits("toy", "toy:", classes, images, test=test, val=val)
+    return DatasetSplits("toy", "toy:", classes, images, test=test, val=val, complete_splits=ALL_SPLITS)
 
 
 def test_build_protocol_samples_the_pool_then_splits_and_scores_val_clean_or_observed() -> None:
@@ -124,7 +125,7 @@ def test_build_protocol_samples_the_pool_then_splits_and_scores_val_clean_or_obs
     np.testing.assert_array_equal(p.train_observed, pool_obs[tr])
     np.testing.assert_array_equal(p.val_observed, pool_obs[va])
     np.testing.assert_array_equal(p.val.labels, ds.train.labels[va])  # val=clean: the full labels
-    assert p.fingerprint == build_protocol(_splits(), ObservedSpec("full")).fingerprint
+    assert p.fingerprint == build_protocol(_splits(), ObservedSpec("all")).fingerprint
     observed_val = build_protocol(ds, parse_observed("single?neg=2&val=observed"))
     assert observed_val.val.paths == p.val.paths and (observed_val.val.labels.sum(1) == 1).all()
     np.testing.assert_array_equal(observed_val.val.labels, observed_val.val_observed == 1)

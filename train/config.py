@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
-from train.data.label_regime import DECLARABLE, parse_declared
+from train.data.label_regime import DECLARABLE, parse_declarations
 from train.data.protocol import PROTOCOL_SEED, parse_observed
 from train.methods import BASELINE, METHODS, get_method, method_names
 from train.methods.base import paper_settings_for
@@ -37,7 +37,7 @@ class TrainConfig:
     """Every setting of a training run (saved as the run's config.json; ``--resume`` reloads it)."""
 
     data: str = "builtin"
-    observed: str = "single"
+    observed: str = "auto"
     val_fraction: float = 0.2
     protocol_seed: int = PROTOCOL_SEED
     labels: str = "auto"
@@ -146,14 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "Clip Art Library, Debian package openclipart-svg), "
                    "formatted:DIR[?image-root=PATH&dataset=voc|coco|nus|cub&resample] (the seeds' formatted_*.npy "
                    f"files; see docs/datasets.md) or a path (auto-detected). Default: {d.data}")
-    g.add_argument("--observed", help="training labels (quote values with ? or &): single (one positive per image "
-                   "drawn uniformly with --protocol-seed: the papers' protocol, identical to the seeds' "
+    g.add_argument("--observed", help="training labels (quote values with ? or &): auto (single on a benchmark "
+                   "whose labels are complete, all on your own csv:/folder: data, whose labels are used as given); "
+                   "single (one positive per image drawn uniformly with --protocol-seed: the papers' protocol, "
+                   "identical to the seeds' "
                    "generate_observed_labels.py; a formatted folder's own formatted_train_labels_obs.npy when it has "
                    "one); single?pos=N&neg=M (N positives and M observed negatives per image, 'all' for every one; "
                    "negatives train only --method iu); single:size|location (the label-bias protocols: the kept "
                    "positive drawn by object area or nearness to the image centre; COCO and the built-in data); "
-                   "single:empirical?weights=FILE (by per-class weights); full (every label: the clean-training "
-                   "oracle, the reference's train_set_variant='clean'); partial:R (each positive kept with "
+                   "single:empirical?weights=FILE (by per-class weights); all (every label of the data: your "
+                   "labels as given; on a benchmark the clean-training oracle, the reference's "
+                   "train_set_variant='clean'; 'full' is accepted for it); partial:R (each positive kept with "
                    "probability R); or FILE: a run folder's observed.npz (the observed labels, train/val split and "
                    "val labels of that run) or a .npy matrix with one row per training-pool image (e.g. a "
                    "formatted_train_labels_obs.npy). Add val=observed to score the validation split with its "
@@ -163,12 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--val-fraction", type=float, help=f"share of train held out as val. Default: {d.val_fraction}")
     g.add_argument("--protocol-seed", type=int, help="seed of label sampling and the split, the same for every "
                    f"method. Default: {d.protocol_seed}")
-    g.add_argument("--labels", choices=DECLARABLE, help="what the labels of every split are: auto (detected per "
-                   "split: at most one positive per image = single-positive, else full), full (complete, e.g. a "
-                   "multi-class set where one label per image is all there is), single-positive, or partial (some "
-                   "positives missing). Figures that need full labels (F1, mAP, label recovery) are computed only on "
-                   "splits with full labels and read 'n/a (no full labels)' elsewhere; the oracle methods need full "
-                   f"training labels. Default: {d.labels}")
+    g.add_argument("--labels", metavar="REGIME|SPLIT=REGIME,...", help="what the labels are, for every split or per "
+                   f"split (test=full): {', '.join(DECLARABLE)}. auto (detected per split: at most one positive per "
+                   "image = single-positive; several = full on a benchmark whose labels are complete, partial on your "
+                   "own data), full (complete, e.g. a multi-class set where one label per image is all there is, or "
+                   "a test split you labelled completely), single-positive, or partial (some positives missing). "
+                   "Figures that need full labels (F1, mAP, label recovery) are computed only on splits with full "
+                   "labels and read 'n/a (no full labels)' elsewhere; the oracle methods need full training labels. "
+                   f"Default: {d.labels}")
     g.add_argument("--select", choices=SELECT_CHOICES, help="how the best epoch is chosen on the validation split: "
                    "auto (val_mAP where val has full labels, else an-loss), val_mAP (the papers'), or a criterion "
                    "for single-positive val labels: an-loss (the assume-negative loss of the observed val labels; "
@@ -256,8 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"Default: {d.scheduler}")
     g.add_argument("--amp", choices=["auto", "off", "bf16", "fp16"], help="mixed precision (auto: bf16 on "
                    "CUDA GPUs that support it, else fp16; off on CPU)")
-    g.add_argument("--channels-last", choices=["auto", "on", "off"], help="channels_last memory format "
-                   "(auto: on for CUDA)")
+    g.add_argument("--channels-last", choices=["auto", "on", "off"], help="channels_last memory format (auto: on for "
+                   "CUDA, and on the CPU for timm backbones, where it measured faster)")
     g.add_argument("--ema", type=float, help="EMA decay of the weights, e.g. 0.999 (0 = off). Val picks the "
                    "better of the raw and EMA weights each epoch")
     g.add_argument("--clip-grad", type=float, help="max gradient norm (0 = off)")
@@ -355,7 +360,7 @@ def parse_crop(text: str, arch: str) -> float:
 def validate(cfg: TrainConfig) -> None:
     """Raise ``ValueError`` with a readable message for inconsistent settings."""
     parse_observed(cfg.observed)
-    parse_declared(cfg.labels)
+    parse_declarations(cfg.labels)
     checks = [
         (cfg.select in SELECT_CHOICES, f"--select must be one of {', '.join(SELECT_CHOICES)}"),
         (cfg.epochs >= 1 or (cfg.epochs == 0 and cfg.linear_init >= 1),

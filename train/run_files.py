@@ -1,4 +1,4 @@
-"""The text files of a run folder - config.json, metrics.jsonl, summary.json and the protocol file - each written
+"""The files of a run folder - config.json, metrics.jsonl, summary.json, scores.npz and the protocol file - each written
 atomically (``models.atomic_files``): a kill leaves a file's previous content or its new one, never half of it.
 
 metrics.jsonl grows by one line per epoch; each append rewrites the (small) file into a temporary file and renames
@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from models.atomic_files import atomic_path, atomic_write_text
 from train.data.observed_file import OBSERVED_FILE, sha256_of
-from train.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from train.runs import CONFIG_FILE, METRICS_FILE, SCORES_FILE, SUMMARY_FILE
 
 
 class RunFiles:
@@ -30,6 +32,12 @@ class RunFiles:
     def write_summary(self, summary: dict[str, Any]) -> None:
         """summary.json."""
         self._write_json(SUMMARY_FILE, summary)
+
+    def write_scores(self, arrays: dict[str, np.ndarray]) -> None:
+        """scores.npz: the best checkpoint's logits and labels per split (``val_logits``, ``val_labels``, ...)."""
+        if self.writer:
+            with atomic_path(self.run_dir / SCORES_FILE, suffix=".npz") as tmp:
+                np.savez_compressed(tmp, **arrays)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Add one epoch's line to metrics.jsonl."""

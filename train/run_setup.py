@@ -66,6 +66,17 @@ def resolve_precision(amp: str, device: torch.device) -> Precision:
     return Precision(torch.bfloat16 if amp == "bf16" else torch.float16, device.type)
 
 
+def use_channels_last(setting: str, device: torch.device, arch: str) -> bool:
+    """``--channels-last``: ``on``/``off``, or ``auto``: on CUDA, and on the CPU for timm backbones (Lite0 trained
+    1.85-1.9x faster with it on 2 CPU cores; ResNet-18 0.9x at 64 px, 1.18x at 224 px: off for the ResNets;
+    bench/README.md, training throughput)."""
+    if setting != "auto":
+        return setting == "on"
+    from models.backbones import family_of
+
+    return device.type == "cuda" or family_of(arch).name != "torchvision"
+
+
 def resolve_head(head: str, method: type[Method]) -> str:
     """The classifier head to build: ``auto`` -> the method's required head, else ``linear``; an explicit head
     that the method cannot train with is a ``ValueError``."""
@@ -123,7 +134,7 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     dataset = load_dataset(cfg.data)
     splits = build_protocol(dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed, cfg.labels)
     if current_world().is_main:
-        if cfg.observed.strip().lower() == "single" and splits.observed.kind == "given":
+        if cfg.observed.strip().lower() in ("single", "auto") and splits.observed.kind == "given":
             print(f"observed labels: the dataset's own {splits.observed.path} (not sampled; add ?resample to the "
                   "--data spec to sample them with --protocol-seed)")
         elif parse_observed(cfg.observed).kind == "file":
@@ -210,17 +221,33 @@ def run_preprocessing(cfg: TrainConfig) -> EvalTransform:
     return EvalTransform(cfg.image_size, config.mean, config.std, config.interpolation, cfg.crop)
 
 
-def initialise_head_bias(model: MultiLabelNet, cfg: TrainConfig, report: list[str],
-                         expected_positives: ExpectedPositives | None, splits: ProtocolSplits) -> str:
-    """Set the new head's bias as ``cfg.head_bias`` says (``prior``: logit(k / C) for every class, k the expected
-    positives per image when the run knows it - published, given, full labels, audit - else the observed positives
-    per training image); a head loaded from ``--weights`` keeps its own. Returns what was done (for the log)."""
+def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, dataset_name: str,
+                    expected_positives: ExpectedPositives | None) -> tuple[float, str]:
+    """k for the head's prior bias, and where it came from: the run's own k when it is known (not estimated),
+    else the full training (validation) labels' mean, an audit list, the published k of the dataset family, and
+    finally the observed positives per training image (what single-positive data shows)."""
+    if expected_positives is not None and expected_positives.source != "estimated":
+        return expected_positives.k, expected_positives.source
+    from train.methods import METHODS
+
+    published = next((preset_for(m, dataset_name)["k"] for m in METHODS.values()
+                      if m.uses_expected_positives and "k" in preset_for(m, dataset_name)), None)
+    full = splits.train.labels if splits.train_labels_full else (
+        splits.val.labels if splits.has_full_labels("val") else None)
+    audit = load_audit(cfg.audit, list(splits.classes)).labels if cfg.audit else None
+    if published is None and full is None and audit is None:
+        return float((splits.train_observed == 1).sum(1).mean()), "observed positives per image"
+    k = resolve_k(published=published, full_labels=full, audit_labels=audit)
+    return k.k, k.source
+
+
+def initialise_head_bias(model: MultiLabelNet, cfg: TrainConfig, report: list[str], k: float, source: str) -> str:
+    """Set the new head's bias as ``cfg.head_bias`` says (``prior``: logit(k / C) for every class, ``k`` from
+    :func:`prior_positives`); a head loaded from ``--weights`` keeps its own. Returns what was done."""
     if cfg.head_bias != "prior" or any("head loaded" in line for line in report):
         return "default"
-    known = expected_positives is not None and expected_positives.source != "estimated"
-    k = expected_positives.k if known and expected_positives is not None else float(
-        (splits.train_observed == 1).sum(1).mean())
-    value = prior_logit(k, len(splits.classes))
+    classes = model.head.class_bias.numel() if hasattr(model.head, "class_bias") else model.head.bias.numel()
+    value = prior_logit(k, classes)
     model.set_head_bias(value)
-    report.append(f"head bias: {value:.3f} = logit({k:.2f} / {len(splits.classes)}), the label prior")
+    report.append(f"head bias: {value:.3f} = logit({k:.2f} / {classes}), the label prior ({source})")
     return "prior"

@@ -17,6 +17,7 @@ LAST = "last.pt"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+SCORES_FILE = "scores.npz"  # the best checkpoint's val and test logits with their labels (threshold studies)
 
 
 def list_runs(runs_dir: Path | None = None) -> list[Path]:

@@ -48,11 +48,13 @@ from train.run_setup import (
     load_run_data,
     log,
     make_run_name,
+    prior_positives,
     resolve_expected_positives,
     resolve_head,
     resolve_precision,
     run_preprocessing,
     seed_everything,
+    use_channels_last,
 )
 from train.runs import BEST, LAST
 from train.selection import Assessment, BestSoFar, Candidate, assess, figure, pick, resolve_criterion
@@ -68,7 +70,7 @@ class Trainer:
         self.world, self.device = init_world(cfg.device, cfg.sync_bn)
         self.progress = cfg.progress and self.world.is_main
         self.precision = resolve_precision(cfg.amp, self.device)
-        self.channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and self.device.type == "cuda")
+        self.channels_last = use_channels_last(cfg.channels_last, self.device, cfg.arch)
         seed_everything(cfg.seed)
 
         self.data = load_run_data(cfg)
@@ -103,8 +105,9 @@ class Trainer:
         self.expected_positives = resolve_expected_positives(method_cls, cfg, self.splits, self.dataset.name)
         self.method = build_method(method_cls, self.hparams, cfg, self.splits, self.dataset.name, self.total_epochs,
                                    self.model.num_features, self.device, self.expected_positives)
-        self.head_bias = "loaded" if resume else initialise_head_bias(self.model, cfg, self.weights_report,
-                                                                          self.expected_positives, self.splits)
+        if not resume:
+            k, source = prior_positives(cfg, self.splits, self.dataset.name, self.expected_positives)
+            initialise_head_bias(self.model, cfg, self.weights_report, k, source)
 
         self.transform = run_preprocessing(cfg)
         self.predictor = Predictor(self.transform, self.device, self.precision.autocast, self.channels_last,
@@ -481,11 +484,15 @@ class Trainer:
         model.load_state_dict(best.model)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        metrics: dict[str, Any] = {"val": self.evaluate(model, self.val_loader, "val (best)").metrics}
+        assessments = {"val": self.evaluate(model, self.val_loader, "val (best)")}
         if self.splits.test is not None:
             test_loader = self.predictor.eval_loader(self.splits.test)
-            metrics["test"] = self.evaluate(model, test_loader, "test (best)", "test").metrics
-        else:
+            assessments["test"] = self.evaluate(model, test_loader, "test (best)", "test")
+        metrics: dict[str, Any] = {split: a.metrics for split, a in assessments.items()}
+        self.files.write_scores({f"{split}_{kind}": value for split, a in assessments.items()
+                                 for kind, value in (("logits", a.logits), ("labels", a.labels))
+                                 if value is not None})
+        if self.splits.test is None:
             log("no test split in this dataset: reporting validation metrics only")
         if self.splits.train_has_full_labels:
             # Cole et al.'s label recovery: how well the model ranks the training set's hidden labels

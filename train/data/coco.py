@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from train.data.csv_format import emit_note
-from train.data.types import AnnotatedObject, DataError, DatasetSplits, LabelledImages, ObjectTable
+from train.data.types import ALL_SPLITS, AnnotatedObject, DataError, DatasetSplits, LabelledImages, ObjectTable
 
 __all__ = ["coco_objects", "find_coco_year", "load_coco"]
 
@@ -234,4 +234,5 @@ def load_coco(root: Path, reference: bool = False) -> DatasetSplits:
         val=None,
         notes=notes,
         train_objects=lambda: coco_objects(train_path, train_ids, train_cats),
+        complete_splits=ALL_SPLITS,
     )

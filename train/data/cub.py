@@ -31,7 +31,7 @@ from tqdm import tqdm
 from train.data.csv_format import emit_note
 from train.data.file_scan import scan_files
 from train.data.text_files import iter_lines, read_table
-from train.data.types import DataError, DatasetSplits, LabelledImages
+from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 
 __all__ = ["CUB_FOLDER", "find_cub_dir", "load_cub"]
 
@@ -206,4 +206,5 @@ def load_cub(root: Path) -> DatasetSplits:
         test=everything.subset(test_rows) if test_rows else None,
         val=None,
         notes=notes,
+        complete_splits=ALL_SPLITS,
     )

@@ -36,7 +36,7 @@ from train.data.coco import coco_objects
 from train.data.csv_format import CLASSES_FILENAME, emit_note, read_classes_file
 from train.data.known_classes import FAMILY_CLASSES, detect_family
 from train.data.spec_options import split_spec_options
-from train.data.types import DataError, DatasetSplits, LabelledImages, ObjectTable
+from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages, ObjectTable
 
 __all__ = ["FORMATTED_FILES", "OBSERVED_NPY", "formatted_dataset_name", "is_formatted_dir", "load_formatted",
            "load_label_matrix"]
@@ -204,7 +204,7 @@ def load_formatted(argument: str) -> DatasetSplits:
     query = argument.partition("?")[2]
     source = f"{spec}?{query}" if query else spec  # absolute: export finds the images again from any folder
     splits = DatasetSplits(name=family or root.name, source=source, classes=classes, train=train,
-                           test=test, notes=notes)
+                           test=test, notes=notes, complete_splits=ALL_SPLITS)
     observed_path = root / OBSERVED_NPY
     if observed_path.is_file() and "resample" not in options:
         observed = load_label_matrix(observed_path, len(train_raw), allowed=(-1, 0, 1))

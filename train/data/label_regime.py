@@ -1,22 +1,24 @@
 """The label regime of each split: full, single-positive or partial, detected from the label matrix or declared.
 
-The package's benchmarks know every label and hide most of them; a user's own data (a CSV with one label per row,
-one folder per class) has one label per image in every split. What can be computed depends on which:
+The package's benchmarks know every label and hide most of them; a user's own data (a CSV, one folder per class)
+has one or a few labels per image, as someone gave them, in every split. What can be computed depends on which:
 the figures that need full labels (F1 at a threshold, label recovery, mAP as a measure of quality) are only
 meaningful on a split whose labels are full.
 
-Rule (:func:`detect_regime`):
+Rule (:func:`detect_regime`), per split:
 
 * ``single-positive``: no image of the split has more than one positive (images with none are allowed, as
   unlabelled images). A one-label-per-image matrix cannot tell a single-positive annotation from a complete
   multi-class one; the package's premise is the former, so it is the default. Declare ``full`` when every image
   really has exactly one class.
-* ``full``: some image has two or more positives and nothing says otherwise.
-* ``partial``: only when declared: several positives per image, but not all of them (each kept with some
-  probability, PU-MLC's setting). A matrix cannot reveal missing positives, so this is never detected.
+* ``full``: some image has two or more positives AND the dataset says its labels are complete: a benchmark whose
+  loader declares the split complete (``DatasetSplits.complete_splits``: the built-in data, VOC, COCO, CUB,
+  NUS-WIDE, the seeds' formatted files, the clip art's keywords), or the user's declaration.
+* ``partial``: several positives on some image, but nothing says all of them are there: a user's own data (a
+  class-per-folder tree with some images in two folders, a CSV) unless declared ``full``; or declared.
 
-``declared`` is ``auto`` (detect) or one of the regimes; a declaration that the matrix contradicts
-(``single-positive`` with an image of two positives) is a ``ValueError``.
+``declared`` is ``auto`` (detect) or one of the regimes, for every split or per split (``--labels test=full``); a
+declaration that the matrix contradicts (``single-positive`` with an image of two positives) is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ __all__ = [
     "DECLARABLE",
     "NOT_AVAILABLE",
     "REGIMES",
+    "SPLITS",
     "LabelRegime",
     "describe_regimes",
     "detect_regime",
     "detect_regimes",
+    "parse_declarations",
     "parse_declared",
 ]
 
@@ -82,8 +86,31 @@ def parse_declared(text: str) -> str:
     return _ALIASES[word]
 
 
-def detect_regime(labels: np.ndarray, split: str, declared: str = "auto") -> LabelRegime:
-    """The :class:`LabelRegime` of one split's 0/1 label matrix ``labels`` (N, C) (module docstring rule)."""
+SPLITS = ("train", "val", "test")
+
+
+def parse_declarations(text: str) -> dict[str, str]:
+    """``--labels``: one regime for every split (``full``), or ``SPLIT=REGIME`` pairs separated by commas
+    (``test=full`` or ``train=partial,test=full``; the splits not named: ``auto``) -> the declared regime of each
+    of train, val and test. A bad word or split is a ``ValueError``."""
+    text = text.strip()
+    if "=" not in text:
+        word = parse_declared(text)
+        return dict.fromkeys(SPLITS, word)
+    out = dict.fromkeys(SPLITS, "auto")
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        split, _, word = part.partition("=")
+        split = split.strip().lower()
+        if split not in SPLITS:
+            raise ValueError(f"--labels {text!r}: unknown split {split!r} (use {', '.join(SPLITS)})")
+        out[split] = parse_declared(word)
+    return out
+
+
+def detect_regime(labels: np.ndarray, split: str, declared: str = "auto", complete: bool = True) -> LabelRegime:
+    """The :class:`LabelRegime` of one split's 0/1 label matrix ``labels`` (N, C) (module docstring rule);
+    ``complete``: the dataset says the split's labels are its complete annotation (else several labels on an image
+    make it ``partial``, not ``full``)."""
     matrix = np.asarray(labels)
     if matrix.ndim != 2:
         raise ValueError(f"{split} labels must be a 2-D (N, C) matrix, got shape {matrix.shape}")
@@ -92,7 +119,7 @@ def detect_regime(labels: np.ndarray, split: str, declared: str = "auto") -> Lab
     mean = float(per_image.mean()) if len(per_image) else 0.0
     kind = parse_declared(declared)
     if kind == "auto":
-        kind, source = (SINGLE if most <= 1 else FULL), "detected"
+        kind, source = (SINGLE if most <= 1 else FULL if complete else PARTIAL), "detected"
     else:
         source = "declared"
         if kind == SINGLE and most > 1:
@@ -100,13 +127,16 @@ def detect_regime(labels: np.ndarray, split: str, declared: str = "auto") -> Lab
     return LabelRegime(split, kind, source, len(per_image), mean, most)
 
 
-def detect_regimes(labels_by_split: dict[str, np.ndarray | None], declared: str = "auto") -> dict[str, LabelRegime]:
-    """:func:`detect_regime` of every split present (``None`` or empty splits are left out), in the given order.
-    Give each split's labels as the dataset provides them (``ProtocolSplits.train.labels``, ``val.labels``,
-    ``test.labels``), not the observed labels the protocol sampled from them. This is what a run prints at its
-    start (:func:`describe_regimes`) and saves in config.json (``{split: regime.to_dict()}``)."""
-    return {split: detect_regime(labels, split, declared) for split, labels in labels_by_split.items()
-            if labels is not None and len(labels) > 0}
+def detect_regimes(labels_by_split: dict[str, np.ndarray | None], declared: str = "auto",
+                   complete: tuple[str, ...] = SPLITS) -> dict[str, LabelRegime]:
+    """:func:`detect_regime` of every split present (``None`` or empty splits are left out), in the given order;
+    ``declared`` as ``--labels`` takes it (:func:`parse_declarations`), ``complete`` the splits the dataset says
+    are complete. Give each split's labels as the dataset provides them (``ProtocolSplits.train.labels``,
+    ``val.labels``, ``test.labels``), not the observed labels the protocol sampled from them. This is what a run
+    prints at its start (:func:`describe_regimes`) and saves in config.json (``{split: regime.to_dict()}``)."""
+    words = parse_declarations(declared)
+    return {split: detect_regime(labels, split, words.get(split, "auto"), split in complete)
+            for split, labels in labels_by_split.items() if labels is not None and len(labels) > 0}
 
 
 def describe_regimes(regimes: dict[str, LabelRegime]) -> str:

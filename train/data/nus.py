@@ -28,7 +28,7 @@ from train.data.csv_format import emit_note
 from train.data.file_scan import scan_files
 from train.data.spec_options import split_spec_options
 from train.data.text_files import read_lines
-from train.data.types import DataError, DatasetSplits, LabelledImages
+from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 
 __all__ = ["NUS_OPTIONS", "is_nus_dir", "load_nus", "load_nus_spec", "relative_image_path"]
 
@@ -161,6 +161,7 @@ def load_nus(root: Path, image_root: Path | None = None, keep_unlabelled: bool =
         test=test if len(test) else None,
         val=None,
         notes=notes,
+        complete_splits=ALL_SPLITS,
     )
 
 

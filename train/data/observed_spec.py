@@ -1,9 +1,15 @@
 """The ``--observed`` syntax: how the training labels (and optionally the validation labels) are observed.
 
+    auto                               (the default: single on a benchmark, all on your own data)
     single[:uniform|size|location|empirical][?pos=N&neg=M&weights=FILE&val=clean|observed]
-    full
+    all                                (every label the data gives; "full" is accepted for it)
     partial:R[?val=clean|observed]
     FILE[?val=clean|observed]          (a .npy matrix; a run's observed.npz carries its own val labels)
+
+``auto`` is resolved once the dataset is loaded (train/data/protocol.py, :func:`resolve_observed`): a benchmark
+whose loader declares its training labels complete gets the papers' ``single``; a user's own data (``csv:``,
+``folder:``) gets ``all``: its labels, one or several per image as someone gave them, are the observed labels, and
+nothing is drawn unless asked with ``single``.
 
 Options use the dataset specs' syntax (train/data/spec_options.py). ``single`` alone is what every published run
 uses: one positive per image drawn uniformly, no negative (the seeds' ``generate_observed_labels.py`` defaults).
@@ -27,7 +33,7 @@ __all__ = ["SINGLE_VARIANTS", "VAL_LABELS", "ObservedSpec", "parse_observed"]
 SINGLE_VARIANTS = ("uniform", "size", "location", "empirical")
 _ALIASES = {"loc": "location", "semantic": "empirical"}  # the reference's --bias-type names
 VAL_LABELS = ("clean", "observed")
-_USAGE = ("use single[:uniform|size|location|empirical][?pos=N&neg=M&weights=FILE&val=clean|observed], full, "
+_USAGE = ("use auto, single[:uniform|size|location|empirical][?pos=N&neg=M&weights=FILE&val=clean|observed], all, "
           "partial:R[?val=...] with 0 < R <= 1, or an existing protocol FILE (a run's observed.npz, or a "
           "formatted_train_labels_obs.npy)")
 
@@ -36,8 +42,9 @@ _USAGE = ("use single[:uniform|size|location|empirical][?pos=N&neg=M&weights=FIL
 class ObservedSpec:
     """How labels are observed.
 
-    ``kind``: ``single`` (``variant`` draws the kept positive; ``num_pos`` / ``num_neg`` positives / negatives
-    per image for ``uniform``, -1 = all; ``weights`` the class-weights file of ``empirical``), ``full``,
+    ``kind``: ``auto`` (resolved with the dataset), ``single`` (``variant`` draws the kept positive; ``num_pos`` /
+    ``num_neg`` positives / negatives per image for ``uniform``, -1 = all; ``weights`` the class-weights file of
+    ``empirical``), ``all`` (every label as given; on a benchmark, the clean-training oracle),
     ``partial`` (each positive kept with probability ``rate``), ``file`` (read from ``path``: a protocol file or
     a pool-aligned .npy) or ``given`` (shipped with the data; ``path`` names the file). ``val``: ``clean`` or
     ``observed`` validation labels.
@@ -99,8 +106,8 @@ def _with_options(spec: ObservedSpec, options: dict[str, str], original: str, ch
     if val not in VAL_LABELS:
         raise ValueError(f"invalid --observed {original!r}: val= takes clean or observed, got {val!r}")
     spec = replace(spec, val=val)
-    if spec.kind == "full" and val == "observed":
-        raise ValueError(f"invalid --observed {original!r}: full observes every label, so its val labels are the "
+    if spec.kind == "all" and val == "observed":
+        raise ValueError(f"invalid --observed {original!r}: all observes every label, so its val labels are the "
                          "clean ones; for the reference's clean-training oracle selected on single-positive val "
                          "labels use --method bce --observed 'single?val=observed'")
     if spec.kind != "single":
@@ -151,8 +158,10 @@ def parse_observed(text: str, check_files: bool = True) -> ObservedSpec:
             raise ValueError(f"invalid --observed {text!r}: unknown variant {argument!r} (single:"
                              f"{'|'.join(SINGLE_VARIANTS)})")
         return _with_options(ObservedSpec("single", variant=variant), options, text, check_files)
-    if kind == "full" and not argument:
-        return _with_options(ObservedSpec("full"), options, text, check_files)
+    if kind in ("all", "full") and not argument:
+        return _with_options(ObservedSpec("all"), options, text, check_files)
+    if kind == "auto" and not argument:
+        return _with_options(ObservedSpec("auto"), options, text, check_files)
     if kind == "partial":
         try:
             rate = float(argument)

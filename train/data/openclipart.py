@@ -128,7 +128,7 @@ from tqdm import tqdm
 from models.atomic_files import atomic_path, atomic_write_text
 from train.data.csv_format import emit_note
 from train.data.spec_options import split_spec_options
-from train.data.types import DataError, DatasetSplits, LabelledImages
+from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 
 __all__ = [
     "ARTIFACT_PATTERNS",
@@ -954,6 +954,9 @@ def load_openclipart(root: Path | str | None = None, view: str = "keywords", min
         name="openclipart-folders" if view == "folders" else "openclipart", source=source, classes=classes,
         train=parts["train"], val=parts["val"] if len(parts["val"]) else None,
         test=parts["test"] if len(parts["test"]) else None,
+        # the keywords are the uploaders' complete annotation of the benchmark; the folder view's train and val
+        # labels are one folder each, as a user's own data (only its test keeps the keyword labels)
+        complete_splits=("test",) if view == "folders" else ALL_SPLITS,
     )
     for note in notes:
         emit_note(splits.notes, note)

@@ -25,12 +25,12 @@ import numpy as np
 
 from train.data.formatted import load_label_matrix
 from train.data.label_bias import bias_weights
-from train.data.label_regime import LabelRegime, detect_regimes, parse_declared
+from train.data.label_regime import LabelRegime, detect_regimes, parse_declarations
 from train.data.observed_file import ProtocolRecord, image_root, read_protocol_file, relative_paths
 from train.data.observed_spec import ObservedSpec, parse_observed
 from train.data.sampling import observe_partial, observe_uniform, observe_weighted
 from train.data.spec_options import split_spec_options
-from train.data.types import DataError, DatasetSplits, LabelledImages
+from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 
 __all__ = ["PROTOCOL_SEED", "ObservedSpec", "ProtocolSplits", "build_protocol", "dataset_fingerprint",
            "parse_observed", "protocol_record", "sample_observed", "split_train_val"]
@@ -46,10 +46,10 @@ def sample_observed(labels: np.ndarray, spec: ObservedSpec, seed: int = PROTOCOL
     ``single``: ``spec.num_pos`` positives and ``spec.num_neg`` negatives per image drawn uniformly as the
     reference does (``observe_uniform``), or one positive drawn by a label-bias ``spec.variant`` from the
     dataset ``splits`` (its objects or class weights; ``labels`` must then be ``splits.train.labels``).
-    ``partial``: each positive kept with probability ``rate`` (PU-MLC's setting). ``full``: the labels.
+    ``partial``: each positive kept with probability ``rate`` (PU-MLC's setting). ``all``: the labels.
     """
     labels = np.asarray(labels)
-    if spec.kind == "full":
+    if spec.kind == "all":
         return (labels == 1).astype(np.int8)
     if spec.kind == "partial":
         return observe_partial(labels, spec.rate, seed)
@@ -61,6 +61,15 @@ def sample_observed(labels: np.ndarray, spec: ObservedSpec, seed: int = PROTOCOL
         raise ValueError(f"--observed {spec} needs the dataset (its objects or classes), not only its labels")
     weights = bias_weights(spec.variant, splits, spec.weights)
     return observe_weighted(labels, weights, seed, uniform_if_equal=spec.variant == "empirical")
+
+
+def resolve_observed(observed: ObservedSpec, splits: DatasetSplits) -> ObservedSpec:
+    """``--observed auto``: the papers' protocol (``single``: one positive drawn per image) on a dataset whose training
+    labels are complete (a benchmark), the labels as given (``all``) on a user's own data; other specs unchanged."""
+    if observed.kind != "auto":
+        return observed
+    kind = "single" if "train" in splits.complete_splits else "all"
+    return replace(observed, kind=kind)
 
 
 def split_train_val(n: int, val_fraction: float = 0.2, seed: int = PROTOCOL_SEED) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +95,8 @@ class ProtocolSplits:
     fingerprint: str
     seed: int = PROTOCOL_SEED  # the protocol seed that sampled the labels and drew the split
     val_observed: np.ndarray | None = None  # (N_val, C) int8 observed labels of the val images (None: unknown)
-    declared_labels: str = "auto"  # the label regime the user declared for every split (--labels), or auto
+    declared_labels: str = "auto"  # the label regimes the user declared (--labels: for every split or per split)
+    complete_splits: tuple[str, ...] = ALL_SPLITS  # the splits the dataset says are complete (DatasetSplits)
 
     @cached_property
     def regimes(self) -> dict[str, LabelRegime]:
@@ -94,7 +104,7 @@ class ProtocolSplits:
         val: what it is scored with): full, single-positive or partial (train/data/label_regime.py)."""
         parts = {"train": self.train.labels, "val": self.val.labels,
                  "test": self.test.labels if self.test is not None else None}
-        return detect_regimes(parts, self.declared_labels)
+        return detect_regimes(parts, self.declared_labels, self.complete_splits)
 
     def has_full_labels(self, split: str) -> bool:
         """Whether ``split`` (train, val or test) has full labels: figures that need them are computed on it."""
@@ -164,7 +174,7 @@ def _split_pool(
     pool = splits.train
     if splits.val is not None and len(splits.val) > 0:
         train, train_obs, val = pool, pool_observed, splits.val
-        samplable = observed.kind in ("single", "partial", "full") and (
+        samplable = observed.kind in ("single", "partial", "all") and (
             observed.kind != "single" or observed.variant in ("uniform", "empirical"))
         if samplable:
             explicit = replace(splits, train=splits.val, train_observed=None, train_objects=None)
@@ -252,7 +262,9 @@ def build_protocol(
     held out as val (unless the dataset has an explicit val split). A protocol file fixes labels, split and val
     labels together. ``labels`` declares the label regime of every split (``auto``: detected per split;
     train/data/label_regime.py); a declaration the labels contradict is a ``ValueError``."""
-    protocol = replace(_build_protocol(splits, observed, val_fraction, seed), declared_labels=parse_declared(labels))
+    parse_declarations(labels)  # a bad --labels value fails here
+    protocol = replace(_build_protocol(splits, resolve_observed(observed, splits), val_fraction, seed),
+                       declared_labels=labels.strip(), complete_splits=tuple(splits.complete_splits))
     protocol.regimes  # noqa: B018  (detected now: a contradicted declaration fails before any training)
     return protocol
 

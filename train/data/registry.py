@@ -22,7 +22,7 @@ from train.data.formatted import formatted_dataset_name, is_formatted_dir, load_
 from train.data.nus import is_nus_dir, load_nus_spec
 from train.data.openclipart import load_openclipart_spec, openclipart_dataset_name
 from train.data.spec_options import split_spec_options
-from train.data.types import DataError, DatasetSplits, ObjectTable
+from train.data.types import ALL_SPLITS, DataError, DatasetSplits, ObjectTable
 from train.data.voc import find_voc_dirs, load_voc
 
 __all__ = ["DATASET_KINDS", "describe_kinds", "detect_kind", "load_dataset", "parse_builtin_argument",
@@ -64,6 +64,7 @@ def _load_builtin(argument: str) -> DatasetSplits:
         return builtin_objects(preset, seed, train)
 
     splits.train_objects = objects
+    splits.complete_splits = ALL_SPLITS  # procedural: every label is known
     return splits
 
 

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+#: ``complete_splits`` of a benchmark whose annotation is the ground truth of every split
+ALL_SPLITS = ("train", "val", "test")
+
 
 class DataError(ValueError):
     """Bad dataset input. The message always names the offending file (and line, where there is one)."""
@@ -87,6 +90,7 @@ class DatasetSplits:
     observed labels the dataset ships (the seeds' ``formatted_train_labels_obs.npy``), used instead of sampling.
     ``train_objects``: for datasets that know their objects (COCO instances, the built-in scenes), a function
     returning the :class:`ObjectTable` of ``train``'s rows (called only by the label-bias protocols).
+    ``complete_splits``: the splits whose labels are complete (declared by the loader, see below).
     """
 
     name: str
@@ -101,3 +105,7 @@ class DatasetSplits:
     train_observed: np.ndarray | None = None
     observed_source: str = ""
     train_objects: Callable[[], ObjectTable] | None = None
+    # The splits whose labels are the complete annotation (a benchmark's ground truth: every positive is there). A
+    # user's own data (csv:, folder:) has none: its labels are taken as given, single-positive or partial
+    # (train/data/label_regime.py), and its training labels are observed as they are (--observed auto).
+    complete_splits: tuple[str, ...] = ()

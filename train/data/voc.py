@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from train.data.csv_format import emit_note, unknown_class_message
-from train.data.types import DataError, DatasetSplits, LabelledImages
+from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 
 __all__ = ["VOC_CLASSES", "find_voc_dir", "find_voc_dirs", "load_voc"]
 
@@ -201,4 +201,5 @@ def load_voc(root: Path) -> DatasetSplits:
         test=test,
         val=None,
         notes=notes,
+        complete_splits=ALL_SPLITS,
     )
