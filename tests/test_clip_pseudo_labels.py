@@ -29,7 +29,7 @@ from train.pseudo_labels.clip_scores import (
     view_cosines,
 )
 from train.pseudo_labels.crops import aggregate_views, grid_boxes
-from train.pseudo_labels.spec import AEVLP, VLPL, PseudoLabelSpec
+from train.pseudo_labels.spec import IMAGE_AND_GRID, WHOLE_IMAGE, PseudoLabelSpec
 from train.pseudo_labels.store import FILE_NAME, read
 from train.trainer import Trainer
 
@@ -61,7 +61,7 @@ def test_vlpl_scores_and_pseudo_labels_equal_the_reference(tmp_path: Path) -> No
     assert prompts == [str(p) for p in ref["prompts"]]
     text = text_features(clip, prompts, CPU)
     for s, (temperature, threshold) in enumerate(ref["settings"]):
-        spec = PseudoLabelSpec(kind=VLPL, clip="x", prompt="{}", temperature=float(temperature),
+        spec = PseudoLabelSpec(kind=WHOLE_IMAGE, clip="x", prompt="{}", temperature=float(temperature),
                                threshold=float(threshold), pre_resize=448)
         scores, readable = score_images(clip, text, spec, paths, range(len(paths)), CPU, 3, 0, False)
         assert readable.all()
@@ -79,7 +79,7 @@ def test_aevlp_crops_scores_and_pseudo_labels_equal_the_reference(tmp_path: Path
     clip = tiny(tmp_path, 224, 32, int(ref["clip_seed"]))
     classes = [str(c) for c in ref["classes"]]
     text = text_features(clip, class_prompts(classes, "a photo of a {}."), CPU)
-    spec = PseudoLabelSpec(kind=AEVLP, clip="x", prompt="a photo of a {}.", temperature=cfg["temp"],
+    spec = PseudoLabelSpec(kind=IMAGE_AND_GRID, clip="x", prompt="a photo of a {}.", temperature=cfg["temp"],
                            threshold=cfg["threshold"], grid_size=cfg["grid_size"], top_k=cfg["top_k"], eta=cfg["eta"],
                            negative_ratio=cfg["negative_ratio"])
     views = 1 + cfg["grid_size"] ** 2
@@ -170,13 +170,13 @@ def test_the_run_stores_reuses_and_checks_its_pseudo_labels(squares_csv: Path, t
     assert "pseudo-positives beyond the observed labels" in err and "per image" in err
     assert "precision" in err and "against the full training labels" in err
     stored = read(tmp_path / "first" / FILE_NAME)
-    assert stored.settings["kind"] == AEVLP and stored.settings["prompt"] == "a photo of a {}."
+    assert stored.settings["kind"] == IMAGE_AND_GRID and stored.settings["prompt"] == "a photo of a {}."
     assert stored.settings["grid_size"] == 4 and stored.settings["threshold"] == 0.5
     assert first.pseudo_labels is not None and first.pseudo_labels.file.extra["precision"] is not None
     assert len(stored.paths) == len(first.splits.train) == stored.positives.shape[0]
     np.testing.assert_array_equal(stored.positives, first.pseudo_labels.positives)
     np.testing.assert_array_equal(first.method.pseudo_positives.numpy(), first.pseudo_labels.positives)
-    assert first._config_record()["resolved"]["pseudo_labels"]["kind"] == AEVLP
+    assert first._config_record()["resolved"]["pseudo_labels"]["kind"] == IMAGE_AND_GRID
 
     # another run reads the file: no CLIP at all (the default ViT-B-16 would fail the availability check offline)
     second = Trainer(_cfg(tmp_path, squares_csv, name="second", clip="",
@@ -198,7 +198,7 @@ def test_the_run_stores_reuses_and_checks_its_pseudo_labels(squares_csv: Path, t
     with pytest.raises(ValueError, match="other settings"):
         Trainer(_cfg(tmp_path, squares_csv, name="other-grid", hp={"grid_size": "2"},
                      pseudo_labels=str(tmp_path / "first" / FILE_NAME)))
-    with pytest.raises(ValueError, match="needs vlpl scores"):
+    with pytest.raises(ValueError, match="needs whole-image scores"):
         Trainer(_cfg(tmp_path, squares_csv, name="other-kind", method="vlpl",
                      pseudo_labels=str(tmp_path / "first" / FILE_NAME)))
     with pytest.raises(ValueError, match="--clip ViT-B-16:openai here"):

@@ -62,7 +62,7 @@ from train.methods.base import (
 from train.methods.epr import EXPECTED_POSITIVES
 from train.methods.gr_loss import GR_LOG_EPSILON, GeneralizedRobustLoss, GrLossHparams, gr_unobserved_loss, gr_weights
 from train.methods.vlpl import take_pseudo_positives
-from train.pseudo_labels.spec import AEVLP, PseudoLabelSpec
+from train.pseudo_labels.spec import IMAGE_AND_GRID, PseudoLabelSpec
 
 AEVLP_CLIP = "ViT-B-16:openai"  # configs/*.json: clip_model ViT-B/16, clip_weight openai
 AEVLP_PROMPT = "a photo of a {}."  # PromptLearner: ctx_init + " " + name + "."
@@ -140,9 +140,10 @@ class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
     @classmethod
     def pseudo_label_spec(cls, hparams: MethodHparams) -> PseudoLabelSpec:
         assert isinstance(hparams, AevlpHparams)
-        return PseudoLabelSpec(kind=AEVLP, clip=AEVLP_CLIP, prompt=AEVLP_PROMPT, temperature=hparams.temperature,
-                               threshold=hparams.threshold, grid_size=hparams.grid_size, top_k=hparams.top_k,
-                               eta=hparams.eta, negative_ratio=hparams.negative_ratio)
+        return PseudoLabelSpec(kind=IMAGE_AND_GRID, clip=AEVLP_CLIP, prompt=AEVLP_PROMPT,
+                               temperature=hparams.temperature, threshold=hparams.threshold,
+                               grid_size=hparams.grid_size, top_k=hparams.top_k, eta=hparams.eta,
+                               negative_ratio=hparams.negative_ratio)
 
     def expected_positives(self) -> float:
         """k of the regulariser: ``--hp k`` or the preset's, else the run's."""

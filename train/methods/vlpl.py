@@ -50,7 +50,7 @@ from train.methods.base import (
     register,
 )
 from train.methods.em import EmHparams, entropy
-from train.pseudo_labels.spec import VLPL, PseudoLabelSpec
+from train.pseudo_labels.spec import WHOLE_IMAGE, PseudoLabelSpec
 
 VLPL_CLIP = "ViT-L-14-336:openai"  # openai/clip-vit-large-patch14-336 of the reference, in open_clip's names
 VLPL_PROMPT = "{}"
@@ -114,7 +114,7 @@ class VisionLanguagePseudoLabels(Method):
     @classmethod
     def pseudo_label_spec(cls, hparams: MethodHparams) -> PseudoLabelSpec:
         assert isinstance(hparams, VlplHparams)
-        return PseudoLabelSpec(kind=VLPL, clip=VLPL_CLIP, prompt=VLPL_PROMPT, temperature=hparams.temperature,
+        return PseudoLabelSpec(kind=WHOLE_IMAGE, clip=VLPL_CLIP, prompt=VLPL_PROMPT, temperature=hparams.temperature,
                                threshold=hparams.threshold, pre_resize=VLPL_PRE_RESIZE)
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:

@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from models.preprocess import to_rgb
 from train.pseudo_labels.crops import IMAGENET_MEAN, IMAGENET_STD, aevlp_views, aggregate_views, clip_input
-from train.pseudo_labels.spec import AEVLP, VLPL, PseudoLabelSpec
+from train.pseudo_labels.spec import IMAGE_AND_GRID, WHOLE_IMAGE, PseudoLabelSpec
 
 RANDOM_INIT = "none"
 HF_WEIGHTS = "open_clip_pytorch_model.bin"  # open_clip's file name on the hub when its config names none
@@ -196,8 +196,9 @@ def check_available(choice: ClipChoice, method: str) -> None:
         f"{method} trains on pseudo-labels from CLIP {choice}, whose weights are not in the local cache and cannot "
         f"be downloaded here ({reason}). Either run once where {host} can be reached (the weights are downloaded "
         "once into the Hugging Face cache), or compute the pseudo-labels on a machine that can and pass the file: "
-        "every vlpl/aevlp run writes RUN/pseudo_labels.npz, which --pseudo-labels FILE reads (same dataset; it is "
-        "checked to cover this run's training images). --clip MODEL:FILE takes weights from a file instead")
+        "every run of a method with pseudo-labels writes RUN/pseudo_labels.npz, which --pseudo-labels FILE reads "
+        "(same dataset; it is checked to cover this run's training images). --clip MODEL:FILE takes weights from a "
+        "file instead")
 
 
 @dataclass
@@ -262,14 +263,14 @@ def vlpl_view(image: Image.Image, pre_resize: int, size: tuple[int, int]) -> tor
 
 def image_views(spec: PseudoLabelSpec, image: Image.Image, size: tuple[int, int]) -> torch.Tensor:
     """The CLIP inputs of one decoded image for ``spec``: ``(V, 3, H, W)``, V = 1 (vlpl) or 1 + g^2 (aevlp)."""
-    if spec.kind == VLPL:
+    if spec.kind == WHOLE_IMAGE:
         return vlpl_view(image, spec.pre_resize, size)
     return aevlp_views(image, spec.grid_size, size)
 
 
 def view_count(spec: PseudoLabelSpec) -> int:
     """Views per image: 1 (vlpl) or 1 + grid^2 (aevlp)."""
-    return 1 + spec.grid_size ** 2 if spec.kind == AEVLP else 1
+    return 1 + spec.grid_size ** 2 if spec.kind == IMAGE_AND_GRID else 1
 
 
 class _Views(Dataset[tuple[int, torch.Tensor, bool]]):
@@ -314,7 +315,7 @@ def score_images(clip: ClipModel, text: torch.Tensor, spec: PseudoLabelSpec, pat
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_collate)
     c = text.shape[0]
     position = {row: i for i, row in enumerate(rows)}
-    names = ("global",) if spec.kind == VLPL else ("global", "crop_max", "crop_min", "crop_mean")
+    names = ("global",) if spec.kind == WHOLE_IMAGE else ("global", "crop_max", "crop_min", "crop_mean")
     out = {name: np.zeros((len(rows), c), dtype=np.float32) for name in names}
     readable = np.zeros(len(rows), dtype=bool)
     bar = tqdm(total=len(rows), desc=f"CLIP {clip.choice} ({spec.kind} pseudo-labels)", disable=not progress,
@@ -323,7 +324,7 @@ def score_images(clip: ClipModel, text: torch.Tensor, spec: PseudoLabelSpec, pat
         b, v = views.shape[:2]
         cosines = view_cosines(clip, views.flatten(0, 1).to(device), text)
         scores = F.softmax(cosines / spec.temperature, dim=-1).reshape(b, v, c)
-        parts = {"global": scores[:, 0]} if spec.kind == VLPL else aggregate_views(scores)
+        parts = {"global": scores[:, 0]} if spec.kind == WHOLE_IMAGE else aggregate_views(scores)
         where = [position[r] for r in batch_rows]
         for name in names:
             out[name][where] = parts[name].cpu().numpy()

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-VLPL, AEVLP = "vlpl", "aevlp"
-KINDS = (VLPL, AEVLP)
+# the kinds of scoring: VLPL's (the whole image) and AEVLP's (the whole image and a grid of crops)
+WHOLE_IMAGE, IMAGE_AND_GRID = "whole-image", "image-and-grid"
+KINDS = (WHOLE_IMAGE, IMAGE_AND_GRID)
 
 # The scoring settings: a stored file's scores are reused only when these are equal. The others (thresholds,
 # top-k, eta, negative ratio) only select pseudo-positives from the scores and are applied again at every load.
@@ -21,9 +22,10 @@ SELECTION_FIELDS = ("threshold", "top_k", "eta", "negative_ratio")
 class PseudoLabelSpec:
     """The pseudo-labelling of one method, from its hyperparameters.
 
-    - ``kind``: ``vlpl`` (the whole image, resized to ``pre_resize`` px, then to CLIP's input size; a class is a
-      pseudo-positive where its temperature softmax over the classes exceeds ``threshold``) or ``aevlp`` (the whole
-      image and a ``grid_size`` x ``grid_size`` grid of crops; train/pseudo_labels/crops.py);
+    - ``kind``: ``whole-image`` (VLPL's: the whole image, resized to ``pre_resize`` px, then to CLIP's input size; a
+      class is a pseudo-positive where its temperature softmax over the classes exceeds ``threshold``) or
+      ``image-and-grid`` (AEVLP's: the whole image and a ``grid_size`` x ``grid_size`` grid of crops;
+      train/pseudo_labels/crops.py);
     - ``clip``: the default CLIP model, ``MODEL:PRETRAINED`` in open_clip's names (``--clip`` replaces it);
     - ``prompt``: the default prompt template, ``{}`` standing for the class name (``--clip-prompt``);
     - ``temperature``: of the softmax over the classes of the cosine similarities;
@@ -50,8 +52,10 @@ class PseudoLabelSpec:
             raise ValueError(f"the CLIP softmax temperature must be > 0, got {self.temperature}")
         if "{}" not in self.prompt:
             raise ValueError(f"the prompt template must hold {{}} for the class name, got {self.prompt!r}")
-        if self.kind == AEVLP and not (self.grid_size >= 1 and self.top_k >= 1 and 0 <= self.negative_ratio < 1):
-            raise ValueError(f"aevlp needs grid_size >= 1, top_k >= 1 and 0 <= negative_ratio < 1, got {self}")
+        grid_ok = self.grid_size >= 1 and self.top_k >= 1 and 0 <= self.negative_ratio < 1
+        if self.kind == IMAGE_AND_GRID and not grid_ok:
+            raise ValueError(f"{IMAGE_AND_GRID} pseudo-labels need grid_size >= 1, top_k >= 1 and "
+                             f"0 <= negative_ratio < 1, got {self}")
 
     def scoring(self) -> dict[str, Any]:
         """The settings that the stored scores depend on."""

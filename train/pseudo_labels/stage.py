@@ -44,7 +44,7 @@ from train.pseudo_labels.clip_scores import (
     text_features,
 )
 from train.pseudo_labels.crops import select_aevlp
-from train.pseudo_labels.spec import VLPL, PseudoLabelSpec
+from train.pseudo_labels.spec import WHOLE_IMAGE, PseudoLabelSpec
 from train.pseudo_labels.store import (
     FILE_NAME,
     PseudoLabelFile,
@@ -130,7 +130,7 @@ def select_positives(spec: PseudoLabelSpec, scores: dict[str, np.ndarray], reada
     """The pseudo-positives ``(N, C)`` bool of ``spec`` from the scores: VLPL's softmax score above the threshold,
     or AEVLP's selection (:func:`~train.pseudo_labels.crops.select_aevlp`, which reads the observed positives);
     none for an unreadable image."""
-    if spec.kind == VLPL:
+    if spec.kind == WHOLE_IMAGE:
         mask = (torch.from_numpy(np.asarray(scores["global"], dtype=np.float32)) > spec.threshold).numpy()
     else:
         mask = select_aevlp(scores, np.asarray(observed) == 1, spec.top_k, spec.threshold, spec.eta,
@@ -211,7 +211,7 @@ def prepare_pseudo_labels(plan: PseudoLabelPlan, splits: ProtocolSplits, dataset
     paths = run_image_paths(dataset, splits)
     classes = list(splits.classes)
     if plan.source == COMPUTE:
-        views = 1 + plan.spec.grid_size ** 2 if plan.spec.kind != VLPL else 1
+        views = 1 + plan.spec.grid_size ** 2 if plan.spec.kind != WHOLE_IMAGE else 1
         log(f"pseudo-labels: scoring {len(paths):,} training images ({views} view(s) each) with CLIP {plan.clip}")
         content = _compute(plan, splits, paths, cfg, device)
         origin = "computed"

@@ -2,16 +2,17 @@
 
 An ``.npz`` archive (``np.load(path)`` reads it; no pickles) with:
 
-- ``format``: ``"spml-pseudo-labels/1"``; ``settings``: JSON text - the pseudo-labelling ``kind`` (vlpl or
-  aevlp), the ``clip`` model (``MODEL:PRETRAINED``), the ``prompt`` template, the scoring settings
-  (``temperature``, ``pre_resize``, ``grid_size``) and CLIP's input size, the selection settings that made
-  ``positives`` (``threshold``, ``top_k``, ``eta``, ``negative_ratio``), ``observed_sha256`` (of the observed label
-  matrix they were selected with) and ``images_sha256`` (of the image list);
+- ``format``: ``"spml-pseudo-labels/1"``; ``settings``: JSON text - the pseudo-labelling ``kind``
+  (``whole-image``: VLPL's; ``image-and-grid``: AEVLP's), the ``clip`` model (``MODEL:PRETRAINED``), the ``prompt``
+  template, the scoring settings (``temperature``, ``pre_resize``, ``grid_size``) and CLIP's input size, the
+  selection settings that made ``positives`` (``threshold``, ``top_k``, ``eta``, ``negative_ratio``),
+  ``observed_sha256`` (of the observed label matrix they were selected with) and ``images_sha256`` (of the image
+  list);
 - ``classes`` (C,) and ``prompts`` (C,): the class names and the texts CLIP read;
 - ``paths`` (N,): the images, relative to the dataset's image root (as ``observed.npz`` names them);
-- the scores (N, C) float32: ``global`` (the whole image's softmax over the classes) and for aevlp ``crop_max``,
-  ``crop_min``, ``crop_mean`` (over the grid of crops); ``readable`` (N,) bool (an unreadable image has zero
-  scores and no pseudo-positive);
+- the scores (N, C) float32: ``global`` (the whole image's softmax over the classes) and, for ``image-and-grid``,
+  ``crop_max``, ``crop_min``, ``crop_mean`` (over the grid of crops); ``readable`` (N,) bool (an unreadable image
+  has zero scores and no pseudo-positive);
 - ``positives`` (N, C) bool: the pseudo-positives as selected when the file was written.
 
 A run reads a file's scores for its own training images (found by path: the file may hold more images, in any
