@@ -1,17 +1,20 @@
-"""Regenerate tests/data/large_loss/*.npz, tests/data/boostlu/*.npz and tests/data/gr_loss/*.npz by running the
-authors' own code.
+"""Regenerate tests/data/large_loss/*.npz, tests/data/boostlu/*.npz, tests/data/gr_loss/*.npz and tests/data/vlp/*.npz
+by running the authors' own code.
 
 Not part of the test suite (nothing here is imported by a test). Needs checkouts of the reference repositories
 at the commits named in tests/data/README.md; their modules are imported from there, never copied:
 
     python tests/data/make_reference_fixtures.py --large-loss PATH/LargeLossMatters \\
-        --bridge-gap PATH/BridgeGapExplanationPAMC --gr-loss PATH/GRLoss
+        --bridge-gap PATH/BridgeGapExplanationPAMC --gr-loss PATH/GRLoss --vlpl PATH/VLPL --aevlp PATH/AEVLP
 
 Each group is written when its checkouts are given (``--large-loss`` and ``--bridge-gap`` together: Large Loss
-and BoostLU; ``--gr-loss``: GR-Loss). Inputs are fabricated (seeded); every stored value is an output of the
-reference code (``losses.compute_batch_loss`` of both Large Loss repositories, ``models.ImageClassifier.forward``
-of the BoostLU one; GRLoss's ``losses.GR_loss`` with ``models.KFunction`` / ``models.VFunction``, and its
-``train.run_train`` loop with stand-ins for the data, the network and the metrics).
+and BoostLU; ``--gr-loss``: GR-Loss; ``--vlpl``, ``--aevlp``: the CLIP pseudo-labels and losses of VLPL and
+AEVLP). Inputs are fabricated (seeded); every stored value is an output of the reference code
+(``losses.compute_batch_loss`` of both Large Loss repositories, ``models.ImageClassifier.forward`` of the BoostLU
+one; GRLoss's ``losses.GR_loss`` with ``models.KFunction`` / ``models.VFunction``, and its ``train.run_train`` loop
+with stand-ins for the data, the network and the metrics; VLPL's ``main_clip.run_train_phase`` and
+``losses.compute_batch_loss``; AEVLP's ``train.run_train``, ``utils.get_pseudo_labels`` and ``losses.GPR_loss``, with
+the seeded tiny CLIP of tests/tiny_clip.py in place of the real one).
 """
 
 from __future__ import annotations
