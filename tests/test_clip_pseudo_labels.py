@@ -6,6 +6,7 @@ The CLIP is tests/tiny_clip.py's seeded one-layer model: no real weights are nee
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def test_aevlp_crops_scores_and_pseudo_labels_equal_the_reference(tmp_path: Path
             np.testing.assert_array_equal(ref["step_observed"][step][j], ref["observed"][i])
         np.testing.assert_array_equal(positives[index], ref["step_pseudo"][step] == 1)
     assert positives.any()
+    if config == "varied":  # the "negative pseudo-labels" clear some pseudo-positives: they are 0, not -1
+        unclear = stage.select_positives(dataclasses.replace(spec, negative_ratio=0.0), scores, readable,
+                                         ref["observed"])
+        assert unclear.sum() > positives.sum() and not (positives & ~unclear).any()
 
 
 def test_aevlp_aggregates_and_grid_follow_the_reference_layout() -> None:
