@@ -163,18 +163,16 @@ def check_available(choice: ClipChoice, method: str) -> None:
     """Raise :class:`ClipUnavailable` (a one-line ``ValueError``) unless the weights of ``choice`` are random, a
     file, cached, or downloadable now (``HF_HUB_OFFLINE`` unset and the download host reachable within a few
     seconds); a ``ValueError`` for a tag open_clip does not know."""
-    if choice.pretrained == RANDOM_INIT:
-        return
+    import open_clip
+
     if choice.schema == "local-dir":
         if not Path(choice.model.split(":", 1)[1]).expanduser().is_dir():
             raise ValueError(f"--clip {choice}: no such folder")
         return
-    if choice.pretrained and Path(choice.pretrained).expanduser().is_file():
-        return
-    import open_clip
-
     if not choice.schema and choice.model not in open_clip.list_models():
         raise ValueError(f"--clip {choice}: open_clip has no model {choice.model!r} (open_clip.list_models())")
+    if choice.pretrained == RANDOM_INIT or (choice.pretrained and Path(choice.pretrained).expanduser().is_file()):
+        return
     cfg: dict[str, Any] = {"hf_hub": choice.model.split(":", 1)[1] + "/"} if choice.schema else _pretrained_cfg(choice)
     if not cfg:
         tags = ", ".join(open_clip.list_pretrained_tags_by_model(choice.model)) or "none"
@@ -223,8 +221,11 @@ def load_clip(choice: ClipChoice, device: torch.device) -> ClipModel:
         pretrained = str(file) if file.is_file() else choice.pretrained
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = open_clip.create_model(choice.model, pretrained=pretrained, device=device,
-                                       force_quick_gelu=bool(cfg.get("quick_gelu", False)))
+        try:
+            model = open_clip.create_model(choice.model, pretrained=pretrained, device=device,
+                                           force_quick_gelu=bool(cfg.get("quick_gelu", False)))
+        except RuntimeError as exc:  # open_clip's download and loading errors
+            raise ValueError(f"--clip {choice}: could not load the CLIP model ({exc})") from exc
     model.eval()
     size = model.visual.image_size
     size = (int(size[0]), int(size[1])) if isinstance(size, (tuple, list)) else (int(size), int(size))
