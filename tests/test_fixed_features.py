@@ -13,6 +13,7 @@ import pytest
 import torch
 from interrupt import interrupt_after_saves
 from PIL import Image
+from tiny_clip import save_tiny_clip
 
 from models import load_checkpoint
 from models.network import MultiLabelNet
@@ -37,7 +38,9 @@ def test_every_method_trains_on_a_timm_backbone(squares_csv: Path, tmp_path: Pat
     matrix, the oracles; then BoostLU on the timm feature map."""
     for method in sorted(METHODS):
         observed = "single?neg=3" if METHODS[method].uses_observed_negatives else "single"
-        summary = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name=method, method=method, observed=observed)).fit()
+        clip = save_tiny_clip(tmp_path / "clip") if METHODS[method].uses_pseudo_labels else ""  # vlpl, aevlp
+        summary = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name=method, method=method, observed=observed,
+                               clip=clip)).fit()
         assert 0 < summary["test"]["mAP"] <= 100, method
         meta = load_checkpoint(tmp_path / method / "best.pt").meta
         assert meta.arch == TIMM and not meta.lgconv and meta.interpolation == "bicubic", method

@@ -38,9 +38,14 @@ def mean_matrix(fn: Callable[[float, int], float]) -> float:
     return sum(vals) / len(vals)
 
 
+PSEUDO = [[0, 0, 1, 0], [1, 1, 0, 0]]  # CLIP's pseudo-positives (vlpl, aevlp); one on an observed positive
+
+
 def ctx(num_train: int = 2, k: float = 2.0, epochs: int = 3) -> MethodContext:
     return MethodContext(num_classes=4, num_train=num_train, train_observed=torch.tensor(OBSERVED, dtype=torch.float),
-                         expected_positives=k, epochs=epochs)
+                         expected_positives=k, epochs=epochs,
+                         pseudo_positives=torch.tensor(PSEUDO, dtype=torch.bool).repeat(num_train // 2 + 1, 1)[
+                             :num_train])
 
 
 def batch(full: bool = False) -> dict[str, torch.Tensor]:

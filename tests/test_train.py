@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from interrupt import interrupt_after_saves
+from tiny_clip import save_tiny_clip
 
 from models import load_checkpoint
 from train import training_step
@@ -133,8 +134,9 @@ def test_every_method_trains_end_to_end(squares_csv: Path, tmp_path: Path, monke
 
     monkeypatch.setattr(training_step, "method_step", spy)
     observed = "single?neg=3" if METHODS[method].uses_observed_negatives else "single"  # iu trains on negatives
+    clip = save_tiny_clip(tmp_path / "clip") if METHODS[method].uses_pseudo_labels else ""  # vlpl, aevlp
     summary = Trainer(_cfg(tmp_path, data=f"csv:{squares_csv}", name=method, method=method, epochs=1,
-                           observed=observed)).fit()
+                           observed=observed, clip=clip)).fit()
     assert 0 < summary["test"]["mAP"] <= 100
     assert batch_keys and all(("full" in keys) == METHODS[method].trains_on_full_labels for keys in batch_keys)
     best = load_checkpoint(tmp_path / method / "best.pt")

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
@@ -45,6 +46,10 @@ class TrainConfig:
     audit: str = ""
     method: str = BASELINE  # AN, the method every comparison starts from
     hp: dict[str, str] = field(default_factory=dict)
+    clip: str = ""  # CLIP of the pseudo-labels (MODEL[:PRETRAINED], open_clip names); "": the method's own
+    clip_prompt: str = ""  # prompt template with {} for the class name; "": the method's own
+    clip_batch_size: int = 16  # images per CLIP call of the pseudo-label pass
+    pseudo_labels: str = ""  # a pseudo_labels.npz to read instead of running CLIP
     arch: str = AUTO  # train.model_defaults: tf_efficientnet_lite0 on real images, resnet18 on the built-in shapes
     weights: str = AUTO  # imagenet on real images, none on the built-in shapes
     reset_head: bool = False
@@ -98,7 +103,7 @@ HEAD_EPOCHS = 25  # --epochs of --trainable head when not given (Cole et al.'s l
 
 # Settings that belong to the machine running a run, not to what the run is: --resume may change them, and
 # bench.methods ignores them when it checks that an existing run folder matches its command.
-MACHINE_FIELDS = ("device", "workers", "progress", "sync_bn")
+MACHINE_FIELDS = ("device", "workers", "progress", "sync_bn", "clip_batch_size")
 
 # Presets: named bundles of defaults; explicit flags still win.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -190,6 +195,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
                    help="set a method hyperparameter (repeatable); a tuple comma-separated, e.g. "
                    "--hp beta=0,10,-2,-8")
+    clip_methods = ", ".join(name for name in method_names() if METHODS[name].uses_pseudo_labels) or "none"
+    g.add_argument("--clip", metavar="MODEL[:PRETRAINED]", help=f"the CLIP model whose pseudo-labels {clip_methods} "
+                   "train on, in open_clip's names (ViT-B-16:openai, ViT-L-14-336:openai; MODEL:FILE for weights "
+                   "on disk). The weights are downloaded once; without network and cache the run stops before "
+                   "training and says what to do. Default: the method's published model")
+    g.add_argument("--clip-prompt", metavar="TEMPLATE", help="prompt per class, {} standing for the class name "
+                   "(e.g. 'a photo of a {}.'). Default: the method's")
+    g.add_argument("--clip-batch-size", type=int, help=f"images per CLIP call of the pseudo-label pass. Default: "
+                   f"{d.clip_batch_size}")
+    g.add_argument("--pseudo-labels", metavar="FILE", help="read the CLIP pseudo-labels from FILE (the "
+                   "pseudo_labels.npz another run of the method wrote, e.g. on a machine with network) instead of "
+                   "running CLIP; checked to cover this run's training images. Every such run writes its own "
+                   "RUN/pseudo_labels.npz, which --resume reuses")
     g = p.add_argument_group("model")
     g.add_argument("--arch", help="backbone: resnet18, resnet34, resnet50, resnet101 (torchvision's, the seeds'; "
                    "LgConv available) or any timm model name, e.g. tf_efficientnet_lite0, convnext_tiny, "
@@ -322,6 +340,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         cfg.crop = parse_crop(str(crop), cfg.arch)
     validate(cfg)
     cfg.observed = parse_observed(cfg.observed).argument()  # files absolute, so that --resume finds them
+    if cfg.pseudo_labels:
+        cfg.pseudo_labels = str(Path(cfg.pseudo_labels).expanduser().resolve())
     return cfg
 
 
@@ -389,6 +409,8 @@ def validate(cfg: TrainConfig) -> None:
          "training end to end; with --trainable head every epoch is already on fixed features"),
         (0.0 < cfg.crop <= 1.0, "--crop must be in (0, 1]"),
         (cfg.head_bias in HEAD_BIAS_CHOICES, f"--head-bias must be one of {', '.join(HEAD_BIAS_CHOICES)}"),
+        (cfg.clip_batch_size >= 1, "--clip-batch-size must be >= 1"),
+        (not cfg.clip_prompt or "{}" in cfg.clip_prompt, "--clip-prompt must hold {} where the class name goes"),
     ]
     for ok, message in checks:
         if not ok:

@@ -118,6 +118,16 @@ def broadcast_object(value: Any) -> Any:
     return box[0]
 
 
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's ``value`` in rank order, on every rank (``[value]`` in one process)."""
+    world = current_world()
+    if not world.distributed:
+        return [value]
+    out: list[Any] = [None] * world.size
+    dist.all_gather_object(out, value)
+    return out
+
+
 def per_rank_batch(global_batch: int, world: World) -> int:
     """The per-process batch for a global ``--batch-size``; a ``ValueError`` unless it divides evenly."""
     if global_batch % world.size:

@@ -197,9 +197,11 @@ def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch
 
 def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig, splits: ProtocolSplits,
                  dataset_name: str, total_epochs: int, feature_width: int, device: torch.device,
-                 expected_positives: ExpectedPositives | None) -> Method:
+                 expected_positives: ExpectedPositives | None,
+                 pseudo_positives: np.ndarray | None = None) -> Method:
     """``method`` built for this run's training set, on ``device``: it knows the observed training labels, never
-    the annotated ones, and ``expected_positives`` (k, :func:`resolve_expected_positives`) when it uses it."""
+    the annotated ones, ``expected_positives`` (k, :func:`resolve_expected_positives`) when it uses it, and the
+    CLIP ``pseudo_positives`` (``train.pseudo_labels``) when it trains on them."""
     ctx = MethodContext(
         num_classes=len(splits.classes),
         num_train=len(splits.train),
@@ -210,6 +212,7 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
         batch_size=cfg.batch_size,
         feature_width=feature_width,
         linear_init_epochs=cfg.linear_init,
+        pseudo_positives=None if pseudo_positives is None else torch.from_numpy(np.asarray(pseudo_positives, bool)),
     )
     return method(ctx, hparams).to(device)
 

@@ -38,6 +38,8 @@ from train.fixed_features import FixedFeaturePhase, HeadOptimisation
 from train.inference import Predictor, Rows
 from train.methods import EpochEndContext, LossOutput, get_method, make_hparams
 from train.optimisation import Optimisation
+from train.pseudo_labels.stage import PseudoLabelPlan, PseudoLabels, plan_pseudo_labels, prepare_pseudo_labels
+from train.pseudo_labels.stage import describe as describe_pseudo_labels
 from train.run_files import RunFiles
 from train.run_setup import (
     build_method,
@@ -81,13 +83,20 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir else Path(cfg.runs_dir) / name
         if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise FileExistsError(f"run folder {self.run_dir} already exists and is not empty; pick another --name")
+        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
+        # where CLIP's pseudo-labels come from; a CLIP that cannot be had stops the run here, before anything trains
+        self.pseudo_plan: PseudoLabelPlan | None = None
+        if method_cls.uses_pseudo_labels:
+            self.pseudo_plan = plan_pseudo_labels(method_cls, self.hparams, cfg, self.run_dir, resume,
+                                                  self.splits.train_observed)
+        elif cfg.clip or cfg.clip_prompt or cfg.pseudo_labels:
+            log(f"note: --clip, --clip-prompt and --pseudo-labels are ignored: {cfg.method} trains on no pseudo-labels")
         barrier()  # every rank has checked the folder before rank 0 writes into it
         if self.world.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.files = RunFiles(self.run_dir, writer=self.world.is_main)
         self.resumed = resume
 
-        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
         head = resolve_head(cfg.head, method_cls)
         warning = lem_token_warning(head, cfg.image_size)
         if warning:
@@ -103,8 +112,15 @@ class Trainer:
         self.stage_plan = method_cls.stage_epochs(self.hparams, end_to_end) if end_to_end else [0]
         self.total_epochs = self.feature_epochs + sum(self.stage_plan)
         self.expected_positives = resolve_expected_positives(method_cls, cfg, self.splits, self.dataset.name)
+        self.pseudo_labels: PseudoLabels | None = None
+        if self.pseudo_plan is not None:  # read, reused or computed with CLIP (train.pseudo_labels)
+            self.pseudo_labels = prepare_pseudo_labels(self.pseudo_plan, self.splits, self.dataset, cfg,
+                                                       self.run_dir, self.device)
+            for line in describe_pseudo_labels(self.pseudo_labels):
+                log(line)
         self.method = build_method(method_cls, self.hparams, cfg, self.splits, self.dataset.name, self.total_epochs,
-                                   self.model.num_features, self.device, self.expected_positives)
+                                   self.model.num_features, self.device, self.expected_positives,
+                                   self.pseudo_labels.positives if self.pseudo_labels is not None else None)
         if not resume:
             k, source = prior_positives(cfg, self.splits, self.dataset.name, self.expected_positives)
             initialise_head_bias(self.model, cfg, self.weights_report, k, source)
@@ -422,6 +438,7 @@ class Trainer:
             "labels": {split: regime.to_dict() for split, regime in self.splits.regimes.items()},
             "selection": {"criterion": self.selection.name, "reason": self.selection.reason},
             "expected_positives": self.expected_positives.to_dict() if self.expected_positives else None,
+            "pseudo_labels": self.pseudo_labels.record() if self.pseudo_labels is not None else None,
         }}
 
     def _run_epoch(self, epoch: int) -> None:

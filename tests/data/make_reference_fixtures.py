@@ -1,23 +1,27 @@
-"""Regenerate tests/data/large_loss/*.npz, tests/data/boostlu/*.npz and tests/data/gr_loss/*.npz by running the
-authors' own code.
+"""Regenerate tests/data/large_loss/*.npz, tests/data/boostlu/*.npz, tests/data/gr_loss/*.npz and tests/data/vlp/*.npz
+by running the authors' own code.
 
 Not part of the test suite (nothing here is imported by a test). Needs checkouts of the reference repositories
 at the commits named in tests/data/README.md; their modules are imported from there, never copied:
 
     python tests/data/make_reference_fixtures.py --large-loss PATH/LargeLossMatters \\
-        --bridge-gap PATH/BridgeGapExplanationPAMC --gr-loss PATH/GRLoss
+        --bridge-gap PATH/BridgeGapExplanationPAMC --gr-loss PATH/GRLoss --vlpl PATH/VLPL --aevlp PATH/AEVLP
 
 Each group is written when its checkouts are given (``--large-loss`` and ``--bridge-gap`` together: Large Loss
-and BoostLU; ``--gr-loss``: GR-Loss). Inputs are fabricated (seeded); every stored value is an output of the
-reference code (``losses.compute_batch_loss`` of both Large Loss repositories, ``models.ImageClassifier.forward``
-of the BoostLU one; GRLoss's ``losses.GR_loss`` with ``models.KFunction`` / ``models.VFunction``, and its
-``train.run_train`` loop with stand-ins for the data, the network and the metrics).
+and BoostLU; ``--gr-loss``: GR-Loss; ``--vlpl``, ``--aevlp``: the CLIP pseudo-labels and losses of VLPL and
+AEVLP). Inputs are fabricated (seeded); every stored value is an output of the reference code
+(``losses.compute_batch_loss`` of both Large Loss repositories, ``models.ImageClassifier.forward`` of the BoostLU
+one; GRLoss's ``losses.GR_loss`` with ``models.KFunction`` / ``models.VFunction``, and its ``train.run_train`` loop
+with stand-ins for the data, the network and the metrics; VLPL's ``main_clip.run_train_phase`` and
+``losses.compute_batch_loss``; AEVLP's ``train.run_train``, ``utils.get_pseudo_labels`` and ``losses.GPR_loss``, with
+the seeded tiny CLIP of tests/tiny_clip.py in place of the real one).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import warnings
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -375,21 +379,488 @@ def gr_loss_fixtures(root: Path, seed: int = 11) -> None:
         np.savez_compressed(out_dir / f"{name}.npz", **arrays)
 
 
+# ------------------------------------------------------------------------------------------------ VLPL, AEVLP
+VLP_DIR = HERE / "vlp"
+# The fabricated images (height, width): sizes that the crop grids do not divide
+VLP_SIZES = ((37, 50), (64, 64), (90, 41), (70, 130), (33, 33), (45, 61))
+# Class names of the fabricated data; the tests check that the package's prompts say them as the references do
+VLP_CLASSES = ("dog", "potted_plant", "car", "tvmonitor", "red_square", "sky")
+VLP_SEEDS = {"vlpl": 3, "aevlp": 4}  # tiny CLIP weight seeds (tests/tiny_clip.py)
+VLPL_CLIP_SIZE, VLPL_PATCH = 336, 48  # main_clip.py resizes CLIP's input to 336 px
+AEVLP_CLIP_SIZE, AEVLP_PATCH = 224, 32  # datasets.py's tx_pl resizes every view to 224 px
+
+
+def vlp_images(seed: int = 21) -> None:
+    """``vlp/images.npz``: six smooth fabricated RGB images (gradients and rectangles), ``image0`` ... ``image5``;
+    kept when it exists (both VLPL's and AEVLP's fixtures are made from it)."""
+    if (VLP_DIR / "images.npz").is_file():
+        return
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for i, (h, w) in enumerate(VLP_SIZES):
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([(x * rng.uniform(1, 4) + y * rng.uniform(0, 3)) % 256,
+                         (y * rng.uniform(1, 5)) % 256, np.full((h, w), rng.uniform(0, 255))], axis=-1)
+        for _ in range(3):
+            top, left = int(rng.integers(0, h - 8)), int(rng.integers(0, w - 8))
+            base[top:top + int(rng.integers(4, h // 2)), left:left + int(rng.integers(4, w // 2))] = rng.uniform(
+                0, 255, 3)
+        arrays[f"image{i}"] = base.astype(np.uint8)
+    VLP_DIR.mkdir(exist_ok=True)
+    np.savez_compressed(VLP_DIR / "images.npz", **arrays)
+
+
+def _vlp_image_files(folder: Path) -> list[str]:
+    """Write the fabricated images as PNG files into ``folder``; their file names."""
+    from PIL import Image
+
+    with np.load(VLP_DIR / "images.npz") as data:
+        names = []
+        for i in range(len(VLP_SIZES)):
+            names.append(f"image{i}.png")
+            Image.fromarray(data[f"image{i}"]).save(folder / names[-1])
+    return names
+
+
+def _tiny_clip(image_size: int, patch: int, seed: int) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The seeded tiny CLIP of tests/tiny_clip.py (installed open_clip) and its state dict."""
+    import sys
+
+    import open_clip
+
+    sys.path.insert(0, str(HERE.parent))
+    try:
+        from tiny_clip import tiny_clip
+    finally:
+        sys.path.remove(str(HERE.parent))
+    name, state = tiny_clip(image_size, patch, seed)
+    model = open_clip.create_model(name)
+    model.load_state_dict(state)
+    return model.eval(), state
+
+
+def repo_modules(root: Path, names: tuple[str, ...], stubs: dict[str, ModuleType] | None = None,
+                 on_path: bool = False) -> dict[str, ModuleType]:
+    """The files ``root/NAME.py`` as modules, each registered in ``sys.modules`` under its plain name while the
+    next ones load (the repositories import one another by plain name); ``stubs`` stand in for packages that are
+    not installed; ``on_path``: ``root`` on ``sys.path`` meanwhile (for a package folder such as AEVLP's ``clip``).
+    The previous ``sys.modules`` entries are put back afterwards."""
+    import sys
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    stubs = stubs or {}
+    touched = (*names, *stubs, "clip", "clip.clip", "clip.model", "clip.simple_tokenizer")
+    saved = {name: sys.modules.get(name) for name in touched}
+    modules: dict[str, ModuleType] = {}
+    if on_path:
+        sys.path.insert(0, str(root))
+    try:
+        for name in ("clip", "clip.clip", "clip.model", "clip.simple_tokenizer"):
+            sys.modules.pop(name, None)
+        sys.modules.update(stubs)
+        for name in names:
+            modules[name] = load_module(root / f"{name}.py", name)
+            sys.modules[name] = modules[name]
+        if on_path:
+            modules["clip"] = sys.modules["clip"]
+    finally:
+        if on_path:
+            sys.path.remove(str(root))
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    return modules
+
+
+def _transformers_stub() -> ModuleType:
+    """``transformers``, which both repositories' models.py import at the top (not installed here, not used)."""
+    stub = ModuleType("transformers")
+    for name in ("CLIPProcessor", "CLIPVisionModel", "CLIPVisionModelWithProjection", "AutoTokenizer",
+                 "CLIPTextModelWithProjection"):
+        setattr(stub, name, None)
+    return stub
+
+
+def _text_features(model: Any, prompts: list[str]) -> torch.Tensor:
+    """Normalised open_clip text features of ``prompts`` (what VLPL's precomputed ``*text_feature*.npy`` hold for
+    its own CLIP and prompts)."""
+    import open_clip
+
+    with torch.no_grad():
+        features = model.encode_text(open_clip.tokenize(prompts))
+    return features / features.norm(dim=-1, keepdim=True)
+
+
+VLPL_SETTINGS = ((0.01, 0.3), (0.05, 0.2))  # (temperature, threshold): the published one, and a second
+VLPL_ALPHAS = (0.2, 0.1, 0.01)  # main_clip.py: pascal, coco/nuswide, cub
+
+
+def vlpl_fixtures(root: Path, seed: int = 31) -> None:
+    """``vlp/vlpl.npz`` from mvrl/VLPL's own code:
+
+    - ``main_clip.run_train_phase`` over the fabricated images (batches of 3, one epoch, loss ``EM_PL``) for each
+      (temperature, threshold) of :data:`VLPL_SETTINGS`: its input is ``datasets.get_transforms()['val']`` of each
+      image (448 px, ImageNet-normalised; the 'val' transform: the 'train' one adds a random flip), which
+      ``run_train_phase`` resizes to 336 px itself. Its model is ``models.ImageClassifier`` (arch ``resnet50``)
+      built without its ``__init__`` (which downloads a ResNet-50 and ``openai/clip-vit-large-patch14-336``): the
+      Hugging Face CLIP vision tower replaced by the seeded tiny open_clip model's ``encode_image`` (as
+      ``image_embeds``), the ResNet by the images' mean colour, the classifier by a seeded ``FCNet(3, C)``; the
+      text features (the repository ships precomputed ones) are the tiny model's, of ``prompts``. Recorded per
+      step: ``similarity`` and ``logits_pl`` of ``ImageClassifier.forward``, the images' indices, the logits, the
+      loss of ``losses.compute_batch_loss`` and its gradient with respect to the logits;
+    - ``batch_*``: a float64 batch (logits up to +-40, a pseudo-positive on an observed positive) through
+      ``compute_batch_loss`` (``EM_PL``, beta_pos 0.7) for each alpha of :data:`VLPL_ALPHAS`: loss and gradient.
+    """
+    import contextlib
+    import io
+    import tempfile
+
+    mods = repo_modules(root, ("metrics", "instrumentation", "datasets", "losses", "models", "main_clip"),
+                        {"transformers": _transformers_stub()})
+    clip, _ = _tiny_clip(VLPL_CLIP_SIZE, VLPL_PATCH, VLP_SEEDS["vlpl"])
+    prompts = [name.replace("_", " ") for name in VLP_CLASSES]  # the package's default VLPL template: "{}"
+    text = _text_features(clip, prompts)
+    c, rng = len(VLP_CLASSES), np.random.default_rng(seed)
+    observed = single_positive(rng, len(VLP_SIZES), c)
+    arrays: dict[str, np.ndarray] = {"classes": np.array(VLP_CLASSES), "prompts": np.array(prompts),
+                                     "observed": observed, "settings": np.array(VLPL_SETTINGS),
+                                     "clip_seed": np.array(VLP_SEEDS["vlpl"])}
+
+    class ImageEmbeds(torch.nn.Module):  # the Hugging Face tower's interface: .image_embeds
+        def forward(self, xs: torch.Tensor) -> SimpleNamespace:
+            return SimpleNamespace(image_embeds=clip.encode_image(xs))
+
+    class MeanColour(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.mean(dim=(2, 3))
+
+    outputs: list[torch.Tensor] = []
+
+    class RecordedFC(mods["models"].FCNet):  # type: ignore[misc, name-defined]
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = super().forward(x)
+            out.retain_grad()
+            outputs.append(out)
+            return out
+
+    with tempfile.TemporaryDirectory() as tmp:
+        names = _vlp_image_files(Path(tmp))
+        from PIL import Image
+
+        tx = mods["datasets"].get_transforms()["val"]
+        images = []
+        for name in names:
+            with Image.open(Path(tmp) / name) as raw:
+                images.append(tx(raw.convert("RGB")))
+    for s, (temperature, threshold) in enumerate(VLPL_SETTINGS):
+        torch.manual_seed(seed + s)
+        f = object.__new__(mods["models"].ImageClassifier)
+        torch.nn.Module.__init__(f)
+        f.arch, f.threshold, f.temperature, f.partial, f.classes = "resnet50", threshold, temperature, 0.0, c
+        f.scalar_pos, f.scalar_neg, f.device = torch.tensor(1.0), torch.tensor(-1.0), torch.device("cpu")
+        f.feature_extractor, f.vision_extractor, f.linear_classifier = ImageEmbeds(), MeanColour(), RecordedFC(3, c)
+        model = torch.nn.Module()
+        model.f = f
+        batches = [{"image": torch.stack(images[i:i + 3]), "label_vec_obs": torch.tensor(observed[i:i + 3]),
+                    "label_vec_true": torch.tensor(observed[i:i + 3]), "idx": torch.arange(i, i + 3)}
+                   for i in range(0, len(images), 3)]
+        records: list[dict[str, Any]] = []
+
+        def record(batch: dict[str, Any], into: list[dict[str, Any]] = records) -> None:
+            into.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in batch.items()})
+
+        logger = SimpleNamespace(update_phase_data=record)
+        P = {"epoch": 1, "num_epochs": 1, "warmup_epoch": 0, "loss": "EM_PL", "alpha": 0.2, "beta_pos": 0.7,
+             "txt_features": text}
+        Z = {"device": torch.device("cpu"), "dataloaders": {"train": batches},
+             "optimizer": torch.optim.Adam(f.linear_classifier.parameters(), lr=1e-2)}
+        outputs.clear()
+        saved_tqdm = mods["main_clip"].tqdm
+        mods["main_clip"].tqdm = lambda iterable, **_kw: iterable
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                mods["main_clip"].run_train_phase(model, P, Z, logger, 1, "train")
+        finally:
+            mods["main_clip"].tqdm = saved_tqdm
+        assert len(records) == len(outputs) == len(batches)
+        arrays[f"s{s}_similarity"] = torch.cat([r["similarity"] for r in records]).numpy()
+        arrays[f"s{s}_logits_pl"] = torch.cat([r["logits_pl"] for r in records]).numpy()
+        arrays[f"s{s}_step_index"] = np.stack([r["idx"].numpy() for r in records])
+        arrays[f"s{s}_step_logits"] = np.stack([o.detach().numpy() for o in outputs])
+        arrays[f"s{s}_step_loss"] = np.array([float(r["loss_np"]) for r in records])
+        arrays[f"s{s}_step_grad"] = np.stack([o.grad.numpy() for o in outputs])
+    assert arrays["s0_logits_pl"].any() and not arrays["s0_logits_pl"].all()
+
+    logits = rng.normal(0.0, 3.0, (8, c))
+    logits[0, :3], logits[1, :2] = [40.0, -40.0, 20.0], [-40.0, 40.0]
+    batch_observed = single_positive(rng, 8, c)
+    pseudo = (rng.random((8, c)) < 0.3).astype(np.float64)
+    pseudo[0, int(np.argmax(batch_observed[0]))] = 1.0  # on the observed positive: no effect there
+    pseudo[0, 1] = 1.0  # a pseudo-positive at logit -40
+    arrays.update({"batch_logits": logits, "batch_observed": batch_observed, "batch_pseudo": pseudo,
+                   "batch_alphas": np.array(VLPL_ALPHAS)})
+    losses, grads = [], []
+    for alpha in VLPL_ALPHAS:
+        x = torch.tensor(logits, requires_grad=True)
+        batch = {"preds": torch.sigmoid(x), "label_vec_obs": torch.tensor(batch_observed),
+                 "label_vec_true": torch.tensor(batch_observed), "logits_pl": torch.tensor(pseudo),
+                 "similarity": torch.zeros_like(x)}
+        P = {"loss": "EM_PL", "epoch": 1, "warmup_epoch": 0, "alpha": alpha, "beta_pos": 0.7}
+        mods["losses"].compute_batch_loss(batch, P, {})["loss_tensor"].backward()
+        losses.append(float(batch["loss_tensor"].item()))
+        grads.append(x.grad.numpy().copy())
+    arrays["batch_loss"], arrays["batch_grad"] = np.array(losses), np.stack(grads)
+    np.savez_compressed(VLP_DIR / "vlpl.npz", **arrays)
+
+
+# name -> pseudo-label and loss settings of an AEVLP run: configs/pascal.json, and one that exercises the other
+# branches (the "negatives" clearing pseudo-positives: threshold 0 with the top 4 of 6 classes; CUB's beta and q3,
+# a 2 x 2 grid)
+AEVLP_CONFIGS: dict[str, dict[str, Any]] = {
+    "pascal": {"temp": 0.01, "eta": 0.0, "threshold": 0.5, "grid_size": 4, "negative_ratio": 0.2, "top_k": 3,
+               "beta": [0, 2, -2, -2], "alpha": [0.5, 2, 0.8, 0.5], "q2q3": [0.01, 1], "lam_1": 0.7, "lam_2": 0.4,
+               "rho": 0.9, "reg": 0.05, "expected_num_pos": 1.5, "num_epochs": 3},
+    "varied": {"temp": 0.02, "eta": 0.05, "threshold": 0.0, "grid_size": 2, "negative_ratio": 0.5, "top_k": 4,
+               "beta": [0, 10, -2, -8], "alpha": [0.5, 2, 0.8, 0.5], "q2q3": [0.01, 1.5], "lam_1": 0.8,
+               "lam_2": 0.2, "rho": 0.9, "reg": 0.01, "expected_num_pos": 2.0, "num_epochs": 3},
+}
+
+
+def aevlp_reference_loop(mods: dict[str, ModuleType], state: dict[str, torch.Tensor], cfg: dict[str, Any],
+                         observed: np.ndarray, logits: np.ndarray, folder: Path, names: list[str],
+                         seed: int) -> dict[str, np.ndarray]:
+    """Run AEVLP's own ``train.run_train`` over the fabricated images and record what its loop computes.
+
+    Stand-ins, seen by ``train.py`` only and for this call only: ``datasets.get_data`` (rows with the ``logits``
+    as "images", ``observed`` as observed and true labels, and the ``sub_images`` - whole image and crops - that
+    the reference's own ``datasets.ds_multilabel`` makes of each image file with its ``tx_pl``, the random
+    horizontal flip set to probability 0), ``models.ImageClassifier`` (logits = image * scale + bias),
+    ``models.load_clip_to_cpu`` (the reference's ``clip.build_model`` of the tiny CLIP's state dict, in float32),
+    ``PseudoLabelGeneratorOpenAI.gcn_forward`` (zero: the random, untrained graph convolution left out),
+    ``compute_metrics`` (a rising val mAP: no early stop), ``compute_precision_recall_pl`` and ``tqdm``.
+    ``get_pseudo_labels`` and ``GPR_loss`` are wrapped to record their arguments and results.
+    """
+    import contextlib
+    import io
+    import tempfile
+
+    train_mod, models_mod, losses_mod, datasets_mod, utils_mod = (mods[k] for k in ("train", "models", "losses",
+                                                                                   "datasets", "utils"))
+    n, c = logits.shape
+    g = cfg["grid_size"]
+    no_flip = SimpleNamespace(**{**vars(mods["transforms"]),
+                                 "RandomHorizontalFlip": lambda p: mods["transforms"].RandomHorizontalFlip(0.0)})
+    saved_globals = {name: getattr(datasets_mod, name) for name in ("transforms", "get_metadata")}
+    datasets_mod.transforms = no_flip
+    datasets_mod.get_metadata = lambda _name: {"num_classes": c, "path_to_images": str(folder)}
+    try:
+        P0 = {"arch": "resnet50", "source": "openai"}
+        tx = datasets_mod.get_transforms(P0)
+        ref_ds = datasets_mod.ds_multilabel("pascal", np.array(names), observed, observed, [], tx["train"], False, g,
+                                            tx["pl"], True)
+        sub_images = [ref_ds[i]["sub_images"] for i in range(n)]
+    finally:
+        for name, value in saved_globals.items():
+            setattr(datasets_mod, name, value)
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.pseudo_label_matrix = np.zeros((n, c))
+            self.accessed: list[int] = []  # the images in the order the loader takes them
+
+        def __len__(self) -> int:
+            return n
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            self.accessed.append(i)
+            return {"image": torch.from_numpy(logits[i]), "label_vec_obs": torch.from_numpy(observed[i]),
+                    "label_vec_true": torch.from_numpy(observed[i]), "idx": i, "sub_images": sub_images[i],
+                    "pseudo_label_vec": torch.FloatTensor(self.pseudo_label_matrix[i])}
+
+    outputs: list[torch.Tensor] = []
+
+    class Classifier(torch.nn.Module):
+        def __init__(self, _p: dict[str, Any]) -> None:
+            super().__init__()
+            self.feature_extractor, self.linear_classifier = FakeFeatures(c), FakeHead(c)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = x * self.feature_extractor.scale + self.linear_classifier.bias
+            if self.training and out.requires_grad:
+                out.retain_grad()
+                outputs.append(out)
+            return out
+
+    class WithoutGcn(models_mod.PseudoLabelGeneratorOpenAI):  # type: ignore[misc, name-defined]
+        def gcn_forward(self, text_features: torch.Tensor) -> torch.Tensor:
+            return torch.zeros_like(text_features)
+
+    pl_calls: list[dict[str, Any]] = []
+    loss_calls: list[dict[str, Any]] = []
+    k_params: list[tuple[float, float]] = []
+    v_params: list[tuple[float, float]] = []
+
+    def recorded_k(w: float, b: float) -> torch.nn.Module:
+        k_params.append((w, b))
+        return models_mod.KFunction(w, b)
+
+    def recorded_v(p: torch.Tensor, mu: float, sigma: float) -> torch.Tensor:
+        v_params.append((mu, sigma))
+        return models_mod.VFunction(p, mu, sigma)
+
+    def recorded_pl(pl_logits: torch.Tensor, preds: torch.Tensor, pseudo_label_vec: torch.Tensor,
+                    label_vec: torch.Tensor, P: Any) -> Any:
+        out = utils_mod.get_pseudo_labels(pl_logits, preds, pseudo_label_vec, label_vec, P)
+        pl_calls.append({"pl_logits": pl_logits.numpy().copy(), "pseudo": out[1].numpy().copy()})
+        return out
+
+    def recorded_loss(lg: torch.Tensor, pseudo: torch.Tensor, label_vec: torch.Tensor, K: Any, V: Any, Q: Any,
+                      epoch: int, P: Any = None) -> torch.Tensor:
+        loss = losses_mod.GPR_loss(lg, pseudo, label_vec, K, V, Q, epoch, P)
+        loss_calls.append({"epoch": epoch, "observed": label_vec.numpy().copy(), "loss": loss.item(),
+                           "schedule": (*k_params[-1], *v_params[-1])})
+        return loss
+
+    maps = iter(range(1, 1000))
+    data = {phase: Rows() for phase in ("train", "val", "test")}
+    classnames = folder / "classnames.txt"
+    classnames.write_text("\n".join(VLP_CLASSES))
+    relation = folder / "relation.npy"
+    np.save(relation, np.random.default_rng(0).random((c, c)))
+    P = {"bsize": 3, "num_workers": 0, "lr": 1e-5, "lr_mult": 10, "optimizer": "adam", "is_train": False,
+         "linear_init": 0, "arch": "resnet50", "loss": "gpr_loss", "use_pl": True, "source": "openai",
+         "clip_model": "ViT-B/16", "n_ctx": 4, "ctx_init": "a photo of a", "classnames": str(classnames),
+         "relation": str(relation), "sparse_topk": c, "reweight_p": 0.2, "T": 0.3, "num_classes": c,
+         "gpu_num": "0", **cfg}
+    build = mods["clip"].model.build_model
+    patches = {
+        "datasets": SimpleNamespace(get_data=lambda _p: data),
+        "models": SimpleNamespace(**{**vars(models_mod), "ImageClassifier": Classifier,
+                                     "PseudoLabelGeneratorOpenAI": WithoutGcn, "KFunction": recorded_k,
+                                     "VFunction": recorded_v}),
+        "losses": SimpleNamespace(**{**vars(losses_mod), "GPR_loss": recorded_loss}),
+        "get_pseudo_labels": recorded_pl,
+        "compute_metrics": lambda _pred, _true: {"map": float(next(maps))},
+        "compute_precision_recall_pl": lambda *_a: (0.0, 0.0, 0.0),
+        "tqdm": lambda iterable: iterable,
+    }
+    saved = {name: getattr(train_mod, name) for name in patches}
+    saved_loader = models_mod.load_clip_to_cpu
+    with tempfile.TemporaryDirectory() as tmp:
+        P["save_path"] = tmp
+        try:
+            for name, value in patches.items():
+                setattr(train_mod, name, value)
+            models_mod.load_clip_to_cpu = lambda _name: build({k: v.clone() for k, v in state.items()}).float()
+            torch.manual_seed(seed)  # the loader's shuffling
+            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # pin_memory without a GPU
+                train_mod.run_train(P)
+        finally:
+            for name, value in saved.items():
+                setattr(train_mod, name, value)
+            models_mod.load_clip_to_cpu = saved_loader
+    steps = len(loss_calls)
+    assert steps == len(outputs) == len(pl_calls) == cfg["num_epochs"] * -(-n // 3)
+    epochs = np.array([call["epoch"] for call in loss_calls])
+    schedule = [[call["schedule"] for call in loss_calls if call["epoch"] == e]
+                for e in range(1, cfg["num_epochs"] + 1)]
+    assert all(len(set(group)) == 1 for group in schedule)  # set once per epoch
+    return {
+        "schedule": np.array([group[0] for group in schedule], dtype=np.float64),
+        "step_index": np.array(data["train"].accessed).reshape(steps, -1),
+        "step_epoch": epochs,
+        "step_observed": np.stack([call["observed"] for call in loss_calls]),
+        "step_logits": np.stack([o.detach().numpy() for o in outputs]),
+        "step_loss": np.array([call["loss"] for call in loss_calls]),
+        "step_grad": np.stack([o.grad.numpy() for o in outputs]),
+        "step_pl_logits": np.stack([call["pl_logits"] for call in pl_calls]),
+        "step_pseudo": np.stack([call["pseudo"] for call in pl_calls]),
+    }
+
+
+def aevlp_fixtures(root: Path, seed: int = 41) -> None:
+    """``vlp/aevlp_{pascal,varied}.npz`` from Fsoft-AIC/AEVLP's own code, for each of :data:`AEVLP_CONFIGS`:
+
+    - ``step_*``: its ``train.run_train`` loop (:func:`aevlp_reference_loop`) over the six fabricated images in
+      shuffled batches of 3 for 3 epochs: per step the epoch, observed labels, logits, CLIP's view cosines
+      (``pl_logits``: the batch's whole images, then crop 1 of each, crop 2 of each, ...), the pseudo-labels of
+      ``get_pseudo_labels`` (its second output, the one train.py uses), the ``GPR_loss`` and its gradient;
+    - ``batch_*``: a float64 batch (logits up to +-40 and -200, pseudo-positives on observed positives too) and,
+      for every epoch's schedule (w, b, mu, sigma of ``train.py``), ``GPR_loss`` with ``models.KFunction`` /
+      ``models.VFunction`` of the detached probabilities: loss and gradient.
+    """
+    import tempfile
+
+    import torchvision.transforms
+
+    mods = repo_modules(root, ("metrics", "instrumentation", "utils", "losses", "datasets", "models", "train"),
+                        {"transformers": _transformers_stub()}, on_path=True)
+    mods["transforms"] = torchvision.transforms  # type: ignore[assignment]
+    _, state = _tiny_clip(AEVLP_CLIP_SIZE, AEVLP_PATCH, VLP_SEEDS["aevlp"])
+    c, n = len(VLP_CLASSES), len(VLP_SIZES)
+    rng = np.random.default_rng(seed)
+    for name, cfg in AEVLP_CONFIGS.items():
+        observed = single_positive(rng, n, c)
+        logits = rng.normal(0.0, 2.0, (n, c)).astype(np.float32)
+        with tempfile.TemporaryDirectory() as tmp:
+            names = _vlp_image_files(Path(tmp))
+            loop = aevlp_reference_loop(mods, state, cfg, observed, logits, Path(tmp), names, seed)
+        arrays: dict[str, np.ndarray] = {
+            "classes": np.array(VLP_CLASSES), "observed": observed, "clip_seed": np.array(VLP_SEEDS["aevlp"]),
+            "settings": np.array(json.dumps(cfg)), **loop,
+        }
+        batch_logits = rng.normal(0.0, 3.0, (8, c))
+        batch_logits[0, :4] = [40.0, -40.0, 20.0, -200.0]
+        batch_observed = single_positive(rng, 8, c)
+        batch_observed[0], batch_observed[0, 3] = 0.0, 1.0  # the observed positive at -200
+        batch_pseudo = (rng.random((8, c)) < 0.35).astype(np.float64)
+        batch_pseudo[0, 3] = batch_pseudo[0, 1] = 1.0  # on the observed positive; at -40
+        results = []
+        for w, b, mu, sigma in loop["schedule"]:
+            x = torch.tensor(batch_logits, requires_grad=True)
+            preds = torch.sigmoid(x).detach()
+            k_values = mods["models"].KFunction(w, b)(preds)
+            v_values = mods["models"].VFunction(preds, mu, sigma)
+            P = {"use_pl": True, "lam_1": cfg["lam_1"], "lam_2": cfg["lam_2"], "rho": cfg["rho"], "reg": cfg["reg"],
+                 "expected_num_pos": cfg["expected_num_pos"], "num_classes": c}
+            loss = mods["losses"].GPR_loss(x, torch.tensor(batch_pseudo), torch.tensor(batch_observed), k_values,
+                                           v_values, cfg["q2q3"], 1, P)
+            loss.backward()
+            results.append((loss.item(), x.grad.numpy().copy()))
+        arrays.update({"batch_logits": batch_logits, "batch_observed": batch_observed, "batch_pseudo": batch_pseudo,
+                       "batch_loss": np.array([r[0] for r in results]),
+                       "batch_grad": np.stack([r[1] for r in results])})
+        np.savez_compressed(VLP_DIR / f"aevlp_{name}.npz", **arrays)
+
+
 def main() -> None:
     """Parse the checkout paths and write the fixtures of each group given."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--large-loss", type=Path, help="checkout of snucml/LargeLossMatters")
     parser.add_argument("--bridge-gap", type=Path, help="checkout of youngwk/BridgeGapExplanationPAMC")
     parser.add_argument("--gr-loss", type=Path, help="checkout of yan4xi1/GRLoss")
+    parser.add_argument("--vlpl", type=Path, help="checkout of mvrl/VLPL")
+    parser.add_argument("--aevlp", type=Path, help="checkout of Fsoft-AIC/AEVLP")
     args = parser.parse_args()
     if (args.large_loss is None) != (args.bridge_gap is None):
         parser.error("--large-loss and --bridge-gap go together")
-    if args.large_loss is None and args.gr_loss is None:
-        parser.error("give --large-loss and --bridge-gap, --gr-loss, or all three")
+    if all(getattr(args, name) is None for name in ("large_loss", "gr_loss", "vlpl", "aevlp")):
+        parser.error("give --large-loss and --bridge-gap, --gr-loss, --vlpl, --aevlp, or several")
     if args.large_loss is not None:
         large_loss_and_boostlu(args.large_loss, args.bridge_gap)
     if args.gr_loss is not None:
         gr_loss_fixtures(args.gr_loss)
+    if args.vlpl is not None or args.aevlp is not None:
+        vlp_images()
+    if args.vlpl is not None:
+        vlpl_fixtures(args.vlpl)
+    if args.aevlp is not None:
+        aevlp_fixtures(args.aevlp)
 
 
 def large_loss_and_boostlu(large_loss: Path, bridge_gap: Path) -> None:

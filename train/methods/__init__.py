@@ -5,6 +5,7 @@ docs/methods.md) is read from this registry: ``python -m train.methods`` prints 
 """
 
 from train.methods import (  # noqa: F401  (imports register)
+    aevlp,
     an,
     an_ls,
     bce,
@@ -18,6 +19,7 @@ from train.methods import (  # noqa: F401  (imports register)
     opml,
     pu_mlc,
     role,
+    vlpl,
     wan,
 )
 from train.methods.base import (

@@ -41,6 +41,12 @@ State and schedule (optional):
   ``trainable_scope`` - the backbone scope its papers train (``models.network.TRAINABLE_SCOPES``), applied by
   ``--preset paper`` (None: everything trains).
 
+Pseudo-labels from a vision-language model (optional): :attr:`Method.uses_pseudo_labels` - the trainer runs the
+CLIP pseudo-label stage (``train.pseudo_labels``) before the method is built, with the settings of
+:meth:`Method.pseudo_label_spec`, and hands the result over in ``MethodContext.pseudo_positives`` (``(N_train, C)``
+bool: the classes CLIP takes as present, computed from the images and the observed labels only, never from the
+hidden ones). Only such methods pay for the CLIP pass.
+
 Diagnostics (optional): :meth:`Method.label_estimates` exposes what the method believes about the hidden labels of
 the training set (its pseudo-labels, its estimated label matrix). The trainer scores them against the full labels
 when the training split has any (``train.diagnostics``); the method never sees the result.
@@ -67,6 +73,7 @@ from torch import nn
 from models.preprocess import EvalTransform
 from train.data.dataset import FULL_LABELS
 from train.distributed import global_mean
+from train.pseudo_labels.spec import PseudoLabelSpec
 
 LOG_EPSILON = 1e-5  # Cole et al.'s neg_log epsilon, used by every probability-space loss
 
@@ -101,6 +108,9 @@ class MethodContext:
     batch_size: int = 32  # training batch size (sizes per-batch buffers such as LAC's queue)
     feature_width: int = 0  # width of the model's features / per-class embeddings (sizes projectors)
     linear_init_epochs: int = 0  # the first epochs of ``epochs`` that are LinearInit epochs (--linear-init)
+    # (N_train, C) bool: CLIP's pseudo-positives of the training images (uses_pseudo_labels; None for the others).
+    # As the pseudo-labelling selects them, so they may include an image's observed positive
+    pseudo_positives: torch.Tensor | None = None
 
 
 @dataclass
@@ -170,16 +180,32 @@ class Method(nn.Module):
     trainable_scope: ClassVar[str | None] = None  # the backbone scope of its papers (--preset paper)
     needs_embeddings: ClassVar[bool] = False  # the step calls forward_embeddings (label-wise embedding head)
     leaves_parameters_unused: ClassVar[bool] = False  # a step may leave some of its parameters out (DDP)
+    # trains on CLIP pseudo-labels: the trainer runs the pseudo-label stage (pseudo_label_spec) and fills
+    # ctx.pseudo_positives
+    uses_pseudo_labels: ClassVar[bool] = False
     paper: ClassVar[str] = ""  # who published it, e.g. "Cole et al. 2021" (docs/methods.md has the references)
     description: ClassVar[str] = ""
 
     def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
         super().__init__()
-        if not (self.trains_on_full_labels or self.uses_observed_negatives) and bool((ctx.train_observed < 0).any()):
-            raise ValueError(f"the observed labels hold observed negatives, which method {self.name!r} does not use "
-                             "(the reference's losses reject them too); train with iu, or observe no negatives")
+        refusal = self.observed_negatives_refusal(ctx.train_observed)
+        if refusal:
+            raise ValueError(refusal)
         self.ctx = ctx
         self.hp = hparams
+
+    @classmethod
+    def observed_negatives_refusal(cls, train_observed: torch.Tensor | Any) -> str | None:
+        """Why the method cannot train on ``train_observed`` (observed negatives it does not use), else None."""
+        if cls.trains_on_full_labels or cls.uses_observed_negatives or not bool((train_observed < 0).any()):
+            return None
+        return (f"the observed labels hold observed negatives, which method {cls.name!r} does not use (the "
+                "reference's losses reject them too); train with iu, or observe no negatives")
+
+    @classmethod
+    def pseudo_label_spec(cls, hparams: MethodHparams) -> PseudoLabelSpec:
+        """The CLIP pseudo-labelling the method asks for (only called when :attr:`uses_pseudo_labels`)."""
+        raise NotImplementedError(f"method {cls.name!r} uses no pseudo-labels")
 
     def targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The label matrix the method trains on: the annotated labels for an oracle, else the observed ones."""

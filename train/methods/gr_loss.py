@@ -97,19 +97,32 @@ def gr_schedule(hp: GrLossHparams, epoch: int, total: int, linear_init: int = 0)
             mu_0 + (mu_max - mu_0) * early / span, sigma_0 + (sigma_max - sigma_0) * early / span)
 
 
+def gr_weights(p_detached: torch.Tensor, schedule: Quad) -> tuple[torch.Tensor, torch.Tensor]:
+    """The soft pseudo-label ``k(p') = sigmoid(w p' + b)`` and the Gaussian weight
+    ``v(p') = exp(-(p' - mu)^2 / (2 sigma^2))`` of the detached probabilities under ``schedule``."""
+    w, b, mu, sigma = schedule
+    k = torch.sigmoid(w * p_detached + b)
+    v = torch.exp(-0.5 * ((p_detached - mu) / sigma) ** 2)
+    return k, v
+
+
+def gr_unobserved_loss(logits: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2: float,
+                       q3: float) -> torch.Tensor:
+    """The ``(N, C)`` unobserved-entry term ``v [k (1 - p^q2) / q2 + (1 - k) (1 - (1 - p)^q3) / q3]`` of every
+    entry (the robust terms computed from ``logsigmoid``, the module docstring)."""
+    towards_one = -torch.expm1(q2 * F.logsigmoid(logits)) / q2  # (1 - p^q2) / q2
+    towards_zero = -torch.expm1(q3 * F.logsigmoid(-logits)) / q3  # (1 - (1 - p)^q3) / q3
+    return v * (k * towards_one + (1.0 - k) * towards_zero)
+
+
 def gr_entry_loss(logits: torch.Tensor, observed: torch.Tensor, schedule: Quad, q2: float,
                   q3: float) -> torch.Tensor:
     """The ``(N, C)`` matrix of GR-Loss entries (the module docstring): observed 1 -> the positive term, 0 -> the
     weighted robust terms, anything else 0."""
-    w, b, mu, sigma = schedule
     p = torch.sigmoid(logits)
-    p_detached = p.detach()
-    k = torch.sigmoid(w * p_detached + b)
-    v = torch.exp(-0.5 * ((p_detached - mu) / sigma) ** 2)
+    k, v = gr_weights(p.detach(), schedule)
     positive = -torch.log(p + GR_LOG_EPSILON)
-    towards_one = -torch.expm1(q2 * F.logsigmoid(logits)) / q2  # (1 - p^q2) / q2
-    towards_zero = -torch.expm1(q3 * F.logsigmoid(-logits)) / q3  # (1 - (1 - p)^q3) / q3
-    unobserved = v * (k * towards_one + (1.0 - k) * towards_zero)
+    unobserved = gr_unobserved_loss(logits, k, v, q2, q3)
     zero = torch.zeros_like(logits)
     return torch.where(observed == 1, positive, torch.where(observed == 0, unobserved, zero))
 

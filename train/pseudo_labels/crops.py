@@ -1,0 +1,108 @@
+"""AEVLP's "dynamic augmented multi-focus" pseudo-labelling (Fsoft-AIC/AEVLP ``datasets.py`` ``ds_multilabel``,
+``utils.py`` ``get_pseudo_labels``): CLIP scores of the whole image and of a grid of crops, and how they combine.
+
+Views (the reference's ``__getitem__``): the whole image, then ``g x g`` tiles of ``W // g`` by ``H // g`` pixels,
+row by row (the ``W % g`` rightmost columns and ``H % g`` bottom rows belong to no tile; the random tile offsets
+of the reference are set to 0 there). Every view is squashed to the CLIP input size with PIL's bilinear resize and
+normalised with the ImageNet mean and std (the reference's ``tx_pl`` for its default ``source: openai``: not
+CLIP's own mean and std). The reference also flips each view at random (``RandomHorizontalFlip(0.5)``) and
+recomputes the pseudo-labels at every step; here they are computed once, without flips.
+
+Scores: per view, a softmax over the classes of the cosine similarities divided by the temperature. The
+``g x g`` crop rows reduce to their maximum, minimum and mean per class (stored, with the whole image's row).
+
+Selection (:func:`select_aevlp`, ``get_pseudo_labels`` step by step): with ``s`` the whole image's scores,
+
+- ``eta = min(s[observed positive], eta)``: the gate is the configured eta, lowered to the whole image's score of
+  the observed positive when that is smaller (0 for an image without one);
+- per class, the crops' maximum where it exceeds eta, else their minimum: ``s_ag``; the final score
+  ``(s + s_ag) / 2``;
+- pseudo-positive: among the ``top_k`` final scores, those ``>= threshold``;
+- then the ``int(negative_ratio * C)`` classes with the lowest ``(s + crop mean) / 2`` are set to 0 - meant as
+  negative pseudo-labels, but written as 0 (unknown), the loss's ``-1`` branch never sees them; they only
+  clear a pseudo-positive that falls among them.
+
+What happens to the observed positive: the mask may hold it (CLIP found it too); the loss treats an observed
+positive as observed, whatever the mask says.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the references normalise CLIP's input with ImageNet's statistics
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+Box = tuple[int, int, int, int]
+
+
+def grid_boxes(width: int, height: int, grid: int) -> list[Box]:
+    """The ``grid x grid`` tiles of a ``width x height`` image as PIL boxes ``(left, upper, right, lower)``, row by
+    row. Tiles are ``width // grid`` by ``height // grid`` pixels; in an image narrower (or lower) than ``grid``
+    pixels, where the reference's tiles would be empty, tiles are one pixel wide (high), the last ones repeated."""
+    tile_w, tile_h = max(1, width // grid), max(1, height // grid)
+    boxes = []
+    for y in range(grid):
+        for x in range(grid):
+            left, upper = min(x * tile_w, width - 1), min(y * tile_h, height - 1)
+            right = max(left + 1, min(width, (x + 1) * tile_w))
+            lower = max(upper + 1, min(height, (y + 1) * tile_h))
+            boxes.append((left, upper, right, lower))
+    return boxes
+
+
+_MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
+_STD = np.array(IMAGENET_STD, dtype=np.float32)
+
+
+def clip_input(image: Image.Image, size: tuple[int, int]) -> torch.Tensor:
+    """One view as the references feed CLIP: PIL bilinear squash to ``size`` (height, width), then torchvision's
+    ``to_tensor`` and ``normalize`` with ImageNet's mean and std; ``(3, H, W)`` float32. Computed in numpy with the
+    same float32 operations (``/ 255``, ``- mean``, ``/ std``: the same values), on one thread."""
+    resized = np.asarray(image.resize((size[1], size[0]), Image.BILINEAR), dtype=np.float32)
+    normalised = (resized / np.float32(255) - _MEAN) / _STD
+    return torch.from_numpy(np.ascontiguousarray(normalised.transpose(2, 0, 1)))
+
+
+def aevlp_views(image: Image.Image, grid: int, size: tuple[int, int]) -> torch.Tensor:
+    """The whole image and its ``grid x grid`` crops as CLIP inputs: ``(1 + grid^2, 3, H, W)``."""
+    views = [image] + [image.crop(box) for box in grid_boxes(image.width, image.height, grid)]
+    return torch.stack([clip_input(view, size) for view in views])
+
+
+def aggregate_views(scores: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``(N, 1 + g^2, C)`` softmax scores of the views -> the whole image's ``global`` and the crops'
+    ``crop_max``, ``crop_min``, ``crop_mean`` (each ``(N, C)``)."""
+    crops = scores[:, 1:]
+    return {"global": scores[:, 0], "crop_max": crops.max(dim=1)[0], "crop_min": crops.min(dim=1)[0],
+            "crop_mean": crops.mean(dim=1)}
+
+
+def select_aevlp(scores: dict[str, np.ndarray], observed: np.ndarray, top_k: int, threshold: float, eta: float,
+                 negative_ratio: float) -> np.ndarray:
+    """AEVLP's pseudo-positives ``(N, C)`` bool from the aggregated view scores (:func:`aggregate_views`) and the
+    observed labels (1 observed positive), as ``get_pseudo_labels`` computes them (float32, torch.topk)."""
+    sim_global = torch.from_numpy(np.asarray(scores["global"], dtype=np.float32))
+    alpha = torch.from_numpy(np.asarray(scores["crop_max"], dtype=np.float32))
+    beta = torch.from_numpy(np.asarray(scores["crop_min"], dtype=np.float32))
+    avg = torch.from_numpy(np.asarray(scores["crop_mean"], dtype=np.float32))
+    labels = torch.from_numpy(np.asarray(observed, dtype=np.float32))
+    n, c = sim_global.shape
+    if n == 0:
+        return np.zeros((0, c), dtype=bool)
+    single_pos_pro = torch.max(sim_global * labels, dim=1)[0]
+    gate = torch.minimum(single_pos_pro, torch.tensor(eta)).unsqueeze(1).repeat(1, c)
+    gamma = (alpha > gate).to(sim_global.dtype)
+    sim_ag = alpha * gamma + beta * (1 - gamma)
+    sim_final = 1 / 2 * (sim_global + sim_ag)
+    sim = 1 / 2 * (sim_global + avg)
+    values, indices = torch.topk(sim_final, k=min(top_k, c), dim=1)
+    pseudo = torch.zeros_like(sim_final, dtype=torch.int)
+    pseudo.scatter_(1, indices, (values >= threshold).int())
+    num_negatives = int(negative_ratio * c)
+    if num_negatives > 0:
+        _, lowest = torch.topk(sim, k=num_negatives, largest=False, dim=1)
+        pseudo.scatter_(-1, lowest, torch.zeros_like(lowest, dtype=torch.int))
+    return pseudo.numpy().astype(bool)
