@@ -192,3 +192,26 @@ def test_label_matrix_dtype_and_order_are_stable(tmp_path: Path) -> None:
     assert [str(p) for p in first.train.paths] == [str(p) for p in second.train.paths]
     assert [p.relative_to(root).as_posix() for p in first.train.paths] == ["a/1.png", "a/2.png", "b/1.png", "b/2.png"]
     assert first.train.labels.dtype == np.uint8
+
+
+def test_a_tree_with_images_in_two_folders_keeps_every_label_as_given(tmp_path: Path) -> None:
+    """Your own data: every label you gave is an observed label (no single-positive draw), and a split with
+    several labels on some image is partial, not full, unless declared."""
+    root = tmp_path / "own"
+    for i in range(30):
+        image(root / ("cat" if i % 3 else "dog") / f"{i:02d}.png", (i, 10, 20))
+    for i in range(0, 30, 10):  # every tenth image also in the other folder: two labels, as given
+        source = root / ("cat" if i % 3 else "dog") / f"{i:02d}.png"
+        shutil.copyfile(source, root / ("dog" if i % 3 else "cat") / f"{i:02d}-also.png")
+    splits = load_dataset(f"folder:{root}?skip-verify")
+    assert splits.complete_splits == ()
+    protocol = build_protocol(splits, ObservedSpec("auto"), val_fraction=0.2)
+    assert protocol.observed.kind == "all"
+    np.testing.assert_array_equal(protocol.train_observed, protocol.train.labels)  # every given label kept
+    assert protocol.train.labels.sum(1).max() == 2 and protocol.regimes["train"].kind == "partial"
+    assert not protocol.train_labels_full and not protocol.train_has_full_labels
+    declared = build_protocol(splits, ObservedSpec("auto"), val_fraction=0.2, labels="full")
+    assert declared.regimes["train"].kind == "full"
+    drawn = build_protocol(splits, ObservedSpec("single"), val_fraction=0.2)  # asked for: one positive drawn
+    assert (drawn.train_observed.sum(1) == 1).all()
+    assert "observed all: " in protocol.summary() and "labels/image of " in protocol.summary()

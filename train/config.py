@@ -248,8 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--head-bias", choices=HEAD_BIAS_CHOICES, help="initial bias of the new classifier head: prior "
                    "(logit(k/C) for every class, k the expected positives per image or, unknown, the observed ones: "
                    "the label prior), default (PyTorch's initialisation). auto: prior with a pretrained backbone or "
-                   "fixed features, default from scratch (measured: bench/README.md). A head loaded from --weights "
-                   "keeps its bias")
+                   "fixed features for the methods whose loss takes unobserved labels as negatives (an, bce, iun, "
+                   "ll-*, opml, pu-mlc: measured +1 to +4 test mAP), default otherwise (measured worse for the "
+                   "others: bench/README.md). A head loaded from --weights keeps its bias")
     scoped = ", ".join(f"{m.name}: {m.trainable_scope}" for m in METHODS.values() if m.trainable_scope)
     g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all; layer4 (the ResNets' "
                    "LgConv branches + layer4 + head; stem and layers 1-3 frozen); or head (the seeds' fixed-feature "
@@ -358,7 +359,8 @@ def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
         cfg, arch=arch, weights=weights,
         image_size=cfg.image_size or default_image_size(arch, scratch),
         lgconv=family_of(arch).supports_lgconv if cfg.lgconv is None else cfg.lgconv,
-        head_bias=default_head_bias(cfg.trainable, weights) if cfg.head_bias == AUTO else cfg.head_bias,
+        head_bias=default_head_bias(cfg.trainable, weights, get_method(cfg.method).starts_at_label_prior)
+        if cfg.head_bias == AUTO else cfg.head_bias,
     )
 
 

@@ -17,8 +17,7 @@ SCRATCH_ARCH = "resnet18"
 SCRATCH_IMAGE_SIZE = 64
 REAL_IMAGE_SIZE = 224
 #: the head's initial bias: ``prior`` = logit(k / C) for every class (k: expected positives per image, else the
-#: observed positives per image), ``default`` = PyTorch's initialisation, ``auto`` = prior on fixed features and
-#: pretrained backbones, default from scratch (bench/README.md, "head bias")
+#: observed positives per image), ``default`` = PyTorch's initialisation, ``auto`` = :func:`default_head_bias`
 HEAD_BIAS_CHOICES = (AUTO, "prior", "default")
 
 
@@ -40,6 +39,9 @@ def default_image_size(arch: str, scratch: bool) -> int:
     return family_of(arch).input_config(arch).image_size
 
 
-def default_head_bias(trainable: str, weights: str) -> str:
-    """``--head-bias auto``: the label prior on fixed features and with pretrained weights, else PyTorch's."""
-    return "prior" if trainable == "head" or weights.lower() != "none" else "default"
+def default_head_bias(trainable: str, weights: str, starts_at_label_prior: bool) -> str:
+    """``--head-bias auto``: the label prior for a method that asks for it (``Method.starts_at_label_prior``: the
+    losses that take unobserved labels as negatives) on fixed features or a pretrained backbone, else PyTorch's
+    initialisation (measured: bench/README.md, head bias)."""
+    pretrained = trainable == "head" or weights.lower() != "none"
+    return "prior" if pretrained and starts_at_label_prior else "default"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from train.methods.base import LossOutput, Method, neg_log, register
@@ -21,6 +23,7 @@ class AssumeNegative(Method):
 
     name = "an"
     paper = "Cole et al. 2021"
+    starts_at_label_prior: ClassVar[bool] = True
     description = "assume every unobserved label is negative"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:

@@ -6,6 +6,8 @@ labels reach its batches only because it declares it, and only when the training
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from train.methods.an import assume_negative_loss
@@ -19,6 +21,7 @@ class FullLabelBCE(Method):
     name = "bce"
     trains_on_full_labels = True
     paper = "-"
+    starts_at_label_prior: ClassVar[bool] = True
     description = "oracle: BCE on the full labels (upper bound)"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:

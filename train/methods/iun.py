@@ -8,6 +8,8 @@ observed positive, ``-log(1 - p)`` at true negatives, 0 at unobserved true posit
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from train.methods.base import LossOutput, Method, neg_log, register
@@ -20,6 +22,7 @@ class IgnoreUnobservedPositives(Method):
     name = "iun"
     trains_on_full_labels = True
     paper = "Cole et al. 2021"
+    starts_at_label_prior: ClassVar[bool] = True
     description = "reference: observed positive + all true negatives (needs full labels)"
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:

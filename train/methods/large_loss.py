@@ -103,6 +103,7 @@ class LargeLoss(Method):
     correct: ClassVar[bool] = True  # False: reject (loss 0); True: the loss of a positive target
     permanent: ClassVar[bool] = False
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = PAPER_SETTINGS
+    starts_at_label_prior: ClassVar[bool] = True
     hp: LargeLossHparams
 
     def __init__(self, ctx: MethodContext, hparams: LargeLossHparams) -> None:

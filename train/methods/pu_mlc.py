@@ -79,6 +79,7 @@ class PuMlc(Method):
 
     name = "pu-mlc"
     Hparams = PuMlcHparams
+    starts_at_label_prior: ClassVar[bool] = True
     presets: ClassVar[dict[str, dict[str, Any]]] = {"coco": {"gamma": 0.55, "alpha": 1.0},
                                                     "voc": {"gamma": 0.85, "alpha": 2.0}}
     # The README's commands (2 GPUs, so the batch is twice the per-GPU one): Adam with coupled weight decay
