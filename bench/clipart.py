@@ -45,6 +45,8 @@ from bench.methods import _fmt, _fmt_vs_an, aggregate, best_of_grid, grid_text, 
 from bench.results_page import add_page_options, command_line, publish
 from export.calibrate import calibrate
 from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names
+from train.methods.gr_loss import GeneralizedRobustLoss
+from train.methods.large_loss import LargeLossRejection
 from train.metrics import f1_scores
 from train.runs import SCORES_FILE
 
@@ -67,8 +69,8 @@ class Regime:
 def feature_methods() -> list[str]:
     """Every registered method that trains on fixed features with the default protocol (not lac: feature maps
     and views; not iu: observed negatives)."""
-    return [m for m in method_names() if m != "lac" and not METHODS[m].uses_observed_negatives
-            and not getattr(METHODS[m], "uses_pseudo_labels", False)]
+    return [m for m in method_names() if not METHODS[m].required_head and not METHODS[m].uses_observed_negatives
+            and not METHODS[m].uses_pseudo_labels]
 
 
 REGIMES = {
@@ -209,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             best = four_best_of_fixed(args.fixed_runs_dir, seeds)
         except ValueError as exc:
             p.error(str(exc))
-        methods = [UPPER_BOUND, BASELINE, *best, "ll-r", "ll-r+boostlu", "gr-loss"]
+        ll_r, gr = LargeLossRejection.name, GeneralizedRobustLoss.name
+        methods = [UPPER_BOUND, BASELINE, *best, ll_r, f"{ll_r}+boostlu", gr]
         methods = list(dict.fromkeys(methods))
     results: dict[str, list[dict[str, Any]]] = {}
     f1: dict[str, list[tuple[float, float]]] = {}

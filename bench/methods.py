@@ -39,7 +39,7 @@ from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
 from train.data.observed_file import OBSERVED_FILE
 from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names
-from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SUMMARY_FILE
+from train.runs import BEST, CONFIG_FILE, LAST, METRICS_FILE, SCORES_FILE, SUMMARY_FILE
 
 # every registered method, the full-label reference bounds first; not iu, which trains on observed negatives that
 # the default protocol does not observe
@@ -124,7 +124,7 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
         # stopped before the first last.pt was written: nothing to resume, so start it again - but only when the
         # folder holds nothing but the trainer's own files (anything else stays, and the trainer refuses it)
         leftovers = {p.name for p in run.iterdir()} if run.is_dir() else set()
-        if leftovers and leftovers <= {CONFIG_FILE, METRICS_FILE, BEST, OBSERVED_FILE}:
+        if leftovers and leftovers <= {CONFIG_FILE, METRICS_FILE, BEST, OBSERVED_FILE, SCORES_FILE}:
             print(f"{run.name}: interrupted before its first resumable epoch; starting it again", flush=True)
             for name in leftovers:
                 (run / name).unlink()

@@ -139,7 +139,8 @@ def test_clip_names_parse_and_bad_ones_fail_fast(monkeypatch: pytest.MonkeyPatch
 def _cfg(tmp_path: Path, data: Path, **kw: object) -> TrainConfig:
     base = {"data": f"csv:{data}", "arch": "resnet18", "weights": "none", "image_size": 32, "batch_size": 16,
             "epochs": 1, "workers": 0, "progress": False, "runs_dir": str(tmp_path), "lgconv": False,
-            "method": "aevlp", "clip": save_tiny_clip(tmp_path / "clip", 32, 8, 0)}
+            "method": "aevlp", "clip": save_tiny_clip(tmp_path / "clip", 32, 8, 0),
+            "labels": "full", "observed": "single"}  # the squares are a benchmark: full labels, one observed
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
 

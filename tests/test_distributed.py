@@ -74,6 +74,13 @@ def runs(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     assert (root / "role-killed" / "last.pt").is_file(), killed.stderr[-3000:]
     assert main([*two_epochs, "--name", "role-straight"]) == 0
     out["role-killed"], out["role-straight"] = root / "role-killed", root / "role-straight"
+    # a timm backbone in the fixed-feature mode: sharded extraction into the feature cache, then exact head steps
+    head = [*COMMON, "--arch", "test_efficientnet", "--weights", "none", "--trainable", "head", "--epochs", "2",
+            "--method", "role", "--runs-dir", str(root)]
+    done = torchrun([*head, "--name", "timm-head-2"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([*head, "--name", "timm-head-1"]) == 0
+    out["timm-head-2"], out["timm-head-1"] = root / "timm-head-2", root / "timm-head-1"
     lac = torchrun([*COMMON, "--epochs", "1", "--method", "lac", "--hp", "queue_size=64",
                     "--runs-dir", str(root), "--name", "lac-2"])
     assert lac.returncode == 0, lac.stderr[-3000:]
@@ -96,6 +103,18 @@ def test_two_processes_equal_one(runs: dict[str, Path], method: str) -> None:
         assert max_difference(a.training["method"], b.training["method"]) < 1e-5
     config = json.loads((two / "config.json").read_text())["resolved"]
     assert (config["world_size"], config["global_batch_size"], config["batch_size_per_process"]) == (2, 12, 6)
+
+
+def test_timm_backbone_on_fixed_features_two_processes_equal_one(runs: dict[str, Path]) -> None:
+    """--trainable head on a timm backbone under torchrun: the features the two ranks extracted (and cached) give the
+    one-process run its features, and every head step equals the one-process step."""
+    two, one = runs["timm-head-2"], runs["timm-head-1"]
+    for epoch_two, epoch_one in zip(metrics(two), metrics(one), strict=True):
+        assert abs(epoch_two["loss"] - epoch_one["loss"]) < 1e-5
+    a, b = load_checkpoint(two / "last.pt"), load_checkpoint(one / "last.pt")
+    assert a.meta.arch == "test_efficientnet" and max_difference(a.model, b.model) < 1e-5
+    assert a.training is not None and b.training is not None
+    assert max_difference(a.training["method"], b.training["method"]) < 1e-5
 
 
 def test_method_state_is_updated_from_gathered_predictions(runs: dict[str, Path]) -> None:

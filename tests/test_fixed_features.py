@@ -28,7 +28,7 @@ TIMM = "test_efficientnet"  # timm's own tiny EfficientNet (random init): 256 fe
 
 def _cfg(tmp_path: Path, data: str, **kw: object) -> TrainConfig:
     base = {"data": data, "arch": TIMM, "weights": "none", "image_size": 32, "batch_size": 16, "epochs": 1,
-            "workers": 0, "progress": False, "runs_dir": str(tmp_path)}
+            "workers": 0, "progress": False, "runs_dir": str(tmp_path), "labels": "full"}  # squares_csv: all known
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
 
@@ -147,7 +147,8 @@ def test_head_bias_starts_at_the_label_prior(squares_csv: Path, tmp_path: Path) 
     k = float(full.splits.train.labels.sum(1).mean())  # the training labels are full: their mean
     assert 1.2 < k < 1.8
     torch.testing.assert_close(full.model.head.bias, torch.full((4,), logit(k / 4)))
-    partial = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior-partial", head_bias="prior", labels="partial"))
+    partial = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior-partial", head_bias="prior", labels="partial",
+                           observed="single"))
     torch.testing.assert_close(partial.model.head.bias, torch.full((4,), logit(1 / 4)))  # observed per image
     default = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="default", head_bias="default"))
     assert default.model.head.bias.std() > 0.01  # PyTorch's uniform initialisation

@@ -134,6 +134,7 @@ def test_one_epoch_end_to_end(squares_csv: Path, tmp_path: Path, name: str) -> N
     squares data hides full labels behind single positives), the checkpoint records the method."""
     cfg = TrainConfig(data=f"csv:{squares_csv}", arch="resnet18", weights="none", image_size=32, batch_size=16,
                       epochs=1, workers=0, progress=False, runs_dir=str(tmp_path), lgconv=False, method=name,
+                      labels="full", observed="single",  # the squares are a benchmark: full labels, one observed
                       name=name, clip=save_tiny_clip(tmp_path / "clip", 32, 8, 0), hp={"threshold": "0.2"})
     trainer = Trainer(cfg)
     assert trainer.pseudo_labels is not None
