@@ -25,7 +25,7 @@ def test_own_data_benchmark_records_every_epoch_and_scores_every_criterion(
     assert text is not None and "python -m bench.own_data --datasets builtin:tiny" in text and "Machine: " in text
     rows = {line.split(" | ")[0].removesuffix(" (default)"): line for line in text.splitlines()
             if line.startswith("| `")}
-    assert set(rows) == {f"| `{name}`" for name in [*LABEL_FREE_CRITERIA, "last epoch"]}
+    assert set(rows) == {f"| `{name}`" for name in [*LABEL_FREE_CRITERIA, *own_data.EXTRA_RULES]}
     assert all(line.split(" | ")[1] == "2" for line in rows.values())  # two runs scored per criterion
     assert sum(line.startswith("| builtin:tiny | scratch |") for line in text.splitlines()) == 1  # k row of an
 

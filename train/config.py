@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the file's backbone and start a new classifier head (e.g. to start every method of a "
                    "comparison from one earlier run's features, as the papers start from ImageNet's)")
     g.add_argument("--image-size", type=int, help="input side in pixels (images are resized to a square). Default: "
-                   "224 on real images (the EfficientNet-Lite0 default: about 4 minutes per 1,000 training images "
+                   "224 on real images (the EfficientNet-Lite0 default: about a minute per 1,000 training images "
                    "and epoch on 2 CPU cores), 64 on the built-in shapes; other timm models: their pretrained size")
     g.add_argument("--crop", help="share of the resized image kept around its centre: 1 = the whole image (default: "
                    "multi-label objects sit anywhere, the papers squash-resize), a fraction such as 0.875, or "
