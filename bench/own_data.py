@@ -144,9 +144,8 @@ def builtin_user_data(spec: str, data_dir: Path) -> UserData:
 def clipart_user_data(root: str = "") -> UserData:
     """The clip art's folder view (module docstring); the val images' keyword labels, restricted to the view's
     classes, score the full-label pick."""
-    where = f":{root}" if root else ""
-    folders = load_dataset(f"openclipart{where}?view=folders")
-    keywords = load_dataset(f"openclipart{where}")
+    folders = load_dataset(f"openclipart:{root}?view=folders")
+    keywords = load_dataset(f"openclipart:{root}" if root else "openclipart")
     columns = [keywords.classes.index(name) for name in folders.classes]
     full = {}
     for part in (keywords.train, keywords.val):
@@ -155,7 +154,7 @@ def clipart_user_data(root: str = "") -> UserData:
             full[str(Path(path).resolve())] = row
     assert folders.val is not None
     audit = np.stack([full[str(Path(p).resolve())] for p in folders.train.paths])
-    return UserData(CLIPART, f"openclipart{where}?view=folders", [], full, _audit_k(audit))
+    return UserData(CLIPART, f"openclipart:{root}?view=folders", [], full, _audit_k(audit))
 
 
 @dataclass
