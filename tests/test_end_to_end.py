@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from export import read_onnx_meta
+from models.network import input_config
 from models.preprocess import EvalTransform
 from serve.runtimes import TorchBackend
 from train.__main__ import main as train_main
@@ -22,15 +23,25 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600)
 
 
-def test_train_export_tag(builtin_cache: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["resnet18", "test_efficientnet"])
+def test_train_export_tag(builtin_cache: Path, tmp_path: Path, arch: str) -> None:
+    """The built-in data's default ResNet-18 (with LgConv), and a timm backbone (TF "same" padding, bicubic resize)
+    through INT8 too: the preprocessing travels with the model from training to tagging."""
     runs = tmp_path / "runs"
     assert train_main(["--data", "builtin:tiny", "--epochs", "1", "--image-size", "32", "--batch-size", "16",
-                       "--workers", "0", "--no-progress", "--runs-dir", str(runs), "--name", "e2e"]) == 0
+                       "--workers", "0", "--no-progress", "--runs-dir", str(runs), "--name", "e2e",
+                       "--arch", arch, "--weights", "none"]) == 0
     run = runs / "e2e"
 
     # export the run (by folder) - verification on the run's real validation images happens inside
-    out = _run("-m", "export", str(run))
+    out = _run("-m", "export", str(run), *(["--precision", "int8"] if arch != "resnet18" else []))
     assert out.returncode == 0, out.stderr + out.stdout
+    if arch != "resnet18":
+        assert (run / "export" / "model.int8-cpu.onnx").is_file()
+        config = input_config(arch)  # the backbone's pretrained configuration, carried by the exported model
+        exported = read_onnx_meta(run / "export" / "model.onnx")
+        assert (exported.interpolation, exported.mean, exported.std) == (config.interpolation, config.mean, config.std)
+        assert exported.interpolation == "bicubic"
     onnx_path, sidecar = run / "export" / "model.onnx", run / "export" / "model.json"
     assert onnx_path.is_file() and sidecar.is_file()
     doc = json.loads(sidecar.read_text())
