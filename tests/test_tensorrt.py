@@ -426,3 +426,20 @@ def test_int8_engine_runs_on_gpu(gpu_engines: dict[str, Path], sources: dict[str
         ref = model(torch.from_numpy(x)).numpy()
     assert got.shape == ref.shape and np.isfinite(got).all()
     assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.9
+
+
+@needs_rtx
+def test_timm_backbone_builds_an_engine(tmp_path: Path) -> None:
+    """A timm backbone's export (EfficientNet with TensorFlow "same" padding: explicit Pad nodes, ReLU6 as Clip)
+    parses and builds into a strongly typed TensorRT-RTX engine, its metadata (bicubic preprocessing) carried."""
+    torch.manual_seed(0)
+    model = build_model("test_efficientnet", len(CLASSES)).eval()
+    meta = ModelMeta(classes=CLASSES, arch="test_efficientnet", image_size=SIZE, interpolation="bicubic",
+                     mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), thresholds=THRESHOLDS)
+    export_to_file(model.fold_for_inference(), meta, tmp_path / "timm.onnx")
+    result = build_engine(tmp_path / "timm.onnx", tmp_path / "timm.engine", targets=RTX_TARGETS,
+                          flavour=FLAVOUR_RTX, **PROFILE)
+    assert result.engine_path.is_file() and result.precision == "fp32"
+    side = json.loads(result.sidecar_path.read_text())
+    built = ModelMeta.from_json(json.dumps(side["meta"]))
+    assert (built.arch, built.interpolation, built.mean) == ("test_efficientnet", "bicubic", (0.5, 0.5, 0.5))
