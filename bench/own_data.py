@@ -17,7 +17,8 @@ Backbones (``--backbones``): ``scratch`` (ResNet-18 from random init, 64 px, 6 e
 Lite0 ImageNet fine-tuned at 224 px for 3 epochs; for the k and tags figures of the model a user gets). Methods:
 every registered method a user can train on such data (not the oracles, which need full training labels; not
 ``iu``, which needs observed negatives; not those that need CLIP pseudo-labels; ``lac`` not on fixed features).
-Every run is ``python -m train`` on that data through :class:`~bench.recording_trainer.RecordingTrainer`, which keeps every epoch's val and test logits.
+Every run is ``python -m train`` on that data through :class:`~bench.recording_trainer.RecordingTrainer`, which
+keeps every epoch's val and test logits.
 
 Reported, all from the records (``record.npz`` per run; finished runs are reused):
 
