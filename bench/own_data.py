@@ -16,7 +16,8 @@ Backbones (``--backbones``): ``scratch`` (ResNet-18 from random init, 64 px, 6 e
 (the same backbone fixed, heads on its features, 64 / 224 px) and ``default`` (``python -m train``'s defaults:
 Lite0 ImageNet fine-tuned at 224 px for 3 epochs; for the k and tags figures of the model a user gets). Methods:
 every registered method a user can train on such data (not the oracles, which need full training labels; not
-``iu``, which needs observed negatives; not those that need CLIP pseudo-labels; ``lac`` not on fixed features).
+``iu``, which needs observed negatives; not those that need CLIP pseudo-labels; not ``lac``, whose label-wise
+head needs feature maps of 224 px or more).
 Every run is ``python -m train`` on that data through :class:`~bench.recording_trainer.RecordingTrainer`, which
 keeps every epoch's val and test logits.
 
@@ -97,8 +98,8 @@ def user_methods(backbone: str) -> list[str]:
         m = METHODS[name]
         if m.trains_on_full_labels or m.uses_observed_negatives or m.uses_pseudo_labels:
             continue
-        if backbone == "fixed" and m.required_head:  # a label-wise head needs feature maps
-            continue
+        if m.required_head and backbone != "default":  # lac: fixed features have no map; below 224 px its
+            continue  # label-wise head sees too few positions to be label-wise (the run warns), so it is not measured
         out.append(name)
     return out
 
@@ -369,10 +370,11 @@ def main(argv: list[str] | None = None) -> int:
                         results.append({"data": data.name, "backbone": backbone, "method": method, "seed": seed,
                                         "lost": selection_losses(record, method), "tags": tags_and_k(record),
                                         "audit_k": data.audit_k})
+                # the section so far after every dataset and backbone: a long study shows its results as it goes
+                publish(args.section or SECTION, markdown(results, command_line("bench.own_data", argv)), args.page)
     except (RunMismatch, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    publish(args.section or SECTION, markdown(results, command_line("bench.own_data", argv)), args.page)
     return 0
 
 
