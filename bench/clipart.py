@@ -44,11 +44,11 @@ from bench.machine import machine_line
 from bench.methods import _fmt, _fmt_vs_an, aggregate, best_of_grid, grid_text, is_reference_bound, run_one
 from bench.results_page import add_page_options, command_line, publish
 from export.calibrate import calibrate
+from models.files.run_folder import SCORES_FILE
 from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names
 from train.methods.gr_loss import GeneralizedRobustLoss
 from train.methods.large_loss import LargeLossRejection
 from train.metrics import f1_scores
-from train.runs import SCORES_FILE
 
 DATA = "openclipart"
 BACKBONE = ["--arch", "tf_efficientnet_lite0", "--weights", "imagenet"]

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict[str, Any]] = []
-    from train.runs import resolve_checkpoint
+    from models.files.run_folder import resolve_checkpoint
 
     for target in args.checkpoint:
         path = resolve_checkpoint(target)

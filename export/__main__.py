@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # exits 2 on bad options
 
     from export import MAX_OPSET, MIN_OPSET
-    from train.runs import resolve_checkpoint
+    from models.files.run_folder import resolve_checkpoint
 
     def usage(message: str) -> int:
         print(f"{parser.prog}: error: {message}", file=sys.stderr)

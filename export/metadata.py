@@ -1,7 +1,7 @@
 """Model metadata inside loaded ONNX files and the ``model.json`` sidecar.
 
 The keys and their encoding (ModelMeta <-> ``metadata_props``) live in :mod:`models.onnx_metadata`; this module
-applies them to ``onnx.ModelProto`` objects and files. Atomic writes live in :mod:`models.atomic_files`.
+applies them to ``onnx.ModelProto`` objects and files. Atomic writes live in :mod:`models.files.atomic_writes`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 
 from models.checkpoint import ModelMeta
-from models.file_digest import file_sha256
+from models.files.digest import file_sha256
 from models.onnx_metadata import meta_from_props, meta_to_props
 
 SIDECAR_FORMAT = "spml-onnx-export"

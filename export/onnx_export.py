@@ -41,11 +41,11 @@ from export.verify import (
     validation_images,
     verify_parity,
 )
-from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta, load_checkpoint
+from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.run_folder import resolve_checkpoint
 from models.network import MultiLabelNet, model_from_meta
 from models.onnx_metadata import meta_to_props
-from train.runs import resolve_checkpoint
 
 INPUT_NAME = "images"
 OUTPUT_NAME = "logits"

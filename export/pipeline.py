@@ -56,8 +56,8 @@ from export.model_card import CardFile, write_model_card
 from export.onnx_export import ExportResult, export_onnx
 from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, check_precision, compare_outputs
 from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
-from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
+from models.files.atomic_writes import atomic_path, atomic_write_text
 from serve.records import sigmoid
 from train.data.audit_list import AuditList, load_audit
 from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime

@@ -69,8 +69,8 @@ import onnx
 from export.calibration_data import CALIBRATION_BATCH, BatchReader, calibration_batches, chunk_stride
 from export.conversion_errors import ConversionError, NotFP32Error
 from export.metadata import file_sha256, load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
-from models.atomic_files import atomic_path
 from models.checkpoint import ModelMeta
+from models.files.atomic_writes import atomic_path
 
 Target = Literal["cpu", "tensorrt"]
 CalibrationMethodName = Literal["minmax", "percentile", "entropy"]

@@ -33,8 +33,8 @@ import torch
 
 from export.metadata import file_sha256, read_onnx_meta
 from export.verify import ExportError
-from models.atomic_files import atomic_path, atomic_write_text
 from models.checkpoint import ModelMeta
+from models.files.atomic_writes import atomic_path, atomic_write_text
 from serve.runtimes.tensorrt_backend import (
     ENGINE_SIDECAR_FORMAT,
     ENGINE_SUFFIXES,

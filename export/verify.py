@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from models.checkpoint import ModelMeta
+from models.files.folder_walk import find_images
 from models.preprocess import EvalTransform
 from serve.runtimes.onnxruntime_backend import OnnxRuntimeBackend
 
@@ -76,9 +77,8 @@ def ort_cpu_runtime(path: str | Path) -> OnnxRuntimeBackend:
 
 
 def folder_images(folder: str | Path, limit: int) -> VerifyImages:
-    """The first ``limit`` images (sorted, recursive) of ``folder``; ``VerificationDataError`` if none."""
-    from serve.sources import find_images  # the tagger's scan rules; imported here to keep imports one-way
-
+    """The first ``limit`` images of ``folder`` (the one folder walk, :mod:`models.files.folder_walk`, the tagger's);
+    ``VerificationDataError`` if none."""
     folder = Path(folder)
     if not folder.is_dir():
         raise VerificationDataError(f"--images folder not found: {folder}")

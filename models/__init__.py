@@ -5,7 +5,7 @@ writes.
 Layering: ``models`` imports no other package of this project; every other package may import it.
 
 Importing the package is free: the names below load their module (and torch) on first use, so light modules
-(:mod:`models.image_files`, :class:`~models.checkpoint.ModelMeta`) serve command lines and drivers without torch.
+(:mod:`models.files`, :class:`~models.checkpoint.ModelMeta`) serve command lines and drivers without torch.
 """
 
 from __future__ import annotations

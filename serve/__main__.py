@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         if self.epilog and "%(exts)s" in self.epilog:
-            from models.image_files import IMAGE_EXTENSIONS
+            from models.files.image_extensions import IMAGE_EXTENSIONS
 
             self.epilog = self.epilog % {"exts": " ".join(sorted(IMAGE_EXTENSIONS))}
         return super().format_help()

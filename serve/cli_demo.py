@@ -131,7 +131,7 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return fail(f"--max-file-size: {exc}", EXIT_USAGE)
     if args.examples is not None and not args.examples.is_dir():
         return fail(f"examples folder not found: {args.examples}", EXIT_USAGE)
-    from train.runs import default_runs_dir
+    from models.files.run_folder import default_runs_dir
 
     runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
     if args.model is not None and not Path(args.model).exists() and not (runs_dir / args.model).is_dir():

@@ -85,8 +85,9 @@ existing outputs (--existing):
 
 sources (SOURCE):
   a folder     files below it (recursive) with one of these extensions, in any case: %(exts)s
-               Symlinked files are followed, symlinked folders are not (no link loops); other files are
-               ignored. Key: the path relative to the folder, with / separators.
+               Hidden files and folders (.name) are skipped; symlinked files are followed, symlinked
+               folders are not (no link loops); other files are ignored (the rule of --data folder:DIR
+               too). Key: the path relative to the folder, with / separators.
   a list file  one image path or URI per line (# comments); relative paths are relative to the list file;
                file://, http(s):// and fsspec URIs. Key: the line as written.
   tar shards   WebDataset .tar shards: a file, a glob ('shards/*.tar') or a brace pattern

@@ -114,7 +114,7 @@ def find_examples(
     """Example images: the first ``limit`` images of ``folder`` if given (with true labels when it holds a
     ``labels.csv``), else test images of the model's built-in dataset if it is already generated in the cache
     (``$SPML_CACHE``), chosen to cover many classes. Never generates data; the note says what was found."""
-    from serve.sources import find_images
+    from models.files.folder_walk import find_images
 
     if limit <= 0:
         return ExampleSet(note="examples disabled")

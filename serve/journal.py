@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.atomic_files import atomic_path
+from models.files.atomic_writes import atomic_path
 from serve.records import OutputConflictError
 
 JOURNAL_FORMAT = "spml-tag-journal"

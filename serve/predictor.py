@@ -101,7 +101,7 @@ def _provider_name(provider: Any) -> str:
 def models_in_folder(folder: Path) -> list[Path]:
     """Loadable model files of a run folder, preferred first: ``best.pt``, then ``export/*`` and top-level files
     with a registered suffix (sorted; ``last.pt`` excluded: it is a resume checkpoint)."""
-    from train.runs import BEST, LAST
+    from models.files.run_folder import BEST, LAST
 
     suffixes = set(supported_suffixes())
     found: list[Path] = []
@@ -123,7 +123,7 @@ def resolve_model_path(target: str | Path | None, backend: str | None = None, ru
     the first of its exported files that runtime reads (``export/model.onnx`` for onnxruntime).
     Raises :class:`ModelSpecError` when nothing fits.
     """
-    from train.runs import default_runs_dir, latest_run
+    from models.files.run_folder import default_runs_dir, latest_run
 
     runs = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     if target is None:

@@ -1,7 +1,7 @@
 """Output records: scores -> one record per image, and the files they go to (run file JSONL/CSV, errors file).
 
 The one home of record formatting, shared by every tagging engine (through :mod:`serve.outputs`) and the demo's
-batch downloads. Files are written atomically with :mod:`models.atomic_files`.
+batch downloads. Files are written atomically with :mod:`models.files.atomic_writes`.
 
 Run file line (JSONL): ``{"path": "sub/a.jpg", "scores": {class: p, ...}, "tags": [tag, ...]}``: every
 class's probability rounded to 6 decimals, and the tags: the classes chosen by the tag selection
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from models.atomic_files import atomic_path, atomic_write_text
+from models.files.atomic_writes import atomic_path, atomic_write_text
 from serve.caption_rules import CaptionRules
 from serve.tag_selection import Selection, rounded_scores, select_classes
 

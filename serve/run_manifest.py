@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from models.atomic_files import atomic_write_text
+from models.files.atomic_writes import atomic_write_text
 
 MANIFEST_FORMAT = "spml-tag-run"
 MANIFEST_VERSION = 1

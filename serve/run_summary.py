@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.atomic_files import atomic_path, atomic_write_text
+from models.files.atomic_writes import atomic_path, atomic_write_text
 from serve.records import iter_run_file
 
 #: Tags shown in the terminal table and the bar plot (the reports list every tag).

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.atomic_files import atomic_write_text
-from models.image_files import IMAGE_EXTENSIONS
+from models.files.atomic_writes import atomic_write_text
+from models.files.image_extensions import IMAGE_EXTENSIONS
 from serve.records import DEFAULT_SEPARATOR, split_tags
 from serve.sidecar_formats import SIDECAR_FORMATS, json_sidecar, json_updated, xmp_sidecar, xmp_updated
 

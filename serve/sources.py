@@ -1,7 +1,8 @@
 """What ``python -m serve tag SOURCE`` reads, for every engine: a folder, a list file, or WebDataset shards.
 
-- a folder: every image file below it (recursive; sorted; symlinked files followed, symlinked folders not, so
-  a link loop cannot recurse); an item's key is its path relative to the folder, with ``/`` separators.
+- a folder: every image file below it, by the one folder walk's rule (:mod:`models.files.folder_walk`: hidden
+  entries skipped, symlinked files followed, symlinked folders not entered); an item's key is its path relative
+  to the folder, with ``/`` separators.
 - a list file (any existing file that is not a ``.tar``): one image path or URI per line (blank lines and
   ``#`` comments ignored); relative paths are relative to the list file's folder; ``file://``, ``http(s)://``
   and (with fsspec) any fsspec URI. The key is the line as written.
@@ -23,9 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.image_files import IMAGE_EXTENSIONS
+from models.files.folder_walk import walk_folder
+from models.files.image_extensions import IMAGE_EXTENSIONS
 
-SOURCE_KINDS = ("folder", "list", "shards")
 _IMAGE_EXTS = {e.lstrip(".") for e in IMAGE_EXTENSIONS}
 
 
@@ -65,36 +66,15 @@ class Partition:
 
 
 def scan_folder(folder: str | Path, errors: list[tuple[str, str]] | None = None) -> tuple[list[Path], int]:
-    """Walk ``folder`` recursively: symlinked files are listed, symlinked folders are not entered (no loops).
-
-    Returns (files whose suffix is in IMAGE_EXTENSIONS, case-insensitive, sorted by their relative POSIX
-    path; number of other files, which are ignored). Folders that cannot be listed are appended to ``errors``
-    as (relative path, reason) when it is given.
-    """
-    folder = Path(folder)
-    images: list[Path] = []
-    other = 0
-
-    def on_error(exc: OSError) -> None:
-        if errors is not None:
-            where = Path(exc.filename or folder)
-            rel = where.relative_to(folder).as_posix() if where.is_relative_to(folder) else str(where)
-            errors.append((rel + "/", f"folder cannot be listed ({exc.strerror or exc})"))
-
-    for root, dirs, files in os.walk(folder, followlinks=False, onerror=on_error):
-        dirs.sort()
-        for name in files:
-            if Path(name).suffix.lower() in IMAGE_EXTENSIONS:
-                images.append(Path(root) / name)
-            else:
-                other += 1
-    images.sort(key=lambda p: p.relative_to(folder).as_posix())
-    return images, other
-
-
-def find_images(folder: str | Path) -> list[Path]:
-    """The image files under ``folder`` in tagging order (see :func:`scan_folder`)."""
-    return scan_folder(folder)[0]
+    """The image files below ``folder`` with the one folder walk's rule (:mod:`models.files.folder_walk`: hidden
+    entries skipped, symlinked files listed, symlinked folders not entered), sorted by their relative POSIX path,
+    and the number of other files (ignored: not an image by their extension, or hidden). Folders that cannot be
+    listed are appended to ``errors`` as (relative path, reason) when it is given."""
+    listing = walk_folder(folder)
+    if errors is not None:
+        errors += [(listing.relative(where) + "/", f"folder cannot be listed ({reason})")
+                   for where, reason in listing.unreadable]
+    return listing.images(), len(listing.ignored())
 
 
 def expand_shards(pattern: str) -> list[str]:

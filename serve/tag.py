@@ -42,7 +42,7 @@ import numpy as np
 from tqdm import tqdm
 
 from models.checkpoint import ModelMeta
-from models.file_digest import file_sha256
+from models.files.digest import file_sha256
 from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS, DEFAULT_OUTPUT, tag_selection
 from serve.caption_rules import CaptionRules
 from serve.engines import DEFAULT_ENGINE, engine_names, get_engine

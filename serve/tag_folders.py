@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.atomic_files import atomic_path
+from models.files.atomic_writes import atomic_path
 
 LINK_MODES = ("symlink", "hardlink", "copy")
 DEFAULT_LINK_MODE = "symlink"

@@ -17,9 +17,9 @@ from reference import reference_logits
 
 from export import export_onnx
 from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
+from models.files.folder_walk import find_images
 from serve.records import tag_record
 from serve.runtimes import OnnxRuntimeBackend, TorchBackend, runtime_for
-from serve.sources import find_images
 from serve.thresholds import class_thresholds
 
 REPO = Path(__file__).resolve().parents[1]

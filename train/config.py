@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models.files.run_folder import default_runs_dir
 from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
 from train.data.label_regime import DECLARABLE, parse_declarations
 from train.data.protocol import PROTOCOL_SEED, parse_observed
@@ -24,7 +25,6 @@ from train.model_defaults import (
     is_builtin,
 )
 from train.optimizers import OPTIMIZERS, SCHEDULERS
-from train.runs import default_runs_dir
 from train.selection import SELECT_CHOICES
 
 

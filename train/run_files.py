@@ -1,5 +1,5 @@
 """The files of a run folder - config.json, metrics.jsonl, summary.json, scores.npz and the protocol file - each written
-atomically (``models.atomic_files``): a kill leaves a file's previous content or its new one, never half of it.
+atomically (``models.files.atomic_writes``): a kill leaves a file's previous content or its new one, never half of it.
 
 metrics.jsonl grows by one line per epoch; each append rewrites the (small) file into a temporary file and renames
 it into place, so it is kill-safe like the others. Only rank 0 writes (:class:`RunFiles` does nothing elsewhere).
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from models.atomic_files import atomic_path, atomic_write_text
+from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.run_folder import CONFIG_FILE, METRICS_FILE, SCORES_FILE, SUMMARY_FILE
 from train.data.observed_file import OBSERVED_FILE, sha256_of
-from train.runs import CONFIG_FILE, METRICS_FILE, SCORES_FILE, SUMMARY_FILE
 
 
 class RunFiles:

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from models.atomic_files import atomic_path
 from models.checkpoint import ModelMeta, save_checkpoint
+from models.files.atomic_writes import atomic_path
+from models.files.run_folder import BEST, LAST
 from models.network import model_from_meta
 from models.preprocess import TrainTransform
 from train.checkpointing import capture_rng, load_shared, restore_rng, run_meta
@@ -58,7 +59,6 @@ from train.run_setup import (
     seed_everything,
     use_channels_last,
 )
-from train.runs import BEST, LAST
 from train.selection import Assessment, BestSoFar, Candidate, assess, figure, pick, resolve_criterion
 from train.training_step import run_training_step, wrap_training_step
 
