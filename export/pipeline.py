@@ -58,7 +58,7 @@ from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, c
 from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
 from models.checkpoint import ModelMeta
 from models.files.atomic_writes import atomic_path, atomic_write_text
-from serve.records import sigmoid
+from models.logits import sigmoid
 from train.data.audit_list import AuditList, load_audit
 from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
 from train.data.protocol import ProtocolSplits

@@ -29,7 +29,7 @@ import numpy as np
 from export.metadata import read_onnx_meta
 from export.verify import ExportError
 from models.checkpoint import ModelMeta
-from serve.records import sigmoid
+from models.logits import sigmoid
 from train.metrics import mean_average_precision
 
 DEFAULT_MAX_PROB_DIFF = 5e-3

@@ -35,7 +35,7 @@ from export.metadata import file_sha256, read_onnx_meta
 from export.verify import ExportError
 from models.checkpoint import ModelMeta
 from models.files.atomic_writes import atomic_path, atomic_write_text
-from serve.runtimes.tensorrt_backend import (
+from models.runtimes.tensorrt_backend import (
     ENGINE_SIDECAR_FORMAT,
     ENGINE_SUFFIXES,
     FLAVOUR_RTX,

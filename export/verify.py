@@ -19,7 +19,7 @@ import torch
 from models.checkpoint import ModelMeta
 from models.files.folder_walk import find_images
 from models.preprocess import EvalTransform
-from serve.runtimes.onnxruntime_backend import OnnxRuntimeBackend
+from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
 
 if TYPE_CHECKING:
     from train.data.protocol import ProtocolSplits

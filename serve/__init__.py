@@ -2,7 +2,7 @@
 :mod:`serve.engines`, sources in :mod:`serve.sources`, the journal in :mod:`serve.journal`, outputs in
 :mod:`serve.outputs`) and the web demo (``python -m serve demo``), over pluggable runtimes.
 
-Runtimes live in :mod:`serve.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
+Runtimes live in :mod:`models.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
 dependencies such as onnxruntime are imported only when a model of that kind is loaded. This module only
 holds the CLI defaults, so ``python -m serve --help`` and usage errors answer without loading torch.
 

@@ -155,7 +155,7 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return fail(f"no model found under {runs_dir.resolve()}; pass --model FILE (or train one)", EXIT_USAGE)
         key = next((k for k, p in choices.items() if p.resolve() == path.resolve()), str(path))
         if args.backend is not None:  # the picker only offers what the chosen runtime reads
-            from serve.runtimes import RUNTIMES
+            from models.runtimes import RUNTIMES
 
             suffixes = RUNTIMES[args.backend].suffixes if args.backend in RUNTIMES else ()
             choices = {k: p for k, p in choices.items() if p.suffix.lower() in suffixes}

@@ -332,7 +332,7 @@ def _check_tag_args(args: argparse.Namespace) -> str | None:
 
 def _tag_job(args: argparse.Namespace) -> TagJob:
     """The :class:`~serve.tag.TagJob` of the arguments; raises ``ValueError`` / ``OSError`` (bad values, thresholds
-    file) and :class:`~serve.runtimes.ModelSpecError` (unknown device)."""
+    file) and :class:`~models.runtimes.ModelSpecError` (unknown device)."""
     from serve.sidecar_formats import parse_formats
     from serve.sidecars import DEFAULT_FORMATS, SidecarSpec
     from serve.tag import TagJob
@@ -408,11 +408,11 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     problem = _check_tag_args(args)
     if problem:
         return fail(problem, EXIT_USAGE)
+    from models.runtimes import ModelLoadError, ModelSpecError
     from serve.engines import EngineUnavailableError, get_engine
     from serve.journal import journal_path
     from serve.records import OutputConflictError
     from serve.run_summary import summary_table
-    from serve.runtimes import ModelLoadError, ModelSpecError
     from serve.tag import plan_tagging, run_plan
     from serve.thresholds import thresholds_source
 

@@ -1,6 +1,6 @@
 """``Predictor``: one loaded model with the shared preprocessing and thresholds, for Python code and the demo.
 
-The model file goes through the runtime registry (:mod:`serve.runtimes`: ``.pt`` -> PyTorch, ``.onnx`` ->
+The model file goes through the runtime registry (:mod:`models.runtimes`: ``.pt`` -> PyTorch, ``.onnx`` ->
 ONNX Runtime, any backend added there later); images go through :mod:`models.preprocess`, the one
 preprocessing that training evaluation and ``python -m serve tag`` use; thresholds come from
 :func:`serve.thresholds.resolve_thresholds` (the model's calibrated per-class thresholds, else 0.5), optionally
@@ -16,7 +16,6 @@ in evaluation, whatever the other images of its batch are.
 
 from __future__ import annotations
 
-import inspect
 import io
 import os
 import threading
@@ -30,19 +29,21 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from models.checkpoint import ModelMeta
+from models.logits import sigmoid
 from models.preprocess import EvalTransform, decode_scaled, read_image, to_rgb
-from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS
-from serve.records import sigmoid, tag_record
-from serve.runtimes import (
+from models.runtimes import (
     RUNTIMES,
     BackendUnavailableError,
     ModelLoadError,
     ModelSpecError,
     Runtime,
+    open_runtime,
     parse_device,
     runtime_class,
     supported_suffixes,
 )
+from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS
+from serve.records import tag_record
 from serve.tag_selection import Selection, make_selection
 from serve.thresholds import resolve_thresholds
 
@@ -60,38 +61,6 @@ class ImageError(ValueError):
         super().__init__(f"{source}: {reason}")
         self.source = source
         self.reason = reason
-
-
-# --------------------------------------------------------------------------------------------------------
-# Devices and ONNX Runtime execution providers
-
-_ORT_PROVIDER = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
-
-
-def ort_providers(device: str | None, available: Sequence[str]) -> list[Any]:
-    """ONNX Runtime providers for ``device``: CPU always (last); CUDA for ``cuda[:N]``; TensorRT, then CUDA,
-    for ``tensorrt[:N]``. ``available`` is ``onnxruntime.get_available_providers()``.
-
-    Raises :class:`BackendUnavailableError` when this onnxruntime build lacks a requested provider.
-    """
-    kind, index = parse_device(device)
-    if kind in ("default", "cpu"):
-        return ["CPUExecutionProvider"]
-    wanted = ["tensorrt", "cuda"] if kind == "tensorrt" else ["cuda"]
-    providers: list[Any] = []
-    for name in wanted:
-        provider = _ORT_PROVIDER[name]
-        if provider not in available:
-            raise BackendUnavailableError(
-                f"device {device!r} needs ONNX Runtime's {provider}, but this onnxruntime only has "
-                f"{', '.join(available)}; install onnxruntime-gpu built for your CUDA version"
-            )
-        providers.append((provider, {"device_id": index}) if index is not None else provider)
-    return [*providers, "CPUExecutionProvider"]
-
-
-def _provider_name(provider: Any) -> str:
-    return provider[0] if isinstance(provider, tuple) else str(provider)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -322,44 +291,6 @@ class ImagePreprocessor:
 # The predictor
 
 
-def _load_runtime(cls: type, path: Path, device: str | None, threads: int | None = None) -> tuple[Runtime, str]:
-    """Load ``path`` with registry class ``cls`` on ``device`` (``threads``: CPU threads of ONNX Runtime / PyTorch);
-    returns (runtime, device description)."""
-    kind, _ = parse_device(device)
-    if cls.name == "onnxruntime":
-        from serve.runtimes.onnxruntime_backend import import_onnxruntime
-
-        ort = import_onnxruntime()
-        providers = ort_providers(device, ort.get_available_providers())
-        runtime = cls.load(path, providers=providers, threads=threads)
-        active = list(runtime.session.get_providers())
-        missing = [_provider_name(p) for p in providers if _provider_name(p) not in active]
-        if missing:  # ONNX Runtime silently falls back to CPU when CUDA / cuDNN / TensorRT libraries are absent
-            raise BackendUnavailableError(
-                f"device {device!r}: ONNX Runtime could not start {', '.join(missing)} (active: {', '.join(active)});"
-                " check that the CUDA, cuDNN (and TensorRT) libraries matching onnxruntime-gpu are installed, "
-                "or use --device cpu"
-            )
-        return runtime, f"onnxruntime ({', '.join(active)})"
-    if cls.name == "torch":
-        if kind == "tensorrt":
-            raise ModelSpecError("device tensorrt needs an .onnx model (ONNX Runtime) or a TensorRT engine")
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise BackendUnavailableError(f"device {device!r}: PyTorch sees no CUDA GPU on this machine")
-        if threads is not None:
-            torch.set_num_threads(threads)
-        runtime = cls.load(path, device=None if kind == "default" else str(device))
-        return runtime, f"torch ({runtime.device})"
-    params = inspect.signature(cls.load).parameters
-    if "device" in params:
-        runtime = cls.load(path, device=device)
-    elif kind != "default":
-        raise ModelSpecError(f"backend {cls.name} takes no device option")
-    else:
-        runtime = cls.load(path)
-    return runtime, f"{cls.name}" + (f" ({device})" if device else "")
-
-
 class Predictor:
     """A loaded model plus its preprocessing and thresholds; thread-safe for concurrent ``scores`` calls."""
 
@@ -399,7 +330,7 @@ class Predictor:
         """Load a model file (``.pt`` checkpoint, ``.onnx`` export, any registered suffix), a run folder, a run name
         under ``runs_dir``, or the latest run (``path=None``).
 
-        ``backend`` forces a runtime of :data:`serve.runtimes.RUNTIMES`; ``device`` is ``cpu``, ``cuda[:N]`` or
+        ``backend`` forces a runtime of :data:`models.runtimes.RUNTIMES`; ``device`` is ``cpu``, ``cuda[:N]`` or
         ``tensorrt[:N]`` (``None``: PyTorch uses CUDA when available, ONNX Runtime uses CPU). ``max_pixels``: the
         decompression-bomb limit of :meth:`scores` and :meth:`predict` (:data:`serve.DEFAULT_MAX_PIXELS`; ``None``
         turns it off). ``threads``: CPU threads of the runtime (default: its own choice). Raises
@@ -408,9 +339,9 @@ class Predictor:
         """
         parse_device(device)
         model_path = resolve_model_path(path, backend, runs_dir)
-        runtime_cls = runtime_class(model_path, backend)
+        runtime_class(model_path, backend)  # a bad request is a ModelSpecError, never a ModelLoadError
         try:
-            runtime, description = _load_runtime(runtime_cls, model_path, device, threads)
+            runtime, description = open_runtime(model_path, backend, device, threads)
         except ModelLoadError:
             raise
         except ImportError as exc:  # ModuleNotFoundError from the backend names the package and the pip command

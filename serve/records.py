@@ -28,12 +28,6 @@ from serve.tag_selection import Selection, rounded_scores, select_classes
 DEFAULT_SEPARATOR = ", "
 
 
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    """Numerically stable logistic function, computed in float64."""
-    x = np.asarray(logits, dtype=np.float64)
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
 def tag_record(
     rel_path: str,
     probs: np.ndarray,

@@ -3,7 +3,7 @@
 1. **Plan** (:func:`plan_tagging`, once, before any model is loaded): the items of the SOURCE
    (:mod:`serve.sources`), which are already done under the ``existing`` policy (sidecars, the run file, the
    journal of an interrupted run), the model's metadata and thresholds, read from the model file without
-   loading it (:func:`serve.runtimes.read_model_meta`: no torch, no onnxruntime), and the sidecar paths.
+   loading it (:func:`models.runtimes.read_model_meta`: no torch, no onnxruntime), and the sidecar paths.
 2. **Score**: an engine (:mod:`serve.engines`: ``local``, ``ray``) turns the plan's to-do items into batches of
    scores or errors; that is all an engine does.
 3. **Journal** (:mod:`serve.journal`): each batch's records are appended to ``<output>.partial`` and flushed as
@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from models.checkpoint import ModelMeta
 from models.files.digest import file_sha256
+from models.runtimes import parse_device, read_model_meta
 from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS, DEFAULT_OUTPUT, tag_selection
 from serve.caption_rules import CaptionRules
 from serve.engines import DEFAULT_ENGINE, engine_names, get_engine
@@ -51,15 +52,14 @@ from serve.outputs import ErrorsWriter, OutputStage, RunFileWriter, Selection, S
 from serve.records import DEFAULT_SEPARATOR, OutputConflictError, default_errors_path, iter_run_file
 from serve.run_manifest import read_manifest
 from serve.run_summary import RunSummary, summarize_run_file, write_summary_reports
-from serve.runtimes import parse_device, read_model_meta
 from serve.sidecars import SidecarSpec, sidecar_paths
 from serve.sources import Item, Partition, Source
 from serve.tag_folders import TagFolders
 from serve.thresholds import resolve_thresholds, thresholds_source
 
 if TYPE_CHECKING:
+    from models.runtimes import Runtime
     from serve.predictor import Predictor
-    from serve.runtimes import Runtime
 
 #: What to do with images whose outputs exist already (see :class:`TagJob`).
 EXISTING_POLICIES = ("skip", "overwrite", "append")
@@ -238,7 +238,7 @@ def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
     ``FileNotFoundError`` (no source), ``ValueError`` (bad option, unknown class in ``per_class``,
     :class:`~serve.caption_rules.CaptionRuleError` for a rule naming an unknown class,
     :class:`~serve.records.OutputConflictError` for a run file or journal of another model, or for sidecars
-    kept that were written with other tag options) and :class:`~serve.runtimes.ModelLoadError` (model metadata
+    kept that were written with other tag options) and :class:`~models.runtimes.ModelLoadError` (model metadata
     unreadable).
 
     Without ``read_model`` (a dry run) the model file is not opened and a journal is not checked against it.
@@ -422,7 +422,7 @@ def run_plan(
 
     An interruption (exception, Ctrl-C, kill) leaves the journal and the files written so far; the run file is
     not rewritten. Raises what the engine raises (``RuntimeError`` for a failed Ray job,
-    :class:`~serve.runtimes.ModelLoadError` when the model does not load) and ``OSError``.
+    :class:`~models.runtimes.ModelLoadError` when the model does not load) and ``OSError``.
     """
     job = plan.job
     if plan.meta is None or plan.header is None:

@@ -20,9 +20,9 @@ from export.pipeline import export_run, parse_precisions
 from export.precision_check import PrecisionBounds, PrecisionError
 from models import load_checkpoint
 from models.preprocess import EvalTransform
+from models.runtimes.tensorrt_backend import tensorrt_importable
 from serve.demo import model_markdown
 from serve.predictor import Predictor
-from serve.runtimes.tensorrt_backend import tensorrt_importable
 from train.__main__ import main as train_main
 from train.data.protocol import build_protocol, parse_observed
 from train.data.registry import load_dataset

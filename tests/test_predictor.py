@@ -18,6 +18,7 @@ from export import export_onnx
 from models import ModelMeta, build_model, save_checkpoint
 from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD
 from models.preprocess import DECODE_MARGIN, EvalTransform, read_image, resize_uint8
+from models.runtimes import OnnxRuntimeBackend, TorchBackend, supported_suffixes
 from serve.predictor import (
     BackendUnavailableError,
     ImageError,
@@ -28,7 +29,6 @@ from serve.predictor import (
     load_rgb,
     resolve_model_path,
 )
-from serve.runtimes import OnnxRuntimeBackend, TorchBackend, supported_suffixes
 from serve.tag import tag_folder
 from train.data.dataset import ImageLabelDataset
 from train.data.types import LabelledImages

@@ -18,8 +18,8 @@ from reference import reference_logits
 from export import export_onnx
 from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
 from models.files.folder_walk import find_images
+from models.runtimes import OnnxRuntimeBackend, TorchBackend, runtime_for
 from serve.records import tag_record
-from serve.runtimes import OnnxRuntimeBackend, TorchBackend, runtime_for
 from serve.thresholds import class_thresholds
 
 REPO = Path(__file__).resolve().parents[1]

@@ -35,8 +35,8 @@ from export.tensorrt_build import (
 )
 from export.verify import ExportError
 from models import ModelMeta, build_model
-from serve.runtimes import load_runtime, runtime_for
-from serve.runtimes.tensorrt_backend import (
+from models.runtimes import load_runtime, runtime_for
+from models.runtimes.tensorrt_backend import (
     ENGINE_SIDECAR_FORMAT,
     FLAVOUR_RTX,
     FLAVOUR_TENSORRT,

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from models.runtimes import parse_device
 from serve.engines import EngineUnavailableError, Result
-from serve.runtimes import parse_device
 from serve.scoring import score_items
 from serve.sources import Item, shard_items
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from models.checkpoint import ModelMeta, load_checkpoint, read_checkpoint_meta
+from models.runtimes.devices import parse_device
+from models.runtimes.errors import BackendUnavailableError, ModelSpecError
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +50,23 @@ class TorchBackend:
         except RuntimeError as exc:
             raise ValueError(f"{path}: weights do not fit {ckpt.meta.arch} ({exc})") from exc
         return cls(model.float().eval().to(dev), ckpt.meta, path, dev)
+
+    @classmethod
+    def open(cls, path: str | Path, device: str | None = None, threads: int | None = None) -> tuple[TorchBackend, str]:
+        """Load ``path`` for ``device`` (``None``: CUDA when available, else the CPU) with ``threads`` CPU threads
+        (PyTorch's, process-wide); returns the runtime and a description of where it runs. Raises
+        :class:`ModelSpecError` for a TensorRT device, :class:`BackendUnavailableError` for CUDA without a GPU."""
+        import torch
+
+        kind, _ = parse_device(device)
+        if kind == "tensorrt":
+            raise ModelSpecError("device tensorrt needs an .onnx model (ONNX Runtime) or a TensorRT engine")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise BackendUnavailableError(f"device {device!r}: PyTorch sees no CUDA GPU on this machine")
+        if threads is not None:
+            torch.set_num_threads(threads)
+        runtime = cls.load(path, device=None if kind == "default" else str(device))
+        return runtime, f"torch ({runtime.device})"
 
     @classmethod
     def read_meta(cls, path: str | Path) -> ModelMeta:

@@ -1,4 +1,4 @@
-"""TensorRT backend for engines built by :mod:`export.tensorrt_build` (``.engine`` / ``.plan`` + ``<engine>.json``).
+"""TensorRT backend for engines built by ``export.tensorrt_build`` (``.engine`` / ``.plan`` + ``<engine>.json``).
 
 Two TensorRT flavours exist and their engines are not interchangeable:
 
@@ -358,6 +358,13 @@ class TensorRTBackend:
                 f"{path}: engine input {backend.input_name} has shape {shape}, expected (-1, 3, {size}, {size})"
             )
         return backend
+
+    @classmethod
+    def open(cls, path: str | Path, device: str | None = None,
+             threads: int | None = None) -> tuple[TensorRTBackend, str]:
+        """:meth:`load` on ``device`` (``threads`` is not used: the engine runs on the GPU); returns the runtime and
+        a description of where it runs."""
+        return cls.load(path, device=device), cls.name + (f" ({device})" if device else "")
 
     @classmethod
     def read_meta(cls, path: str | Path) -> ModelMeta:

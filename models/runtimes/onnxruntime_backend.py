@@ -14,6 +14,8 @@ import numpy as np
 
 from models.checkpoint import ModelMeta
 from models.onnx_metadata import meta_from_props
+from models.runtimes.devices import ort_providers, provider_name
+from models.runtimes.errors import BackendUnavailableError
 
 INSTALL_HINT = "pip install onnxruntime-gpu  (or, CPU only: pip install onnxruntime)"
 DEFAULT_PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
@@ -85,6 +87,25 @@ class OnnxRuntimeBackend:
             raise ValueError(f"{path}: ONNX Runtime cannot load it ({type(exc).__name__}: {exc})") from exc
         meta = meta_from_props(session.get_modelmeta().custom_metadata_map, path)
         return cls(session, meta, path)
+
+    @classmethod
+    def open(cls, path: str | Path, device: str | None = None,
+             threads: int | None = None) -> tuple[OnnxRuntimeBackend, str]:
+        """Load ``path`` for ``device`` (:func:`~models.runtimes.devices.ort_providers`) with ``threads``; returns
+        the runtime and a description of where it runs. Raises :class:`BackendUnavailableError` when ONNX Runtime
+        would fall back to the CPU (it does so silently when the CUDA / cuDNN / TensorRT libraries are absent)."""
+        ort = import_onnxruntime()
+        providers = ort_providers(device, ort.get_available_providers())
+        runtime = cls.load(path, providers=providers, threads=threads)
+        active = list(runtime.session.get_providers())
+        missing = [provider_name(p) for p in providers if provider_name(p) not in active]
+        if missing:
+            raise BackendUnavailableError(
+                f"device {device!r}: ONNX Runtime could not start {', '.join(missing)} (active: {', '.join(active)});"
+                " check that the CUDA, cuDNN (and TensorRT) libraries matching onnxruntime-gpu are installed, "
+                "or use --device cpu"
+            )
+        return runtime, f"onnxruntime ({', '.join(active)})"
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
         """float32 ``(N, 3, S, S)`` preprocessed batch -> float32 logits ``(N, C)``."""

@@ -1,9 +1,12 @@
-"""The one registry of inference runtimes: name -> class, picked from the model file's suffix.
+"""The one registry of inference runtimes (:data:`RUNTIMES`: name -> class), picked from the model file's suffix;
+used by export (its checks) and serve (the tagger, the predictor, the demo).
 
-Every runtime class has ``name``, ``suffixes``, a classmethod ``load(path)``, a classmethod ``read_meta(path)``
+Every runtime class has ``name``, ``suffixes``, a classmethod ``load(path)``, a classmethod ``open(path, device,
+threads)`` (loaded for a ``--device``, with a description of where it runs), a classmethod ``read_meta(path)``
 (the model's :class:`~models.checkpoint.ModelMeta` without loading the model: no torch, no onnxruntime), the
-attribute ``meta: ModelMeta`` and ``predict_logits(batch float32 (N,3,S,S)) -> float32 (N,C)``. Heavy optional
-dependencies (torch, onnxruntime, TensorRT) are imported inside ``load`` only, so this module, the device names
+attribute ``meta: ModelMeta`` and ``predict_logits(batch float32 (N,3,S,S)) -> float32 (N,C)``. Adding a runtime
+is one module in this package and one row of :data:`RUNTIMES`. Heavy optional dependencies (torch, onnxruntime,
+TensorRT) are imported inside ``load`` only, so this module, the device names (:mod:`models.runtimes.devices`)
 and :func:`read_model_meta` are light: a Ray driver or a command line's checks use them without torch.
 """
 
@@ -15,9 +18,11 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from models.checkpoint import ModelMeta
-from serve.runtimes.onnxruntime_backend import OnnxRuntimeBackend
-from serve.runtimes.tensorrt_backend import TensorRTBackend
-from serve.runtimes.torch_backend import TorchBackend
+from models.runtimes.devices import parse_device
+from models.runtimes.errors import BackendUnavailableError, ModelLoadError, ModelSpecError
+from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
+from models.runtimes.tensorrt_backend import TensorRTBackend
+from models.runtimes.torch_backend import TorchBackend
 
 
 class Runtime(Protocol):
@@ -26,6 +31,11 @@ class Runtime(Protocol):
     name: ClassVar[str]
     suffixes: ClassVar[tuple[str, ...]]
     meta: ModelMeta
+
+    @classmethod
+    def open(cls, path: str | Path, device: str | None = None, threads: int | None = None) -> tuple[Runtime, str]:
+        """Load ``path`` for ``device`` with ``threads`` CPU threads; (runtime, where it runs)."""
+        ...
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
         """float32 ``(N, 3, S, S)`` -> float32 logits ``(N, C)``."""
@@ -40,31 +50,6 @@ RUNTIMES: dict[str, type] = {
 
 #: Model file suffixes of runtimes that may not be installed, for a more helpful "unsupported" message.
 _KNOWN_SUFFIXES = {".engine": "TensorRT engine", ".plan": "TensorRT engine", ".trt": "TensorRT engine"}
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message says why (no need to read a traceback)."""
-
-
-class ModelSpecError(ModelLoadError):
-    """The request itself is wrong: no such file or run, unsupported suffix, unknown backend or device."""
-
-
-class BackendUnavailableError(ModelLoadError):
-    """The runtime or accelerator the model needs is not installed or not usable on this machine."""
-
-
-def parse_device(device: str | None) -> tuple[str, int | None]:
-    """``"cpu"`` / ``"cuda"`` / ``"cuda:1"`` / ``"tensorrt"`` / ``"tensorrt:0"`` -> ``(kind, index or None)``.
-
-    ``None`` gives ``("default", None)``: the backend's own default. Raises :class:`ModelSpecError`.
-    """
-    if device is None:
-        return "default", None
-    kind, _, index = str(device).strip().lower().partition(":")
-    if kind not in ("cpu", "cuda", "tensorrt") or (index and not index.isdigit()) or (kind == "cpu" and index):
-        raise ModelSpecError(f"unknown device {device!r}; use cpu, cuda, cuda:N, tensorrt or tensorrt:N")
-    return kind, int(index) if index else None
 
 
 def supported_suffixes() -> list[str]:
@@ -128,6 +113,15 @@ def read_model_meta(path: str | Path, backend: str | None = None) -> ModelMeta:
     return meta
 
 
+def open_runtime(path: Path, backend: str | None = None, device: str | None = None,
+                 threads: int | None = None) -> tuple[Runtime, str]:
+    """Load model file ``path`` with its runtime (``backend`` forces one: :func:`runtime_class`) for ``device`` with
+    ``threads`` CPU threads; returns the runtime and a description of where it runs. Raises
+    :class:`ModelSpecError` (bad request), :class:`BackendUnavailableError` (runtime or GPU provider missing) and
+    whatever the runtime's ``load`` raises for a file it cannot read."""
+    return runtime_class(path, backend).open(path, device, threads)
+
+
 def load_runtime(path: str | Path, runtime: str | None = None) -> Runtime:
     """Load ``path`` with the runtime named ``runtime`` (default: chosen from the suffix)."""
     if runtime is None:
@@ -149,6 +143,7 @@ __all__ = [
     "TensorRTBackend",
     "TorchBackend",
     "load_runtime",
+    "open_runtime",
     "parse_device",
     "read_model_meta",
     "runtime_class",
