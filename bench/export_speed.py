@@ -22,11 +22,11 @@ from bench.lgconv import make_variant
 from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
 from bench.timing import time_call
+from export.converted_vs_fp32 import OrtModel
 from export.onnx_export import export_to_file, load_model
 from export.pipeline import load_train_sample
-from export.precision_check import OrtModel
 from export.quantize import convert_fp16, quantize_int8
-from export.verify import load_inputs, rebuild_splits
+from export.validation_data import load_inputs, rebuild_splits
 from models.checkpoint import ModelMeta
 from train.metrics import mean_average_precision
 

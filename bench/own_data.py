@@ -49,7 +49,7 @@ from bench.machine import machine_line
 from bench.methods import RunMismatch, check_existing_run
 from bench.recording_trainer import RecordingTrainer
 from bench.results_page import add_page_options, command_line, publish
-from export.calibrate import calibrate
+from export.threshold_calibration import calibrate
 from models.files.atomic_writes import atomic_path
 from models.files.run_folder import SUMMARY_FILE
 from train.config import build_parser, config_from_args

@@ -31,10 +31,11 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from export.metadata import file_sha256, read_onnx_meta
-from export.verify import ExportError
+from export.errors import ExportError
+from export.onnx_files import read_onnx_meta
 from models.checkpoint import ModelMeta
 from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.digest import file_sha256
 from models.runtimes.tensorrt_backend import (
     ENGINE_SIDECAR_FORMAT,
     ENGINE_SUFFIXES,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from export.calibrate import (
+from export.threshold_calibration import (
     THRESHOLD_MAX,
     THRESHOLD_MIN,
     Calibration,

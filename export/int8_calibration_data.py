@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from export.conversion_errors import CalibrationDataError
+from export.errors import CalibrationDataError
 
 CALIBRATION_BATCH = 16
 CALIBRATION_CHUNK_IMAGES = 32  # per chunk, counted at 224 x 224 (scaled by pixel count for other sizes)

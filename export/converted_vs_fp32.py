@@ -1,4 +1,5 @@
-"""Check a converted (FP16 / INT8) ONNX model against its FP32 reference on the same inputs.
+"""Check a converted (FP16 / INT8) ONNX model against its FP32 reference on the same inputs. (The FP32 file itself is
+checked against PyTorch by :mod:`export.onnx_vs_pytorch`.)
 
 Both models run in ONNX Runtime on ``CPUExecutionProvider`` over the same preprocessed batch; the report
 gives the largest and mean absolute probability difference (sigmoid of the logits), the fraction of
@@ -6,12 +7,8 @@ identical thresholded decisions (image x class, at the model's per-class thresho
 of images whose whole tag set is unchanged, and, when labels are given, both models' mAP
 (``train.metrics.mean_average_precision`` on the logits) and the drop.
 
-Bounds (:class:`PrecisionBounds`, defaults per precision from :func:`PrecisionBounds.for_precision`):
-
-- FP16: max |probability difference| <= 5e-3 and >= 99.5% identical decisions (mAP drop <= 0.5 point when
-  labels are given);
-- INT8: mAP drop <= 0.5 point (needs labels) and >= 99% identical decisions; no element-wise bound,
-  quantization noise is judged on the task metric.
+Bounds (:class:`~export.precisions.PrecisionBounds`): each precision's row of the registry,
+:data:`export.precisions.PRECISIONS`.
 
 :func:`check_precision` raises :class:`PrecisionError` (an ``ExportError``) naming every broken bound.
 """
@@ -26,37 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from export.metadata import read_onnx_meta
-from export.verify import ExportError
+from export.errors import ExportError, PrecisionError
+from export.onnx_files import read_onnx_meta
+from export.precisions import PrecisionBounds
 from models.checkpoint import ModelMeta
 from models.logits import sigmoid
 from train.metrics import mean_average_precision
 
-DEFAULT_MAX_PROB_DIFF = 5e-3
-DEFAULT_MIN_AGREEMENT = 0.995
-DEFAULT_MAX_MAP_DROP = 0.5
-DEFAULT_INT8_MIN_AGREEMENT = 0.99
 DEFAULT_THRESHOLD = 0.5
-
-
-class PrecisionError(ExportError):
-    """A converted model broke a precision bound against its FP32 reference."""
-
-
-@dataclass(frozen=True)
-class PrecisionBounds:
-    """Acceptance bounds; ``None`` disables a bound."""
-
-    max_prob_diff: float | None = DEFAULT_MAX_PROB_DIFF
-    min_agreement: float | None = DEFAULT_MIN_AGREEMENT
-    max_map_drop: float | None = DEFAULT_MAX_MAP_DROP  # mAP points; only checked when labels are given
-
-    @classmethod
-    def for_precision(cls, precision: str) -> PrecisionBounds:
-        """The default bounds for ``"fp16"`` or ``"int8"`` (``"fp32"`` gets the FP16 ones)."""
-        if precision == "int8":
-            return cls(max_prob_diff=None, min_agreement=DEFAULT_INT8_MIN_AGREEMENT, max_map_drop=DEFAULT_MAX_MAP_DROP)
-        return cls()
 
 
 @dataclass
