@@ -76,7 +76,7 @@ class ActorMemory:
 def run_child(args: argparse.Namespace) -> dict[str, Any]:
     """In a fresh process: tag ``args.one`` (one image) then ``args.folder`` with ``args.engine``; timings and
     peak memory."""
-    from serve.tag import TagJob, tag
+    from serve.tagging import TagJob, tag
 
     def seconds(folder: str, output: Path) -> float:
         job = TagJob(folder, Path(args.model), output, engine=args.engine, batch_size=args.batch_size,

@@ -4,7 +4,7 @@ Writes a folder of JPEGs (``--images`` of ``--size`` px, made from the built-in 
 cached, else random textures), then for each model file (``.pt`` -> PyTorch, ``.onnx`` -> ONNX Runtime):
 
 - model only: the runtime's images/s on already-preprocessed batches of ``--batch-size``;
-- tagger: ``serve.tag.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
+- tagger: ``serve.tagging.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
   written), images/s end to end.
 
 The ratio tagger / model-only is the share of the model's speed the tagger keeps (target: >= 90%). The table, the
@@ -26,7 +26,7 @@ from PIL import Image
 from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
 from serve.predictor import Predictor
-from serve.tag import tag_folder
+from serve.tagging import tag_folder
 
 
 def make_jpegs(folder: Path, count: int, size: int, seed: int = 0, height: int | None = None) -> list[Path]:
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             print(rows[-1], file=sys.stderr, flush=True)
     lines = ["## Tagger throughput vs model-only throughput (CPU)", "",
              f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
-             f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tag.tag_folder` end to "
-             "end (discovery, decoding in a thread pool overlapping the model, JSONL written); model-only = the "
+             f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tagging.tag_folder` end "
+             "to end (discovery, decoding in a thread pool overlapping the model, JSONL written); model-only = the "
              "same runtime on already-preprocessed batches.", "",
              "| model | backend | network input | model-only img/s | tagger img/s | tagger / model-only |",
              "|---|---|---|---|---|---|"]

@@ -23,7 +23,7 @@ from models import load_checkpoint
 from models.files.digest import file_sha256
 from models.preprocess import EvalTransform
 from models.runtimes.tensorrt_backend import tensorrt_importable
-from serve.demo import model_markdown
+from serve.demo.model_store import model_markdown
 from serve.predictor import Predictor
 from train.__main__ import main as train_main
 from train.data.protocol import build_protocol, parse_observed

@@ -1,6 +1,6 @@
 """Sidecar files: one file per image and format (``txt``, ``json``, ``xmp``), next to it or in a mirrored tree.
 
-What each format holds: :mod:`serve.sidecar_formats`. Names: ``a.jpg`` -> ``a.txt`` (``txt``, or the
+What each format holds: :mod:`serve.outputs.sidecar_formats`. Names: ``a.jpg`` -> ``a.txt`` (``txt``, or the
 ``--sidecar-ext``), ``a.json`` (``json``), ``a.jpg.xmp`` (``xmp``: ``<image name>.xmp``, as darktable and
 digiKam name them). Images that would share a ``txt`` or ``json`` sidecar (``a.jpg`` and ``a.png``) keep their
 suffix: ``a.jpg.txt`` and ``a.png.txt``.
@@ -17,8 +17,8 @@ from typing import Any
 
 from models.files.atomic_writes import atomic_write_text
 from models.files.image_extensions import IMAGE_EXTENSIONS
-from serve.records import DEFAULT_SEPARATOR, split_tags
-from serve.sidecar_formats import SIDECAR_FORMATS, json_sidecar, json_updated, xmp_sidecar, xmp_updated
+from serve.outputs.records import DEFAULT_SEPARATOR, split_tags
+from serve.outputs.sidecar_formats import SIDECAR_FORMATS, json_sidecar, json_updated, xmp_sidecar, xmp_updated
 
 DEFAULT_SIDECAR_EXT = ".txt"
 DEFAULT_FORMATS = ("txt",)
@@ -28,7 +28,7 @@ _FIXED_EXT = {"json": ".json", "xmp": ".xmp"}
 
 @dataclass(frozen=True)
 class SidecarSpec:
-    """Sidecar files: ``formats`` (of :data:`~serve.sidecar_formats.SIDECAR_FORMATS`), the ``txt`` files'
+    """Sidecar files: ``formats`` (of :data:`~serve.outputs.sidecar_formats.SIDECAR_FORMATS`), the ``txt`` files'
     ``ext`` (with its dot) and tag ``separator``, and ``folder`` (``None``: next to each image; else a tree
     mirroring the input folder's)."""
 

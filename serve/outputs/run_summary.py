@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from models.files.atomic_writes import atomic_path, atomic_write_text
-from serve.records import iter_run_file
+from serve.outputs.records import iter_run_file
 
 #: Tags shown in the terminal table and the bar plot (the reports list every tag).
 TOP_TAGS = 20
@@ -55,9 +55,9 @@ def summarize(
 ) -> RunSummary:
     """Count a run's ``records`` (each with ``tags``; streamed, not held). ``classes`` default to the first
     record's score keys; ``chosen`` (a record's scores -> the classes selected, before caption rules, e.g.
-    :meth:`serve.outputs.Selection.chosen`) decides which classes were never predicted; without it a class
+    :meth:`serve.outputs.stage.TagSelector.chosen`) decides which classes were never predicted; without it a class
     counts as predicted when its name appears among the tags. ``names`` (selected classes -> tag names, e.g.
-    :meth:`serve.caption_rules.CaptionRules.labels`; with ``chosen``) gives the tags counted instead of the
+    :meth:`serve.outputs.caption_rules.CaptionRules.labels`; with ``chosen``) gives the tags counted instead of the
     record's ``tags``."""
     per_tag: Counter[str] = Counter()
     per_count: Counter[int] = Counter()

@@ -1,7 +1,7 @@
 """The demo's pure helpers: threshold and tag choice, the result document, the score HTML, batch table and
 downloads (CSV, JSONL, a zip of captions).
 
-No gradio here: :mod:`serve.demo` lays these out in its Gradio app.
+No gradio here: :mod:`serve.demo.app` lays these out in its Gradio app.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from models.checkpoint import ModelMeta
-    from serve.outputs import Selection
+    from serve.outputs.stage import TagSelector
     from serve.predictor import Prediction
 
 #: The demo's selection modes (``top-k`` takes its K from a separate control).
@@ -31,9 +31,9 @@ NEAR_MISS = 0.1  # below the threshold by at most this much: shown as a near mis
 
 def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) -> tuple[Any, str, str]:
     """``(thresholds (C,), mode, description)`` for the demo's controls, via
-    :func:`serve.thresholds.resolve_thresholds`. ``mode`` is ``calibrated``, ``default`` or ``global``."""
+    :func:`serve.outputs.thresholds.resolve_thresholds`. ``mode`` is ``calibrated``, ``default`` or ``global``."""
     from serve import DEFAULT_THRESHOLD
-    from serve.thresholds import resolve_thresholds
+    from serve.outputs.thresholds import resolve_thresholds
 
     if use_calibrated:
         if meta.thresholds is not None:
@@ -58,14 +58,15 @@ def tag_choice(
     max_tags: float | None = None,
     min_score: float | None = None,
     rules: str = "",
-) -> tuple[Selection, str, str]:
+) -> tuple[TagSelector, str, str]:
     """The demo's controls -> ``(selection, threshold mode, description)``: the tagging pipeline's
-    :class:`~serve.outputs.Selection` with the thresholds of :func:`threshold_choice`, the selection ``mode``
+    :class:`~serve.outputs.stage.TagSelector` with the thresholds of :func:`threshold_choice`, the selection ``mode``
     (``top-k`` with ``k``), ``max_tags`` (0 or empty: no cap), ``min_score`` and the caption ``rules`` (the text
-    of a rules file). Raises ``ValueError`` (:class:`~serve.caption_rules.CaptionRuleError` naming a bad rule)."""
-    from serve.caption_rules import parse_rules_text
-    from serve.outputs import Selection
-    from serve.tag_selection import make_selection
+    of a rules file). Raises ``ValueError`` (:class:`~serve.outputs.caption_rules.CaptionRuleError` naming a bad
+    rule)."""
+    from serve.outputs.caption_rules import parse_rules_text
+    from serve.outputs.selection_modes import make_selection
+    from serve.outputs.stage import TagSelector
 
     thresholds, threshold_mode, description = threshold_choice(meta, use_calibrated, threshold)
     if mode not in DEMO_MODES:
@@ -79,11 +80,11 @@ def tag_choice(
         description = f"{chosen.describe()} (thresholds not used)"
     elif chosen.describe() != "thresholds":
         description = f"{description}; {chosen.describe().removeprefix('thresholds, ')}"
-    return Selection(list(meta.classes), thresholds, chosen, caption_rules), threshold_mode, description
+    return TagSelector(list(meta.classes), thresholds, chosen, caption_rules), threshold_mode, description
 
 
 def result_document(
-    prediction: Prediction, model: str, mode: str, seconds: float | None = None, select: Selection | None = None
+    prediction: Prediction, model: str, mode: str, seconds: float | None = None, select: TagSelector | None = None
 ) -> dict[str, Any]:
     """What ``/predict`` returns: every class score (model order, full precision), thresholds used, tags (the
     selected classes), and with ``select`` the selection and ``caption``: the tags as a sidecar writes them
@@ -97,7 +98,7 @@ def result_document(
     return doc
 
 
-def caption_tags(prediction: Prediction, select: Selection) -> list[str]:
+def caption_tags(prediction: Prediction, select: TagSelector) -> list[str]:
     """The tags of a prediction as written: the pipeline's selection of its scores, caption rules applied."""
     import numpy as np
 
@@ -203,7 +204,7 @@ class BatchRow:
     error: str = ""
 
 
-def batch_outputs(rows: Sequence[BatchRow], select: Selection, folder: Path) -> tuple[Any, Path, Path, Path]:
+def batch_outputs(rows: Sequence[BatchRow], select: TagSelector, folder: Path) -> tuple[Any, Path, Path, Path]:
     """Table (pandas DataFrame: file, tags, error, one column per class) and the CSV, JSONL and captions zip files
     written into ``folder``, the tags chosen by ``select`` (the tagging pipeline's selection, caption rules
     applied). The JSONL lines have the format of ``python -m serve tag`` (``{"path", "scores", "tags"}``),
@@ -240,9 +241,9 @@ def batch_outputs(rows: Sequence[BatchRow], select: Selection, folder: Path) -> 
 
 
 def caption_names(names: Sequence[str]) -> list[str]:
-    """The caption file of each uploaded file name, as :func:`serve.sidecars.sidecar_paths` names sidecars
+    """The caption file of each uploaded file name, as :func:`serve.outputs.sidecars.sidecar_paths` names sidecars
     (``a.jpg`` -> ``a.txt``; ``a.jpg.txt`` when stems collide); the same name uploaded twice gets ``a-2.txt``."""
-    from serve.sidecars import SidecarSpec, sidecar_paths
+    from serve.outputs.sidecars import SidecarSpec, sidecar_paths
 
     unique: list[Path] = []
     for name in names:

@@ -1,6 +1,6 @@
 """``python -m serve tag SOURCE --model MODEL``: the tagger's command line (options, checks, exit codes).
 
-The run itself is :mod:`serve.tag`'s pipeline, with a tagging engine (:mod:`serve.engines`): ``local`` (default)
+The run itself is :mod:`serve.tagging`'s pipeline, with a tagging engine (:mod:`serve.engines`): ``local`` (default)
 or ``ray``. ``--help`` and usage errors answer without importing torch or a runtime.
 """
 
@@ -15,7 +15,8 @@ from serve import DEFAULT_MAX_PIXELS, DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EX
 from serve.engines import DEFAULT_ENGINE, engine_names
 
 if TYPE_CHECKING:
-    from serve.tag import TagJob, TagPlan
+    from serve.tagging.job import TagJob
+    from serve.tagging.plan import TagPlan
 
 #: Tags shown in the summary table printed after a run (the reports list every tag).
 SUMMARY_TOP = 10
@@ -85,9 +86,9 @@ existing outputs (--existing):
 
 sources (SOURCE):
   a folder     files below it (recursive) with one of these extensions, in any case: %(exts)s
-               Hidden files and folders (.name) are skipped; symlinked files are followed, symlinked
-               folders are not (no link loops); other files are ignored (the rule of --data folder:DIR
-               too). Key: the path relative to the folder, with / separators.
+               Hidden files and folders (.name) are skipped; symlinked files are followed,
+               symlinked folders are not (no link loops); other files are ignored (the rule of
+               --data folder:DIR too). Key: the path relative to the folder, with / separators.
   a list file  one image path or URI per line (# comments); relative paths are relative to the list file;
                file://, http(s):// and fsspec URIs. Key: the line as written.
   tar shards   WebDataset .tar shards: a file, a glob ('shards/*.tar') or a brace pattern
@@ -138,9 +139,9 @@ examples:
 def add_tag_parser(sub: argparse._SubParsersAction) -> None:
     """The ``tag`` subcommand's options, each with an example."""
     from serve import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT, DEFAULT_THRESHOLD
-    from serve.sidecar_formats import SIDECAR_FORMATS
-    from serve.tag_folders import DEFAULT_LINK_MODE, DEFAULT_UNTAGGED, LINK_MODES
-    from serve.tag_selection import DEFAULT_MODE, selection_type
+    from serve.outputs.selection_modes import DEFAULT_MODE, selection_type
+    from serve.outputs.sidecar_formats import SIDECAR_FORMATS
+    from serve.outputs.tag_folders import DEFAULT_LINK_MODE, DEFAULT_UNTAGGED, LINK_MODES
 
     tag = sub.add_parser(
         "tag",
@@ -290,8 +291,8 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
 
 def _check_tag_args(args: argparse.Namespace) -> str | None:
     """The first usage error of the cheap checks (no torch import), or None. Option values themselves are
-    checked by :class:`serve.tag.TagJob`."""
-    from serve.sources import Partition, source_kind
+    checked by :class:`serve.tagging.job.TagJob`."""
+    from serve.tagging.sources import Partition, source_kind
 
     try:
         source_kind(args.source)
@@ -317,7 +318,7 @@ def _check_tag_args(args: argparse.Namespace) -> str | None:
             return "--top-k is the old name of --max-tags: give one of them"
         print("note: --top-k is deprecated, use --max-tags (the same cap)", file=sys.stderr)
         args.max_tags, args.top_k = args.top_k, None
-    from serve.caption_rules import CaptionRuleError, combine, make_rules, read_rules_file
+    from serve.outputs.caption_rules import CaptionRuleError, combine, make_rules, read_rules_file
 
     try:
         flags = make_rules(args.exclude, args.exclude_re, args.replace, args.first, args.spaces, args.escape,
@@ -331,14 +332,14 @@ def _check_tag_args(args: argparse.Namespace) -> str | None:
 
 
 def _tag_job(args: argparse.Namespace) -> TagJob:
-    """The :class:`~serve.tag.TagJob` of the arguments; raises ``ValueError`` / ``OSError`` (bad values, thresholds
-    file) and :class:`~models.runtimes.ModelSpecError` (unknown device)."""
-    from serve.sidecar_formats import parse_formats
-    from serve.sidecars import DEFAULT_FORMATS, SidecarSpec
-    from serve.tag import TagJob
-    from serve.tag_folders import TagFolders
-    from serve.tag_selection import Selection
-    from serve.thresholds import read_thresholds_file
+    """The :class:`~serve.tagging.job.TagJob` of the arguments; raises ``ValueError`` / ``OSError`` (bad values,
+    thresholds file) and :class:`~models.runtimes.ModelSpecError` (unknown device)."""
+    from serve.outputs.selection_modes import Selection
+    from serve.outputs.sidecar_formats import parse_formats
+    from serve.outputs.sidecars import DEFAULT_FORMATS, SidecarSpec
+    from serve.outputs.tag_folders import TagFolders
+    from serve.outputs.thresholds import read_thresholds_file
+    from serve.tagging.job import TagJob
 
     sidecar = None
     if args.sidecar or args.sidecar_dir is not None or args.sidecar_format is not None:
@@ -390,7 +391,8 @@ def _print_dry_run(plan: TagPlan) -> int:
     journaled = f" ({len(plan.journal.offsets)} in the journal of an interrupted run)" if plan.journal.offsets else ""
     print(
         f"dry run: {found} images found, {len(plan.done)} already done{journaled} (--existing "
-        f"{plan.job.existing}), {todo} would be tagged; {plan.ignored} non-image files ignored; no model loaded",
+        f"{plan.job.outputs.existing}), {todo} would be tagged; {plan.ignored} non-image files ignored; "
+        "no model loaded",
         file=sys.stderr,
     )
     return EXIT_OK
@@ -410,11 +412,12 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return fail(problem, EXIT_USAGE)
     from models.runtimes import ModelLoadError, ModelSpecError
     from serve.engines import EngineUnavailableError, get_engine
-    from serve.journal import journal_path
-    from serve.records import OutputConflictError
-    from serve.run_summary import summary_table
-    from serve.tag import plan_tagging, run_plan
-    from serve.thresholds import thresholds_source
+    from serve.outputs.records import OutputConflictError
+    from serve.outputs.run_summary import summary_table
+    from serve.outputs.thresholds import thresholds_source
+    from serve.tagging.journal import journal_path
+    from serve.tagging.plan import plan_tagging
+    from serve.tagging.run import run_plan
 
     try:
         job = _tag_job(args)
@@ -433,7 +436,7 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return fail(str(exc), EXIT_SOME_FAILED)
     assert plan.meta is not None
     resumed = f"; resuming: {len(plan.journal.offsets)} results journaled" if plan.journal.offsets else ""
-    chosen = f"thresholds: {thresholds_source(plan.meta, args.threshold, job.per_class)}"
+    chosen = f"thresholds: {thresholds_source(plan.meta, args.threshold, job.choice.per_class)}"
     if job.mode.describe() != "thresholds":
         chosen = f"tags: {job.mode.describe()}" + (f" ({chosen})" if job.mode.uses_thresholds else "")
     print(

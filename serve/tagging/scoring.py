@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serve.engines import Result
-from serve.sources import Item, read_location
+from serve.tagging.sources import Item, read_location
 
 if TYPE_CHECKING:
-    from serve.predictor import ImagePreprocessor
+    from serve.images import ImagePreprocessor
 
 #: Preprocessed ``float32 (N, 3, S, S)`` -> sigmoid scores ``float32 (N, C)``: one model call.
 Scorer = Callable[[np.ndarray], np.ndarray]
@@ -36,7 +36,7 @@ def default_workers() -> int:
 
 def decode_item(preprocess: ImagePreprocessor, item: Item) -> tuple[np.ndarray | None, str | None]:
     """``(decoded uint8 (3, S, S), None)`` or ``(None, reason)`` for one item; one bad file must not stop a run."""
-    from serve.predictor import ImageError
+    from serve.images import ImageError
 
     if item.error is not None:
         return None, item.error

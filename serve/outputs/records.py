@@ -1,12 +1,12 @@
 """Output records: scores -> one record per image, and the files they go to (run file JSONL/CSV, errors file).
 
-The one home of record formatting, shared by every tagging engine (through :mod:`serve.outputs`) and the demo's
+The one home of record formatting, shared by every tagging engine (through :mod:`serve.outputs.stage`) and the demo's
 batch downloads. Files are written atomically with :mod:`models.files.atomic_writes`.
 
 Run file line (JSONL): ``{"path": "sub/a.jpg", "scores": {class: p, ...}, "tags": [tag, ...]}``: every
 class's probability rounded to 6 decimals, and the tags: the classes chosen by the tag selection
-(:mod:`serve.tag_selection`; by default those whose rounded probability is >= their threshold), highest score
-first, written with the caption rules (:mod:`serve.caption_rules`; by default the class names). CSV: columns
+(:mod:`serve.outputs.selection_modes`; by default those whose rounded probability is >= their threshold), highest score
+first, written with the caption rules (:mod:`serve.outputs.caption_rules`; by default the class names). CSV: columns
 ``path, tags, <one per class>``, tags joined with the separator. Images that cannot be used go to the errors
 file (``path<TAB>reason``).
 """
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from models.files.atomic_writes import atomic_path, atomic_write_text
-from serve.caption_rules import CaptionRules
-from serve.tag_selection import Selection, rounded_scores, select_classes
+from serve.outputs.caption_rules import CaptionRules
+from serve.outputs.selection_modes import Selection, rounded_scores, select_classes
 
 DEFAULT_SEPARATOR = ", "
 
@@ -69,12 +69,6 @@ def iter_run_file(path: Path, separator: str = DEFAULT_SEPARATOR) -> Iterator[di
             yield from (_csv_records(fh, separator) if is_csv(path) else _jsonl_records(fh))
     except (ValueError, KeyError, TypeError) as exc:
         raise OutputConflictError(f"cannot read the existing run file {path}: {exc}") from None
-
-
-def read_run_file(path: Path, separator: str = DEFAULT_SEPARATOR) -> dict[str, dict[str, Any]]:
-    """Records of an existing run file (JSONL or CSV) by relative path; ``{}`` when it does not exist.
-    Raises :class:`OutputConflictError` when it cannot be parsed."""
-    return {rec["path"]: rec for rec in iter_run_file(path, separator)}
 
 
 def _jsonl_records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:

@@ -2,22 +2,22 @@
 
 The only step between an engine's results and the files a run leaves, with a small interface:
 
-- a *selection* function ``(key, scores (C,)) -> record`` (:class:`Selection`: the classes chosen by a tag
-  selection mode, :mod:`serve.tag_selection`, written with the caption rules, :mod:`serve.caption_rules`); a
-  record is ``{"path", "scores", "tags"}`` (see :mod:`serve.records`);
+- a *selection* function ``(key, scores (C,)) -> record`` (:class:`TagSelector`: the classes chosen by a tag
+  selection mode, :mod:`serve.outputs.selection_modes`, written with the caption rules,
+  :mod:`serve.outputs.caption_rules`); a record is ``{"path", "scores", "tags"}`` (see :mod:`serve.outputs.records`);
 - a list of *writers* (:class:`OutputWriter`): each receives every finished batch's records and failures, in
   the order batches finish, and is told when the run has completed (:meth:`OutputWriter.finish`).
 
-The default writers (:func:`serve.tag.default_outputs`): :class:`SidecarWriter` (txt / json / xmp files per image,
-as each batch finishes), :class:`TagFolderWriter` (links in tag folders), :class:`RunFileWriter` (the run file,
+The default writers (:func:`serve.tagging.run.default_outputs`): :class:`SidecarWriter` (txt / json / xmp files per
+image, as each batch finishes), :class:`TagFolderWriter` (links in tag folders), :class:`RunFileWriter` (the run file,
 sorted by path, written from the journal at the end, with its manifest) and :class:`ErrorsWriter`. Another
 output is one more writer; another way to choose tags is another selection function; engines are not involved.
 Records of images tagged by an earlier, interrupted run reach the run file through the journal, not through the
 writers (their sidecars were written by that run).
 
-Selection works on the scores as stored (rounded to 6 decimals), so a stored record's tags can be chosen again
-exactly (:meth:`Selection.reselect`): the run file's records of earlier runs are re-selected with this run's
-options, and a record's selected classes are known without storing them (:meth:`Selection.chosen`).
+TagSelector works on the scores as stored (rounded to 6 decimals), so a stored record's tags can be chosen again
+exactly (:meth:`TagSelector.reselect`): the run file's records of earlier runs are re-selected with this run's
+options, and a record's selected classes are known without storing them (:meth:`TagSelector.chosen`).
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from serve import tag_selection
-from serve.caption_rules import CaptionRules, rules_from_dict
-from serve.records import tag_record, write_errors, write_run_file
-from serve.run_manifest import write_manifest
-from serve.sidecars import SidecarSpec, write_sidecars
-from serve.tag_folders import TagFolders, place
+from serve.outputs import selection_modes
+from serve.outputs.caption_rules import CaptionRules, rules_from_dict
+from serve.outputs.records import tag_record, write_errors, write_run_file
+from serve.outputs.run_manifest import write_manifest
+from serve.outputs.sidecars import SidecarSpec, write_sidecars
+from serve.outputs.tag_folders import TagFolders, place
 
 if TYPE_CHECKING:
     from serve.engines import Result
-    from serve.journal import Journal
+    from serve.tagging.journal import Journal
 
 #: One image's output record: ``{"path": key, "scores": {class: p}, "tags": [tag, ...]}``.
 Record = dict[str, Any]
@@ -47,14 +47,14 @@ Select = Callable[[str, np.ndarray], Record]
 
 
 @dataclass(frozen=True)
-class Selection:
-    """The tags of an image: the classes ``mode`` chooses (:class:`serve.tag_selection.Selection`: per-class
+class TagSelector:
+    """The tags of an image: the classes ``mode`` chooses (:class:`serve.outputs.selection_modes.Selection`: per-class
     ``thresholds`` by default, or MCut, or top-k; a cap and a floor), highest score first, written with the
     caption ``rules``. ``thresholds`` ``(C,)`` are needed by the ``thresholds`` mode only."""
 
     classes: list[str]
     thresholds: np.ndarray | None = None
-    mode: tag_selection.Selection = field(default_factory=tag_selection.Selection)
+    mode: selection_modes.Selection = field(default_factory=selection_modes.Selection)
     rules: CaptionRules = field(default_factory=CaptionRules)
 
     def __call__(self, key: str, scores: np.ndarray) -> Record:
@@ -64,7 +64,7 @@ class Selection:
     def chosen(self, scores: Mapping[str, float]) -> list[str]:
         """The classes selected from a record's stored ``scores`` (before caption rules), highest first."""
         row = np.array([scores[c] for c in self.classes], dtype=np.float64)
-        return [self.classes[i] for i in tag_selection.select_classes(row, self.thresholds, self.mode)]
+        return [self.classes[i] for i in selection_modes.select_classes(row, self.thresholds, self.mode)]
 
     def reselect(self, record: Mapping[str, Any]) -> Record:
         """``record`` with its tags chosen again from its stored scores (exact: the same options give the same
@@ -84,11 +84,11 @@ class Selection:
         return {"selection": self.mode.to_dict(), "thresholds": values, "caption_rules": self.rules.to_dict()}
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any], classes: Sequence[str]) -> Selection:
-        """The :class:`Selection` of :meth:`to_dict` for ``classes`` (``ValueError`` on a bad document)."""
+    def from_dict(cls, doc: Mapping[str, Any], classes: Sequence[str]) -> TagSelector:
+        """The :class:`TagSelector` of :meth:`to_dict` for ``classes`` (``ValueError`` on a bad document)."""
         values = doc.get("thresholds")
         thresholds = np.array([float(values[c]) for c in classes]) if isinstance(values, dict) else None
-        mode = tag_selection.selection_from_dict(doc["selection"])
+        mode = selection_modes.selection_from_dict(doc["selection"])
         return cls(list(classes), thresholds, mode, rules_from_dict(doc.get("caption_rules") or {}))
 
 
@@ -106,7 +106,7 @@ class OutputWriter(Protocol):
 
 @dataclass
 class OutputStage:
-    """Selection + writers: what :func:`serve.tag.run_plan` does with each batch an engine returns."""
+    """Selection + writers: what :func:`serve.tagging.run.run_plan` does with each batch an engine returns."""
 
     select: Select
     writers: list[OutputWriter] = field(default_factory=list)
@@ -138,7 +138,7 @@ class SidecarWriter:
     ``append`` merges the new tags with those already there instead of replacing them."""
 
     def __init__(
-        self, spec: SidecarSpec, paths: Mapping[str, Mapping[str, Path]], select: Selection, append: bool
+        self, spec: SidecarSpec, paths: Mapping[str, Mapping[str, Path]], select: TagSelector, append: bool
     ) -> None:
         self.spec, self.paths, self.select, self.append = spec, paths, select, append
 
@@ -154,11 +154,11 @@ class SidecarWriter:
 
 
 class TagFolderWriter:
-    """Links (or copies) each image into ``DIR/<tag>/`` for each of its tags (:func:`serve.tag_folders.place`)
+    """Links (or copies) each image into ``DIR/<tag>/`` for each of its tags (:func:`serve.outputs.tag_folders.place`)
     as its batch finishes; at the end, the images of earlier runs that the run file keeps (``kept``, read from
     the ``journal``) are placed too. Placing is idempotent: a re-run adds only what is missing."""
 
-    def __init__(self, spec: TagFolders, folder: Path, select: Selection, journal: Journal, kept: Iterable[str]):
+    def __init__(self, spec: TagFolders, folder: Path, select: TagSelector, journal: Journal, kept: Iterable[str]):
         self.spec, self.folder, self.select, self.journal = spec, folder, select, journal
         self.kept = sorted(kept)
         self.created = 0
@@ -179,13 +179,13 @@ class TagFolderWriter:
 class RunFileWriter:
     """The run file: the records of this run plus the ``kept`` ones of earlier runs (re-selected with this run's
     ``select``), sorted by path, written atomically at the end from the ``journal`` (which holds them all, so no
-    record is kept in memory); then its manifest (:mod:`serve.run_manifest`): ``manifest`` plus the count."""
+    record is kept in memory); then its manifest (:mod:`serve.outputs.run_manifest`): ``manifest`` plus the count."""
 
     def __init__(
         self,
         path: Path,
         journal: Journal,
-        select: Selection,
+        select: TagSelector,
         separator: str,
         kept: Iterable[str],
         manifest: Mapping[str, Any] | None = None,

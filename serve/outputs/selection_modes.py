@@ -1,7 +1,7 @@
 """Which classes become an image's tags: the selection modes of ``serve tag``, the demo and the Python API.
 
 - ``thresholds`` (default): every class whose probability reaches its threshold (the model's calibrated
-  per-class thresholds, a global ``--threshold`` or a ``--thresholds`` file: :mod:`serve.thresholds`).
+  per-class thresholds, a global ``--threshold`` or a ``--thresholds`` file: :mod:`serve.outputs.thresholds`).
 - ``mcut``: MCut (Largeron, Moulin & Géry 2012), instance-adaptive: sort the image's scores, find the largest
   gap between two neighbours and keep every class above it. Needs no threshold.
 - ``top-k:K``: the K highest scores.

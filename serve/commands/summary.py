@@ -1,4 +1,4 @@
-"""``python -m serve summary RUNFILE``: the summary of an existing run file (see :mod:`serve.run_summary`)."""
+"""``python -m serve summary RUNFILE``: the summary of an existing run file (see :mod:`serve.outputs.run_summary`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from serve import EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
-    from serve.outputs import Selection
+    from serve.outputs.stage import TagSelector
 
 SUMMARY_EPILOG = """\
 With the run file's manifest (<stem>.manifest.json, written by `serve tag` beside it) each record's selected
@@ -31,7 +31,7 @@ examples:
 
 def add_summary_parser(sub: argparse._SubParsersAction) -> None:
     """The ``summary`` subcommand's options."""
-    from serve.records import DEFAULT_SEPARATOR
+    from serve.outputs.records import DEFAULT_SEPARATOR
 
     summary = sub.add_parser(
         "summary",
@@ -46,20 +46,20 @@ def add_summary_parser(sub: argparse._SubParsersAction) -> None:
                          f"records, else {DEFAULT_SEPARATOR!r})")
 
 
-def manifest_selection(manifest: dict[str, Any] | None) -> Selection | None:
-    """The :class:`~serve.outputs.Selection` a run file's manifest records, or ``None`` without one."""
-    from serve.outputs import Selection
+def manifest_selection(manifest: dict[str, Any] | None) -> TagSelector | None:
+    """The :class:`~serve.outputs.stage.TagSelector` a run file's manifest records, or ``None`` without one."""
+    from serve.outputs.stage import TagSelector
 
     if manifest is None or not isinstance(manifest.get("tagging"), dict):
         return None
-    return Selection.from_dict(manifest["tagging"], manifest["model"]["classes"])
+    return TagSelector.from_dict(manifest["tagging"], manifest["model"]["classes"])
 
 
 def run_summary(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Execute ``summary``: read the run file, print the table, write the reports; returns the exit status."""
-    from serve.records import DEFAULT_SEPARATOR, OutputConflictError
-    from serve.run_manifest import read_manifest
-    from serve.run_summary import summarize_run_file, summary_table, write_summary_reports
+    from serve.outputs.records import DEFAULT_SEPARATOR, OutputConflictError
+    from serve.outputs.run_manifest import read_manifest
+    from serve.outputs.run_summary import summarize_run_file, summary_table, write_summary_reports
 
     prog = f"{parser.prog} summary"
     if not args.run_file.is_file():

@@ -1,6 +1,6 @@
 """The journal of a tagging run (``<output>.partial``): every result is appended, and flushed, as its batch finishes.
 
-Every engine writes it through :func:`serve.tag.run_plan`, so a run killed at any point (even by SIGKILL) loses
+Every engine writes it through :func:`serve.tagging.run.run_plan`, so a run killed at any point (even by SIGKILL) loses
 at most the batches in flight: the next run with ``--existing skip`` reads the journal, skips what it holds
 and writes the run file from it. Format: JSON Lines; the first line is the :class:`JournalHeader` (which model
 wrote the results, and the tag options it chose them with), then one run-file record ``{"path", "scores",
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from models.files.atomic_writes import atomic_path
-from serve.records import OutputConflictError
+from serve.outputs.records import OutputConflictError
 
 JOURNAL_FORMAT = "spml-tag-journal"
 JOURNAL_VERSION = 1
@@ -36,7 +36,7 @@ def journal_path(output: str | Path) -> Path:
 class JournalHeader:
     """Which model produced a journal's results: its file, the file's SHA-256 and its classes; and ``tagging``,
     the tag options its records' tags (and the sidecars written) were chosen with
-    (:meth:`serve.outputs.Selection.to_dict`), ``None`` when unknown."""
+    (:meth:`serve.outputs.stage.TagSelector.to_dict`), ``None`` when unknown."""
 
     model: str
     sha256: str

@@ -23,7 +23,7 @@ DEFAULT_EXAMPLES = 8
 def find_models(runs_dir: str | Path, max_depth: int = SEARCH_DEPTH) -> dict[str, Path]:
     """Model files under ``runs_dir``: every run folder's ``best.pt`` and exports (``export/*.onnx`` and any other
     registered suffix, e.g. ``.engine``), keyed by their path relative to ``runs_dir``; newest run first."""
-    from serve.predictor import models_in_folder
+    from serve.model_files import models_in_folder
 
     root = Path(runs_dir)
     if not root.is_dir():

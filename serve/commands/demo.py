@@ -1,4 +1,4 @@
-"""``python -m serve demo``: the command line of the Gradio web demo (the page itself: :mod:`serve.demo`)."""
+"""``python -m serve demo``: the command line of the Gradio web demo (the page itself: :mod:`serve.demo.app`)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ examples:
 
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
-    """The ``demo`` subcommand's options (defaults from :mod:`serve.demo`, which imports nothing heavy)."""
-    from serve import demo as d
+    """The ``demo`` subcommand's options (defaults from :mod:`serve.demo.app`, which imports nothing heavy)."""
+    from serve.demo import app as d
 
     demo = sub.add_parser(
         "demo",
@@ -123,7 +123,7 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     args.max_pixels = args.max_pixels or None
     if args.port is not None and not 0 < args.port < 65536:
         return fail(f"--port must be in 1..65535, got {args.port}", EXIT_USAGE)
-    from serve.demo import parse_size
+    from serve.demo.app import parse_size
 
     try:
         parse_size(args.max_file_size)
@@ -142,8 +142,12 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         import gradio  # noqa: F401 - checked here for a clear message
     except ImportError as exc:
         return fail(f"the demo needs gradio ({exc}); install it with: pip install gradio", EXIT_SOME_FAILED)
-    from serve.demo import ModelStore, build_demo, find_examples, find_models, launch_demo
-    from serve.predictor import ModelSpecError, Predictor, resolve_model_path
+    from models.runtimes import ModelSpecError
+    from serve.demo.app import build_demo, launch_demo
+    from serve.demo.catalog import find_examples, find_models
+    from serve.demo.model_store import ModelStore
+    from serve.model_files import resolve_model_path
+    from serve.predictor import Predictor
 
     choices = find_models(runs_dir)
     try:
