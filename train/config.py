@@ -24,7 +24,7 @@ from train.model_defaults import (
     default_image_size,
     is_builtin,
 )
-from train.optimizers import OPTIMIZERS, SCHEDULERS
+from train.optimizer_factory import OPTIMIZERS, SCHEDULERS
 from train.selection import SELECT_CHOICES
 
 

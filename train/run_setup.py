@@ -25,8 +25,7 @@ from train.data.protocol import ProtocolSplits, build_protocol, parse_observed, 
 from train.data.registry import load_dataset
 from train.data.types import DatasetSplits
 from train.distributed import current_world
-from train.expected_positives import ExpectedPositives
-from train.expected_positives import resolve_expected_positives as resolve_k
+from train.expected_positives import ExpectedPositives, resolve_expected_positives
 from train.methods.base import Method, MethodContext, MethodHparams, preset_for
 
 
@@ -87,9 +86,8 @@ def resolve_head(head: str, method: type[Method]) -> str:
     return head
 
 
-# Query2Label / LAC run at 448 px (14 x 14 = 196 tokens). The 7 x 7 floor (224 px, where Query2Label also
-# reports results) is a heuristic; measured at 64 px (2 x 2 tokens), runs/compare/lac-seed0 stage 1: the 20
-# class embeddings of an image have cosine similarity 0.9999997, i.e. the head is not label-wise at all.
+# Query2Label / LAC run at 448 px (14 x 14 = 196 tokens); the 7 x 7 floor (224 px) is a heuristic, and what was
+# measured below it is in docs/methods.md (LAC, image size).
 LEM_MIN_TOKENS = 49
 
 
@@ -155,7 +153,7 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
     return True
 
 
-def resolve_expected_positives(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
+def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
                                dataset_name: str) -> ExpectedPositives | None:
     """k, the expected number of positives per image, for a method that uses it (None for the others), from the
     first source that exists (train/expected_positives.py): ``--hp k``, the published value of the dataset, the
@@ -173,8 +171,8 @@ def resolve_expected_positives(method: type[Method], cfg: TrainConfig, splits: P
         start = float((splits.train_observed == 1).sum(1).mean())
         return ExpectedPositives(start, "estimated", "from the model's validation scores after each epoch; "
                                  f"{start:.2f} (the observed positives per image) in the first")
-    return resolve_k(given=None if given is None else float(given), published=published, full_labels=full,
-                     audit_labels=audit)
+    return resolve_expected_positives(given=None if given is None else float(given), published=published,
+                                      full_labels=full, audit_labels=audit)
 
 
 def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch.device,
@@ -200,7 +198,7 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
                  expected_positives: ExpectedPositives | None,
                  pseudo_positives: np.ndarray | None = None) -> Method:
     """``method`` built for this run's training set, on ``device``: it knows the observed training labels, never
-    the annotated ones, ``expected_positives`` (k, :func:`resolve_expected_positives`) when it uses it, and the
+    the annotated ones, ``expected_positives`` (k, :func:`expected_positives_for_run`) when it uses it, and the
     CLIP ``pseudo_positives`` (``train.pseudo_labels``) when it trains on them."""
     ctx = MethodContext(
         num_classes=len(splits.classes),
@@ -240,7 +238,7 @@ def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, dataset_name: str,
     audit = load_audit(cfg.audit, list(splits.classes)).labels if cfg.audit else None
     if published is None and full is None and audit is None:
         return float((splits.train_observed == 1).sum(1).mean()), "observed positives per image"
-    k = resolve_k(published=published, full_labels=full, audit_labels=audit)
+    k = resolve_expected_positives(published=published, full_labels=full, audit_labels=audit)
     return k.k, k.source
 
 

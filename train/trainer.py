@@ -2,9 +2,10 @@
 the LinearInit phase and the method's stages, and finally test the selected weights.
 
 The parts live in their own modules: set-up (``train.run_setup``), the step loop (``train.epoch_loop``), one
-stage's optimisation (``train.optimisation``), evaluation and selection (``train.selection``), checkpoint helpers
-(``train.checkpointing``), the run folder's files (``train.run_files``), the phase on fixed features (LinearInit
-and ``--trainable head``, ``train.fixed_features``) and the full-label diagnostics (``train.diagnostics``).
+stage's optimisation (``train.stage_optimisation``), evaluation and selection (``train.selection``), what the
+checkpoints hold (``train.checkpoint_contents``), the run folder's files (``train.run_folder_writer``), the phase
+on fixed features (LinearInit and ``--trainable head``, ``train.fixed_features``) and the full-label diagnostics
+(``train.diagnostics``).
 :class:`Trainer` holds them together and decides what happens when.
 """
 
@@ -24,7 +25,7 @@ from models.files.atomic_writes import atomic_path
 from models.files.run_folder import BEST, LAST
 from models.network import model_from_meta
 from models.preprocess import TrainTransform
-from train.checkpointing import capture_rng, load_shared, restore_rng, run_meta
+from train.checkpoint_contents import capture_rng, load_shared, restore_rng, run_meta
 from train.config import TrainConfig, resolve_model_defaults
 from train.data.dataset import ImageLabelDataset, SkipReporter
 from train.data.label_regime import describe_regimes
@@ -36,15 +37,15 @@ from train.epoch_loop import build_train_data, train_epoch
 from train.expected_positives import ExpectedPositives, estimate_expected_positives
 from train.feature_cache import FeatureCache, feature_key, weights_digest
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation
-from train.inference import Predictor, Rows
+from train.inference import DatasetForward, Rows
 from train.methods import EpochEndContext, LossOutput, get_method, make_hparams
-from train.optimisation import Optimisation
 from train.pseudo_labels.stage import PseudoLabelPlan, PseudoLabels, plan_pseudo_labels, prepare_pseudo_labels
 from train.pseudo_labels.stage import describe as describe_pseudo_labels
-from train.run_files import RunFiles
+from train.run_folder_writer import RunFolderWriter
 from train.run_setup import (
     build_method,
     build_run_model,
+    expected_positives_for_run,
     grant_full_labels,
     initialise_head_bias,
     lem_token_warning,
@@ -52,7 +53,6 @@ from train.run_setup import (
     log,
     make_run_name,
     prior_positives,
-    resolve_expected_positives,
     resolve_head,
     resolve_precision,
     run_preprocessing,
@@ -60,6 +60,7 @@ from train.run_setup import (
     use_channels_last,
 )
 from train.selection import Assessment, BestSoFar, Candidate, assess, figure, pick, resolve_criterion
+from train.stage_optimisation import Optimisation
 from train.training_step import run_training_step, wrap_training_step
 
 
@@ -94,7 +95,7 @@ class Trainer:
         barrier()  # every rank has checked the folder before rank 0 writes into it
         if self.world.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.files = RunFiles(self.run_dir, writer=self.world.is_main)
+        self.files = RunFolderWriter(self.run_dir, writer=self.world.is_main)
         self.resumed = resume
 
         head = resolve_head(cfg.head, method_cls)
@@ -111,7 +112,7 @@ class Trainer:
         end_to_end = cfg.epochs if cfg.trainable != "head" else 0
         self.stage_plan = method_cls.stage_epochs(self.hparams, end_to_end) if end_to_end else [0]
         self.total_epochs = self.feature_epochs + sum(self.stage_plan)
-        self.expected_positives = resolve_expected_positives(method_cls, cfg, self.splits, self.dataset.name)
+        self.expected_positives = expected_positives_for_run(method_cls, cfg, self.splits, self.dataset.name)
         self.pseudo_labels: PseudoLabels | None = None
         if self.pseudo_plan is not None:  # read, reused or computed with CLIP (train.pseudo_labels)
             self.pseudo_labels = prepare_pseudo_labels(self.pseudo_plan, self.splits, self.dataset, cfg,
@@ -126,7 +127,7 @@ class Trainer:
             initialise_head_bias(self.model, cfg, self.weights_report, k, source)
 
         self.transform = run_preprocessing(cfg)
-        self.predictor = Predictor(self.transform, self.device, self.precision.autocast, self.channels_last,
+        self.predictor = DatasetForward(self.transform, self.device, self.precision.autocast, self.channels_last,
                                    SkipReporter(), cfg.eval_batch_size, cfg.workers, self.progress)
         views = self.method.extra_views(self.transform)
         if views and self.feature_epochs:

@@ -11,7 +11,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from train.config import TrainConfig
 from train.methods import Method
-from train.optimizers import build_optimizer, build_scheduler
+from train.optimizer_factory import build_optimizer, build_scheduler
 
 
 class Optimisation:

@@ -2,7 +2,7 @@
 atomically (``models.files.atomic_writes``): a kill leaves a file's previous content or its new one, never half of it.
 
 metrics.jsonl grows by one line per epoch; each append rewrites the (small) file into a temporary file and renames
-it into place, so it is kill-safe like the others. Only rank 0 writes (:class:`RunFiles` does nothing elsewhere).
+it into place, so it is kill-safe like the others. Only rank 0 writes (:class:`RunFolderWriter` does nothing elsewhere).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from models.files.run_folder import CONFIG_FILE, METRICS_FILE, SCORES_FILE, SUMM
 from train.data.observed_file import OBSERVED_FILE, sha256_of
 
 
-class RunFiles:
+class RunFolderWriter:
     """Writes a run folder's text files; a no-op unless ``writer`` (rank 0)."""
 
     def __init__(self, run_dir: Path, writer: bool) -> None:
