@@ -309,9 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
 def paper_settings(method: str, data: str) -> dict[str, Any]:
     """The published optimisation settings of ``method`` for the dataset family of spec ``data`` (what
     ``--preset paper`` adds for that pair; empty when the method's papers publish none)."""
-    from train.data.registry import spec_dataset_name
+    from train.data.registry import spec_family
 
-    return paper_settings_for(get_method(method), spec_dataset_name(data))
+    return paper_settings_for(get_method(method), spec_family(data))
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

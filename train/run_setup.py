@@ -154,16 +154,16 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
 
 
 def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
-                               dataset_name: str) -> ExpectedPositives | None:
+                               family: str) -> ExpectedPositives | None:
     """k, the expected number of positives per image, for a method that uses it (None for the others), from the
-    first source that exists (train/expected_positives.py): ``--hp k``, the published value of the dataset, the
-    full training (else validation) labels, the ``--audit`` list; with none of them ``estimated``: the observed
-    positives per image for the first epoch, then the estimate from the model's own validation scores after every
-    epoch (:meth:`train.trainer.Trainer` updates it)."""
+    first source that exists (train/expected_positives.py): ``--hp k``, the published value of the dataset's
+    ``family`` (``DatasetSplits.family``), the full training (else validation) labels, the ``--audit`` list; with
+    none of them ``estimated``: the observed positives per image for the first epoch, then the estimate from the
+    model's own validation scores after every epoch (:meth:`train.trainer.Trainer` updates it)."""
     if not method.uses_expected_positives:
         return None
     given = cfg.hp.get("k")
-    published = preset_for(method, dataset_name).get("k")
+    published = preset_for(method, family).get("k")
     full = splits.train.labels if splits.train_labels_full else (
         splits.val.labels if splits.has_full_labels("val") else None)
     audit = load_audit(cfg.audit, list(splits.classes)).labels if cfg.audit else None
@@ -222,7 +222,7 @@ def run_preprocessing(cfg: TrainConfig) -> EvalTransform:
     return EvalTransform(cfg.image_size, config.mean, config.std, config.interpolation, cfg.crop)
 
 
-def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, dataset_name: str,
+def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, family: str,
                     expected_positives: ExpectedPositives | None) -> tuple[float, str]:
     """k for the head's prior bias, and where it came from: the run's own k when it is known (not estimated),
     else the full training (validation) labels' mean, an audit list, the published k of the dataset family, and
@@ -231,8 +231,8 @@ def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, dataset_name: str,
         return expected_positives.k, expected_positives.source
     from train.methods import METHODS
 
-    published = next((preset_for(m, dataset_name)["k"] for m in METHODS.values()
-                      if m.uses_expected_positives and "k" in preset_for(m, dataset_name)), None)
+    published = next((preset_for(m, family)["k"] for m in METHODS.values()
+                      if m.uses_expected_positives and "k" in preset_for(m, family)), None)
     full = splits.train.labels if splits.train_labels_full else (
         splits.val.labels if splits.has_full_labels("val") else None)
     audit = load_audit(cfg.audit, list(splits.classes)).labels if cfg.audit else None

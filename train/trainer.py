@@ -84,7 +84,7 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir else Path(cfg.runs_dir) / name
         if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise FileExistsError(f"run folder {self.run_dir} already exists and is not empty; pick another --name")
-        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
+        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.family)
         # where CLIP's pseudo-labels come from; a CLIP that cannot be had stops the run here, before anything trains
         self.pseudo_plan: PseudoLabelPlan | None = None
         if method_cls.uses_pseudo_labels:
@@ -112,7 +112,7 @@ class Trainer:
         end_to_end = cfg.epochs if cfg.trainable != "head" else 0
         self.stage_plan = method_cls.stage_epochs(self.hparams, end_to_end) if end_to_end else [0]
         self.total_epochs = self.feature_epochs + sum(self.stage_plan)
-        self.expected_positives = expected_positives_for_run(method_cls, cfg, self.splits, self.dataset.name)
+        self.expected_positives = expected_positives_for_run(method_cls, cfg, self.splits, self.dataset.family)
         self.pseudo_labels: PseudoLabels | None = None
         if self.pseudo_plan is not None:  # read, reused or computed with CLIP (train.pseudo_labels)
             self.pseudo_labels = prepare_pseudo_labels(self.pseudo_plan, self.splits, self.dataset, cfg,
@@ -123,7 +123,7 @@ class Trainer:
                                    self.model.num_features, self.device, self.expected_positives,
                                    self.pseudo_labels.positives if self.pseudo_labels is not None else None)
         if not resume:
-            k, source = prior_positives(cfg, self.splits, self.dataset.name, self.expected_positives)
+            k, source = prior_positives(cfg, self.splits, self.dataset.family, self.expected_positives)
             initialise_head_bias(self.model, cfg, self.weights_report, k, source)
 
         self.transform = run_preprocessing(cfg)

@@ -72,6 +72,7 @@ from torch import nn
 
 from models.preprocess import EvalTransform
 from train.data.dataset import FULL_LABELS
+from train.data.families import family_named
 from train.distributed import global_mean
 from train.pseudo_labels.spec import PseudoLabelSpec
 
@@ -301,13 +302,11 @@ def _convert(value: str, annotation: Any) -> Any:
 
 
 def dataset_family(dataset: str) -> str:
-    """The preset family of a dataset name: ``voc2012`` -> ``voc``, ``coco2014`` -> ``coco``,
-    ``builtin-default`` -> ``builtin``; other names are returned unchanged."""
-    name = dataset.lower()
-    for family in ("voc", "coco", "nus", "cub", "builtin"):
-        if name.startswith(family):
-            return family
-    return name
+    """The preset family of a dataset: a family as its kind declares it (``DatasetSplits.family``: ``voc``, ``coco``,
+    ``nus``, ``cub``, ``builtin``), or a name that family declares (``voc2012`` -> ``voc``, ``builtin-default`` ->
+    ``builtin``: :func:`train.data.families.family_named`, the whole name); any other name is returned unchanged and
+    has no preset (a folder called ``coconut`` is not COCO)."""
+    return family_named(dataset) or dataset
 
 
 def preset_for(method: type[Method], dataset: str) -> dict[str, Any]:
