@@ -55,7 +55,8 @@ Hyperparameters are a dataclass per method (``Hparams``); the CLI sets them with
 ``presets`` holds per-dataset published values. ``paper_settings`` holds the published optimisation settings
 (batch size, learning rate, epochs, EMA, ...) per dataset family, applied by ``--preset paper``. ``paper`` names
 the publication and ``description`` says the idea in a line (both go into the methods table). Adding a method =
-one file with a ``@register`` class plus its import line in ``train/methods/__init__.py``. The papers and the
+one file in ``train/methods/`` with a ``@register`` class (the package imports every module of its
+folder). The papers and the
 notes on where a method follows the reference code rather than the paper: ``docs/methods.md``.
 """
 
