@@ -1,10 +1,15 @@
-"""The one scoring loop: image items -> :class:`~serve.engines.Result` batches, decoding ahead of the model.
+"""Step 2 of the tagging pipeline, the one scoring loop: image items -> :class:`~serve.engines.Result` batches,
+decoding ahead of the model.
 
 Used by the local engine, by each model actor of the Ray engine and by the demo's batch tab, so every path decodes,
-batches and scores images the same way: a pool of threads decodes a bounded window of items ahead of the model
-(:func:`decode_ahead`; decoded images are kept as resized ``uint8``, 4x smaller than the model's floats), batches
-of ``batch_size`` are normalised and scored in one runtime call while the next ones decode. Memory is bounded by
-the window (about ``2 x batch_size`` images), not by the number of images.
+batches and scores images the same way: a pool of ``workers`` threads decodes a bounded window of items ahead of
+the model (:func:`decode_ahead`; decoded images are kept as resized ``uint8``, 4x smaller than the model's floats),
+batches of ``batch_size`` are normalised and scored in one runtime call while the next ones decode.
+
+Memory is bounded by ``batch_size`` and ``workers``, never by the number of images: at most
+:func:`decode_window` items are decoded or decoding ahead of the batch being filled (each held as a resized
+``uint8 (3, S, S)``, plus one full-size decode in progress per worker thread), the batch being filled holds at most
+``batch_size`` of them, and one normalised ``float32 (batch_size, 3, S, S)`` batch is in the model at a time.
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ Scorer = Callable[[np.ndarray], np.ndarray]
 def default_workers() -> int:
     """Decode threads used when none are given: the CPU count, capped at 8."""
     return max(1, min(8, os.cpu_count() or 1))
+
+
+def decode_window(batch_size: int, workers: int) -> int:
+    """How many items are decoded (or decoding) ahead of the batch being filled: two batches, or two items per
+    decode thread when there are more threads than that, so that decoding never waits for the model."""
+    return max(2 * batch_size, 2 * workers)
 
 
 def decode_item(preprocess: ImagePreprocessor, item: Item) -> tuple[np.ndarray | None, str | None]:
@@ -96,7 +107,7 @@ def score_items(
     order. Decoding runs on ``pool``, or on ``workers`` threads (default :func:`default_workers`) of a pool made
     for this call."""
     n_workers = workers or default_workers()
-    window = max(2 * batch_size, 2 * n_workers)
+    window = decode_window(batch_size, n_workers)
     own = ThreadPoolExecutor(n_workers, thread_name_prefix="decode") if pool is None else None
     with own if own is not None else nullcontext():
         results: list[Result] = []
