@@ -88,6 +88,7 @@ def _int8(target: str) -> Callable[[Path, ConversionInputs], ConversionResult]:
     """The INT8 conversion for ``target`` (``cpu``, ``tensorrt``): :func:`export.quantize.quantize_int8`."""
 
     def make(fp32: Path, inputs: ConversionInputs) -> ConversionResult:
+        """Quantize ``fp32`` for ``target`` on the calibration images, beside it."""
         from export.quantize import default_output, quantize_int8
 
         images = inputs.calibration_images()

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from models.checkpoint import ModelMeta
 from models.preprocess import EvalTransform, decode_scaled, read_image, to_rgb
 from serve import DEFAULT_MAX_PIXELS
 
@@ -131,11 +130,6 @@ class ImagePreprocessor:
 
     transform: EvalTransform
     max_pixels: int | None = DEFAULT_MAX_PIXELS
-
-    @classmethod
-    def for_model(cls, meta: ModelMeta, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ImagePreprocessor:
-        """The preprocessing of a model with metadata ``meta``."""
-        return cls(EvalTransform.for_meta(meta), max_pixels)
 
     def decode(self, image: ImageInput) -> np.ndarray:
         """Decode one image and resize it to the model input: ``uint8 (3, S, S)`` (raises :class:`ImageError` /
