@@ -20,9 +20,9 @@ Regimes (:data:`REGIMES`):
 Method hyperparameters are the methods' published defaults (``python -m train.methods``); k of EPR/ROLE/AEVLP is
 the training labels' mean, as the papers compute it. Each row: val-selected test mAP mean ± std over seeds, the
 share of the AN-to-full gap closed, the same-seed difference to AN, OF1 and CF1 on test at per-class thresholds
-calibrated for F1 on val (``export.calibrate``, the thresholds ``python -m export`` ships), and the training-set
-label recovery. Runs are reused when the command is repeated (``bench.methods.run_one``); each run keeps its best
-checkpoint's val/test scores in ``scores.npz``.
+calibrated for F1 on val (``export.threshold_calibration``, the thresholds ``python -m export`` ships), and the
+training-set label recovery. Runs are reused when the command is repeated (``bench.methods.run_one``); each run
+keeps its best checkpoint's val/test scores in ``scores.npz``.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ import torch
 from bench.machine import machine_line
 from bench.methods import _fmt, _fmt_vs_an, aggregate, best_of_grid, grid_text, is_reference_bound, run_one
 from bench.results_page import add_page_options, command_line, publish
-from export.calibrate import calibrate
+from export.threshold_calibration import calibrate
+from models.files.run_folder import SCORES_FILE
 from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names
 from train.methods.gr_loss import GeneralizedRobustLoss
 from train.methods.large_loss import LargeLossRejection
 from train.metrics import f1_scores
-from train.runs import SCORES_FILE
 
 DATA = "openclipart"
 BACKBONE = ["--arch", "tf_efficientnet_lite0", "--weights", "imagenet"]

@@ -3,8 +3,10 @@
 For each configuration: PyTorch eager FP32 (the network as trained, LgConv unfolded), and ONNX Runtime (CPU
 execution provider) on the exported FP32 (folded), FP16 and INT8 (``cpu`` flavour) models - images/s at each
 batch size and, for a trained checkpoint (``--checkpoint``), the test-split mAP of each. Without a checkpoint
-the network is random-initialised (throughput only). The table, the command and the machine go to section
-``export-cpu`` of the results page.
+the network is random-initialised (throughput only). Every runtime / precision / batch size of a configuration is
+timed in the same interleaved rounds (:func:`bench.timing.time_interleaved_spread`), so a change in the machine's
+load hits them alike: images/s is the median (min-max) over the rounds, and "x eager" the ratio of the medians. The
+table, the command and the machine (with its load average) go to section ``export-cpu`` of the results page.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ import torch
 from bench.lgconv import make_variant
 from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
-from bench.timing import time_call
+from bench.timing import time_interleaved_spread
+from export.converted_vs_fp32 import OrtModel
 from export.onnx_export import export_to_file, load_model
 from export.pipeline import load_train_sample
-from export.precision_check import OrtModel
 from export.quantize import convert_fp16, quantize_int8
-from export.verify import load_inputs, rebuild_splits
+from export.validation_data import load_inputs, rebuild_splits
 from models.checkpoint import ModelMeta
 from train.metrics import mean_average_precision
 
@@ -47,40 +49,47 @@ def _smooth_images(n: int, size: int, seed: int) -> np.ndarray:
 
 def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tuple[np.ndarray, np.ndarray] | None,
                  calibration: np.ndarray, batches: list[int], budget: float) -> list[dict[str, Any]]:
-    """Rows (one per runtime/precision) for one network: images/s per batch size and test mAP."""
+    """Rows (one per runtime/precision) for one network: images/s per batch size (a :class:`bench.timing.Spread`
+    over the interleaved rounds) and test mAP."""
     size = meta.image_size
     x = test[0] if test is not None else _smooth_images(max(batches), size, 1)
-    rows: list[dict[str, Any]] = []
 
     def torch_logits(inputs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return torch.cat([model(torch.from_numpy(inputs[s:s + 32])) for s in range(0, len(inputs), 32)]).numpy()
 
-    row: dict[str, Any] = {"config": label, "runtime": "PyTorch eager", "precision": "fp32"}
-    for b in batches:
-        batch = torch.from_numpy(x[np.arange(b) % len(x)])
+    def run_torch(batch: torch.Tensor) -> None:
+        with torch.inference_mode():
+            model(batch)
 
-        def run(batch: torch.Tensor = batch) -> None:
-            with torch.inference_mode():
-                model(batch)
-        row[f"b{b}"] = b / time_call(run, budget)
-    row["mAP"] = mean_average_precision(torch_logits(x), test[1]) if test is not None else None
-    rows.append(row)
-    print(row, file=sys.stderr, flush=True)
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         fp32 = Path(tmp) / "model.onnx"
         export_to_file(model.fold_for_inference(), meta, fp32)
         files = {"fp32": fp32, "fp16": convert_fp16(fp32, Path(tmp) / "model.fp16.onnx").path,
                  "int8 (cpu)": quantize_int8(fp32, Path(tmp) / "model.int8.onnx", calibration, target="cpu").path}
-        for precision, path in files.items():
-            ort_model = OrtModel(path)
+        ort_models = {precision: OrtModel(path) for precision, path in files.items()}
+        calls: dict[str, Any] = {}
+        for b in batches:
+            inputs = x[np.arange(b) % len(x)]
+            tensor = torch.from_numpy(inputs)
+            calls[f"torch fp32 b{b}"] = lambda batch=tensor: run_torch(batch)
+            for precision, ort_model in ort_models.items():
+                feed = {ort_model.input: inputs}
+                calls[f"ort {precision} b{b}"] = lambda m=ort_model, f=feed: m.session.run(None, f)
+        seconds = time_interleaved_spread(calls, budget)  # ``budget`` seconds per cell, as many rounds as fit
+        row: dict[str, Any] = {"config": label, "runtime": "PyTorch eager", "precision": "fp32"}
+        row.update({f"b{b}": seconds[f"torch fp32 b{b}"].per_second(b) for b in batches})
+        row["mAP"] = mean_average_precision(torch_logits(x), test[1]) if test is not None else None
+        rows.append(row)
+        for precision, ort_model in ort_models.items():
             row = {"config": label, "runtime": "ONNX Runtime", "precision": precision,
-                   "size_mb": path.stat().st_size / 1e6}
-            for b in batches:
-                row[f"b{b}"] = ort_model.images_per_second(x, b, budget)
+                   "size_mb": files[precision].stat().st_size / 1e6}
+            row.update({f"b{b}": seconds[f"ort {precision} b{b}"].per_second(b) for b in batches})
             row["mAP"] = mean_average_precision(ort_model.logits(x), test[1]) if test is not None else None
             rows.append(row)
-            print(row, file=sys.stderr, flush=True)
+    for row in rows:
+        print(row, file=sys.stderr, flush=True)
     return rows
 
 
@@ -89,17 +98,18 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) ->
     lines = ["## Export precisions: PyTorch eager vs ONNX Runtime FP32 / FP16 / INT8 (CPU)", "",
              f"Command: `{command}`", "",
              machine_line(), "",
-             "images/s per batch size; ONNX models are the folded export (BatchNorm + LgConv); INT8 is the `cpu` "
-             "flavour (u8 activations, s8 weights, head in float) calibrated on 256 training images.", ""]
+             "images/s per batch size, median (min-max) over interleaved rounds of every cell of a configuration; ONNX "
+             "models are the folded export (BatchNorm + LgConv); INT8 is the `cpu` flavour (u8 activations, s8 "
+             "weights, head in float) calibrated on 256 training images.", ""]
     header = ["config", "runtime", "precision", *[f"img/s b{b}" for b in batches], "x eager (b"
               f"{batches[-1]})", "test mAP", "mAP drop vs eager"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     base: dict[str, dict[str, Any]] = {}
     for r in rows:
         ref = base.setdefault(r["config"], r)
-        speed = r[f"b{batches[-1]}"] / ref[f"b{batches[-1]}"]
+        speed = r[f"b{batches[-1]}"].median / ref[f"b{batches[-1]}"].median
         drop = "-" if r["mAP"] is None or ref["mAP"] is None else f"{ref['mAP'] - r['mAP']:+.2f}"
-        cells = [r["config"], r["runtime"], r["precision"], *[f"{r[f'b{b}']:.1f}" for b in batches], f"{speed:.2f}",
+        cells = [r["config"], r["runtime"], r["precision"], *[r[f"b{b}"].text(".1f") for b in batches], f"{speed:.2f}",
                  "-" if r["mAP"] is None else f"{r['mAP']:.2f}", drop]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -120,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict[str, Any]] = []
-    from train.runs import resolve_checkpoint
+    from models.files.run_folder import resolve_checkpoint
 
     for target in args.checkpoint:
         path = resolve_checkpoint(target)

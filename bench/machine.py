@@ -1,7 +1,9 @@
-"""The machine line every results section carries: processor or GPU, thread counts, library versions, date."""
+"""The machine line every results section carries: processor or GPU, thread counts, library versions, the machine's
+load when it was written, date."""
 
 from __future__ import annotations
 
+import os
 import platform
 from datetime import datetime
 from pathlib import Path
@@ -32,8 +34,19 @@ def threads_text(n: int) -> str:
     return f"{n} thread" if n == 1 else f"{n} threads"
 
 
+def load_text() -> str:
+    """The machine's load average now, e.g. ``load average 1.1 / 1.5 / 2.0 (1 / 5 / 15 min) on 2 CPUs``: above the
+    CPU count, other work shared the CPUs with the benchmark and its timings are not to be trusted."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 min) on {os.cpu_count()} CPUs"
+
+
 def machine_line(extra: str = "", gpu: bool = False) -> str:
-    """One line naming the machine a result was measured on, with torch's version and today's date.
+    """One line naming the machine a result was measured on, with torch's version, the machine's load (when the
+    line is written, at the end of the run) and today's date.
 
     ``gpu=True`` names the visible CUDA devices (or says there are none) instead of the CPU's thread count;
     ``extra`` is appended as is (e.g. ONNX Runtime's thread setting)."""
@@ -46,4 +59,4 @@ def machine_line(extra: str = "", gpu: bool = False) -> str:
     if extra:
         parts.append(extra)
     parts.append(f"torch {torch.__version__}")
-    return f"Machine: {', '.join(parts)}; {datetime.now().strftime('%Y-%m-%d')}."
+    return f"Machine: {', '.join(parts)}; {load_text()}; {datetime.now().strftime('%Y-%m-%d')}."

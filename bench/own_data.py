@@ -52,8 +52,9 @@ from bench.machine import machine_line
 from bench.methods import RunMismatch, check_existing_run
 from bench.recording_trainer import RecordingTrainer
 from bench.results_page import add_page_options, command_line, publish
-from export.calibrate import calibrate
-from models.atomic_files import atomic_path
+from export.threshold_calibration import calibrate
+from models.files.atomic_writes import atomic_path
+from models.files.run_folder import SUMMARY_FILE
 from train.config import build_parser, config_from_args
 from train.data.csv_format import write_csv
 from train.data.observed_spec import ObservedSpec
@@ -64,7 +65,6 @@ from train.expected_positives import estimate_expected_positives, mean_positives
 from train.label_free_selection import LABEL_FREE_CRITERIA, default_criterion
 from train.methods import BASELINE, METHODS, method_names
 from train.metrics import f1_scores, mean_average_precision
-from train.runs import SUMMARY_FILE
 from train.selection import validation_map
 
 SECTION = "own-data"

@@ -1,11 +1,14 @@
 """Tagging engines on one machine: local vs Ray, images/s after start-up and peak memory, in two regimes.
 
-``python -m bench.tag_engines [--images 1200] [--width 800] [--height 600] [--sizes 64,448] [--cpus 2]``
-makes a folder of JPEGs (:func:`bench.tag_speed.make_jpegs`) and, for each network input size, a random
-resnet18 exported to ONNX (no downloads): a small input makes decoding the bottleneck, a large one the model.
+``python -m bench.tag_engines [--images 1200] [--width 800] [--height 600] [--sizes 64,448] [--cpus 2]
+[--repeats 3]`` makes a folder of JPEGs (:func:`bench.tag_speed.make_jpegs`) and, for each network input size, a
+random resnet18 exported to ONNX (no downloads): a small input makes decoding the bottleneck, a large one the model.
 Each engine runs in a fresh process that tags a one-image folder, then the whole folder (``python -m serve tag``'s
-pipeline): images/s after start-up = (N - 1) / (t_N - t_1), start-up = t_1. Peak memory: the process's peak
-RSS (the driver, for Ray), and for Ray the peak RSS of its model actors (read from ``/proc`` while it runs).
+pipeline): images/s after start-up = (N - 1) / (t_N - t_1), start-up = t_1. The engines run ``--repeats`` times
+each, interleaved (local, ray, then ray, local, ...), so a change in the machine's load hits both: the table gives
+the median (min-max) of the runs, and of each round's ray / local ratio; the machine's load average is stated.
+Peak memory: the process's peak RSS (the driver, for Ray), and for Ray the peak RSS of its model actors (read from
+``/proc`` while it runs).
 Ray runs on a local instance with ``--cpus`` CPUs (or joins ``--address``). The run files of both engines must
 hold the same images; their largest score difference is reported. The results go to section ``tag-engines``
 of the results page.
@@ -76,7 +79,7 @@ class ActorMemory:
 def run_child(args: argparse.Namespace) -> dict[str, Any]:
     """In a fresh process: tag ``args.one`` (one image) then ``args.folder`` with ``args.engine``; timings and
     peak memory."""
-    from serve.tag import TagJob, tag
+    from serve.tagging import TagJob, tag
 
     def seconds(folder: str, output: Path) -> float:
         job = TagJob(folder, Path(args.model), output, engine=args.engine, batch_size=args.batch_size,
@@ -106,9 +109,9 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     return {"t1": t1, "tn": tn, "init": init, "driver_mb": peak, "actor_mb": actors.stop() if actors else None}
 
 
-def measure(engine: str, model: Path, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Run one engine in a child process (:func:`run_child`); its results."""
-    output = root / f"{engine}-{model.parent.parent.name}.jsonl"
+def measure(engine: str, model: Path, root: Path, args: argparse.Namespace, round_: int = 0) -> dict[str, Any]:
+    """Run one engine in a child process (:func:`run_child`), round ``round_`` of the repeats; its results."""
+    output = root / f"{engine}-{model.parent.parent.name}-r{round_}.jsonl"
     cmd = [sys.executable, "-m", "bench.tag_engines", "--child", engine, "--model", str(model), "--folder",
            str(root / "images"), "--one", str(root / "one"), "--output", str(output), "--batch-size",
            str(args.batch_size), "--cpus", str(args.cpus)]  # fmt: skip
@@ -122,7 +125,8 @@ def measure(engine: str, model: Path, root: Path, args: argparse.Namespace) -> d
     result = json.loads(done.stdout.strip().splitlines()[-1])
     rate = (args.images - 1) / max(result["tn"] - result["t1"], 1e-3)
     result.update(engine=engine, output=output, rate=rate)
-    print(f"{engine} @{model.parent.parent.name}: {result['rate']:.1f} img/s after start-up", file=sys.stderr)
+    print(f"{engine} @{model.parent.parent.name} (round {round_ + 1}): {result['rate']:.1f} img/s after start-up",
+          file=sys.stderr)
     return result
 
 
@@ -143,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16, help="inference batch (default: %(default)s)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance (default: %(default)s)")
     parser.add_argument("--address", help="join this running Ray instance instead of starting one")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each engine per network, interleaved (default: %(default)s)")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     for hidden in ("--model", "--folder", "--one", "--output"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
@@ -153,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_child(args)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
-    if min(args.images, args.width, args.height, args.cpus, args.batch_size, *sizes) < 1 or args.images < 2:
+    if min(args.images, args.width, args.height, args.cpus, args.batch_size, args.repeats, *sizes) < 1 \
+            or args.images < 2:
         parser.error("every option must be >= 1 (--images >= 2)")
     from bench.tag_speed import make_jpegs
+    from bench.timing import interleaved_order
 
     rows = []
     load = [os.getloadavg()[0]]
@@ -167,12 +175,17 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             (root / f"m{size}").mkdir()
             model = make_model(root / f"m{size}", size, paths[0].parent)
-            results = {engine: measure(engine, model, root, args) for engine in ENGINES}
-            local, ray = (scores(results[e]["output"]) for e in ENGINES)
-            if local.keys() != ray.keys():
-                raise SystemExit("the engines tagged different images: the benchmark's comparison is void")
-            diff = max(abs(a - b) for key in local for a, b in zip(local[key], ray[key], strict=True))
-            rows.append((size, results, diff))
+            runs: dict[str, list[dict[str, Any]]] = {engine: [] for engine in ENGINES}
+            for round_ in range(args.repeats):
+                for engine in interleaved_order(list(ENGINES), round_):
+                    runs[engine].append(measure(engine, model, root, args, round_))
+            diff = 0.0
+            for local_run, ray_run in zip(runs["local"], runs["ray"], strict=True):
+                local, ray = scores(local_run["output"]), scores(ray_run["output"])
+                if local.keys() != ray.keys():
+                    raise SystemExit("the engines tagged different images: the benchmark's comparison is void")
+                diff = max(diff, *(abs(a - b) for key in local for a, b in zip(local[key], ray[key], strict=True)))
+            rows.append((size, runs, diff))
     load.append(os.getloadavg()[0])
     publish_results(args, argv, rows, load)
     return 0
@@ -181,10 +194,12 @@ def main(argv: list[str] | None = None) -> int:
 def publish_results(
     args: argparse.Namespace, argv: list[str] | None, rows: list[tuple[int, dict, float]], load: list[float]
 ) -> None:
-    """Write the section: one line per regime and engine, the ratio, the command, the machine and its load (the
-    1-minute load average at the start and at the end: above the CPU count, other work shared the CPUs)."""
+    """Write the section: one line per regime and engine (median (min-max) over the repeats), the paired ratio, the
+    command, the machine and its load (the 1-minute load average at the start and at the end: above the CPU count,
+    other work shared the CPUs)."""
     from bench.machine import machine_line
     from bench.results_page import command_line, publish
+    from bench.timing import Spread
 
     lines = ["## Tagging engines: local vs Ray", "", "```", command_line("bench.tag_engines", argv), "```", "",
              f"{args.images} JPEGs of {args.width}x{args.height} px, random resnet18 exported to ONNX (ONNX Runtime, "
@@ -193,18 +208,23 @@ def publish_results(
              "layout (one model actor per node, decoding in its threads). img/s after start-up = (N - 1) / (t(N) - "
              "t(1 image)); start-up = t(1 image): loading the model (Ray: starting the actor, which imports torch, and "
              "loading the model; the driver's imports and `ray.init` are not included, nor the local process's "
-             "imports). Peak "
-             "RSS: the tagging process (the driver, for Ray) and Ray's model actor.", "",
+             "imports). Peak RSS: the tagging process (the driver, for Ray) and Ray's model actor, the largest of the "
+             f"runs. Each engine ran {args.repeats} time(s), interleaved (local, ray, then ray, local, ...): img/s and "
+             "start-up are the median (min-max) of the runs, vs local the median (min-max) of each round's ratio.", "",
              "| network input | engine | img/s after start-up | vs local | start-up s | peak RSS, process | "
              "peak RSS, model actor | largest score difference |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for size, results, diff in rows:
+    for size, runs, diff in rows:
         for engine in ENGINES:
-            r = results[engine]
-            actor = f"{r['actor_mb'] / 1024:.2f} GB" if r["actor_mb"] else "-"
-            lines.append(f"| resnet18 @{size} px | {engine} | {r['rate']:.1f} | "
-                         f"{r['rate'] / results['local']['rate']:.2f}x | {r['t1']:.1f} | "
-                         f"{r['driver_mb'] / 1024:.2f} GB | {actor} | {diff:.1e} |")  # fmt: skip
+            mine = runs[engine]
+            rate = Spread.of([r["rate"] for r in mine])
+            ratio = Spread.of([r["rate"] / local["rate"] for r, local in zip(mine, runs["local"], strict=True)])
+            startup = Spread.of([r["t1"] for r in mine])
+            actor_mb = max(r["actor_mb"] or 0 for r in mine)
+            actor = f"{actor_mb / 1024:.2f} GB" if actor_mb else "-"
+            driver_mb = max(r["driver_mb"] for r in mine)
+            lines.append(f"| resnet18 @{size} px | {engine} | {rate.text('.1f')} | {ratio.text('.2f', 'x')} "
+                         f"| {startup.text('.1f')} | {driver_mb / 1024:.2f} GB | {actor} | {diff:.1e} |")
     lines += ["", f"{machine_line()} Load average at the start and the end: {load[0]:.1f}, {load[-1]:.1f}.", ""]
     publish(args.section or "tag-engines", "\n".join(lines), args.page)
 

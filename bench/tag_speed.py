@@ -4,11 +4,13 @@ Writes a folder of JPEGs (``--images`` of ``--size`` px, made from the built-in 
 cached, else random textures), then for each model file (``.pt`` -> PyTorch, ``.onnx`` -> ONNX Runtime):
 
 - model only: the runtime's images/s on already-preprocessed batches of ``--batch-size``;
-- tagger: ``serve.tag.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
+- tagger: ``serve.tagging.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
   written), images/s end to end.
 
-The ratio tagger / model-only is the share of the model's speed the tagger keeps (target: >= 90%). The table, the
-command and the machine go to section ``tag-cpu`` of the results page.
+The ratio tagger / model-only is the share of the model's speed the tagger keeps (target: >= 90%). Both run
+``--repeats`` times, interleaved (model-only, tagger, then tagger, model-only, ...), so a change in the machine's load
+hits both: the table gives the median (min-max) of the runs and of each round's ratio. The table, the command and
+the machine (with its load average) go to section ``tag-cpu`` of the results page.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from PIL import Image
 
 from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
+from bench.timing import Spread, interleaved_order
 from serve.predictor import Predictor
-from serve.tag import tag_folder
+from serve.tagging import tag_folder
 
 
 def make_jpegs(folder: Path, count: int, size: int, seed: int = 0, height: int | None = None) -> list[Path]:
@@ -75,8 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=448, help="JPEG side in px (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=5.0, help="model-only timing window (default: 5)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of model-only and of the tagger per model, interleaved (default: %(default)s)")
     add_page_options(parser, "tag-cpu")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "images"
@@ -84,26 +91,37 @@ def main(argv: list[str] | None = None) -> int:
         paths = make_jpegs(folder, args.images, args.size)
         for model in args.models:
             predictor = Predictor.load(model)
-            speed_model = model_only(predictor, paths, args.batch_size, args.seconds)
-            start = time.perf_counter()
-            summary = tag_folder(folder, predictor, Path(tmp) / f"tags-{model.stem}.jsonl",
-                                 batch_size=args.batch_size, progress=False, existing="overwrite")
-            elapsed = time.perf_counter() - start
-            speed_tag = summary.tagged / elapsed
+
+            def tagger(predictor: Predictor = predictor, model: Path = model) -> float:
+                start = time.perf_counter()
+                summary = tag_folder(folder, predictor, Path(tmp) / f"tags-{model.stem}.jsonl",
+                                     batch_size=args.batch_size, progress=False, existing="overwrite")
+                return summary.tagged / (time.perf_counter() - start)
+
+            runs = {"model_only": lambda p=predictor: model_only(p, paths, args.batch_size, args.seconds),
+                    "tagger": tagger}
+            rates: dict[str, list[float]] = {name: [] for name in runs}
+            for round_ in range(args.repeats):
+                for name in interleaved_order(list(runs), round_):
+                    rates[name].append(runs[name]())
             rows.append({"model": str(model), "backend": predictor.backend, "arch": predictor.meta.arch,
-                         "input": predictor.meta.image_size, "model_only": speed_model, "tagger": speed_tag,
-                         "tagged": summary.tagged})
+                         "input": predictor.meta.image_size, "model_only": Spread.of(rates["model_only"]),
+                         "tagger": Spread.of(rates["tagger"]),
+                         "share": Spread.of([t / m for t, m in zip(rates["tagger"], rates["model_only"],
+                                                                   strict=True)])})
             print(rows[-1], file=sys.stderr, flush=True)
     lines = ["## Tagger throughput vs model-only throughput (CPU)", "",
              f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
-             f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tag.tag_folder` end to "
-             "end (discovery, decoding in a thread pool overlapping the model, JSONL written); model-only = the "
-             "same runtime on already-preprocessed batches.", "",
+             f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tagging.tag_folder` end "
+             "to end (discovery, decoding in a thread pool overlapping the model, JSONL written); model-only = the "
+             f"same runtime on already-preprocessed batches. Both ran {args.repeats} time(s), interleaved: median "
+             "(min-max) of the runs, and of each round's tagger / model-only share.", "",
              "| model | backend | network input | model-only img/s | tagger img/s | tagger / model-only |",
              "|---|---|---|---|---|---|"]
     for r in rows:
+        share = r["share"].scaled(100)
         lines.append(f"| {Path(r['model']).name} | {r['backend']} | {r['arch']} @{r['input']} px | "
-                     f"{r['model_only']:.1f} | {r['tagger']:.1f} | {100 * r['tagger'] / r['model_only']:.0f}% |")
+                     f"{r['model_only'].text('.1f')} | {r['tagger'].text('.1f')} | {share.text('.0f', '%')} |")
     publish(args.section or "tag-cpu", "\n".join(lines) + "\n", args.page)
     return 0
 

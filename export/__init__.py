@@ -8,7 +8,7 @@ Public API (imported lazily, so ``python -m export --help`` and usage errors do 
   :func:`read_sidecar`, :func:`sidecar_path`;
 - errors: :class:`ExportError` > :class:`VerificationDataError`, :class:`ParityError`.
 
-Layering: ``export`` may import ``serve``, ``train`` and ``models``; only ``bench`` and the tests import ``export``.
+Layering (pipeline order): ``export`` imports ``train`` and ``models``, never ``serve``; ``serve`` may import it.
 """
 
 from __future__ import annotations
@@ -20,21 +20,22 @@ from export.defaults import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, 
 
 _LAZY = {
     "META_KEY": "models.onnx_metadata",
-    "read_onnx_meta": "export.metadata",
-    "read_sidecar": "export.metadata",
-    "sidecar_path": "export.metadata",
+    "read_onnx_meta": "export.onnx_files",
+    "read_sidecar": "export.onnx_files",
+    "sidecar_path": "export.onnx_files",
     "ExportResult": "export.onnx_export",
     "export_onnx": "export.onnx_export",
-    "ExportError": "export.verify",
-    "ParityError": "export.verify",
-    "VerificationDataError": "export.verify",
-    "VerifyResult": "export.verify",
+    "ExportError": "export.errors",
+    "ParityError": "export.errors",
+    "VerificationDataError": "export.errors",
+    "VerifyResult": "export.onnx_vs_pytorch",
 }
 
 if TYPE_CHECKING:
-    from export.metadata import read_onnx_meta, read_sidecar, sidecar_path
+    from export.errors import ExportError, ParityError, VerificationDataError
     from export.onnx_export import ExportResult, export_onnx
-    from export.verify import ExportError, ParityError, VerificationDataError, VerifyResult
+    from export.onnx_files import read_onnx_meta, read_sidecar, sidecar_path
+    from export.onnx_vs_pytorch import VerifyResult
     from models.onnx_metadata import META_KEY
 
 

@@ -67,6 +67,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``python -m export``."""
     from export import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
+    from export.precisions import PRECISIONS
 
     parser = argparse.ArgumentParser(
         prog="python -m export",
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = parser.add_argument_group("precisions, thresholds and TensorRT")
     g.add_argument("--precision", default="fp32", metavar="LIST",
-                   help="comma-separated: fp32, fp16, int8 (fp32 is always made; default: %(default)s)")
+                   help=f"comma-separated: {', '.join(PRECISIONS)} (fp32 is always made; default: %(default)s)")
     g.add_argument("--calibrate", default="auto", metavar="MODE",
                    help="threshold calibration: auto, f1, pu-f1[:K], pu, recall:R, threshold:X or none (default: "
                    "auto)")
@@ -152,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # exits 2 on bad options
 
     from export import MAX_OPSET, MIN_OPSET
-    from train.runs import resolve_checkpoint
+    from models.files.run_folder import resolve_checkpoint
 
     def usage(message: str) -> int:
         print(f"{parser.prog}: error: {message}", file=sys.stderr)
@@ -185,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.calibration_images < 1:
         return usage("--calibration-images must be >= 1")
 
-    from export.calibrate import parse_mode  # numpy only
+    from export.threshold_calibration import parse_mode  # numpy only
     if args.audit is not None:  # a bad audit list is a usage error, found before the (long) export
         from models.checkpoint import load_checkpoint
         from train.data.audit_list import load_audit
@@ -195,8 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_audit(args.audit, list(load_checkpoint(checkpoint).meta.classes))
         except DataError as exc:
             return usage(f"--audit {args.audit}: {exc}")
-    from export.pipeline import export_run, parse_precisions  # heavy (torch): once the arguments are good
-    from export.verify import ExportError
+    from export.errors import ExportError
+    from export.pipeline import export_run  # heavy (torch): once the arguments are good
+    from export.precisions import parse_precisions
 
     try:
         precisions = parse_precisions(args.precision)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.atomic_files import atomic_write_text
 from models.checkpoint import ModelMeta
+from models.files.atomic_writes import atomic_write_text
 from train.data.label_regime import NOT_AVAILABLE
 
 MODEL_CARD_FILE = "README.md"

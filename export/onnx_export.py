@@ -27,25 +27,16 @@ import onnx
 import torch
 
 from export.defaults import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
-from export.metadata import (
-    file_sha256,
-    sidecar_document,
-    sidecar_path,
-)
-from export.verify import (
-    ExportError,
-    ParityError,
-    VerifyImages,
-    VerifyResult,
-    folder_images,
-    validation_images,
-    verify_parity,
-)
-from models.atomic_files import atomic_path, atomic_write_text
+from export.errors import ExportError, ParityError
+from export.onnx_files import sidecar_document, sidecar_path
+from export.onnx_vs_pytorch import VerifyResult, verify_parity
+from export.validation_data import VerifyImages, folder_images, validation_images
 from models.checkpoint import ModelMeta, load_checkpoint
+from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.digest import file_sha256
+from models.files.run_folder import resolve_checkpoint
 from models.network import MultiLabelNet, model_from_meta
 from models.onnx_metadata import meta_to_props
-from train.runs import resolve_checkpoint
 
 INPUT_NAME = "images"
 OUTPUT_NAME = "logits"

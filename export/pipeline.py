@@ -5,7 +5,7 @@
 1. :func:`export.onnx_export.export_onnx`: the canonical FP32 ONNX (folded, verified against PyTorch).
 2. The validation split is rebuilt from the checkpoint's metadata and scored by every artifact
    (ONNX Runtime, CPU); the artifact's own per-class thresholds are calibrated on its own scores
-   (:mod:`export.calibrate`; INT8 squeezes scores, so thresholds are never shared between precisions), then
+   (:mod:`export.threshold_calibration`; INT8 squeezes scores, so thresholds are never shared between precisions), then
    written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot. The labels of the
    validation split are full or single-positive (:mod:`train.data.label_regime`); every figure says which, and
    F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)``, or is measured on the audit
@@ -14,7 +14,7 @@
    (:mod:`train.expected_positives`), unless given as ``pu-f1:K``.
 3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
    the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
-   when engines are asked for. Each is checked against FP32 (:mod:`export.precision_check`): the export fails
+   when engines are asked for. Each is checked against FP32 (:mod:`export.converted_vs_fp32`): the export fails
    when a bound is broken.
 4. TensorRT engines (:mod:`export.tensorrt_build`) from the FP32 / FP16 / INT8-tensorrt ONNX files.
 5. ``summary.md`` / ``summary.json`` in the export folder: one row per artifact (size, val mAP, decision
@@ -35,7 +35,20 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
-from export.calibrate import (
+from export.converted_vs_fp32 import OrtModel, PrecisionReport, check_precision, compare_outputs
+from export.errors import ExportError, VerificationDataError
+from export.model_card import CardFile, write_model_card
+from export.onnx_export import ExportResult, export_onnx
+from export.onnx_files import (
+    file_sha256,
+    onnx_meta,
+    read_sidecar,
+    set_onnx_meta,
+    sidecar_document,
+    sidecar_path,
+)
+from export.precisions import PRECISIONS, ConversionInputs, PrecisionBounds
+from export.threshold_calibration import (
     CalibrationMode,
     calibrate,
     calibration_report,
@@ -44,28 +57,16 @@ from export.calibrate import (
     plot_pr_curves,
     write_report,
 )
-from export.metadata import (
-    file_sha256,
-    onnx_meta,
-    read_sidecar,
-    set_onnx_meta,
-    sidecar_document,
-    sidecar_path,
-)
-from export.model_card import CardFile, write_model_card
-from export.onnx_export import ExportResult, export_onnx
-from export.precision_check import OrtModel, PrecisionBounds, PrecisionReport, check_precision, compare_outputs
-from export.verify import ExportError, VerificationDataError, load_inputs, rebuild_splits, split_notes
-from models.atomic_files import atomic_path, atomic_write_text
+from export.validation_data import load_inputs, rebuild_splits, split_notes
 from models.checkpoint import ModelMeta
-from serve.records import sigmoid
+from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.logits import sigmoid
 from train.data.audit_list import AuditList, load_audit
 from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
 from train.data.protocol import ProtocolSplits
 from train.expected_positives import ExpectedPositives, estimate_expected_positives
 from train.metrics import per_class_ap
 
-PRECISIONS = ("fp32", "fp16", "int8")
 DEFAULT_CALIBRATION_IMAGES = 256
 THROUGHPUT_BATCH = 32
 THROUGHPUT_SECONDS = 2.0
@@ -155,18 +156,9 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def parse_precisions(text: str) -> list[str]:
-    """``"fp32,int8"`` -> ``["fp32", "int8"]`` (fp32 always first: the others are made from it)."""
-    wanted = {p.strip().lower() for p in text.split(",") if p.strip()}
-    unknown = wanted - set(PRECISIONS)
-    if unknown or not wanted:
-        raise ValueError(f"--precision takes a comma-separated list of {', '.join(PRECISIONS)}; got {text!r}")
-    return [p for p in PRECISIONS if p in wanted or p == "fp32"]
-
-
 def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, log: Callable[[str], None],
                   progress: bool) -> ValData:
-    """The validation split of ``splits`` (the model's, see :func:`export.verify.rebuild_splits`), preprocessed
+    """The validation split of ``splits`` (the model's, see :func:`export.validation_data.rebuild_splits`), preprocessed
     (at most ``limit`` images), with its labels."""
     paths, labels = list(splits.val.paths), np.asarray(splits.val.labels)
     if limit is not None:
@@ -377,29 +369,20 @@ def export_run(
     ref_thresholds = np.asarray(fp32_art.thresholds or [0.5] * len(meta.classes))
     result.artifacts.append(fp32_art)
 
-    conversions: list[tuple[str, str, str | None]] = []  # (name, precision, int8 target)
-    if "fp16" in precisions:
-        conversions.append(("fp16", "fp16", None))
-    if "int8" in precisions:
-        conversions.append(("int8-cpu", "int8", "cpu"))
-        if trt:
-            conversions.append(("int8-tensorrt", "int8", "tensorrt"))
-    calib_inputs: np.ndarray | None = None
-    for name, precision, target in conversions:
-        from export.quantize import convert_fp16, default_output, quantize_int8
+    calibration: list[np.ndarray] = []  # the INT8 calibration images, read once when a conversion asks
 
-        dst = default_output(fp32.onnx_path, precision, target)
-        if precision == "fp16":
-            say("converting to FP16 ...")
-            conv = convert_fp16(fp32.onnx_path, dst)
-        else:
-            if calib_inputs is None:
-                say(f"reading {calibration_images} training images for INT8 calibration ...")
-                calib_inputs = load_train_sample(meta, splits, calibration_images, seed, progress)
-            say(f"quantizing to INT8 for {target} ({len(calib_inputs)} calibration images) ...")
-            conv = quantize_int8(fp32.onnx_path, dst, calib_inputs, target=target)  # type: ignore[arg-type]
-        art = Artifact(name, conv.path, precision, "tensorrt" if target == "tensorrt" else "onnxruntime",
-                       conv.size_bytes)
+    def read_calibration() -> np.ndarray:
+        if not calibration:
+            say(f"reading {calibration_images} training images for INT8 calibration ...")
+            calibration.append(load_train_sample(meta, splits, calibration_images, seed, progress))
+        return calibration[0]
+
+    inputs = ConversionInputs(say, read_calibration)
+    conversions = [(precision, c) for precision in precisions for c in PRECISIONS[precision].conversions
+                   if trt or not c.engines_only]
+    for precision, conversion in conversions:
+        conv = conversion.make(fp32.onnx_path, inputs)
+        art = Artifact(conversion.artifact, conv.path, precision, conversion.runtime, conv.size_bytes)
         model = OrtModel(conv.path)
         logits = model.logits(val.inputs)
         report = PrecisionReport(reference=str(fp32.onnx_path), candidate=str(conv.path), precision=precision,
@@ -447,7 +430,7 @@ def _build_engines(result: RunExport, precisions: Sequence[str], targets: Sequen
 
     sources = {a.name: a for a in result.artifacts}
     for precision in precisions:
-        src = sources.get("int8-tensorrt" if precision == "int8" else precision)
+        src = sources.get(PRECISIONS[precision].engine_source)
         if src is None:
             continue
         engine_path = src.path.with_name(f"model.{precision}.engine")
@@ -496,4 +479,4 @@ def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:
         say("(engines run only on an NVIDIA GPU: serve them with `python -m serve ... --model <engine>`)")
 
 
-__all__ = ["PRECISIONS", "Artifact", "ExportError", "RunExport", "export_run", "parse_precisions", "write_thresholds"]
+__all__ = ["Artifact", "RunExport", "export_run", "write_thresholds"]

@@ -6,46 +6,22 @@ interface: callers, the tagger and the sidecar never see another dtype. The ``sp
 is the source's with ``precision`` ("fp16" / "int8") and ``quantization`` (how it was made) filled in; it
 is written again after the last conversion step, whatever the tools did to ``metadata_props``.
 
-Tool choices:
-
-- **FP16**: ``onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)``. It is the
-  onnxconverter-common algorithm maintained inside ONNX Runtime, so it needs no extra dependency
-  (onnxconverter-common would add one for the same code); it keeps ``metadata_props`` and puts one
-  ``Cast`` at the input and one at the output (it appends them at the end of the node list, so the graph
-  is re-sorted topologically before saving). NVIDIA's recommended FP16 path for TensorRT 11 is ModelOpt
-  AutoCast, but ``nvidia-modelopt[onnx]`` pins onnx 1.21 and onnxruntime-gpu 1.24 (a downgrade of both)
-  and drops ``metadata_props``; TensorRT's strongly typed builder follows the graph's types whichever
-  tool wrote them. The FP16 file is a GPU artifact: ONNX Runtime's CPU provider runs it (it inserts casts
-  around the FP16 nodes) but no faster than FP32 (ResNet-50 at 224 px: the same speed on an AMD EPYC,
-  slower on an Intel Xeon).
-- **INT8**: ONNX Runtime static quantization (``quantize_static``, QDQ format, per-channel weights) after
-  ``quant_pre_process`` (symbolic + ONNX shape inference and ORT's basic graph optimisations; the quantizer
-  warns when it was not run). ModelOpt's ONNX PTQ is the TensorRT-oriented alternative, but it is not
-  installable next to the project's onnx / onnxruntime versions (see above), while ``quantize_static``
-  ships with ONNX Runtime, calibrates on the CPU provider and produces both flavours below.
-- **Two INT8 flavours** (``target``), because no single one serves both runtimes:
-
-  - ``"cpu"`` (ONNX Runtime CPU): uint8 asymmetric activations, int8 symmetric per-channel weights, int32
-    bias: the u8s8 combination ORT's x86 kernels are fastest with (about 3.6x FP32 for ResNet-50 on 2
-    cores). ``reduce_range=True`` (7-bit weights) is ORT's documented fix for x86 CPUs without VNNI.
-  - ``"tensorrt"``: symmetric int8 activations and weights (zero point 0, the only quantization TensorRT
-    supports), per-channel weights, bias left in float (TensorRT's ONNX parser rejects int32 bias
-    ``DequantizeLinear``). It runs on ORT CPU too (for verification) but is no faster there than FP32.
-
-- **Calibration method**: MinMax (:data:`DEFAULT_CALIBRATION_METHOD`). Measured on two trained resnet18
-  (builtin:default, 64 px, methods bce and an; 256 training images for calibration, the 2000-image test
-  split for evaluation), for both targets with the head in float: the mAP change was within +-0.04 point
-  for MinMax, Percentile (99.999) and Entropy alike, decision agreement 99.5-99.8% for all three, but the
-  largest probability difference was 0.028-0.043 with MinMax against 0.067-0.123 (Percentile) and
-  0.077-0.145 (Entropy). MinMax is also the fastest and keeps no histograms.
-- **Classifier head**: kept in float by default (:data:`DEFAULT_KEEP_HEAD_FLOAT`). Quantizing the final
-  Gemm cost 0.22-0.47 mAP point in the same measurement (0.43 and 0.47 for the TensorRT flavour, at the
-  0.5 budget) against <= 0.04 with it in float; it is one small matrix, so keeping it costs no speed.
+- **FP16** (:func:`convert_fp16`): ONNX Runtime's ``convert_float_to_float16(keep_io_types=True)``, the graph
+  re-sorted topologically (the tool appends its output ``Cast`` at the end of the node list). A GPU artifact.
+- **INT8** (:func:`quantize_int8`): ONNX Runtime static quantization (``quantize_static``, QDQ format,
+  per-channel weights) after ``quant_pre_process``, in one of two flavours (``target``, :data:`INT8_FLAVOURS`):
+  ``"cpu"`` (u8 asymmetric activations, s8 symmetric weights, int32 bias: ONNX Runtime's fast x86 kernels;
+  ``reduce_range`` for CPUs without VNNI) and ``"tensorrt"`` (symmetric s8 activations and weights, float bias:
+  what TensorRT's explicit quantization accepts). Calibration: MinMax (:data:`DEFAULT_CALIBRATION_METHOD`), the
+  classifier head kept in float (:data:`DEFAULT_KEEP_HEAD_FLOAT`).
 
 Calibration memory: ONNX Runtime's calibrators hold every quantized tensor of the batches they are given;
-the batches are therefore fed in chunks of about 32 images of 224 px (:mod:`export.calibration_data`; fewer
-larger images, more smaller ones) and the ranges (or histograms) merged, so the memory needed does not
+the batches are therefore fed in chunks of about 32 images of 224 px (:mod:`export.int8_calibration_data`;
+fewer larger images, more smaller ones) and the ranges (or histograms) merged, so the memory needed does not
 grow with the number of calibration images.
+
+Why these tools and defaults (the alternatives, the versions they pin, the measurements behind MinMax and the
+float head): docs/export.md.
 """
 
 from __future__ import annotations
@@ -66,11 +42,12 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
-from export.calibration_data import CALIBRATION_BATCH, BatchReader, calibration_batches, chunk_stride
-from export.conversion_errors import ConversionError, NotFP32Error
-from export.metadata import file_sha256, load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
-from models.atomic_files import atomic_path
+from export.errors import ConversionError, NotFP32Error
+from export.int8_calibration_data import CALIBRATION_BATCH, BatchReader, calibration_batches, chunk_stride
+from export.onnx_files import load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
 from models.checkpoint import ModelMeta
+from models.files.atomic_writes import atomic_path
+from models.files.digest import file_sha256
 
 Target = Literal["cpu", "tensorrt"]
 CalibrationMethodName = Literal["minmax", "percentile", "entropy"]
@@ -488,7 +465,7 @@ def quantize_int8(
     ``"entropy"``. ``keep_head_float`` leaves the final Gemm/MatMul unquantized. ``reduce_range``: 7-bit
     weights, for x86 CPUs without VNNI. The result's ``spml_meta`` has ``precision="int8"`` and a
     ``quantization`` record. Raises ``FileNotFoundError``, :class:`NotFP32Error`,
-    :class:`~export.conversion_errors.CalibrationDataError`, :class:`ConversionError`.
+    :class:`~export.errors.CalibrationDataError`, :class:`ConversionError`.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process

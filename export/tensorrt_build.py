@@ -31,11 +31,12 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from export.metadata import file_sha256, read_onnx_meta
-from export.verify import ExportError
-from models.atomic_files import atomic_path, atomic_write_text
+from export.errors import ExportError
+from export.onnx_files import read_onnx_meta
 from models.checkpoint import ModelMeta
-from serve.runtimes.tensorrt_backend import (
+from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.digest import file_sha256
+from models.runtimes.tensorrt_backend import (
     ENGINE_SIDECAR_FORMAT,
     ENGINE_SUFFIXES,
     FLAVOUR_RTX,

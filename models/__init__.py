@@ -1,11 +1,17 @@
-"""Model architectures (``backbones/``: torchvision ResNets and timm models; ``network``: backbone + head),
-checkpoints with metadata, the one image preprocessing used everywhere, the ONNX metadata schema and atomic file
-writes.
+"""The bottom layer, shared by every stage (train, export, serve): the model, its files and how it runs.
+
+- the network: ``backbones/`` (torchvision ResNets and timm models, a registry of families), ``network`` (backbone
+  + head), ``lgconv``, ``label_embedding``, ``weight_files`` (``--weights FILE``);
+- its metadata and files: ``checkpoint`` (:class:`~models.checkpoint.ModelMeta`, the checkpoint format),
+  ``onnx_metadata`` (the metadata inside ONNX files), ``logits`` (what the network outputs);
+- ``preprocess``: the one image preprocessing used everywhere;
+- ``runtimes/``: the registry of inference runtimes (ONNX Runtime, PyTorch, TensorRT) and device names;
+- ``files/``: atomic writes, SHA-256 digests, image extensions, the one folder walk, the run folder layout.
 
 Layering: ``models`` imports no other package of this project; every other package may import it.
 
 Importing the package is free: the names below load their module (and torch) on first use, so light modules
-(:mod:`models.image_files`, :class:`~models.checkpoint.ModelMeta`) serve command lines and drivers without torch.
+(:mod:`models.files`, :class:`~models.checkpoint.ModelMeta`) serve command lines and drivers without torch.
 """
 
 from __future__ import annotations

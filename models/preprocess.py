@@ -24,8 +24,6 @@ from PIL import Image, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 from torchvision.transforms.v2 import functional as F
 
-from models.image_files import IMAGE_EXTENSIONS  # noqa: F401 - re-exported: its home before image_files
-
 if TYPE_CHECKING:
     from models.checkpoint import ModelMeta
 

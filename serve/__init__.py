@@ -1,12 +1,21 @@
-"""Serving trained models: batch tagging (``python -m serve tag``: the pipeline in :mod:`serve.tag`, engines in
-:mod:`serve.engines`, sources in :mod:`serve.sources`, the journal in :mod:`serve.journal`, outputs in
-:mod:`serve.outputs`) and the web demo (``python -m serve demo``), over pluggable runtimes.
+"""Serving trained models (``python -m serve``), the last stage of the pipeline; one sub-package per job:
 
-Runtimes live in :mod:`serve.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``); optional
-dependencies such as onnxruntime are imported only when a model of that kind is loaded. This module only
-holds the CLI defaults, so ``python -m serve --help`` and usage errors answer without loading torch.
+- ``commands/``: the command lines (``tag``, ``demo``, ``summary``): options, checks, exit codes;
+- ``tagging/``: the tagging pipeline, plan -> score -> journal -> outputs (:class:`~serve.tagging.job.TagJob`,
+  :func:`~serve.tagging.run.tag`);
+- ``engines/``: where the scoring runs (``local``, ``ray``), one module each;
+- ``outputs/``: scores -> tags (thresholds, selection modes, caption rules) -> records, the run file and its
+  manifest and summary, sidecars, tag folders;
+- ``demo/``: the Gradio web demo;
+- :mod:`serve.predictor` (one loaded model for Python code), :mod:`serve.images` (any image input -> the model's
+  input), :mod:`serve.model_files` (which file a ``--model`` names).
 
-Layering: ``serve`` may import ``train`` and ``models``; ``export`` and ``bench`` may import it.
+Runtimes live in the bottom layer, :mod:`models.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``,
+TensorRT engines); optional dependencies such as onnxruntime are imported only when a model of that kind is loaded.
+This module only holds the CLI defaults, so ``python -m serve --help`` and usage errors answer without torch.
+
+Layering (pipeline order): ``serve`` may import ``export``, ``train`` and ``models``; only ``bench`` and the tests
+import ``serve``.
 """
 
 from pathlib import Path
@@ -15,10 +24,11 @@ DEFAULT_BATCH_SIZE = 16
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_OUTPUT = Path("tags.jsonl")
 
-#: The decompression-bomb limit of every entry point (``serve tag``, ``serve demo``, :class:`serve.tag.TagJob`,
-#: :func:`serve.tag.tag_folder`, :class:`serve.predictor.Predictor`): the largest image accepted, width x height,
-#: checked from the file header before decoding (Pillow's own limit). Turning it off is explicit: ``max_pixels=None``
-#: in Python, ``--max-pixels 0`` on the command line (Pillow still refuses images over twice its limit).
+#: The decompression-bomb limit of every entry point (``serve tag``, ``serve demo``,
+#: :class:`serve.tagging.job.TagJob`, :func:`serve.tagging.run.tag_folder`, :class:`serve.predictor.Predictor`): the
+#: largest image accepted, width x height, checked from the file header before decoding (Pillow's own limit).
+#: Turning it off is explicit: ``max_pixels=None`` in Python, ``--max-pixels 0`` on the command line (Pillow still
+#: refuses images over twice its limit).
 DEFAULT_MAX_PIXELS = 89_478_485
 
 #: ``--device`` help shared by ``tag`` and ``demo``.

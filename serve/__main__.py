@@ -1,8 +1,9 @@
-"""``python -m serve tag SOURCE --model MODEL``: tag images (see :mod:`serve.cli_tag`).
+"""``python -m serve tag SOURCE --model MODEL``: tag images (see :mod:`serve.commands.tag`).
 
-``python -m serve demo [--model MODEL]``: the Gradio web demo (see :mod:`serve.cli_demo`).
+``python -m serve demo [--model MODEL]``: the Gradio web demo (see :mod:`serve.commands.demo`).
 
-``python -m serve summary RUNFILE``: images per tag, tags per image, classes never predicted (:mod:`serve.cli_summary`).
+``python -m serve summary RUNFILE``: images per tag, tags per image, classes never predicted
+(:mod:`serve.commands.summary`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import sys
 from collections.abc import Sequence
 
 from serve import EXIT_USAGE
-from serve.cli_demo import add_demo_parser, run_demo
-from serve.cli_summary import add_summary_parser, run_summary
-from serve.cli_tag import add_tag_parser, run_tag
+from serve.commands.demo import add_demo_parser, run_demo
+from serve.commands.summary import add_summary_parser, run_summary
+from serve.commands.tag import add_tag_parser, run_tag
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         if self.epilog and "%(exts)s" in self.epilog:
-            from models.image_files import IMAGE_EXTENSIONS
+            from models.files.image_extensions import IMAGE_EXTENSIONS
 
             self.epilog = self.epilog % {"exts": " ".join(sorted(IMAGE_EXTENSIONS))}
         return super().format_help()

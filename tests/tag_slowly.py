@@ -38,7 +38,7 @@ def run_until_journaled(
 ) -> list[dict]:
     """Run this script with ``args``; kill it (SIGKILL) as soon as the journal of ``output`` holds ``records``
     results. Returns the results the journal holds after the kill (complete lines only)."""
-    from serve.journal import journal_path
+    from serve.tagging.journal import journal_path
 
     journal = journal_path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

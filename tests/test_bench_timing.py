@@ -14,7 +14,7 @@ import torch
 from bench.lgconv import VARIANTS, export_for_ort, make_variant, ort_node_count, ort_op_profiles, per_op_medians
 from bench.lgconv import main as bench_main
 from bench.results_page import read_section
-from bench.timing import time_call, time_interleaved
+from bench.timing import Spread, time_call, time_interleaved, time_interleaved_spread
 
 
 def test_interleaved_rounds_alternate_order_and_time_each_function() -> None:
@@ -45,6 +45,16 @@ def test_interleaved_rounds_stop_at_the_budget_or_the_round_cap() -> None:
     count["n"] = 0
     assert time_call(fn, budget_s=0.0, min_repeats=3) >= 0.0
     assert count["n"] == 1 + 3
+
+
+def test_spread_keeps_min_median_max_of_the_interleaved_rounds() -> None:
+    spread = time_interleaved_spread({"a": lambda: None, "b": lambda: time.sleep(0.002)}, budget_s=0.0, min_rounds=5)
+    assert all(s.rounds == 5 and s.min <= s.median <= s.max for s in spread.values())
+    assert spread["b"].min >= 0.002 > spread["a"].max
+    rate = Spread.of([0.5, 1.0, 2.0]).per_second(10)
+    assert (rate.min, rate.median, rate.max) == (5.0, 10.0, 20.0) and rate.text(".0f") == "10 (5-20)"
+    assert Spread.of([1.0, 1.0]).text(".2f", "x") == "1.00x" and Spread.of([0.9, 1.1, 1.0]).text(".1f", "x") == \
+        "1.0x (0.9-1.1)"
 
 
 def test_lgconv_benchmark_writes_every_variant_and_ratio(tmp_path: Path) -> None:

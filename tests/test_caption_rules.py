@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from serve.caption_rules import CaptionRuleError, CaptionRules, combine, make_rules, parse_rules_text, read_rules_file
+from serve.outputs.caption_rules import (
+    CaptionRuleError,
+    CaptionRules,
+    combine,
+    make_rules,
+    parse_rules_text,
+    read_rules_file,
+)
 
 NAMES = ["long_hair", "rating_safe", "^_^", "hat_(object)", "cat"]
 SCORES = [0.97, 0.9, 0.8, 0.7, 0.612]

@@ -20,8 +20,8 @@ from bench.methods import (
     section_for,
 )
 from bench.results_page import read_section
+from models.files.run_folder import CONFIG_FILE, METRICS_FILE
 from train.config import build_parser, config_from_args
-from train.runs import CONFIG_FILE, METRICS_FILE
 
 
 def _summary(test: float, val: float = 50.0, recovery: float | None = 40.0) -> dict:

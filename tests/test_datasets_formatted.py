@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from formatted_data import make_formatted
 
-from export.verify import rebuild_splits
+from export.validation_data import rebuild_splits
 from models import load_checkpoint
 from train.__main__ import main
 from train.data.known_classes import CUB_ATTRIBUTES, NUS_WIDE_CONCEPTS

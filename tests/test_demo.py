@@ -28,14 +28,9 @@ import torch
 from PIL import Image
 
 from models import ModelMeta, build_model, save_checkpoint
-from serve.demo import (
-    ModelStore,
-    build_demo,
-    find_examples,
-    find_models,
-    launch_demo,
-    parse_size,
-)
+from serve.demo.app import build_demo, launch_demo, parse_size
+from serve.demo.catalog import find_examples, find_models
+from serve.demo.model_store import ModelStore
 from serve.predictor import Prediction, Predictor
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -205,9 +200,9 @@ def test_selection_modes_and_caption_rules_in_the_demo(app: dict[str, Any]) -> N
     """The tag controls (mode, K, cap, floor, caption rules) through the API: the tags equal the pipeline's
     selection of the same scores, the caption has the rules applied, the batch zip holds the captions, and a bad
     rule is an error naming it, before the model runs."""
-    from serve.caption_rules import parse_rules_text
-    from serve.outputs import Selection
-    from serve.tag_selection import make_selection
+    from serve.outputs.caption_rules import parse_rules_text
+    from serve.outputs.selection_modes import make_selection
+    from serve.outputs.stage import TagSelector
 
     client, predictor, key = app["client"], app["predictor"], app["key"]
     images = app["examples"].images[3:5]
@@ -217,7 +212,7 @@ def test_selection_modes_and_caption_rules_in_the_demo(app: dict[str, Any]) -> N
     rules = parse_rules_text(rules_text)
     cases = [("mcut", 5, 0, 0.0), ("top-k", 3, 0, 0.0), ("top-k", 4, 2, 0.0), ("thresholds", 5, 0, 0.2)]
     for mode, k, cap, floor in cases:
-        select = Selection(list(predictor.classes), predictor.thresholds(),
+        select = TagSelector(list(predictor.classes), predictor.thresholds(),
                            make_selection(f"top-k:{k}" if mode == "top-k" else mode, cap or None, floor), rules)
         want = select("x", scores[0])
         doc = client.predict(gradio_client.handle_file(str(images[0])), True, 0.5, key, mode, k, cap, floor,

@@ -14,7 +14,7 @@ import pytest
 from export import read_onnx_meta
 from models.network import input_config
 from models.preprocess import EvalTransform
-from serve.runtimes import TorchBackend
+from models.runtimes import TorchBackend
 from train.__main__ import main as train_main
 from train.data.registry import load_dataset
 

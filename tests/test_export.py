@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from reference import reference_logits
 
-import export.verify as verify_mod
+import export.onnx_vs_pytorch as verify_mod
 from export import (
     META_KEY,
     ParityError,
@@ -25,8 +25,8 @@ from export import (
     read_onnx_meta,
     read_sidecar,
 )
-from export.metadata import file_sha256
 from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
+from models.files.digest import file_sha256
 from models.preprocess import EvalTransform
 from train.data.types import LabelledImages
 

@@ -14,15 +14,17 @@ import pytest
 from onnx import numpy_helper
 from reference import reference_logits
 
-from export.calibrate import THRESHOLD_MAX, THRESHOLD_MIN
-from export.metadata import file_sha256, read_onnx_meta, read_sidecar
-from export.pipeline import export_run, parse_precisions
-from export.precision_check import PrecisionBounds, PrecisionError
+from export.errors import PrecisionError
+from export.onnx_files import read_onnx_meta, read_sidecar
+from export.pipeline import export_run
+from export.precisions import PrecisionBounds, parse_precisions
+from export.threshold_calibration import THRESHOLD_MAX, THRESHOLD_MIN
 from models import load_checkpoint
+from models.files.digest import file_sha256
 from models.preprocess import EvalTransform
-from serve.demo import model_markdown
+from models.runtimes.tensorrt_backend import tensorrt_importable
+from serve.demo.model_store import model_markdown
 from serve.predictor import Predictor
-from serve.runtimes.tensorrt_backend import tensorrt_importable
 from train.__main__ import main as train_main
 from train.data.protocol import build_protocol, parse_observed
 from train.data.registry import load_dataset

@@ -215,3 +215,43 @@ def test_a_tree_with_images_in_two_folders_keeps_every_label_as_given(tmp_path: 
     drawn = build_protocol(splits, ObservedSpec("single"), val_fraction=0.2)  # asked for: one positive drawn
     assert (drawn.train_observed.sum(1) == 1).all()
     assert "observed all: " in protocol.summary() and "labels/image of " in protocol.summary()
+
+
+def test_a_folder_named_like_a_benchmark_gets_no_family_and_no_presets(tmp_path: Path) -> None:
+    """Families are declared by the kinds, never guessed from the start of a name: a folder called ``coconut`` is a
+    user's own data, with no published presets (a folder named as a family, ``coco``, is that family's export)."""
+    from train.data.registry import spec_family
+    from train.methods import METHODS, make_hparams
+    from train.methods.base import dataset_family
+
+    for name, family in (("coconut", ""), ("my-coco-photos", ""), ("coco", "coco")):
+        root = tmp_path / name
+        for i in range(3):
+            image(root / "cat" / f"{i}.png", (i, 1, 1))
+            image(root / "dog" / f"{i}.png", (i, 2, 2))
+        assert load_dataset(f"folder:{root}").family == family and spec_family(f"folder:{root}") == family
+        assert spec_family(str(root)) == family
+    assert dataset_family("coconut") == "coconut" and dataset_family("coco2014") == "coco"
+    assert make_hparams(METHODS["epr"], {}, "") == make_hparams(METHODS["epr"], {}, "coconut")
+    assert make_hparams(METHODS["epr"], {}, "coco").k == pytest.approx(2.9)
+    assert spec_family("coco:/nowhere") == "coco" and spec_family("builtin:tiny") == "builtin"
+
+
+def test_the_walk_skips_hidden_entries_and_symlinked_folders_like_serve_tag(tmp_path: Path) -> None:
+    """``folder:DIR`` and ``serve tag DIR`` see the same images (models/files/folder_walk.py): hidden files and
+    folders are skipped, symlinked folders (class folders too) are not entered, and a note says so."""
+    from models.files.folder_walk import find_images
+
+    root = tmp_path / "pets"
+    image(root / "cat" / "1.png", (1, 1, 1))
+    image(root / "cat" / "._1.png", (2, 1, 1))  # a macOS resource fork: hidden
+    image(root / "cat" / ".thumbs" / "t.png", (3, 1, 1))  # a hidden folder
+    image(root / "dog" / "2.png", (4, 1, 1))
+    image(tmp_path / "elsewhere" / "3.png", (5, 1, 1))
+    (root / "dog" / "more").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (root / "bird").symlink_to(tmp_path / "elsewhere", target_is_directory=True)  # a symlinked class folder
+    splits = load_folder(root, progress=False)
+    assert splits.classes == ["cat", "dog"]
+    loaded = sorted(p.relative_to(root).as_posix() for p in splits.train.paths)
+    assert loaded == [p.relative_to(root).as_posix() for p in find_images(root)] == ["cat/1.png", "dog/2.png"]
+    assert any("symbolic links to folders not followed" in note for note in splits.notes)

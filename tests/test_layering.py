@@ -1,7 +1,10 @@
-"""The package layering, read from the source with ``ast``: models <- train <- serve <- export <- bench.
+"""The package layering, read from the source with ``ast``, in pipeline order: models <- train <- export <- serve.
 
-An arrow points from the imported package to the importer: a package imports only packages to its left, no
-product package imports ``bench`` or ``tests``, and the product modules' module-level imports form no cycle."""
+``models`` is the bottom layer (the network, its metadata and checkpoint files, preprocessing, runtimes, file
+helpers and the one folder walk): what several stages share. Then the stages in the order the work flows: train,
+export, serve. An arrow points from the imported package to the importer: a package imports only packages to its
+left (never a later stage), no product package imports ``bench`` or ``tests``, and the product modules'
+module-level imports form no cycle."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["models", "train", "serve", "export"]  # each may import the ones before it
+LAYERS = ["models", "train", "export", "serve"]  # pipeline order: each may import the ones before it
 FORBIDDEN = {"bench", "tests"}
 
 
@@ -87,7 +90,7 @@ def test_packages_import_only_the_layers_below_them() -> None:
             top = target.split(".")[0]
             if top in LAYERS and LAYERS.index(top) > rank:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
-    assert wrong == [], "imports against the layering models <- train <- serve <- export:\n" + "\n".join(wrong)
+    assert wrong == [], "imports against the pipeline order models <- train <- export <- serve:\n" + "\n".join(wrong)
 
 
 def test_no_product_module_imports_bench_or_tests() -> None:

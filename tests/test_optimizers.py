@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.optimizers import OPTIMIZERS, build_optimizer, build_scheduler, fusable
+from train.optimizer_factory import OPTIMIZERS, build_optimizer, build_scheduler, fusable
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:

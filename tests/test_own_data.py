@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from export.__main__ import main as export_main
-from export.metadata import read_sidecar
+from export.onnx_files import read_sidecar
 from export.pipeline import export_run
 from train.__main__ import main as train_main
 from train.data.protocol import ObservedSpec, sample_observed

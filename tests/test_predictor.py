@@ -18,18 +18,18 @@ from export import export_onnx
 from models import ModelMeta, build_model, save_checkpoint
 from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD
 from models.preprocess import DECODE_MARGIN, EvalTransform, read_image, resize_uint8
-from serve.predictor import (
+from models.runtimes import (
     BackendUnavailableError,
-    ImageError,
     ModelLoadError,
     ModelSpecError,
-    Prediction,
-    Predictor,
-    load_rgb,
-    resolve_model_path,
+    OnnxRuntimeBackend,
+    TorchBackend,
+    supported_suffixes,
 )
-from serve.runtimes import OnnxRuntimeBackend, TorchBackend, supported_suffixes
-from serve.tag import tag_folder
+from serve.images import ImageError, load_rgb
+from serve.model_files import resolve_model_path
+from serve.predictor import Prediction, Predictor
+from serve.tagging import tag_folder
 from train.data.dataset import ImageLabelDataset
 from train.data.types import LabelledImages
 

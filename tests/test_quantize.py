@@ -1,4 +1,4 @@
-"""FP16 / INT8 ONNX conversions (export.quantize) and their verification against FP32 (export.precision_check).
+"""FP16 / INT8 ONNX conversions (export.quantize) and their verification against FP32 (export.converted_vs_fp32).
 
 One random-init resnet18 at 64 px, with trained-looking BatchNorm statistics and a head scaled so that the
 logits spread like a trained model's, is exported once; every conversion is made once per module.
@@ -17,17 +17,16 @@ import torch
 from onnx import numpy_helper
 
 from export import ExportError, read_onnx_meta
-from export.calibration_data import calibration_batches
-from export.conversion_errors import CalibrationDataError, ConversionError, NotFP32Error
-from export.metadata import set_onnx_meta
-from export.onnx_export import export_to_file
-from export.precision_check import (
-    PrecisionBounds,
-    PrecisionError,
+from export.converted_vs_fp32 import (
     check_precision,
     compare_models,
     verify_precision,
 )
+from export.errors import CalibrationDataError, ConversionError, NotFP32Error, PrecisionError
+from export.int8_calibration_data import calibration_batches
+from export.onnx_export import export_to_file
+from export.onnx_files import set_onnx_meta
+from export.precisions import PrecisionBounds
 from export.quantize import (
     CALIBRATION_METHODS,
     convert_fp16,

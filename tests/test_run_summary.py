@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serve.records import write_run_file
-from serve.run_summary import summarize, summary_paths
+from serve.outputs.records import write_run_file
+from serve.outputs.run_summary import summarize, summary_paths
 
 CLASSES = ["cat", "dog", "car", "tree"]
 

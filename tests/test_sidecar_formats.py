@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.sidecar_formats import (
+from serve.outputs.sidecar_formats import (
     json_sidecar,
     json_updated,
     parse_formats,
@@ -15,7 +15,7 @@ from serve.sidecar_formats import (
     xmp_sidecar,
     xmp_updated,
 )
-from serve.sidecars import merge_tags
+from serve.outputs.sidecars import merge_tags
 
 TAGS = ["cat", "red car", "a&b <x>", "café"]
 

@@ -17,10 +17,10 @@ from reference import reference_logits
 
 from export import export_onnx
 from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
-from serve.records import tag_record
-from serve.runtimes import OnnxRuntimeBackend, TorchBackend, runtime_for
-from serve.sources import find_images
-from serve.thresholds import class_thresholds
+from models.files.folder_walk import find_images
+from models.runtimes import OnnxRuntimeBackend, TorchBackend, runtime_for
+from serve.outputs.records import tag_record
+from serve.outputs.thresholds import class_thresholds
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
@@ -237,8 +237,8 @@ def test_sidecars_mirror_the_tree_csv_columns_and_top_k(model: tuple[Path, Path,
 
 
 def test_existing_policies_skip_append_overwrite(model: tuple[Path, Path, ModelMeta], tmp_path: Path) -> None:
-    from serve.sidecars import SidecarSpec
-    from serve.tag import tag_folder
+    from serve.outputs.sidecars import SidecarSpec
+    from serve.tagging import tag_folder
 
     _, onnx_path, _ = model
     runtime = OnnxRuntimeBackend.load(onnx_path)
@@ -418,8 +418,8 @@ def find_keys(folder: Path) -> list[str]:
 
 
 def test_journal_header_cut_line_and_other_models(tmp_path: Path) -> None:
-    from serve.journal import Journal, JournalHeader, read_journal
-    from serve.records import OutputConflictError
+    from serve.outputs.records import OutputConflictError
+    from serve.tagging.journal import Journal, JournalHeader, read_journal
 
     path = tmp_path / "tags.jsonl.partial"
     header = JournalHeader("m.onnx", "a" * 64, ("cat", "dog"))
@@ -448,8 +448,9 @@ def test_journal_header_cut_line_and_other_models(tmp_path: Path) -> None:
 
 def test_bomb_check_is_on_by_default_in_the_python_api(model: tuple[Path, Path, ModelMeta], tmp_path: Path) -> None:
     from serve import DEFAULT_MAX_PIXELS
-    from serve.predictor import ImagePreprocessor, Predictor
-    from serve.tag import TagJob, tag_folder
+    from serve.images import ImagePreprocessor
+    from serve.predictor import Predictor
+    from serve.tagging import TagJob, tag_folder
 
     _, onnx_path, _ = model
     folder = tmp_path / "pics"
@@ -523,7 +524,7 @@ def read_lines(path: Path) -> list[dict]:
 def test_selection_modes_through_the_cli_and_the_manifest(
     model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from serve.run_manifest import read_manifest
+    from serve.outputs.run_manifest import read_manifest
 
     _, onnx_path, _ = model
     folder = tmp_path / "pics"
@@ -571,7 +572,7 @@ def test_selection_modes_through_the_cli_and_the_manifest(
         assert message in capsys.readouterr().err, bad
     assert not (tmp_path / "bad.jsonl").exists()
     # the Python API: the same options; top_k is the deprecated name of max_tags
-    from serve.tag import TagJob
+    from serve.tagging import TagJob
 
     with pytest.warns(DeprecationWarning, match="max_tags"):
         job = TagJob(folder, onnx_path, top_k=2)
@@ -582,7 +583,7 @@ def test_selection_modes_through_the_cli_and_the_manifest(
 def test_caption_rules_flags_file_and_sidecar_formats(
     model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from serve.sidecar_formats import xmp_keywords
+    from serve.outputs.sidecar_formats import xmp_keywords
 
     _, onnx_path, _ = model
     folder = tmp_path / "pics"
@@ -713,10 +714,10 @@ def test_resume_with_other_options_reselects_records_and_refuses_sidecars(
     model: tuple[Path, Path, ModelMeta], tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from serve.caption_rules import make_rules
-    from serve.run_manifest import read_manifest
-    from serve.sidecars import SidecarSpec
-    from serve.tag import TagJob, tag
+    from serve.outputs.caption_rules import make_rules
+    from serve.outputs.run_manifest import read_manifest
+    from serve.outputs.sidecars import SidecarSpec
+    from serve.tagging import TagJob, tag
 
     _, onnx_path, _ = model
     folder = tmp_path / "pics"

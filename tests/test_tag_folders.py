@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.tag_folders import TagFolderError, TagFolders, folder_name, place
+from serve.outputs.tag_folders import TagFolderError, TagFolders, folder_name, place
 
 
 def _images(tmp_path: Path) -> Path:

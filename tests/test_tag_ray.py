@@ -203,7 +203,7 @@ def test_ray_failing_batch_and_killed_actor(setup: dict, ray_instance: object, t
     """A model call that raises is retried in the actor; an actor killed (SIGKILL) mid-run is restarted and its
     work runs again: nothing lost, nothing doubled."""
     from serve.engines import ray as ray_engine
-    from serve.tag import TagJob, plan_tagging, run_plan
+    from serve.tagging import TagJob, plan_tagging, run_plan
 
     raised, killed = tmp_path / "raised", tmp_path / "killed"
 
@@ -253,7 +253,7 @@ def test_ray_killed_driver_resumes(
 
 def test_actor_layout_splits_each_node_between_its_actors() -> None:
     from serve.engines.ray import actor_layout
-    from serve.tag import TagJob
+    from serve.tagging import TagJob
 
     head = {"Alive": True, "Resources": {"CPU": 4.0}}  # a CPU-only head
     gpu_node = {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 4.0}}

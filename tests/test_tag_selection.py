@@ -7,7 +7,7 @@ import argparse
 import numpy as np
 import pytest
 
-from serve.tag_selection import (
+from serve.outputs.selection_modes import (
     Selection,
     make_selection,
     mcut_threshold,

@@ -23,8 +23,9 @@ import onnx
 import pytest
 import torch
 
-from export.metadata import file_sha256, read_onnx_meta, set_onnx_meta
+from export.errors import ExportError
 from export.onnx_export import export_to_file
+from export.onnx_files import read_onnx_meta, set_onnx_meta
 from export.tensorrt_build import (
     EngineBuildResult,
     TensorRTBuildError,
@@ -33,10 +34,10 @@ from export.tensorrt_build import (
     parse_targets,
     quantization_problems,
 )
-from export.verify import ExportError
 from models import ModelMeta, build_model
-from serve.runtimes import load_runtime, runtime_for
-from serve.runtimes.tensorrt_backend import (
+from models.files.digest import file_sha256
+from models.runtimes import load_runtime, runtime_for
+from models.runtimes.tensorrt_backend import (
     ENGINE_SIDECAR_FORMAT,
     FLAVOUR_RTX,
     FLAVOUR_TENSORRT,

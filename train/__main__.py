@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from models.files.run_folder import default_runs_dir
 from train.config import MACHINE_FIELDS, TrainConfig, build_parser, config_from_args, paper_settings
 from train.data.types import DataError
-from train.runs import default_runs_dir
 
 
 def say(message: str, file: TextIO | None = None) -> None:
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         names = list_archs(args.list_archs)
         print("\n".join(names) if names else f"no architecture matches {args.list_archs!r}")
         return 0 if names else 2
+    from models.files.run_folder import CONFIG_FILE, SUMMARY_FILE
     from train.distributed import shutdown
-    from train.runs import CONFIG_FILE, SUMMARY_FILE
     from train.trainer import Trainer
 
     trainer: Trainer | None = None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models.files.run_folder import default_runs_dir
 from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
 from train.data.label_regime import DECLARABLE, parse_declarations
 from train.data.protocol import PROTOCOL_SEED, parse_observed
@@ -23,8 +24,7 @@ from train.model_defaults import (
     default_image_size,
     is_builtin,
 )
-from train.optimizers import OPTIMIZERS, SCHEDULERS
-from train.runs import default_runs_dir
+from train.optimizer_factory import OPTIMIZERS, SCHEDULERS
 from train.selection import SELECT_CHOICES
 
 
@@ -309,9 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
 def paper_settings(method: str, data: str) -> dict[str, Any]:
     """The published optimisation settings of ``method`` for the dataset family of spec ``data`` (what
     ``--preset paper`` adds for that pair; empty when the method's papers publish none)."""
-    from train.data.registry import spec_dataset_name
+    from train.data.registry import spec_family
 
-    return paper_settings_for(get_method(method), spec_dataset_name(data))
+    return paper_settings_for(get_method(method), spec_family(data))
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

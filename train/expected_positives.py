@@ -23,11 +23,9 @@ the class, pi_c / k, when the top image happens to be observed); the paper's con
 but with the few observed positives of a validation split they widen too much. Then k = sum_c pi_c.
 
 The scores may come from any model trained on the observed labels (only their order per class counts). The
-estimate is an upper bound, tight when the model ranks its top-scoring images well: on simulated scores it is
-within 10% of the truth while positives score 2 standard deviations above negatives; with the CPU benchmark
-models of this package (test mAP 27 to 37) it came out 1.9 to 2.5 times the truth (docs/your-data.md), where a
-20-image audit list is within 25% 99% of the time. Prefer an audit list when the model is weak: EPR trained with
-the estimate lost 3.7 test mAP on the dense benchmark against the true k (0.1 on the sparse one).
+estimate is an upper bound, tight when the model ranks its top-scoring images well; prefer an audit list when the
+model is weak (how far off it came with this package's benchmark models, and what that cost EPR: docs/your-data.md,
+Measurements).
 """
 
 from __future__ import annotations

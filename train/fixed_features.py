@@ -34,9 +34,9 @@ from train.data.types import LabelledImages
 from train.distributed import current_world
 from train.epoch_loop import EpochTotals
 from train.feature_cache import FeatureCache
-from train.inference import Predictor, Rows
+from train.inference import DatasetForward, Rows
 from train.methods import Method
-from train.optimizers import build_optimizer, build_scheduler
+from train.optimizer_factory import build_optimizer, build_scheduler
 from train.selection import CRITERIA, DEFAULT_CRITERION, Assessment, Criterion, assess
 from train.training_step import run_training_step, wrap_training_step
 
@@ -63,7 +63,7 @@ class FixedFeaturePhase:
     trains on them (the oracle capability), else None. ``cache``/``cache_key``: where the features come from
     (:mod:`train.feature_cache`; ``cache_key(images)`` gives a split's key), None to extract them every time."""
 
-    def __init__(self, model: MultiLabelNet, method: Method, predictor: Predictor, train: LabelledImages,
+    def __init__(self, model: MultiLabelNet, method: Method, predictor: DatasetForward, train: LabelledImages,
                  val: LabelledImages, observed: torch.Tensor, negatives: torch.Tensor, annotated: torch.Tensor | None,
                  optimisation: HeadOptimisation, batch_size: int, seed: int,
                  criterion: Criterion = CRITERIA[DEFAULT_CRITERION], val_full_labels: bool = True,

@@ -66,7 +66,7 @@ def predict_rows(
     return Rows(values, present)
 
 
-class Predictor:
+class DatasetForward:
     """Runs a forward over whole datasets in dataset order with the run's evaluation settings: the evaluation
     transform, loaders of ``batch_size`` with ``workers`` (sharded under torchrun, gathered back), the device,
     autocast, channels-last inputs and the run's report of unreadable images."""

@@ -13,12 +13,9 @@ observed positive per image, every other label unknown:
   class's ranking counts.
 * ``observed-rank``: mean reciprocal rank of each image's observed positive among its classes (by logit).
 
-Measured on single-positive val labels (8 runs: AN and EPR, builtin:small and builtin:dense-small, 2 seeds;
-docs/your-data.md), the test mAP of the picked epoch against the epoch that mAP on fully labelled val picks:
-``an-loss`` -0.24 on average (it lost nothing on 7 of 8 runs, 0.84 on one), ``observed-auc`` and ``observed-rank``
-+0.47, ``val_mAP`` on the single-positive labels +1.37, the last epoch +2.73 mAP lost. :data:`LABEL_FREE_DEFAULT`
-is therefore ``an-loss``; :func:`default_criterion` names the criterion for a validation split with or without
-full labels.
+:data:`LABEL_FREE_DEFAULT` is ``an-loss``, the criterion that lost the least test mAP in the measurements of
+docs/your-data.md (Measurements, model selection); :func:`default_criterion` names the criterion for a validation
+split with or without full labels.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ from train.data.protocol import ProtocolSplits, build_protocol, parse_observed, 
 from train.data.registry import load_dataset
 from train.data.types import DatasetSplits
 from train.distributed import current_world
-from train.expected_positives import ExpectedPositives
-from train.expected_positives import resolve_expected_positives as resolve_k
+from train.expected_positives import ExpectedPositives, resolve_expected_positives
 from train.methods.base import Method, MethodContext, MethodHparams, preset_for
 
 
@@ -87,9 +86,8 @@ def resolve_head(head: str, method: type[Method]) -> str:
     return head
 
 
-# Query2Label / LAC run at 448 px (14 x 14 = 196 tokens). The 7 x 7 floor (224 px, where Query2Label also
-# reports results) is a heuristic; measured at 64 px (2 x 2 tokens), runs/compare/lac-seed0 stage 1: the 20
-# class embeddings of an image have cosine similarity 0.9999997, i.e. the head is not label-wise at all.
+# Query2Label / LAC run at 448 px (14 x 14 = 196 tokens); the 7 x 7 floor (224 px) is a heuristic, and what was
+# measured below it is in docs/methods.md (LAC, image size).
 LEM_MIN_TOKENS = 49
 
 
@@ -155,17 +153,17 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
     return True
 
 
-def resolve_expected_positives(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
-                               dataset_name: str) -> ExpectedPositives | None:
+def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
+                               family: str) -> ExpectedPositives | None:
     """k, the expected number of positives per image, for a method that uses it (None for the others), from the
-    first source that exists (train/expected_positives.py): ``--hp k``, the published value of the dataset, the
-    full training (else validation) labels, the ``--audit`` list; with none of them ``estimated``: the observed
-    positives per image for the first epoch, then the estimate from the model's own validation scores after every
-    epoch (:meth:`train.trainer.Trainer` updates it)."""
+    first source that exists (train/expected_positives.py): ``--hp k``, the published value of the dataset's
+    ``family`` (``DatasetSplits.family``), the full training (else validation) labels, the ``--audit`` list; with
+    none of them ``estimated``: the observed positives per image for the first epoch, then the estimate from the
+    model's own validation scores after every epoch (:meth:`train.trainer.Trainer` updates it)."""
     if not method.uses_expected_positives:
         return None
     given = cfg.hp.get("k")
-    published = preset_for(method, dataset_name).get("k")
+    published = preset_for(method, family).get("k")
     full = splits.train.labels if splits.train_labels_full else (
         splits.val.labels if splits.has_full_labels("val") else None)
     audit = load_audit(cfg.audit, list(splits.classes)).labels if cfg.audit else None
@@ -173,8 +171,8 @@ def resolve_expected_positives(method: type[Method], cfg: TrainConfig, splits: P
         start = float((splits.train_observed == 1).sum(1).mean())
         return ExpectedPositives(start, "estimated", "from the model's validation scores after each epoch; "
                                  f"{start:.2f} (the observed positives per image) in the first")
-    return resolve_k(given=None if given is None else float(given), published=published, full_labels=full,
-                     audit_labels=audit)
+    return resolve_expected_positives(given=None if given is None else float(given), published=published,
+                                      full_labels=full, audit_labels=audit)
 
 
 def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch.device,
@@ -200,7 +198,7 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
                  expected_positives: ExpectedPositives | None,
                  pseudo_positives: np.ndarray | None = None) -> Method:
     """``method`` built for this run's training set, on ``device``: it knows the observed training labels, never
-    the annotated ones, ``expected_positives`` (k, :func:`resolve_expected_positives`) when it uses it, and the
+    the annotated ones, ``expected_positives`` (k, :func:`expected_positives_for_run`) when it uses it, and the
     CLIP ``pseudo_positives`` (``train.pseudo_labels``) when it trains on them."""
     ctx = MethodContext(
         num_classes=len(splits.classes),
@@ -224,7 +222,7 @@ def run_preprocessing(cfg: TrainConfig) -> EvalTransform:
     return EvalTransform(cfg.image_size, config.mean, config.std, config.interpolation, cfg.crop)
 
 
-def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, dataset_name: str,
+def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, family: str,
                     expected_positives: ExpectedPositives | None) -> tuple[float, str]:
     """k for the head's prior bias, and where it came from: the run's own k when it is known (not estimated),
     else the full training (validation) labels' mean, an audit list, the published k of the dataset family, and
@@ -233,14 +231,14 @@ def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, dataset_name: str,
         return expected_positives.k, expected_positives.source
     from train.methods import METHODS
 
-    published = next((preset_for(m, dataset_name)["k"] for m in METHODS.values()
-                      if m.uses_expected_positives and "k" in preset_for(m, dataset_name)), None)
+    published = next((preset_for(m, family)["k"] for m in METHODS.values()
+                      if m.uses_expected_positives and "k" in preset_for(m, family)), None)
     full = splits.train.labels if splits.train_labels_full else (
         splits.val.labels if splits.has_full_labels("val") else None)
     audit = load_audit(cfg.audit, list(splits.classes)).labels if cfg.audit else None
     if published is None and full is None and audit is None:
         return float((splits.train_observed == 1).sum(1).mean()), "observed positives per image"
-    k = resolve_k(published=published, full_labels=full, audit_labels=audit)
+    k = resolve_expected_positives(published=published, full_labels=full, audit_labels=audit)
     return k.k, k.source
 
 

@@ -2,9 +2,10 @@
 the LinearInit phase and the method's stages, and finally test the selected weights.
 
 The parts live in their own modules: set-up (``train.run_setup``), the step loop (``train.epoch_loop``), one
-stage's optimisation (``train.optimisation``), evaluation and selection (``train.selection``), checkpoint helpers
-(``train.checkpointing``), the run folder's files (``train.run_files``), the phase on fixed features (LinearInit
-and ``--trainable head``, ``train.fixed_features``) and the full-label diagnostics (``train.diagnostics``).
+stage's optimisation (``train.stage_optimisation``), evaluation and selection (``train.selection``), what the
+checkpoints hold (``train.checkpoint_contents``), the run folder's files (``train.run_folder_writer``), the phase
+on fixed features (LinearInit and ``--trainable head``, ``train.fixed_features``) and the full-label diagnostics
+(``train.diagnostics``).
 :class:`Trainer` holds them together and decides what happens when.
 """
 
@@ -19,11 +20,12 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from models.atomic_files import atomic_path
 from models.checkpoint import ModelMeta, save_checkpoint
+from models.files.atomic_writes import atomic_path
+from models.files.run_folder import BEST, LAST
 from models.network import model_from_meta
 from models.preprocess import TrainTransform
-from train.checkpointing import capture_rng, load_shared, restore_rng, run_meta
+from train.checkpoint_contents import capture_rng, load_shared, restore_rng, run_meta
 from train.config import TrainConfig, resolve_model_defaults
 from train.data.dataset import ImageLabelDataset, SkipReporter
 from train.data.label_regime import describe_regimes
@@ -35,15 +37,15 @@ from train.epoch_loop import build_train_data, train_epoch
 from train.expected_positives import ExpectedPositives, estimate_expected_positives
 from train.feature_cache import FeatureCache, feature_key, weights_digest
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation
-from train.inference import Predictor, Rows
+from train.inference import DatasetForward, Rows
 from train.methods import EpochEndContext, LossOutput, get_method, make_hparams
-from train.optimisation import Optimisation
 from train.pseudo_labels.stage import PseudoLabelPlan, PseudoLabels, plan_pseudo_labels, prepare_pseudo_labels
 from train.pseudo_labels.stage import describe as describe_pseudo_labels
-from train.run_files import RunFiles
+from train.run_folder_writer import RunFolderWriter
 from train.run_setup import (
     build_method,
     build_run_model,
+    expected_positives_for_run,
     grant_full_labels,
     initialise_head_bias,
     lem_token_warning,
@@ -51,15 +53,14 @@ from train.run_setup import (
     log,
     make_run_name,
     prior_positives,
-    resolve_expected_positives,
     resolve_head,
     resolve_precision,
     run_preprocessing,
     seed_everything,
     use_channels_last,
 )
-from train.runs import BEST, LAST
 from train.selection import Assessment, BestSoFar, Candidate, assess, figure, pick, resolve_criterion
+from train.stage_optimisation import Optimisation
 from train.training_step import run_training_step, wrap_training_step
 
 
@@ -83,7 +84,7 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir else Path(cfg.runs_dir) / name
         if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise FileExistsError(f"run folder {self.run_dir} already exists and is not empty; pick another --name")
-        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.name)
+        self.hparams = make_hparams(method_cls, cfg.hp, self.dataset.family)
         # where CLIP's pseudo-labels come from; a CLIP that cannot be had stops the run here, before anything trains
         self.pseudo_plan: PseudoLabelPlan | None = None
         if method_cls.uses_pseudo_labels:
@@ -94,7 +95,7 @@ class Trainer:
         barrier()  # every rank has checked the folder before rank 0 writes into it
         if self.world.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.files = RunFiles(self.run_dir, writer=self.world.is_main)
+        self.files = RunFolderWriter(self.run_dir, writer=self.world.is_main)
         self.resumed = resume
 
         head = resolve_head(cfg.head, method_cls)
@@ -111,7 +112,7 @@ class Trainer:
         end_to_end = cfg.epochs if cfg.trainable != "head" else 0
         self.stage_plan = method_cls.stage_epochs(self.hparams, end_to_end) if end_to_end else [0]
         self.total_epochs = self.feature_epochs + sum(self.stage_plan)
-        self.expected_positives = resolve_expected_positives(method_cls, cfg, self.splits, self.dataset.name)
+        self.expected_positives = expected_positives_for_run(method_cls, cfg, self.splits, self.dataset.family)
         self.pseudo_labels: PseudoLabels | None = None
         if self.pseudo_plan is not None:  # read, reused or computed with CLIP (train.pseudo_labels)
             self.pseudo_labels = prepare_pseudo_labels(self.pseudo_plan, self.splits, self.dataset, cfg,
@@ -122,11 +123,11 @@ class Trainer:
                                    self.model.num_features, self.device, self.expected_positives,
                                    self.pseudo_labels.positives if self.pseudo_labels is not None else None)
         if not resume:
-            k, source = prior_positives(cfg, self.splits, self.dataset.name, self.expected_positives)
+            k, source = prior_positives(cfg, self.splits, self.dataset.family, self.expected_positives)
             initialise_head_bias(self.model, cfg, self.weights_report, k, source)
 
         self.transform = run_preprocessing(cfg)
-        self.predictor = Predictor(self.transform, self.device, self.precision.autocast, self.channels_last,
+        self.predictor = DatasetForward(self.transform, self.device, self.precision.autocast, self.channels_last,
                                    SkipReporter(), cfg.eval_batch_size, cfg.workers, self.progress)
         views = self.method.extra_views(self.transform)
         if views and self.feature_epochs:

@@ -2,10 +2,11 @@
 its file name (adding an engine is adding one file); :data:`DEFAULT_ENGINE` is used when none is named.
 
 An engine only turns image keys into scores or errors. Everything else (what to tag, thresholds, the journal,
-sidecars, the run file, resuming) is :mod:`serve.tag`'s pipeline, the same for every engine. An engine module
+sidecars, the run file, resuming) is :mod:`serve.tagging`'s pipeline, the same for every engine. An engine module
 defines::
 
-    def score(job: serve.tag.TagJob, plan: serve.tag.TagPlan, report: Callable[[str], None]) -> Iterator[list[Result]]
+    def score(job: serve.tagging.job.TagJob, plan: serve.tagging.plan.TagPlan,
+              report: Callable[[str], None]) -> Iterator[list[Result]]
 
 yielding one list of :class:`Result` per finished batch (each key of ``plan.todo`` exactly once, in any
 order), and may define ``check_available()`` (raise :class:`EngineUnavailableError` when its package is

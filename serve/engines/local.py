@@ -1,5 +1,5 @@
 """The ``local`` engine: this machine; ``--workers`` threads decode images ahead of one model
-(:func:`serve.scoring.score_items`)."""
+(:func:`serve.tagging.scoring.score_items`)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,26 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 from serve.engines import Result
-from serve.scoring import default_workers, score_items
+from serve.tagging.scoring import default_workers, score_items
 
 if TYPE_CHECKING:
-    from serve.tag import TagJob, TagPlan
+    from serve.tagging.job import TagJob
+    from serve.tagging.plan import TagPlan
 
 
 def score(job: TagJob, plan: TagPlan, report: Callable[[str], None]) -> Iterator[list[Result]]:
-    """Score ``plan.todo`` in batches of ``job.batch_size`` with ``job.predictor``, else ``job.model`` loaded on
-    ``job.device`` (only when there is something to tag)."""
-    from serve.predictor import ImagePreprocessor, Predictor
+    """Score ``plan.todo`` in batches of ``job.run.batch_size`` with ``job.predictor``, else ``job.model`` loaded on
+    ``job.run.device`` (only when there is something to tag)."""
+    from serve.images import ImagePreprocessor
+    from serve.predictor import Predictor
 
     items = iter(plan.todo)
     first = next(items, None)
     if first is None:
         return
-    predictor = job.predictor or Predictor.load(job.model, job.backend, job.device, max_pixels=job.max_pixels)
-    workers = job.workers or default_workers()
+    run = job.run
+    predictor = job.predictor or Predictor.load(job.model, run.backend, run.device, max_pixels=run.max_pixels)
+    workers = job.run.workers or default_workers()
     report(f"engine local: {predictor.device_description}, {workers} decode threads")
-    preprocess = ImagePreprocessor(predictor.transform, job.max_pixels)
-    yield from score_items(chain([first], items), predictor.scores_from_inputs, preprocess, job.batch_size, workers)
+    preprocess = ImagePreprocessor(predictor.transform, job.run.max_pixels)
+    yield from score_items(chain([first], items), predictor.scores_from_inputs, preprocess, job.run.batch_size, workers)

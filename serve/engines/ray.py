@@ -7,7 +7,7 @@ Work units: chunks of :data:`CHUNK_IMAGES` images (folders, list files: keys and
 shard each (with the keys already done inside it). A pool of model actors (:class:`TagActor`: ``--workers`` of
 them, ``--gpus-per-worker`` GPUs and ``--cpus-per-worker`` CPUs each; ``ray.util.ActorPool``) takes them as they
 free up, :data:`CALLS_PER_ACTOR` at a time per actor. Each actor loads the model once, on its own device, and runs
-the local engine's loop (:func:`serve.scoring.score_items`) on each unit: its CPUs decode images in threads
+the local engine's loop (:func:`serve.tagging.scoring.score_items`) on each unit: its CPUs decode images in threads
 ahead of the model, as uint8, so decoding is fused with inference: only paths (or a shard's name) travel to the
 actors and only scores travel back. The driver receives the results unit by unit; the pipeline journals them.
 
@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from models.runtimes import parse_device
 from serve.engines import EngineUnavailableError, Result
-from serve.runtimes import parse_device
-from serve.scoring import score_items
-from serve.sources import Item, shard_items
+from serve.tagging.scoring import score_items
+from serve.tagging.sources import Item, shard_items
 
 if TYPE_CHECKING:
-    from serve.tag import TagJob, TagPlan
+    from serve.tagging.job import TagJob
+    from serve.tagging.plan import TagPlan
 
 #: How many times a model call that raised is retried in its actor (with the model reloaded).
 MAX_BATCH_RETRIES = 3
@@ -75,17 +76,18 @@ def actor_layout(nodes: Sequence[dict[str, Any]], job: TagJob) -> tuple[int, int
     """``(actors, CPUs per actor)`` for the cluster's alive ``nodes`` (``ray.nodes()``) and the job's
     ``workers``, ``gpus_per_worker`` and ``cpus_per_worker`` (each used as given when set)."""
     resources = [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
-    if job.gpus_per_worker > 0:
-        hosts = [(r, int(r.get("GPU", 0) // job.gpus_per_worker)) for r in resources]
+    if job.cluster.gpus_per_worker > 0:
+        hosts = [(r, int(r.get("GPU", 0) // job.cluster.gpus_per_worker)) for r in resources]
         hosts = [(r, k) for r, k in hosts if k > 0]
         if not hosts:
-            raise RuntimeError(f"no node of the Ray cluster has {job.gpus_per_worker:g} GPU(s) for a model actor")
-        workers = job.workers or sum(k for _, k in hosts)
-        cpus = job.cpus_per_worker or max(1, min(int(r.get("CPU", 0)) // k for r, k in hosts))
+            raise RuntimeError(
+                f"no node of the Ray cluster has {job.cluster.gpus_per_worker:g} GPU(s) for a model actor")
+        workers = job.run.workers or sum(k for _, k in hosts)
+        cpus = job.cluster.cpus_per_worker or max(1, min(int(r.get("CPU", 0)) // k for r, k in hosts))
         return workers, cpus
     cpu_nodes = [int(r.get("CPU", 0)) for r in resources if r.get("CPU", 0) >= 1] or [1]
-    workers = job.workers or len(cpu_nodes)
-    cpus = job.cpus_per_worker or max(1, min(min(cpu_nodes), sum(cpu_nodes) // workers))  # fits on every node
+    workers = job.run.workers or len(cpu_nodes)
+    cpus = job.cluster.cpus_per_worker or max(1, min(min(cpu_nodes), sum(cpu_nodes) // workers))  # fits on every node
     return workers, cpus
 
 
@@ -97,7 +99,8 @@ class TagActor:
     def __init__(
         self, model: str, backend: str | None, device: str | None, max_pixels: int | None, batch_size: int, threads: int
     ) -> None:
-        from serve.predictor import ImagePreprocessor, Predictor
+        from serve.images import ImagePreprocessor
+        from serve.predictor import Predictor
 
         self.spec = (model, backend, device, max_pixels, threads)
         self.predictor = Predictor.load(model, backend, device, max_pixels=max_pixels, threads=threads)
@@ -160,27 +163,27 @@ def score(
     on purpose). Starts Ray only when there is something to tag."""
     if job.model is None:
         raise ValueError("the ray engine needs a model file (its actors load it), not a model in memory")
-    if parse_device(job.device)[0] in ("cuda", "tensorrt") and not job.gpus_per_worker:
-        raise ValueError(f"--device {job.device} with the ray engine needs --gpus-per-worker (actors get no GPU)")
+    if parse_device(job.run.device)[0] in ("cuda", "tensorrt") and not job.cluster.gpus_per_worker:
+        raise ValueError(f"--device {job.run.device} with the ray engine needs --gpus-per-worker (actors get no GPU)")
     ray = import_ray()
     from ray.util import ActorPool
 
     units = work_units(plan)
     if not units:
         return
-    connect(ray, job.address)
+    connect(ray, job.cluster.address)
     workers, cpus = actor_layout(ray.nodes(), job)
-    gpus = f" and {job.gpus_per_worker:g} GPU(s)" if job.gpus_per_worker else ""
+    gpus = f" and {job.cluster.gpus_per_worker:g} GPU(s)" if job.cluster.gpus_per_worker else ""
     report(f"engine ray: {workers} model actor(s), {cpus} CPU(s){gpus} each")
     remote = ray.remote(actor_cls).options(
         num_cpus=cpus,
-        num_gpus=job.gpus_per_worker or None,
+        num_gpus=job.cluster.gpus_per_worker or None,
         max_concurrency=CALLS_PER_ACTOR,
         max_restarts=MAX_ACTOR_RESTARTS,
         max_task_retries=MAX_ACTOR_RESTARTS,
     )
-    device = job.device or ("cuda" if job.gpus_per_worker else None)
-    actors = [remote.remote(str(job.model), job.backend, device, job.max_pixels, job.batch_size, cpus)
+    device = job.run.device or ("cuda" if job.cluster.gpus_per_worker else None)
+    actors = [remote.remote(str(job.model), job.run.backend, device, job.run.max_pixels, job.run.batch_size, cpus)
               for _ in range(workers)]  # fmt: skip
     try:
         pool = ActorPool([actor for actor in actors for _ in range(CALLS_PER_ACTOR)])

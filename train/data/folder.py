@@ -6,10 +6,13 @@ Layouts:
 * ``ROOT/{train,val,test}/<class>/<image>``: explicit splits; ``train`` is required, a missing ``val`` is held
   out from train by the protocol, a missing ``test`` means no test split.
 
-Images may sit in sub-folders of their class folder (every image below ``cat/`` is a ``cat``). A file is an
-image when its extension is in :data:`models.preprocess.IMAGE_EXTENSIONS` (case-insensitive); other files and
-hidden entries (``.DS_Store``, ``.git/``) are ignored and counted in a note. ``ROOT/classes.txt`` (one name
-per line), when present, fixes the class list and order; otherwise the folder names are sorted.
+Images may sit in sub-folders of their class folder (every image below ``cat/`` is a ``cat``). The tree is read
+with the one folder walk's rule (:mod:`models.files.folder_walk`, the same as ``python -m serve tag``'s): a file is
+an image when its extension is in :data:`models.files.image_extensions.IMAGE_EXTENSIONS` (case-insensitive);
+other files and hidden entries (``.DS_Store``, ``.git/``) are ignored and counted in a note; symbolic links to
+image files are followed, symbolic links to folders (class folders included) are not, and are counted in a note.
+``ROOT/classes.txt`` (one name per line), when present, fixes the class list and order; otherwise the folder
+names are sorted.
 
 **One image, several classes.** The same image filed under several class folders is ONE image with several
 positives. "The same image" means identical bytes: a copy, a hard link or a symlink. Different files that
@@ -42,7 +45,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from models.preprocess import IMAGE_EXTENSIONS
+from models.files.folder_walk import is_hidden, walk_folder
+from models.files.image_extensions import is_image_name
 from train.data.csv_format import CLASSES_FILENAME, emit_note, read_classes_file
 from train.data.spec_options import split_spec_options
 from train.data.types import DataError, DatasetSplits, LabelledImages
@@ -80,21 +84,13 @@ class _Image:
         return self.files[0].path
 
 
-def _is_hidden(name: str) -> bool:
-    return name.startswith(".")
-
-
-def _is_image(name: str) -> bool:
-    return Path(name).suffix.lower() in IMAGE_EXTENSIONS
-
-
 def _subfolders(folder: Path) -> list[Path]:
-    """The non-hidden sub-folders of ``folder`` (symlinks to folders included), sorted by name."""
+    """The sub-folders of ``folder`` the one folder walk enters (not hidden, not symbolic links), sorted by name."""
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
         raise DataError(f"{folder}: cannot list the folder: {exc.strerror or exc}") from exc
-    return [Path(e.path) for e in entries if not _is_hidden(e.name) and e.is_dir()]
+    return [Path(e.path) for e in entries if not is_hidden(e.name) and e.is_dir(follow_symlinks=False)]
 
 
 def _layout(root: Path) -> dict[str, Path]:
@@ -136,44 +132,22 @@ def is_class_tree(path: Path) -> bool:
     for folder in folders:
         try:
             with os.scandir(folder) as entries:
-                if any(e.is_file() and _is_image(e.name) and not _is_hidden(e.name) for e in entries):
+                if any(e.is_file() and is_image_name(e.name) and not is_hidden(e.name) for e in entries):
                     return True
         except OSError:
             continue
     return False
 
 
-def _walk_images(folder: Path, ignored: list[Path], unreadable: list[str]) -> list[Path]:
-    """Every image file below ``folder`` (recursive, following symlinked folders once each, sorted); non-image
-    and hidden files go to ``ignored``, folders that cannot be listed to ``unreadable``."""
-    found: list[Path] = []
-    seen: set[tuple[int, int]] = set()
-    pending = [folder]
-    while pending:
-        current = pending.pop()
-        try:
-            info = os.stat(current)
-            if (info.st_dev, info.st_ino) in seen:
-                continue
-            seen.add((info.st_dev, info.st_ino))
-            entries = list(os.scandir(current))
-        except OSError as exc:
-            unreadable.append(f"cannot list folder {current}: {exc.strerror or exc}")
-            continue
-        for entry in entries:
-            path = Path(entry.path)
-            try:
-                if entry.is_dir():
-                    if not _is_hidden(entry.name):
-                        pending.append(path)
-                    continue
-            except OSError:
-                pass
-            if _is_hidden(entry.name) or not _is_image(entry.name):
-                ignored.append(path)
-            else:
-                found.append(path)
-    return sorted(found)
+def _walk_images(folder: Path, ignored: list[Path], linked: list[Path], unreadable: list[str]) -> list[Path]:
+    """Every image file below ``folder`` by the one folder walk's rule (:mod:`models.files.folder_walk`), sorted;
+    non-image and hidden files go to ``ignored``, symlinked folders (not entered) to ``linked``, folders that
+    cannot be listed to ``unreadable``."""
+    listing = walk_folder(folder)
+    ignored += listing.ignored()
+    linked += listing.linked_folders
+    unreadable += [f"cannot list folder {where}: {reason}" for where, reason in listing.unreadable]
+    return sorted(listing.images())
 
 
 def _parallel(func: Callable[[_T], _R], items: list[_T], desc: str, progress: bool | None) -> list[_R]:
@@ -261,6 +235,7 @@ def load_folder(root: Path, verify: bool = True, progress: bool | None = None) -
     layout = _layout(root)
     problems: list[str] = []
     ignored: list[Path] = []
+    linked: list[Path] = []  # symbolic links to folders: not entered (the one folder walk's rule)
     if "train" not in layout:
         problems.append(f"no train folder (found {', '.join(sorted(layout))}); the training split is required")
 
@@ -274,18 +249,20 @@ def load_folder(root: Path, verify: bool = True, progress: bool | None = None) -
             continue
         class_dirs = []
         for entry in entries:
-            if _is_hidden(entry.name):
+            if is_hidden(entry.name):
                 continue
-            if entry.is_dir():
+            if entry.is_dir(follow_symlinks=False):
                 class_dirs.append(Path(entry.path))
-            elif _is_image(entry.name):
+            elif entry.is_dir():
+                linked.append(Path(entry.path))
+            elif is_image_name(entry.name):
                 problems.append(f"image outside any class folder: {entry.path}")
             elif entry.name != CLASSES_FILENAME or split_dir != root:
                 ignored.append(Path(entry.path))
         if not class_dirs:
             problems.append(f"no class folders in {split_dir}")
         for class_dir in class_dirs:
-            images = _walk_images(class_dir, ignored, problems)
+            images = _walk_images(class_dir, ignored, linked, problems)
             folder_classes[class_dir.name].add(split)
             if not images:
                 problems.append(f"empty class folder (no image file): {class_dir}")
@@ -327,11 +304,11 @@ def load_folder(root: Path, verify: bool = True, progress: bool | None = None) -
             problems.append(f"the same image is in splits {' and '.join(splits)}: {where}")
     if problems:
         raise DataError(_describe_problems(root, problems))
-    return _build_splits(root, layout, classes, images, ignored)
+    return _build_splits(root, layout, classes, images, ignored, linked)
 
 
 def _build_splits(root: Path, layout: dict[str, Path], classes: list[str], images: list[_Image],
-                  ignored: list[Path]) -> DatasetSplits:
+                  ignored: list[Path], linked: list[Path]) -> DatasetSplits:
     index = {name: i for i, name in enumerate(classes)}
     by_split: dict[str, list[_Image]] = {split: [] for split in SPLIT_NAMES}
     for image in images:
@@ -362,6 +339,9 @@ def _build_splits(root: Path, layout: dict[str, Path], classes: list[str], image
     if ignored:
         emit_note(notes, f"folder: {len(ignored)} files ignored (not an image by their extension, or hidden), "
                   f"e.g. {ignored[0]}")
+    if linked:
+        emit_note(notes, f"folder: {len(linked)} symbolic links to folders not followed (the folder walk's rule, "
+                  f"docs/datasets.md), e.g. {linked[0]}")
     return DatasetSplits(
         name=root.name, source=f"folder:{root}", classes=list(classes), train=splits["train"],
         val=splits.get("val"), test=splits.get("test"), notes=notes,

@@ -20,9 +20,11 @@ folder in the seeds' ``get_metadata`` (VOC: ``VOCdevkit/VOC2012/JPEGImages``, CO
 it. Absolute paths that do not exist are re-rooted under the image root: their leading folders are dropped until
 the first image is found there, and the same number is dropped from every path.
 
-Class names: ``classes.txt`` when present; else the real names of VOC/COCO/NUS-WIDE/CUB when the class count and
-the folder name (``pascal``, ``voc``, ``coco``, ``nus``, ``cub``) identify one, or ``?dataset=voc|coco|nus|cub``;
-else ``class_000``, ``class_001``, ...
+Family and class names: the family is VOC/COCO/NUS-WIDE/CUB when ``?dataset=voc|coco|nus|cub`` says so, or when
+the folder's name is one of the family's names (:mod:`train.data.families`: ``pascal``, ``voc2012``, ``coco``,
+``nuswide``, ``cub``..., the whole name) and the class count is the family's; the loaded dataset declares it
+(``DatasetSplits.family``). Class names: ``classes.txt`` when present; else the family's real names; else
+``class_000``, ``class_001``, ...
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ import numpy as np
 
 from train.data.coco import coco_objects
 from train.data.csv_format import CLASSES_FILENAME, emit_note, read_classes_file
-from train.data.known_classes import FAMILY_CLASSES, detect_family
+from train.data.families import FAMILIES, family_named
 from train.data.spec_options import split_spec_options
 from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages, ObjectTable
 
-__all__ = ["FORMATTED_FILES", "OBSERVED_NPY", "formatted_dataset_name", "is_formatted_dir", "load_formatted",
+__all__ = ["FORMATTED_FILES", "OBSERVED_NPY", "formatted_dataset_name", "formatted_family", "is_formatted_dir",
+           "load_formatted",
            "load_label_matrix"]
 
 FORMATTED_FILES = ("formatted_train_images.npy", "formatted_train_labels.npy", "formatted_val_images.npy",
@@ -91,13 +94,20 @@ def load_label_matrix(path: Path, rows: int, allowed: tuple[int, ...] = (0, 1)) 
     return array.astype(np.int8)
 
 
+#: The families a formatted folder may hold: the seeds' four benchmarks (:mod:`train.data.families`).
+_KNOWN = {name: family for name, family in FAMILIES.items() if family.classes is not None}
+
+
 def _family(root: Path, num_classes: int, override: str | None) -> str | None:
-    """The known dataset of ``root``: ``override`` (checked against the class count) or auto-detected."""
+    """The known dataset of ``root``: ``override`` (checked against the class count), else the family whose names
+    include the folder's name (:func:`train.data.families.family_named`: ``pascal``, ``nuswide``...) when its class
+    count is the label files'."""
     if override is None:
-        return detect_family(root.name, num_classes)
-    if override not in FAMILY_CLASSES:
-        raise DataError(f"formatted:{root}?dataset={override}: unknown dataset (known: {', '.join(FAMILY_CLASSES)})")
-    expected = len(FAMILY_CLASSES[override])
+        family = _KNOWN.get(family_named(root.name) or "")
+        return family.name if family is not None and len(family.classes or ()) == num_classes else None
+    if override not in _KNOWN:
+        raise DataError(f"formatted:{root}?dataset={override}: unknown dataset (known: {', '.join(_KNOWN)})")
+    expected = len(_KNOWN[override].classes or ())
     if expected != num_classes:
         raise DataError(f"formatted:{root}?dataset={override}: {override} has {expected} classes but the label "
                         f"files have {num_classes}")
@@ -113,7 +123,7 @@ def _classes(root: Path, num_classes: int, family: str | None, notes: list[str])
             raise DataError(f"{sidecar}: lists {len(names)} classes but the label files have {num_classes} columns")
         return names
     if family is not None:
-        return list(FAMILY_CLASSES[family])
+        return list(_KNOWN[family].classes or ())
     emit_note(notes, f"formatted: no {CLASSES_FILENAME} in {root} and not a known dataset; using generic names "
               f"class_000..class_{num_classes - 1:03d} (add {CLASSES_FILENAME}, or ?dataset=voc|coco|nus|cub)")
     return [f"class_{i:03d}" for i in range(num_classes)]
@@ -164,16 +174,30 @@ def _resolve(raw: list[str], root: Path, family: str | None, image_root: str | N
     return paths
 
 
-def formatted_dataset_name(argument: str) -> str:
-    """The dataset name ``formatted:argument`` loads under (the detected family or the folder name), read from the
-    label file's header only; ``""`` when the folder cannot be read."""
+def _spec_family(argument: str) -> tuple[Path, str] | None:
+    """The folder of ``formatted:argument`` and its family (``""``: none), read from the label file's header only;
+    None when the folder cannot be read."""
     try:
         path_text, options = split_spec_options(argument, OPTIONS, "formatted")
         root = Path(path_text).expanduser().resolve()
         labels = np.load(root / FORMATTED_FILES[1], mmap_mode="r", allow_pickle=False)
-        return _family(root, int(labels.shape[1]), options.get("dataset")) or root.name
+        return root, _family(root, int(labels.shape[1]), options.get("dataset")) or ""
     except (DataError, OSError, ValueError, IndexError):
-        return ""
+        return None
+
+
+def formatted_family(argument: str) -> str:
+    """The family of the dataset ``formatted:argument`` (module docstring), without loading it; ``""`` for none, or
+    when the folder cannot be read."""
+    found = _spec_family(argument)
+    return found[1] if found is not None else ""
+
+
+def formatted_dataset_name(argument: str) -> str:
+    """The dataset name ``formatted:argument`` loads under (its family, else the folder name), without loading it;
+    ``""`` when the folder cannot be read."""
+    found = _spec_family(argument)
+    return "" if found is None else found[1] or found[0].name
 
 
 def load_formatted(argument: str) -> DatasetSplits:
@@ -204,7 +228,7 @@ def load_formatted(argument: str) -> DatasetSplits:
     query = argument.partition("?")[2]
     source = f"{spec}?{query}" if query else spec  # absolute: export finds the images again from any folder
     splits = DatasetSplits(name=family or root.name, source=source, classes=classes, train=train,
-                           test=test, notes=notes, complete_splits=ALL_SPLITS)
+                           test=test, notes=notes, complete_splits=ALL_SPLITS, family=family or "")
     observed_path = root / OBSERVED_NPY
     if observed_path.is_file() and "resample" not in options:
         observed = load_label_matrix(observed_path, len(train_raw), allowed=(-1, 0, 1))

@@ -6,15 +6,12 @@
 - NUS-WIDE: the 81 concepts in ``Concepts81.txt`` order (alphabetical), as the seeds' formatted files use.
 - CUB-200-2011: the 312 attributes in ``attributes.txt`` order (``has_bill_shape::curved_(up_or_down)``, ...).
 
-``detect_family`` tells which of them a folder of formatted ``.npy`` files holds, from its class count and
-its folder name.
+Which family a dataset belongs to is :mod:`train.data.families`'s business.
 """
 
 from __future__ import annotations
 
-from train.data.voc import VOC_CLASSES
-
-__all__ = ["COCO_CLASSES", "CUB_ATTRIBUTES", "FAMILY_CLASSES", "NUS_WIDE_CONCEPTS", "detect_family"]
+__all__ = ["COCO_CLASSES", "CUB_ATTRIBUTES", "NUS_WIDE_CONCEPTS"]
 
 COCO_CLASSES: tuple[str, ...] = (
     "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
@@ -81,21 +78,3 @@ _CUB_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("has_wing_pattern", _PATTERNS),
 )
 CUB_ATTRIBUTES: tuple[str, ...] = tuple(f"{group}::{value}" for group, values in _CUB_GROUPS for value in values)
-
-FAMILY_CLASSES: dict[str, tuple[str, ...]] = {
-    "voc": VOC_CLASSES, "coco": COCO_CLASSES, "nus": NUS_WIDE_CONCEPTS, "cub": CUB_ATTRIBUTES,
-}
-# words in a folder name that mark a family (the seeds' folders: data/pascal, data/coco, data/nuswide, data/cub)
-_FOLDER_HINTS: dict[str, tuple[str, ...]] = {
-    "voc": ("voc", "pascal"), "coco": ("coco",), "nus": ("nus",), "cub": ("cub",),
-}
-
-
-def detect_family(folder_name: str, num_classes: int) -> str | None:
-    """The known dataset (``voc``/``coco``/``nus``/``cub``) whose class count is ``num_classes`` and whose name
-    (or the seeds' name for it) appears in ``folder_name``; None when no family matches both."""
-    name = folder_name.lower()
-    for family, hints in _FOLDER_HINTS.items():
-        if len(FAMILY_CLASSES[family]) == num_classes and any(hint in name for hint in hints):
-            return family
-    return None

@@ -125,7 +125,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from models.atomic_files import atomic_path, atomic_write_text
+from models.files.atomic_writes import atomic_path, atomic_write_text
 from train.data.csv_format import emit_note
 from train.data.spec_options import split_spec_options
 from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages

@@ -90,7 +90,8 @@ class DatasetSplits:
     observed labels the dataset ships (the seeds' ``formatted_train_labels_obs.npy``), used instead of sampling.
     ``train_objects``: for datasets that know their objects (COCO instances, the built-in scenes), a function
     returning the :class:`ObjectTable` of ``train``'s rows (called only by the label-bias protocols).
-    ``complete_splits``: the splits whose labels are complete (declared by the loader, see below).
+    ``complete_splits``: the splits whose labels are complete (declared by the loader, see below). ``family``: the
+    benchmark family (declared, never guessed from the name; see below).
     """
 
     name: str
@@ -109,3 +110,6 @@ class DatasetSplits:
     # user's own data (csv:, folder:) has none: its labels are taken as given, single-positive or partial
     # (train/data/label_regime.py), and its training labels are observed as they are (--observed auto).
     complete_splits: tuple[str, ...] = ()
+    # The benchmark family the methods' presets are keyed by (train/data/families.py): declared by the kind's row of
+    # the registry (every voc: dataset is "voc") or by the loader (formatted folders); "" for a user's own data.
+    family: str = ""

@@ -1,27 +1,15 @@
-"""Training methods, one file each, registered in :data:`METHODS` (name -> class).
+"""Training methods, one file each, registered in :data:`METHODS` (name -> class) by their ``@register`` decorator.
 
-Every list of methods (the CLI's choices, the benchmark's default comparison, the methods table of README.md and
+Every module of this folder is imported here (:func:`import_method_modules`), so adding a method is adding its
+file. Every list of methods (the CLI's choices, the benchmark's default comparison, the methods table of README.md and
 docs/methods.md) is read from this registry: ``python -m train.methods`` prints the table.
 """
 
-from train.methods import (  # noqa: F401  (imports register)
-    aevlp,
-    an,
-    an_ls,
-    bce,
-    em,
-    epr,
-    gr_loss,
-    iu,
-    iun,
-    lac,
-    large_loss,
-    opml,
-    pu_mlc,
-    role,
-    vlpl,
-    wan,
-)
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
 from train.methods.base import (
     METHODS,
     EpochEndContext,
@@ -36,8 +24,21 @@ from train.methods.base import (
 __all__ = ["BASELINE", "METHODS", "UPPER_BOUND", "EpochEndContext", "LabelEstimate", "LossOutput", "Method",
            "MethodContext", "get_method", "make_hparams", "method_names", "methods_table", "register"]
 
-BASELINE = an.AssumeNegative.name  # what comparisons measure every method against (Cole et al.'s AN)
-UPPER_BOUND = bce.FullLabelBCE.name  # the full-label oracle that bounds them from above
+#: Modules of this folder that are not methods.
+NOT_METHODS = ("base",)
+
+
+def import_method_modules() -> None:
+    """Import every method module of this folder (each registers its methods), in name order."""
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_") and module.name not in NOT_METHODS:
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+import_method_modules()
+
+BASELINE = METHODS["an"].name  # what comparisons measure every method against (Cole et al.'s AN, an.py)
+UPPER_BOUND = METHODS["bce"].name  # the full-label oracle that bounds them from above (bce.py)
 
 
 def get_method(name: str) -> type[Method]:

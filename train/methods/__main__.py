@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from models.atomic_files import atomic_write_text
+from models.files.atomic_writes import atomic_write_text
 from train.methods import methods_table
 
 BEGIN, END = "<!-- methods-table -->", "<!-- /methods-table -->"

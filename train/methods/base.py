@@ -55,7 +55,8 @@ Hyperparameters are a dataclass per method (``Hparams``); the CLI sets them with
 ``presets`` holds per-dataset published values. ``paper_settings`` holds the published optimisation settings
 (batch size, learning rate, epochs, EMA, ...) per dataset family, applied by ``--preset paper``. ``paper`` names
 the publication and ``description`` says the idea in a line (both go into the methods table). Adding a method =
-one file with a ``@register`` class plus its import line in ``train/methods/__init__.py``. The papers and the
+one file in ``train/methods/`` with a ``@register`` class (the package imports every module of its
+folder). The papers and the
 notes on where a method follows the reference code rather than the paper: ``docs/methods.md``.
 """
 
@@ -72,6 +73,7 @@ from torch import nn
 
 from models.preprocess import EvalTransform
 from train.data.dataset import FULL_LABELS
+from train.data.families import family_named
 from train.distributed import global_mean
 from train.pseudo_labels.spec import PseudoLabelSpec
 
@@ -301,13 +303,11 @@ def _convert(value: str, annotation: Any) -> Any:
 
 
 def dataset_family(dataset: str) -> str:
-    """The preset family of a dataset name: ``voc2012`` -> ``voc``, ``coco2014`` -> ``coco``,
-    ``builtin-default`` -> ``builtin``; other names are returned unchanged."""
-    name = dataset.lower()
-    for family in ("voc", "coco", "nus", "cub", "builtin"):
-        if name.startswith(family):
-            return family
-    return name
+    """The preset family of a dataset: a family as its kind declares it (``DatasetSplits.family``: ``voc``, ``coco``,
+    ``nus``, ``cub``, ``builtin``), or a name that family declares (``voc2012`` -> ``voc``, ``builtin-default`` ->
+    ``builtin``: :func:`train.data.families.family_named`, the whole name); any other name is returned unchanged and
+    has no preset (a folder called ``coconut`` is not COCO)."""
+    return family_named(dataset) or dataset
 
 
 def preset_for(method: type[Method], dataset: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from models.atomic_files import atomic_path
+from models.files.atomic_writes import atomic_path
 
 FILE_NAME = "pseudo_labels.npz"
 FORMAT = "spml-pseudo-labels/1"

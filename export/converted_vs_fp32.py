@@ -1,0 +1,258 @@
+"""Check a converted (FP16 / INT8) ONNX model against its FP32 reference on the same inputs. (The FP32 file itself is
+checked against PyTorch by :mod:`export.onnx_vs_pytorch`.)
+
+Both models run in ONNX Runtime on ``CPUExecutionProvider`` over the same preprocessed batch; the report
+gives the largest and mean absolute probability difference (sigmoid of the logits), the fraction of
+identical thresholded decisions (image x class, at the model's per-class thresholds or 0.5), the fraction
+of images whose whole tag set is unchanged, and, when labels are given, both models' mAP
+(``train.metrics.mean_average_precision`` on the logits) and the drop.
+
+Bounds (:class:`~export.precisions.PrecisionBounds`): each precision's row of the registry,
+:data:`export.precisions.PRECISIONS`.
+
+:func:`check_precision` raises :class:`PrecisionError` (an ``ExportError``) naming every broken bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.errors import ExportError, PrecisionError
+from export.onnx_files import read_onnx_meta
+from export.precisions import PrecisionBounds
+from models.checkpoint import ModelMeta
+from models.logits import sigmoid
+from train.metrics import mean_average_precision
+
+DEFAULT_THRESHOLD = 0.5
+
+
+@dataclass
+class PrecisionReport:
+    """Outcome of :func:`compare_models` (mAP fields are None without labels)."""
+
+    reference: str
+    candidate: str
+    precision: str
+    images: int
+    classes: int
+    max_prob_diff: float
+    mean_prob_diff: float
+    max_logit_diff: float
+    decision_agreement: float  # fraction of (image, class) decisions that are identical
+    decisions_changed: int
+    image_agreement: float  # fraction of images whose whole tag set is identical
+    thresholds_source: str
+    map_reference: float | None = None
+    map_candidate: float | None = None
+    map_drop: float | None = None  # reference - candidate, in mAP points
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """True when :func:`check_precision` found no broken bound (or was not run)."""
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict (for a sidecar)."""
+        return {**asdict(self), "passed": self.passed}
+
+    def summary(self) -> str:
+        """One human-readable line."""
+        text = (
+            f"{self.precision} vs fp32 on {self.images} images: max |dprob| {self.max_prob_diff:.3g}, "
+            f"decisions identical {100 * self.decision_agreement:.2f}% ({self.decisions_changed} changed, "
+            f"thresholds: {self.thresholds_source})"
+        )
+        if self.map_drop is not None:
+            text += f", mAP {self.map_reference:.2f} -> {self.map_candidate:.2f} (drop {self.map_drop:+.2f})"
+        return text
+
+
+def read_meta(path: str | Path) -> ModelMeta:
+    """The ``spml_meta`` of an ONNX file (``FileNotFoundError`` / :class:`ExportError`)."""
+    try:
+        return read_onnx_meta(path)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
+
+
+class OrtModel:
+    """An ONNX file open in ONNX Runtime (CPU): logits and throughput."""
+
+    def __init__(self, path: str | Path) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0].name
+
+    def logits(self, inputs: np.ndarray, batch_size: int = 32) -> np.ndarray:
+        """float32 logits ``(N, C)`` of ``inputs``."""
+        outs = [self.session.run(None, {self.input: inputs[s:s + batch_size]})[0]
+                for s in range(0, len(inputs), batch_size)]
+        return np.concatenate(outs).astype(np.float32, copy=False)
+
+    def images_per_second(self, inputs: np.ndarray, batch_size: int = 32,
+                          seconds: float = 2.0) -> float:
+        """Images/s over repeated batches of ``batch_size`` (one warm-up run first)."""
+        batch = inputs[np.arange(batch_size) % len(inputs)]
+        self.session.run(None, {self.input: batch})
+        done, start = 0, time.perf_counter()
+        while done == 0 or time.perf_counter() - start < seconds:
+            self.session.run(None, {self.input: batch})
+            done += batch_size
+        return done / (time.perf_counter() - start)
+
+
+def run_onnx_cpu(path: str | Path, inputs: np.ndarray, batch_size: int = 32) -> np.ndarray:
+    """Run ``inputs`` (float32 ``(N, 3, S, S)``) through ``path`` with ONNX Runtime CPU; logits ``(N, C)``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ONNX model not found: {path}")
+    try:
+        return OrtModel(path).logits(inputs, batch_size)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise ExportError(f"running {path} in ONNX Runtime (CPU) failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _thresholds(thresholds: float | Sequence[float] | np.ndarray | None, meta: ModelMeta) -> tuple[np.ndarray, str]:
+    n = len(meta.classes)
+    if thresholds is None:
+        if meta.thresholds:
+            return np.asarray(meta.thresholds, dtype=np.float64), "model metadata"
+        return np.full(n, DEFAULT_THRESHOLD), f"default {DEFAULT_THRESHOLD:g}"
+    arr = np.asarray(thresholds, dtype=np.float64)
+    if arr.ndim == 0:
+        return np.full(n, float(arr)), f"{float(arr):g} for every class"
+    if arr.shape != (n,):
+        raise ExportError(f"expected {n} per-class thresholds, got shape {arr.shape}")
+    return arr, "given per class"
+
+
+def compare_outputs(
+    reference_logits: np.ndarray,
+    candidate_logits: np.ndarray,
+    thresholds: np.ndarray,
+    labels: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Metrics of :class:`PrecisionReport` from two logit arrays ``(N, C)`` (and optional 0/1 labels)."""
+    ref = np.asarray(reference_logits, dtype=np.float64)
+    cand = np.asarray(candidate_logits, dtype=np.float64)
+    if ref.shape != cand.shape or ref.ndim != 2 or len(ref) == 0:
+        raise ExportError(f"cannot compare outputs of shapes {ref.shape} and {cand.shape}")
+    if not np.isfinite(cand).all():
+        raise PrecisionError("the converted model produced NaN or infinite logits")
+    p_ref, p_cand = sigmoid(ref), sigmoid(cand)
+    d_ref, d_cand = p_ref >= thresholds, p_cand >= thresholds
+    same = d_ref == d_cand
+    out: dict[str, Any] = {
+        "images": int(ref.shape[0]),
+        "classes": int(ref.shape[1]),
+        "max_prob_diff": float(np.abs(p_ref - p_cand).max()),
+        "mean_prob_diff": float(np.abs(p_ref - p_cand).mean()),
+        "max_logit_diff": float(np.abs(ref - cand).max()),
+        "decision_agreement": float(same.mean()),
+        "decisions_changed": int((~same).sum()),
+        "image_agreement": float(same.all(axis=1).mean()),
+    }
+    if labels is not None:
+        labels = np.asarray(labels)
+        if labels.shape != ref.shape:
+            raise ExportError(f"labels have shape {labels.shape}, expected {ref.shape}")
+        m_ref = mean_average_precision(ref, labels)
+        m_cand = mean_average_precision(cand, labels)
+        out.update(map_reference=m_ref, map_candidate=m_cand, map_drop=m_ref - m_cand)
+    return out
+
+
+def check_precision(report: PrecisionReport, bounds: PrecisionBounds | None = None) -> PrecisionReport:
+    """Fill ``report.failures`` from ``bounds`` (default: per the report's precision); raise if any.
+
+    Raises :class:`PrecisionError` listing every broken bound; returns the report otherwise.
+    """
+    bounds = bounds or PrecisionBounds.for_precision(report.precision)
+    failures = []
+    if bounds.max_prob_diff is not None and not report.max_prob_diff <= bounds.max_prob_diff:
+        failures.append(f"max |probability difference| {report.max_prob_diff:.3g} > {bounds.max_prob_diff:g}")
+    if bounds.min_agreement is not None and not report.decision_agreement >= bounds.min_agreement:
+        failures.append(
+            f"identical decisions {100 * report.decision_agreement:.2f}% < {100 * bounds.min_agreement:.2f}% "
+            f"({report.decisions_changed} of {report.images * report.classes} changed)"
+        )
+    if bounds.max_map_drop is not None and report.map_drop is not None and not report.map_drop <= bounds.max_map_drop:
+        failures.append(
+            f"mAP drop {report.map_drop:.2f} points ({report.map_reference:.2f} -> {report.map_candidate:.2f}) "
+            f"> {bounds.max_map_drop:g}"
+        )
+    report.failures = failures
+    if failures:
+        raise PrecisionError(
+            f"{report.precision} model {report.candidate} fails against {report.reference} on {report.images} "
+            f"images: " + "; ".join(failures)
+        )
+    return report
+
+
+def compare_models(
+    reference: str | Path,
+    candidate: str | Path,
+    inputs: np.ndarray,
+    *,
+    labels: np.ndarray | None = None,
+    thresholds: float | Sequence[float] | np.ndarray | None = None,
+    batch_size: int = 32,
+) -> PrecisionReport:
+    """Run the FP32 ``reference`` and the converted ``candidate`` on ``inputs``; return the comparison.
+
+    ``inputs``: preprocessed float32 ``(N, 3, S, S)``. ``thresholds``: per-class (or one) probability
+    thresholds; default the candidate's ``meta.thresholds`` or 0.5. ``labels``: optional 0/1 ``(N, C)``
+    for mAP. Raises ``FileNotFoundError`` or :class:`ExportError` (unreadable model, reference not FP32,
+    different classes, ORT failure); never checks bounds (see :func:`check_precision`).
+    """
+    t0 = time.perf_counter()
+    ref_meta, cand_meta = read_meta(reference), read_meta(candidate)
+    if ref_meta.precision != "fp32":
+        raise ExportError(f"the reference {reference} is {ref_meta.precision}, not the FP32 model")
+    if list(ref_meta.classes) != list(cand_meta.classes):
+        raise ExportError(f"{candidate} and {reference} have different classes")
+    inputs = np.asarray(inputs)
+    size = int(ref_meta.image_size)
+    if inputs.ndim != 4 or tuple(inputs.shape[1:]) != (3, size, size) or len(inputs) == 0:
+        raise ExportError(f"inputs must be (N>0, 3, {size}, {size}) float32, got {inputs.shape}")
+    inputs = inputs.astype(np.float32, copy=False)
+    thr, source = _thresholds(thresholds, cand_meta)
+    ref_logits = run_onnx_cpu(reference, inputs, batch_size)
+    cand_logits = run_onnx_cpu(candidate, inputs, batch_size)
+    metrics = compare_outputs(ref_logits, cand_logits, thr, labels)
+    return PrecisionReport(
+        reference=str(reference),
+        candidate=str(candidate),
+        precision=cand_meta.precision,
+        thresholds_source=source,
+        seconds=time.perf_counter() - t0,
+        **metrics,
+    )
+
+
+def verify_precision(
+    reference: str | Path,
+    candidate: str | Path,
+    inputs: np.ndarray,
+    *,
+    labels: np.ndarray | None = None,
+    thresholds: float | Sequence[float] | np.ndarray | None = None,
+    bounds: PrecisionBounds | None = None,
+    batch_size: int = 32,
+) -> PrecisionReport:
+    """:func:`compare_models` then :func:`check_precision` (bounds default per the candidate's precision)."""
+    report = compare_models(reference, candidate, inputs, labels=labels, thresholds=thresholds, batch_size=batch_size)
+    return check_precision(report, bounds)

@@ -1,0 +1,122 @@
+"""The export precisions, one registry (:data:`PRECISIONS`): what ``--precision NAME`` makes from the FP32 export,
+the bounds each artifact is checked against (:mod:`export.converted_vs_fp32`) and the artifact a TensorRT engine of
+that precision is built from.
+
+Adding a precision is one row of :data:`PRECISIONS`: its conversions (artifact name, runtime it is made for, the
+function that writes it from the FP32 file, whether it is made only for TensorRT engines), its bounds and its engine
+source. The rows, in order, are the order the artifacts are made. Nothing heavy is imported here (the conversions
+import :mod:`export.quantize` when they run), so ``python -m export --help`` lists the names at once.
+
+Bounds: FP16 keeps max |probability difference| <= 5e-3 and >= 99.5% identical decisions (mAP drop <= 0.5 point
+when labels are given); INT8 keeps the mAP drop <= 0.5 point (needs labels) and >= 99% identical decisions, with
+no element-wise bound: quantization noise is judged on the task metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from export.quantize import ConversionResult
+
+DEFAULT_MAX_PROB_DIFF = 5e-3
+DEFAULT_MIN_AGREEMENT = 0.995
+DEFAULT_MAX_MAP_DROP = 0.5
+DEFAULT_INT8_MIN_AGREEMENT = 0.99
+
+
+@dataclass(frozen=True)
+class PrecisionBounds:
+    """Acceptance bounds of a converted model against its FP32 reference; ``None`` disables a bound."""
+
+    max_prob_diff: float | None = DEFAULT_MAX_PROB_DIFF
+    min_agreement: float | None = DEFAULT_MIN_AGREEMENT
+    max_map_drop: float | None = DEFAULT_MAX_MAP_DROP  # mAP points; only checked when labels are given
+
+    @classmethod
+    def for_precision(cls, precision: str) -> PrecisionBounds:
+        """The bounds of ``precision``'s row of :data:`PRECISIONS` (the FP16 ones for a name it does not hold)."""
+        return PRECISIONS[precision].bounds if precision in PRECISIONS else cls()
+
+
+@dataclass
+class ConversionInputs:
+    """What a conversion may need besides the FP32 file: ``say`` for progress lines and ``calibration_images``,
+    the preprocessed INT8 calibration images (read on the first call, then kept)."""
+
+    say: Callable[[str], None]
+    calibration_images: Callable[[], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """One artifact made from the FP32 export: its ``artifact`` name (``int8-cpu``), the ``runtime`` it is made for,
+    ``make(fp32 path, inputs)`` that writes it beside the FP32 file, and ``engines_only``: made only when TensorRT
+    engines are asked for (``--trt``)."""
+
+    artifact: str
+    runtime: str
+    make: Callable[[Path, ConversionInputs], ConversionResult]
+    engines_only: bool = False
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A ``--precision`` name: its ``conversions`` (none for FP32, the reference), the ``bounds`` its artifacts are
+    checked against and ``engine_source``, the artifact its TensorRT engine is built from."""
+
+    name: str
+    conversions: tuple[Conversion, ...]
+    bounds: PrecisionBounds
+    engine_source: str
+
+
+def _fp16(fp32: Path, inputs: ConversionInputs) -> ConversionResult:
+    """FP16 weights and compute, float32 input and output (:func:`export.quantize.convert_fp16`)."""
+    from export.quantize import convert_fp16, default_output
+
+    inputs.say("converting to FP16 ...")
+    return convert_fp16(fp32, default_output(fp32, "fp16"))
+
+
+def _int8(target: str) -> Callable[[Path, ConversionInputs], ConversionResult]:
+    """The INT8 conversion for ``target`` (``cpu``, ``tensorrt``): :func:`export.quantize.quantize_int8`."""
+
+    def make(fp32: Path, inputs: ConversionInputs) -> ConversionResult:
+        """Quantize ``fp32`` for ``target`` on the calibration images, beside it."""
+        from export.quantize import default_output, quantize_int8
+
+        images = inputs.calibration_images()
+        inputs.say(f"quantizing to INT8 for {target} ({len(images)} calibration images) ...")
+        dst = default_output(fp32, "int8", target)
+        return quantize_int8(fp32, dst, images, target=target)  # type: ignore[arg-type]
+
+    return make
+
+
+PRECISIONS: dict[str, Precision] = {
+    "fp32": Precision("fp32", (), PrecisionBounds(), engine_source="fp32"),
+    "fp16": Precision("fp16", (Conversion("fp16", "onnxruntime", _fp16),), PrecisionBounds(), engine_source="fp16"),
+    "int8": Precision(
+        "int8",
+        (Conversion("int8-cpu", "onnxruntime", _int8("cpu")),
+         Conversion("int8-tensorrt", "tensorrt", _int8("tensorrt"), engines_only=True)),
+        PrecisionBounds(max_prob_diff=None, min_agreement=DEFAULT_INT8_MIN_AGREEMENT),
+        engine_source="int8-tensorrt",
+    ),
+}
+
+
+def parse_precisions(text: str) -> list[str]:
+    """``"fp32,int8"`` -> ``["fp32", "int8"]`` in :data:`PRECISIONS` order (fp32 always first: the others are made
+    from it); ``ValueError`` naming the choices otherwise."""
+    wanted = {p.strip().lower() for p in text.split(",") if p.strip()}
+    unknown = wanted - set(PRECISIONS)
+    if unknown or not wanted:
+        raise ValueError(f"--precision takes a comma-separated list of {', '.join(PRECISIONS)}; got {text!r}")
+    return [p for p in PRECISIONS if p in wanted or p == "fp32"]

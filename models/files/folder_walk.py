@@ -1,0 +1,97 @@
+"""The one walk of a folder tree, with one rule, for every stage that lists files below a folder: ``--data
+folder:DIR`` (class folders), the ``nus:`` / ``cub:`` existence checks, ``python -m serve tag DIR``, ``python -m
+export --images DIR`` and the demo's ``--examples DIR``, so they all see the same files.
+
+The rule:
+
+- everything below ROOT is walked, in every sub-folder (ROOT itself may be a symbolic link to a folder);
+- hidden entries, whose name starts with ``.``, are skipped: hidden files (``.DS_Store``, the ``._IMG.jpg``
+  resource forks macOS writes on shared drives, the ``.<name>.tmp`` files of atomic writes) are counted as
+  skipped, hidden folders (``.git``, ``.thumbnails``) are not entered;
+- a symbolic link to a file is listed under the link's own path; a symbolic link to a folder is not entered
+  (each file is then reached by one path only, and a link loop cannot recurse): it is counted as skipped;
+- a folder that cannot be listed is reported with the reason, and the walk goes on.
+
+Files are returned sorted by their path relative to ROOT in POSIX form (``a/b.jpg``), the order every stage
+uses for keys. Only the standard library is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.files.image_extensions import is_image_name
+
+
+def is_hidden(name: str) -> bool:
+    """True for a hidden entry (its name starts with ``.``), which the walk skips."""
+    return name.startswith(".")
+
+
+@dataclass
+class FolderListing:
+    """What :func:`walk_folder` found below ``root`` (see the module docstring for the rule)."""
+
+    root: Path
+    files: list[Path] = field(default_factory=list)  # sorted by relative POSIX path
+    hidden: list[Path] = field(default_factory=list)  # hidden files, skipped (hidden folders are not entered)
+    linked_folders: list[Path] = field(default_factory=list)  # symbolic links to folders, not entered
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)  # (folder, reason) of folders not listed
+
+    def relative(self, path: Path) -> str:
+        """``path`` relative to the root, ``/``-separated (``.`` for the root itself)."""
+        return path.relative_to(self.root).as_posix()
+
+    def images(self) -> list[Path]:
+        """The files whose extension is an image's (:mod:`models.files.image_extensions`), in listing order."""
+        return [p for p in self.files if is_image_name(p.name)]
+
+    def ignored(self) -> list[Path]:
+        """The files that are not images by their extension, then the hidden files."""
+        return [p for p in self.files if not is_image_name(p.name)] + self.hidden
+
+
+def walk_folder(root: str | Path, on_folder: Callable[[int], None] | None = None) -> FolderListing:
+    """Walk ``root`` with the module's rule; ``on_folder`` is called with the number of entries of each folder
+    read (a progress bar's update)."""
+    root = Path(root)
+    listing = FolderListing(root)
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            with os.scandir(folder) as found:
+                entries = list(found)
+        except OSError as exc:
+            listing.unreadable.append((folder, exc.strerror or str(exc)))
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                real_folder = entry.is_dir(follow_symlinks=False)
+                linked_folder = not real_folder and entry.is_symlink() and entry.is_dir()
+            except OSError:
+                real_folder = linked_folder = False
+            if is_hidden(entry.name):
+                if not real_folder and not linked_folder:
+                    listing.hidden.append(path)
+            elif real_folder:
+                pending.append(path)
+            elif linked_folder:
+                listing.linked_folders.append(path)
+            else:
+                listing.files.append(path)
+        if on_folder is not None:
+            on_folder(len(entries))
+    listing.files.sort(key=listing.relative)
+    listing.hidden.sort(key=listing.relative)
+    listing.linked_folders.sort(key=listing.relative)
+    return listing
+
+
+def find_images(root: str | Path) -> list[Path]:
+    """The image files below ``root`` (by extension), sorted by relative POSIX path: :func:`walk_folder`'s rule."""
+    return walk_folder(root).images()

@@ -1,0 +1,151 @@
+"""The one registry of inference runtimes (:data:`RUNTIMES`: name -> class), picked from the model file's suffix;
+used by export (its checks) and serve (the tagger, the predictor, the demo).
+
+Every runtime class has ``name``, ``suffixes``, a classmethod ``load(path)``, a classmethod ``open(path, device,
+threads)`` (loaded for a ``--device``, with a description of where it runs), a classmethod ``read_meta(path)``
+(the model's :class:`~models.checkpoint.ModelMeta` without loading the model: no torch, no onnxruntime), the
+attribute ``meta: ModelMeta`` and ``predict_logits(batch float32 (N,3,S,S)) -> float32 (N,C)``. Adding a runtime
+is one module in this package and one row of :data:`RUNTIMES`. Heavy optional dependencies (torch, onnxruntime,
+TensorRT) are imported inside ``load`` only, so this module, the device names (:mod:`models.runtimes.devices`)
+and :func:`read_model_meta` are light: a Ray driver or a command line's checks use them without torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+from models.checkpoint import ModelMeta
+from models.runtimes.devices import parse_device
+from models.runtimes.errors import BackendUnavailableError, ModelLoadError, ModelSpecError
+from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
+from models.runtimes.tensorrt_backend import TensorRTBackend
+from models.runtimes.torch_backend import TorchBackend
+
+
+class Runtime(Protocol):
+    """What the tagger (and the demo) need from a loaded model."""
+
+    name: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]]
+    meta: ModelMeta
+
+    @classmethod
+    def open(cls, path: str | Path, device: str | None = None, threads: int | None = None) -> tuple[Runtime, str]:
+        """Load ``path`` for ``device`` with ``threads`` CPU threads; (runtime, where it runs)."""
+        ...
+
+    def predict_logits(self, batch: np.ndarray) -> np.ndarray:
+        """float32 ``(N, 3, S, S)`` -> float32 logits ``(N, C)``."""
+        ...
+
+
+RUNTIMES: dict[str, type] = {
+    OnnxRuntimeBackend.name: OnnxRuntimeBackend,
+    TorchBackend.name: TorchBackend,
+    TensorRTBackend.name: TensorRTBackend,
+}
+
+#: Model file suffixes of runtimes that may not be installed, for a more helpful "unsupported" message.
+_KNOWN_SUFFIXES = {".engine": "TensorRT engine", ".plan": "TensorRT engine", ".trt": "TensorRT engine"}
+
+
+def supported_suffixes() -> list[str]:
+    """All model file suffixes some runtime accepts, e.g. ``['.onnx', '.pt', '.pth']``."""
+    return [s for cls in RUNTIMES.values() for s in cls.suffixes]
+
+
+def runtime_for(path: str | Path) -> type:
+    """The runtime class for a model file, chosen by its suffix (``ValueError`` for unknown suffixes)."""
+    suffix = Path(path).suffix.lower()
+    for cls in RUNTIMES.values():
+        if suffix in cls.suffixes:
+            return cls
+    raise ValueError(f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())}")
+
+
+def runtime_class(path: Path, backend: str | None) -> type:
+    """The registry class that loads ``path`` (``backend`` forces one); :class:`ModelSpecError` otherwise."""
+    suffix = path.suffix.lower()
+    if backend is not None:
+        if backend not in RUNTIMES:
+            raise ModelSpecError(f"unknown backend {backend!r}; available: {', '.join(RUNTIMES)}")
+        cls = RUNTIMES[backend]
+        if suffix not in cls.suffixes:
+            raise ModelSpecError(
+                f"backend {backend} cannot load {path.name}: it reads {', '.join(cls.suffixes)} files"
+            )
+        return cls
+    try:
+        return runtime_for(path)
+    except ValueError:
+        kind = _KNOWN_SUFFIXES.get(suffix)
+        if kind:
+            raise ModelSpecError(
+                f"{path} is a {kind}, but no installed runtime reads {suffix} files (runtimes: "
+                f"{', '.join(RUNTIMES)}; they read {', '.join(supported_suffixes())})"
+            ) from None
+        raise ModelSpecError(
+            f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())} "
+            "(or a run folder / run name)"
+        ) from None
+
+
+def read_model_meta(path: str | Path, backend: str | None = None) -> ModelMeta:
+    """The metadata (classes, input size, normalisation, thresholds...) of model file ``path`` without loading
+    the model, importing torch or starting a runtime: what a driver that never runs the model needs.
+
+    Raises :class:`ModelSpecError` (no such file, unsupported suffix, unknown backend) or :class:`ModelLoadError`
+    (the file holds no readable metadata of this package, or its output is not logits).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelSpecError(f"model not found: {path}")
+    cls = runtime_class(path, backend)
+    try:
+        meta: ModelMeta = cls.read_meta(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read the metadata of {path}: {exc}") from exc
+    if meta.output != "logits":
+        raise ModelLoadError(f"{path}: model output is {meta.output!r}; the tagger expects logits")
+    return meta
+
+
+def open_runtime(path: Path, backend: str | None = None, device: str | None = None,
+                 threads: int | None = None) -> tuple[Runtime, str]:
+    """Load model file ``path`` with its runtime (``backend`` forces one: :func:`runtime_class`) for ``device`` with
+    ``threads`` CPU threads; returns the runtime and a description of where it runs. Raises
+    :class:`ModelSpecError` (bad request), :class:`BackendUnavailableError` (runtime or GPU provider missing) and
+    whatever the runtime's ``load`` raises for a file it cannot read."""
+    return runtime_class(path, backend).open(path, device, threads)
+
+
+def load_runtime(path: str | Path, runtime: str | None = None) -> Runtime:
+    """Load ``path`` with the runtime named ``runtime`` (default: chosen from the suffix)."""
+    if runtime is None:
+        cls = runtime_for(path)
+    elif runtime in RUNTIMES:
+        cls = RUNTIMES[runtime]
+    else:
+        raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
+    return cls.load(path)
+
+
+__all__ = [
+    "RUNTIMES",
+    "BackendUnavailableError",
+    "ModelLoadError",
+    "ModelSpecError",
+    "OnnxRuntimeBackend",
+    "Runtime",
+    "TensorRTBackend",
+    "TorchBackend",
+    "load_runtime",
+    "open_runtime",
+    "parse_device",
+    "read_model_meta",
+    "runtime_class",
+    "runtime_for",
+]

@@ -1,0 +1,51 @@
+"""Device names (``--device``: ``cpu``, ``cuda[:N]``, ``tensorrt[:N]``) and the ONNX Runtime execution providers
+they ask for. No heavy import: command lines check a device name before anything loads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from models.runtimes.errors import BackendUnavailableError, ModelSpecError
+
+_ORT_PROVIDER = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+
+
+def parse_device(device: str | None) -> tuple[str, int | None]:
+    """``"cpu"`` / ``"cuda"`` / ``"cuda:1"`` / ``"tensorrt"`` / ``"tensorrt:0"`` -> ``(kind, index or None)``.
+
+    ``None`` gives ``("default", None)``: the backend's own default. Raises :class:`ModelSpecError`.
+    """
+    if device is None:
+        return "default", None
+    kind, _, index = str(device).strip().lower().partition(":")
+    if kind not in ("cpu", "cuda", "tensorrt") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise ModelSpecError(f"unknown device {device!r}; use cpu, cuda, cuda:N, tensorrt or tensorrt:N")
+    return kind, int(index) if index else None
+
+
+def ort_providers(device: str | None, available: Sequence[str]) -> list[Any]:
+    """ONNX Runtime providers for ``device``: CPU always (last); CUDA for ``cuda[:N]``; TensorRT, then CUDA,
+    for ``tensorrt[:N]``. ``available`` is ``onnxruntime.get_available_providers()``.
+
+    Raises :class:`BackendUnavailableError` when this onnxruntime build lacks a requested provider.
+    """
+    kind, index = parse_device(device)
+    if kind in ("default", "cpu"):
+        return ["CPUExecutionProvider"]
+    wanted = ["tensorrt", "cuda"] if kind == "tensorrt" else ["cuda"]
+    providers: list[Any] = []
+    for name in wanted:
+        provider = _ORT_PROVIDER[name]
+        if provider not in available:
+            raise BackendUnavailableError(
+                f"device {device!r} needs ONNX Runtime's {provider}, but this onnxruntime only has "
+                f"{', '.join(available)}; install onnxruntime-gpu built for your CUDA version"
+            )
+        providers.append((provider, {"device_id": index}) if index is not None else provider)
+    return [*providers, "CPUExecutionProvider"]
+
+
+def provider_name(provider: Any) -> str:
+    """The name of an ONNX Runtime provider entry (a name, or a ``(name, options)`` pair)."""
+    return provider[0] if isinstance(provider, tuple) else str(provider)

@@ -1,0 +1,15 @@
+"""Why a model could not be loaded: one readable line each, no traceback needed."""
+
+from __future__ import annotations
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says why (no need to read a traceback)."""
+
+
+class ModelSpecError(ModelLoadError):
+    """The request itself is wrong: no such file or run, unsupported suffix, unknown backend or device."""
+
+
+class BackendUnavailableError(ModelLoadError):
+    """The runtime or accelerator the model needs is not installed or not usable on this machine."""

@@ -1,0 +1,195 @@
+"""``python -m serve demo``: the command line of the Gradio web demo (the page itself: :mod:`serve.demo.app`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from serve import DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
+
+DEMO_EPILOG = """\
+The page shows every class's score against that class's own threshold. Thresholds are the model's
+calibrated per-class ones (0.5 where it has none), or one global value from the slider; moving them
+re-filters the scores already computed, without running the model again. The Batch tab tags several files
+into a table with CSV and JSONL downloads (JSONL lines as written by `serve tag`). The same results are an
+HTTP API: /predict returns every class score, the thresholds used and the tags as JSON (see the API tab
+and the page footer).
+
+models: the picker lists best.pt and export/ files (.onnx, and other registered runtimes' files) of every
+run folder under --runs-dir; --model picks the one shown first (a file, a run folder, or a run name).
+examples: --examples DIR, else test images of the model's built-in dataset when it is already generated
+in the cache ($SPML_CACHE or ~/.cache/spml); the demo never generates data.
+
+The server listens on 127.0.0.1 only, unless --host says otherwise; --share (off by default) asks Gradio
+for a public link. Ctrl-C stops it.
+
+exit status:
+  0  the server ran and was stopped
+  1  the model could not be loaded (missing runtime or GPU provider, broken file), or the server could not
+     start (port in use, gradio missing)
+  2  usage error: MODEL not found, no model found under --runs-dir, unsupported model file, bad option value
+
+examples:
+  python -m serve demo                                    # newest run under ./runs (or $SPML_RUNS)
+  python -m serve demo --model runs/voc-an/export/model.onnx --port 8080
+  python -m serve demo --model runs/voc-an --backend onnxruntime --device cuda
+"""
+
+
+def add_demo_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``demo`` subcommand's options (defaults from :mod:`serve.demo.app`, which imports nothing heavy)."""
+    from serve.demo import app as d
+
+    demo = sub.add_parser(
+        "demo",
+        help="start the web demo (Gradio) for a model",
+        description="Start a local web page to try a model on images: scores, thresholds, batch, API.",
+        epilog=DEMO_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument(
+        "--model",
+        "-m",
+        metavar="MODEL",
+        help="model file (.pt checkpoint, .onnx export, ...), run folder, or run name under --runs-dir "
+        "(default: the newest model found under --runs-dir)",
+    )
+    demo.add_argument(
+        "--runs-dir", type=Path, metavar="DIR", help="where to look for runs (default: $SPML_RUNS, else ./runs)"
+    )
+    demo.add_argument(
+        "--backend", metavar="NAME", help="runtime to use, e.g. torch or onnxruntime (default: from the file suffix)"
+    )
+    demo.add_argument("--device", metavar="DEV", help=DEVICE_HELP)
+    demo.add_argument(
+        "--examples", type=Path, metavar="DIR", help="folder of example images (default: built-in dataset test images)"
+    )
+    demo.add_argument("--host", default=d.DEFAULT_HOST, help="address to listen on (default: %(default)s)")
+    demo.add_argument(
+        "--port", type=int, metavar="N", help="port (default: the first free one from 7860, or $GRADIO_SERVER_PORT)"
+    )
+    demo.add_argument("--share", action="store_true", help="also create a public gradio.live link (default: off)")
+    demo.add_argument(
+        "--max-file-size",
+        default=d.DEFAULT_MAX_FILE_SIZE,
+        metavar="SIZE",
+        help="largest upload accepted, e.g. 5mb, 500kb or 1gb (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--max-pixels",
+        type=int,
+        default=d.DEFAULT_MAX_PIXELS,
+        metavar="N",
+        help="largest image accepted, in pixels (width x height), checked before decoding (default: %(default)s, "
+        "Pillow's; 0 turns the check off)",
+    )
+    demo.add_argument(
+        "--queue-size",
+        type=int,
+        default=d.DEFAULT_QUEUE_SIZE,
+        metavar="N",
+        help="requests that may wait in the queue; more are refused (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--concurrency",
+        type=int,
+        default=d.DEFAULT_CONCURRENCY,
+        metavar="N",
+        help="model calls run at the same time (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--max-batch-files",
+        type=int,
+        default=d.DEFAULT_MAX_BATCH_FILES,
+        metavar="N",
+        help="files tagged per batch request (default: %(default)s)",
+    )
+
+
+def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Execute ``demo`` with parsed arguments: load the model, build the page, serve until Ctrl-C."""
+    prog = f"{parser.prog} demo"
+
+    def fail(message: str, code: int) -> int:
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return code
+
+    for name in ("queue_size", "concurrency", "max_batch_files"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')} must be >= 1", EXIT_USAGE)
+    if args.max_pixels < 0:
+        return fail("--max-pixels must be >= 0 (0 turns the check off)", EXIT_USAGE)
+    args.max_pixels = args.max_pixels or None
+    if args.port is not None and not 0 < args.port < 65536:
+        return fail(f"--port must be in 1..65535, got {args.port}", EXIT_USAGE)
+    from serve.demo.app import parse_size
+
+    try:
+        parse_size(args.max_file_size)
+    except ValueError as exc:
+        return fail(f"--max-file-size: {exc}", EXIT_USAGE)
+    if args.examples is not None and not args.examples.is_dir():
+        return fail(f"examples folder not found: {args.examples}", EXIT_USAGE)
+    from models.files.run_folder import default_runs_dir
+
+    runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
+    if args.model is not None and not Path(args.model).exists() and not (runs_dir / args.model).is_dir():
+        return fail(f"model not found: {args.model} (not a file, a run folder, or a run under {runs_dir})", EXIT_USAGE)
+    if args.model is None and not runs_dir.is_dir():
+        return fail(f"no runs folder {runs_dir.resolve()}; pass --model FILE or --runs-dir DIR", EXIT_USAGE)
+    try:
+        import gradio  # noqa: F401 - checked here for a clear message
+    except ImportError as exc:
+        return fail(f"the demo needs gradio ({exc}); install it with: pip install gradio", EXIT_SOME_FAILED)
+    from models.runtimes import ModelSpecError
+    from serve.demo.app import build_demo, launch_demo
+    from serve.demo.catalog import find_examples, find_models
+    from serve.demo.model_store import ModelStore
+    from serve.model_files import resolve_model_path
+    from serve.predictor import Predictor
+
+    choices = find_models(runs_dir)
+    try:
+        if args.model is not None:
+            path = resolve_model_path(args.model, args.backend, runs_dir)
+        elif choices:
+            path = next(iter(choices.values()))
+        else:
+            return fail(f"no model found under {runs_dir.resolve()}; pass --model FILE (or train one)", EXIT_USAGE)
+        key = next((k for k, p in choices.items() if p.resolve() == path.resolve()), str(path))
+        if args.backend is not None:  # the picker only offers what the chosen runtime reads
+            from models.runtimes import RUNTIMES
+
+            suffixes = RUNTIMES[args.backend].suffixes if args.backend in RUNTIMES else ()
+            choices = {k: p for k, p in choices.items() if p.suffix.lower() in suffixes}
+        predictor = Predictor.load(path, args.backend, args.device, max_pixels=args.max_pixels)
+    except ModelSpecError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except Exception as exc:  # ModelLoadError and anything a runtime raises: one line, no traceback
+        return fail(f"cannot load model: {exc}", EXIT_SOME_FAILED)
+    store = ModelStore(
+        {key: path, **choices},
+        backend=args.backend,
+        device=args.device,
+        max_pixels=args.max_pixels,
+        loaded={key: predictor},
+    )
+    examples = find_examples(predictor.meta, args.examples)
+    print(f"model {key}: {predictor.device_description}; examples: {examples.note}", file=sys.stderr)
+    demo = build_demo(store, key, examples, max_batch_files=args.max_batch_files)
+    try:
+        launch_demo(
+            demo,
+            host=args.host,
+            port=args.port,
+            share=args.share,
+            max_file_size=args.max_file_size,
+            queue_size=args.queue_size,
+            concurrency=args.concurrency,
+        )
+    except OSError as exc:
+        return fail(f"cannot start the server: {exc}", EXIT_SOME_FAILED)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK

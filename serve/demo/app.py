@@ -1,0 +1,115 @@
+"""``python -m serve demo``: a Gradio web demo over a :class:`~serve.predictor.Predictor`.
+
+Layout: a model picker (runs and exports found under the runs folder, or ``--model``) with the model's facts;
+controls shared by every tab: thresholds (calibrated per-class thresholds, or one global slider), the tag
+selection mode (thresholds, MCut, top-k) with its cap and floor, and caption rules (as in a rules file of
+``serve tag --caption-rules``); an *Image* tab (upload / webcam / clipboard, examples from the built-in dataset
+with their true labels) showing every class's score against its own threshold and the caption as written; a
+*Batch* tab (several files -> table, CSV, JSONL and a zip of caption files, scored by the tagging pipeline's loop,
+:func:`serve.tagging.scoring.score_items`, with its selection of tags, :class:`serve.outputs.stage.TagSelector`);
+an *API* tab.
+
+The model runs once per image: its scores are kept in ``gr.State`` and moving a control only re-filters them
+(no queue, no model call). ``/predict`` returns every class score as JSON, with the thresholds
+used and the tags. Images are decoded by the same code as ``python -m serve tag`` (the original uploaded file,
+EXIF orientation applied, alpha composited onto white), so the demo, the tagger and evaluation agree.
+
+The page is built from small named parts: the models (:mod:`serve.demo.model_store`), the layout
+(:mod:`serve.demo.layout`), the event handlers (:mod:`serve.demo.handlers`), the catalogue of models and examples
+(:mod:`serve.demo.catalog`) and the pure helpers (:mod:`serve.demo.results`); this module puts them together.
+Importing this module is cheap: gradio and torch are imported inside the functions that need them, so
+``python -m serve --help`` and usage errors answer at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from serve import DEFAULT_MAX_PIXELS
+from serve.demo.catalog import ExampleSet
+from serve.demo.model_store import ModelStore
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+__all__ = ["DEFAULT_MAX_PIXELS", "build_demo", "launch_demo", "parse_size"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_MAX_FILE_SIZE = "20mb"
+DEFAULT_QUEUE_SIZE = 32
+DEFAULT_CONCURRENCY = 1
+DEFAULT_MAX_BATCH_FILES = 64
+
+
+_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
+
+
+def parse_size(text: str | int) -> int:
+    """``"20mb"`` / ``"500kb"`` / ``"1.5gb"`` / ``"1000"`` (bytes) -> bytes, with 1kb = 1024 b (``ValueError``)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?b)?", str(text).strip().lower())
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"expected a size such as 20mb, 500kb or 1gb, got {text!r}")
+    return max(1, int(float(match.group(1)) * _UNITS[match.group(2) or ""]))
+
+
+def build_demo(
+    store: ModelStore,
+    default_model: str,
+    examples: ExampleSet | None = None,
+    *,
+    max_batch_files: int = DEFAULT_MAX_BATCH_FILES,
+    title: str = "spml multi-label tagger",
+) -> gr.Blocks:
+    """Build the Blocks app (not launched) over ``store``, showing ``default_model`` first: the page's parts
+    (:func:`serve.demo.layout.lay_out`) connected to their handlers (:class:`serve.demo.handlers.DemoHandlers`)."""
+    import gradio as gr
+
+    from serve.demo.handlers import DemoHandlers
+    from serve.demo.layout import connect, lay_out
+
+    if default_model not in store.choices:
+        raise ValueError(f"default model {default_model!r} is not one of the store's choices")
+    examples = examples or ExampleSet()
+    default = store.get(default_model)
+    work_root = Path(tempfile.mkdtemp(prefix="spml-demo-"))
+    atexit.register(shutil.rmtree, work_root, True)
+    handlers = DemoHandlers(store, examples, max_batch_files, work_root)
+    with gr.Blocks(title=title, delete_cache=(3600, 3600)) as demo:
+        connect(lay_out(title, list(store.choices), default_model, default, examples), handlers)
+    return demo
+
+
+def launch_demo(
+    demo: gr.Blocks,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int | None = None,
+    share: bool = False,
+    max_file_size: str | int | None = DEFAULT_MAX_FILE_SIZE,
+    queue_size: int = DEFAULT_QUEUE_SIZE,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    prevent_thread_lock: bool = False,
+    quiet: bool = False,
+) -> tuple[Any, str, str | None]:
+    """Queue (``max_size=queue_size``, ``default_concurrency_limit=concurrency``) and launch on ``host:port``
+    (loopback by default; ``port=None`` scans from 7860), uploads bounded by ``max_file_size``; returns
+    ``(app, local_url, share_url)``."""
+    demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
+    return demo.launch(
+        server_name=host,
+        server_port=port,
+        share=share,
+        max_file_size=parse_size(max_file_size) if max_file_size is not None else None,
+        prevent_thread_lock=prevent_thread_lock,
+        quiet=quiet,
+        show_error=False,
+        ssr_mode=False,
+        footer_links=["api", "gradio"],
+    )

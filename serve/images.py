@@ -1,0 +1,148 @@
+"""Any image a caller has -> the model's input: a file path, encoded bytes, a PIL image, a ``uint8`` array or
+tensor (:data:`ImageInput`) -> ``uint8`` RGB (:func:`load_rgb`: the pixel-count check before decoding, EXIF
+orientation, alpha onto white) -> the model's preprocessing (:class:`ImagePreprocessor`). Shared by the tagging
+pipeline's scoring loop, the predictor and the demo, so they decode every image the same way; failures are
+:class:`ImageError` with a short reason.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from models.preprocess import EvalTransform, decode_scaled, read_image, to_rgb
+from serve import DEFAULT_MAX_PIXELS
+
+#: What :meth:`Predictor.scores` and :meth:`Predictor.predict` accept as one image: a file path, encoded file
+#: bytes, a PIL image, a ``uint8`` array ``(H, W)`` / ``(H, W, 1|3|4)`` (grey / RGB / RGBA), or a ``uint8``
+#: tensor ``(3, H, W)`` (RGB, as :func:`models.preprocess.read_image` returns).
+ImageInput = str | os.PathLike | bytes | Image.Image | np.ndarray | torch.Tensor
+
+class ImageError(ValueError):
+    """An input image could not be used; ``reason`` is a short human explanation, ``source`` names the input."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"{source}: {reason}")
+        self.source = source
+        self.reason = reason
+
+
+def _describe(image: Any) -> str:
+    if isinstance(image, (str, os.PathLike)):
+        return str(image)
+    if isinstance(image, Image.Image):
+        return f"PIL image {image.mode} {image.size[0]}x{image.size[1]}"
+    if isinstance(image, (np.ndarray, torch.Tensor)):
+        return f"{type(image).__name__} {tuple(image.shape)} {image.dtype}"
+    return type(image).__name__
+
+
+def _check_pixels(source: str, width: int, height: int, max_pixels: int | None) -> None:
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageError(
+            source,
+            f"image too large: {width}x{height} = {width * height:,} pixels, the limit is {max_pixels:,} "
+            "(refused as a possible decompression bomb)",
+        )
+
+
+def _decode_error(source: str, exc: BaseException) -> ImageError:
+    """A readable :class:`ImageError` for an exception raised while opening / decoding an image."""
+    if isinstance(exc, ImageError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return ImageError(source, "file not found")
+    if isinstance(exc, IsADirectoryError):
+        return ImageError(source, "is a folder, not an image file")
+    if isinstance(exc, UnidentifiedImageError):
+        return ImageError(source, "not an image (or a format Pillow cannot read)")
+    if isinstance(exc, Image.DecompressionBombError):
+        return ImageError(source, f"image too large, refused as a possible decompression bomb ({exc})")
+    if isinstance(exc, MemoryError):
+        return ImageError(source, "image too large to decode in memory")
+    text = str(exc).strip()
+    if "truncated" in text.lower():
+        return ImageError(source, f"truncated image: the file ends before the image data does ({text})")
+    return ImageError(source, f"corrupt or unsupported image data ({type(exc).__name__}: {text})")
+
+
+def _rgb_tensor(image: Image.Image) -> torch.Tensor:
+    """PIL image -> ``uint8 (3, H, W)`` through :func:`models.preprocess.to_rgb`, as :func:`read_image` does."""
+    return torch.from_numpy(np.asarray(to_rgb(image)).copy()).permute(2, 0, 1).contiguous()
+
+
+def load_rgb(
+    image: ImageInput, max_pixels: int | None = DEFAULT_MAX_PIXELS, decode_side: int | None = None
+) -> torch.Tensor:
+    """Any :data:`ImageInput` -> ``uint8`` RGB tensor ``(3, H, W)`` with EXIF orientation applied and alpha
+    composited onto white (:func:`models.preprocess.read_image` / :func:`~models.preprocess.to_rgb`).
+
+    ``max_pixels`` (:data:`serve.DEFAULT_MAX_PIXELS`; ``None`` turns the check off) bounds width x height, checked
+    from the file header before decoding. ``decode_side``: encoded JPEGs (paths, bytes) may be decoded at reduced
+    scale down to this many pixels per side, as :class:`~models.preprocess.EvalTransform` does (its
+    ``decode_side``). Raises :class:`ImageError` with a readable reason, or ``TypeError`` for other inputs.
+    """
+    source = _describe(image)
+    try:
+        if isinstance(image, (str, os.PathLike)):
+            with Image.open(image) as header:  # header only: refuse huge images before decoding them
+                _check_pixels(source, *header.size, max_pixels)
+            return read_image(image, decode_side)
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            with Image.open(io.BytesIO(bytes(image))) as img:
+                _check_pixels(source, *img.size, max_pixels)
+                return _rgb_tensor(decode_scaled(img, decode_side))
+        if isinstance(image, Image.Image):
+            _check_pixels(source, *image.size, max_pixels)
+            return _rgb_tensor(image)
+        if isinstance(image, torch.Tensor):
+            if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+                raise TypeError(f"tensor images must be uint8 (3, H, W) RGB, got {source}")
+            _check_pixels(source, int(image.shape[2]), int(image.shape[1]), max_pixels)
+            return image.contiguous()
+        if isinstance(image, np.ndarray):
+            ok_shape = image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3, 4))
+            if image.dtype != np.uint8 or not ok_shape:
+                raise TypeError(f"array images must be uint8 (H, W) or (H, W, 1|3|4), got {source}")
+            _check_pixels(source, image.shape[1], image.shape[0], max_pixels)
+            arr = image[:, :, 0] if image.ndim == 3 and image.shape[2] == 1 else image
+            return _rgb_tensor(Image.fromarray(np.ascontiguousarray(arr)))
+    except TypeError:
+        raise
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error, DecompressionBombError...
+        raise _decode_error(source, exc) from None
+    raise TypeError(f"unsupported image input {source}: pass a path, bytes, a PIL image or a uint8 array")
+
+
+@dataclass(frozen=True)
+class ImagePreprocessor:
+    """Any :data:`ImageInput` -> model input ``float32 (3, S, S)``: :func:`load_rgb` (pixel-count check, EXIF,
+    alpha) then the model's :class:`~models.preprocess.EvalTransform`. Picklable, for decode workers.
+
+    The two halves can run apart, with the same values: :meth:`decode` (file -> resized ``uint8 (3, S, S)``, the
+    costly part, 4x smaller to keep or send than floats) and :meth:`normalize` (a ``uint8`` batch -> floats)."""
+
+    transform: EvalTransform
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+
+    def decode(self, image: ImageInput) -> np.ndarray:
+        """Decode one image and resize it to the model input: ``uint8 (3, S, S)`` (raises :class:`ImageError` /
+        ``TypeError``)."""
+        rgb = load_rgb(image, self.max_pixels, self.transform.decode_side)
+        return self.transform.resize(rgb).numpy()
+
+    def normalize(self, images: np.ndarray) -> np.ndarray:
+        """Decoded ``uint8 (..., 3, S, S)`` -> model input ``float32`` (the model's mean and std)."""
+        tensor = torch.from_numpy(np.ascontiguousarray(images))
+        return self.transform.normalize(tensor).numpy()
+
+    def __call__(self, image: ImageInput) -> np.ndarray:
+        """Preprocess one image (raises :class:`ImageError` / ``TypeError``): :meth:`decode` then :meth:`normalize`,
+        the values of :class:`~models.preprocess.EvalTransform`."""
+        return self.normalize(self.decode(image))

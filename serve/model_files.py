@@ -1,0 +1,59 @@
+"""Which model file a ``--model`` names: a model file, a run folder (its ``best.pt``, else an export a chosen runtime
+reads), a run name under the runs folder, or the latest run; and the model files a run folder holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.files.run_folder import BEST, LAST, default_runs_dir, latest_run
+from models.runtimes import RUNTIMES, ModelSpecError, supported_suffixes
+
+
+def models_in_folder(folder: Path) -> list[Path]:
+    """Loadable model files of a run folder, preferred first: ``best.pt``, then ``export/*`` and top-level files
+    with a registered suffix (sorted; ``last.pt`` excluded: it is a resume checkpoint)."""
+    suffixes = set(supported_suffixes())
+    found: list[Path] = []
+    if (folder / BEST).is_file():
+        found.append(folder / BEST)
+    for sub in (folder / "export", folder):
+        if sub.is_dir():
+            for path in sorted(sub.iterdir()):
+                if path.is_file() and path.suffix.lower() in suffixes and path.name not in (BEST, LAST):
+                    found.append(path)
+    return found
+
+
+def resolve_model_path(target: str | Path | None, backend: str | None = None, runs_dir: Path | None = None) -> Path:
+    """A model file from ``target``: a model file, a run folder, a run name under ``runs_dir`` (default
+    ``$SPML_RUNS`` or ``./runs``), or ``None`` for the latest run.
+
+    A run resolves to its ``best.pt``, or, when ``backend`` names a runtime that does not read checkpoints, to
+    the first of its exported files that runtime reads (``export/model.onnx`` for onnxruntime).
+    Raises :class:`ModelSpecError` when nothing fits.
+    """
+    runs = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    if target is None:
+        try:
+            folder = latest_run(runs)
+        except FileNotFoundError as exc:
+            raise ModelSpecError(str(exc)) from None
+    else:
+        path = Path(target).expanduser()
+        if path.is_file():
+            return path
+        if path.is_dir():
+            folder = path
+        elif (runs / str(target)).is_dir():
+            folder = runs / str(target)
+        else:
+            raise ModelSpecError(f"model not found: {target} (not a file, a run folder, or a run under {runs})")
+    candidates = models_in_folder(folder)
+    if backend is not None:
+        if backend not in RUNTIMES:
+            raise ModelSpecError(f"unknown backend {backend!r}; available: {', '.join(RUNTIMES)}")
+        candidates = [p for p in candidates if p.suffix.lower() in RUNTIMES[backend].suffixes]
+    if not candidates:
+        what = f" that backend {backend} reads" if backend else ""
+        raise ModelSpecError(f"no model file{what} in {folder} (expected best.pt or export/model.onnx)")
+    return candidates[0]

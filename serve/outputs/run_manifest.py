@@ -1,0 +1,45 @@
+"""The manifest of a run file: which model, tag selection, thresholds and caption rules produced its tags.
+
+``tags.jsonl`` -> ``tags.manifest.json`` beside it (the same name for a CSV run file), written atomically with
+the run file at the end of every completed run, so the run file itself stays plain JSON Lines or CSV that any
+reader takes as is. ``python -m serve summary`` reads it to know which classes each record selected, and a
+resumed run reads it to tell whether its sidecars would match those written before.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from models.files.atomic_writes import atomic_write_text
+
+MANIFEST_FORMAT = "spml-tag-run"
+MANIFEST_VERSION = 1
+
+
+def manifest_path(run_file: str | Path) -> Path:
+    """``out/tags.jsonl`` -> ``out/tags.manifest.json``."""
+    run_file = Path(run_file)
+    return run_file.with_name(f"{run_file.stem}.manifest.json")
+
+
+def write_manifest(run_file: Path, doc: dict[str, Any]) -> Path:
+    """Write the manifest of ``run_file`` (``doc`` plus the format fields) atomically; returns its path."""
+    path = manifest_path(run_file)
+    body = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "run_file": run_file.name, **doc}
+    atomic_write_text(path, json.dumps(body, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def read_manifest(run_file: str | Path) -> dict[str, Any] | None:
+    """The manifest of ``run_file``, or ``None`` when there is none (or the file beside it is not one, or
+    describes another run file)."""
+    path = manifest_path(run_file)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or doc.get("run_file") != Path(run_file).name:
+        return None
+    return doc

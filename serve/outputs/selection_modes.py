@@ -1,0 +1,138 @@
+"""Which classes become an image's tags: the selection modes of ``serve tag``, the demo and the Python API.
+
+- ``thresholds`` (default): every class whose probability reaches its threshold (the model's calibrated
+  per-class thresholds, a global ``--threshold`` or a ``--thresholds`` file: :mod:`serve.outputs.thresholds`).
+- ``mcut``: MCut (Largeron, Moulin & Géry 2012), instance-adaptive: sort the image's scores, find the largest
+  gap between two neighbours and keep every class above it. Needs no threshold.
+- ``top-k:K``: the K highest scores.
+
+Two limits combine with any mode: ``max_tags`` keeps at most that many (highest first) and ``min_score`` drops
+every class scoring below it (a floor; MCut in particular can cut very low on an image with no confident class).
+Tags always come highest score first (ties: class order). Scores are compared as the run file stores them,
+rounded to 6 decimals, so the tags of a record can be recomputed from its scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: The selection modes by name.
+MODES = ("thresholds", "mcut", "top-k")
+DEFAULT_MODE = "thresholds"
+#: Decimals of a stored score (run files, sidecars): selection works on the rounded values.
+SCORE_DECIMALS = 6
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A selection mode with its values: ``mode`` (one of :data:`MODES`), ``k`` for ``top-k``, and the limits
+    ``max_tags`` (None: no cap) and ``min_score`` (0: no floor) that combine with every mode."""
+
+    mode: str = DEFAULT_MODE
+    k: int | None = None
+    max_tags: int | None = None
+    min_score: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown selection mode {self.mode!r}; choose from {', '.join(MODES)}")
+        if (self.mode == "top-k") != (self.k is not None):
+            raise ValueError("top-k needs K (top-k:K) and only top-k takes K")
+        if self.k is not None and self.k < 1:
+            raise ValueError(f"top-k needs K >= 1, got {self.k}")
+        if self.max_tags is not None and self.max_tags < 1:
+            raise ValueError(f"the cap on tags per image must be >= 1, got {self.max_tags}")
+        if not 0.0 <= self.min_score <= 1.0:
+            raise ValueError(f"the minimum score must be in [0, 1], got {self.min_score}")
+
+    @property
+    def uses_thresholds(self) -> bool:
+        """True when the per-class thresholds decide (``thresholds`` mode)."""
+        return self.mode == "thresholds"
+
+    def describe(self) -> str:
+        """A short human description, e.g. ``mcut, at most 10 tags, score >= 0.1``."""
+        text = f"top-{self.k}" if self.mode == "top-k" else self.mode
+        if self.max_tags is not None:
+            text += f", at most {self.max_tags} tags"
+        if self.min_score > 0:
+            text += f", score >= {self.min_score:g}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (recorded with a run's outputs); :func:`selection_from_dict` reads it back."""
+        return {"mode": self.mode, "k": self.k, "max_tags": self.max_tags, "min_score": self.min_score}
+
+
+def selection_from_dict(doc: dict[str, Any]) -> Selection:
+    """The :class:`Selection` of :meth:`Selection.to_dict` (``ValueError`` on a bad document)."""
+    try:
+        return Selection(str(doc["mode"]), doc.get("k"), doc.get("max_tags"), float(doc.get("min_score", 0.0)))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a tag selection: {doc!r}") from exc
+
+
+def parse_mode(text: str) -> tuple[str, int | None]:
+    """``thresholds`` | ``mcut`` | ``top-k:K`` -> ``(mode, K or None)``; ``ValueError`` naming the forms."""
+    word = text.strip().lower()
+    if word in ("thresholds", "mcut"):
+        return word, None
+    name, _, value = word.partition(":")
+    if name in ("top-k", "topk") and value.isdigit() and int(value) >= 1:
+        return "top-k", int(value)
+    raise ValueError(f"invalid selection mode {text!r}: use thresholds, mcut or top-k:K (K >= 1)")
+
+
+def selection_type(text: str) -> tuple[str, int | None]:
+    """argparse ``type=`` for a mode option: :func:`parse_mode`, a usage error otherwise."""
+    try:
+        return parse_mode(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def make_selection(mode: str = DEFAULT_MODE, max_tags: int | None = None, min_score: float | None = None) -> Selection:
+    """A :class:`Selection` from a mode text (:func:`parse_mode`) and the optional limits."""
+    name, k = parse_mode(mode)
+    return Selection(name, k, max_tags, 0.0 if min_score is None else float(min_score))
+
+
+def rounded_scores(probs: np.ndarray) -> np.ndarray:
+    """Probabilities as stored: float64 rounded to :data:`SCORE_DECIMALS` decimals."""
+    return np.round(np.asarray(probs, dtype=np.float64), SCORE_DECIMALS)
+
+
+def mcut_threshold(scores: np.ndarray) -> float:
+    """The MCut threshold of one score row: the midpoint of the largest gap between neighbouring sorted scores
+    (the first such gap from the top on ties); 1.0 (nothing above) when there are fewer than two scores."""
+    ordered = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
+    if ordered.size < 2:
+        return 1.0
+    gaps = ordered[:-1] - ordered[1:]
+    cut = int(np.argmax(gaps))
+    return float((ordered[cut] + ordered[cut + 1]) / 2.0)
+
+
+def select_classes(probs: np.ndarray, thresholds: np.ndarray | None, selection: Selection) -> list[int]:
+    """Indices of the classes selected for one image, highest score first (ties: class order).
+
+    ``probs`` ``(C,)`` are probabilities; they are rounded as stored (:func:`rounded_scores`) before comparing.
+    ``thresholds`` ``(C,)`` are needed only by the ``thresholds`` mode.
+    """
+    scores = rounded_scores(probs)
+    order = sorted(range(scores.size), key=lambda i: (-scores[i], i))
+    if selection.mode == "thresholds":
+        if thresholds is None:
+            raise ValueError("the thresholds mode needs per-class thresholds")
+        chosen = [i for i in order if scores[i] >= thresholds[i]]
+    elif selection.mode == "mcut":
+        cut = mcut_threshold(scores)
+        chosen = [i for i in order if scores[i] > cut]
+    else:
+        chosen = order[: selection.k]
+    chosen = [i for i in chosen if scores[i] >= selection.min_score]
+    return chosen if selection.max_tags is None else chosen[: selection.max_tags]

@@ -1,0 +1,129 @@
+"""Sidecar files: one file per image and format (``txt``, ``json``, ``xmp``), next to it or in a mirrored tree.
+
+What each format holds: :mod:`serve.outputs.sidecar_formats`. Names: ``a.jpg`` -> ``a.txt`` (``txt``, or the
+``--sidecar-ext``), ``a.json`` (``json``), ``a.jpg.xmp`` (``xmp``: ``<image name>.xmp``, as darktable and
+digiKam name them). Images that would share a ``txt`` or ``json`` sidecar (``a.jpg`` and ``a.png``) keep their
+suffix: ``a.jpg.txt`` and ``a.png.txt``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.files.atomic_writes import atomic_write_text
+from models.files.image_extensions import IMAGE_EXTENSIONS
+from serve.outputs.records import DEFAULT_SEPARATOR, split_tags
+from serve.outputs.sidecar_formats import SIDECAR_FORMATS, json_sidecar, json_updated, xmp_sidecar, xmp_updated
+
+DEFAULT_SIDECAR_EXT = ".txt"
+DEFAULT_FORMATS = ("txt",)
+#: The suffix of the formats whose name is fixed (``txt`` uses :attr:`SidecarSpec.ext`).
+_FIXED_EXT = {"json": ".json", "xmp": ".xmp"}
+
+
+@dataclass(frozen=True)
+class SidecarSpec:
+    """Sidecar files: ``formats`` (of :data:`~serve.outputs.sidecar_formats.SIDECAR_FORMATS`), the ``txt`` files'
+    ``ext`` (with its dot) and tag ``separator``, and ``folder`` (``None``: next to each image; else a tree
+    mirroring the input folder's)."""
+
+    ext: str = DEFAULT_SIDECAR_EXT
+    separator: str = DEFAULT_SEPARATOR
+    folder: Path | None = None
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+
+    def __post_init__(self) -> None:
+        if not self.ext.startswith(".") or len(self.ext) < 2 or "/" in self.ext or os.sep in self.ext:
+            raise ValueError(f"sidecar extension must look like .txt, got {self.ext!r}")
+        if self.ext.lower() in IMAGE_EXTENSIONS:
+            raise ValueError(f"sidecar extension {self.ext} is an image extension: it would overwrite images")
+        if not self.separator:
+            raise ValueError("the tag separator must not be empty")
+        unknown = [f for f in self.formats if f not in SIDECAR_FORMATS]
+        if unknown or not self.formats:
+            raise ValueError(f"sidecar formats must be some of {', '.join(SIDECAR_FORMATS)}, got {self.formats}")
+        clash = [f for f in self.formats if f != "txt" and _FIXED_EXT[f] == self.ext.lower()]
+        if "txt" in self.formats and clash:
+            raise ValueError(f"sidecar extension {self.ext} is the {clash[0]} sidecars' own: choose another")
+
+    def ext_of(self, fmt: str) -> str:
+        """The suffix a sidecar of format ``fmt`` adds."""
+        return self.ext if fmt == "txt" else _FIXED_EXT[fmt]
+
+
+def sidecar_paths(folder: Path, images: Sequence[Path], spec: SidecarSpec) -> dict[Path, dict[str, Path]]:
+    """The sidecar file of each image in each format (see the module docstring), under ``spec.folder`` when
+    set (mirroring the tree)."""
+    base = spec.folder if spec.folder is not None else folder
+    out: dict[Path, dict[str, Path]] = {p: {} for p in images}
+    for fmt in spec.formats:
+        ext = spec.ext_of(fmt)
+        if fmt == "xmp":
+            for p in images:
+                out[p][fmt] = base / image_rel_with_ext(folder, p, ext)
+            continue
+        short = {p: base / p.relative_to(folder).with_suffix(ext) for p in images}
+        counts = Counter(short.values())
+        for p in images:
+            out[p][fmt] = short[p] if counts[short[p]] == 1 else base / image_rel_with_ext(folder, p, ext)
+    return out
+
+
+def image_rel_with_ext(folder: Path, image: Path, ext: str) -> Path:
+    """``sub/a.jpg`` -> ``sub/a.jpg<ext>``: the sidecar name used when stems collide (and always for XMP)."""
+    rel = image.relative_to(folder)
+    return rel.with_name(rel.name + ext)
+
+
+def merge_tags(existing: Sequence[str], new: Sequence[str]) -> list[str]:
+    """``existing`` followed by the tags of ``new`` not already in it (each tag once)."""
+    out = list(dict.fromkeys(existing))
+    out.extend(t for t in new if t not in out)
+    return out
+
+
+def _replace(existing: Sequence[str], new: Sequence[str]) -> list[str]:
+    return list(new)
+
+
+def write_sidecar(path: Path, tags: Sequence[str], spec: SidecarSpec, append: bool) -> None:
+    """Write a ``txt`` sidecar: the tags at ``path`` atomically; with ``append``, after the tags already there
+    (no duplicates)."""
+    if append and path.is_file():
+        tags = merge_tags(split_tags(path.read_text(encoding="utf-8"), spec.separator), tags)
+    atomic_write_text(path, spec.separator.join(tags) + "\n")
+
+
+def write_sidecars(
+    paths: Mapping[str, Path],
+    tags: Sequence[str],
+    scores: Mapping[str, float],
+    extra: Mapping[str, Any],
+    spec: SidecarSpec,
+    append: bool,
+) -> None:
+    """Write one image's sidecars, ``paths`` by format, atomically. ``txt``: the ``tags``; ``json``: the tags,
+    every score and the ``extra`` fields; ``xmp``: the tags as keywords. An existing ``json`` or ``xmp`` file
+    is updated, its other contents kept (its tags replaced, or merged with ``append``); an existing ``txt``
+    file is replaced, or appended to without duplicates. Raises ``ValueError`` naming a ``json`` / ``xmp``
+    file that exists but cannot be read as one."""
+    combine = merge_tags if append else _replace
+    for fmt, path in paths.items():
+        if fmt == "txt":
+            write_sidecar(path, tags, spec, append)
+            continue
+        existing = path.read_text(encoding="utf-8") if path.is_file() else None
+        try:
+            if fmt == "json":
+                text = json_sidecar(tags, scores, extra) if existing is None or not append else \
+                    json_updated(existing, tags, scores, extra, combine)
+            else:
+                text = xmp_sidecar(tags) if existing is None else xmp_updated(existing, tags, combine)
+        except ValueError as exc:
+            raise ValueError(f"existing sidecar {path} cannot be updated: {exc}") from None
+        atomic_write_text(path, text)

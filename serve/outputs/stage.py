@@ -1,0 +1,226 @@
+"""The output stage of the tagging pipeline: scores -> selected tags -> records -> output writers.
+
+The only step between an engine's results and the files a run leaves, with a small interface:
+
+- a *selection* function ``(key, scores (C,)) -> record`` (:class:`TagSelector`: the classes chosen by a tag
+  selection mode, :mod:`serve.outputs.selection_modes`, written with the caption rules,
+  :mod:`serve.outputs.caption_rules`); a record is ``{"path", "scores", "tags"}`` (see :mod:`serve.outputs.records`);
+- a list of *writers* (:class:`OutputWriter`): each receives every finished batch's records and failures, in
+  the order batches finish, and is told when the run has completed (:meth:`OutputWriter.finish`).
+
+The default writers (:func:`serve.tagging.run.default_outputs`): :class:`SidecarWriter` (txt / json / xmp files per
+image, as each batch finishes), :class:`TagFolderWriter` (links in tag folders), :class:`RunFileWriter` (the run file,
+sorted by path, written from the journal at the end, with its manifest) and :class:`ErrorsWriter`. Another
+output is one more writer; another way to choose tags is another selection function; engines are not involved.
+Records of images tagged by an earlier, interrupted run reach the run file through the journal, not through the
+writers (their sidecars were written by that run).
+
+TagSelector works on the scores as stored (rounded to 6 decimals), so a stored record's tags can be chosen again
+exactly (:meth:`TagSelector.reselect`): the run file's records of earlier runs are re-selected with this run's
+options, and a record's selected classes are known without storing them (:meth:`TagSelector.chosen`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from serve.outputs import selection_modes
+from serve.outputs.caption_rules import CaptionRules, rules_from_dict
+from serve.outputs.records import tag_record, write_errors, write_run_file
+from serve.outputs.run_manifest import write_manifest
+from serve.outputs.sidecars import SidecarSpec, write_sidecars
+from serve.outputs.tag_folders import TagFolders, place
+
+if TYPE_CHECKING:
+    from serve.engines import Result
+    from serve.tagging.journal import Journal
+
+#: One image's output record: ``{"path": key, "scores": {class: p}, "tags": [tag, ...]}``.
+Record = dict[str, Any]
+#: ``(key, scores (C,)) -> Record``: how tags are chosen from an image's scores.
+Select = Callable[[str, np.ndarray], Record]
+
+
+@dataclass(frozen=True)
+class TagSelector:
+    """The tags of an image: the classes ``mode`` chooses (:class:`serve.outputs.selection_modes.Selection`: per-class
+    ``thresholds`` by default, or MCut, or top-k; a cap and a floor), highest score first, written with the
+    caption ``rules``. ``thresholds`` ``(C,)`` are needed by the ``thresholds`` mode only."""
+
+    classes: list[str]
+    thresholds: np.ndarray | None = None
+    mode: selection_modes.Selection = field(default_factory=selection_modes.Selection)
+    rules: CaptionRules = field(default_factory=CaptionRules)
+
+    def __call__(self, key: str, scores: np.ndarray) -> Record:
+        """The record of image ``key`` with sigmoid ``scores`` ``(C,)``."""
+        return tag_record(key, scores, self.classes, self.thresholds, self.mode, self.rules)
+
+    def chosen(self, scores: Mapping[str, float]) -> list[str]:
+        """The classes selected from a record's stored ``scores`` (before caption rules), highest first."""
+        row = np.array([scores[c] for c in self.classes], dtype=np.float64)
+        return [self.classes[i] for i in selection_modes.select_classes(row, self.thresholds, self.mode)]
+
+    def reselect(self, record: Mapping[str, Any]) -> Record:
+        """``record`` with its tags chosen again from its stored scores (exact: the same options give the same
+        tags)."""
+        return self(str(record["path"]), np.array([record["scores"][c] for c in self.classes], dtype=np.float64))
+
+    def labels(self, record: Mapping[str, Any]) -> list[str]:
+        """The tag names of a record for tag folders: its selected classes with exclude, replace and spaces."""
+        return self.rules.labels(self.chosen(record["scores"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """What decides the tags, JSON-able: the mode, the thresholds (``thresholds`` mode only) and the rules;
+        :meth:`from_dict` reads it back."""
+        values = None
+        if self.mode.uses_thresholds and self.thresholds is not None:
+            values = {c: float(t) for c, t in zip(self.classes, self.thresholds, strict=True)}
+        return {"selection": self.mode.to_dict(), "thresholds": values, "caption_rules": self.rules.to_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], classes: Sequence[str]) -> TagSelector:
+        """The :class:`TagSelector` of :meth:`to_dict` for ``classes`` (``ValueError`` on a bad document)."""
+        values = doc.get("thresholds")
+        thresholds = np.array([float(values[c]) for c in classes]) if isinstance(values, dict) else None
+        mode = selection_modes.selection_from_dict(doc["selection"])
+        return cls(list(classes), thresholds, mode, rules_from_dict(doc.get("caption_rules") or {}))
+
+
+class OutputWriter(Protocol):
+    """One output of a run."""
+
+    def write(self, records: Sequence[Record], failed: Sequence[tuple[str, str]]) -> None:
+        """Take a finished batch: its records and its ``(key, reason)`` failures."""
+        ...
+
+    def finish(self) -> None:
+        """The run has completed (not called when it stops early): write what is written at the end."""
+        ...
+
+
+@dataclass
+class OutputStage:
+    """Selection + writers: what :func:`serve.tagging.run.run_plan` does with each batch an engine returns."""
+
+    select: Select
+    writers: list[OutputWriter] = field(default_factory=list)
+
+    def records(self, results: Iterable[Result]) -> tuple[list[Record], list[tuple[str, str]]]:
+        """A batch of engine results -> (records of the scored images, ``(key, reason)`` of the failed ones)."""
+        records: list[Record] = []
+        failed: list[tuple[str, str]] = []
+        for result in results:
+            if result.scores is None:
+                failed.append((result.key, result.error or "unknown error"))
+            else:
+                records.append(self.select(result.key, result.scores))
+        return records, failed
+
+    def write(self, records: Sequence[Record], failed: Sequence[tuple[str, str]]) -> None:
+        """Give a batch to every writer, in order."""
+        for writer in self.writers:
+            writer.write(records, failed)
+
+    def finish(self) -> None:
+        """Tell every writer that the run has completed."""
+        for writer in self.writers:
+            writer.finish()
+
+
+class SidecarWriter:
+    """The sidecar files of each image (``spec``: txt, json, xmp), written atomically as its batch finishes;
+    ``append`` merges the new tags with those already there instead of replacing them."""
+
+    def __init__(
+        self, spec: SidecarSpec, paths: Mapping[str, Mapping[str, Path]], select: TagSelector, append: bool
+    ) -> None:
+        self.spec, self.paths, self.select, self.append = spec, paths, select, append
+
+    def write(self, records: Sequence[Record], failed: Sequence[tuple[str, str]]) -> None:
+        """Write the sidecars of every record."""
+        describe = self.select.mode.describe()
+        for rec in records:
+            extra = {"selected": self.select.chosen(rec["scores"]), "selection": describe}
+            write_sidecars(self.paths[rec["path"]], rec["tags"], rec["scores"], extra, self.spec, self.append)
+
+    def finish(self) -> None:
+        """Nothing left to write."""
+
+
+class TagFolderWriter:
+    """Links (or copies) each image into ``DIR/<tag>/`` for each of its tags (:func:`serve.outputs.tag_folders.place`)
+    as its batch finishes; at the end, the images of earlier runs that the run file keeps (``kept``, read from
+    the ``journal``) are placed too. Placing is idempotent: a re-run adds only what is missing."""
+
+    def __init__(self, spec: TagFolders, folder: Path, select: TagSelector, journal: Journal, kept: Iterable[str]):
+        self.spec, self.folder, self.select, self.journal = spec, folder, select, journal
+        self.kept = sorted(kept)
+        self.created = 0
+
+    def _place(self, records: Iterable[Mapping[str, Any]]) -> None:
+        for rec in records:
+            self.created += place(self.folder / rec["path"], rec["path"], self.select.labels(rec), self.spec)
+
+    def write(self, records: Sequence[Record], failed: Sequence[tuple[str, str]]) -> None:
+        """Place every record's image."""
+        self._place(records)
+
+    def finish(self) -> None:
+        """Place the images of earlier runs (already there after a plain re-run: nothing is added)."""
+        self._place(self.journal.records(self.kept))
+
+
+class RunFileWriter:
+    """The run file: the records of this run plus the ``kept`` ones of earlier runs (re-selected with this run's
+    ``select``), sorted by path, written atomically at the end from the ``journal`` (which holds them all, so no
+    record is kept in memory); then its manifest (:mod:`serve.outputs.run_manifest`): ``manifest`` plus the count."""
+
+    def __init__(
+        self,
+        path: Path,
+        journal: Journal,
+        select: TagSelector,
+        separator: str,
+        kept: Iterable[str],
+        manifest: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.path, self.journal, self.select, self.separator = path, journal, select, separator
+        self.kept = set(kept)
+        self.keys = set(self.kept)
+        self.manifest = dict(manifest or {})
+
+    def write(self, records: Sequence[Record], failed: Sequence[tuple[str, str]]) -> None:
+        """Remember which images this run tagged (their records are in the journal)."""
+        self.keys.update(rec["path"] for rec in records)
+        self.kept.difference_update(rec["path"] for rec in records)
+
+    def finish(self) -> None:
+        """Write the run file, sorted by path, and its manifest."""
+        records = (self.select.reselect(r) if r["path"] in self.kept else r
+                   for r in self.journal.records(sorted(self.keys)))
+        write_run_file(self.path, records, self.select.classes, self.separator)
+        write_manifest(self.path, {**self.manifest, "images": len(self.keys)})
+
+
+class ErrorsWriter:
+    """The errors file (``path<TAB>reason``): this run's failures (after ``initial`` ones, e.g. folders that
+    could not be listed), written at the end when there are any or when an older errors file must be replaced."""
+
+    def __init__(self, path: Path, initial: Sequence[tuple[str, str]] = ()) -> None:
+        self.path = path
+        self.failed: list[tuple[str, str]] = list(initial)
+
+    def write(self, records: Sequence[Record], failed: Sequence[tuple[str, str]]) -> None:
+        """Collect the failures."""
+        self.failed.extend(failed)
+
+    def finish(self) -> None:
+        """Write the errors file (an old one from an earlier run is replaced, empty when nothing failed)."""
+        if self.failed or self.path.exists():
+            write_errors(self.path, self.failed)

@@ -1,0 +1,98 @@
+"""Sorting images into folders by tag: each image linked into ``DIR/<tag>/`` for each of its tags.
+
+An image ``sub/a.jpg`` of the source with tags ``cat, dog`` appears as ``DIR/cat/sub/a.jpg`` and
+``DIR/dog/sub/a.jpg`` (its path below the source is kept, so images with the same name in different folders never
+collide); an image without tags goes to ``DIR/<untagged>/sub/a.jpg``. How: a symbolic link to the image (default;
+absolute target, costs no space), a hard link (same file system only) or a copy. A re-run adds what is new and
+leaves what is already there: an existing entry that is the same image is kept, so nothing is duplicated; an
+entry that is another file is an error, never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.files.atomic_writes import atomic_path
+
+LINK_MODES = ("symlink", "hardlink", "copy")
+DEFAULT_LINK_MODE = "symlink"
+DEFAULT_UNTAGGED = "_untagged"
+
+
+class TagFolderError(OSError):
+    """An image could not be placed in a tag folder (the message says which and why)."""
+
+
+@dataclass(frozen=True)
+class TagFolders:
+    """Where and how to sort images: ``root`` (``DIR``), ``how`` (one of :data:`LINK_MODES`) and the folder name
+    of images without tags."""
+
+    root: Path
+    how: str = DEFAULT_LINK_MODE
+    untagged: str = DEFAULT_UNTAGGED
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+        if self.how not in LINK_MODES:
+            raise ValueError(f"unknown link mode {self.how!r}; choose from {', '.join(LINK_MODES)}")
+        folder_name(self.untagged)  # validates
+
+
+def folder_name(tag: str) -> str:
+    """The folder name of a tag: path separators become ``_``; names that cannot be folders are refused."""
+    name = tag.replace("/", "_").replace("\\", "_").strip()
+    if name in ("", ".", "..") or "\0" in name:
+        raise ValueError(f"tag {tag!r} cannot be a folder name")
+    return name
+
+
+def _same_image(entry: Path, image: Path) -> bool:
+    """True when ``entry`` already is ``image`` (the link target, the same inode, or identical bytes)."""
+    if entry.is_symlink():
+        return Path(os.readlink(entry)) == image
+    if not entry.is_file():
+        return False
+    if os.path.samefile(entry, image):
+        return True
+    if entry.stat().st_size != image.stat().st_size:
+        return False
+    with entry.open("rb") as a, image.open("rb") as b:
+        while True:
+            x, y = a.read(1 << 20), b.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def place(image: Path, rel: str, tags: Sequence[str], spec: TagFolders) -> int:
+    """Put ``image`` (its path ``rel`` below the source) into the folder of each tag (or the untagged folder);
+    returns how many entries were created (0 on a re-run). Raises :class:`TagFolderError`."""
+    image = image.resolve()
+    created = 0
+    for tag in dict.fromkeys(tags or [spec.untagged]):
+        entry = spec.root / folder_name(tag) / rel
+        if entry.exists() or entry.is_symlink():
+            if _same_image(entry, image):
+                continue
+            raise TagFolderError(f"{entry} exists and is not {image}: not overwritten")
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if spec.how == "symlink":
+                entry.symlink_to(image)
+            elif spec.how == "hardlink":
+                os.link(image, entry)
+            else:
+                with atomic_path(entry) as tmp:
+                    shutil.copy2(image, tmp)
+        except OSError as exc:
+            hint = " (hard links need the same file system: use --sort-mode symlink or copy)" \
+                if spec.how == "hardlink" else ""
+            raise TagFolderError(f"cannot {spec.how} {image} to {entry}: {exc.strerror or exc}{hint}") from exc
+        created += 1
+    return created
