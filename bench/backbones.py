@@ -22,8 +22,8 @@ from typing import Any
 from bench.machine import machine_line
 from bench.methods import _fmt, _mean_std, run_one
 from bench.results_page import add_page_options, command_line, publish
+from models.files.run_folder import METRICS_FILE
 from train.methods import BASELINE, UPPER_BOUND
-from train.runs import METRICS_FILE
 
 SECTION = "backbones-builtin"
 COMMON = ["--image-size", "64", "--no-progress"]
