@@ -4,6 +4,7 @@ with per-class thresholds calibrated on validation data."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +33,8 @@ checks (the export fails, and leaves no new model file, when one is broken):
   FP32 ONNX Runtime vs PyTorch logits within --atol on real validation images (batches 1, 3, 16);
   FP16 vs FP32: probabilities within 5e-3 and >= 99.5% identical decisions;
   INT8 vs FP32: val mAP drop <= 0.5 point and >= 99% identical decisions.
+  --min-agreement lowers (or raises) the identical-decision bound of every converted model, e.g. for a small
+  model whose scores sit close to its thresholds; the summary reports the agreement either way.
 
 thresholds (--calibrate), chosen per artifact on its own validation scores:
   auto          f1 when the validation labels are complete, pu-f1 when no val image has two labels
@@ -136,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "its mean number of labels per image is pu-f1's K, and F1 is measured on it")
     g.add_argument("--val-images", type=int, metavar="N", help="use at most N validation images for calibration "
                    "and the FP16/INT8 checks (default: all)")
+    g.add_argument("--min-agreement", type=float, metavar="FRACTION",
+                   help="identical thresholded decisions a converted model needs against FP32, 0..1 (default: "
+                   "0.995 for fp16, 0.99 for int8)")
     g.add_argument("--calibration-images", type=int, default=256, metavar="N",
                    help="training images for INT8 calibration (default: %(default)s)")
     g.add_argument("--trt", action="store_true", help="also build TensorRT engines (one per precision)")
@@ -185,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return usage("--val-images must be >= 1")
     if args.calibration_images < 1:
         return usage("--calibration-images must be >= 1")
+    if args.min_agreement is not None and not 0 <= args.min_agreement <= 1:
+        return usage(f"--min-agreement is a fraction in 0..1, got {args.min_agreement:g}")
 
     from export.threshold_calibration import parse_mode  # numpy only
     if args.audit is not None:  # a bad audit list is a usage error, found before the (long) export
@@ -198,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return usage(f"--audit {args.audit}: {exc}")
     from export.errors import ExportError
     from export.pipeline import export_run  # heavy (torch): once the arguments are good
-    from export.precisions import parse_precisions
+    from export.precisions import PrecisionBounds, parse_precisions
 
     try:
         precisions = parse_precisions(args.precision)
@@ -206,6 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_mode(calibrate_mode)
     except ValueError as exc:
         return usage(str(exc))
+    bounds = None
+    if args.min_agreement is not None:
+        bounds = {p: dataclasses.replace(PrecisionBounds.for_precision(p), min_agreement=args.min_agreement)
+                  for p in precisions}
     try:
         result = export_run(
             checkpoint,
@@ -225,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=args.progress,
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
             audit=args.audit,
+            bounds=bounds,
         )
     except (ExportError, OSError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -164,6 +164,7 @@ def test_precision_lists_and_cli_usage_errors(run: Path, capsys: pytest.CaptureF
     with pytest.raises(ValueError, match="fp64"):
         parse_precisions("fp64")
     for args, message in ((["--precision", "fp64"], "fp64"), (["--calibrate", "best"], "calibration mode"),
-                          (["--trt-batch", "1,2"], "--trt-batch"), (["--calibration-images", "0"], ">= 1")):
+                          (["--trt-batch", "1,2"], "--trt-batch"), (["--calibration-images", "0"], ">= 1"),
+                          (["--min-agreement", "1.5"], "--min-agreement is a fraction")):
         assert main([str(run), *args]) == 2
         assert message in capsys.readouterr().err
