@@ -242,10 +242,9 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
 
 
-#: candidate rules beside the product's criteria: the mAP against the observed val labels (every unobserved label a
-#: negative), and a per-method rule (an-loss for the losses that take unobserved labels as negatives, observed-auc
-#: for the others)
-EXTRA_RULES = ("observed-map", "per-method", "last epoch")
+#: candidate rules beside the product's criteria: a per-method rule (an-loss for the losses that take unobserved
+#: labels as negatives, observed-auc for the others) and the last epoch
+EXTRA_RULES = ("per-method", "last epoch")
 
 
 def selection_losses(record: RunRecord, method: str) -> dict[str, float]:
@@ -257,7 +256,6 @@ def selection_losses(record: RunRecord, method: str) -> dict[str, float]:
         return reference - record.test_map(epoch)
 
     out = {name: lost(record.pick(fn, record.val_observed)) for name, fn in LABEL_FREE_CRITERIA.items()}
-    out["observed-map"] = lost(record.pick(validation_map, record.val_observed))
     negative = METHODS[method].starts_at_label_prior
     out["per-method"] = out["an-loss"] if negative else out["observed-auc"]
     out["last epoch"] = lost(len(record.val_logits))

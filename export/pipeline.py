@@ -353,6 +353,8 @@ def export_run(
     if chosen != "none" and parse_mode(chosen) == CalibrationMode("pu-f1"):  # pu-f1 without its K
         k = expected_tags(val, ref_logits, audit_data)
         say(f"expected tags per image for pu-f1: {k.describe()}")
+        if k.caveat():
+            say(f"  note: {k.caveat()}")
 
     def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> ModelMeta | None:
         audit_logits = model.logits(audit_data.inputs) if audit_data is not None else None

@@ -77,6 +77,9 @@ def test_resolve_order_and_description() -> None:
     assert [e.k for e in seen] == [3.0, 2.9, 2.0, 2.0, 2.2]
     assert seen[3].describe() == "k = 2.00 (audit: 2 audited images)"
     assert seen[4].to_dict() == {"k": 2.2, "source": "estimated", "detail": "best-bin on 400 val images"}
+    # only an estimate says how far off it may be and that an audit list fixes it
+    assert [e.caveat() is None for e in seen] == [True, True, True, True, False]
+    assert "--audit" in str(seen[4].caveat()) and "within 25%" in str(seen[4].caveat())
     with pytest.raises(ValueError, match="no source for k"):
         resolve_expected_positives()
     with pytest.raises(ValueError, match="unknown source"):

@@ -15,6 +15,7 @@ from train.label_free_selection import (
     an_loss_score,
     default_criterion,
     observed_auc,
+    observed_map,
     observed_rank,
 )
 from train.metrics import mean_average_precision
@@ -34,6 +35,8 @@ def test_hand_computed_values() -> None:
     assert observed_auc(LOGITS, OBSERVED) == pytest.approx(75.0)
     # observed positive ranks within the image: 1, 1, 2 (tie, pessimistic), 1
     assert observed_rank(LOGITS, OBSERVED) == pytest.approx(100 * (1 + 1 + 0.5 + 1) / 4)
+    # class 0: observed positives 2.0 and 1.0 rank first and second: AP 1; class 1: 3.0 first, 0.0 fourth: (1 + 2/4) / 2
+    assert observed_map(LOGITS, OBSERVED) == pytest.approx(100 * (1 + 0.75) / 2)
     loss = np.mean(np.logaddexp(0, -LOGITS) * OBSERVED + np.logaddexp(0, LOGITS) * (1 - OBSERVED))
     assert an_loss_score(LOGITS, OBSERVED) == pytest.approx(-loss)
 
@@ -70,10 +73,38 @@ def test_a_better_model_scores_higher() -> None:
     assert an_loss_score(sharp, observed) > an_loss_score(blurred, observed)
 
 
+def _single_positive(full: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    observed = np.zeros_like(full)
+    observed[np.arange(len(full)), [rng.choice(np.flatnonzero(r)) for r in full]] = 1
+    return observed
+
+
+def test_a_run_whose_unobserved_scores_rise_is_not_stopped_at_epoch_1() -> None:
+    """What EPR, ROLE, EM or GR-Loss do: epoch 1 scores the observed positive high and everything else low; later
+    epochs raise the unobserved positives too (better on the full labels), the observed ones staying on top. The
+    default label-free criterion must follow the full labels there, where the assume-negative loss picks epoch 1."""
+    rng = np.random.default_rng(0)
+    full = (rng.random((400, 8)) < 0.35).astype(np.uint8)
+    full[full.sum(1) == 0, 0] = 1
+    observed = _single_positive(full, rng)
+    noise = rng.normal(size=full.shape)
+    # epoch e: the model separates more (scale s) and lifts the unobserved positives more (u of the observed's)
+    epochs = [s * (observed + u * (full - observed)) - 2.0 + noise for s, u in ((1.5, 0.1), (3, 0.5), (4, 0.7),
+                                                                                  (5, 0.8))]
+    full_map = [mean_average_precision(x, full) for x in epochs]
+    assert full_map == sorted(full_map) and full_map[0] < full_map[1] - 20
+    pick = {name: int(np.argmax([fn(x, observed) for x in epochs])) for name, fn in LABEL_FREE_CRITERIA.items()}
+    assert pick["an-loss"] == 0  # the failure this guards against
+    assert pick[default_criterion(False)] > 0
+    assert pick["observed-map"] == pick["observed-auc"] == pick["observed-rank"] == 1
+
+
 def test_registry_and_defaults() -> None:
-    assert default_criterion(True) == "val_mAP" and default_criterion(False) == "an-loss"
-    assert set(LABEL_FREE_CRITERIA) == set(DESCRIPTIONS) == {"an-loss", "observed-auc", "observed-rank"}
+    assert default_criterion(True) == "val_mAP" and default_criterion(False) == "observed-map"
+    assert set(LABEL_FREE_CRITERIA) == set(DESCRIPTIONS) == {"an-loss", "observed-auc", "observed-rank",
+                                                             "observed-map"}
     with pytest.raises(ValueError, match=r"\(N, C\)"):
         observed_auc(LOGITS[:, :1], OBSERVED)
     assert math.isnan(observed_auc(LOGITS, np.zeros_like(OBSERVED)))
     assert math.isnan(observed_rank(LOGITS, np.zeros_like(OBSERVED)))
+    assert math.isnan(observed_map(LOGITS, np.zeros_like(OBSERVED)))

@@ -180,9 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "labels and read 'n/a (no full labels)' elsewhere; the oracle methods need full training labels. "
                    f"Default: {d.labels}")
     g.add_argument("--select", choices=SELECT_CHOICES, help="how the best epoch is chosen on the validation split: "
-                   "auto (val_mAP where val has full labels, else an-loss), val_mAP (the papers'), or a criterion "
-                   "for single-positive val labels: an-loss (the assume-negative loss of the observed val labels; "
-                   "measured closest to clean-val selection), observed-auc, observed-rank (docs/your-data.md). "
+                   "auto (val_mAP where val has full labels, else observed-map), val_mAP (the papers'), or a criterion "
+                   "for single-positive or partial val labels: observed-map (the mAP against the observed val "
+                   "labels; measured closest to full-label selection for every method), observed-auc, "
+                   "observed-rank, an-loss (the assume-negative loss; favours AN-like methods) "
+                   "(docs/your-data.md). "
                    f"Default: {d.select}")
     g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form, e.g. "
                    "csv:audit/labels.csv): their mean number of positives is k, the expected positives per image "

@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 K_SOURCES = ("given", "published", "labels", "audit", "estimated")
+#: what a user does when the estimate is not good enough (20 audited images: within 25% of the truth in 99% of draws)
+AUDIT_ADVICE = "20 images labelled completely (--audit) put k within 25% of the truth"
 #: The least share of a class's observed positives a cut must keep (module docstring).
 MIN_OBSERVED_SHARE = 0.25
 
@@ -64,6 +66,13 @@ class ExpectedPositives:
     def describe(self) -> str:
         """``k = 2.83 (estimated: ...)``."""
         return f"k = {self.k:.2f} ({self.source}" + (f": {self.detail})" if self.detail else ")")
+
+    def caveat(self) -> str | None:
+        """For an estimate: how far it may be from the truth and what brings it closer (None for other sources)."""
+        if self.source != "estimated":
+            return None
+        return (f"k is estimated from the model's own validation scores, an upper bound that is close only when "
+                f"the model ranks well (measured: bench/README.md, own-data); {AUDIT_ADVICE}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (config.json, checkpoint metadata)."""

@@ -407,6 +407,8 @@ class Trainer:
             log(self.selection.describe())
             if self.expected_positives is not None:
                 log(f"{cfg.method}: {self.expected_positives.describe()}")
+                if self.expected_positives.caveat():
+                    log(f"note: {self.expected_positives.caveat()}")
             if len(self.stage_plan) > 1:
                 log(f"{cfg.method} trains in {len(self.stage_plan)} stages of {', '.join(map(str, self.stage_plan))}"
                     " epochs; each stage starts from the previous stage's best weights")
