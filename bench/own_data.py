@@ -217,10 +217,10 @@ def train_and_record(argv: list[str], data: UserData) -> RunRecord:
 
 
 def run(data: UserData, backbone: str, method: str, seed: int, runs_dir: Path,
-        extra: list[str] | None = None) -> RunRecord:
+        extra: list[str] | None = None, train: bool = True) -> RunRecord | None:
     """The record of ``method`` on ``data`` with ``backbone`` and ``seed``: read from its run folder when it
-    finished with the same settings, else trained (an unfinished folder is started again). Raises
-    :class:`~bench.methods.RunMismatch`."""
+    finished with the same settings, else trained (an unfinished folder is started again), or None when
+    ``train`` is false. Raises :class:`~bench.methods.RunMismatch`."""
     folder = runs_dir / folder_name(data.name) / backbone
     name = f"{method}-seed{seed}"
     args = BACKBONES[backbone][1 if data.name == CLIPART else 0]
@@ -230,6 +230,8 @@ def run(data: UserData, backbone: str, method: str, seed: int, runs_dir: Path,
     if (folder / name / RECORD).is_file() and (folder / name / SUMMARY_FILE).is_file():
         print(f"{data.name} {backbone} {name}: done already", file=sys.stderr, flush=True)
         return RunRecord.load(folder / name / RECORD)
+    if not train:
+        return None
     if (folder / name).exists():
         shutil.rmtree(folder / name)
     print(f"{data.name} {backbone} {name}: python -m train {' '.join(argv)}", file=sys.stderr, flush=True)
@@ -263,9 +265,10 @@ def selection_losses(record: RunRecord, method: str) -> dict[str, float]:
 
 
 def tags_and_k(record: RunRecord) -> dict[str, float]:
-    """At the run's own pick: k estimated from the validation scores, the true k of the val images, tags per test
-    image and OF1 / CF1 with ``pu-f1`` thresholds (K estimated) and with ``f1`` thresholds on full val labels."""
-    e = record.selected_epoch - 1
+    """At the epoch the product's label-free criterion picks (``--select auto``): k estimated from the validation
+    scores, the true k of the val images, tags per test image and OF1 / CF1 with ``pu-f1`` thresholds (K estimated)
+    and with ``f1`` thresholds on full val labels."""
+    e = record.pick(LABEL_FREE_CRITERIA[default_criterion(False)], record.val_observed) - 1
     val_p, test_p = _sigmoid(record.val_logits[e]), _sigmoid(record.test_logits[e])
     k = estimate_expected_positives(record.val_logits[e], record.val_observed)
     out = {"k_estimated": k, "k_true": mean_positives(record.val_full),
@@ -283,8 +286,9 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
-def markdown(results: list[dict[str, Any]], command: str) -> str:
-    """The results section: selection per criterion, per setting and per method; k; tags per image."""
+def markdown(results: list[dict[str, Any]], command: str, missing: list[str] | None = None) -> str:
+    """The results section: selection per criterion, per setting and per method; k; tags per image; the runs left
+    out (``missing``, with ``--finished-only``)."""
     default = default_criterion(False)
     criteria = [*LABEL_FREE_CRITERIA, *EXTRA_RULES]
     settings = sorted({(r["data"], r["backbone"]) for r in results})
@@ -331,6 +335,9 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
                      f"({100 * (r['audit_k'] - kt) / kt:+.0f}%) | {t['tags_pu']:.2f} / {t['tags_full']:.2f} / "
                      f"{t['tags_true']:.2f} | {t['OF1_pu']:.1f} / {t['CF1_pu']:.1f} | "
                      f"{t['OF1_full']:.1f} / {t['CF1_full']:.1f} |")
+    if missing:
+        lines += ["", f"Not run yet (`--finished-only`), so not in the tables ({len(missing)}): "
+                  + ", ".join(missing) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -349,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-dir", type=Path, default=Path("runs/own-data"), help="default: %(default)s")
     p.add_argument("--train-args", default="", help="training arguments added to every run's (they win over the "
                    "backbone's), e.g. '--epochs 3' for a quick look")
+    p.add_argument("--finished-only", action="store_true", help="train nothing: tables from the runs that have "
+                   "finished, the others listed as not run")
     add_page_options(p, SECTION)
     args = p.parse_args(argv)
     backbones = [b for b in args.backbones.split(",") if b]
@@ -356,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown backbone {unknown[0]!r}; choose from {', '.join(BACKBONES)}")
     results: list[dict[str, Any]] = []
+    missing: list[str] = []
     try:
         for spec in (d.strip() for d in args.datasets.split(",") if d.strip()):
             data = clipart_user_data(args.clipart_root) if spec == CLIPART else builtin_user_data(
@@ -364,12 +374,18 @@ def main(argv: list[str] | None = None) -> int:
                 methods = args.methods.split(",") if args.methods else user_methods(backbone)
                 for seed in (int(s) for s in args.seeds.split(",")):
                     for method in methods:
-                        record = run(data, backbone, method, seed, args.runs_dir, shlex.split(args.train_args))
+                        record = run(data, backbone, method, seed, args.runs_dir, shlex.split(args.train_args),
+                                     train=not args.finished_only)
+                        if record is None:
+                            missing.append(f"{data.name} {backbone} {method}-seed{seed}")
+                            continue
                         results.append({"data": data.name, "backbone": backbone, "method": method, "seed": seed,
                                         "lost": selection_losses(record, method), "tags": tags_and_k(record),
                                         "audit_k": data.audit_k})
                 # the section so far after every dataset and backbone: a long study shows its results as it goes
-                publish(args.section or SECTION, markdown(results, command_line("bench.own_data", argv)), args.page)
+                if results:
+                    publish(args.section or SECTION, markdown(results, command_line("bench.own_data", argv), missing),
+                            args.page)
     except (RunMismatch, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -44,3 +44,11 @@ def test_own_data_benchmark_records_every_epoch_and_scores_every_criterion(
     capsys.readouterr()
     assert own_data.main(argv) == 0  # finished runs are reused, not trained again
     assert capsys.readouterr().err.count("done already") == 2
+
+    # --finished-only trains nothing: a method without a run is listed as not run, the tables keep the others
+    assert own_data.main([*argv, "--methods", "an,epr,wan", "--finished-only"]) == 0
+    assert not (runs / "builtin-tiny" / "scratch" / "wan-seed0").exists()
+    text = read_section("own-data", page)
+    assert text is not None and "Not run yet (`--finished-only`), so not in the tables (1): builtin:tiny scratch " \
+        "wan-seed0." in text
+    assert all(line.split(" | ")[1] == "2" for line in text.splitlines() if line.startswith("| `"))
