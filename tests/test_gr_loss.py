@@ -193,12 +193,12 @@ def test_presets_per_dataset_family_and_paper_settings(tmp_path: Path) -> None:
     assert all(h.alpha == (0.5, 2.0, 0.8, 0.5) and h.q2 == 0.01 for h in (voc, coco, nus, cub))
     assert make_hparams(gr, {"q3": "2"}, "cub200").q3 == 2.0  # the flag wins
     assert make_hparams(gr, {}, "mydata") == make_hparams(gr, {})
-    assert paper_settings_for(gr, "coco2014") == {"batch_size": 8, "lr": 1e-5, "epochs": 8, "optimizer": "adam",
-                                                  "scheduler": "none"}
+    assert paper_settings_for(gr, "coco2014") == {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8,
+                                                  "optimizer": "adam", "scheduler": "none"}
     cfg = config_from_args(build_parser().parse_args(["--preset", "paper", "--method", "gr-loss", "--data",
                                                       "coco:/nowhere", "--runs-dir", str(tmp_path)]))
-    assert (cfg.arch, cfg.image_size, cfg.batch_size, cfg.lr, cfg.epochs, cfg.scheduler) == (
-        "resnet50", 448, 8, 1e-5, 8, "none")
+    assert (cfg.arch, cfg.image_size, cfg.batch_size, cfg.lr, cfg.head_lr_mult, cfg.epochs, cfg.scheduler) == (
+        "resnet50", 448, 8, 1e-5, 10.0, 8, "none")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert set(gr.paper_settings["*"]) <= fields
 

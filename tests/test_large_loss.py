@@ -128,8 +128,9 @@ def test_presets_defaults_and_paper_settings(tmp_path: Path) -> None:
 
     def paper(*argv: str) -> tuple[object, ...]:
         cfg = config_from_args(build_parser().parse_args(["--preset", "paper", "--runs-dir", str(tmp_path), *argv]))
-        return cfg.optimizer, cfg.lr, cfg.batch_size, cfg.epochs
+        return cfg.optimizer, cfg.lr, cfg.batch_size, cfg.epochs, cfg.head_lr_mult
 
-    assert paper("--method", "ll-r", "--data", "voc:/x") == ("sgd", 5e-3, 16, 10)
-    assert paper("--method", "ll-cp", "--data", "coco:/x") == ("adam", 1e-5, 16, 10)
-    assert paper("--method", "ll-ct", "--data", "cub:/x") == ("adam", 7.5e-5, 16, 10)
+    assert paper("--method", "ll-r", "--data", "voc:/x") == ("sgd", 5e-3, 16, 10, 10.0)
+    assert paper("--method", "ll-cp", "--data", "coco:/x") == ("adam", 1e-5, 16, 10, 10.0)
+    assert paper("--method", "ll-ct", "--data", "cub:/x") == ("adam", 7.5e-5, 16, 10, 10.0)
+    assert paper("--method", "ll-r", "--data", "voc:/x", "--head-lr-mult", "1")[-1] == 1.0  # the flag wins

@@ -91,3 +91,48 @@ def test_cosine_none_and_unknown_schedules() -> None:
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="none, onecycle, cosine"):
         build_scheduler("step", optimizer, 10)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = torch.nn.Linear(6, 4)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+class _Wrapped(torch.nn.Module):  # what DistributedDataParallel looks like from outside: the network in .module
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = net
+
+
+def test_the_head_learns_at_its_multiple_of_the_learning_rate() -> None:
+    from train.stage_optimisation import model_param_groups
+
+    torch.manual_seed(0)
+    net = _Net()
+    assert [len(g["params"]) for g in model_param_groups(net, 1e-3)] == [4]  # one group by default
+    groups = model_param_groups(_Wrapped(net), 1e-3, head_lr_mult=10.0)
+    assert [{id(p) for p in g["params"]} for g in groups] == [{id(p) for p in net.backbone.parameters()},
+                                                              {id(p) for p in net.head.parameters()}]
+    assert "lr" not in groups[0] and groups[1]["lr"] == pytest.approx(1e-2)
+    # one Adam step moves every weight by about its group's learning rate: the head 10x the backbone
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    optimizer = build_optimizer("adam", groups, lr=1e-3)
+    net(torch.randn(8, 6)).square().mean().backward()
+    optimizer.step()
+    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in net.named_parameters()}
+    assert moved["backbone.weight"] == pytest.approx(1e-3, rel=1e-3)
+    assert moved["head.weight"] == pytest.approx(1e-2, rel=1e-3)
+    # a schedule peaks each group at its own rate
+    schedule = build_scheduler("onecycle", build_optimizer("adam", model_param_groups(net, 1e-3, 10.0), lr=1e-3), 10)
+    assert schedule is not None
+    assert [g["max_lr"] for g in schedule.optimizer.param_groups] == pytest.approx([1e-3, 1e-2])
+    # the backbone fixed (--trainable head): the head alone, at its rate
+    for p in net.backbone.parameters():
+        p.requires_grad_(False)
+    groups = model_param_groups(net, 1e-3, head_lr_mult=10.0)
+    assert len(groups) == 1 and groups[0]["lr"] == pytest.approx(1e-2)

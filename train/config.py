@@ -65,6 +65,7 @@ class TrainConfig:
     eval_batch_size: int = 64
     optimizer: str = "adam"
     lr: float = 2e-3
+    head_lr_mult: float = 1.0
     weight_decay: float = 0.0
     momentum: float = 0.9
     scheduler: str = "onecycle"
@@ -276,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-batch-size", type=int, help=f"Default: {d.eval_batch_size}")
     g.add_argument("--optimizer", choices=OPTIMIZERS, help=f"Default: {d.optimizer}")
     g.add_argument("--lr", type=float, help=f"(peak) learning rate. Default: {d.lr}")
+    g.add_argument("--head-lr-mult", type=float, metavar="X", help="the classification head learns at X times "
+                   "--lr (the Large Loss, GR-Loss and AEVLP references train theirs at 10x; --preset paper sets it "
+                   f"for them). Default: {d.head_lr_mult}")
     g.add_argument("--weight-decay", type=float, help=f"Default: {d.weight_decay}")
     g.add_argument("--momentum", type=float, help=f"SGD momentum. Default: {d.momentum}")
     g.add_argument("--scheduler", choices=SCHEDULERS, help=f"per-step LR schedule. "
@@ -391,6 +395,7 @@ def validate(cfg: TrainConfig) -> None:
          "--epochs must be >= 1 (0 only with --linear-init N: a linear probe on fixed features)"),
         (cfg.batch_size >= 1 and cfg.eval_batch_size >= 1, "batch sizes must be >= 1"),
         (cfg.lr > 0, "--lr must be > 0"),
+        (cfg.head_lr_mult > 0, "--head-lr-mult must be > 0"),
         (cfg.image_size == 0 or cfg.image_size >= 16, "--image-size must be >= 16"),
         (0.0 <= cfg.ema < 1.0, "--ema must be in [0, 1)"),
         (cfg.clip_grad >= 0, "--clip-grad must be >= 0"),

@@ -14,6 +14,20 @@ from train.methods import Method
 from train.optimizer_factory import build_optimizer, build_scheduler
 
 
+def model_param_groups(model: nn.Module, lr: float, head_lr_mult: float = 1.0) -> list[dict[str, Any]]:
+    """The model's trainable parameters as optimiser groups: one group at ``lr``, or, with ``head_lr_mult`` != 1,
+    the backbone at ``lr`` and the classification head (``model.head``, also inside DDP) at ``lr * head_lr_mult``.
+    Empty groups are left out (``--trainable head`` trains the head alone)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    head = getattr(getattr(model, "module", model), "head", None)
+    if head_lr_mult == 1.0 or not isinstance(head, nn.Module):
+        return [{"params": trainable}]
+    in_head = {id(p) for p in head.parameters()}
+    groups = [{"params": [p for p in trainable if id(p) not in in_head]},
+              {"params": [p for p in trainable if id(p) in in_head], "lr": lr * head_lr_mult}]
+    return [g for g in groups if g["params"]]
+
+
 class Optimisation:
     """The optimiser over the model's trainable parameters and the method's own groups, its per-step schedule
     over ``steps``, the fp16 gradient scaler (off otherwise) and the EMA of the weights (``cfg.ema`` > 0)."""
@@ -23,7 +37,7 @@ class Optimisation:
         self.model = model
         self.ema_decay = cfg.ema
         self.clip_grad = cfg.clip_grad
-        groups = [{"params": [p for p in model.parameters() if p.requires_grad]}, *method.param_groups(cfg.lr)]
+        groups = [*model_param_groups(model, cfg.lr, cfg.head_lr_mult), *method.param_groups(cfg.lr)]
         self.optimizer = build_optimizer(cfg.optimizer, groups, cfg.lr, weight_decay=cfg.weight_decay,
                                          momentum=cfg.momentum)
         self.scheduler = build_scheduler(cfg.scheduler, self.optimizer, steps)

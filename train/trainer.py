@@ -185,9 +185,9 @@ class Trainer:
         model, method and data, with the features from the feature cache."""
         cfg = self.cfg
         annotated = self.train.dataset.labels if self.train.dataset.annotated_in_items else None
-        if cfg.trainable == "head":
-            optimisation = HeadOptimisation(cfg.optimizer, cfg.lr, cfg.epochs, cfg.weight_decay, cfg.momentum,
-                                            cfg.scheduler)
+        if cfg.trainable == "head":  # the head alone, at its rate (as the end-to-end optimiser would give it)
+            optimisation = HeadOptimisation(cfg.optimizer, cfg.lr * cfg.head_lr_mult, cfg.epochs, cfg.weight_decay,
+                                            cfg.momentum, cfg.scheduler)
         else:  # LinearInit: the reference's fixed Adam phase
             optimisation = HeadOptimisation("adam", cfg.linear_init_lr, cfg.linear_init)
         backbone = weights_digest(self.model.backbone)

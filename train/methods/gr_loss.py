@@ -128,11 +128,11 @@ def gr_entry_loss(logits: torch.Tensor, observed: torch.Tensor, schedule: Quad, 
 
 
 # The GRLoss repository's config.py defaults (one set, no per-dataset values: Adam at 1e-5 with the classifier
-# at 10x, not reproduced here, batch 8, 8 epochs, 448 px images; --preset paper adds ResNet-50, ImageNet
+# at 10x (--head-lr-mult), batch 8, 8 epochs, 448 px images; --preset paper adds ResNet-50, ImageNet
 # weights, 448 px and no schedule). AEVLP's configs, made for its own loss, differ: batch 16 for COCO and
 # NUS-WIDE, 10 epochs for NUS-WIDE and CUB.
 PAPER_SETTINGS: dict[str, dict[str, Any]] = {
-    "*": {"batch_size": 8, "lr": 1e-5, "epochs": 8, "optimizer": "adam", "scheduler": "none"},
+    "*": {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8, "optimizer": "adam", "scheduler": "none"},
 }
 
 
