@@ -316,11 +316,17 @@ def markdown(results: list[dict[str, Any]], command: str, missing: list[str] | N
                      f"({worst['method']}, {worst['data']} {worst['backbone']}) | "
                      + " | ".join(f"{v:+.2f}" for v in per) + " |")
     methods = sorted({r["method"] for r in results})
-    lines += ["", f"Per method, the default criterion `{default}` (mean over datasets and backbones; worst):", "",
-              "| method | runs | mean lost | worst |", "|---|---|---|---|"]
+    lines += ["", "Per method: mean test mAP lost over its datasets and backbones, per criterion (worst of the default "
+              "in brackets):", "",
+              f"| method | runs | {' | '.join(f'`{c}`' + (' (default)' if c == default else '') for c in criteria)} |",
+              "|---|---|" + "---|" * len(criteria)]
     for m in methods:
-        lost = [r["lost"][default] for r in results if r["method"] == m]
-        lines.append(f"| {m} | {len(lost)} | {_mean(lost):+.2f} | {max(lost):+.2f} |")
+        mine = [r for r in results if r["method"] == m]
+        cells = [f"{_mean([r['lost'][c] for r in mine]):+.2f}" + (
+            f" ({max(r['lost'][c] for r in mine):+.2f})" if c == default else "") for c in criteria]
+        lines.append(f"| {m} | {len(mine)} | {' | '.join(cells)} |")
+    worst = {c: max(_mean([r["lost"][c] for r in results if r["method"] == m]) for m in methods) for c in criteria}
+    lines.append(f"| **worst method** | | {' | '.join(f'{worst[c]:+.2f}' for c in criteria)} |")
     lines += ["", f"### k and tags per image (method `{DEFAULT_METHOD}`, at its label-free pick)", "",
               "| data | backbone | true k (val) | k estimated (error) | audit list of 20 (error) | tags per test "
               "image: `pu-f1` (K est.) / full-label `f1` / true | OF1 / CF1: `pu-f1` | OF1 / CF1: full-label `f1` |",
