@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``python -m export``."""
     from export import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
     from export.precisions import PRECISIONS
+    from export.quantize import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 
     parser = argparse.ArgumentParser(
         prog="python -m export",
@@ -142,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-agreement", type=float, metavar="FRACTION",
                    help="identical thresholded decisions a converted model needs against FP32, 0..1 (default: "
                    "0.995 for fp16, 0.99 for int8)")
+    g.add_argument("--int8-calibration", choices=CALIBRATION_METHODS, default=DEFAULT_CALIBRATION_METHOD,
+                   help="how INT8 activation ranges are calibrated (default: %(default)s; docs/export.md)")
     g.add_argument("--calibration-images", type=int, default=256, metavar="N",
                    help="training images for INT8 calibration (default: %(default)s)")
     g.add_argument("--trt", action="store_true", help="also build TensorRT engines (one per precision)")
@@ -226,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             calibrate_mode=calibrate_mode,
             val_images=args.val_images,
             calibration_images=args.calibration_images,
+            int8_calibration=args.int8_calibration,
             trt=args.trt,
             trt_targets=args.trt_target.split(",") if args.trt_target else None,
             trt_batch=trt_batch,  # type: ignore[arg-type]

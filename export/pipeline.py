@@ -290,6 +290,7 @@ def export_run(
     calibrate_mode: str = "auto",
     val_images: int | None = None,
     calibration_images: int = DEFAULT_CALIBRATION_IMAGES,
+    int8_calibration: str | None = None,
     trt: bool = False,
     trt_targets: Sequence[str] | None = None,
     trt_batch: tuple[int, int, int] = (1, 16, 64),
@@ -308,7 +309,9 @@ def export_run(
 
     ``calibrate_mode``: ``auto`` (f1 on fully labelled validation data, pu-f1 on single-positive), ``f1``,
     ``pu``, ``pu-f1[:K]``, ``recall:R``, ``threshold:X`` or ``none`` (keep the checkpoint's thresholds).
-    ``val_images`` caps the validation images used for calibration and the precision checks. ``audit``: a
+    ``val_images`` caps the validation images used for calibration and the precision checks.
+    ``int8_calibration``: how INT8 ranges are calibrated (``minmax``, ``percentile``, ``entropy``; None: the
+    default of :mod:`export.quantize`). ``audit``: a
     dataset spec of fully labelled images (:mod:`train.data.audit_list`): pu-f1's K and the F1 figures when val is
     single-positive. Raises ``ExportError`` (and its subclasses) on any failure,
     ``ValueError`` for bad arguments.
@@ -379,7 +382,7 @@ def export_run(
             calibration.append(load_train_sample(meta, splits, calibration_images, seed, progress))
         return calibration[0]
 
-    inputs = ConversionInputs(say, read_calibration)
+    inputs = ConversionInputs(say, read_calibration, int8_calibration)
     conversions = [(precision, c) for precision in precisions for c in PRECISIONS[precision].conversions
                    if trt or not c.engines_only]
     for precision, conversion in conversions:

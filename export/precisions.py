@@ -46,11 +46,13 @@ class PrecisionBounds:
 
 @dataclass
 class ConversionInputs:
-    """What a conversion may need besides the FP32 file: ``say`` for progress lines and ``calibration_images``,
-    the preprocessed INT8 calibration images (read on the first call, then kept)."""
+    """What a conversion may need besides the FP32 file: ``say`` for progress lines, ``calibration_images``, the
+    preprocessed INT8 calibration images (read on the first call, then kept), and ``int8_method``, the INT8
+    calibration method (``minmax``, ``percentile``, ``entropy``; None: :mod:`export.quantize`'s default)."""
 
     say: Callable[[str], None]
     calibration_images: Callable[[], np.ndarray]
+    int8_method: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,12 +91,13 @@ def _int8(target: str) -> Callable[[Path, ConversionInputs], ConversionResult]:
 
     def make(fp32: Path, inputs: ConversionInputs) -> ConversionResult:
         """Quantize ``fp32`` for ``target`` on the calibration images, beside it."""
-        from export.quantize import default_output, quantize_int8
+        from export.quantize import DEFAULT_CALIBRATION_METHOD, default_output, quantize_int8
 
         images = inputs.calibration_images()
-        inputs.say(f"quantizing to INT8 for {target} ({len(images)} calibration images) ...")
+        method = inputs.int8_method or DEFAULT_CALIBRATION_METHOD
+        inputs.say(f"quantizing to INT8 for {target} ({len(images)} calibration images, {method} ranges) ...")
         dst = default_output(fp32, "int8", target)
-        return quantize_int8(fp32, dst, images, target=target)  # type: ignore[arg-type]
+        return quantize_int8(fp32, dst, images, target=target, method=method)  # type: ignore[arg-type]
 
     return make
 

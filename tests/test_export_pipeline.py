@@ -69,7 +69,7 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
     # test_quantize.py, here only the pipeline is checked
     relaxed = {"int8": PrecisionBounds(max_prob_diff=None, min_agreement=0.0, max_map_drop=None)}
     result = export_run(run, out, precisions=["fp32", "fp16", "int8"], trt=HAS_RTX, trt_targets=["sm86"],
-                        trt_batch=(1, 4, 8), bounds=relaxed, progress=False)
+                        trt_batch=(1, 4, 8), bounds=relaxed, progress=False, int8_calibration="percentile")
     names = [a.name for a in result.artifacts]
     expected = ["fp32", "fp16", "int8-cpu"] + (["int8-tensorrt", "engine-fp32", "engine-fp16", "engine-int8"]
                                               if HAS_RTX else [])
@@ -104,6 +104,7 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
     fp16 = next(a for a in result.artifacts if a.name == "fp16")
     assert fp16.max_prob_diff is not None and fp16.max_prob_diff <= 5e-3 and fp16.agreement >= 0.995
     _serves_the_boosted_model(run, folder)
+    assert read_onnx_meta(folder / "model.int8-cpu.onnx").quantization["calibration"]["method"] == "percentile"
     if HAS_RTX:
         engine = next(a for a in result.artifacts if a.name == "engine-int8")
         doc = read_sidecar(engine.path.with_name(engine.path.name + ".json"))
