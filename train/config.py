@@ -13,6 +13,7 @@ from models.files.run_folder import default_runs_dir
 from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
 from train.data.label_regime import DECLARABLE, parse_declarations
 from train.data.protocol import PROTOCOL_SEED, parse_observed
+from train.label_free_selection import DESCRIPTIONS, LABEL_FREE_DEFAULT
 from train.methods import BASELINE, METHODS, get_method, method_names
 from train.methods.base import paper_settings_for
 from train.model_defaults import (
@@ -181,11 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "labels and read 'n/a (no full labels)' elsewhere; the oracle methods need full training labels. "
                    f"Default: {d.labels}")
     g.add_argument("--select", choices=SELECT_CHOICES, help="how the best epoch is chosen on the validation split: "
-                   "auto (val_mAP where val has full labels, else observed-map), val_mAP (the papers'), or a criterion "
-                   "for single-positive or partial val labels: observed-map (the mAP against the observed val "
-                   "labels; measured closest to full-label selection for every method), observed-auc, "
-                   "observed-rank, an-loss (the assume-negative loss; favours AN-like methods) "
-                   "(docs/your-data.md). "
+                   f"auto (val_mAP where val has full labels, else {LABEL_FREE_DEFAULT}), val_mAP (the papers'), or a "
+                   "criterion for single-positive or partial val labels: "
+                   + ", ".join(f"{name} ({text})" for name, text in DESCRIPTIONS.items())
+                   + f"; {LABEL_FREE_DEFAULT} lost the least test mAP over every method in the measurements of "
+                   "docs/your-data.md. "
                    f"Default: {d.select}")
     g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form, e.g. "
                    "csv:audit/labels.csv): their mean number of positives is k, the expected positives per image "
