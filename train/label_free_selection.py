@@ -105,7 +105,7 @@ DESCRIPTIONS: dict[str, str] = {
     "an-loss": "minus the assume-negative BCE of the single-positive val labels",
     "observed-auc": "mean per-class AUC of the observed val positives against all other val images",
     "observed-rank": "mean reciprocal rank of each val image's observed positive among its classes",
-    "observed-map": "the val mAP against the observed labels (unobserved ones counted as negatives)",
+    "observed-map": "the val mAP against the observed labels, unobserved ones counted as negatives",
 }
 #: The criterion for validation splits without full labels (measured best, module docstring).
 LABEL_FREE_DEFAULT = "observed-map"
