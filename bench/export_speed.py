@@ -95,7 +95,8 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
 
 def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) -> str:
     """The results section: command, machine and the table."""
-    lines = ["## Export precisions: PyTorch eager vs ONNX Runtime FP32 / FP16 / INT8 (CPU)", "",
+    archs = ", ".join(dict.fromkeys(str(r["config"]).split(" ")[0] for r in rows))
+    lines = [f"## Export precisions on CPU: {archs}", "",
              f"Command: `{command}`", "",
              machine_line(), "",
              "images/s per batch size, median (min-max) over interleaved rounds of every cell of a configuration; ONNX "
