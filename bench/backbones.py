@@ -22,7 +22,7 @@ from typing import Any
 from bench.machine import machine_line
 from bench.methods import _fmt, _mean_std, run_one
 from bench.results_page import add_page_options, command_line, publish
-from models.files.run_folder import METRICS_FILE
+from models.files.run_folder import METRICS_FILE, SUMMARY_FILE
 from train.methods import BASELINE, UPPER_BOUND
 
 SECTION = "backbones-builtin"
@@ -49,8 +49,8 @@ def throughput(run: Path) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
-def markdown(rows: list[dict[str, Any]], command: str, data: str) -> str:
-    """The results section."""
+def markdown(rows: list[dict[str, Any]], command: str, data: str, missing: list[str] | None = None) -> str:
+    """The results section; ``missing``: the runs left out (``--finished-only``)."""
     lines = [f"## Backbones on the built-in data: ImageNet Lite0 against ResNet-18 from scratch (`{data}`)", "",
              machine_line(), "", "Command:", "", "```", command, "```", "",
              f"`{UPPER_BOUND}` trains on the full labels, `{BASELINE}` on one positive per image; 64 px, 3 seeds, "
@@ -60,6 +60,8 @@ def markdown(rows: list[dict[str, Any]], command: str, data: str) -> str:
     for r in rows:
         speed = "cached features" if math.isnan(r["speed"]) else f"{r['speed']:.0f}"
         lines.append(f"| {r['label']} | {_fmt(r[UPPER_BOUND])} | {_fmt(r[BASELINE])} | {speed} |")
+    if missing:
+        lines += ["", f"Not run yet (`--finished-only`), so not in the table ({len(missing)}): {', '.join(missing)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -73,10 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default=",".join(CONFIGS), help="default: %(default)s")
     p.add_argument("--runs-dir", type=Path, default=Path("runs/backbones"), help="default: %(default)s")
     p.add_argument("--train-args", default="", help="extra training arguments for every run (tests)")
+    p.add_argument("--finished-only", action="store_true", help="train nothing: the table from the runs that have "
+                   "finished, the others listed as not run")
     add_page_options(p, SECTION)
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    rows, failed = [], []
+    rows, failed, missing = [], [], []
     for name in args.configs.split(","):
         label, config_args = CONFIGS[name]
         row: dict[str, Any] = {"label": label}
@@ -85,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             maps = []
             for seed in seeds:
                 train_args = [*COMMON, *config_args, *args.train_args.split()]
+                if args.finished_only and not (args.runs_dir / name / f"{method}-seed{seed}" / SUMMARY_FILE).is_file():
+                    missing.append(f"{name}/{method}-seed{seed}")
+                    continue
                 summary = run_one(method, seed, args.data, args.runs_dir / name, train_args)
                 if summary is None:
                     failed.append(f"{name}/{method}-seed{seed}")
@@ -94,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             row[method] = _mean_std(maps)
         row["speed"] = statistics.fmean(speeds) if speeds and not any(math.isnan(s) for s in speeds) else math.nan
         rows.append(row)
-    publish(args.section or SECTION, markdown(rows, command_line("bench.backbones", argv), args.data), args.page)
+    publish(args.section or SECTION, markdown(rows, command_line("bench.backbones", argv), args.data, missing),
+            args.page)
     return 1 if failed else 0
 
 

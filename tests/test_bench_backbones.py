@@ -27,3 +27,9 @@ def test_backbones_benchmark_compares_configurations(builtin_cache: Path, tmp_pa
     capsys.readouterr()
     assert backbones.main(argv) == 0
     assert capsys.readouterr().out.count("done already") == 4
+    # --finished-only trains nothing: a configuration without runs is listed as not run
+    assert backbones.main([*argv[:5], "resnet18-scratch,lite0-imagenet", *argv[6:], "--finished-only"]) == 0
+    assert not (runs / "lite0-imagenet").exists()
+    text = read_section("backbones-builtin", page)
+    assert text is not None and "Not run yet (`--finished-only`), so not in the table (2): lite0-imagenet/bce-seed0, " \
+        "lite0-imagenet/an-seed0." in text
