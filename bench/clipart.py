@@ -14,7 +14,7 @@ Regimes (:data:`REGIMES`):
   combination of batch size {8, 16} and learning rate {1e-2, 1e-3, 1e-4, 1e-5}, the run with the best val mAP
   kept per method and seed. The features are computed once (the feature cache) for every run.
 - ``finetune``: the whole network trains at 96 px (a resolution the CPU can afford), Adam without schedule,
-  batch 16, 6 epochs, learning rate 3e-4 (an AN pilot at 1e-4 and 128 px was still rising on val after 8 epochs):
+  batch 16, 6 epochs, learning rate 3e-4:
   full-label BCE, AN, the four single-positive methods with the best mean val mAP in ``fixed``, LL-R with and
   without BoostLU, and GR-Loss.
 

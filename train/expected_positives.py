@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 K_SOURCES = ("given", "published", "labels", "audit", "estimated")
-#: what a user does when the estimate is not good enough (20 audited images: within 25% of the truth in 99% of draws)
+#: what a user does when the estimate is not good enough (measured: docs/your-data.md, k)
 AUDIT_ADVICE = "20 images labelled completely (--audit) put k within 25% of the truth"
 #: The least share of a class's observed positives a cut must keep (module docstring).
 MIN_OBSERVED_SHARE = 0.25

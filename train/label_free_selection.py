@@ -18,10 +18,9 @@ observed positive per image, every other label unknown:
 * ``observed-map``: the validation mAP against the observed labels (every unobserved label counted as negative):
   per class, how high the observed positives rank among all images.
 
-:data:`LABEL_FREE_DEFAULT` is ``observed-rank``: over every method, two backbones (fixed ImageNet features, from
-scratch) and two datasets (the clip art's folders, the dense built-in shapes) of ``bench.own_data``, it lost the
-least test mAP for its worst method and under 0.5 on average (bench/README.md, section own-data;
-docs/your-data.md). :func:`default_criterion` names the criterion for a validation split with or without full labels.
+:data:`LABEL_FREE_DEFAULT` is ``observed-rank``, chosen from the measurements of ``bench.own_data``
+(bench/README.md, section own-data; docs/your-data.md). :func:`default_criterion` names the criterion for a
+validation split with or without full labels.
 """
 
 from __future__ import annotations
