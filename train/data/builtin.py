@@ -24,7 +24,6 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from models.files.file_lock import file_lock
 from train.data.builtin_attributes import DENSE_CLASS_NAMES, generate_dense_image
 from train.data.builtin_scenes import (
     COOCCURRING_PAIRS,
@@ -244,22 +244,6 @@ def builtin_objects(preset: str, seed: int, train: LabelledImages) -> ObjectTabl
     return ObjectTable.from_rows([objects for _labels, objects in results], [(canvas, canvas)] * len(results))
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive inter-process lock on ``path`` (POSIX ``flock``; a no-op where that is unavailable)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def _default_workers(preset: BuiltinPreset) -> int:
     if preset.n_train + preset.n_test <= 500:
         return 1  # process start-up would cost more than it saves
@@ -292,7 +276,7 @@ def ensure_builtin(
     if (folder / ".complete").is_file():
         return folder
     parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(parent / f".{folder.name}.lock"):
+    with file_lock(parent / f".{folder.name}.lock"):
         if (folder / ".complete").is_file():  # another process finished it while we waited
             return folder
         # Holding the lock, any temp folder of ours is left over from an interrupted run.

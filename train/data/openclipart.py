@@ -101,22 +101,19 @@ full keyword labels of train and val stay out of ``OUT``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import hashlib
 import io
 import json
-import math
 import os
 import re
 import shutil
 import sys
 import time
 import unicodedata
-import warnings
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -126,7 +123,20 @@ from PIL import Image
 from tqdm import tqdm
 
 from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.file_lock import file_lock
 from train.data.csv_format import emit_note
+from train.data.drawings import (
+    BACKGROUND_TOLERANCE,
+    CROP_MARGIN,
+    MAX_RENDER_SIZE,
+    RASTER_SIZE,
+    RENDER_SIZE,
+    BlankDrawing,
+    cairosvg_svg2png,
+    content_box,
+    raster_of_bitmap,
+    raster_of_svg,
+)
 from train.data.spec_options import split_spec_options
 from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 
@@ -165,17 +175,6 @@ VIEWS = ("keywords", "folders")
 
 #: A keyword on fewer images than this is not a class (the spec's ``min-count`` overrides it).
 MIN_CLASS_COUNT = 25
-#: Longest side of the cached rasters (px): 224 px training sees full resolution.
-RASTER_SIZE = 256
-#: Longest side of the page in the first rendering (px), and the most a second, closer one may use.
-RENDER_SIZE = 512
-MAX_RENDER_SIZE = 4096
-#: The page (user units, px) of an SVG that gives no size or a relative one (``width="100%"``).
-DEFAULT_PAGE = 1000
-#: Margin around the drawing's bounding box, as a fraction of the box's longest side.
-CROP_MARGIN = 0.04
-#: A pixel is background when every channel is within this of white (255).
-BACKGROUND_TOLERANCE = 8
 #: Fractions of the images in train, val and test (by hash rank).
 SPLIT_FRACTIONS = (("train", 0.6), ("val", 0.2), ("test", 0.2))
 
@@ -348,102 +347,7 @@ def folder_class(sources: list[str], classes: set[str] | frozenset[str]) -> str 
 
 def _cairosvg_svg2png() -> Callable[..., bytes]:
     """cairosvg's ``svg2png``, imported on first use; a clear :class:`DataError` when it cannot be."""
-    try:
-        import cairosvg  # lazy: only a build renders SVGs
-    except (ImportError, OSError) as exc:  # OSError: cairocffi finds no libcairo
-        raise DataError(
-            f"openclipart: rendering the SVG drawings needs cairosvg ({type(exc).__name__}: {exc}); install it with "
-            "`pip install cairosvg` (or `pip install -e '.[openclipart]'`); it needs the system's cairo library "
-            "too (Debian/Ubuntu: `apt-get install libcairo2`). Only the first load renders; later loads read the "
-            "cache."
-        ) from exc
-    return cairosvg.svg2png
-
-
-def _on_white(image: Image.Image) -> Image.Image:
-    """``image`` flattened onto a white background, as RGB."""
-    rgba = image.convert("RGBA")
-    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    return Image.alpha_composite(background, rgba).convert("RGB")
-
-
-def _open_checked(source: Path | io.BytesIO) -> Image.Image:
-    """Open and decode an image under PIL's decompression-bomb limit (its warning counts as an error)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with Image.open(source) as image:
-            image.load()
-            return _on_white(image)
-
-
-def content_box(image: Image.Image, tolerance: int = BACKGROUND_TOLERANCE) -> tuple[int, int, int, int] | None:
-    """The box ``(left, top, right, bottom)`` (PIL's convention) of the pixels of an RGB ``image`` with some
-    channel more than ``tolerance`` below 255 (the drawing, on white), or None when there is none."""
-    pixels = np.asarray(image.convert("RGB"), dtype=np.uint8)
-    mask = (pixels < 255 - tolerance).any(axis=2)
-    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
-    if not len(rows):
-        return None
-    return int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1
-
-
-def crop_to_content(image: Image.Image, box: tuple[int, int, int, int], margin: float = CROP_MARGIN,
-                    size: int = RASTER_SIZE) -> Image.Image:
-    """Crop an RGB ``image`` (on white) to ``box`` plus ``margin`` times the box's longest side of white on each
-    side, and resize it so its longest side is ``size`` px (Lanczos)."""
-    left, top, right, bottom = box
-    width, height = right - left, bottom - top
-    pad = math.ceil(margin * max(width, height))
-    canvas = Image.new("RGB", (width + 2 * pad, height + 2 * pad), (255, 255, 255))
-    canvas.paste(image.crop(box), (pad, pad))
-    scale = size / max(canvas.size)
-    target = (max(1, round(canvas.width * scale)), max(1, round(canvas.height * scale)))
-    return canvas.resize(target, Image.Resampling.LANCZOS)
-
-
-def _render_svg(svg2png: Callable[..., bytes], path: Path, longest: int, portrait: bool | None) -> Image.Image:
-    """Render ``path`` with its page's longest side ``longest`` px, on white. ``portrait`` None: not known yet
-    (rendered by width first, again by height if the page is taller than wide)."""
-    def render(**size: int) -> Image.Image:
-        data = svg2png(url=str(path), parent_width=DEFAULT_PAGE, parent_height=DEFAULT_PAGE, **size)
-        return _open_checked(io.BytesIO(data))
-
-    if portrait:
-        return render(output_height=longest)
-    image = render(output_width=longest)
-    if portrait is None and image.height > image.width:
-        image = render(output_height=longest)
-    return image
-
-
-class BlankDrawing(ValueError):
-    """An SVG that renders without error but shows nothing on white."""
-
-
-def _rasterise_svg(svg2png: Callable[..., bytes], path: Path) -> Image.Image:
-    """The cropped raster of an SVG (module docstring), rendered a second time, closer, when the drawing is small
-    on its page. Raises on a cairosvg error and :class:`BlankDrawing` when nothing visible is drawn."""
-    page = _render_svg(svg2png, path, RENDER_SIZE, None)
-    box = content_box(page)
-    if box is None:
-        raise BlankDrawing("nothing visible on white (white lines only, or a linked image that is missing)")
-    extent = max(box[2] - box[0], box[3] - box[1])
-    if extent < RASTER_SIZE and max(page.size) < MAX_RENDER_SIZE:
-        longest = min(MAX_RENDER_SIZE, math.ceil(max(page.size) * RASTER_SIZE / extent))
-        closer = _render_svg(svg2png, path, longest, page.height > page.width)
-        closer_box = content_box(closer)
-        if closer_box is not None:
-            page, box = closer, closer_box
-    return crop_to_content(page, box)
-
-
-def _rasterise_png(path: Path) -> Image.Image:
-    """The cropped raster of a PNG render; raises on an unreadable or too large file, ``ValueError`` when blank."""
-    image = _open_checked(path)
-    box = content_box(image)
-    if box is None:
-        raise ValueError("nothing visible (blank)")
-    return crop_to_content(image, box)
+    return cairosvg_svg2png("openclipart")
 
 
 def _failure(exc: BaseException) -> str:
@@ -460,7 +364,7 @@ def rasterise_drawing(svg: Path, fallbacks: list[Path],
     defaults to cairosvg's."""
     renderer = svg2png if svg2png is not None else _cairosvg_svg2png()
     try:
-        return _rasterise_svg(renderer, svg), "svg", ""
+        return raster_of_svg(renderer, svg), "svg", ""
     except BlankDrawing as exc:
         return None, "", f"svg: {exc}"
     except Exception as exc:  # cairosvg raises many types on bad SVGs
@@ -469,7 +373,7 @@ def rasterise_drawing(svg: Path, fallbacks: list[Path],
         if not png.is_file():
             continue
         try:
-            return _rasterise_png(png), "png", reason
+            return raster_of_bitmap(png), "png", reason
         except Exception as exc:  # PIL raises many types; DecompressionBombError/Warning included
             return None, "", f"{reason}; png render {png.name}: {_failure(exc)}"
     return None, "", f"{reason}; no png render"
@@ -643,23 +547,6 @@ def cache_digest(source: _Source, min_count: int) -> str:
                "png": str(source.png) if source.png else None, "listing": source_fingerprint(source)}
     text = json.dumps(payload, sort_keys=True, ensure_ascii=True)
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive inter-process lock on ``path`` (POSIX ``flock``; a no-op where that is unavailable)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _raster_name(drawing: _Drawing) -> str:
@@ -842,7 +729,7 @@ def ensure_openclipart(root: Path | str | None = None, min_count: int = MIN_CLAS
     manifest = read()
     if _valid_manifest(manifest, digest, folder):
         return folder, manifest
-    with _file_lock(parent / f".{digest}.lock"):
+    with file_lock(parent / f".{digest}.lock"):
         manifest = read()
         if _valid_manifest(manifest, digest, folder):  # another process built it while we waited
             return folder, manifest

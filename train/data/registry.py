@@ -31,6 +31,7 @@ from train.data.formatted import formatted_dataset_name, formatted_family, is_fo
 from train.data.nus import is_nus_dir, load_nus_spec
 from train.data.openclipart import load_openclipart_spec, openclipart_dataset_name
 from train.data.spec_options import split_spec_options
+from train.data.tuxpaint import load_tuxpaint_spec, tuxpaint_dataset_name
 from train.data.types import ALL_SPLITS, DataError, DatasetSplits, ObjectTable
 from train.data.voc import find_voc_dirs, load_voc
 
@@ -198,6 +199,9 @@ DATASET_KINDS: dict[str, DatasetKind] = {kind.name: kind for kind in (
     DatasetKind("openclipart", load_openclipart_spec, "openclipart[:<svg dir>][?view=folders&min-count=N]  Open Clip "
                 "Art Library 0.18 (Debian openclipart-svg), uploader keywords as labels; view=folders: one label per "
                 "image, its folder", openclipart_dataset_name, standalone=True),
+    DatasetKind("tuxpaint", load_tuxpaint_spec, "tuxpaint[:<stamps dir>][?view=folders&min-count=N]  Tux Paint's "
+                "stamps (Debian tuxpaint-stamps-default), folders and description words as labels; view=folders: "
+                "one label per image, its folder", tuxpaint_dataset_name, standalone=True),
 )}
 
 
