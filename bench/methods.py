@@ -107,9 +107,10 @@ def last_epoch_val_map(run: Path) -> float:
 
 
 def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[str],
-            suffix: str = "") -> dict[str, Any] | None:
-    """Train (or resume, or reuse) the run ``RUNS_DIR/<method>-seed<seed><suffix>``; returns its summary.json
-    content plus ``last_val`` (the last epoch's validation mAP), None if it failed.
+            suffix: str = "", module: str = "train") -> dict[str, Any] | None:
+    """Train (or resume, or reuse) the run ``RUNS_DIR/<method>-seed<seed><suffix>`` with ``python -m MODULE`` (the
+    product's ``train``, or a benchmark's recording variant of it); returns its summary.json content plus
+    ``last_val`` (the last epoch's validation mAP), None if it failed.
 
     Raises :class:`RunMismatch` when the run folder exists with other settings."""
     run = runs_dir / f"{method}-seed{seed}{suffix}"
@@ -119,7 +120,7 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
         print(f"{run.name}: done already", flush=True)
         return {**json.loads(summary.read_text()), "last_val": last_epoch_val_map(run)}
     if (run / LAST).is_file():
-        cmd = [sys.executable, "-m", "train", "--resume", str(run), "--no-progress"]
+        cmd = [sys.executable, "-m", module, "--resume", str(run), "--no-progress"]
     else:
         # stopped before the first last.pt was written: nothing to resume, so start it again - but only when the
         # folder holds nothing but the trainer's own files (anything else stays, and the trainer refuses it)
@@ -128,7 +129,7 @@ def run_one(method: str, seed: int, data: str, runs_dir: Path, train_args: list[
             print(f"{run.name}: interrupted before its first resumable epoch; starting it again", flush=True)
             for name in leftovers:
                 (run / name).unlink()
-        cmd = [sys.executable, "-m", "train", *_train_argv(method, seed, data, runs_dir, run.name, train_args)]
+        cmd = [sys.executable, "-m", module, *_train_argv(method, seed, data, runs_dir, run.name, train_args)]
     print(f"{run.name}: {shlex.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd)
     if proc.returncode != 0 or not summary.is_file():

@@ -108,7 +108,24 @@ def test_resume_after_the_last_epoch_runs_only_the_missing_final_evaluation(
         assert summary[split]["mAP"] == pytest.approx(expected[split]["mAP"], abs=1e-9)
     assert (run / "metrics.jsonl").read_text() == metrics_before  # no epoch trained again
     assert main(["--resume", str(run)]) == 0
-    assert "already finished all 1 epochs" in capsys.readouterr().out
+    assert "has finished training already" in capsys.readouterr().out
+
+
+def test_patience_stops_when_selection_stalls_and_resume_knows(builtin_cache: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """--patience 2: a head that does not move (lr 1e-12) never beats its first epoch, so the run stops after epoch
+    3 of 8; the summary says so, and --resume only reports that training is over."""
+    run = tmp_path / "p"
+    assert main([*FAST, "--trainable", "head", "--epochs", "8", "--lr", "1e-12", "--patience", "2",
+                 "--runs-dir", str(tmp_path), "--name", "p"]) == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2, 3]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_epoch"] == 1 and summary["epochs_run"] == 3 and summary["stopped_early"] is True
+    capsys.readouterr()
+    assert main(["--resume", str(run)]) == 0
+    assert "has finished training already" in capsys.readouterr().out
+    assert main([*FAST, "--patience", "-1"]) == 2
 
 
 def test_training_beats_the_untrained_model(squares_csv: Path, tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ def say(message: str, file: TextIO | None = None) -> None:
         print(message, file=file)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, train (or resume), print the summary. Returns the process exit code."""
+def main(argv: list[str] | None = None, trainer_class: type | None = None) -> int:
+    """Parse arguments, train (or resume), print the summary. Returns the process exit code. ``trainer_class``: a
+    :class:`~train.trainer.Trainer` subclass to train with (benchmarks that record more per epoch)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list_archs is not None:
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from train.distributed import shutdown
     from train.trainer import Trainer
 
+    make_trainer = trainer_class or Trainer
     trainer: Trainer | None = None
     try:
         if args.resume:
@@ -46,14 +48,13 @@ def main(argv: list[str] | None = None) -> int:
             for machine_specific in MACHINE_FIELDS:
                 if getattr(args, machine_specific) is not None:
                     setattr(cfg, machine_specific, getattr(args, machine_specific))
-            trainer = Trainer(cfg, run_dir=run_dir, resume=True)
-            if trainer.start_epoch > trainer.total_epochs:
+            trainer = make_trainer(cfg, run_dir=run_dir, resume=True)
+            if trainer.done_training:
                 if (run_dir / SUMMARY_FILE).is_file():
-                    say(f"{run_dir} already finished all {trainer.total_epochs} epochs")
+                    say(f"{run_dir} has finished training already")
                     return 0
                 # stopped after its last epoch but before the final evaluation: do that part only
-                say(f"{run_dir} trained all {trainer.total_epochs} epochs but has no {SUMMARY_FILE}; "
-                      "evaluating its best checkpoint")
+                say(f"{run_dir} has finished training but has no {SUMMARY_FILE}; evaluating its best checkpoint")
                 trainer.finish()
                 return 0
         else:
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 listed = ", ".join(f"{key}={value}" for key, value in published.items())
                 say(f"--preset paper: {cfg.method}'s published settings for this dataset: {listed} "
                       "(explicit flags win)")
-            trainer = Trainer(cfg)
+            trainer = make_trainer(cfg)
         trainer.fit()
     except KeyboardInterrupt:
         hint = f"; continue with: python -m train --resume {trainer.run_dir}" if trainer is not None else ""

@@ -73,6 +73,7 @@ class TrainConfig:
     amp: str = "auto"
     channels_last: str = "auto"
     ema: float = 0.0
+    patience: int = 0
     linear_init: int = 0
     linear_init_lr: float = 1e-3
     clip_grad: float = 0.0
@@ -291,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "CUDA, and on the CPU for timm backbones, where it measured faster)")
     g.add_argument("--ema", type=float, help="EMA decay of the weights, e.g. 0.999 (0 = off). Val picks the "
                    "better of the raw and EMA weights each epoch")
+    g.add_argument("--patience", type=int, metavar="N", help="stop when the selection criterion has not improved for "
+                   "N epochs (the best epoch is kept as always; with several stages, in the last one; not in "
+                   "LinearInit's linear phase). 0 = train every epoch. Default: 0")
     g.add_argument("--clip-grad", type=float, help="max gradient norm (0 = off)")
     g.add_argument("--sync-bn", action="store_true", default=None, help="under torchrun on CUDA: BatchNorm "
                    "statistics over the global batch (SyncBatchNorm) instead of each process's share")
@@ -400,6 +404,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.image_size == 0 or cfg.image_size >= 16, "--image-size must be >= 16"),
         (0.0 <= cfg.ema < 1.0, "--ema must be in [0, 1)"),
         (cfg.clip_grad >= 0, "--clip-grad must be >= 0"),
+        (cfg.patience >= 0, "--patience must be >= 0"),
         (cfg.linear_init >= 0 and cfg.linear_init_lr > 0, "--linear-init must be >= 0, --linear-init-lr > 0"),
         (cfg.workers >= 0, "--workers must be >= 0"),
         (0.0 < cfg.val_fraction < 1.0, "--val-fraction must be in (0, 1)"),

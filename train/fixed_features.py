@@ -61,14 +61,17 @@ class FixedFeaturePhase:
     ``observed``: the training labels the method may use (N_train, C), ``negatives`` its observed negatives (1 where
     the protocol observed a negative); ``annotated``: the annotated training labels, given only to a method that
     trains on them (the oracle capability), else None. ``cache``/``cache_key``: where the features come from
-    (:mod:`train.feature_cache`; ``cache_key(images)`` gives a split's key), None to extract them every time."""
+    (:mod:`train.feature_cache`; ``cache_key(images)`` gives a split's key), None to extract them every time;
+    ``features``: the features of splits by name (``train``, ``val``, ...) when the caller has them already (the
+    method chooser trains many heads on one extraction)."""
 
     def __init__(self, model: MultiLabelNet, method: Method, predictor: DatasetForward, train: LabelledImages,
                  val: LabelledImages, observed: torch.Tensor, negatives: torch.Tensor, annotated: torch.Tensor | None,
                  optimisation: HeadOptimisation, batch_size: int, seed: int,
                  criterion: Criterion = CRITERIA[DEFAULT_CRITERION], val_full_labels: bool = True,
                  cache: FeatureCache | None = None,
-                 cache_key: Callable[[LabelledImages], dict[str, Any]] | None = None) -> None:
+                 cache_key: Callable[[LabelledImages], dict[str, Any]] | None = None,
+                 features: dict[str, Rows] | None = None) -> None:
         self.model, self.method, self.predictor = model, method, predictor
         self.observed, self.negatives, self.annotated = observed, negatives, annotated
         self.batch_size, self.seed, self.criterion = batch_size, seed, criterion
@@ -77,6 +80,7 @@ class FixedFeaturePhase:
         self.classes = list(train.classes)
         self.cache, self.cache_key = cache, cache_key
         self.cache_hits: list[bool] = []
+        self.given = dict(features or {})
         params = [{"params": list(model.head.parameters())}, *method.param_groups(optimisation.lr)]
         self.optimizer = build_optimizer(optimisation.optimizer, params, optimisation.lr,
                                          weight_decay=optimisation.weight_decay, momentum=optimisation.momentum)
@@ -96,7 +100,11 @@ class FixedFeaturePhase:
         return max(1, -(-count // self.batch_size))
 
     def _extract(self, images: LabelledImages, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Backbone features of ``images`` on the device (from the cache when there), and the readable ones' mask."""
+        """Backbone features of ``images`` on the device (given, from the cache when there, else computed), and the
+        readable ones' mask."""
+        if split in self.given:
+            rows = self.given[split]
+            return rows.values.to(self.predictor.device), rows.present
         self.model.eval()
 
         def compute() -> Rows:

@@ -147,6 +147,7 @@ class Trainer:
 
         self._fresh_optimisation(stage=1)
         self.start_epoch = 1
+        self.last_epoch: int | None = None  # the last epoch trained by this process
         self.best = BestSoFar()
         self.stage_history: list[dict[str, Any]] = []  # best epoch and val mAP of each finished stage
         self.linear: FixedFeaturePhase | None = None
@@ -423,8 +424,27 @@ class Trainer:
             if self._linear_resume is not None:
                 self.linear.load_state_dict(self._linear_resume)
         for epoch in range(self.start_epoch, self.total_epochs + 1):
+            if self.patience_exhausted(epoch - 1):
+                break
             self._run_epoch(epoch)
         return self.finish()
+
+    def patience_exhausted(self, epoch: int) -> bool:
+        """Whether ``--patience`` stops the run after ``epoch``: in the last stage (or on fixed features with
+        ``--trainable head``), the selection criterion has not improved for ``patience`` epochs."""
+        patience = self.cfg.patience
+        if patience <= 0 or epoch < 1 or epoch >= self.total_epochs:
+            return False
+        if self.cfg.trainable != "head" and epoch <= self.feature_epochs:
+            return False  # LinearInit's linear phase runs to its end
+        if self.stage_of(epoch) < len(self.stage_plan):
+            return False
+        return epoch - self.best.epoch >= patience
+
+    @property
+    def done_training(self) -> bool:
+        """Whether every epoch ran, or ``--patience`` stopped the run (a resume then only finishes it)."""
+        return self.start_epoch > self.total_epochs or self.patience_exhausted(self.start_epoch - 1)
 
     def _config_record(self) -> dict[str, Any]:
         """config.json: the config as given and what it resolved to."""
@@ -448,6 +468,7 @@ class Trainer:
         """Train ``epoch``, let the method act on it, evaluate and select, write its metrics line and checkpoints,
         and move to the next phase or stage when this one ends."""
         cfg = self.cfg
+        self.last_epoch = epoch
         linear = self.linear if epoch <= self.feature_epochs else None
         stats = linear.train_epoch(epoch) if linear is not None else self.train_epoch(epoch)
         predict = linear.predict_train if linear is not None else self.predict_train
@@ -523,10 +544,13 @@ class Trainer:
         best.meta.metrics = compact
         if self.world.is_main:
             save_checkpoint(self.run_dir / BEST, best.model, best.meta)
+        last = self.start_epoch - 1 if self.last_epoch is None else self.last_epoch
         summary = {
             "run": str(self.run_dir), "method": self.cfg.method, "dataset": self.dataset.name,
             "observed": str(self.splits.observed), "arch": self.cfg.arch, "image_size": self.cfg.image_size,
-            "epochs": self.cfg.epochs, "best_epoch": self.best.epoch, "selection": self.selection.name,
+            "epochs": self.cfg.epochs, "epochs_run": last,
+            "stopped_early": bool(self.cfg.patience and last < self.total_epochs), "best_epoch": self.best.epoch,
+            "selection": self.selection.name,
             "best_score": self.best.score,
             "labels": {split: regime.kind for split, regime in self.splits.regimes.items()},
             "expected_positives": self.expected_positives.to_dict() if self.expected_positives else None, **metrics,

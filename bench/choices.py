@@ -1,0 +1,225 @@
+"""Choices that hold: ``python -m bench.choices measure`` and ``python -m bench.choices report``.
+
+The package chooses the method, its learning rate, the epoch, k and the thresholds on the user's own labels
+(``python -m train --method auto``, train/choose.py). This benchmark checks that those choices hold on every
+development set - data built as a user holds it (training AND validation images with ONE positive each, the
+protocol's draw), whose hidden full labels score the choices and nothing else:
+
+* ``openclipart``: the Open Clip Art Library's keyword labels (78 classes, 1.99 labels per image);
+* ``tuxpaint``: the Tux Paint stamps, folders and description words (63 classes, 2.02 labels per image);
+* ``dense-small``: ``builtin:dense-small``, procedural shapes with 7 attributes (5.8 labels per image).
+
+``measure`` trains a linear head on the fixed features of EfficientNet-Lite0 (ImageNet weights) for every candidate
+method at every learning rate and batch size of the grid, three seeds, through the chooser's own code
+(:func:`train.choose.fit_candidate`), and keeps, per epoch: every label-free criterion on the single-positive val
+labels, the val mAP on the hidden full val labels (the papers' selection, for reference) and the test mAP; the
+val and test logits of the epochs each criterion picks are stored too (``<dataset>-seed<S>-b<B>.npz``).
+``report`` reads them back and writes the results page's sections: every method with the package's defaults, the
+searched optimum beside it, the chooser's pick and its loss against the best method, the selection criteria's
+losses, k and tags per image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.files.atomic_writes import atomic_path, atomic_write_text
+from train.choose import Candidate, fit_candidate, prepare
+from train.config import build_parser, config_from_args
+from train.expected_positives import estimate_expected_positives
+from train.label_free_selection import LABEL_FREE_CRITERIA
+from train.methods import BASELINE
+from train.metrics import mean_average_precision
+
+__all__ = ["DEV_SETS", "DevSet", "measure"]
+
+RUNS = Path("runs/choices")
+BACKBONE = ["--arch", "tf_efficientnet_lite0", "--weights", "imagenet", "--trainable", "head"]
+#: The user's view of a benchmark: one positive per training and validation image, test fully labelled.
+USER_VIEW = ["--observed", "single?val=observed"]
+FULL_VAL = "val_mAP_full"  # the papers' selection on the hidden full val labels (reference only)
+
+
+@dataclass(frozen=True)
+class DevSet:
+    """A development set: its ``--data`` spec and the training arguments of its heads."""
+
+    name: str
+    data: str
+    train_args: tuple[str, ...]
+
+
+DEV_SETS: dict[str, DevSet] = {d.name: d for d in (
+    DevSet("openclipart", "openclipart", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
+    DevSet("tuxpaint", "tuxpaint", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
+    DevSet("dense-small", "builtin:dense-small", (*BACKBONE, "--image-size", "64", *USER_VIEW)),
+)}
+
+
+def _full_labels_by_path(dataset: Any) -> dict[str, np.ndarray]:
+    out = {}
+    for part in (dataset.train, dataset.val, dataset.test):
+        if part is not None:
+            for path, row in zip(part.paths, part.labels, strict=True):
+                out[str(path)] = row
+    return out
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+
+
+def measure(dev: DevSet, seed: int, batch_size: int, lrs: list[float], methods: list[str], out: Path,
+            scheduler: str | None = None, epochs: int | None = None) -> Path:
+    """Train every (method, lr) head of one dev set, seed and batch size and write ``out/<name>.json`` (+ ``.npz``
+    with the val/test logits of each criterion's pick); finished files are kept."""
+    tag = f"{dev.name}-seed{seed}-b{batch_size}" + (f"-{scheduler}" if scheduler else "") + (
+        f"-e{epochs}" if epochs else "")
+    target = out / f"{tag}.json"
+    if target.is_file():
+        print(f"{tag}: done already", flush=True)
+        return target
+    argv = [*dev.train_args, "--data", dev.data, "--seed", str(seed), "--batch-size", str(batch_size),
+            "--no-progress", "--method", BASELINE]
+    if scheduler:
+        argv += ["--scheduler", scheduler]
+    if epochs:
+        argv += ["--epochs", str(epochs)]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    started = time.perf_counter()
+    prepared = prepare_with_test(cfg)
+    data, _model, _forward, features = prepared
+    splits = data.splits
+    full = _full_labels_by_path(data.dataset)
+    val_full = np.stack([full[str(p)] for p in splits.val.paths])
+    val_obs = splits.val.labels
+    test_labels = splits.test.labels
+    test_features = features["test"].values
+    records: dict[str, Any] = {"dev_set": dev.name, "seed": seed, "batch_size": batch_size, "argv": argv,
+                               "classes": len(splits.classes), "train": len(splits.train), "val": len(splits.val),
+                               "test": len(splits.test), "true_k_val": float(val_full.sum(1).mean()),
+                               "true_k_test": float(test_labels.sum(1).mean()),
+                               "true_k_train": float(np.stack([full[str(p)] for p in splits.train.paths])
+                                                     .sum(1).mean()),
+                               "candidates": {}}
+    arrays: dict[str, np.ndarray] = {"val_full": val_full.astype(np.uint8), "val_observed": val_obs.astype(np.uint8),
+                                     "test_labels": test_labels.astype(np.uint8)}
+    per_epoch: dict[str, list[Any]] = {}
+
+    def observer(candidate: Candidate, epoch: int, model: Any, phase: Any, assessment: Any) -> None:
+        import torch
+
+        val_logits = assessment.logits
+        with torch.inference_mode():
+            test_logits = model.head(test_features.to(phase.predictor.device)).float().cpu().numpy()
+        per_epoch.setdefault("val", []).append(val_logits.astype(np.float32))
+        per_epoch.setdefault("test", []).append(test_logits.astype(np.float32))
+
+    k_an: float | None = None
+    for method in methods:
+        for lr in lrs:
+            per_epoch.clear()
+            candidate = Candidate(method, lr)
+            k_given = None
+            if k_an is not None:
+                from train.expected_positives import ExpectedPositives
+
+                k_given = ExpectedPositives(k_an, "estimated", "the best an head of this measurement")
+            result = fit_candidate(candidate, cfg, data, _model, _forward, features, k_given, observer=observer)
+            entry: dict[str, Any] = {"method": method, "lr": lr, "failed": result.failed,
+                                     "seconds": round(result.seconds, 2)}
+            if per_epoch:
+                vals, tests = per_epoch["val"], per_epoch["test"]
+                crit = {name: [float(fn(v, val_obs)) for v in vals] for name, fn in LABEL_FREE_CRITERIA.items()}
+                crit[FULL_VAL] = [float(mean_average_precision(v, val_full)) for v in vals]
+                entry["val"] = crit
+                entry["test_mAP"] = [float(mean_average_precision(t, test_labels)) for t in tests]
+                picks = {name: int(np.nanargmax(values)) for name, values in crit.items()
+                         if not all(math.isnan(x) for x in values)}
+                picks["last"] = len(vals) - 1
+                entry["picks"] = {name: e + 1 for name, e in picks.items()}
+                for epoch in sorted(set(picks.values())):
+                    arrays[f"{method}@{lr:g}/e{epoch + 1}/val"] = vals[epoch].astype(np.float16)
+                    arrays[f"{method}@{lr:g}/e{epoch + 1}/test"] = tests[epoch].astype(np.float16)
+            records["candidates"][candidate.name] = entry
+            print(f"{tag}: {candidate.name:<16} "
+                  + (f"failed {result.failed}" if result.failed else
+                     f"test mAP at observed-rank pick {entry['test_mAP'][entry['picks']['observed-rank'] - 1]:.2f}")
+                  + f" [{result.seconds:.1f} s]", flush=True)
+        if method == BASELINE:
+            k_an = _an_k(records, arrays)
+            records["k_estimate_an"] = k_an
+    records["seconds"] = round(time.perf_counter() - started, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / f"{tag}.npz", suffix=".npz") as tmp, open(tmp, "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+    atomic_write_text(target, json.dumps(records))
+    return target
+
+
+def _an_k(records: dict[str, Any], arrays: dict[str, np.ndarray]) -> float | None:
+    """k estimated from the val scores of the an head with the best observed-auc at its observed-rank pick (what the
+    chooser does), for the methods that need k."""
+    best = None
+    for name, entry in records["candidates"].items():
+        if entry["method"] != BASELINE or entry["failed"]:
+            continue
+        epoch = entry["picks"]["observed-rank"]
+        score = entry["val"]["observed-auc"][epoch - 1]
+        if best is None or score > best[0]:
+            best = (score, name, epoch)
+    if best is None:
+        return None
+    logits = arrays[f"{best[1]}/e{best[2]}/val"].astype(np.float32)
+    return float(estimate_expected_positives(logits, arrays["val_observed"]))
+
+
+def prepare_with_test(cfg: Any) -> tuple[Any, ...]:
+    """:func:`train.choose.prepare` with the test split's features too (to score every epoch)."""
+    from train.choose import extract_features
+
+    data, model, forward, features = prepare(cfg)
+    features.update(extract_features(dataclasses.replace(cfg, trainable="head"), data, model, forward, ("test",)))
+    return data, model, forward, features
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point."""
+    p = argparse.ArgumentParser(prog="python -m bench.choices", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="train and record every candidate head")
+    m.add_argument("--dev-sets", default=",".join(DEV_SETS), help="default: %(default)s")
+    m.add_argument("--seeds", default="0,1,2")
+    m.add_argument("--batch-sizes", default="32")
+    m.add_argument("--lrs", default="1e-2,5e-3,2e-3,1e-3,5e-4,2e-4")
+    m.add_argument("--methods", default="", help="default: the chooser's candidates")
+    m.add_argument("--scheduler", default=None)
+    m.add_argument("--epochs", type=int, default=None)
+    m.add_argument("--out", type=Path, default=RUNS)
+    args = p.parse_args(argv)
+    if args.command == "measure":
+        from train.choose import candidate_methods
+
+        methods = [x for x in args.methods.split(",") if x] or [BASELINE, *[
+            m for m in candidate_methods(np.zeros((1, 1))) if m != BASELINE]]
+        for name in args.dev_sets.split(","):
+            for seed in [int(s) for s in args.seeds.split(",")]:
+                for batch in [int(b) for b in args.batch_sizes.split(",")]:
+                    measure(DEV_SETS[name], seed, batch, [float(x) for x in args.lrs.split(",")], methods,
+                            args.out, args.scheduler, args.epochs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
