@@ -114,6 +114,16 @@ def test_csv_without_classes_file_sorts_names_and_says_so(
     assert len(splits.notes) == 1 and splits.notes[0] in err
 
 
+def test_csv_warns_of_a_class_without_training_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A class with positives in val or test only cannot be learnt: the loader says which (as a note)."""
+    csv_path = make_csv_folder(tmp_path / "d", ["image,labels,split", "img/a.png,cat,train", "img/b.png,dog,train",
+                                                "img/c.png,bird;cat,test"], ("cat", "dog", "bird"), IMAGES)
+    splits = load_csv(csv_path)
+    assert splits.classes == ["cat", "dog", "bird"]
+    err = capsys.readouterr().err
+    assert "1 class(es) have no training image (bird)" in err and any("bird" in note for note in splits.notes)
+
+
 def test_csv_images_root_and_explicit_classes_file(tmp_path: Path) -> None:
     """``images_root`` and ``classes_file`` override the CSV-folder defaults."""
     make_image(tmp_path / "pics" / "x.png")
@@ -540,7 +550,7 @@ def test_coco_structure_errors(tmp_path: Path) -> None:
 def test_registry_kinds_and_help() -> None:
     """The kinds are registered, the help lists them, builtin arguments parse."""
     assert set(DATASET_KINDS) == {"builtin", "csv", "voc", "coco", "cub", "nus", "formatted", "folder",
-                                  "openclipart"}
+                                  "openclipart", "tuxpaint"}
     text = describe_kinds()
     for form in ("builtin", "csv:", "voc:", "coco:", "cub:", "nus:", "formatted:", "folder:", "auto-detected"):
         assert form in text

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from interrupt import interrupt_after_saves
@@ -20,7 +21,7 @@ from train.__main__ import main
 from train.config import TrainConfig
 from train.methods import METHODS, get_method, make_hparams
 from train.methods.an import assume_negative_loss
-from train.trainer import Trainer
+from train.trainer import Trainer, test_line
 
 # Plain ResNet unless a test is about the default (LgConv) model: at 32 px the global branches halve training
 # speed. test_run_folder_contents and the first resume case train the default model.
@@ -128,6 +129,16 @@ def test_patience_stops_when_selection_stalls_and_resume_knows(builtin_cache: Pa
     assert main([*FAST, "--patience", "-1"]) == 2
 
 
+def test_end_of_run_line_says_what_each_figure_is() -> None:
+    """mAP names the classes it averages when some have no positive; F1 names its threshold and the tags it gives."""
+    metrics = {"mAP": 69.87, "classes_without_positives": 13, "OF1": 25.04, "CF1": 17.52}
+    logits = np.array([[1.0, -1.0, -2.0], [-1.0, -1.0, -1.0]])
+    line = test_line(metrics, logits, 57)
+    assert "mAP 69.87 (over the 44 of 57 classes with a positive)" in line
+    assert "at threshold 0.5, 0.50 tags per image" in line and "calibrates per-class thresholds" in line
+    assert test_line({"mAP": 50.0, "classes_without_positives": 0, "OF1": None}, None, 5) == "mAP 50.00"
+
+
 def test_training_beats_the_untrained_model(squares_csv: Path, tmp_path: Path) -> None:
     """A real learning signal: two epochs of AN lift the test mAP far above the untrained network's on the same
     test images (measured, seeds 0-7: +15.6 to +38.7 points; seed 0: 41.9 -> 76.9)."""
@@ -171,7 +182,18 @@ def test_without_hidden_labels_oracles_are_refused_and_nothing_is_scored(
         assert main([*data, "--method", oracle, "--runs-dir", str(tmp_path), "--name", oracle]) == 2
         err = capsys.readouterr().err
         assert "reference bound that trains on the training images' full labels" in err and "partial" in err
+        assert "--labels full" in err  # partial labels may be complete after all: the user may say so
         assert not (tmp_path / oracle).exists()
+    # one label per image: declaring them full would make the oracle treat them as complete, so it is not offered
+    single = tmp_path / "single" / "labels.csv"
+    single.parent.mkdir()
+    rows = squares_csv.read_text().splitlines()
+    single.write_text("\n".join([rows[0], *(f"{squares_csv.parent / r.split(',')[0]},{r.split(',')[1].split(';')[0]},"
+                                             f"{r.split(',')[2]}" for r in rows[1:])]) + "\n")
+    assert main(["--data", f"csv:{single}", "--image-size", "32", "--no-progress", "--method", "iun",
+                 "--runs-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "single-positive" in err and "--method auto" in err and "--labels full" not in err
     cfg = _cfg(tmp_path, data=f"csv:{squares_csv}", name="role-full", method="role", observed="full", epochs=1)
     summary = Trainer(cfg).fit()
     assert "train_recovery" not in summary and summary["test"]["num_images"] == 48

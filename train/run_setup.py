@@ -147,9 +147,13 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
     if not method.trains_on_full_labels:
         return False
     if not splits.train_labels_full:
+        kind = splits.regimes["train"].kind
+        advice = ("train a single-positive method instead (--method auto chooses one on your data)"
+                  if kind == "single-positive" else
+                  "if every training image carries ALL of its labels, declare them with --labels full; otherwise "
+                  "train a method for incomplete labels (--method auto chooses one)")
         raise ValueError(f"method {method.name!r} is a reference bound that trains on the training images' full "
-                         f"labels, and this run's training labels are {splits.regimes['train'].kind}; use it on "
-                         "fully labelled data (or declare them with --labels full)")
+                         f"labels, and this run's training labels are {kind}: {advice}")
     return True
 
 

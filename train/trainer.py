@@ -64,6 +64,21 @@ from train.stage_optimisation import Optimisation
 from train.training_step import run_training_step, wrap_training_step
 
 
+def test_line(metrics: dict[str, Any], logits: np.ndarray | None, num_classes: int) -> str:
+    """The end-of-run figures of a split with full labels, each saying what it is: mAP (over the classes that have
+    a positive there, when some have none) and OF1 / CF1 at the uncalibrated threshold 0.5 with the tags per image
+    it gives (the exported model calibrates per-class thresholds instead)."""
+    text = f"mAP {figure(metrics['mAP'])}"
+    missing = int(metrics.get("classes_without_positives") or 0)
+    if missing and metrics.get("mAP") is not None:
+        text += f" (over the {num_classes - missing} of {num_classes} classes with a positive)"
+    if metrics.get("OF1") is None:
+        return text
+    tags = "" if logits is None else f", {float((np.asarray(logits) >= 0).sum(1).mean()):.2f} tags per image"
+    return (text + f"  OF1 {figure(metrics['OF1'])}  CF1 {figure(metrics['CF1'])} at threshold 0.5{tags} "
+            "(python -m export calibrates per-class thresholds)")
+
+
 class Trainer:
     """Builds everything from a :class:`TrainConfig` and runs (or resumes) training in ``run_dir``."""
 
@@ -561,8 +576,7 @@ class Trainer:
         self.files.write_summary(summary)
         line = f"best epoch {self.best.epoch} ({self.selection.name}): val mAP {figure(metrics['val']['mAP'])}"
         if "test" in metrics:
-            t = metrics["test"]
-            line += f" | test mAP {figure(t['mAP'])}  OF1 {figure(t['OF1'])}  CF1 {figure(t['CF1'])}"
+            line += f" | test {test_line(metrics['test'], assessments['test'].logits, len(self.classes))}"
         if "train_recovery" in metrics:
             line += f" | train label recovery mAP {metrics['train_recovery']['mAP']:.2f}"
         log(line)

@@ -266,6 +266,13 @@ def load_csv(
 
     if not by_split["train"]:
         raise DataError(f"{csv_path}: no training images (every row has split 'val' or 'test')")
+    trained = {name for _, entry in by_split["train"] for name in entry.labels}
+    untrained = [name for name in classes if name not in trained]
+    if untrained:
+        shown = ", ".join(untrained[:10]) + (f" and {len(untrained) - 10} more" if len(untrained) > 10 else "")
+        emit_note(notes, f"csv: warning: {len(untrained)} class(es) have no training image ({shown}): no method can "
+                  "learn them, their scores carry no information, and they count in val/test mAP wherever they "
+                  "have a positive; give them training images or drop them from the labels")
     return DatasetSplits(
         name=csv_path.parent.name,
         source=f"csv:{csv_path}",
