@@ -57,21 +57,33 @@ class DevSet:
     name: str
     data: str
     train_args: tuple[str, ...]
+    full_data: str = ""  # the spec whose labels are every image's full labels (default: data itself)
 
 
 DEV_SETS: dict[str, DevSet] = {d.name: d for d in (
     DevSet("openclipart", "openclipart", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
     DevSet("tuxpaint", "tuxpaint", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
     DevSet("dense-small", "builtin:dense-small", (*BACKBONE, "--image-size", "64", *USER_VIEW)),
+    # the same drawings with the label a person filing them gives: each image's category folder
+    DevSet("openclipart-folders", "openclipart:?view=folders", (*BACKBONE, "--image-size", "224"), "openclipart"),
+    DevSet("tuxpaint-folders", "tuxpaint:?view=folders", (*BACKBONE, "--image-size", "224"), "tuxpaint"),
 )}
 
 
-def _full_labels_by_path(dataset: Any) -> dict[str, np.ndarray]:
+def full_labels_by_path(dev: DevSet, classes: list[str], dataset: Any) -> dict[str, np.ndarray]:
+    """Every image's full labels over ``classes`` by path: from the dev set's full-label spec (its keyword view for a
+    folder view), else from ``dataset`` itself."""
+    if dev.full_data:
+        from train.data.registry import load_dataset
+
+        dataset = load_dataset(dev.full_data)
+    column = {name: i for i, name in enumerate(dataset.classes)}
+    keep = [column[name] for name in classes]
     out = {}
     for part in (dataset.train, dataset.val, dataset.test):
         if part is not None:
             for path, row in zip(part.paths, part.labels, strict=True):
-                out[str(path)] = row
+                out[str(path)] = row[keep]
     return out
 
 
@@ -100,7 +112,7 @@ def measure(dev: DevSet, seed: int, batch_size: int, lrs: list[float], methods: 
     prepared = prepare_with_test(cfg)
     data, _model, _forward, features = prepared
     splits = data.splits
-    full = _full_labels_by_path(data.dataset)
+    full = full_labels_by_path(dev, list(splits.classes), data.dataset)
     val_full = np.stack([full[str(p)] for p in splits.val.paths])
     val_obs = splits.val.labels
     test_labels = splits.test.labels
@@ -184,6 +196,63 @@ def _an_k(records: dict[str, Any], arrays: dict[str, np.ndarray]) -> float | Non
     return float(estimate_expected_positives(logits, arrays["val_observed"]))
 
 
+def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str], out: Path) -> Path:
+    """Cross-fitted (out-of-fold) scores of every (method, lr) candidate over the pooled training and validation
+    images (train/cross_fitting.py), batch 32: every label-free criterion on them, their mAP against the hidden
+    full labels, and the best-bin k estimate; ``out/<dev>-seed<S>-crossfit.json`` (+ ``.npz`` with the logits)."""
+    from train.choose import out_of_fold_logits
+    from train.cross_fitting import labelled_pool
+    from train.expected_positives import ExpectedPositives
+
+    tag = f"{dev.name}-seed{seed}-crossfit"
+    target = out / f"{tag}.json"
+    if target.is_file():
+        print(f"{tag}: done already", flush=True)
+        return target
+    argv = [*dev.train_args, "--data", dev.data, "--seed", str(seed), "--batch-size", "32", "--no-progress",
+            "--method", BASELINE]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    started = time.perf_counter()
+    data, model, forward, features = prepare(cfg)
+    pool = labelled_pool(data, features)
+    full = full_labels_by_path(dev, list(data.splits.classes), data.dataset)
+    pool_full = np.stack([full[str(p)] for p in pool.images.paths])
+    records: dict[str, Any] = {"dev_set": dev.name, "seed": seed, "argv": argv, "pool": len(pool),
+                               "true_k_pool": float(pool_full.sum(1).mean()), "candidates": {}}
+    arrays: dict[str, np.ndarray] = {"pool_full": pool_full.astype(np.uint8),
+                                     "pool_observed": pool.images.labels.astype(np.uint8), "folds": pool.folds}
+    k: ExpectedPositives | None = None
+    for method in methods:
+        for lr in lrs:
+            candidate = Candidate(method, lr)
+            t0 = time.perf_counter()
+            logits, failed = out_of_fold_logits(candidate, cfg, data, model, forward, pool, k)
+            entry: dict[str, Any] = {"method": method, "lr": lr, "failed": failed,
+                                     "seconds": round(time.perf_counter() - t0, 2)}
+            if not failed:
+                keep = ~np.isnan(logits).any(1)
+                entry["criteria"] = {name: float(fn(logits[keep], pool.images.labels[keep]))
+                                     for name, fn in LABEL_FREE_CRITERIA.items()}
+                entry["true_mAP"] = float(mean_average_precision(logits[keep], pool_full[keep]))
+                entry["k_best_bin"] = float(estimate_expected_positives(logits[keep], pool.images.labels[keep]))
+                arrays[f"{candidate.name}/oof"] = logits.astype(np.float16)
+            records["candidates"][candidate.name] = entry
+            print(f"{tag}: {candidate.name:<16} " + (f"failed {failed}" if failed else
+                  f"observed-map {entry['criteria']['observed-map']:.2f} auc {entry['criteria']['observed-auc']:.2f}"
+                  f" true {entry['true_mAP']:.2f} k {entry['k_best_bin']:.2f}") + f" [{entry['seconds']:.0f} s]",
+                  flush=True)
+        if method == BASELINE:
+            ks = [e["k_best_bin"] for e in records["candidates"].values() if not e["failed"]]
+            if ks:
+                k = ExpectedPositives(min(ks), "estimated", "cross-fitted an heads")
+    records["seconds"] = round(time.perf_counter() - started, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / f"{tag}.npz", suffix=".npz") as tmp, open(tmp, "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+    atomic_write_text(target, json.dumps(records))
+    return target
+
+
 def prepare_with_test(cfg: Any) -> tuple[Any, ...]:
     """:func:`train.choose.prepare` with the test split's features too (to score every epoch)."""
     from train.choose import extract_features
@@ -207,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--scheduler", default=None)
     m.add_argument("--epochs", type=int, default=None)
     m.add_argument("--out", type=Path, default=RUNS)
+    m.add_argument("--crossfit", action="store_true", help="cross-fitted scores over train+val instead (batch 32)")
     args = p.parse_args(argv)
     if args.command == "measure":
         from train.choose import candidate_methods
@@ -215,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             m for m in candidate_methods(np.zeros((1, 1))) if m != BASELINE]]
         for name in args.dev_sets.split(","):
             for seed in [int(s) for s in args.seeds.split(",")]:
+                if args.crossfit:
+                    measure_crossfit(DEV_SETS[name], seed, [float(x) for x in args.lrs.split(",")], methods, args.out)
+                    continue
                 for batch in [int(b) for b in args.batch_sizes.split(",")]:
                     measure(DEV_SETS[name], seed, batch, [float(x) for x in args.lrs.split(",")], methods,
                             args.out, args.scheduler, args.epochs)

@@ -256,6 +256,29 @@ def test_recall_mode_hand_computed(mode: str, expected: float) -> None:
     assert recall_above < r
 
 
+def test_rate_mode_tags_k_per_image_in_the_shares_of_the_observed_labels() -> None:
+    """rate:K: each class tags the share K x (n_c + 1) / (sum n + C) of the validation images (nearest cut), so
+    the images get K tags on average whatever the scale of the scores; a class never observed still gets its
+    pseudo-count's share; above every score when that share rounds to no image."""
+    rng = np.random.default_rng(0)
+    n, c = 200, 4
+    probs = rng.random((n, c)) ** np.array([1.0, 3.0, 0.3, 2.0])  # four different score scales
+    observed = np.zeros((n, c), dtype=int)
+    observed[np.arange(n), rng.choice(3, n, p=[0.5, 0.3, 0.2])] = 1  # class 3 never observed
+    cal = calibrate(probs, observed, "rate:2")
+    counts = observed.sum(0)
+    expected = 2 * (counts + 1) / (n + c) * n
+    tagged = (probs >= np.array(cal.thresholds)).sum(0)
+    assert np.all(np.abs(tagged - expected) <= 1) and tagged[3] >= 1
+    assert cal.mode == "rate:2" and cal.rules == ["rate:2"] * c
+    assert abs((probs >= np.array(cal.thresholds)).sum(1).mean() - 2) < 0.05
+    tiny = calibrate(probs[:, :1], observed[:, :1], "rate:0.001")  # 0.001 x 200 images rounds to none
+    assert (probs[:, :1] >= tiny.thresholds[0]).sum() == 0
+    assert calibrate(probs, observed, "rate", expected_positives=1.5).mode == "rate:1.5"
+    with pytest.raises(ValueError, match="rate needs the expected number of positives"):
+        calibrate(probs, observed, "rate")
+
+
 def test_recall_mode_float_product_just_above_an_integer() -> None:
     # 50 positives at .99, .98, ..., .50; recall:0.14 needs 7 of them, but 0.14 * 50 = 7.000000000000001 in
     # floats (a bare ceil would ask for 8): cut at the 7th positive .93, next lower .92 -> threshold .925
@@ -304,6 +327,7 @@ def test_parse_mode_accepts_the_documented_forms() -> None:
     assert str(parse_mode("recall:0.90")) == "recall:0.9"
     assert parse_mode("pu-f1") == CalibrationMode("pu-f1")
     assert parse_mode("PU-F1:2.9") == CalibrationMode("pu-f1", 2.9)
+    assert parse_mode("rate") == CalibrationMode("rate") and parse_mode("rate:2.5") == CalibrationMode("rate", 2.5)
     assert default_mode(True) == "f1" and default_mode(False) == "pu-f1"
 
 
@@ -319,6 +343,7 @@ def test_parse_mode_accepts_the_documented_forms() -> None:
         ("recall:nan", "0 < R <= 1"),
         ("pu-f1:0", "K > 0"),
         ("pu-f1:x", "K > 0"),
+        ("rate:0", "K > 0"),
         ("threshold:0", "0 < X < 1"),
         ("threshold:1", "0 < X < 1"),
         ("threshold:abc", "0 < X < 1"),

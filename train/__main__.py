@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from models.files.run_folder import default_runs_dir
-from train.config import MACHINE_FIELDS, TrainConfig, build_parser, config_from_args, paper_settings
+from train.config import MACHINE_FIELDS, METHOD_AUTO, TrainConfig, build_parser, config_from_args, paper_settings
 from train.data.types import DataError
 
 
@@ -64,6 +64,13 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> in
                 listed = ", ".join(f"{key}={value}" for key, value in published.items())
                 say(f"--preset paper: {cfg.method}'s published settings for this dataset: {listed} "
                       "(explicit flags win)")
+            if cfg.method == METHOD_AUTO:
+                from train.choose import apply_choice, choice_table, choose, describe_choice
+
+                choice = choose(cfg)
+                say(choice_table(choice))
+                say(describe_choice(choice))
+                cfg = apply_choice(cfg, choice)
             trainer = make_trainer(cfg)
         trainer.fit()
     except KeyboardInterrupt:

@@ -45,8 +45,9 @@ class TrainConfig:
     labels: str = "auto"
     select: str = "auto"
     audit: str = ""
-    method: str = BASELINE  # AN, the method every comparison starts from
+    method: str = BASELINE  # AN, the method every comparison starts from; "auto": chosen on the data (train.choose)
     hp: dict[str, str] = field(default_factory=dict)
+    chosen: dict[str, Any] = field(default_factory=dict)  # what --method auto chose and why (train.choose)
     clip: str = ""  # CLIP of the pseudo-labels (MODEL[:PRETRAINED], open_clip names); "": the method's own
     clip_prompt: str = ""  # prompt template with {} for the class name; "": the method's own
     clip_batch_size: int = 16  # images per CLIP call of the pseudo-label pass
@@ -101,6 +102,9 @@ class TrainConfig:
             values["trainable"] = scope_of.trainable_scope
         return cls(**values)
 
+
+#: ``--method auto``: the method is chosen on the data before training (train.choose)
+METHOD_AUTO = "auto"
 
 HEAD_EPOCHS = 25  # --epochs of --trainable head when not given (Cole et al.'s linear_fixed_features: 25)
 
@@ -195,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "Without one, k is estimated from the model's own validation scores after every epoch "
                    "(docs/your-data.md). Default: none")
     g = p.add_argument_group("method")
-    g.add_argument("--method", choices=method_names(), help="training method (`python -m train.methods` lists them "
+    g.add_argument("--method", choices=[METHOD_AUTO, *method_names()], help="training method: auto (chosen on your "
+                   "own labels: every candidate method at a few learning rates trained as heads on fixed features, "
+                   "cross-fitted over the training and validation images and compared by a label-free criterion; "
+                   "the table is printed, then the choice trains; docs/choosing.md), or a method (`python -m "
+                   "train.methods` lists them "
                    f"with their papers and ideas). Default: {d.method}")
     g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
                    help="set a method hyperparameter (repeatable); a tuple comma-separated, e.g. "
@@ -322,6 +330,8 @@ def paper_settings(method: str, data: str) -> dict[str, Any]:
     ``--preset paper`` adds for that pair; empty when the method's papers publish none)."""
     from train.data.registry import spec_family
 
+    if method == METHOD_AUTO:  # not known yet: --method auto chooses it on fixed features first
+        return {}
     return paper_settings_for(get_method(method), spec_family(data))
 
 
@@ -371,7 +381,7 @@ def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
         image_size=cfg.image_size or default_image_size(arch, scratch),
         lgconv=family_of(arch).supports_lgconv if cfg.lgconv is None else cfg.lgconv,
         head_bias=default_head_bias(cfg.trainable, weights, get_method(cfg.method).starts_at_label_prior)
-        if cfg.head_bias == AUTO else cfg.head_bias,
+        if cfg.head_bias == AUTO and cfg.method != METHOD_AUTO else cfg.head_bias,
     )
 
 
@@ -394,6 +404,12 @@ def validate(cfg: TrainConfig) -> None:
     """Raise ``ValueError`` with a readable message for inconsistent settings."""
     parse_observed(cfg.observed)
     parse_declarations(cfg.labels)
+    if cfg.method == METHOD_AUTO:
+        clashing = [flag for flag, used in (("--boostlu", cfg.boostlu is not None), ("--head lem", cfg.head == "lem"),
+                                             ("--linear-init", cfg.linear_init > 0), ("--resume", False)) if used]
+        if clashing:
+            raise ValueError(f"--method auto chooses among heads trained on fixed features; it cannot be combined "
+                             f"with {', '.join(clashing)} (name the method instead)")
     checks = [
         (cfg.select in SELECT_CHOICES, f"--select must be one of {', '.join(SELECT_CHOICES)}"),
         (cfg.epochs >= 1 or (cfg.epochs == 0 and cfg.linear_init >= 1),

@@ -1,0 +1,273 @@
+"""The figures of ``python -m bench.choices report``: what the package's choices give on every development set,
+read from the measurements of ``python -m bench.choices measure`` (per epoch and candidate) and ``measure --crossfit``
+(cross-fitted scores). Every figure applies the package's own rules (imported, not copied): the selection criterion
+of ``--select auto``, the chooser's criterion, candidates and tie margin, the k estimate and the threshold rule.
+Test labels (and the hidden full labels of train and val) only score.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from train.choose import CANDIDATE_LRS, CHOICE_CRITERION, TIE_MARGIN
+from train.config import TrainConfig
+from train.label_free_selection import LABEL_FREE_CRITERIA, LABEL_FREE_DEFAULT
+from train.methods import BASELINE
+
+FULL_VAL = "val_mAP_full"
+DEFAULT_BATCH = TrainConfig().batch_size
+DEFAULT_LR = TrainConfig().lr
+AUDIT_SIZE = 20
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample std of the finite values (std NaN for one value)."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def fmt(pair: tuple[float, float], digits: int = 2) -> str:
+    """``mean ± std`` (``mean`` alone for one value, ``n/a`` for none)."""
+    mean, std = pair
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.{digits}f}" if math.isnan(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+@dataclass
+class Measurement:
+    """One ``measure`` file: a dev set, seed and batch size, every candidate's per-epoch record, and its logits."""
+
+    path: Path
+    record: dict[str, Any]
+    _arrays: Any = None
+
+    @property
+    def arrays(self) -> Any:
+        """The ``.npz`` beside the record (loaded on first use)."""
+        if self._arrays is None:
+            self._arrays = np.load(self.path.with_suffix(".npz"))
+        return self._arrays
+
+    def entry(self, method: str, lr: float) -> dict[str, Any] | None:
+        """The candidate's record, None when it was not measured or failed."""
+        entry = self.record["candidates"].get(f"{method}@{lr:g}")
+        return None if entry is None or entry.get("failed") else entry
+
+    def test_at(self, method: str, lr: float, criterion: str = LABEL_FREE_DEFAULT) -> float:
+        """Test mAP of the epoch ``criterion`` picks (NaN when not measured)."""
+        entry = self.entry(method, lr)
+        if entry is None or criterion not in entry["picks"]:
+            return math.nan
+        return float(entry["test_mAP"][entry["picks"][criterion] - 1])
+
+    def logits_at(self, method: str, lr: float, split: str, criterion: str = LABEL_FREE_DEFAULT) -> np.ndarray:
+        """The ``split`` (val, test) logits of the epoch ``criterion`` picks."""
+        entry = self.entry(method, lr)
+        assert entry is not None
+        return self.arrays[f"{method}@{lr:g}/e{entry['picks'][criterion]}/{split}"].astype(np.float32)
+
+    @property
+    def methods(self) -> list[str]:
+        """The methods measured, in measurement order."""
+        return list(dict.fromkeys(e["method"] for e in self.record["candidates"].values()))
+
+    @property
+    def lrs(self) -> list[float]:
+        """The learning rates measured."""
+        return sorted({float(e["lr"]) for e in self.record["candidates"].values()}, reverse=True)
+
+
+@dataclass
+class DevData:
+    """Everything measured on one dev set: per seed, the per-batch measurements and the cross-fitted record."""
+
+    name: str
+    by_seed: dict[int, dict[int, Measurement]] = field(default_factory=dict)
+    crossfit: dict[int, Measurement] = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> list[int]:
+        """Seeds with a measurement at the default batch size."""
+        return sorted(s for s, batches in self.by_seed.items() if DEFAULT_BATCH in batches)
+
+
+def load(folder: Path) -> dict[str, DevData]:
+    """Every measurement in ``folder`` (``<dev>-seed<S>-b<B>.json`` and ``<dev>-seed<S>-crossfit.json``)."""
+    out: dict[str, DevData] = {}
+    for path in sorted(Path(folder).glob("*.json")):
+        record = json.loads(path.read_text())
+        dev = out.setdefault(record["dev_set"], DevData(record["dev_set"]))
+        if path.stem.endswith("-crossfit"):
+            dev.crossfit[int(record["seed"])] = Measurement(path, record)
+        elif "-b" in path.stem and path.stem.split("-b")[-1].isdigit():
+            dev.by_seed.setdefault(int(record["seed"]), {})[int(record["batch_size"])] = Measurement(path, record)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Methods with the defaults, and searched
+
+
+def default_rows(dev: DevData, lr: float = DEFAULT_LR, batch: int = DEFAULT_BATCH,
+                 criterion: str = LABEL_FREE_DEFAULT) -> list[dict[str, Any]]:
+    """Per method: test mAP at the defaults (batch, lr, the selection criterion's epoch) over seeds, the same-seed
+    difference to ``an``, and the searched optimum (the batch and lr with the best val mAP on the hidden full val
+    labels, at the epoch that picks: what the method can reach)."""
+    rows = []
+    seeds = dev.seeds
+    methods = dev.by_seed[seeds[0]][batch].methods if seeds else []
+    for method in methods:
+        tests = {s: dev.by_seed[s][batch].test_at(method, lr, criterion) for s in seeds}
+        an = {s: dev.by_seed[s][batch].test_at(BASELINE, lr, criterion) for s in seeds}
+        diffs = [tests[s] - an[s] for s in seeds if not math.isnan(tests[s] - an[s])]
+        searched = []
+        for s in seeds:
+            best = None
+            for m in dev.by_seed[s].values():
+                for grid_lr in m.lrs:
+                    entry = m.entry(method, grid_lr)
+                    if entry is None:
+                        continue
+                    pick = entry["picks"][FULL_VAL] - 1
+                    val = entry["val"][FULL_VAL][pick]
+                    if best is None or val > best[0]:
+                        best = (val, entry["test_mAP"][pick], f"{m.record['batch_size']},{grid_lr:g}")
+            if best is not None:
+                searched.append(best)
+        rows.append({"method": method, "test": mean_std(list(tests.values())), "diffs": diffs,
+                     "searched": mean_std([b[1] for b in searched]), "searched_at": [b[2] for b in searched]})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Selection of the epoch
+
+
+def selection_losses(dev: DevData, lrs: tuple[float, ...] = CANDIDATE_LRS,
+                     batch: int = DEFAULT_BATCH) -> dict[str, dict[str, float]]:
+    """Per criterion (every label-free one, and the last epoch) and method: the test mAP lost against the epoch the
+    val mAP on full labels picks (the papers' rule), mean over seeds and the chooser's learning rates."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for seed in dev.seeds:
+        m = dev.by_seed[seed][batch]
+        for method in m.methods:
+            for lr in lrs:
+                reference = m.test_at(method, lr, FULL_VAL)
+                for criterion in [*LABEL_FREE_CRITERIA, "last"]:
+                    loss = reference - m.test_at(method, lr, criterion)
+                    if not math.isnan(loss):
+                        out.setdefault(criterion, {}).setdefault(method, []).append(loss)
+    return {c: {m: statistics.fmean(v) for m, v in per.items()} for c, per in out.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The chooser
+
+
+@dataclass
+class ChooserOutcome:
+    """The chooser on one dev set and seed: its pick, the pick's test mAP, the best method's and ``an``'s."""
+
+    seed: int
+    chosen: str
+    test: float
+    best_method: str
+    best_method_test: float
+    best_candidate: str
+    best_candidate_test: float
+    an_test: float
+
+
+def chooser_outcome(dev: DevData, seed: int, criterion: str = CHOICE_CRITERION, margin: float = TIE_MARGIN,
+                    lrs: tuple[float, ...] = CANDIDATE_LRS, selection: str = LABEL_FREE_DEFAULT,
+                    source: str = "crossfit") -> ChooserOutcome | None:
+    """What ``--method auto`` picks on one dev set and seed (``source``: ``crossfit``, the package's scores; ``val``:
+    the same criterion on the val split alone, at each candidate's selected epoch), and the test mAP of the head a
+    ``--trainable head`` run of the pick trains, against the best method at its best chooser learning rate and
+    ``an`` at the default."""
+    m = dev.by_seed.get(seed, {}).get(DEFAULT_BATCH)
+    if m is None:
+        return None
+    scores: dict[str, float] = {}
+    for method in m.methods:
+        for lr in lrs:
+            name = f"{method}@{lr:g}"
+            if source == "crossfit":
+                cf = dev.crossfit.get(seed)
+                entry = None if cf is None else cf.record["candidates"].get(name)
+                if entry is None or entry.get("failed"):
+                    continue
+                scores[name] = entry["criteria"][criterion]
+            else:
+                entry = m.entry(method, lr)
+                if entry is None:
+                    continue
+                scores[name] = entry["val"][criterion][entry["picks"][selection] - 1]
+    scores = {k: v for k, v in scores.items() if not math.isnan(v)}
+    if not scores:
+        return None
+    best = max(scores, key=scores.get)  # type: ignore[arg-type]
+    an = [k for k in scores if k.startswith(f"{BASELINE}@")]
+    if an:
+        best_an = max(an, key=scores.get)  # type: ignore[arg-type]
+        if scores[best] - scores[best_an] <= margin:
+            best = best_an
+
+    def test(name: str) -> float:
+        method, lr = name.rsplit("@", 1)
+        return m.test_at(method, float(lr), selection)
+
+    candidates = {name: test(name) for name in scores}
+    per_method: dict[str, tuple[str, float]] = {}
+    for name, value in candidates.items():
+        method = name.rsplit("@", 1)[0]
+        if method not in per_method or value > per_method[method][1]:
+            per_method[method] = (name, value)
+    best_method = max(per_method.values(), key=lambda x: x[1])
+    best_candidate = max(candidates.items(), key=lambda x: x[1])
+    return ChooserOutcome(seed, best, candidates[best], best_method[0], best_method[1], best_candidate[0],
+                          best_candidate[1], m.test_at(BASELINE, DEFAULT_LR, selection))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# k and tags per image
+
+
+def audit_k(full: np.ndarray, size: int = AUDIT_SIZE, draws: int = 1000, seed: int = 0) -> np.ndarray:
+    """k from ``draws`` random audit lists of ``size`` fully labelled images."""
+    rng = np.random.default_rng(seed)
+    counts = full.sum(1)
+    return np.array([counts[rng.choice(len(counts), size, replace=False)].mean() for _ in range(draws)])
+
+
+def k_row(dev: DevData, seed: int, estimator: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, float] | None:
+    """True k of the labelled pool, the estimate from the cross-fitted scores of the chooser's best ``an`` head, and
+    the share of 20-image audit lists within 25% of the truth."""
+    cf = dev.crossfit.get(seed)
+    if cf is None:
+        return None
+    an = {name: e for name, e in cf.record["candidates"].items()
+          if e["method"] == BASELINE and not e.get("failed")}
+    if not an:
+        return None
+    best = max(an, key=lambda n: an[n]["criteria"][CHOICE_CRITERION])
+    logits = cf.arrays[f"{best}/oof"].astype(np.float32)
+    observed = cf.arrays["pool_observed"]
+    keep = ~np.isnan(logits).any(1)
+    truth = float(cf.arrays["pool_full"].sum(1).mean())
+    estimate = float(estimator(logits[keep], observed[keep]))
+    audits = audit_k(cf.arrays["pool_full"])
+    return {"true": truth, "estimate": estimate, "error": estimate / truth - 1,
+            "audit_within_25": float(np.mean(np.abs(audits / truth - 1) <= 0.25)), "audit_median": float(
+                np.median(audits))}

@@ -1,0 +1,86 @@
+"""Out-of-fold scores for every labelled image: heads trained on fixed features in K folds over the training and
+validation images together, each image scored by the head that did not see it.
+
+One label per image leaves little to measure with: a validation split of 700 images holds 9 observed positives per
+class on average. The training images carry labels of the same kind, so pooling them with the validation images
+and cross-fitting (K heads, each trained on K-1 folds and scoring the held-out fold) scores every labelled image
+without its own label ever reaching the head that scores it. The method chooser compares methods on these scores
+(train/choose.py) and k is estimated from them (train/expected_positives.py); each fold's head is the same
+fixed-feature phase a ``--trainable head`` run trains (seconds per head once the features are cached).
+
+Only for labels as a user holds them (single-positive or partial validation labels): with full validation labels
+there is nothing to pool, the validation split scores models directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from train.data.types import LabelledImages
+from train.inference import Rows
+from train.run_setup import RunData
+
+__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool"]
+
+#: Folds of the pooled training and validation images.
+FOLDS = 5
+#: Seed of the fold assignment (fixed: every candidate of a choice sees the same folds).
+FOLD_SEED = 20261126
+
+
+@dataclass
+class Pool:
+    """The training and validation images as one labelled set: their paths, observed labels (1 positive, -1
+    observed negative, 0 unknown), features, and the fold of each row."""
+
+    images: LabelledImages  # .labels: the observed positives (0/1)
+    observed: np.ndarray  # (N, C) int8
+    features: Rows
+    folds: np.ndarray  # (N,) int: the fold of each row
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+def fold_of(count: int, folds: int = FOLDS, seed: int = FOLD_SEED) -> np.ndarray:
+    """The fold (0 .. folds-1) of each of ``count`` rows: a seeded permutation dealt round-robin (fold sizes differ
+    by at most one)."""
+    if folds < 2 or count < folds:
+        raise ValueError(f"cross-fitting needs at least 2 folds and as many images; got {folds} folds, {count} images")
+    order = np.random.default_rng(seed).permutation(count)
+    out = np.empty(count, dtype=np.int64)
+    out[order] = np.arange(count) % folds
+    return out
+
+
+def labelled_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) -> Pool:
+    """The training and validation images of ``data`` with their observed labels (training: the run's observed
+    labels; validation: its labels as given, which must not be full) and the given features, in ``folds`` folds."""
+    splits = data.splits
+    if splits.has_full_labels("val"):
+        raise ValueError("the validation labels are full: score models on them directly instead of cross-fitting")
+    val_observed = splits.val_observed if splits.val_observed is not None else splits.val.labels.astype(np.int8)
+    observed = np.concatenate([splits.train_observed.astype(np.int8), val_observed.astype(np.int8)])
+    images = LabelledImages([*splits.train.paths, *splits.val.paths], (observed > 0).astype(np.uint8),
+                            list(splits.classes))
+    rows = Rows(torch.cat([features["train"].values, features["val"].values]),
+                torch.cat([features["train"].present, features["val"].present]))
+    return Pool(images, observed, rows, fold_of(len(images), folds))
+
+
+def fold_data(data: RunData, pool: Pool, fold: int) -> tuple[RunData, dict[str, Rows]]:
+    """The run data and features of one fold: train on every other fold, validate (single-positive or partial
+    labels, as given) on this one."""
+    train_rows = np.flatnonzero(pool.folds != fold)
+    val_rows = np.flatnonzero(pool.folds == fold)
+    splits = dataclasses.replace(
+        data.splits, train=pool.images.subset(train_rows), train_observed=pool.observed[train_rows],
+        val=pool.images.subset(val_rows), val_observed=pool.observed[val_rows], test=None,
+        complete_splits=(), declared_labels="auto")
+    features = {"train": Rows(pool.features.values[train_rows], pool.features.present[train_rows]),
+                "val": Rows(pool.features.values[val_rows], pool.features.present[val_rows])}
+    return RunData(data.dataset, splits, data.protocol_bytes), features
