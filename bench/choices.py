@@ -253,6 +253,29 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
     return target
 
 
+FINETUNE_RUNS = Path("runs/choices-finetune")
+
+
+def finetune_args(dev: DevSet, lr: str, linear_init: str, epochs: int) -> list[str]:
+    """Training arguments of a fine-tune on ``dev`` (its backbone and view, the whole network trained) with ``lr``
+    and ``linear_init`` epochs of the head first (at the default head learning rate), at most ``epochs`` epochs end
+    to end with ``--patience 3``."""
+    args = [a for a in dev.train_args if a not in ("--trainable", "head")]
+    return [*args, "--epochs", str(epochs), "--patience", "3", "--lr", lr, "--linear-init", linear_init]
+
+
+def measure_finetune(dev: DevSet, seed: int, lrs: list[str], linear_inits: list[str], epochs: int,
+                     out: Path) -> None:
+    """Fine-tune ``an`` on ``dev`` once per (learning rate, LinearInit) with per-epoch test mAP
+    (``bench.tracked_training``): run folders ``out/<dev>/an-seed<S>-lr<LR>-li<E>``, reused when finished."""
+    from bench.methods import run_one
+
+    for lr in lrs:
+        for linear_init in linear_inits:
+            run_one(BASELINE, seed, dev.data, out / dev.name, finetune_args(dev, lr, linear_init, epochs),
+                    f"-lr{lr}-li{linear_init}", module="bench.tracked_training")
+
+
 def prepare_with_test(cfg: Any) -> tuple[Any, ...]:
     """:func:`train.choose.prepare` with the test split's features too (to score every epoch)."""
     from train.choose import extract_features
@@ -277,7 +300,20 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--epochs", type=int, default=None)
     m.add_argument("--out", type=Path, default=RUNS)
     m.add_argument("--crossfit", action="store_true", help="cross-fitted scores over train+val instead (batch 32)")
+    f = sub.add_parser("finetune", help="fine-tune an at a grid of learning rates, with and without LinearInit")
+    f.add_argument("--dev-sets", default="tuxpaint,dense-small")
+    f.add_argument("--seeds", default="0")
+    f.add_argument("--lrs", default="1e-3,3e-4,1e-4")
+    f.add_argument("--linear-init", default="0,25", help="LinearInit epochs (default: %(default)s)")
+    f.add_argument("--epochs", type=int, default=10)
+    f.add_argument("--out", type=Path, default=FINETUNE_RUNS)
     args = p.parse_args(argv)
+    if args.command == "finetune":
+        for name in args.dev_sets.split(","):
+            for seed in [int(s) for s in args.seeds.split(",")]:
+                measure_finetune(DEV_SETS[name], seed, args.lrs.split(","), args.linear_init.split(","),
+                                 args.epochs, args.out)
+        return 0
     if args.command == "measure":
         from train.choose import candidate_methods
 

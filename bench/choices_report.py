@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from train.choose import CANDIDATE_LRS, CHOICE_CRITERION, TIE_MARGIN
+from train.choose import CANDIDATE_LRS, CHOICE_CRITERION, Candidate, CandidateResult, pick
 from train.config import TrainConfig
 from train.label_free_selection import LABEL_FREE_CRITERIA, LABEL_FREE_DEFAULT
 from train.methods import BASELINE
+from train.selection import CRITERIA
 
 FULL_VAL = "val_mAP_full"
 DEFAULT_BATCH = TrainConfig().batch_size
@@ -189,54 +190,39 @@ class ChooserOutcome:
     an_test: float
 
 
-def chooser_outcome(dev: DevData, seed: int, criterion: str = CHOICE_CRITERION, margin: float = TIE_MARGIN,
-                    lrs: tuple[float, ...] = CANDIDATE_LRS, selection: str = LABEL_FREE_DEFAULT,
-                    source: str = "crossfit") -> ChooserOutcome | None:
-    """What ``--method auto`` picks on one dev set and seed (``source``: ``crossfit``, the package's scores; ``val``:
-    the same criterion on the val split alone, at each candidate's selected epoch), and the test mAP of the head a
-    ``--trainable head`` run of the pick trains, against the best method at its best chooser learning rate and
-    ``an`` at the default."""
+def chooser_outcome(dev: DevData, seed: int, criterion: str = CHOICE_CRITERION,
+                    lrs: tuple[float, ...] = CANDIDATE_LRS,
+                    selection: str = LABEL_FREE_DEFAULT) -> ChooserOutcome | None:
+    """What ``--method auto`` picks on one dev set and seed - the package's own rule (:func:`train.choose.pick`) on the
+    measured cross-fitted scores - and the test mAP of the head a ``--trainable head`` run of the pick trains, against
+    the best candidate by test and ``an`` at the default."""
     m = dev.by_seed.get(seed, {}).get(DEFAULT_BATCH)
-    if m is None:
+    cf = dev.crossfit.get(seed)
+    if m is None or cf is None:
         return None
-    scores: dict[str, float] = {}
-    for method in m.methods:
-        for lr in lrs:
-            name = f"{method}@{lr:g}"
-            if source == "crossfit":
-                cf = dev.crossfit.get(seed)
-                entry = None if cf is None else cf.record["candidates"].get(name)
-                if entry is None or entry.get("failed"):
-                    continue
-                scores[name] = entry["criteria"][criterion]
-            else:
-                entry = m.entry(method, lr)
-                if entry is None:
-                    continue
-                scores[name] = entry["val"][criterion][entry["picks"][selection] - 1]
-    scores = {k: v for k, v in scores.items() if not math.isnan(v)}
-    if not scores:
-        return None
-    best = max(scores, key=scores.get)  # type: ignore[arg-type]
-    an = [k for k in scores if k.startswith(f"{BASELINE}@")]
-    if an:
-        best_an = max(an, key=scores.get)  # type: ignore[arg-type]
-        if scores[best] - scores[best_an] <= margin:
-            best = best_an
-
-    def test(name: str) -> float:
+    labels = cf.arrays["pool_observed"]
+    results = []
+    for name, entry in cf.record["candidates"].items():
         method, lr = name.rsplit("@", 1)
-        return m.test_at(method, float(lr), selection)
-
-    candidates = {name: test(name) for name in scores}
+        if float(lr) not in lrs and float(lr) != DEFAULT_LR:
+            continue
+        result = CandidateResult(Candidate(method, float(lr)), failed=entry.get("failed", ""))
+        if not result.failed:
+            result.val_logits = cf.arrays[f"{name}/oof"].astype(np.float32)
+            keep = ~np.isnan(result.val_logits).any(1)
+            result.score = float(CRITERIA[criterion](result.val_logits[keep], labels[keep]))
+        results.append(result)
+    chosen = pick(results, Candidate(BASELINE, DEFAULT_LR), CRITERIA[criterion], labels)
+    tests = {r.candidate.name: m.test_at(r.candidate.method, r.candidate.lr, selection) for r in results
+             if not r.failed}
     per_method: dict[str, tuple[str, float]] = {}
-    for name, value in candidates.items():
+    for name, value in tests.items():
         method = name.rsplit("@", 1)[0]
         if method not in per_method or value > per_method[method][1]:
             per_method[method] = (name, value)
     best_method = max(per_method.values(), key=lambda x: x[1])
-    best_candidate = max(candidates.items(), key=lambda x: x[1])
-    return ChooserOutcome(seed, best, candidates[best], best_method[0], best_method[1], best_candidate[0],
+    best_candidate = max(tests.items(), key=lambda x: x[1])
+    return ChooserOutcome(seed, chosen.name, tests[chosen.name], best_method[0], best_method[1], best_candidate[0],
                           best_candidate[1], m.test_at(BASELINE, DEFAULT_LR, selection))
 
 

@@ -12,8 +12,12 @@ at hand, from the labels the user has (docs/choosing.md):
    images together (train/cross_fitting.py: every image scored by a head that never saw its label) and each
    candidate is scored by :data:`CHOICE_CRITERION` on those scores against the observed labels; with full validation
    labels, by the validation mAP (the papers' criterion);
-4. the candidate with the best score is the choice; ``an`` keeps its place unless another candidate beats it by
-   more than :data:`TIE_MARGIN` (switching away from the baseline has to be worth the noise).
+4. the baseline (``an`` at the run's learning rate) stays the choice unless another candidate beats it beyond the
+   noise: of the :data:`CONTENDERS` best-scoring candidates, those whose score exceeds the baseline's by at least
+   :data:`SWITCH_Z` standard errors of the paired difference (a bootstrap over the scored images, the same images
+   and folds for both) qualify, and the one with the largest difference is chosen. On one label per image every
+   score is noisy (a cross-fitted observed-label mAP moves by 0.5 to 0.9 points between bootstrap resamples of
+   640 images); the rule keeps a candidate that only looks better by chance from replacing the baseline.
 
 The table is printed, and ``python -m train`` then trains the choice: the head alone with ``--trainable head``; else
 its head first (LinearInit at the chosen learning rate), then the whole network, the best epoch of both phases kept
@@ -61,16 +65,21 @@ from train.run_setup import (
 )
 from train.selection import CRITERIA, Assessment, resolve_criterion
 
-__all__ = ["CANDIDATE_LRS", "CHOICE_CRITERION", "TIE_MARGIN", "Candidate", "CandidateResult", "Choice",
+__all__ = ["CANDIDATE_LRS", "CHOICE_CRITERION", "CONTENDERS", "SWITCH_Z", "Candidate", "CandidateResult", "Choice",
            "apply_choice", "candidate_methods", "choice_table", "choose", "describe_choice", "extract_features",
-           "fit_candidate", "out_of_fold_logits", "prepare"]
+           "fit_candidate", "out_of_fold_logits", "paired_difference", "pick", "prepare"]
 
 #: The learning rates every candidate method is trained with (the run's optimiser and schedule).
 CANDIDATE_LRS: tuple[float, ...] = (1e-2, 2e-3, 5e-4)
 #: How candidates are compared without full validation labels (a name of :data:`train.selection.CRITERIA`).
 CHOICE_CRITERION = "observed-map"
-#: Another candidate must beat the best ``an`` by more than this (criterion points) to be chosen over it.
-TIE_MARGIN = 0.0
+#: How many of the best-scoring candidates are tested against the baseline.
+CONTENDERS = 5
+#: A contender replaces the baseline when its score is higher by at least this many standard errors (one-sided 95%).
+SWITCH_Z = 1.645
+#: Bootstrap resamples of the scored images for a paired difference.
+RESAMPLES = 200
+BOOTSTRAP_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,7 @@ class CandidateResult:
     selection_score: float = -math.inf
     val_logits: np.ndarray | None = None
     seconds: float = 0.0
+    versus_baseline: tuple[float, float] | None = None  # paired difference to the baseline: mean, standard error
 
 
 @dataclass
@@ -109,13 +119,16 @@ class Choice:
     results: list[CandidateResult]
     criterion: str
     cross_fitted: bool
+    baseline: Candidate
     expected_positives: ExpectedPositives | None = None
     seconds: float = 0.0
 
     def record(self) -> dict[str, Any]:
         """What config.json keeps of the choice."""
         return {"method": self.chosen.method, "lr": self.chosen.lr, "criterion": self.criterion,
-                "cross_fitted": self.cross_fitted, "seconds": round(self.seconds, 1),
+                "cross_fitted": self.cross_fitted, "baseline": self.baseline.name, "seconds": round(self.seconds, 1),
+                "versus_baseline": {r.candidate.name: [round(v, 4) for v in r.versus_baseline]
+                                    for r in self.results if r.versus_baseline is not None},
                 "expected_positives": self.expected_positives.to_dict() if self.expected_positives else None,
                 "candidates": {r.candidate.name: (None if r.failed else round(r.score, 4)) for r in self.results}}
 
@@ -275,7 +288,10 @@ def choose(cfg: TrainConfig, methods: list[str] | None = None, lrs: tuple[float,
     head_cfg = head_config(cfg)
     data, model, forward, features = prepared if prepared is not None else prepare(head_cfg)
     splits = data.splits
-    names = list(dict.fromkeys([BASELINE, *(methods or candidate_methods(splits.train_observed))]))
+    listed = [m.strip() for m in cfg.candidates.split(",") if m.strip()]
+    names = list(dict.fromkeys([BASELINE, *(methods or listed or candidate_methods(splits.train_observed))]))
+    baseline = Candidate(BASELINE, head_cfg.lr)
+    lrs = tuple(dict.fromkeys([*lrs, head_cfg.lr]))
     cross_fitted = not splits.has_full_labels("val")
     pool = labelled_pool(data, features) if cross_fitted else None
     used = criterion if cross_fitted else "val_mAP"
@@ -285,7 +301,7 @@ def choose(cfg: TrainConfig, methods: list[str] | None = None, lrs: tuple[float,
     results: list[CandidateResult] = []
     k: ExpectedPositives | None = None
     for name in names:  # the baseline first: its scores estimate k for the candidates that need it
-        for lr in lrs:
+        for lr in (lrs if name != BASELINE else (head_cfg.lr, *[x for x in lrs if x != head_cfg.lr])):
             t0 = time.perf_counter()
             candidate = Candidate(name, lr)
             if pool is not None:
@@ -297,24 +313,62 @@ def choose(cfg: TrainConfig, methods: list[str] | None = None, lrs: tuple[float,
             else:
                 result = fit_candidate(candidate, head_cfg, data, model, forward, features, k)
                 result.score = result.selection_score
+                if result.val_logits is not None:  # one row per val image, NaN for an unreadable one
+                    present = features["val"].present.numpy()
+                    rows = np.full((len(present), result.val_logits.shape[1]), np.nan, dtype=np.float32)
+                    rows[present] = result.val_logits
+                    result.val_logits = rows
             result.seconds = time.perf_counter() - t0
             results.append(result)
             log(f"choose: {candidate.name:<16} " + (f"failed: {result.failed}" if result.failed else
                                                      f"{used} {result.score:.2f}") + f"  [{result.seconds:.1f} s]")
         if name == BASELINE:
             k = _expected_positives(head_cfg, data, pool, [r for r in results if r.candidate.method == BASELINE])
-    scored = [r for r in results if not r.failed and math.isfinite(r.score)]
-    if not scored:
-        raise ValueError("no candidate method could be trained and scored on this data")
-    best = max(scored, key=lambda r: r.score)
-    baseline = [r for r in scored if r.candidate.method == BASELINE]
-    if baseline:
-        best_an = max(baseline, key=lambda r: r.score)
-        if best.score - best_an.score <= TIE_MARGIN:
-            best = best_an
+    labels = pool.images.labels if pool is not None else splits.val.labels
+    chosen = pick(results, baseline, CRITERIA[used], labels)
     for r in results:
         r.val_logits = None  # the table keeps scores only
-    return Choice(best.candidate, results, used, cross_fitted, k, time.perf_counter() - started)
+    return Choice(chosen, results, used, cross_fitted, baseline, k, time.perf_counter() - started)
+
+
+def paired_difference(criterion: Callable[[np.ndarray, np.ndarray], float], a: np.ndarray, b: np.ndarray,
+                      labels: np.ndarray, resamples: int = RESAMPLES,
+                      seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """``criterion(a) - criterion(b)`` on the same images, and its standard error: the spread of the difference
+    over ``resamples`` bootstrap resamples of the images (rows with a NaN in either are left out)."""
+    keep = ~(np.isnan(a).any(1) | np.isnan(b).any(1))
+    a, b, labels = a[keep], b[keep], labels[keep]
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(resamples):
+        rows = rng.integers(0, len(labels), len(labels))
+        diffs.append(criterion(a[rows], labels[rows]) - criterion(b[rows], labels[rows]))
+    diffs = [d for d in diffs if math.isfinite(d)]
+    if len(diffs) < 2:
+        return math.nan, math.nan
+    return float(criterion(a, labels) - criterion(b, labels)), float(np.std(diffs, ddof=1))
+
+
+def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callable[[np.ndarray, np.ndarray], float],
+         labels: np.ndarray) -> Candidate:
+    """The choice (module docstring, step 4): the baseline unless one of the :data:`CONTENDERS` best-scoring
+    candidates beats it by :data:`SWITCH_Z` standard errors; records each contender's ``versus_baseline``."""
+    scored = [r for r in results if not r.failed and math.isfinite(r.score) and r.val_logits is not None]
+    if not scored:
+        raise ValueError("no candidate method could be trained and scored on this data")
+    base = next((r for r in scored if r.candidate == baseline), None)
+    if base is None:  # the baseline failed: the best score, without a test
+        return max(scored, key=lambda r: r.score).candidate
+    contenders = sorted((r for r in scored if r.candidate != baseline and r.score > base.score),
+                        key=lambda r: -r.score)[:CONTENDERS]
+    qualified = []
+    for r in contenders:
+        assert r.val_logits is not None and base.val_logits is not None
+        r.versus_baseline = paired_difference(criterion, r.val_logits, base.val_logits, labels)
+        mean, error = r.versus_baseline
+        if math.isfinite(error) and error > 0 and mean >= SWITCH_Z * error:
+            qualified.append(r)
+    return max(qualified, key=lambda r: r.versus_baseline[0]).candidate if qualified else baseline
 
 
 def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
@@ -352,15 +406,22 @@ def apply_choice(cfg: TrainConfig, choice: Choice) -> TrainConfig:
 
 
 def choice_table(choice: Choice) -> str:
-    """The chooser's table: one row per method (its best learning rate and score), best first, the choice marked."""
+    """The chooser's table: one row per method (its best learning rate and score), the baseline and the choice
+    always, best first."""
     best: dict[str, CandidateResult] = {}
     for r in choice.results:
         if not r.failed and (r.candidate.method not in best or r.score > best[r.candidate.method].score):
             best[r.candidate.method] = r
-    lines = [f"{'method':<10} {'lr':>8} {choice.criterion:>14}"]
-    for r in sorted(best.values(), key=lambda r: -r.score):
-        mark = "  <- chosen" if r.candidate == choice.chosen else ""
-        lines.append(f"{r.candidate.method:<10} {r.candidate.lr:>8g} {r.score:>14.2f}{mark}")
+    rows = list(best.values())
+    for r in choice.results:  # the chosen candidate and the baseline are always shown
+        if (r.candidate in (choice.chosen, choice.baseline)) and not r.failed and r not in rows:
+            rows.append(r)
+    lines = [f"{'method':<10} {'lr':>8} {choice.criterion:>14}   vs {choice.baseline.name} (paired, +- 1 s.e.)"]
+    for r in sorted(rows, key=lambda r: -r.score):
+        versus = "" if r.versus_baseline is None else f"{r.versus_baseline[0]:+.2f} +- {r.versus_baseline[1]:.2f}"
+        mark = "  <- chosen" if r.candidate == choice.chosen else ("  (baseline)" if r.candidate == choice.baseline
+                                                                   else "")
+        lines.append(f"{r.candidate.method:<10} {r.candidate.lr:>8g} {r.score:>14.2f}   {versus:<18}{mark}")
     failed = sorted({f"{r.candidate.name} ({r.failed})" for r in choice.results if r.failed})
     if failed:
         lines.append("failed: " + "; ".join(failed))
@@ -372,5 +433,10 @@ def describe_choice(choice: Choice) -> str:
     methods = len({r.candidate.method for r in choice.results})
     lrs = len({r.candidate.lr for r in choice.results})
     how = "cross-fitted over the training and validation images" if choice.cross_fitted else "on the val split"
-    return (f"choose: {choice.chosen.method} at lr {choice.chosen.lr:g}: the best {choice.criterion} {how} among "
-            f"{methods} methods x {lrs} learning rates on fixed features ({choice.seconds:.0f} s)")
+    if choice.chosen == choice.baseline:
+        why = (f"no candidate beat the baseline {choice.baseline.name} by {SWITCH_Z:g} standard errors of "
+               f"{choice.criterion}")
+    else:
+        why = f"it beat the baseline {choice.baseline.name} by {SWITCH_Z:g} standard errors of {choice.criterion}"
+    return (f"choose: {choice.chosen.method} at lr {choice.chosen.lr:g}: {why}, {how}, among {methods} methods x "
+            f"{lrs} learning rates on fixed features ({choice.seconds:.0f} s)")

@@ -47,6 +47,7 @@ class TrainConfig:
     audit: str = ""
     method: str = BASELINE  # AN, the method every comparison starts from; "auto": chosen on the data (train.choose)
     hp: dict[str, str] = field(default_factory=dict)
+    candidates: str = ""  # --method auto: the methods it tries (comma-separated; "": every one that can)
     chosen: dict[str, Any] = field(default_factory=dict)  # what --method auto chose and why (train.choose)
     clip: str = ""  # CLIP of the pseudo-labels (MODEL[:PRETRAINED], open_clip names); "": the method's own
     clip_prompt: str = ""  # prompt template with {} for the class name; "": the method's own
@@ -205,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the table is printed, then the choice trains; docs/choosing.md), or a method (`python -m "
                    "train.methods` lists them "
                    f"with their papers and ideas). Default: {d.method}")
+    g.add_argument("--candidates", metavar="M1,M2,...", help="--method auto: the methods it tries (an always "
+                   "among them). Default: every method that trains a head on fixed features from the labels you have")
     g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
                    help="set a method hyperparameter (repeatable); a tuple comma-separated, e.g. "
                    "--hp beta=0,10,-2,-8")
@@ -404,6 +407,12 @@ def validate(cfg: TrainConfig) -> None:
     """Raise ``ValueError`` with a readable message for inconsistent settings."""
     parse_observed(cfg.observed)
     parse_declarations(cfg.labels)
+    unknown = [m for m in filter(None, (x.strip() for x in cfg.candidates.split(","))) if m not in METHODS]
+    if unknown:
+        raise ValueError(f"--candidates: unknown method(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(method_names())}")
+    if cfg.candidates and cfg.method != METHOD_AUTO:
+        raise ValueError("--candidates lists the methods --method auto tries; give it with --method auto")
     if cfg.method == METHOD_AUTO:
         clashing = [flag for flag, used in (("--boostlu", cfg.boostlu is not None), ("--head lem", cfg.head == "lem"),
                                              ("--linear-init", cfg.linear_init > 0), ("--resume", False)) if used]
