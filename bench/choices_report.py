@@ -257,3 +257,25 @@ def k_row(dev: DevData, seed: int, estimator: Callable[[np.ndarray, np.ndarray],
     return {"true": truth, "estimate": estimate, "error": estimate / truth - 1,
             "audit_within_25": float(np.mean(np.abs(audits / truth - 1) <= 0.25)), "audit_median": float(
                 np.median(audits))}
+
+
+def tags_row(dev: DevData, seed: int, chosen: str, k: float, mode: str = "rate",
+             selection: str = LABEL_FREE_DEFAULT) -> dict[str, float] | None:
+    """Test tags per image and OF1 / CF1 of the chosen head at thresholds calibrated on its single-positive val
+    scores with ``mode`` and K = ``k``, against the true tags per image of the test split."""
+    from export.threshold_calibration import calibrate
+    from train.metrics import f1_scores
+
+    m = dev.by_seed.get(seed, {}).get(DEFAULT_BATCH)
+    if m is None:
+        return None
+    method, lr = chosen.rsplit("@", 1)
+    val = m.logits_at(method, float(lr), "val", selection)
+    test = m.logits_at(method, float(lr), "test", selection)
+    val_p, test_p = 1 / (1 + np.exp(-val.astype(np.float64))), 1 / (1 + np.exp(-test.astype(np.float64)))
+    thresholds = np.asarray(calibrate(val_p, m.arrays["val_observed"], f"{mode}:{k:g}").thresholds)
+    labels = m.arrays["test_labels"]
+    f1 = f1_scores(test_p, labels, thresholds)
+    tags = float((test_p >= thresholds).sum(1).mean())
+    truth = float(labels.sum(1).mean())
+    return {"tags": tags, "true": truth, "error": tags / truth - 1, "OF1": f1["OF1"], "CF1": f1["CF1"]}

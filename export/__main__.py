@@ -37,11 +37,14 @@ checks (the export fails, and leaves no new model file, when one is broken):
   model whose scores sit close to its thresholds; the summary reports the agreement either way.
 
 thresholds (--calibrate), chosen per artifact on its own validation scores:
-  auto          f1 when the validation labels are complete, pu-f1 when no val image has two labels
+  auto          f1 when the validation labels are complete, rate when they are not
   f1            per class, the threshold maximising F1 (classes with < 5 positives: the pooled optimum)
+  rate[:K]      for single-positive validation data: per class, the threshold that tags the share of the val
+                images its prior says (K x the class's share of the val labels), so images get K tags on
+                average; K = expected positives per image: given, else the --audit list's mean, else the run's
+                k (known, or estimated by --method auto), else estimated from the val scores (docs/choosing.md)
   pu-f1[:K]     for single-positive validation data: per class, maximise the F1 estimated from the observed
-                positives and the class prior (K x the class's share of the val labels); K = expected positives
-                per image: given, else the --audit list's mean, else estimated from the val scores
+                positives and the class prior (same K)
   pu            for single-positive validation data: per class, maximise recall^2 / P(predicted positive)
                 (Lee & Liu 2003), which needs no negatives when positives are labelled at random
   recall:R      per class, the highest threshold with recall >= R
@@ -131,13 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precision", default="fp32", metavar="LIST",
                    help=f"comma-separated: {', '.join(PRECISIONS)} (fp32 is always made; default: %(default)s)")
     g.add_argument("--calibrate", default="auto", metavar="MODE",
-                   help="threshold calibration: auto, f1, pu-f1[:K], pu, recall:R, threshold:X or none (default: "
-                   "auto)")
+                   help="threshold calibration: auto, f1, rate[:K], pu-f1[:K], pu, recall:R, threshold:X or none "
+                   "(default: auto)")
     g.add_argument("--threshold", type=float, metavar="X", help="one threshold for every class (= --calibrate "
                    "threshold:X)")
     g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form of python -m "
                    "train, e.g. a labels.csv with all labels of each image): with single-positive val labels, "
-                   "its mean number of labels per image is pu-f1's K, and F1 is measured on it")
+                   "its mean number of labels per image is the K of rate / pu-f1, and F1 is measured on it")
     g.add_argument("--val-images", type=int, metavar="N", help="use at most N validation images for calibration "
                    "and the FP16/INT8 checks (default: all)")
     g.add_argument("--min-agreement", type=float, metavar="FRACTION",

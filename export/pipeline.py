@@ -64,7 +64,7 @@ from models.logits import sigmoid
 from train.data.audit_list import AuditList, load_audit
 from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
 from train.data.protocol import ProtocolSplits
-from train.expected_positives import ExpectedPositives, estimate_expected_positives
+from train.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from train.metrics import per_class_ap
 
 DEFAULT_CALIBRATION_IMAGES = 256
@@ -184,16 +184,23 @@ def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], prog
     return AuditData(audit, inputs, audit.labels[keep])
 
 
-def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None = None) -> ExpectedPositives:
-    """The K of pu-f1 calibration: the audit list's mean number of positives per image when one is given, else
-    the estimate from the validation scores (:func:`train.expected_positives.estimate_expected_positives`, an
-    upper bound: with weak models it tags about as many as full-label F1 thresholds do, the audit list's k fewer,
-    closer to the true number; docs/your-data.md)."""
+def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None = None,
+                  meta: ModelMeta | None = None) -> ExpectedPositives:
+    """K, the expected tags per image of the positive-only calibrations (``rate``, ``pu-f1``): the audit list's mean
+    number of positives when one is given; else the run's own k when it is known (given, published, full labels, an
+    audit list at training); else the estimate ``--method auto`` made from cross-fitted scores over the training
+    and validation images; else the estimate from the validation scores (:func:`train.expected_positives.estimate_k`,
+    with the bracket that says whether it holds within 25%)."""
     if audit is not None:
         return ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
+    data = meta.data if meta is not None else {}
+    for record in (data.get("expected_positives"), data.get("k_estimate")):
+        if record and (record.get("source") != "estimated" or record.get("detail", "").startswith(CHOOSER_K)):
+            return ExpectedPositives.from_dict(record)
     assert val.labels is not None
-    return ExpectedPositives(estimate_expected_positives(val_logits, val.labels), "estimated",
-                             f"best-bin class priors on the {val.labels_name}")
+    estimate = estimate_k(val_logits, val.labels)
+    return ExpectedPositives(estimate.k, "estimated", f"from the scores of the {val.labels_name}",
+                             estimate)
 
 
 def load_train_sample(meta: ModelMeta, splits: ProtocolSplits, count: int, seed: int, progress: bool) -> np.ndarray:
@@ -259,7 +266,7 @@ def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mo
     plotted = plot_pr_curves(probs, val.labels, cal.thresholds, classes, folder / f"{stem}.png")
     info = {**cal.to_dict(), "data": val.source, "labels": val.labels_name, "report": f"{stem}.md",
             "plot": f"{stem}.png" if plotted else None}
-    if mode.kind == "pu-f1" and mode.value is None and k is not None:
+    if mode.kind in ("pu-f1", "rate") and mode.value is None and k is not None:
         info["expected_positives"] = k.to_dict()
     figures: dict[str, Any] | None = report["overall"] if val.fully_labelled else None
     against = val.labels_name
@@ -353,9 +360,9 @@ def export_run(
     ref_logits = ref.logits(val.inputs)
     k: ExpectedPositives | None = None
     chosen = default_mode(val.fully_labelled) if calibrate_mode == "auto" else calibrate_mode
-    if chosen != "none" and parse_mode(chosen) == CalibrationMode("pu-f1"):  # pu-f1 without its K
-        k = expected_tags(val, ref_logits, audit_data)
-        say(f"expected tags per image for pu-f1: {k.describe()}")
+    if chosen != "none" and parse_mode(chosen) in (CalibrationMode("pu-f1"), CalibrationMode("rate")):  # no K given
+        k = expected_tags(val, ref_logits, audit_data, meta)
+        say(f"expected tags per image for {chosen}: {k.describe()}")
         if k.caveat():
             say(f"  note: {k.caveat()}")
 

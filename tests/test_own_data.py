@@ -55,17 +55,17 @@ def test_the_run_knows_it_has_no_full_labels(own_run: tuple[Path, Path, list[str
     resolved = json.loads((run / "config.json").read_text())["resolved"]
     assert {s: r["kind"] for s, r in resolved["labels"].items()} == {"train": "single-positive",
                                                                     "val": "single-positive"}
-    assert resolved["selection"]["criterion"] == "observed-rank" and "no full labels" in resolved["selection"]["reason"]
+    assert resolved["selection"]["criterion"] == "observed-map" and "no full labels" in resolved["selection"]["reason"]
     assert resolved["expected_positives"]["source"] == "estimated"
     assert resolved["expected_positives"]["k"] == pytest.approx(1.0)  # the first epoch: the observed positives
     epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in epochs] == [1, 2]
     for e in epochs:
         assert e["val_mAP"] is None and e["val_OF1"] is None and e["val_mAP_observed"] > 0
-        assert e["k_estimate"] >= 1.0 and 0 < e["val_observed-rank"] <= 100
+        assert e["k_estimate"] >= 1.0 and 0 < e["val_observed-map"] <= 100
         assert not any(key.endswith(("_recovery_mAP", "_precision")) for key in e)  # no full-label diagnostics
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["selection"] == "observed-rank" and "train_recovery" not in summary
+    assert summary["selection"] == "observed-map" and "train_recovery" not in summary
     assert summary["expected_positives"]["k"] == pytest.approx(epochs[-1]["k_estimate"], abs=1e-4)
     assert summary["val"]["mAP"] is None and summary["val"]["mAP_observed"] is not None
 
@@ -87,13 +87,13 @@ def test_export_calibrates_positive_only_with_estimated_k(own_run: tuple[Path, P
     result = export_run(run, tmp_path / "model.onnx", progress=False, log=lines.append, verify_images=8)
     text = "\n".join(lines)
     assert "validation labels: val single-positive (" in text
-    assert "expected tags per image for pu-f1: k = " in text and "(estimated: best-bin class priors" in text
+    assert "expected tags per image for rate: k = " in text and "(estimated: from the scores of the" in text
     assert "(single-positive val labels); F1 n/a (no full labels)" in text
     assert "| val mAP (single-positive val labels) |" in result.table()
     calibration = read_sidecar(tmp_path / "model.json")["meta"]["calibration"]
-    assert calibration["mode"].startswith("pu-f1:") and calibration["labels"] == "single-positive val labels"
+    assert calibration["mode"].startswith("rate:") and calibration["labels"] == "single-positive val labels"
     k = calibration["expected_positives"]
-    assert k["source"] == "estimated" and 1.0 <= k["k"] <= len(classes)
+    assert k["source"] == "estimated" and 1.0 <= k["k"] <= len(classes) and k["low"] <= k["k"] <= k["high"]
     assert float(calibration["mode"].split(":")[1]) == pytest.approx(k["k"], rel=1e-4)
     report = (tmp_path / "calibration-fp32.md").read_text()
     assert "metrics against the single-positive val labels" in report and "lower bounds" in report
@@ -109,7 +109,7 @@ def test_export_with_an_audit_list_takes_k_and_f1_from_it(own_run: tuple[Path, P
     lines: list[str] = []
     export_run(run, tmp_path / "model.onnx", progress=False, log=lines.append, audit=str(audit), verify_images=8)
     text = "\n".join(lines)
-    assert f"expected tags per image for pu-f1: k = {k_audit:.2f} (audit: {len(rows)} audited images)" in text
+    assert f"expected tags per image for rate: k = {k_audit:.2f} (audit: {len(rows)} audited images)" in text
     assert f"calibrated, against the audit list ({len(rows)} images)" in text
     calibration = read_sidecar(tmp_path / "model.json")["meta"]["calibration"]
     assert calibration["expected_positives"]["source"] == "audit"

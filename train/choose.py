@@ -44,7 +44,7 @@ from models.network import MultiLabelNet
 from train.config import HEAD_EPOCHS, METHOD_AUTO, TrainConfig, resolve_model_defaults
 from train.cross_fitting import Pool, fold_data, labelled_pool
 from train.data.dataset import SkipReporter
-from train.expected_positives import ExpectedPositives, estimate_expected_positives
+from train.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from train.feature_cache import FeatureCache, feature_key, weights_digest
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation
 from train.inference import DatasetForward, Rows
@@ -383,26 +383,24 @@ def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
     if (known is not None and known.source != "estimated") or pool is None or not usable:
         return known
     best = max(usable, key=lambda r: r.score)
+    assert best.val_logits is not None
     keep = ~np.isnan(best.val_logits).any(1)
-    value = estimate_expected_positives(best.val_logits[keep], pool.images.labels[keep])
-    return ExpectedPositives(value, "estimated", f"from the cross-fitted scores of {best.candidate.name} over "
-                             f"{int(keep.sum())} training and validation images")
+    estimate = estimate_k(best.val_logits[keep], pool.images.labels[keep])
+    return ExpectedPositives(estimate.k, "estimated", f"{CHOOSER_K}: from the cross-fitted scores of "
+                             f"{best.candidate.name} over {int(keep.sum())} training and validation images",
+                             estimate)
 
 
 def apply_choice(cfg: TrainConfig, choice: Choice) -> TrainConfig:
     """``cfg`` set to train the choice: its method, and its learning rate for the head (``--lr`` with ``--trainable
     head``; else LinearInit's, :data:`HEAD_EPOCHS` epochs of the head before the whole network trains), with the
-    choice recorded in ``chosen``."""
+    choice recorded in ``chosen`` (with k when it was estimated: the run uses it, train/run_setup.py)."""
     chosen = choice.chosen
     if cfg.trainable == "head":
         cfg = dataclasses.replace(cfg, method=chosen.method, lr=chosen.lr)
     else:
         cfg = dataclasses.replace(cfg, method=chosen.method, linear_init=HEAD_EPOCHS, linear_init_lr=chosen.lr)
-    hp = dict(cfg.hp)
-    k = choice.expected_positives
-    if get_method(chosen.method).uses_expected_positives and k is not None and "k" not in hp:
-        hp["k"] = f"{k.k:.4g}"
-    return resolve_model_defaults(dataclasses.replace(cfg, hp=hp, chosen=choice.record()))
+    return resolve_model_defaults(dataclasses.replace(cfg, chosen=choice.record()))
 
 
 def choice_table(choice: Choice) -> str:

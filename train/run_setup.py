@@ -161,9 +161,10 @@ def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: P
                                family: str) -> ExpectedPositives | None:
     """k, the expected number of positives per image, for a method that uses it (None for the others), from the
     first source that exists (train/expected_positives.py): ``--hp k``, the published value of the dataset's
-    ``family`` (``DatasetSplits.family``), the full training (else validation) labels, the ``--audit`` list; with
-    none of them ``estimated``: the observed positives per image for the first epoch, then the estimate from the
-    model's own validation scores after every epoch (:meth:`train.trainer.Trainer` updates it)."""
+    ``family`` (``DatasetSplits.family``), the full training (else validation) labels, the ``--audit`` list, the
+    estimate ``--method auto`` made from cross-fitted scores; with none of them ``estimated``: the observed positives
+    per image for the first epoch, then the estimate from the model's own validation scores after every epoch
+    (:meth:`train.trainer.Trainer` updates it)."""
     if not method.uses_expected_positives:
         return None
     given = cfg.hp.get("k")
@@ -171,6 +172,9 @@ def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: P
     full = splits.train.labels if splits.train_labels_full else (
         splits.val.labels if splits.has_full_labels("val") else None)
     audit = load_audit(cfg.audit, list(splits.classes)).labels if cfg.audit else None
+    chosen = cfg.chosen.get("expected_positives") if cfg.chosen else None
+    if given is None and published is None and full is None and audit is None and chosen:
+        return ExpectedPositives.from_dict(chosen)  # --method auto's estimate from cross-fitted scores
     if given is None and published is None and full is None and audit is None:
         start = float((splits.train_observed == 1).sum(1).mean())
         return ExpectedPositives(start, "estimated", "from the model's validation scores after each epoch; "

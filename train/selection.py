@@ -5,7 +5,8 @@ A selection criterion is a function of the validation predictions (logits, one r
 validation labels that returns a score, higher being better (NaN when it cannot be computed). ``val_mAP`` is the
 papers' criterion and needs full validation labels; the label-free ones of :mod:`train.label_free_selection`
 need only single positives. ``--select auto`` (:func:`resolve_criterion`) takes the first where val has full
-labels, ``observed-map`` where it has not. Adding one is one function in :data:`CRITERIA`.
+labels, the label-free default (:data:`train.label_free_selection.LABEL_FREE_DEFAULT`) where it has not. Adding
+one is one function in :data:`CRITERIA`.
 """
 
 from __future__ import annotations

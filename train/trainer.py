@@ -34,7 +34,7 @@ from train.data.types import LabelledImages
 from train.diagnostics import score_label_estimates
 from train.distributed import barrier, broadcast_buffers, broadcast_object, init_world, per_rank_batch
 from train.epoch_loop import build_train_data, train_epoch
-from train.expected_positives import ExpectedPositives, estimate_expected_positives
+from train.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from train.feature_cache import FeatureCache, feature_key, weights_digest
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation
 from train.inference import DatasetForward, Rows
@@ -254,6 +254,7 @@ class Trainer:
             "label_regimes": {split: regime.kind for split, regime in self.splits.regimes.items()},
             "selection": self.selection.name,
             "expected_positives": self.expected_positives.to_dict() if self.expected_positives else None,
+            "k_estimate": self.cfg.chosen.get("expected_positives") if self.cfg.chosen else None,
         })
         return meta
 
@@ -386,12 +387,13 @@ class Trainer:
         """When k is estimated: a new estimate from this epoch's validation scores (the same on every rank), given
         to the method for the next epoch; returns it for the metrics line."""
         k = self.expected_positives
-        if k is None or k.source != "estimated" or assessment.logits is None or assessment.labels is None:
+        if (k is None or k.source != "estimated" or k.detail.startswith(CHOOSER_K) or assessment.logits is None
+                or assessment.labels is None):
             return {}
-        value = estimate_expected_positives(assessment.logits, assessment.labels)
-        self._set_expected_positives(ExpectedPositives(value, "estimated", "from the model's validation scores "
-                                                       "after each epoch"))
-        return {"k_estimate": value}
+        estimate = estimate_k(assessment.logits, assessment.labels)
+        self._set_expected_positives(ExpectedPositives(estimate.k, "estimated", "from the model's validation "
+                                                       "scores after each epoch", estimate))
+        return {"k_estimate": estimate.k}
 
     def _candidates(self, linear: FixedFeaturePhase | None) -> list[Candidate]:
         """The epoch's candidate weights with their val assessment: the model (its head on cached features in
