@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.machine import machine_line
+from bench.results_page import add_page_options, publish
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from train.choose import Candidate, fit_candidate, prepare
 from train.config import build_parser, config_from_args
@@ -68,6 +70,16 @@ DEV_SETS: dict[str, DevSet] = {d.name: d for d in (
     DevSet("openclipart-folders", "openclipart:?view=folders", (*BACKBONE, "--image-size", "224"), "openclipart"),
     DevSet("tuxpaint-folders", "tuxpaint:?view=folders", (*BACKBONE, "--image-size", "224"), "tuxpaint"),
 )}
+
+
+#: The dev sets as the results page names them.
+TITLES = {
+    "openclipart": "the clip art, a random label per image",
+    "tuxpaint": "the Tux Paint stamps, a random label per image",
+    "dense-small": "`builtin:dense-small`, a random label per image",
+    "openclipart-folders": "the clip art, the label of its folder",
+    "tuxpaint-folders": "the Tux Paint stamps, the label of its folder",
+}
 
 
 def full_labels_by_path(dev: DevSet, classes: list[str], dataset: Any) -> dict[str, np.ndarray]:
@@ -217,7 +229,10 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
     pool = labelled_pool(data, features)
     full = full_labels_by_path(dev, list(data.splits.classes), data.dataset)
     pool_full = np.stack([full[str(p)] for p in pool.images.paths])
+    from train.selection import resolve_criterion
+
     records: dict[str, Any] = {"dev_set": dev.name, "seed": seed, "argv": argv, "pool": len(pool),
+                               "selection": resolve_criterion(cfg.select, False).name,
                                "true_k_pool": float(pool_full.sum(1).mean()), "candidates": {}}
     arrays: dict[str, np.ndarray] = {"pool_full": pool_full.astype(np.uint8),
                                      "pool_observed": pool.images.labels.astype(np.uint8), "folds": pool.folds}
@@ -307,7 +322,22 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--linear-init", default="0,25", help="LinearInit epochs (default: %(default)s)")
     f.add_argument("--epochs", type=int, default=10)
     f.add_argument("--out", type=Path, default=FINETUNE_RUNS)
+    r = sub.add_parser("report", help="write the results page's sections from the measurements")
+    r.add_argument("--out", type=Path, default=RUNS)
+    add_page_options(r, "choices-summary and choices-<dev set>")
     args = p.parse_args(argv)
+    if args.command == "report":
+        from bench.choices_report import dev_section, load, summary_section
+
+        devs = {name: dev for name in DEV_SETS if (dev := load(args.out).get(name)) is not None and dev.seeds}
+        machine = machine_line()
+        command = ("python -m bench.choices measure --batch-sizes 32,16   # every candidate, every epoch\n"
+                   "python -m bench.choices measure --crossfit --lrs 1e-2,2e-3,5e-4   # the chooser's scores\n"
+                   "python -m bench.choices report")
+        publish("choices-summary", summary_section(devs, TITLES, command, machine), args.page)
+        for name, dev in devs.items():
+            publish(f"choices-{name}", dev_section(dev, TITLES[name], command, machine), args.page)
+        return 0
     if args.command == "finetune":
         for name in args.dev_sets.split(","):
             for seed in [int(s) for s in args.seeds.split(",")]:

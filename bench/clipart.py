@@ -106,6 +106,50 @@ REGIMES = {
         methods=FINETUNE_METHODS, module="bench.tracked_training", papers_head_lr=True),
 }
 
+#: ``finetune --preset gpu``: the papers' resolution and length on one GPU (one seed of the same methods, about 10
+#: minutes on an H100), on the data packed by ``python -m bench.clipart pack`` (the GPU machine has no network and
+#: no cairo to render the drawings), with the benchmark protocol declared on it (one positive per training image).
+GPU_REGIME = Regime(
+    section="fine-tune-gpu", runs_dir="finetune-gpu", title="fine-tuning at 448 px on a GPU",
+    train_args=[*BACKBONE, "--image-size", "448", "--epochs", "10", "--patience", "3", "--batch-size", "32",
+                "--lr", "3e-4", "--scheduler", "none", "--optimizer", "adam", "--workers", "12",
+                "--observed", "single", "--labels", "full"],
+    methods=FINETUNE_METHODS, module="bench.tracked_training", papers_head_lr=True)
+PACKED = Path("runs/gpu-data")
+#: What the packed copy may weigh: the GPU machine takes at most 64 MiB of carried files in all.
+PACK_LIMIT_MB = 56.0
+
+
+def pack(data: str, out: Path, quality: int = 90) -> tuple[int, float]:
+    """Write ``data`` as a CSV dataset of JPEGs (``out/labels.csv``: image, labels, split; ``out/classes.txt``), small
+    enough to carry to a GPU machine: the quality drops by 5 until the images fit :data:`PACK_LIMIT_MB`. Returns
+    the number of images and the megabytes written."""
+    from PIL import Image
+
+    from train.data.registry import load_dataset
+
+    splits = load_dataset(data)
+    parts = [(name, getattr(splits, name)) for name in ("train", "val", "test") if getattr(splits, name) is not None]
+    while True:
+        out.mkdir(parents=True, exist_ok=True)
+        rows = ["image,labels,split"]
+        total = 0
+        for split, part in parts:
+            for i, (path, labels) in enumerate(zip(part.paths, part.labels, strict=True)):
+                name = f"images/{split}/{i:05d}.jpg"
+                (out / name).parent.mkdir(parents=True, exist_ok=True)
+                with Image.open(path) as image:
+                    image.convert("RGB").save(out / name, quality=quality)
+                total += (out / name).stat().st_size
+                rows.append(f"{name},{';'.join(splits.classes[j] for j in np.flatnonzero(labels))},{split}")
+        megabytes = total / 2**20
+        if megabytes <= PACK_LIMIT_MB or quality <= 50:
+            break
+        quality -= 5
+    (out / "labels.csv").write_text("\n".join(rows) + "\n")
+    (out / "classes.txt").write_text("\n".join(splits.classes) + "\n")
+    return len(rows) - 1, megabytes
+
 
 def method_flags(spec: str, regime: Regime) -> list[str]:
     """Training flags a method gets in a regime beyond the shared ones: the papers' head learning-rate multiple
@@ -227,7 +271,7 @@ def plot_curves(histories: dict[str, dict[int, list[dict[str, Any]]]], path: Pat
 
 def markdown(regime: Regime, data: str, rows: list[dict[str, Any]], f1: dict[str, list[tuple[float, float]]],
              command: str, failed: list[str], lasts: dict[str, dict[str, Any]] | None = None,
-             plot_link: str | None = None) -> str:
+             plot_link: str | None = None, gpu: bool = False) -> str:
     """The results section of one regime on one dataset."""
     an = next((r["test"][0] for r in rows if r["method"] == BASELINE), math.nan)
     bce = next((r["test"][0] for r in rows if r["method"] == UPPER_BOUND), math.nan)
@@ -242,8 +286,11 @@ def markdown(regime: Regime, data: str, rows: list[dict[str, Any]], f1: dict[str
     flags = sorted({" ".join(method_flags(r["method"], regime)) for r in rows} - {""})
     lines = [
         f"## Real images: {regime.title} ({title}, EfficientNet-Lite0 ImageNet)", "",
-        machine_line(gpu=torch.cuda.is_available()), "", "Command:", "", "```", command, "```", "",
-        f"{data_facts(data)}. Training arguments `{shlex.join(regime.train_args)}`"
+        machine_line(gpu=torch.cuda.is_available()), "", "Command:", "", "```",
+        *([f"python -m bench.clipart pack --data {data}   # on this machine; carry {PACKED} to the GPU machine"]
+          if gpu else []), command, "```", "",
+        f"{data_facts(data)}{' (as packed JPEGs)' if gpu else ''}. Training arguments "
+        f"`{shlex.join(regime.train_args)}`"
         + (f"; every {grid_text(regime.grid)} per method and seed, the run with the best val mAP kept"
            if regime.grid else "")
         + (f"; the papers' head multiplier where a method has one ({', '.join(f'`{f}`' for f in flags)} for "
@@ -307,7 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m bench.clipart", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("regime", choices=sorted(REGIMES), help="fixed: heads on fixed features; finetune: end to end")
+    p.add_argument("regime", choices=[*sorted(REGIMES), "pack"], help="fixed: heads on fixed features; finetune: "
+                   "end to end; pack: write --data as a small CSV dataset of JPEGs under runs/gpu-data/ to carry to a "
+                   "GPU machine")
+    p.add_argument("--preset", choices=["cpu", "gpu"], default="cpu", help="finetune: cpu (96 px, what 2 cores "
+                   "afford) or gpu (448 px, 10 epochs, one seed, on the packed data; about 10 minutes on an H100)")
     p.add_argument("--seeds", default="0,1,2", help="training seeds (default: %(default)s)")
     p.add_argument("--methods", help="comma-separated (default: the regime's); METHOD+boostlu adds --boostlu")
     p.add_argument("--add-methods", default="", help="comma-separated methods added to the regime's")
@@ -315,11 +366,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=DATA, help="openclipart (default) or tuxpaint, or either with :DIR for a copy")
     add_page_options(p, "clipart-fixed-features / clipart-fine-tune / tuxpaint-fine-tune ...")
     args = p.parse_args(argv)
-    regime = REGIMES[args.regime]
     kind = args.data.split(":")[0].split("?")[0]
     if kind not in DATASETS:
         p.error(f"--data: one of {', '.join(DATASETS)} (optionally :DIR), got {args.data!r}")
     prefix = DATASETS[kind][0]
+    if args.regime == "pack":
+        count, megabytes = pack(args.data, PACKED / kind)
+        print(f"packed {count} images of {args.data} into {PACKED / kind} ({megabytes:.1f} MB); on a GPU machine: "
+              f"python -m bench.clipart finetune --preset gpu --data {args.data} (carry {PACKED})")
+        return 0
+    regime = GPU_REGIME if args.preset == "gpu" and args.regime == "finetune" else REGIMES[args.regime]
+    data = args.data
+    if regime is GPU_REGIME:
+        packed = PACKED / kind / "labels.csv"
+        if not packed.is_file():
+            p.error(f"--preset gpu trains on the packed copy {packed}: make it first with python -m bench.clipart "
+                    f"pack --data {args.data}")
+        data = f"csv:{packed}"
+        if "--seeds" not in argv:
+            args.seeds = "0"
     seeds = [int(s) for s in args.seeds.split(",")]
     runs_dir = args.runs_dir or Path(f"runs/{prefix}-{regime.runs_dir}")
     methods = [m.strip() for m in (args.methods or "").split(",") if m.strip()] or list(regime.methods)
@@ -336,9 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods:
             train_args = [*regime.train_args, *method_flags(method, regime)]
             if regime.grid:
-                summary = best_of_grid(method, seed, args.data, runs_dir, train_args, regime.grid)
+                summary = best_of_grid(method, seed, data, runs_dir, train_args, regime.grid)
             else:
-                summary = run_one(method, seed, args.data, runs_dir, train_args, module=regime.module)
+                summary = run_one(method, seed, data, runs_dir, train_args, module=regime.module)
             if summary is None:
                 failed.append(f"{method}-seed{seed}")
                 continue
@@ -351,10 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         histories = curves(runs_dir, methods, seeds)
         lasts = last_epoch_rows(histories)
         plot_path = args.page.parent / "plots" / f"{section}.png"
-        if plot_curves(histories, plot_path, f"{DATASETS[kind][1]}: val mAP by epoch (fine-tune, 96 px)"):
+        size = regime.train_args[regime.train_args.index("--image-size") + 1]
+        if plot_curves(histories, plot_path, f"{DATASETS[kind][1]}: val mAP by epoch (fine-tune, {size} px)"):
             plot_link = f"plots/{plot_path.name}"
     publish(section, markdown(regime, args.data, rows, f1, command_line("bench.clipart", argv), failed, lasts,
-                              plot_link), args.page)
+                              plot_link, gpu=regime is GPU_REGIME), args.page)
     return 1 if failed else 0
 
 
