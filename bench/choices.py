@@ -35,13 +35,13 @@ import numpy as np
 
 from bench.machine import machine_line
 from bench.results_page import add_page_options, publish
+from models.evaluation.criteria import LABEL_FREE_CRITERIA
+from models.evaluation.expected_positives import estimate_expected_positives
+from models.evaluation.metrics import mean_average_precision
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from train.choose import Candidate, fit_candidate, prepare
 from train.config import build_parser, config_from_args
-from train.expected_positives import estimate_expected_positives
-from train.label_free_selection import LABEL_FREE_CRITERIA
 from train.methods import BASELINE
-from train.metrics import mean_average_precision
 
 __all__ = ["DEV_SETS", "DevSet", "measure"]
 
@@ -86,7 +86,7 @@ def full_labels_by_path(dev: DevSet, classes: list[str], dataset: Any) -> dict[s
     """Every image's full labels over ``classes`` by path: from the dev set's full-label spec (its keyword view for a
     folder view), else from ``dataset`` itself."""
     if dev.full_data:
-        from train.data.registry import load_dataset
+        from models.data.registry import load_dataset
 
         dataset = load_dataset(dev.full_data)
     column = {name: i for i, name in enumerate(dataset.classes)}
@@ -156,7 +156,7 @@ def measure(dev: DevSet, seed: int, batch_size: int, lrs: list[float], methods: 
             candidate = Candidate(method, lr)
             k_given = None
             if k_an is not None:
-                from train.expected_positives import ExpectedPositives
+                from models.evaluation.expected_positives import ExpectedPositives
 
                 k_given = ExpectedPositives(k_an, "estimated", "the best an head of this measurement")
             result = fit_candidate(candidate, cfg, data, _model, _forward, features, k_given, observer=observer)
@@ -212,9 +212,9 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
     """Cross-fitted (out-of-fold) scores of every (method, lr) candidate over the pooled training and validation
     images (train/cross_fitting.py), batch 32: every label-free criterion on them, their mAP against the hidden
     full labels, and the best-bin k estimate; ``out/<dev>-seed<S>-crossfit.json`` (+ ``.npz`` with the logits)."""
+    from models.evaluation.expected_positives import ExpectedPositives
     from train.choose import out_of_fold_logits
     from train.cross_fitting import labelled_pool
-    from train.expected_positives import ExpectedPositives
 
     tag = f"{dev.name}-seed{seed}-crossfit"
     target = out / f"{tag}.json"

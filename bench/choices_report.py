@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from models.evaluation.criteria import LABEL_FREE_CRITERIA, LABEL_FREE_DEFAULT
 from train.choose import CANDIDATE_LRS, CHOICE_CRITERION, Candidate, CandidateResult, pick
 from train.config import TrainConfig
-from train.label_free_selection import LABEL_FREE_CRITERIA, LABEL_FREE_DEFAULT
 from train.methods import BASELINE
 from train.selection import CRITERIA
 
@@ -237,10 +237,10 @@ def audit_k(full: np.ndarray, size: int = AUDIT_SIZE, draws: int = 1000, seed: i
 
 
 def k_row(dev: DevData, seed: int) -> dict[str, Any] | None:
-    """k as ``--method auto`` estimates it (train/expected_positives.py, from the cross-fitted scores of the chooser's
-    best ``an`` head) against the truth of the labelled pool, whether the rule claims it within 25%, and the share of
-    20-image audit lists that land within 25%."""
-    from train.expected_positives import estimate_k
+    """k as ``--method auto`` estimates it (models/evaluation/expected_positives.py, from the cross-fitted scores of
+    the chooser's best ``an`` head) against the truth of the labelled pool, whether the rule claims it within 25%,
+    and the share of 20-image audit lists that land within 25%."""
+    from models.evaluation.expected_positives import estimate_k
 
     cf = dev.crossfit.get(seed)
     if cf is None:
@@ -265,7 +265,7 @@ def tags_row(dev: DevData, seed: int, chosen: str, k: float, mode: str = "rate",
     """Test tags per image and OF1 / CF1 of the chosen head at thresholds calibrated on its single-positive val
     scores with ``mode`` and K = ``k``, against the true tags per image of the test split."""
     from export.threshold_calibration import calibrate
-    from train.metrics import f1_scores
+    from models.evaluation.metrics import f1_scores
 
     m = dev.by_seed.get(seed, {}).get(DEFAULT_BATCH)
     if m is None:
@@ -326,7 +326,7 @@ def dev_section(dev: DevData, title: str, command: str, machine: str) -> str:
     ks = [k for k in (k_row(dev, s) for s in sorted(dev.crossfit)) if k is not None]
     if ks:
         lines += ["", "k (labels per image), estimated from the cross-fitted `an` scores "
-                  "(train/expected_positives.py):",
+                  "(models/evaluation/expected_positives.py):",
                   "", "| seed | true | low / high | k | error | claimed within 25% | audit lists of 20 within 25% |",
                   "|---|---|---|---|---|---|---|"]
         for seed, k in zip(sorted(dev.crossfit), ks, strict=False):

@@ -58,10 +58,10 @@ from bench.methods import (
 from bench.results_page import add_page_options, command_line, publish
 from bench.tracked_training import read_epochs
 from export.threshold_calibration import calibrate
+from models.evaluation.metrics import f1_scores
 from models.files.run_folder import SCORES_FILE
 from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names
 from train.methods.base import paper_settings_for
-from train.metrics import f1_scores
 
 DATA = "openclipart"
 #: --data -> (section prefix, title of the data)
@@ -129,7 +129,7 @@ def pack(data: str, out: Path, quality: int = 90) -> tuple[int, float]:
     the number of images and the megabytes written."""
     from PIL import Image
 
-    from train.data.registry import load_dataset
+    from models.data.registry import load_dataset
 
     splits = load_dataset(data)
     parts = [(name, getattr(splits, name)) for name in ("train", "val", "test") if getattr(splits, name) is not None]
@@ -191,7 +191,7 @@ def run_folder(runs_dir: Path, method: str, seed: int, summary: dict[str, Any],
 
 def data_facts(data: str) -> str:
     """What the data holds, read from the dataset itself (images per split, classes, labels per image)."""
-    from train.data.registry import load_dataset
+    from models.data.registry import load_dataset
 
     splits = load_dataset(data)
     parts = [(name, getattr(splits, name)) for name in ("train", "val", "test")]

@@ -30,7 +30,7 @@ from export.pipeline import load_train_sample
 from export.quantize import convert_fp16, quantize_int8
 from export.validation_data import load_inputs, rebuild_splits
 from models.checkpoint import ModelMeta
-from train.metrics import mean_average_precision
+from models.evaluation.metrics import mean_average_precision
 
 
 def _random_model(arch: str, size: int, num_classes: int = 20) -> tuple[torch.nn.Module, ModelMeta]:

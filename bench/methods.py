@@ -37,8 +37,8 @@ import torch
 
 from bench.machine import machine_line
 from bench.results_page import add_page_options, command_line, publish
+from models.data.observed_file import OBSERVED_FILE
 from models.files.run_folder import BEST, CONFIG_FILE, LAST, METRICS_FILE, SCORES_FILE, SUMMARY_FILE
-from train.data.observed_file import OBSERVED_FILE
 from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names
 
 # every registered method, the full-label reference bounds first; not iu, which trains on observed negatives that

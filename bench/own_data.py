@@ -23,7 +23,7 @@ keeps every epoch's val and test logits.
 
 Reported, all from the records (``record.npz`` per run; finished runs are reused):
 
-* **selection**: for every label-free criterion (``train.label_free_selection``), the test mAP lost against the
+* **selection**: for every label-free criterion (``models.evaluation.criteria``), the test mAP lost against the
   epoch that the validation mAP on FULL labels picks (the papers' rule), mean and worst over every run, per
   dataset and backbone, and per method for the product's default (``--select auto``);
 * **k**, the expected positives per image: the estimate from the validation scores of the default model (Lite0
@@ -53,18 +53,18 @@ from bench.methods import RunMismatch, check_existing_run
 from bench.recording_trainer import RecordingTrainer
 from bench.results_page import add_page_options, command_line, publish
 from export.threshold_calibration import calibrate
+from models.data.csv_format import write_csv
+from models.data.observed_spec import ObservedSpec
+from models.data.protocol import PROTOCOL_SEED, sample_observed
+from models.data.registry import load_dataset
+from models.data.types import LabelledImages
+from models.evaluation.criteria import LABEL_FREE_CRITERIA, default_criterion
+from models.evaluation.expected_positives import estimate_expected_positives, mean_positives
+from models.evaluation.metrics import f1_scores, mean_average_precision
 from models.files.atomic_writes import atomic_path
 from models.files.run_folder import SUMMARY_FILE
 from train.config import build_parser, config_from_args
-from train.data.csv_format import write_csv
-from train.data.observed_spec import ObservedSpec
-from train.data.protocol import PROTOCOL_SEED, sample_observed
-from train.data.registry import load_dataset
-from train.data.types import LabelledImages
-from train.expected_positives import estimate_expected_positives, mean_positives
-from train.label_free_selection import LABEL_FREE_CRITERIA, default_criterion
 from train.methods import BASELINE, METHODS, method_names
-from train.metrics import f1_scores, mean_average_precision
 from train.selection import validation_map
 
 SECTION = "own-data"

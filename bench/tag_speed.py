@@ -36,7 +36,7 @@ def make_jpegs(folder: Path, count: int, size: int, seed: int = 0, height: int |
     """``count`` JPEGs of ``size`` x ``height`` px (default: square) in ``folder`` (upscaled built-in images when
     cached, else random textures)."""
     height = height or size
-    from train.data.builtin import cache_root
+    from models.data.builtin import cache_root
 
     # the built-in dataset's training images when it is already generated (never generated here): random
     # textures otherwise; the tagger decodes either the same way

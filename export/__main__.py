@@ -203,8 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from export.threshold_calibration import parse_mode  # numpy only
     if args.audit is not None:  # a bad audit list is a usage error, found before the (long) export
         from models.checkpoint import load_checkpoint
-        from train.data.audit_list import load_audit
-        from train.data.types import DataError
+        from models.data.audit_list import load_audit
+        from models.data.types import DataError
 
         try:
             load_audit(args.audit, list(load_checkpoint(checkpoint).meta.classes))

@@ -5,7 +5,7 @@ Both models run in ONNX Runtime on ``CPUExecutionProvider`` over the same prepro
 gives the largest and mean absolute probability difference (sigmoid of the logits), the fraction of
 identical thresholded decisions (image x class, at the model's per-class thresholds or 0.5), the fraction
 of images whose whole tag set is unchanged, and, when labels are given, both models' mAP
-(``train.metrics.mean_average_precision`` on the logits) and the drop.
+(``models.evaluation.metrics.mean_average_precision`` on the logits) and the drop.
 
 Bounds (:class:`~export.precisions.PrecisionBounds`): each precision's row of the registry,
 :data:`export.precisions.PRECISIONS`.
@@ -27,8 +27,8 @@ from export.errors import ExportError, PrecisionError
 from export.onnx_files import read_onnx_meta
 from export.precisions import PrecisionBounds
 from models.checkpoint import ModelMeta
+from models.evaluation.metrics import mean_average_precision
 from models.logits import sigmoid
-from train.metrics import mean_average_precision
 
 DEFAULT_THRESHOLD = 0.5
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from models.checkpoint import ModelMeta
+from models.data.label_regime import NOT_AVAILABLE
 from models.files.atomic_writes import atomic_write_text
-from train.data.label_regime import NOT_AVAILABLE
 
 MODEL_CARD_FILE = "README.md"
 TAGS_FILE = "tags.csv"

@@ -7,11 +7,11 @@
    (ONNX Runtime, CPU); the artifact's own per-class thresholds are calibrated on its own scores
    (:mod:`export.threshold_calibration`; INT8 squeezes scores, so thresholds are never shared between precisions), then
    written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot. The labels of the
-   validation split are full or single-positive (:mod:`train.data.label_regime`); every figure says which, and
+   validation split are full or single-positive (:mod:`models.data.label_regime`); every figure says which, and
    F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)``, or is measured on the audit
-   list (:mod:`train.data.audit_list`) when one is given. The positive-only calibration (pu-f1) needs the
+   list (:mod:`models.data.audit_list`) when one is given. The positive-only calibration (pu-f1) needs the
    expected number of tags per image K: the audit list's, else estimated from the validation scores
-   (:mod:`train.expected_positives`), unless given as ``pu-f1:K``.
+   (:mod:`models.evaluation.expected_positives`), unless given as ``pu-f1:K``.
 3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
    the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
    when engines are asked for. Each is checked against FP32 (:mod:`export.converted_vs_fp32`): the export fails
@@ -59,13 +59,13 @@ from export.threshold_calibration import (
 )
 from export.validation_data import load_inputs, rebuild_splits, split_notes
 from models.checkpoint import ModelMeta
+from models.data.audit_list import AuditList, load_audit
+from models.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
+from models.data.protocol import ProtocolSplits
+from models.evaluation.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
+from models.evaluation.metrics import per_class_ap
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from models.logits import sigmoid
-from train.data.audit_list import AuditList, load_audit
-from train.data.label_regime import NOT_AVAILABLE, LabelRegime, detect_regime
-from train.data.protocol import ProtocolSplits
-from train.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
-from train.metrics import per_class_ap
 
 DEFAULT_CALIBRATION_IMAGES = 256
 THROUGHPUT_BATCH = 32
@@ -176,8 +176,8 @@ def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, lo
 
 
 def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], progress: bool) -> AuditData:
-    """The audit list ``spec`` (:func:`train.data.audit_list.load_audit`), preprocessed for ``meta``'s model; a bad
-    list raises :class:`train.data.types.DataError`."""
+    """The audit list ``spec`` (:func:`models.data.audit_list.load_audit`), preprocessed for ``meta``'s model; a bad
+    list raises :class:`models.data.types.DataError`."""
     audit = load_audit(spec, list(meta.classes))
     log(f"reading {len(audit)} audit images ({spec}) ...")
     inputs, keep = _load(audit.paths, meta, progress)
@@ -189,8 +189,9 @@ def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None 
     """K, the expected tags per image of the positive-only calibrations (``rate``, ``pu-f1``): the audit list's mean
     number of positives when one is given; else the run's own k when it is known (given, published, full labels, an
     audit list at training); else the estimate ``--method auto`` made from cross-fitted scores over the training
-    and validation images; else the estimate from the validation scores (:func:`train.expected_positives.estimate_k`,
-    with the bracket that says whether it holds within 25%)."""
+    and validation images; else the estimate from the validation scores
+    (:func:`models.evaluation.expected_positives.estimate_k`, with the bracket that says whether it holds within
+    25%)."""
     if audit is not None:
         return ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
     data = meta.data if meta is not None else {}
@@ -319,7 +320,7 @@ def export_run(
     ``val_images`` caps the validation images used for calibration and the precision checks.
     ``int8_calibration``: how INT8 ranges are calibrated (``minmax``, ``percentile``, ``entropy``; None: the
     default of :mod:`export.quantize`). ``audit``: a
-    dataset spec of fully labelled images (:mod:`train.data.audit_list`): pu-f1's K and the F1 figures when val is
+    dataset spec of fully labelled images (:mod:`models.data.audit_list`): pu-f1's K and the F1 figures when val is
     single-positive. Raises ``ExportError`` (and its subclasses) on any failure,
     ``ValueError`` for bad arguments.
     """
@@ -424,7 +425,7 @@ def export_run(
 
 def _measure(art: Artifact, model: OrtModel, logits: np.ndarray, report: PrecisionReport | None,
              val: ValData) -> None:
-    from train.metrics import mean_average_precision
+    from models.evaluation.metrics import mean_average_precision
 
     if report is not None and report.map_candidate is not None:
         art.val_mAP = report.map_candidate

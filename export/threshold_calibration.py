@@ -1,7 +1,7 @@
 """Per-class decision thresholds calibrated on validation scores, and a report of what they change.
 
 A class is predicted (tagged) when its sigmoid probability is ``>= threshold``: the rule of
-:func:`train.metrics.f1_scores` and of ``python -m serve``. Modes (:func:`parse_mode`):
+:func:`models.evaluation.metrics.f1_scores` and of ``python -m serve``. Modes (:func:`parse_mode`):
 
 - ``f1``: per class, the threshold that maximises F1 on a fully labelled validation split (the default when
   the validation labels are complete).
@@ -42,7 +42,7 @@ positives (observed positives in ``pu`` and ``pu-f1`` modes) does not get a thre
 than 5 positives recall moves in steps of 20% or more and the optimal cut is decided by one or two images, so the
 threshold mostly fits noise (and with no positive at all every threshold is equally bad on validation). It gets the
 threshold that the SAME criterion selects when all classes are pooled into one set of N x C (score, label)
-pairs: for ``f1`` the threshold maximising micro-F1 (the OF1 of :mod:`train.metrics`), for ``pu`` the pooled
+pairs: for ``f1`` the threshold maximising micro-F1 (the OF1 of :mod:`models.evaluation.metrics`), for ``pu`` the pooled
 Lee & Liu criterion (its recall then weights classes by their number of observed positives), for ``recall:R``
 the pooled recall, for ``pu-f1`` the pooled F1 estimate with the prior K / C. This is preferred to a fixed 0.5
 because it is measured on this model's own score scale: single-positive training (e.g. "assume negative") pushes
@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from train.metrics import f1_scores
+from models.evaluation.metrics import f1_scores
 
 __all__ = [
     "DEFAULT_MIN_POSITIVES",
@@ -388,7 +388,7 @@ def calibrate(
 
 def _per_class_prf(probs: np.ndarray, labels: np.ndarray, thresholds: np.ndarray) -> dict[str, np.ndarray]:
     """Per-class precision, recall, F1 in percent (precision 0 without predictions, recall 0 without
-    positives: the conventions of :func:`train.metrics.f1_scores`)."""
+    positives: the conventions of :func:`models.evaluation.metrics.f1_scores`)."""
     pred = probs >= thresholds
     tp = (pred & labels).sum(0).astype(np.float64)
     n_pred = pred.sum(0).astype(np.float64)
@@ -414,8 +414,8 @@ def calibration_report(
     against 0/1 ``labels`` (N, C).
 
     Returns a JSON-serialisable dict: ``overall`` -> ``{"at_0.5": ..., "calibrated": ...}``, each with OP, OR,
-    OF1, CP, CR, CF1 in percent as defined by :func:`train.metrics.f1_scores` (OF1 micro over all entries; CF1
-    the harmonic mean of the class-averaged precision and recall); ``per_class`` -> one dict per class with
+    OF1, CP, CR, CF1 in percent as defined by :func:`models.evaluation.metrics.f1_scores` (OF1 micro over all
+    entries; CF1 the harmonic mean of the class-averaged precision and recall); ``per_class`` -> one dict per class with
     its positives, threshold, rule (if ``rules`` given) and precision / recall / F1 (percent) at 0.5 and at
     its threshold. Metrics are against ``labels`` as given: with single-positive labels precision and F1 are
     underestimated (unobserved positives count as false positives). ``labels_name`` says what the labels are

@@ -16,7 +16,7 @@ from models.files.folder_walk import find_images
 from models.preprocess import EvalTransform
 
 if TYPE_CHECKING:
-    from train.data.protocol import ProtocolSplits
+    from models.data.protocol import ProtocolSplits
 
 _HINT = "pass --images FOLDER to verify on a folder of images instead"
 
@@ -52,8 +52,8 @@ def rebuild_splits(meta: ModelMeta) -> ProtocolSplits:
     if not source:
         raise VerificationDataError(f"the checkpoint records no dataset source (meta.data['source']); {_HINT}")
     try:
-        from train.data.protocol import PROTOCOL_SEED, build_protocol, parse_observed
-        from train.data.registry import load_dataset
+        from models.data.protocol import PROTOCOL_SEED, build_protocol, parse_observed
+        from models.data.registry import load_dataset
 
         return build_protocol(
             load_dataset(str(source)),

@@ -10,7 +10,7 @@ import pytest
 
 from bench import own_data
 from bench.results_page import read_section
-from train.label_free_selection import LABEL_FREE_CRITERIA
+from models.evaluation.criteria import LABEL_FREE_CRITERIA
 from train.selection import validation_map
 
 

@@ -1,4 +1,4 @@
-"""Tests of the built-in procedural dataset (train.data.builtin, train.data.builtin_scenes, train.data.shapes)."""
+"""Tests of the built-in procedural dataset (models.data.builtin, models.data.builtin_scenes, models.data.shapes)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from train.data import builtin
-from train.data.builtin import PRESETS, cache_root, ensure_builtin, label_statistics, read_label_matrix
-from train.data.builtin_scenes import (
+from models.data import builtin
+from models.data.builtin import PRESETS, cache_root, ensure_builtin, label_statistics, read_label_matrix
+from models.data.builtin_scenes import (
     CLASS_NAMES,
     COOCCURRING_PAIRS,
     GENERATOR_VERSION,
@@ -24,7 +24,7 @@ from train.data.builtin_scenes import (
     sample_scene,
     visible_labels,
 )
-from train.data.types import DataError
+from models.data.types import DataError
 
 TINY = PRESETS["tiny"]
 
@@ -327,7 +327,7 @@ def test_command_line_prints_folder_and_statistics(tiny_dir: Path, capsys: pytes
 def test_dense_variant_same_images_with_attribute_labels(tiny_dir: Path, tmp_path: Path) -> None:
     """dense-tiny: the tiny images byte for byte, the same shape labels, plus 7 attributes checked against the
     scenes; about 6.4 positives per image (2.8 shapes + attributes)."""
-    from train.data.builtin_attributes import (
+    from models.data.builtin_attributes import (
         ATTRIBUTE_NAMES,
         DENSE_CLASS_NAMES,
         generate_dense_image,
@@ -348,7 +348,7 @@ def test_dense_variant_same_images_with_attribute_labels(tiny_dir: Path, tmp_pat
         _img, vec = generate_dense_image(0, "train", index, TINY.image_size)
         np.testing.assert_array_equal(vec, labels[index])
     # hand-made scene: one large, unhidden square in the top-left quadrant, nothing else
-    from train.data.builtin_scenes import SceneObject
+    from models.data.builtin_scenes import SceneObject
 
     scene = [SceneObject(CLASS_NAMES.index("square"), 0.3, 0.3, 0.52, 0.0)]
     assert dict(zip(ATTRIBUTE_NAMES, scene_attributes(scene, 128).tolist(), strict=True)) == {

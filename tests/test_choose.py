@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from models.evaluation.criteria import observed_map
 from train.__main__ import main
 from train.choose import Candidate, CandidateResult, paired_difference, pick
 from train.cross_fitting import fold_of
-from train.label_free_selection import observed_map
 
 
 def _ranked(labels: np.ndarray, quality: float, rng: np.random.Generator) -> np.ndarray:

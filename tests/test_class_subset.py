@@ -1,4 +1,4 @@
-"""``python -m train.data.class_subset``: a CSV dataset restricted to some classes."""
+"""``python -m models.data.class_subset``: a CSV dataset restricted to some classes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train.data.class_subset import keep_classes, main
-from train.data.csv_format import load_csv
-from train.data.types import DataError, LabelledImages
+from models.data.class_subset import keep_classes, main
+from models.data.csv_format import load_csv
+from models.data.types import DataError, LabelledImages
 
 
 def _dataset(folder: Path) -> Path:

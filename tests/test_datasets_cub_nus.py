@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from models.data.cub import load_cub
+from models.data.file_scan import scan_files
+from models.data.nus import load_nus, relative_image_path
+from models.data.registry import describe_kinds, detect_kind, load_dataset, spec_dataset_name
+from models.data.types import DataError
 from train.__main__ import main
-from train.data.cub import load_cub
-from train.data.file_scan import scan_files
-from train.data.nus import load_nus, relative_image_path
-from train.data.registry import describe_kinds, detect_kind, load_dataset, spec_dataset_name
-from train.data.types import DataError
 from train.methods.base import dataset_family
 
 TRAIN_ONE_EPOCH = ["--method", "an", "--no-lgconv", "--arch", "resnet18", "--weights", "none", "--image-size", "32",

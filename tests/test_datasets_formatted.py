@@ -11,11 +11,11 @@ from formatted_data import make_formatted
 
 from export.validation_data import rebuild_splits
 from models import load_checkpoint
+from models.data.known_classes import CUB_ATTRIBUTES, NUS_WIDE_CONCEPTS
+from models.data.protocol import build_protocol, parse_observed, split_train_val
+from models.data.registry import detect_kind, load_dataset, spec_dataset_name
+from models.data.types import DataError
 from train.__main__ import main
-from train.data.known_classes import CUB_ATTRIBUTES, NUS_WIDE_CONCEPTS
-from train.data.protocol import build_protocol, parse_observed, split_train_val
-from train.data.registry import detect_kind, load_dataset, spec_dataset_name
-from train.data.types import DataError
 
 TRAIN = ["--no-lgconv", "--arch", "resnet18", "--weights", "none", "--image-size", "32", "--epochs", "1",
          "--batch-size", "8",

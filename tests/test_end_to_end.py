@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from export import read_onnx_meta
+from models.data.registry import load_dataset
 from models.network import input_config
 from models.preprocess import EvalTransform
 from models.runtimes import TorchBackend
 from train.__main__ import main as train_main
-from train.data.registry import load_dataset
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from train.data.protocol import ObservedSpec, sample_observed
-from train.expected_positives import (
+from models.data.protocol import ObservedSpec, sample_observed
+from models.evaluation.expected_positives import (
     ExpectedPositives,
     estimate_class_priors,
     estimate_expected_positives,

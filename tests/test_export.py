@@ -26,9 +26,9 @@ from export import (
     read_sidecar,
 )
 from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
+from models.data.types import LabelledImages
 from models.files.digest import file_sha256
 from models.preprocess import EvalTransform
-from train.data.types import LabelledImages
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
@@ -129,9 +129,9 @@ def test_export_with_images_folder(setup: tuple[Path, Path, list[Path], ModelMet
 
 def test_export_on_rebuilt_val_split(setup: tuple[Path, Path, list[Path], ModelMeta], tmp_path: Path) -> None:
     """Without --images the val split is rebuilt with the real load_dataset(meta.data['source']) + protocol."""
-    from train.data.csv_format import write_csv
-    from train.data.protocol import build_protocol, parse_observed
-    from train.data.registry import load_dataset
+    from models.data.csv_format import write_csv
+    from models.data.protocol import build_protocol, parse_observed
+    from models.data.registry import load_dataset
 
     _, _, good, _ = setup
     rng = np.random.default_rng(1)

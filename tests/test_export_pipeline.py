@@ -20,15 +20,15 @@ from export.pipeline import export_run
 from export.precisions import PrecisionBounds, parse_precisions
 from export.threshold_calibration import THRESHOLD_MAX, THRESHOLD_MIN
 from models import load_checkpoint
+from models.data.protocol import build_protocol, parse_observed
+from models.data.registry import load_dataset
+from models.evaluation.metrics import per_class_ap
 from models.files.digest import file_sha256
 from models.preprocess import EvalTransform
 from models.runtimes.tensorrt_backend import tensorrt_importable
 from serve.demo.model_store import model_markdown
 from serve.predictor import Predictor
 from train.__main__ import main as train_main
-from train.data.protocol import build_protocol, parse_observed
-from train.data.registry import load_dataset
-from train.metrics import per_class_ap
 
 HAS_RTX = tensorrt_importable("tensorrt-rtx")
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from train.data.folder import is_class_tree, load_folder
-from train.data.protocol import ObservedSpec, build_protocol
-from train.data.registry import detect_kind, load_dataset, spec_dataset_name
-from train.data.types import DataError
+from models.data.folder import is_class_tree, load_folder
+from models.data.protocol import ObservedSpec, build_protocol
+from models.data.registry import detect_kind, load_dataset, spec_dataset_name
+from models.data.types import DataError
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 
@@ -220,7 +220,7 @@ def test_a_tree_with_images_in_two_folders_keeps_every_label_as_given(tmp_path: 
 def test_a_folder_named_like_a_benchmark_gets_no_family_and_no_presets(tmp_path: Path) -> None:
     """Families are declared by the kinds, never guessed from the start of a name: a folder called ``coconut`` is a
     user's own data, with no published presets (a folder named as a family, ``coco``, is that family's export)."""
-    from train.data.registry import spec_family
+    from models.data.registry import spec_family
     from train.methods import METHODS, make_hparams
     from train.methods.base import dataset_family
 

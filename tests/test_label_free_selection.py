@@ -1,4 +1,4 @@
-"""Selection criteria for single-positive val labels (train.label_free_selection): hand-computed values,
+"""Selection criteria for single-positive val labels (models.evaluation.criteria): hand-computed values,
 agreement with brute force, a better model ranked higher, the defaults."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from train.label_free_selection import (
+from models.evaluation.criteria import (
     DESCRIPTIONS,
     LABEL_FREE_CRITERIA,
     an_loss_score,
@@ -18,7 +18,7 @@ from train.label_free_selection import (
     observed_map,
     observed_rank,
 )
-from train.metrics import mean_average_precision
+from models.evaluation.metrics import mean_average_precision
 
 # 4 images, 2 classes; one observed positive per image
 LOGITS = np.array([[2.0, 1.0], [0.5, 3.0], [1.0, 1.0], [-1.0, 0.0]])

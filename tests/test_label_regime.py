@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from train.data.label_regime import (
+from models.data.label_regime import (
     NOT_AVAILABLE,
     describe_regimes,
     detect_regime,

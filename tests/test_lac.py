@@ -15,12 +15,12 @@ import torch
 from interrupt import interrupt_after_saves
 
 from models import load_checkpoint
+from models.data.augment import StrongTransform, cutout
 from models.label_embedding import LabelEmbeddingConfig, sine_position_encoding
 from models.lgconv import fold_resnet
 from models.network import build_model, model_from_meta
 from models.preprocess import EvalTransform
 from train.__main__ import main
-from train.data.augment import StrongTransform, cutout
 from train.methods import METHODS, MethodContext, get_method, make_hparams
 from train.methods.lac import class_embedding_similarity, plc_loss, supcon_loss
 from train.run_setup import lem_token_warning

@@ -1,10 +1,11 @@
-"""The package layering, read from the source with ``ast``, in pipeline order: models <- train <- export <- serve.
+"""The package layering, read from the source with ``ast``: ``models`` below, the stages ``train``, ``export`` and
+``serve`` above it, as peers.
 
-``models`` is the bottom layer (the network, its metadata and checkpoint files, preprocessing, runtimes, file
-helpers and the one folder walk): what several stages share. Then the stages in the order the work flows: train,
-export, serve. An arrow points from the imported package to the importer: a package imports only packages to its
-left (never a later stage), no product package imports ``bench`` or ``tests``, and the product modules'
-module-level imports form no cycle."""
+``models`` is the shared layer (the network, its metadata and checkpoint files, preprocessing, runtimes, file
+helpers, the datasets and their protocol, the metrics, criteria and k): what several stages share. A stage imports
+``models`` and itself, never another stage; ``models`` imports no stage; no product package imports ``bench`` or
+``tests``; the product modules' module-level imports form no cycle, and neither do a package's sub-packages (each
+sub-package, or top-level module, as one node; every import counts)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["models", "train", "export", "serve"]  # pipeline order: each may import the ones before it
+SHARED = "models"
+STAGES = ["train", "export", "serve"]  # peers: each imports the shared layer only
+LAYERS = [SHARED, *STAGES]
 FORBIDDEN = {"bench", "tests"}
 
 
@@ -82,15 +85,35 @@ def test_the_scan_sees_every_product_package_and_resolves_relative_imports(tmp_p
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_packages_import_only_the_layers_below_them() -> None:
+def test_stages_import_only_the_shared_layer() -> None:
     wrong = []
     for name, path in PRODUCT.items():
-        rank = LAYERS.index(name.split(".")[0])
+        own = name.split(".")[0]
         for target, line in imports_of(path, module_level_only=False):
             top = target.split(".")[0]
-            if top in LAYERS and LAYERS.index(top) > rank:
+            if top in STAGES and top != own:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
-    assert wrong == [], "imports against the pipeline order models <- train <- export <- serve:\n" + "\n".join(wrong)
+    assert wrong == [], "a stage imports another (they share models/ only):\n" + "\n".join(wrong)
+
+
+def sub_package(name: str) -> str:
+    """The node of ``name`` in the sub-package graph: its package and first sub-package or module
+    (``train.methods.an`` -> ``train.methods``, ``train.trainer`` -> ``train.trainer``)."""
+    return ".".join(name.split(".")[:2])
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_circle_among_the_sub_packages(layer: str) -> None:
+    graph: dict[str, set[str]] = {}
+    for name, path in PRODUCT.items():
+        if name.split(".")[0] != layer:
+            continue
+        node = sub_package(name)
+        targets = {sub_package(t) for t, _ in imports_of(path, module_level_only=False) if t in PRODUCT}
+        graph.setdefault(node, set()).update(t for t in targets if t != node and t.split(".")[0] == layer)
+    graph = {node: targets & graph.keys() for node, targets in graph.items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "sub-packages import each other: " + " -> ".join(cycle or [])
 
 
 def test_no_product_module_imports_bench_or_tests() -> None:

@@ -13,10 +13,10 @@ from torchvision import models as tvm
 
 from export.onnx_export import export_to_file
 from models import ModelMeta, build_model, load_checkpoint, model_from_meta, save_checkpoint
+from models.data.registry import load_dataset
 from models.lgconv import FoldedLgConv2d, GlobalBranch, LgConv2d, convert_to_lgconv, fold_resnet, global_branches
 from models.preprocess import EvalTransform
 from train.config import TrainConfig, resolve_model_defaults
-from train.data.registry import load_dataset
 
 
 def _naive_branch(gb: GlobalBranch, x: torch.Tensor) -> torch.Tensor:

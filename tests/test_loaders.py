@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import train.data
-from train.data.coco import load_coco
-from train.data.csv_format import load_csv, read_classes_file, write_csv
-from train.data.registry import (
+import models.data
+from models.data.coco import load_coco
+from models.data.csv_format import load_csv, read_classes_file, write_csv
+from models.data.registry import (
     DATASET_KINDS,
     describe_kinds,
     detect_kind,
     load_dataset,
     parse_builtin_argument,
 )
-from train.data.types import DataError, LabelledImages
-from train.data.voc import VOC_CLASSES, find_voc_dir, load_voc
+from models.data.types import DataError, LabelledImages
+from models.data.voc import VOC_CLASSES, find_voc_dir, load_voc
 
 # --------------------------------------------------------------------------------------------- helpers
 
@@ -616,11 +616,11 @@ def _fake_builtin(tmp_path: Path, calls: list[tuple[str, int]]) -> Callable[...,
 def test_registry_builtin_plumbing_with_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """builtin specs call ensure_builtin(preset, seed) and set name/source."""
     calls: list[tuple[str, int]] = []
-    fake = types.ModuleType("train.data.builtin")
+    fake = types.ModuleType("models.data.builtin")
     fake.PRESETS = {"tiny": None, "default": None, "large": None}  # type: ignore[attr-defined]
     fake.ensure_builtin = _fake_builtin(tmp_path, calls)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "train.data.builtin", fake)
-    monkeypatch.setattr(train.data, "builtin", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "models.data.builtin", fake)
+    monkeypatch.setattr(models.data, "builtin", fake, raising=False)
 
     splits = load_dataset("builtin:tiny@seed3")
     assert (splits.name, splits.source) == ("builtin-tiny", "builtin:tiny@seed3")
@@ -634,7 +634,7 @@ def test_registry_builtin_plumbing_with_stand_in(tmp_path: Path, monkeypatch: py
 
 def test_registry_builtin_real_module_interface(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real builtin module exposes the presets and signature the registry uses."""
-    builtin = pytest.importorskip("train.data.builtin")
+    builtin = pytest.importorskip("models.data.builtin")
     assert {"tiny", "default", "large"} <= set(builtin.PRESETS)
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(builtin, "ensure_builtin", _fake_builtin(tmp_path, calls))
@@ -644,7 +644,7 @@ def test_registry_builtin_real_module_interface(tmp_path: Path, monkeypatch: pyt
 
 def test_registry_builtin_tiny_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """builtin:tiny generates (into tmp_path) and loads through load_csv."""
-    builtin = pytest.importorskip("train.data.builtin")
+    builtin = pytest.importorskip("models.data.builtin")
     real = builtin.ensure_builtin
 
     def in_tmp(preset: str = "default", seed: int = 0, **_: object) -> Path:
@@ -660,7 +660,7 @@ def test_registry_builtin_tiny_end_to_end(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_spec_options_split_path_and_reject_unknown_keys() -> None:
-    from train.data.spec_options import split_spec_options
+    from models.data.spec_options import split_spec_options
 
     assert split_spec_options("/d/nus?images=/mnt/x&keep-unlabelled", {"images", "keep-unlabelled"}, "nus") == (
         "/d/nus", {"images": "/mnt/x", "keep-unlabelled": ""})

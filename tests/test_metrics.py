@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from train.metrics import average_precision, evaluate, f1_scores, mean_average_precision, per_class_ap
+from models.evaluation.metrics import average_precision, evaluate, f1_scores, mean_average_precision, per_class_ap
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -11,10 +11,10 @@ import pytest
 from formatted_data import make_formatted
 
 from models import load_checkpoint
+from models.data.observed_file import protocol_file_bytes, read_protocol_file
+from models.data.protocol import build_protocol, parse_observed, protocol_record, sample_observed, split_train_val
+from models.data.registry import load_dataset
 from train.__main__ import main
-from train.data.observed_file import protocol_file_bytes, read_protocol_file
-from train.data.protocol import build_protocol, parse_observed, protocol_record, sample_observed, split_train_val
-from train.data.registry import load_dataset
 
 FAST = ["--data", "builtin:tiny", "--no-lgconv", "--arch", "resnet18", "--weights", "none", "--image-size", "16",
         "--epochs", "1",

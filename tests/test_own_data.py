@@ -13,9 +13,9 @@ import pytest
 from export.__main__ import main as export_main
 from export.onnx_files import read_sidecar
 from export.pipeline import export_run
+from models.data.protocol import ObservedSpec, sample_observed
+from models.data.registry import load_dataset
 from train.__main__ import main as train_main
-from train.data.protocol import ObservedSpec, sample_observed
-from train.data.registry import load_dataset
 
 
 @pytest.fixture(scope="module")

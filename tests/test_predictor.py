@@ -17,6 +17,8 @@ from reference import reference_logits
 from export import export_onnx
 from models import ModelMeta, build_model, save_checkpoint
 from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD
+from models.data.dataset import ImageLabelDataset
+from models.data.types import LabelledImages
 from models.preprocess import DECODE_MARGIN, EvalTransform, read_image, resize_uint8
 from models.runtimes import (
     BackendUnavailableError,
@@ -30,8 +32,6 @@ from serve.images import ImageError, load_rgb
 from serve.model_files import resolve_model_path
 from serve.predictor import Prediction, Predictor
 from serve.tagging import tag_folder
-from train.data.dataset import ImageLabelDataset
-from train.data.types import LabelledImages
 
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
 THRESHOLDS = [0.3, 0.45, 0.5, 0.55, 0.7]

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from reference_layouts import FIXTURES, build_coco, build_cub, build_voc, read_description, reference_outputs
 
-from train.data.protocol import (
+from models.data.protocol import (
     ObservedSpec,
     build_protocol,
     parse_observed,
     sample_observed,
     split_train_val,
 )
-from train.data.registry import load_dataset
-from train.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
+from models.data.registry import load_dataset
+from models.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 
 WEIGHTS = FIXTURES / "coco_weights.json"
 BIASES = {"size": "single:size", "loc": "single:location", "semantic": f"single:empirical?weights={WEIGHTS}"}

@@ -202,8 +202,8 @@ def test_ray_shards_match_local_folder(
 def test_ray_failing_batch_and_killed_actor(setup: dict, ray_instance: object, tmp_path: Path) -> None:
     """A model call that raises is retried in the actor; an actor killed (SIGKILL) mid-run is restarted and its
     work runs again: nothing lost, nothing doubled."""
-    from serve.engines import ray as ray_engine
     from serve.tagging import TagJob, plan_tagging, run_plan
+    from serve.tagging.engines import ray as ray_engine
 
     raised, killed = tmp_path / "raised", tmp_path / "killed"
 
@@ -252,8 +252,8 @@ def test_ray_killed_driver_resumes(
 
 
 def test_actor_layout_splits_each_node_between_its_actors() -> None:
-    from serve.engines.ray import actor_layout
     from serve.tagging import TagJob
+    from serve.tagging.engines.ray import actor_layout
 
     head = {"Alive": True, "Resources": {"CPU": 4.0}}  # a CPU-only head
     gpu_node = {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 4.0}}

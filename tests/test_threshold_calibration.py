@@ -404,8 +404,8 @@ def test_pu_thresholds_approach_the_full_label_optimum(builtin_cache: Path) -> N
     from the oracle was -0.010 to +0.030 for PU and +0.046 to +0.106 for the wrong rule (it was higher than
     the oracle on >= 80% of the classes); PU beat the wrong rule's macro-F1 on every seed and 0.5 by >= 0.089.
     """
-    from train.data.protocol import ObservedSpec, sample_observed
-    from train.data.registry import load_dataset
+    from models.data.protocol import ObservedSpec, sample_observed
+    from models.data.registry import load_dataset
 
     splits = load_dataset("builtin:tiny")
     assert splits.test is not None

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from models.data.types import DataError
 from models.files.run_folder import default_runs_dir
 from train.config import MACHINE_FIELDS, METHOD_AUTO, TrainConfig, build_parser, config_from_args, paper_settings
-from train.data.types import DataError
 
 
 def say(message: str, file: TextIO | None = None) -> None:

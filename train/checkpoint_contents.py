@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from models.checkpoint import Checkpoint, ModelMeta, load_checkpoint
+from models.data.observed_file import OBSERVED_FILE
+from models.data.protocol import ProtocolSplits
+from models.data.types import DatasetSplits
 from models.network import MultiLabelNet
 from train.config import TrainConfig
-from train.data.observed_file import OBSERVED_FILE
-from train.data.protocol import ProtocolSplits
-from train.data.types import DatasetSplits
 from train.distributed import barrier, broadcast_object, current_world
 from train.methods import Method
 from train.run_setup import run_preprocessing

@@ -24,8 +24,8 @@ its head first (LinearInit at the chosen learning rate), then the whole network,
 by the selection criterion - so a fine-tune that does not help leaves the head-only model as the result.
 
 k (the expected positives per image) for the candidates that need it comes from the usual sources
-(train/expected_positives.py); when it would be estimated, it is estimated once from the cross-fitted scores of
-the ``an`` heads and given to every candidate that needs it and to the final run.
+(models/evaluation/expected_positives.py); when it would be estimated, it is estimated once from the cross-fitted
+scores of the ``an`` heads and given to every candidate that needs it and to the final run.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.data.dataset import SkipReporter
+from models.evaluation.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from models.network import MultiLabelNet
 from train.config import HEAD_EPOCHS, METHOD_AUTO, TrainConfig, resolve_model_defaults
+from train.console import log
 from train.cross_fitting import Pool, fold_data, labelled_pool
-from train.data.dataset import SkipReporter
-from train.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from train.feature_cache import FeatureCache, feature_key, weights_digest
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation
 from train.inference import DatasetForward, Rows
@@ -56,7 +57,6 @@ from train.run_setup import (
     expected_positives_for_run,
     initialise_head_bias,
     load_run_data,
-    log,
     prior_positives,
     resolve_precision,
     run_preprocessing,

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models.data.label_regime import DECLARABLE, parse_declarations
+from models.data.protocol import PROTOCOL_SEED, parse_observed
+from models.evaluation.criteria import DESCRIPTIONS, LABEL_FREE_DEFAULT
 from models.files.run_folder import default_runs_dir
 from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
-from train.data.label_regime import DECLARABLE, parse_declarations
-from train.data.protocol import PROTOCOL_SEED, parse_observed
-from train.label_free_selection import DESCRIPTIONS, LABEL_FREE_DEFAULT
 from train.methods import BASELINE, METHODS, get_method, method_names
 from train.methods.base import paper_settings_for
 from train.model_defaults import (
@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 def paper_settings(method: str, data: str) -> dict[str, Any]:
     """The published optimisation settings of ``method`` for the dataset family of spec ``data`` (what
     ``--preset paper`` adds for that pair; empty when the method's papers publish none)."""
-    from train.data.registry import spec_family
+    from models.data.registry import spec_family
 
     if method == METHOD_AUTO:  # not known yet: --method auto chooses it on fixed features first
         return {}

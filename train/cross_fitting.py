@@ -5,7 +5,7 @@ One label per image leaves little to measure with: a validation split of 700 ima
 class on average. The training images carry labels of the same kind, so pooling them with the validation images
 and cross-fitting (K heads, each trained on K-1 folds and scoring the held-out fold) scores every labelled image
 without its own label ever reaching the head that scores it. The method chooser compares methods on these scores
-(train/choose.py) and k is estimated from them (train/expected_positives.py); each fold's head is the same
+(train/choose.py) and k is estimated from them (models/evaluation/expected_positives.py); each fold's head is the same
 fixed-feature phase a ``--trainable head`` run trains (seconds per head once the features are cached).
 
 Only for labels as a user holds them (single-positive or partial validation labels): with full validation labels
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from train.data.types import LabelledImages
+from models.data.types import LabelledImages
 from train.inference import Rows
 from train.run_setup import RunData
 

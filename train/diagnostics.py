@@ -1,5 +1,5 @@
 """Full-label diagnostics, computed by the trainer (never by a method) and only where the training split has full
-labels (:attr:`train.data.protocol.ProtocolSplits.train_has_full_labels`): how well what a method believes about
+labels (:attr:`models.data.protocol.ProtocolSplits.train_has_full_labels`): how well what a method believes about
 the hidden training labels (:meth:`train.methods.base.Method.label_estimates`) matches them. The scores are
 logged; nothing of them reaches the method."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from models.evaluation.metrics import mean_average_precision
 from train.methods.base import NEGATIVES, POSITIVES, SCORES, LabelEstimate
-from train.metrics import mean_average_precision
 
 
 def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torch.Tensor) -> dict[str, float]:

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from train.data.dataset import ImageLabelDataset, SkipReporter, collate_readable
+from models.data.dataset import ImageLabelDataset, SkipReporter, collate_readable
 from train.distributed import PerSampleSeeded, current_world, sum_over_ranks
 from train.methods import LossOutput
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.data.builtin import cache_root
 from models.files.atomic_writes import atomic_path
-from train.data.builtin import cache_root
 from train.distributed import broadcast_object, current_world
 from train.inference import Rows
 

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.data.dataset import FULL_LABELS, NEGATIVES
+from models.data.types import LabelledImages
 from models.network import MultiLabelNet
-from train.data.dataset import FULL_LABELS, NEGATIVES
-from train.data.types import LabelledImages
 from train.distributed import current_world
 from train.epoch_loop import EpochTotals
 from train.feature_cache import FeatureCache

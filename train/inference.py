@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from train.data.dataset import ImageLabelDataset, SkipReporter, collate_readable
-from train.data.types import LabelledImages
+from models.data.dataset import ImageLabelDataset, SkipReporter, collate_readable
+from models.data.types import LabelledImages
 from train.distributed import current_world, gather_indexed_rows
 
 

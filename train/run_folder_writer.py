@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from models.data.observed_file import OBSERVED_FILE, sha256_of
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from models.files.run_folder import CONFIG_FILE, METRICS_FILE, SCORES_FILE, SUMMARY_FILE
-from train.data.observed_file import OBSERVED_FILE, sha256_of
 
 
 class RunFolderWriter:

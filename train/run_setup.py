@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,25 +13,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
+from models.data.audit_list import load_audit
+from models.data.observed_file import protocol_file_bytes, sha256_of
+from models.data.protocol import ProtocolSplits, build_protocol, parse_observed, protocol_record
+from models.data.registry import load_dataset
+from models.data.types import DatasetSplits
+from models.evaluation.expected_positives import ExpectedPositives, resolve_expected_positives
 from models.network import MultiLabelNet, build_model, input_config, prior_logit
 from models.preprocess import EvalTransform
 from train.config import TrainConfig
-from train.data.audit_list import load_audit
-from train.data.observed_file import protocol_file_bytes, sha256_of
-from train.data.protocol import ProtocolSplits, build_protocol, parse_observed, protocol_record
-from train.data.registry import load_dataset
-from train.data.types import DatasetSplits
 from train.distributed import current_world
-from train.expected_positives import ExpectedPositives, resolve_expected_positives
 from train.methods.base import Method, MethodContext, MethodHparams, preset_for
-
-
-def log(message: str) -> None:
-    """Print a status line (through tqdm so it does not break an active progress bar); rank 0 only."""
-    if current_world().is_main:
-        tqdm.write(message, file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:
@@ -160,7 +152,7 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
 def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
                                family: str) -> ExpectedPositives | None:
     """k, the expected number of positives per image, for a method that uses it (None for the others), from the
-    first source that exists (train/expected_positives.py): ``--hp k``, the published value of the dataset's
+    first source that exists (models/evaluation/expected_positives.py): ``--hp k``, the published value of the dataset's
     ``family`` (``DatasetSplits.family``), the full training (else validation) labels, the ``--audit`` list, the
     estimate ``--method auto`` made from cross-fitted scores; with none of them ``estimated``: the observed positives
     per image for the first epoch, then the estimate from the model's own validation scores after every epoch

@@ -3,9 +3,9 @@ and the best epoch so far.
 
 A selection criterion is a function of the validation predictions (logits, one row per image) and the
 validation labels that returns a score, higher being better (NaN when it cannot be computed). ``val_mAP`` is the
-papers' criterion and needs full validation labels; the label-free ones of :mod:`train.label_free_selection`
+papers' criterion and needs full validation labels; the label-free ones of :mod:`models.evaluation.criteria`
 need only single positives. ``--select auto`` (:func:`resolve_criterion`) takes the first where val has full
-labels, the label-free default (:data:`train.label_free_selection.LABEL_FREE_DEFAULT`) where it has not. Adding
+labels, the label-free default (:data:`models.evaluation.criteria.LABEL_FREE_DEFAULT`) where it has not. Adding
 one is one function in :data:`CRITERIA`.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from train.data.label_regime import NOT_AVAILABLE
-from train.label_free_selection import DESCRIPTIONS, LABEL_FREE_CRITERIA, default_criterion
-from train.metrics import evaluate, mean_average_precision
+from models.data.label_regime import NOT_AVAILABLE
+from models.evaluation.criteria import DESCRIPTIONS, LABEL_FREE_CRITERIA, default_criterion
+from models.evaluation.metrics import evaluate, mean_average_precision
 
 Criterion = Callable[[np.ndarray, np.ndarray], float]
 
@@ -76,8 +76,8 @@ def finite_score(value: float | None) -> float:
 @dataclass
 class Assessment:
     """A model's predictions on a split, judged: ``metrics`` against the split's labels (mAP, F1, per-class AP;
-    :func:`train.metrics.evaluate`; with ``full_labels`` False the figures that need full labels are None and
-    ``mAP_observed`` is the mAP against the labels as given), ``score``, the selection criterion's value (-inf
+    :func:`models.evaluation.metrics.evaluate`; with ``full_labels`` False the figures that need full labels are None
+    and ``mAP_observed`` is the mAP against the labels as given), ``score``, the selection criterion's value (-inf
     when undefined), and the ``logits`` and ``labels`` it was computed from."""
 
     metrics: dict[str, Any]
@@ -96,7 +96,7 @@ def assess(logits: np.ndarray, labels: np.ndarray, classes: list[str],
     return Assessment(metrics, finite_score(criterion(logits, labels)), logits, labels)
 
 
-#: The figures of :func:`train.metrics.evaluate` that need full labels (None on a split without them).
+#: The figures of :func:`models.evaluation.metrics.evaluate` that need full labels (None on a split without them).
 FULL_LABEL_FIGURES = ("mAP", "OF1", "CF1", "OP", "OR", "CP", "CR", "per_class_AP")
 
 

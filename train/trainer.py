@@ -21,26 +21,27 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from models.checkpoint import ModelMeta, save_checkpoint
+from models.data.dataset import ImageLabelDataset, SkipReporter
+from models.data.label_regime import describe_regimes
+from models.data.observed_file import OBSERVED_FILE
+from models.data.types import LabelledImages
+from models.evaluation.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from models.files.atomic_writes import atomic_path
 from models.files.run_folder import BEST, LAST
 from models.network import model_from_meta
 from models.preprocess import TrainTransform
 from train.checkpoint_contents import capture_rng, load_shared, restore_rng, run_meta
 from train.config import TrainConfig, resolve_model_defaults
-from train.data.dataset import ImageLabelDataset, SkipReporter
-from train.data.label_regime import describe_regimes
-from train.data.observed_file import OBSERVED_FILE
-from train.data.types import LabelledImages
+from train.console import log
 from train.diagnostics import score_label_estimates
 from train.distributed import barrier, broadcast_buffers, broadcast_object, init_world, per_rank_batch
 from train.epoch_loop import build_train_data, train_epoch
-from train.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from train.feature_cache import FeatureCache, feature_key, weights_digest
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation
 from train.inference import DatasetForward, Rows
 from train.methods import EpochEndContext, LossOutput, get_method, make_hparams
-from train.pseudo_labels.stage import PseudoLabelPlan, PseudoLabels, plan_pseudo_labels, prepare_pseudo_labels
-from train.pseudo_labels.stage import describe as describe_pseudo_labels
+from train.pseudo_label_stage import PseudoLabelPlan, PseudoLabels, plan_pseudo_labels, prepare_pseudo_labels
+from train.pseudo_label_stage import describe as describe_pseudo_labels
 from train.run_folder_writer import RunFolderWriter
 from train.run_setup import (
     build_method,
@@ -50,7 +51,6 @@ from train.run_setup import (
     initialise_head_bias,
     lem_token_warning,
     load_run_data,
-    log,
     make_run_name,
     prior_positives,
     resolve_head,

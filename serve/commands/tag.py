@@ -1,7 +1,7 @@
 """``python -m serve tag SOURCE --model MODEL``: the tagger's command line (options, checks, exit codes).
 
-The run itself is :mod:`serve.tagging`'s pipeline, with a tagging engine (:mod:`serve.engines`): ``local`` (default)
-or ``ray``. ``--help`` and usage errors answer without importing torch or a runtime.
+The run itself is :mod:`serve.tagging`'s pipeline, with a tagging engine (:mod:`serve.tagging.engines`): ``local``
+(default) or ``ray``. ``--help`` and usage errors answer without importing torch or a runtime.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from serve import DEFAULT_MAX_PIXELS, DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
-from serve.engines import DEFAULT_ENGINE, engine_names
+from serve.tagging.engines import DEFAULT_ENGINE, engine_names
 
 if TYPE_CHECKING:
     from serve.tagging.job import TagJob
@@ -411,10 +411,10 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if problem:
         return fail(problem, EXIT_USAGE)
     from models.runtimes import ModelLoadError, ModelSpecError
-    from serve.engines import EngineUnavailableError, get_engine
     from serve.outputs.records import OutputConflictError
     from serve.outputs.run_summary import summary_table
     from serve.outputs.thresholds import thresholds_source
+    from serve.tagging.engines import EngineUnavailableError, get_engine
     from serve.tagging.journal import journal_path
     from serve.tagging.plan import plan_tagging
     from serve.tagging.run import run_plan

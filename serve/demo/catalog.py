@@ -83,8 +83,8 @@ def _pick_covering(rows: list[tuple[Path, list[str], str]], limit: int) -> list[
 
 def _builtin_folders(meta: ModelMeta | None) -> list[Path]:
     """Generated built-in dataset folders in the cache, the model's own dataset first; nothing is generated."""
-    from train.data.builtin import GENERATOR_VERSION, cache_root
-    from train.data.registry import parse_builtin_argument
+    from models.data.builtin import GENERATOR_VERSION, cache_root
+    from models.data.registry import parse_builtin_argument
 
     parent = cache_root() / "builtin"
     folders = []
@@ -131,11 +131,11 @@ def find_examples(
         picked = _pick_covering(rows, limit)
         if picked:
             return _example_set(picked, f"test images of the built-in dataset ({dataset.name})")
-    from train.data.builtin import cache_root
+    from models.data.builtin import cache_root
 
     return ExampleSet(
         note=f"no example images: the built-in dataset is not generated under {cache_root()} "
-        "(`python -m train.data.builtin --preset default` makes it in about a minute), or pass --examples DIR"
+        "(`python -m models.data.builtin --preset default` makes it in about a minute), or pass --examples DIR"
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,16 @@ from serve.outputs.caption_rules import CaptionRules
 from serve.outputs.selection_modes import Selection, rounded_scores, select_classes
 
 DEFAULT_SEPARATOR = ", "
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a tagging engine returns for one image: its sigmoid scores ``(C,)`` float32, or why it could not be
+    used."""
+
+    key: str
+    scores: np.ndarray | None
+    error: str | None = None
 
 
 def tag_record(

@@ -25,23 +25,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from serve.outputs import selection_modes
 from serve.outputs.caption_rules import CaptionRules, rules_from_dict
-from serve.outputs.records import tag_record, write_errors, write_run_file
+from serve.outputs.records import Result, tag_record, write_errors, write_run_file
 from serve.outputs.run_manifest import write_manifest
 from serve.outputs.sidecars import SidecarSpec, write_sidecars
 from serve.outputs.tag_folders import TagFolders, place
 
-if TYPE_CHECKING:
-    from serve.engines import Result
-    from serve.tagging.journal import Journal
-
 #: One image's output record: ``{"path": key, "scores": {class: p}, "tags": [tag, ...]}``.
 Record = dict[str, Any]
+
+
+class StoredRecords(Protocol):
+    """Where a run keeps its images' records (the tagging journal, :class:`serve.tagging.journal.Journal`)."""
+
+    def records(self, keys: Iterable[str]) -> Iterable[Record]:
+        """The stored records of ``keys``."""
+        ...
 #: ``(key, scores (C,)) -> Record``: how tags are chosen from an image's scores.
 Select = Callable[[str, np.ndarray], Record]
 
@@ -158,7 +162,8 @@ class TagFolderWriter:
     as its batch finishes; at the end, the images of earlier runs that the run file keeps (``kept``, read from
     the ``journal``) are placed too. Placing is idempotent: a re-run adds only what is missing."""
 
-    def __init__(self, spec: TagFolders, folder: Path, select: TagSelector, journal: Journal, kept: Iterable[str]):
+    def __init__(self, spec: TagFolders, folder: Path, select: TagSelector, journal: StoredRecords,
+                 kept: Iterable[str]) -> None:
         self.spec, self.folder, self.select, self.journal = spec, folder, select, journal
         self.kept = sorted(kept)
         self.created = 0
@@ -184,7 +189,7 @@ class RunFileWriter:
     def __init__(
         self,
         path: Path,
-        journal: Journal,
+        journal: StoredRecords,
         select: TagSelector,
         separator: str,
         kept: Iterable[str],

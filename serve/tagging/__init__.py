@@ -3,7 +3,7 @@
 - :mod:`~serve.tagging.job`: :class:`TagJob`, a run's options in small groups;
 - :mod:`~serve.tagging.sources`: what a SOURCE holds (a folder, a list file, tar shards);
 - :mod:`~serve.tagging.plan`: step 1, :func:`plan_tagging` (what to tag, what is done, the model's metadata);
-- :mod:`~serve.tagging.scoring`: step 2, the one scoring loop the engines (:mod:`serve.engines`) run;
+- :mod:`~serve.tagging.scoring`: step 2, the one scoring loop the engines (:mod:`serve.tagging.engines`) run;
 - :mod:`~serve.tagging.journal`: step 3, every result appended as its batch finishes (kill-safe resuming);
 - :mod:`~serve.tagging.run`: the pipeline itself, :func:`run_plan`, :func:`tag`, :func:`tag_folder`; step 4, the
   outputs, lives in :mod:`serve.outputs`.

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from models.runtimes import parse_device
 from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS, DEFAULT_OUTPUT
-from serve.engines import DEFAULT_ENGINE, engine_names
 from serve.outputs.caption_rules import CaptionRules
 from serve.outputs.records import DEFAULT_SEPARATOR, default_errors_path
 from serve.outputs.selection_modes import DEFAULT_MODE, Selection, make_selection
 from serve.outputs.sidecars import SidecarSpec
 from serve.outputs.tag_folders import TagFolders
+from serve.tagging.engines import DEFAULT_ENGINE, ENGINES
 from serve.tagging.sources import Partition, Source
 
 if TYPE_CHECKING:
@@ -101,8 +101,7 @@ class RunOptions:
     partition: Partition | None = None
 
     def __post_init__(self) -> None:
-        if self.engine not in engine_names():
-            raise ValueError(f"unknown engine {self.engine!r} (--engine); available: {', '.join(engine_names())}")
+        ENGINES.row(self.engine)  # an unknown name: the one message listing the engines
         _at_least_one(self, "batch_size", "workers", "max_pixels")
 
 

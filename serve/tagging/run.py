@@ -3,7 +3,7 @@ plan -> score -> journal -> outputs.
 
 1. **Plan** (:func:`serve.tagging.plan.plan_tagging`, once, before any model is loaded): the items to tag, what is
    already done, the model's metadata and thresholds, read without loading the model.
-2. **Score**: an engine (:mod:`serve.engines`: ``local``, ``ray``) turns the plan's to-do items into batches of
+2. **Score**: an engine (:mod:`serve.tagging.engines`: ``local``, ``ray``) turns the plan's to-do items into batches of
    scores or errors; that is all an engine does.
 3. **Journal** (:mod:`serve.tagging.journal`): each batch's records are appended to ``<output>.partial`` and
    flushed as it arrives, so a run killed at any point (SIGKILL included) resumes with ``existing="skip"`` and
@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from serve import DEFAULT_OUTPUT
-from serve.engines import get_engine
 from serve.outputs.records import iter_run_file
 from serve.outputs.run_summary import RunSummary, summarize_run_file, write_summary_reports
 from serve.outputs.stage import ErrorsWriter, OutputStage, RunFileWriter, SidecarWriter, TagFolderWriter, TagSelector
 from serve.outputs.thresholds import thresholds_source
+from serve.tagging.engines import get_engine
 from serve.tagging.job import TagJob
 from serve.tagging.journal import Journal, journal_path
 from serve.tagging.plan import TagPlan, plan_tagging

@@ -1,4 +1,4 @@
-"""Step 2 of the tagging pipeline, the one scoring loop: image items -> :class:`~serve.engines.Result` batches,
+"""Step 2 of the tagging pipeline, the one scoring loop: image items -> :class:`~serve.tagging.engines.Result` batches,
 decoding ahead of the model.
 
 Used by the local engine, by each model actor of the Ray engine and by the demo's batch tab, so every path decodes,
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from serve.engines import Result
+from serve.outputs.records import Result
 from serve.tagging.sources import Item, read_location
 
 if TYPE_CHECKING:

@@ -71,9 +71,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from models.data.dataset import FULL_LABELS
+from models.data.families import family_named
 from models.preprocess import EvalTransform
-from train.data.dataset import FULL_LABELS
-from train.data.families import family_named
+from models.registry import Registry
 from train.distributed import global_mean
 from train.pseudo_labels.spec import PseudoLabelSpec
 
@@ -176,7 +177,7 @@ class Method(nn.Module):
     trains_on_full_labels: ClassVar[bool] = False
     uses_observed_negatives: ClassVar[bool] = False  # reads batch["observed_negatives"] (the protocol's -1 entries)
     # reads ctx.expected_positives (k): the trainer resolves it (published, given, audit, or estimated and then
-    # updated through set_expected_positives after every epoch; train/expected_positives.py)
+    # updated through set_expected_positives after every epoch; models/evaluation/expected_positives.py)
     uses_expected_positives: ClassVar[bool] = False
     # --head-bias auto starts a new head at the label prior for this method (with a pretrained backbone or on fixed
     # features): measured better for the losses that take unobserved labels as negatives (an, bce, iun, the Large Loss
@@ -265,15 +266,10 @@ class Method(nn.Module):
         return dataclasses.asdict(self.hp)
 
 
-METHODS: dict[str, type[Method]] = {}
-
-
-def register(cls: type[Method]) -> type[Method]:
-    """Class decorator adding a method to :data:`METHODS` under ``cls.name``."""
-    if not cls.name or cls.name in METHODS:
-        raise ValueError(f"method name {cls.name!r} is empty or registered twice")
-    METHODS[cls.name] = cls
-    return cls
+#: The methods by name, in table order: the oracle bounds first, then the rest, each alphabetical.
+METHODS: Registry[type[Method]] = Registry("method", order=lambda row: (not row.value.trains_on_full_labels, row.name))
+#: Class decorator adding a method to :data:`METHODS` under ``cls.name`` (its ``description`` is its help).
+register = METHODS.register
 
 
 def _convert(value: str, annotation: Any) -> Any:
@@ -305,7 +301,7 @@ def _convert(value: str, annotation: Any) -> Any:
 def dataset_family(dataset: str) -> str:
     """The preset family of a dataset: a family as its kind declares it (``DatasetSplits.family``: ``voc``, ``coco``,
     ``nus``, ``cub``, ``builtin``), or a name that family declares (``voc2012`` -> ``voc``, ``builtin-default`` ->
-    ``builtin``: :func:`train.data.families.family_named`, the whole name); any other name is returned unchanged and
+    ``builtin``: :func:`models.data.families.family_named`, the whole name); any other name is returned unchanged and
     has no preset (a folder called ``coconut`` is not COCO)."""
     return family_named(dataset) or dataset
 

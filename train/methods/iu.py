@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from train.data.dataset import NEGATIVES
+from models.data.dataset import NEGATIVES
 from train.methods.base import LossOutput, Method, MethodContext, MethodHparams, neg_log, register
 
 

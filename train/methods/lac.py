@@ -2,7 +2,7 @@
 
 Needs the label-wise embedding head (``--head lem``, chosen automatically). Every step runs the weak view
 (the standard training view, ``images``) and the strong view (``images_strong``,
-:class:`train.data.augment.StrongTransform`) through the model in one forward pass of 2N images (the trainer
+:class:`models.data.augment.StrongTransform`) through the model in one forward pass of 2N images (the trainer
 does, as :meth:`~train.methods.base.Method.extra_views` and ``needs_embeddings`` ask); the loss gets the weak
 logits, ``logits_strong`` and the per-class embeddings of both views.
 
@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.data.augment import StrongTransform
 from models.preprocess import EvalTransform
-from train.data.augment import StrongTransform
 from train.distributed import gather_varying
 from train.methods.base import EpochEndContext, LossOutput, Method, MethodContext, MethodHparams, register
 

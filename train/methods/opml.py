@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import torch
 
+from models.evaluation.metrics import per_class_ap
 from train.methods.base import (
     POSITIVES,
     EpochEndContext,
@@ -34,7 +35,6 @@ from train.methods.base import (
     MethodHparams,
     register,
 )
-from train.metrics import per_class_ap
 
 
 def weighted_log_sum_exp(log_const: float, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

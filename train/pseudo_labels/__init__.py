@@ -6,5 +6,6 @@
   anything trains, prompts, preprocessing and the scoring pass;
 - :mod:`train.pseudo_labels.crops` - AEVLP's grid of crops and how their scores become pseudo-positives;
 - :mod:`train.pseudo_labels.store` - the ``pseudo_labels.npz`` file of a run (or ``--pseudo-labels FILE``);
-- :mod:`train.pseudo_labels.stage` - the stage the trainer runs: reuse, read or compute, select, report.
+The stage a run goes through (reuse, read or compute, select, report) is :mod:`train.pseudo_label_stage`, beside
+this package: it needs the run's config and method, which this package never imports.
 """

@@ -1,0 +1,53 @@
+"""The dataset families: the benchmarks the methods' published presets and ``--preset paper`` settings are keyed
+by (``voc``, ``coco``, ``nus``, ``cub``, and the procedural ``builtin``).
+
+A dataset's family is declared by its kind's row of the registry (:data:`models.data.registry.DATASET_KINDS`: every
+``voc:`` dataset is ``voc``); the kinds whose datasets may be a benchmark's (the seeds' ``formatted`` folders, a
+``csv`` or ``folder`` export of one) declare the family whose names include the folder's name, whole (formatted
+folders: with the family's class count). A folder called ``coconut`` is no family: it does not get COCO's
+presets.
+
+Each family declares its classes (in the order of its label matrices) and its ``names``: the dataset names its
+loader gives (``voc2012``, ``coco2014``, ``builtin-small``) and the names of the seeds' folders (``pascal``,
+``nuswide``), matched whole and case-insensitively (:func:`family_named`) - the one rule by which a name says a
+family.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from models.data.known_classes import COCO_CLASSES, CUB_ATTRIBUTES, NUS_WIDE_CONCEPTS
+from models.data.voc import VOC_CLASSES
+
+__all__ = ["FAMILIES", "Family", "family_named"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A dataset family: its ``name``, its ``classes`` (None: they vary, the built-in presets) and the regular
+    expression of the dataset ``names`` that are this family (matched whole, any case)."""
+
+    name: str
+    classes: tuple[str, ...] | None
+    names: str
+
+    def matches(self, name: str) -> bool:
+        """True when the dataset name ``name`` is this family's (the whole name, any case)."""
+        return re.fullmatch(self.names, name.strip(), re.IGNORECASE) is not None
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("voc", VOC_CLASSES, r"voc(2007|2012)?|pascal([_-]?voc)?"),
+    Family("coco", COCO_CLASSES, r"coco(2014|2017)?"),
+    Family("nus", NUS_WIDE_CONCEPTS, r"nus([_-]?wide)?"),
+    Family("cub", CUB_ATTRIBUTES, r"cub([_-]?200)?([_-]2011)?"),
+    Family("builtin", None, r"builtin(-[\w.-]+)?"),
+)}
+
+
+def family_named(name: str) -> str | None:
+    """The family whose declared names include the dataset name ``name`` (``voc2012`` -> ``voc``, ``nuswide`` ->
+    ``nus``), or None (``coconut``, ``mydata``)."""
+    return next((f.name for f in FAMILIES.values() if f.matches(name)), None)

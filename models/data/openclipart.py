@@ -1,0 +1,1014 @@
+"""The Open Clip Art Library 0.18 as a real, human-tagged multi-label dataset: ``--data openclipart[:DIR]``.
+
+Debian and Ubuntu package the library as ``openclipart-svg`` (``/usr/share/openclipart/svg``: 8,121 SVG files in 22
+category folders and their sub-folders, 663 of them symlinks) and ``openclipart-png`` (a PNG render of each,
+``/usr/share/openclipart/png``). Every SVG carries its uploader's keywords in its metadata
+(``<rdf:RDF><cc:Work><dc:subject><rdf:Bag><rdf:li>keyword</rdf:li>...``): a multi-label annotation made by
+people, with the noise people leave. This module cleans it with a fixed rule, rasterises the drawings once into
+the package cache and loads them as :class:`DatasetSplits`.
+
+Spec: ``openclipart[:DIR][?view=folders][&min-count=N]``. ``DIR`` (default ``/usr/share/openclipart/svg``) is the
+``svg`` folder of the package or of a copy with the same layout, or a folder holding ``svg/`` (and ``png/``); the
+PNG renders are looked up in the ``png`` folder beside ``svg``. ``min-count`` (default :data:`MIN_CLASS_COUNT`)
+is the least number of images a keyword needs to become a class. ``openclipart:?view=folders`` is the folder
+view (below).
+
+**Reading.** Every ``*.svg`` below ``DIR`` (files and symlinks; symlinked folders are not followed) is read once:
+files with identical bytes (a symlink, a copy) are ONE drawing whose keywords are the union of theirs and whose
+sources are all its paths. Keywords are parsed with :mod:`xml.etree.ElementTree` (expat: internal entities are
+expanded with its amplification limits, external ones are never fetched; ``defusedxml`` would refuse the
+entity declarations of Illustrator's SVGs, which are legitimate); a file that is not well-formed XML is
+``unreadable`` and left out. Both spellings of the keyword list are read: ``<dc:subject>`` with ``<rdf:li>``
+items (in a ``Bag``, ``Seq`` or ``Alt``), or with plain text. An item is split on ``,`` and ``;``, NFKC
+normalised, lower-cased, and its runs of spaces, ``-``, ``/`` and ``.`` become one ``_``
+(``"Mime-Types"`` -> ``mime_types``, ``"christmas tree"`` -> ``christmas_tree``).
+
+**The cleaning rule**, as data (module constants, all in the cache digest):
+
+1. :data:`DROPPED_FOLDERS`: drawings filed ONLY under ``special/gradients`` or ``special/patterns`` are left out:
+   colour swatches and tiling fills, not pictures of anything.
+2. :data:`BATCH_KEYWORDS`: a drawing carrying one of these keywords belongs to a machine-made batch whose
+   keywords label the batch, not the drawing, and is left out: ``magick`` (1,375 star polygons generated with
+   ImageMagick, all tagged ``stars shapes magick geometry``), ``theme`` and ``lemon_theme_icon`` (the icons of
+   the flat, lemon and etiquette desktop themes, about 1,420, tagged with their theme's words: ``computer icons
+   theme action application filesystem mimetypes``).
+3. Keywords that name no content are removed from every drawing: :data:`ARTIFACT_PATTERNS` (empty items, the
+   ``HASH(0x8a07724)`` and ``hash`` left by the library's import script, bare numbers),
+   :data:`DROPPED_KEYWORDS` (the library's own folder names, batch names: each with its reason) and
+   :data:`AUTHOR_KEYWORDS` (an author's name typed as a keyword).
+4. :data:`MERGED_KEYWORDS` maps plurals, spelling variants and synonyms onto one name (``icons`` -> ``icon``,
+   ``transportation`` -> ``transport``, ``xmas`` -> ``christmas``).
+5. A drawing left with no keyword is left out (``no keyword``); the others are rasterised (below); one that shows
+   nothing, or that neither cairosvg nor the PNG render can draw, is left out (``not rasterised``).
+6. Identical rasters from different files (the same picture saved twice with other metadata) are ONE image: the
+   first in sorted path order keeps its raster, the keywords and sources are the union (``merged duplicate``).
+7. A keyword on at least ``min-count`` images is a class (sorted by name); an image with none of the classes is
+   left out (``no frequent keyword``). An image's labels are its classes; the rarer keywords are kept in the
+   manifest for inspection.
+
+On the Debian package 0.18+dfsg-19 (``python -m models.data.openclipart`` prints it all): 8,121 SVG paths are
+7,458 distinct drawings; left out: 214 in a dropped folder, 2,799 batch drawings, 282 without a keyword, 5 not
+rasterised (blank on white: white lines, or an image linked from the author's disk), 317 identical rasters merged,
+290 with no frequent keyword; 26 are drawn from their PNG render (cairosvg cannot read their SVG). That leaves
+**3,551 images, 78 classes, 1.99 labels per image** (2,131 train, 710 val, 710 test). Rendering them took 311 s
+(one process, two busy cores); the cache holds 86 MB; a later load takes about 0.4 s.
+
+**Rasters.** Each drawing is rendered with cairosvg (imported only when something is rendered; ``pip install
+cairosvg``, which needs the system's cairo library, ``apt-get install libcairo2``) on white, cropped to the
+bounding box of its non-white pixels (any channel more than :data:`BACKGROUND_TOLERANCE` below 255) plus a
+margin of :data:`CROP_MARGIN` of the box's longest side, and resized to :data:`RASTER_SIZE` px on its longest
+side, so that 224 px training sees full resolution. It is first rendered with :data:`RENDER_SIZE` px on the
+page's longest side; a drawing smaller than :data:`RASTER_SIZE` px on that page (a small figure on a large page)
+is rendered again, larger (at most :data:`MAX_RENDER_SIZE` px), before cropping. An SVG without a size (or
+with a relative one) is drawn on a :data:`DEFAULT_PAGE` px page. Where cairosvg fails on the SVG, the package's
+PNG render is used, opened under PIL's decompression-bomb limit (a larger one counts as failed). A drawing that
+renders blank on white gets no fallback (its PNG render is blank too, or Inkscape's "Linked Image Not Found"
+placeholder, which would otherwise merge into one image with mixed labels); it is left out and counted.
+
+**Cache.** ``<cache>/openclipart/<digest>/`` (``<cache>``: ``$SPML_CACHE``, else ``~/.cache/spml``), where the
+digest covers the rule (every constant above, ``min-count``, the raster settings, :data:`RULE_VERSION`), the
+source folders and their listing (path, size, mtime of every entry): a changed rule or source is another folder,
+built afresh. It holds ``images/<name>-<id>.png`` with a ``.json`` record each (written atomically, temp file +
+rename, so an interrupted build resumes where it stopped; a progress bar shows the one-time rendering) and
+``manifest.json`` (written last): every image with its raster, split, labels, all its keywords, folder class,
+source paths and author, every left-out drawing with its reason, and the counts. A later load reads the manifest
+only (no SVG is parsed). A build runs under a file lock, so parallel processes (``torchrun``) build it once.
+
+**Splits.** Fixed, 60/20/20: the images are ranked by a hash of their identity (the BLAKE2b digest of the kept
+SVG's bytes) and the first 60% are train, the next 20% val, the rest test. An image's rank does not depend on
+the others, so a changed rule moves few images across splits. Train, val and test all carry the full keyword
+labels; the package's protocol draws one positive per training image for single-positive runs.
+
+**The folder view** (``openclipart[:DIR]?view=folders``, dataset name ``openclipart-folders``) is the same
+drawings as a user's own single-positive data: each train and val image gets exactly ONE positive, the class of
+its category folder: the deepest folder along its path whose name, normalised and merged like a keyword, is one
+of its classes (``animals/mammals/dogs/x.svg`` tagged ``dog mammal animal`` -> ``dog``; of an image's several
+paths, the first in sorted order that has one). Images with no such folder are left out of train and val
+(counted in a note). The view's classes are the folder classes of its training images; test images keep their
+full keyword labels over these classes (used only to score; test images with none of them are left out). On the
+Debian package: 2,636 of the 2,841 train and val images have a folder class (1,980 train, 656 val), 59 classes
+(``icon`` 142 training images ... ``navy`` 3); 205 have none (most are in ``signs_and_symbols/``, a folder name
+that is no class, tagged ``symbol`` or ``sign``; ``geography/`` maps tagged only ``map``, ...); 678 test images
+(32 have none of the 59 classes).
+
+:func:`export_folder_view` (``python -m models.data.openclipart --export-folders OUT``) writes the folder view as
+a real ``folder:`` tree: ``OUT/{train,val}/<class>/<image>`` (symlinks to the cached rasters, or hard links or
+copies) and ``OUT/test_labels.csv`` (``image,labels``, the ``csv:`` format: absolute paths, the test images'
+keyword labels), so ``--data folder:OUT`` trains as a user would and ``csv:OUT/test_labels.csv`` scores it. The
+full keyword labels of train and val stay out of ``OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import unicodedata
+import xml.etree.ElementTree as ET
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from models.data.csv_format import emit_note
+from models.data.drawings import (
+    BACKGROUND_TOLERANCE,
+    CROP_MARGIN,
+    MAX_RENDER_SIZE,
+    RASTER_SIZE,
+    RENDER_SIZE,
+    BlankDrawing,
+    cairosvg_svg2png,
+    content_box,
+    raster_of_bitmap,
+    raster_of_svg,
+)
+from models.data.spec_options import split_spec_options
+from models.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
+from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.file_lock import file_lock
+
+__all__ = [
+    "ARTIFACT_PATTERNS",
+    "AUTHOR_KEYWORDS",
+    "BATCH_KEYWORDS",
+    "DEFAULT_ROOT",
+    "DROPPED_FOLDERS",
+    "DROPPED_KEYWORDS",
+    "MERGED_KEYWORDS",
+    "MIN_CLASS_COUNT",
+    "OPENCLIPART_OPTIONS",
+    "RASTER_SIZE",
+    "canonical_keyword",
+    "content_box",
+    "ensure_openclipart",
+    "export_folder_view",
+    "folder_class",
+    "load_openclipart",
+    "load_openclipart_spec",
+    "normalise_keyword",
+    "openclipart_dataset_name",
+    "rasterise_drawing",
+    "read_svg_metadata",
+]
+
+DEFAULT_ROOT = Path("/usr/share/openclipart/svg")
+DEBIAN_PACKAGE = "openclipart-svg"
+#: Bumped when the code (not only the constants) changes what a build produces; part of the cache digest.
+RULE_VERSION = 1
+MANIFEST_FORMAT = 1
+MANIFEST_NAME = "manifest.json"
+OPENCLIPART_OPTIONS = ("view", "min-count")
+VIEWS = ("keywords", "folders")
+
+#: A keyword on fewer images than this is not a class (the spec's ``min-count`` overrides it).
+MIN_CLASS_COUNT = 25
+#: Fractions of the images in train, val and test (by hash rank).
+SPLIT_FRACTIONS = (("train", 0.6), ("val", 0.2), ("test", 0.2))
+
+_DC = "{http://purl.org/dc/elements/1.1/}"
+_RDF = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}"
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cleaning rule, as data. Measured on the Debian package 0.18 (counts are distinct drawings).
+
+#: Folders (relative to DIR, POSIX) whose drawings are left out when they are filed nowhere else.
+DROPPED_FOLDERS: dict[str, str] = {
+    "special/gradients": "118 colour-gradient swatches (gradient-americana.svg, ...), tagged only 'gradients "
+                         "special': fills for other drawings, no subject",
+    "special/patterns": "96 tiling patterns (pattern-arches-intersecting-1.svg, ...): fills, no subject",
+}
+
+#: A drawing carrying one of these keywords is part of a machine-made batch and is left out.
+BATCH_KEYWORDS: dict[str, str] = {
+    "magick": "shapes/stars: 1,375 star polygons generated with ImageMagick (star_49pt05step.svg, ...), every one "
+              "tagged 'stars shapes magick geometry'; near-identical images with identical labels",
+    "theme": "computer/icons/{flat,lemon,etiquette}-theme: about 1,420 icons of three desktop themes, tagged with "
+             "the theme's words (computer icons theme action application filesystem mimetypes), not their picture",
+    "lemon_theme_icon": "the lemon theme's marker (416 icons, some also filed under computer/); they carry "
+                        "'theme' too, listed so that a copy without it is caught as well",
+}
+
+#: Whole keywords removed from every drawing: artifacts of the library's import script.
+ARTIFACT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r""), "an empty <rdf:li> (3,364 files)"),
+    (re.compile(r"hash|hash\(0x[0-9a-f]+\)"), "'HASH(0x8a07724)' / 'hash': a Perl reference printed by the import "
+                                              "script instead of a keyword (1,795 files)"),
+    (re.compile(r"\d+"), "a bare number ('11' on 28 unrelated drawings)"),
+)
+
+#: Keywords removed from every drawing, with the reason.
+DROPPED_KEYWORDS: dict[str, str] = {
+    "signs_and_symbols": "the library's folder name, added by its import script (229)",
+    "unsorted": "the library's 'not yet sorted' folder name (133)",
+    "special": "the library's folder name of the gradients and patterns (121)",
+    "gradients": "the gradient swatches' batch keyword (their folder is dropped)",
+    "openclipart": "the library's own name",
+    "united_nations_member": "labels the whole batch of national flags (175): a political fact, not visible",
+    "subnational": "labels the batch of French regional flags (40): a political fact, not visible",
+    "menu": "labels one author's whole batch of food and party drawings (130) by their purpose; they are also "
+            "tagged food, dessert, beverage, ...",
+    "webpage": "labels one author's batch of web buttons and arrows (72) by their purpose; they are also tagged "
+               "button, arrow",
+    "white": "the name of one 54-card deck (recreation/games/cards/white); the cards are tagged 'card'",
+    "ornamental": "the name of one 54-card deck (recreation/games/cards/ornamental)",
+    "simple": "the name of one 54-card deck (recreation/games/cards/simple)",
+    "bordered": "the name of one 54-card deck (recreation/games/cards/bordered)",
+}
+
+#: Author names typed as keywords (the name is in <dc:creator>, kept in the manifest as ``author``).
+AUTHOR_KEYWORDS: dict[str, str] = {
+    "architetto_francesco_rollandin": "Architetto Francesco Rollandin tagged 58 of his drawings with his name",
+}
+
+#: Plurals, spelling variants and synonyms -> one keyword (applied to folder names too, for the folder view).
+MERGED_KEYWORDS: dict[str, str] = {
+    # plurals (and the plural folder names: animals/, birds/, flags/, ...)
+    "activities": "activity", "animals": "animal", "arrows": "arrow", "beverages": "beverage", "birds": "bird",
+    "books": "book", "buildings": "building", "buttons": "button", "callouts": "callout", "cards": "card",
+    "clocks": "clock", "containers": "container", "decorations": "decoration", "desserts": "dessert",
+    "dinosaurs": "dinosaur", "dogs": "dog", "flags": "flag", "flowers": "flower", "fruits": "fruit",
+    "games": "game", "hats": "hat", "holidays": "holiday", "horses": "horse", "houses": "house",
+    "icons": "icon", "ideas": "idea", "logos": "logo", "mammals": "mammal", "maps": "map", "plants": "plant",
+    "roadsigns": "roadsign", "shapes": "shape", "signs": "sign", "smilies": "smiley", "sports": "sport",
+    "stars": "star", "states": "state", "symbols": "symbol", "tools": "tool", "toys": "toy", "trees": "tree",
+    "valentines": "valentine", "vegetables": "vegetable", "vehicles": "vehicle", "weapons": "weapon",
+    # spelling variants
+    "vegitable": "vegetable", "xmass": "christmas", "unitedstates": "united_states",
+    "northamerica": "north_america", "latinamerica": "latin_america", "mime_types": "mimetypes",
+    "stickman": "stickmen", "map_symbols": "map_symbol", "mapsym": "map_symbol",
+    # synonyms
+    "transportation": "transport", "xmas": "christmas", "appicon": "icon", "arrowshape": "arrow",
+    "caution": "warning", "bug": "insect", "bugs": "insect", "boating": "boat", "home": "house", "homes": "house",
+}
+
+_SEPARATORS = re.compile(r"[\s\-/.]+")
+_ITEM_SPLIT = re.compile(r"[,;]")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_HASH_BYTES = 1 << 20
+
+LEFT_OUT_REASONS = ("unreadable", "dropped folder", "batch drawing", "no keyword", "not rasterised",
+                    "merged duplicate", "no frequent keyword")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Keywords
+
+
+def normalise_keyword(text: str) -> list[str]:
+    """Split one ``<rdf:li>`` (or plain ``<dc:subject>``) text on ``,`` and ``;`` and normalise each part: NFKC,
+    lower case, surrounding spaces and quotes stripped, runs of spaces, ``-``, ``/`` and ``.`` turned into one
+    ``_``. Empty parts are kept as ``""`` (the caller's rule drops them)."""
+    parts = []
+    for part in _ITEM_SPLIT.split(unicodedata.normalize("NFKC", text or "")):
+        word = _SEPARATORS.sub("_", part.strip().strip("\"'").lower()).strip("_")
+        parts.append(word)
+    return parts
+
+
+def drop_reason(keyword: str) -> str | None:
+    """Why the rule removes the normalised ``keyword`` (an artifact, a dropped or author keyword), or None."""
+    for pattern, reason in ARTIFACT_PATTERNS:
+        if pattern.fullmatch(keyword):
+            return f"artifact: {reason}"
+    if keyword in DROPPED_KEYWORDS:
+        return DROPPED_KEYWORDS[keyword]
+    if keyword in AUTHOR_KEYWORDS:
+        return f"author name: {AUTHOR_KEYWORDS[keyword]}"
+    return None
+
+
+def canonical_keyword(keyword: str) -> str | None:
+    """The class name of a normalised keyword under the rule: None when it is removed, else its merged form."""
+    if drop_reason(keyword) is not None:
+        return None
+    merged = MERGED_KEYWORDS.get(keyword, keyword)
+    return None if drop_reason(merged) is not None else merged
+
+
+def canonical_keywords(texts: list[str]) -> list[str]:
+    """The sorted canonical keywords of raw keyword texts (each split, normalised, dropped or merged)."""
+    found = {canonical_keyword(word) for text in texts for word in normalise_keyword(text)}
+    return sorted(word for word in found if word)
+
+
+@dataclass
+class SvgMetadata:
+    """What an SVG's metadata says: its raw keyword texts and its author (``<dc:creator>``'s title)."""
+
+    keywords: list[str]
+    author: str = ""
+
+
+def read_svg_metadata(path: Path) -> SvgMetadata:
+    """Parse ``path`` with :mod:`xml.etree.ElementTree` and return its keywords and author. Raises
+    ``ET.ParseError`` (not well-formed XML) or ``OSError``."""
+    tree = ET.parse(path)
+    keywords: list[str] = []
+    for subject in tree.iter(f"{_DC}subject"):
+        items = list(subject.iter(f"{_RDF}li"))
+        keywords += [item.text or "" for item in items] if items else [subject.text or ""]
+    author = ""
+    for creator in tree.iter(f"{_DC}creator"):
+        titles = [(title.text or "").strip() for title in creator.iter(f"{_DC}title")]
+        author = next((t for t in titles if t), (creator.text or "").strip())
+        if author:
+            break
+    return SvgMetadata(keywords, author)
+
+
+def folder_class(sources: list[str], classes: set[str] | frozenset[str]) -> str | None:
+    """The folder-view class of an image: for each of its ``sources`` (relative POSIX paths) in sorted order, the
+    deepest folder whose name, normalised and merged like a keyword, is in ``classes``; the first found, or None."""
+    for source in sorted(sources):
+        for folder in reversed(PurePosixPath(source).parent.parts):
+            for word in normalise_keyword(folder):
+                name = canonical_keyword(word)
+                if name is not None and name in classes:
+                    return name
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rasters
+
+
+def _cairosvg_svg2png() -> Callable[..., bytes]:
+    """cairosvg's ``svg2png``, imported on first use; a clear :class:`DataError` when it cannot be."""
+    return cairosvg_svg2png("openclipart")
+
+
+def _failure(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 200 characters) of an exception."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+
+
+def rasterise_drawing(svg: Path, fallbacks: list[Path],
+                      svg2png: Callable[..., bytes] | None = None) -> tuple[Image.Image | None, str, str]:
+    """Rasterise one drawing: ``(image, "svg", "")`` from the SVG; when cairosvg fails on it, ``(image, "png",
+    why)`` from the first PNG render of ``fallbacks`` that exists; else ``(None, "", reason)``. A blank SVG gets
+    no fallback (its PNG render is blank too, or Inkscape's "Linked Image Not Found" placeholder). ``svg2png``
+    defaults to cairosvg's."""
+    renderer = svg2png if svg2png is not None else _cairosvg_svg2png()
+    try:
+        return raster_of_svg(renderer, svg), "svg", ""
+    except BlankDrawing as exc:
+        return None, "", f"svg: {exc}"
+    except Exception as exc:  # cairosvg raises many types on bad SVGs
+        reason = f"svg: {_failure(exc)}"
+    for png in fallbacks:
+        if not png.is_file():
+            continue
+        try:
+            return raster_of_bitmap(png), "png", reason
+        except Exception as exc:  # PIL raises many types; DecompressionBombError/Warning included
+            return None, "", f"{reason}; png render {png.name}: {_failure(exc)}"
+    return None, "", f"{reason}; no png render"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scanning the source tree
+
+
+@dataclass
+class _Drawing:
+    """One distinct SVG (identical bytes): every path below the root that holds it, and what its metadata says."""
+
+    digest: str  # BLAKE2b of the bytes: the drawing's identity
+    real: Path  # the file read
+    sources: list[str] = field(default_factory=list)  # relative POSIX paths (files and symlinks), sorted
+    keywords: list[str] = field(default_factory=list)  # canonical
+    batch: list[str] = field(default_factory=list)  # batch keywords found
+    author: str = ""
+    problem: str = ""  # a LEFT_OUT_REASONS entry, "" while kept
+    detail: str = ""
+
+
+@dataclass
+class _Source:
+    """The folders a build reads."""
+
+    svg: Path
+    png: Path | None
+
+
+def resolve_source(root: Path | str | None) -> _Source:
+    """The SVG folder (``root``, its ``svg/`` sub-folder when it has one, or :data:`DEFAULT_ROOT`) and the PNG
+    renders' folder beside it (``png/``, None when absent). A missing folder raises :class:`DataError` naming the
+    Debian package and the ``openclipart:DIR`` form."""
+    given = root is not None and str(root).strip() != ""
+    path = Path(str(root).strip()).expanduser() if given else DEFAULT_ROOT
+    path = path.absolute()
+    if (path / "svg").is_dir():
+        path = path / "svg"
+    if not path.is_dir():
+        raise DataError(
+            f"openclipart: {path}: no such folder. The Open Clip Art Library 0.18 is the Debian/Ubuntu package "
+            f"{DEBIAN_PACKAGE}: `sudo apt-get install {DEBIAN_PACKAGE}` (openclipart-png adds the PNG renders used "
+            "where an SVG does not render); or give another copy of the same layout with "
+            "--data openclipart:DIR (DIR: its svg folder, or the folder holding svg/ and png/)"
+        )
+    png = path.parent / "png"
+    return _Source(path, png if path.name == "svg" and png.is_dir() else None)
+
+
+def _svg_entries(root: Path) -> list[tuple[str, os.stat_result, str]]:
+    """``(relative POSIX path, lstat, link target or "")`` of every ``*.svg`` below ``root`` (files and symlinks;
+    hidden entries skipped, symlinked folders not followed), sorted by path."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            if name.startswith(".") or not name.lower().endswith(".svg"):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                info = os.lstat(path)
+                target = os.readlink(path) if os.path.islink(path) else ""
+            except OSError:
+                continue
+            found.append((Path(path).relative_to(root).as_posix(), info, target))
+    return sorted(found, key=lambda entry: entry[0])
+
+
+def source_fingerprint(source: _Source) -> str:
+    """A digest of the SVG folder's listing (every ``*.svg``'s path, size, mtime and link target): a changed
+    source is another cache folder. One ``lstat`` per entry, no file read."""
+    digest = hashlib.blake2b(digest_size=16)
+    for rel, info, target in _svg_entries(source.svg):
+        digest.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\0{target}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _scan(source: _Source, left_out: list[dict[str, Any]]) -> tuple[list[_Drawing], dict[str, int]]:
+    """Read every SVG below the source once: group identical files (by inode, then by content) into drawings
+    and parse each drawing's metadata. Unreadable files go to ``left_out``. Returns the drawings (sorted by
+    first source) and counts of what was found."""
+    entries = _svg_entries(source.svg)
+    if not entries:
+        raise DataError(f"openclipart: {source.svg}: no .svg file below this folder (expected the layout of the "
+                        f"{DEBIAN_PACKAGE} package: <category>/[<sub-folder>/]<drawing>.svg)")
+    by_inode: dict[tuple[int, int], list[str]] = defaultdict(list)
+    real_of: dict[tuple[int, int], Path] = {}
+    for rel, _info, _target in entries:
+        path = source.svg / rel
+        try:
+            info = os.stat(path)
+        except OSError as exc:  # a dangling symlink
+            left_out.append({"sources": [rel], "reason": "unreadable", "detail": exc.strerror or str(exc)})
+            continue
+        key = (info.st_dev, info.st_ino)
+        by_inode[key].append(rel)
+        real_of.setdefault(key, Path(os.path.realpath(path)))
+    drawings: dict[str, _Drawing] = {}
+    for key, rels in by_inode.items():
+        try:
+            digest = _file_digest(real_of[key])
+        except OSError as exc:
+            left_out.append({"sources": sorted(rels), "reason": "unreadable", "detail": exc.strerror or str(exc)})
+            continue
+        drawing = drawings.setdefault(digest, _Drawing(digest, real_of[key]))
+        drawing.sources += rels
+    for drawing in drawings.values():
+        drawing.sources.sort()
+    ordered = sorted(drawings.values(), key=lambda d: d.sources[0])
+    for drawing in ordered:
+        drawing.real = source.svg / drawing.sources[0]
+        try:
+            meta = read_svg_metadata(drawing.real)
+        except (ET.ParseError, OSError, UnicodeError) as exc:
+            drawing.problem, drawing.detail = "unreadable", f"{type(exc).__name__}: {exc}"
+            continue
+        drawing.author = meta.author
+        words = {word for text in meta.keywords for word in normalise_keyword(text)}
+        drawing.batch = sorted(words & set(BATCH_KEYWORDS))
+        drawing.keywords = canonical_keywords(meta.keywords)
+    counts = {"svg_paths": len(entries), "symlinks": sum(1 for _, _, target in entries if target),
+              "drawings": len(ordered)}
+    return ordered, counts
+
+
+def _in_dropped_folder(sources: list[str]) -> bool:
+    """True when every source path lies below one of :data:`DROPPED_FOLDERS`."""
+    return all(any(PurePosixPath(s).is_relative_to(folder) for folder in DROPPED_FOLDERS) for s in sources)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cache
+
+
+def _cache_root() -> Path:
+    from models.data.builtin import cache_root  # lazy: builtin imports the scene generator
+
+    return cache_root()
+
+
+def rule_description(min_count: int) -> dict[str, Any]:
+    """The rule and raster settings as JSON data (what the cache digest covers, besides the source)."""
+    return {
+        "rule_version": RULE_VERSION,
+        "dropped_folders": sorted(DROPPED_FOLDERS),
+        "batch_keywords": sorted(BATCH_KEYWORDS),
+        "artifact_patterns": [pattern.pattern for pattern, _ in ARTIFACT_PATTERNS],
+        "dropped_keywords": sorted(DROPPED_KEYWORDS),
+        "author_keywords": sorted(AUTHOR_KEYWORDS),
+        "merged_keywords": [list(pair) for pair in sorted(MERGED_KEYWORDS.items())],
+        "min_count": int(min_count),
+        "splits": [list(pair) for pair in SPLIT_FRACTIONS],
+        "raster": {"size": RASTER_SIZE, "render": RENDER_SIZE, "max_render": MAX_RENDER_SIZE,
+                   "margin": CROP_MARGIN, "tolerance": BACKGROUND_TOLERANCE, "format": "png", "background": "white"},
+    }
+
+
+def cache_digest(source: _Source, min_count: int) -> str:
+    """The cache folder's name: a digest of :func:`rule_description`, the source folders and their listing."""
+    payload = {"rule": rule_description(min_count), "svg": str(source.svg),
+               "png": str(source.png) if source.png else None, "listing": source_fingerprint(source)}
+    text = json.dumps(payload, sort_keys=True, ensure_ascii=True)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _raster_name(drawing: _Drawing) -> str:
+    stem = _NAME_UNSAFE.sub("_", PurePosixPath(drawing.sources[0]).stem)[:60].strip("._") or "drawing"
+    return f"{stem}-{drawing.digest[:12]}"
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _rasterise_all(drawings: list[_Drawing], source: _Source, images: Path, progress: bool | None) -> None:
+    """Render every drawing that has no record yet (resumable): ``images/<name>.png`` then ``<name>.json``, each
+    written atomically."""
+    todo = []
+    for drawing in drawings:
+        name = _raster_name(drawing)
+        record = _read_record(images / f"{name}.json")
+        if record is None or (record.get("status") == "ok" and not (images / f"{name}.png").is_file()):
+            todo.append(drawing)
+    if not todo:
+        return
+    svg2png = _cairosvg_svg2png()
+    images.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(todo, desc="openclipart: rendering (once)", unit="drawing", file=sys.stderr,
+               disable=None if progress is None else not progress)
+    for drawing in bar:
+        name = _raster_name(drawing)
+        fallbacks = [source.png / PurePosixPath(s).with_suffix(".png") for s in drawing.sources] if source.png else []
+        started = time.perf_counter()
+        image, origin, reason = rasterise_drawing(drawing.real, fallbacks, svg2png)
+        record: dict[str, Any] = {"svg": drawing.sources[0]}
+        if image is None:
+            record.update(status="failed", reason=reason)
+        else:
+            with atomic_path(images / f"{name}.png", suffix=".png") as tmp:
+                image.save(tmp, format="PNG")
+            pixels = hashlib.blake2b(np.asarray(image).tobytes(), digest_size=16)
+            pixels.update(f"{image.width}x{image.height}".encode())
+            record.update(status="ok", raster=origin, svg_error=reason, pixels=pixels.hexdigest(),
+                          size=[image.width, image.height])
+        record["seconds"] = round(time.perf_counter() - started, 4)
+        atomic_write_text(images / f"{name}.json", json.dumps(record, sort_keys=True))
+
+
+def _split_key(identity: str) -> str:
+    return hashlib.blake2b(f"openclipart-split:{identity}".encode(), digest_size=16).hexdigest()
+
+
+def _assign_splits(identities: list[str]) -> list[str]:
+    """Split names for ``identities``: ranked by a hash of each, the first 60% train, the next 20% val, the
+    rest test (:data:`SPLIT_FRACTIONS`)."""
+    order = sorted(range(len(identities)), key=lambda i: _split_key(identities[i]))
+    splits = [""] * len(identities)
+    start = 0
+    for position, (name, fraction) in enumerate(SPLIT_FRACTIONS):
+        stop = len(order) if position == len(SPLIT_FRACTIONS) - 1 else start + round(fraction * len(order))
+        for i in order[start:stop]:
+            splits[i] = name
+        start = stop
+    return splits
+
+
+def _build_manifest(source: _Source, folder: Path, digest: str, min_count: int,
+                    progress: bool | None) -> dict[str, Any]:
+    """Scan, clean, rasterise (resumable) and return the manifest of one cache folder."""
+    left_out: list[dict[str, Any]] = []
+    drawings, counts = _scan(source, left_out)
+    candidates: list[_Drawing] = []
+    for drawing in drawings:
+        if not drawing.problem:
+            if _in_dropped_folder(drawing.sources):
+                drawing.problem = "dropped folder"
+            elif drawing.batch:
+                drawing.problem, drawing.detail = "batch drawing", ", ".join(drawing.batch)
+            elif not drawing.keywords:
+                drawing.problem = "no keyword"
+        if drawing.problem:
+            left_out.append({"sources": drawing.sources, "reason": drawing.problem, "detail": drawing.detail})
+        else:
+            candidates.append(drawing)
+    images_dir = folder / "images"
+    _rasterise_all(candidates, source, images_dir, progress)
+
+    groups: dict[str, list[tuple[_Drawing, dict[str, Any]]]] = {}
+    render_seconds = 0.0
+    fallbacks = 0
+    for drawing in candidates:
+        record = _read_record(images_dir / f"{_raster_name(drawing)}.json") or {}
+        render_seconds += float(record.get("seconds", 0.0))
+        if record.get("status") != "ok":
+            left_out.append({"sources": drawing.sources, "reason": "not rasterised",
+                             "detail": str(record.get("reason", "no record"))})
+            continue
+        fallbacks += record.get("raster") == "png"
+        groups.setdefault(str(record["pixels"]), []).append((drawing, record))
+
+    merged: list[dict[str, Any]] = []
+    for members in groups.values():  # candidates are in sorted path order, so members[0] is the first
+        first, record = members[0]
+        for other, _ in members[1:]:
+            left_out.append({"sources": other.sources, "reason": "merged duplicate",
+                             "detail": f"identical raster: merged into {first.sources[0]}"})
+        merged.append({
+            "id": first.digest,
+            "file": f"images/{_raster_name(first)}.png",
+            "keywords": sorted({k for member, _ in members for k in member.keywords}),
+            "sources": sorted({s for member, _ in members for s in member.sources}),
+            "author": first.author,
+            "raster": record.get("raster", "svg"),
+            "size": record.get("size"),
+        })
+    counter = Counter(k for image in merged for k in image["keywords"])
+    classes = sorted(k for k, n in counter.items() if n >= min_count)
+    kept_classes = set(classes)
+    images = []
+    for image in merged:
+        labels = [k for k in image["keywords"] if k in kept_classes]
+        if not labels:
+            left_out.append({"sources": image["sources"], "reason": "no frequent keyword",
+                             "detail": " ".join(image["keywords"])})
+            continue
+        image["labels"] = labels
+        image["folder_class"] = folder_class(image["sources"], set(labels))
+        images.append(image)
+    images.sort(key=lambda image: image["sources"][0])
+    for image, split in zip(images, _assign_splits([image["id"] for image in images]), strict=True):
+        image["split"] = split
+    left_out.sort(key=lambda entry: (LEFT_OUT_REASONS.index(entry["reason"]), entry["sources"][0]))
+    counts.update({
+        "left_out": {reason: sum(1 for e in left_out if e["reason"] == reason) for reason in LEFT_OUT_REASONS},
+        "png_fallbacks": fallbacks,
+        "render_seconds": round(render_seconds, 1),
+        "images": len(images),
+        "classes": len(classes),
+    })
+    return {
+        "format": MANIFEST_FORMAT,
+        "digest": digest,
+        "source": {"svg": str(source.svg), "png": str(source.png) if source.png else None},
+        "rule": rule_description(min_count),
+        "counts": counts,
+        "classes": classes,
+        "keyword_counts": dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "images": images,
+        "left_out": left_out,
+    }
+
+
+def _valid_manifest(manifest: Any, digest: str, folder: Path) -> bool:
+    """True when ``manifest`` is complete, of this code's format and digest, and its rasters exist."""
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT or manifest.get("digest") != digest:
+        return False
+    return all((folder / image["file"]).is_file() for image in manifest.get("images", []))
+
+
+def ensure_openclipart(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
+                       cache_dir: Path | None = None, progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
+    """Return ``(cache folder, manifest)`` of the cleaned dataset, building it first when the folder
+    ``<cache>/openclipart/<digest>/`` has no valid manifest (none yet, another format or digest, a raster
+    missing); an interrupted build resumes. ``cache_dir`` defaults to ``$SPML_CACHE``, else ``~/.cache/spml``."""
+    if isinstance(min_count, bool) or int(min_count) < 1:
+        raise DataError(f"openclipart: min-count must be a positive integer, got {min_count!r}")
+    source = resolve_source(root)
+    digest = cache_digest(source, int(min_count))
+    parent = Path(cache_dir if cache_dir is not None else _cache_root()).expanduser() / "openclipart"
+    folder = parent / digest
+    manifest_path = folder / MANIFEST_NAME
+
+    def read() -> Any:
+        try:
+            return json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    manifest = read()
+    if _valid_manifest(manifest, digest, folder):
+        return folder, manifest
+    with file_lock(parent / f".{digest}.lock"):
+        manifest = read()
+        if _valid_manifest(manifest, digest, folder):  # another process built it while we waited
+            return folder, manifest
+        manifest = _build_manifest(source, folder, digest, int(min_count), progress)
+        if not manifest["images"]:
+            raise DataError(f"openclipart: {source.svg}: no image is left after cleaning (min-count {min_count}); "
+                            f"left out: {manifest['counts']['left_out']}")
+        atomic_write_text(manifest_path, json.dumps(manifest, indent=1, ensure_ascii=False))
+    return folder, manifest
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _labelled(rows: list[tuple[Path, list[str]]], classes: list[str]) -> LabelledImages:
+    index = {name: i for i, name in enumerate(classes)}
+    labels = np.zeros((len(rows), len(classes)), dtype=np.uint8)
+    for row, (_, names) in enumerate(rows):
+        for name in names:
+            labels[row, index[name]] = 1
+    return LabelledImages([path for path, _ in rows], labels, list(classes))
+
+
+def _format_left_out(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} {reason}" for reason, n in counts.items() if n)
+
+
+def _keyword_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dict[str, LabelledImages], list[str]]:
+    classes = list(manifest["classes"])
+    parts = {split: _labelled([(folder / image["file"], image["labels"]) for image in manifest["images"]
+                               if image["split"] == split], classes) for split, _ in SPLIT_FRACTIONS}
+    counts = manifest["counts"]
+    labels = sum(len(image["labels"]) for image in manifest["images"])
+    notes = [
+        f"openclipart: {counts['images']:,} images ({', '.join(f'{s} {len(p):,}' for s, p in parts.items())}), "
+        f"{len(classes)} classes (keywords on >= {manifest['rule']['min_count']} images), "
+        f"{labels / max(1, counts['images']):.2f} labels per image, from {counts['drawings']:,} distinct drawings "
+        f"({counts['svg_paths']:,} SVG paths)",
+        f"openclipart: left out: {_format_left_out(counts['left_out'])} "
+        f"(python -m models.data.openclipart prints the rule and the counts)",
+    ]
+    return classes, parts, notes
+
+
+def _folder_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dict[str, LabelledImages], list[str]]:
+    images = manifest["images"]
+    classes = sorted({image["folder_class"] for image in images
+                      if image["split"] == "train" and image["folder_class"] is not None})
+    known = set(classes)
+    rows: dict[str, list[tuple[Path, list[str]]]] = {"train": [], "val": [], "test": []}
+    no_folder = Counter()
+    unseen_val = 0
+    for image in images:
+        path = folder / image["file"]
+        if image["split"] == "test":
+            labels = [name for name in image["labels"] if name in known]
+            if labels:
+                rows["test"].append((path, labels))
+            else:
+                no_folder["test"] += 1
+        elif image["folder_class"] is None:
+            no_folder[image["split"]] += 1
+        elif image["folder_class"] not in known:
+            unseen_val += 1
+        else:
+            rows[image["split"]].append((path, [image["folder_class"]]))
+    parts = {split: _labelled(part, classes) for split, part in rows.items()}
+    notes = [
+        f"openclipart folders: one positive per train/val image, its category folder's class: "
+        f"{len(parts['train']):,} train, {len(parts['val']):,} val images, {len(classes)} classes; test "
+        f"{len(parts['test']):,} images with their full keyword labels",
+        f"openclipart folders: left out {no_folder['train'] + no_folder['val']:,} train/val images whose folders "
+        f"name none of their classes" + (f", {unseen_val} val images of a class with no training image"
+                                         if unseen_val else "")
+        + f", {no_folder['test']:,} test images with none of the view's classes",
+    ]
+    return classes, parts, notes
+
+
+def openclipart_dataset_name(argument: str) -> str:
+    """The dataset name of an ``openclipart:`` argument, without loading: ``openclipart``, or
+    ``openclipart-folders`` for the folder view."""
+    try:
+        _, options = split_spec_options(argument, OPENCLIPART_OPTIONS, "openclipart")
+    except DataError:
+        return "openclipart"
+    return "openclipart-folders" if options.get("view") == "folders" else "openclipart"
+
+
+def load_openclipart(root: Path | str | None = None, view: str = "keywords", min_count: int = MIN_CLASS_COUNT,
+                     cache_dir: Path | None = None, progress: bool | None = None) -> DatasetSplits:
+    """Load the cleaned Open Clip Art Library (module docstring) as :class:`DatasetSplits`, building the cache
+    first if needed. ``view``: ``keywords`` (every split with the full keyword labels; name ``openclipart``) or
+    ``folders`` (one positive per train/val image, its category folder's class; name ``openclipart-folders``).
+    ``source`` is the normalised spec."""
+    if view not in VIEWS:
+        raise DataError(f"openclipart: unknown view {view!r} (use {' or '.join(VIEWS)})")
+    folder, manifest = ensure_openclipart(root, min_count, cache_dir, progress)
+    build = _folder_view if view == "folders" else _keyword_view
+    classes, parts, notes = build(folder, manifest)
+    if not len(parts["train"]):
+        raise DataError(f"openclipart: {manifest['source']['svg']}: the {view} view has no training image")
+    options = [f"view={view}"] if view != "keywords" else []
+    if int(min_count) != MIN_CLASS_COUNT:
+        options.append(f"min-count={int(min_count)}")
+    source = f"openclipart:{manifest['source']['svg']}" + (f"?{'&'.join(options)}" if options else "")
+    splits = DatasetSplits(
+        name="openclipart-folders" if view == "folders" else "openclipart", source=source, classes=classes,
+        train=parts["train"], val=parts["val"] if len(parts["val"]) else None,
+        test=parts["test"] if len(parts["test"]) else None,
+        # the keywords are the uploaders' complete annotation of the benchmark; the folder view's train and val
+        # labels are one folder each, as a user's own data (only its test keeps the keyword labels)
+        complete_splits=("test",) if view == "folders" else ALL_SPLITS,
+    )
+    for note in notes:
+        emit_note(splits.notes, note)
+    return splits
+
+
+def _parse_argument(argument: str) -> tuple[str, str, int]:
+    """``DIR[?view=folders&min-count=N]`` -> (DIR, view, min count)."""
+    path, options = split_spec_options(argument, OPENCLIPART_OPTIONS, "openclipart")
+    view = options.get("view", "keywords") or "keywords"
+    if view not in VIEWS:
+        raise DataError(f"openclipart:{argument}: unknown view {view!r} (use view=folders, or no view for the "
+                        "keyword labels)")
+    text = options.get("min-count", str(MIN_CLASS_COUNT))
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"openclipart:{argument}: min-count must be a positive integer, got {text!r}")
+    return path.strip(), view, int(text)
+
+
+def load_openclipart_spec(argument: str) -> DatasetSplits:
+    """``openclipart[:DIR][?view=folders][&min-count=N]``: the Open Clip Art Library (module docstring); an empty
+    ``DIR`` is ``/usr/share/openclipart/svg``."""
+    path, view, min_count = _parse_argument(argument)
+    return load_openclipart(path or None, view=view, min_count=min_count)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The folder view as a real folder tree
+
+
+def _place(target: Path, link: Path, how: str) -> None:
+    if how == "symlink":
+        link.symlink_to(target)
+    elif how == "hardlink":
+        os.link(target, link)
+    else:
+        shutil.copyfile(target, link)
+
+
+def export_folder_view(out: Path, root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
+                       link: str = "symlink", cache_dir: Path | None = None,
+                       progress: bool | None = None) -> dict[str, int]:
+    """Write the folder view as a ``folder:`` tree: ``out/{train,val}/<class>/<image>.png`` (a ``symlink``, a
+    ``hardlink`` or a ``copy`` of each cached raster; ``out/test`` is left out) and ``out/test_labels.csv``
+    (``image,labels``: absolute raster paths and the test images' keyword labels over the view's classes, the
+    ``csv:`` format). ``out`` must not exist or be empty. Returns the number of images written per split."""
+    if link not in ("symlink", "hardlink", "copy"):
+        raise DataError(f"openclipart: unknown link kind {link!r} (use symlink, hardlink or copy)")
+    out = Path(out).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"openclipart: {out}: exists and is not an empty folder; give a new folder")
+    splits = load_openclipart(root, view="folders", min_count=min_count, cache_dir=cache_dir, progress=progress)
+    written = {}
+    for split in ("train", "val"):
+        part = getattr(splits, split)
+        if part is None:
+            continue
+        for path, row in zip(part.paths, part.labels, strict=True):
+            (name,) = [splits.classes[j] for j in np.flatnonzero(row)]
+            target = out / split / name / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _place(path, target, link)
+        written[split] = len(part)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["image", "labels"])
+    test = splits.test
+    for path, row in zip(test.paths if test else [], test.labels if test else [], strict=True):
+        writer.writerow([str(path), ";".join(splits.classes[j] for j in np.flatnonzero(row))])
+    atomic_write_text(out / "test_labels.csv", buffer.getvalue())
+    written["test"] = len(test) if test is not None else 0
+    return written
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def _folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def report(folder: Path, manifest: dict[str, Any]) -> str:
+    """The cleaning report of a built cache folder: counts per reason, classes with their image counts per
+    split, labels per image, the folder view's size (train/val images with a folder class, its classes)."""
+    counts, images = manifest["counts"], manifest["images"]
+    lines = [
+        f"cache: {folder} ({_folder_size(folder) / 1e6:.1f} MB)",
+        f"source: {manifest['source']['svg']} (PNG renders: {manifest['source']['png'] or 'none'})",
+        f"SVG paths: {counts['svg_paths']:,} ({counts['symlinks']:,} symlinks); distinct drawings: "
+        f"{counts['drawings']:,}",
+        "left out / merged, by reason (in the order the rule applies them):",
+        *(f"  {reason:<20} {n:>6,}" for reason, n in counts["left_out"].items()),
+        f"rasterised from the PNG render (SVG failed): {counts['png_fallbacks']}; rendering time (sum over "
+        f"drawings): {counts['render_seconds']:.0f} s",
+    ]
+    by_split = Counter(image["split"] for image in images)
+    labels = sum(len(image["labels"]) for image in images)
+    lines.append(f"images: {len(images):,} (train {by_split['train']:,}, val {by_split['val']:,}, test "
+                 f"{by_split['test']:,}); classes: {len(manifest['classes'])} (min count "
+                 f"{manifest['rule']['min_count']}); labels per image: {labels / max(1, len(images)):.2f}")
+    lines.append("classes (images: all / train / val / test):")
+    per: dict[str, Counter[str]] = {name: Counter() for name in manifest["classes"]}
+    for image in images:
+        for name in image["labels"]:
+            per[name][image["split"]] += 1
+    for name in sorted(per, key=lambda n: (-sum(per[n].values()), n)):
+        c = per[name]
+        lines.append(f"  {name:<22} {sum(c.values()):>5} {c['train']:>5} {c['val']:>5} {c['test']:>5}")
+    train_val = [image for image in images if image["split"] != "test"]
+    placed = Counter(image["split"] for image in train_val if image["folder_class"] is not None)
+    folder_classes = Counter(image["folder_class"] for image in train_val
+                             if image["split"] == "train" and image["folder_class"] is not None)
+    lines.append(f"folder view: {sum(placed.values()):,} of {len(train_val):,} train/val images have a folder "
+                 f"class (train {placed['train']:,}, val {placed['val']:,}); {len(folder_classes)} classes; "
+                 f"{len(train_val) - sum(placed.values()):,} left out")
+    lines.append("  " + ", ".join(f"{name} {n}" for name, n in folder_classes.most_common()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: build the cache if needed, print the cleaning report; ``--export-folders OUT`` writes the
+    folder view as a ``folder:`` tree. Returns the exit status (2 on a data error)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m models.data.openclipart",
+        description="The Open Clip Art Library 0.18 (Debian package openclipart-svg) as a multi-label dataset: "
+                    "clean its keywords, render the drawings once into the cache, print the cleaning report.",
+    )
+    parser.add_argument("root", nargs="?", default=None, metavar="DIR",
+                        help=f"the svg folder (default: {DEFAULT_ROOT}), or a folder holding svg/ and png/")
+    parser.add_argument("--min-count", type=int, default=MIN_CLASS_COUNT,
+                        help="least number of images a keyword needs to be a class (default: %(default)s)")
+    parser.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                        help="cache root; the data goes to DIR/openclipart/<digest>/ (default: $SPML_CACHE, else "
+                             "~/.cache/spml)")
+    parser.add_argument("--export-folders", type=Path, default=None, metavar="OUT",
+                        help="also write the folder view as OUT/{train,val}/<class>/<image> + OUT/test_labels.csv")
+    parser.add_argument("--link", choices=("symlink", "hardlink", "copy"), default="symlink",
+                        help="how --export-folders places the images (default: %(default)s)")
+    parser.add_argument("--rule", action="store_true", help="also print every dropped/merged keyword and why")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        started = time.perf_counter()
+        folder, manifest = ensure_openclipart(args.root, args.min_count, args.cache, progress=not args.quiet)
+        print(f"ready in {time.perf_counter() - started:.1f} s")
+        if args.rule:
+            print("dropped folders:\n" + "".join(f"  {k}: {v}\n" for k, v in DROPPED_FOLDERS.items()), end="")
+            print("batch keywords:\n" + "".join(f"  {k}: {v}\n" for k, v in BATCH_KEYWORDS.items()), end="")
+            print("artifacts:\n" + "".join(f"  /{p.pattern}/: {v}\n" for p, v in ARTIFACT_PATTERNS), end="")
+            print("dropped keywords:\n" + "".join(f"  {k}: {v}\n" for k, v in
+                                                 {**DROPPED_KEYWORDS, **AUTHOR_KEYWORDS}.items()), end="")
+            print("merged: " + ", ".join(f"{k}->{v}" for k, v in MERGED_KEYWORDS.items()))
+        print(report(folder, manifest))
+        if args.export_folders is not None:
+            written = export_folder_view(args.export_folders, args.root, args.min_count, args.link, args.cache,
+                                         progress=not args.quiet)
+            print(f"folder view written to {args.export_folders.absolute()}: train {written.get('train', 0)}, "
+                  f"val {written.get('val', 0)}, test_labels.csv {written['test']} rows; train it with "
+                  f"--data folder:{args.export_folders}")
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

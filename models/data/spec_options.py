@@ -1,0 +1,27 @@
+"""Options inside a dataset spec: ``kind:PATH?key=value&flag`` (e.g. ``nus:/data/nus?images=/mnt/flickr``).
+
+One parser for every loader that takes options, so that every ``--data`` kind spells them the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from models.data.types import DataError
+
+
+def split_spec_options(argument: str, known: Collection[str], kind: str) -> tuple[str, dict[str, str]]:
+    """Split ``PATH?key=value&flag`` into ``(PATH, {key: value, flag: ""})``.
+
+    Every key must be in ``known``; an unknown one raises :class:`DataError` naming the accepted keys. A path
+    without ``?`` has no options."""
+    path, _, query = argument.partition("?")
+    options: dict[str, str] = {}
+    for part in filter(None, query.split("&")):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in known:
+            accepted = ", ".join(sorted(known)) or "none"
+            raise DataError(f"{kind}:{argument}: unknown option {key!r} (accepted: {accepted})")
+        options[key] = value.strip()
+    return path, options

@@ -1,0 +1,576 @@
+"""The Tux Paint stamps as a real, human-tagged multi-label dataset: ``--data tuxpaint[:DIR]``.
+
+Debian and Ubuntu package Tux Paint's default stamp collection as ``tuxpaint-stamps-default``
+(``/usr/share/tuxpaint/stamps``): about a thousand drawings (PNG, and SVG for some) filed by their authors in a
+category tree (``animals/amphibians/frog.png``), most with a one-line English description beside them
+(``frog.txt``, first line ``A frog.``; the other lines are its translations). Two human annotations of each drawing,
+the folder it was filed in and the words it was described with, become its labels under a fixed rule; the drawings
+are rasterised once into the package cache (:mod:`models.data.drawings`: on white, cropped to what is drawn, 256 px)
+and loaded as :class:`DatasetSplits`.
+
+Spec: ``tuxpaint[:DIR][?view=folders][&min-count=N]``. ``DIR`` (default ``/usr/share/tuxpaint/stamps``) is the
+stamps folder or a copy with the same layout; ``min-count`` (default :data:`MIN_CLASS_COUNT`) is the least number
+of images a label needs to become a class.
+
+**Reading.** A stamp is every ``<name>.png`` / ``<name>.svg`` below ``DIR`` (hidden entries skipped); a stamp with
+both is drawn from its PNG (Tux Paint's bitmap), one with only an SVG is rendered with cairosvg. Its description is
+the first line of ``<name>.txt`` (none when there is no such file).
+
+**The cleaning rule**, as data (module constants, all in the cache digest):
+
+1. :data:`DROPPED_FOLDERS`: stamps below ``symbols/alphabets`` are left out (letters in several fonts and the
+   American Sign Language hand signs: glyphs whose folders name a font variant, not a picture).
+2. Folder labels: every folder along the stamp's path, lower-cased, ``-`` and spaces as ``_``, except
+   :data:`STYLE_FOLDERS` (folders that name how it is drawn or how the authors sorted it, not what it shows).
+3. Description labels: the words of the description (runs of letters, NFKC, lower-cased) of at least
+   :data:`MIN_WORD_LENGTH` letters that are not in :data:`STOP_WORDS` (function words and words that name no
+   visible content: ``called``, ``piece``, ``move``).
+4. :data:`MERGED_LABELS` maps plurals and variants onto one name, for folders and words alike (``mammals`` ->
+   ``mammal``, ``cents`` -> ``cent``).
+5. Identical rasters (the same picture filed twice) are ONE image: the first in sorted path order keeps its raster,
+   the labels are the union (``merged duplicate``). A stamp that cannot be rasterised, or shows nothing on white,
+   is left out (``not rasterised``).
+6. A label on at least ``min-count`` images is a class (sorted by name); an image with none of the classes is left
+   out (``no frequent label``).
+
+On the Debian package 2022.06.04-1 (``python -m models.data.tuxpaint`` prints it all and the classes): see the
+report for the exact counts (about 800 images, 60 classes, 2 labels per image).
+
+**Splits.** Grouped, 60/20/20: a stamp's group is its folder and its name without a trailing number
+(``frog``, ``frog-1``, ``frog_2`` are one group: variants of one drawing never straddle two splits); groups are
+ranked by a hash of their name and filled into train until it holds 60% of the images, then val to 80%, the rest
+test. Every split carries the full labels; the package's protocol draws one positive per training image.
+
+**The folder view** (``tuxpaint?view=folders``, dataset name ``tuxpaint-folders``): the same images as a user's own
+single-positive data, each train and val image with ONE positive, the deepest folder along its path that is one of
+its classes (``animals/mammals/bovines/cow.png`` -> ``bovine``); images with no such folder are left out of train
+and val; test keeps the full labels over the view's classes (to score only).
+
+**Cache.** ``<cache>/tuxpaint/<digest>/`` (``<cache>``: ``$SPML_CACHE``, else ``~/.cache/spml``), the digest covering
+the rule, the raster settings, :data:`RULE_VERSION` and the source folder's listing: ``images/<name>-<id>.png``
+(each written atomically; an interrupted build resumes) and ``manifest.json`` (written last). A build runs under a
+file lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from models.data.csv_format import emit_note
+from models.data.drawings import RASTER_SIZE, cairosvg_svg2png, raster_of_bitmap, raster_of_svg
+from models.data.spec_options import split_spec_options
+from models.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
+from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.file_lock import file_lock
+
+__all__ = ["DEFAULT_ROOT", "DROPPED_FOLDERS", "MERGED_LABELS", "MIN_CLASS_COUNT", "STOP_WORDS", "STYLE_FOLDERS",
+           "description_labels", "ensure_tuxpaint", "folder_labels", "load_tuxpaint", "load_tuxpaint_spec",
+           "stamp_group", "tuxpaint_dataset_name"]
+
+DEFAULT_ROOT = Path("/usr/share/tuxpaint/stamps")
+DEBIAN_PACKAGE = "tuxpaint-stamps-default"
+RULE_VERSION = 1
+MANIFEST_FORMAT = 1
+MANIFEST_NAME = "manifest.json"
+TUXPAINT_OPTIONS = ("view", "min-count")
+VIEWS = ("labels", "folders")
+IMAGE_SUFFIXES = (".png", ".svg")
+
+#: A label on fewer images than this is not a class (the spec's ``min-count`` overrides it).
+MIN_CLASS_COUNT = 8
+#: Description words shorter than this are not labels.
+MIN_WORD_LENGTH = 3
+#: Fractions of the images in train, val and test (filled group by group in hash order).
+SPLIT_FRACTIONS = (("train", 0.6), ("val", 0.2), ("test", 0.2))
+
+#: Folders (relative to DIR, POSIX) whose stamps are left out, with the reason.
+DROPPED_FOLDERS: dict[str, str] = {
+    "symbols/alphabets": "158 letters (filled, outlined, upper and lower case of four alphabets) and hand signs "
+                         "of the American Sign Language: glyphs whose folders name a font variant",
+}
+
+#: Folder names that say how a stamp is drawn or sorted, not what it shows (never labels).
+STYLE_FOLDERS: dict[str, str] = {
+    "cartoon": "a drawing style (animals/dinosaur/cartoon, vehicles/locomotive/cartoon, ...), in many categories",
+    "00_symbols": "symbols/money/00_symbols: a sorting folder of currency signs",
+}
+
+#: Plurals and variants -> one label (folder names and description words alike).
+MERGED_LABELS: dict[str, str] = {
+    "amphibians": "amphibian", "animals": "animal", "apes": "ape", "apples": "apple", "balloons": "balloon",
+    "bears": "bear", "birds": "bird", "body_parts": "body_part", "bovines": "bovine", "candles": "candle",
+    "cats": "cat", "cents": "cent", "cherries": "cherry", "coins": "coin", "dinosaurs": "dinosaur", "dishes": "dish",
+    "dogs": "dog", "eggs": "egg", "equines": "equine", "eyes": "eye", "flags": "flag", "flowers": "flower",
+    "hats": "hat", "hobbies": "hobby", "houses": "house", "insects": "insect", "lizards": "lizard",
+    "mammals": "mammal", "marsupials": "marsupial", "monuments": "monument", "mushrooms": "mushroom",
+    "notes": "note", "nuts": "nut", "operators": "operator", "planes": "plane", "planets": "planet",
+    "plants": "plant", "rodents": "rodent", "roadsigns": "roadsign", "shapes": "shape", "sports": "sport",
+    "squares": "square", "stars": "star", "stones": "stone", "symbols": "symbol", "tools": "tool", "toys": "toy",
+    "trees": "tree", "utensils": "utensil", "vegetables": "vegetable", "vehicles": "vehicle",
+}
+
+#: Description words that are not labels: function words, numbers and words that name no visible content.
+STOP_WORDS: frozenset[str] = frozenset((
+    "about", "also", "and", "another", "any", "are", "as", "at", "back", "been", "but", "by", "called", "can",
+    "could", "did", "does", "doing", "each", "else", "even", "every", "first", "for", "from", "get", "gets", "go",
+    "goes", "had", "half", "has", "have", "her", "here", "his", "how", "if", "into", "is", "its", "it", "just",
+    "kind", "like", "look", "looks", "made", "make", "makes", "many", "means", "more", "most", "move", "moves",
+    "much", "not", "one", "only", "onto", "other", "our", "out", "over", "own", "part", "piece", "pair", "put",
+    "same", "second", "set", "she", "some", "such", "than", "that", "the", "their", "them", "then", "there", "these",
+    "they", "this", "those", "three", "through", "two", "type", "under", "upon", "use", "used", "very", "was", "way",
+    "were", "what", "when", "where", "which", "while", "who", "will", "with", "you", "your", "four", "five", "six",
+    "seven", "eight", "nine", "ten",
+))
+
+_LEFT_OUT_REASONS = ("dropped folder", "not rasterised", "merged duplicate", "no frequent label")
+_WORD = re.compile(r"[a-z]+")
+_TRAILING_NUMBER = re.compile(r"[-_ ]?\d+$")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Labels
+
+
+def _canonical(name: str) -> str:
+    return MERGED_LABELS.get(name, name)
+
+
+def folder_labels(relative: str) -> list[str]:
+    """The folder labels of a stamp at ``relative`` (POSIX path below DIR): every folder along it, normalised and
+    merged, style folders left out; in path order, each once."""
+    labels: list[str] = []
+    for folder in PurePosixPath(relative).parent.parts:
+        name = re.sub(r"[\s-]+", "_", unicodedata.normalize("NFKC", folder).strip().lower())
+        if name and name not in STYLE_FOLDERS and _canonical(name) not in labels:
+            labels.append(_canonical(name))
+    return labels
+
+
+def description_labels(description: str) -> list[str]:
+    """The labels of a description: its words (letters only, lower case) of at least :data:`MIN_WORD_LENGTH`
+    letters that are not stop words, merged; sorted, each once."""
+    words = _WORD.findall(unicodedata.normalize("NFKC", description).lower())
+    return sorted({_canonical(w) for w in words if len(w) >= MIN_WORD_LENGTH and w not in STOP_WORDS})
+
+
+def stamp_group(relative: str) -> str:
+    """A stamp's split group: its folder and its name without a trailing number (``animals/frog-1`` ->
+    ``animals/frog``)."""
+    path = PurePosixPath(relative)
+    stem = _TRAILING_NUMBER.sub("", path.stem) or path.stem
+    return str(path.parent / stem)
+
+
+def deepest_folder_class(relative: str, classes: set[str]) -> str | None:
+    """The folder view's class of a stamp: the deepest folder along its path whose label is in ``classes``."""
+    for label in reversed(folder_labels(relative)):
+        if label in classes:
+            return label
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading the stamps
+
+
+@dataclass
+class _Stamp:
+    """One stamp: its path below DIR without suffix, the file drawn, its description and labels."""
+
+    relative: str  # POSIX, no suffix
+    image: Path
+    description: str
+    labels: list[str] = field(default_factory=list)
+
+
+def resolve_root(root: Path | str | None) -> Path:
+    """The stamps folder: ``root`` or :data:`DEFAULT_ROOT`; a :class:`DataError` naming the Debian package when it
+    is missing."""
+    given = root is not None and str(root).strip() != ""
+    path = (Path(str(root).strip()).expanduser() if given else DEFAULT_ROOT).absolute()
+    if (path / "stamps").is_dir():
+        path = path / "stamps"
+    if not path.is_dir():
+        raise DataError(
+            f"tuxpaint: {path}: no such folder. The Tux Paint stamps are the Debian/Ubuntu package "
+            f"{DEBIAN_PACKAGE}: `sudo apt-get install {DEBIAN_PACKAGE}`; or give a copy of the same layout with "
+            "--data tuxpaint:DIR (DIR: the stamps folder, <category>/[<sub-folder>/]<name>.png with <name>.txt)"
+        )
+    return path
+
+
+def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
+    """``(relative POSIX path, stat)`` of every image and description file below ``root``, sorted by path (hidden
+    entries skipped)."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            if name.startswith(".") or not name.lower().endswith((*IMAGE_SUFFIXES, ".txt")):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                found.append((Path(path).relative_to(root).as_posix(), os.stat(path)))
+            except OSError:
+                continue
+    return sorted(found, key=lambda entry: entry[0])
+
+
+def _read_description(path: Path) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().strip()
+    except OSError:
+        return ""
+
+
+def _scan(root: Path) -> list[_Stamp]:
+    """Every stamp below ``root`` (sorted by path), with its image file (the PNG when it has one) and description."""
+    files: dict[str, dict[str, Path]] = {}
+    for rel, _ in _entries(root):
+        stem, suffix = rel.rsplit(".", 1)
+        files.setdefault(stem, {})[f".{suffix.lower()}"] = root / rel
+    stamps = []
+    for stem in sorted(files):
+        found = files[stem]
+        image = found.get(".png") or found.get(".svg")
+        if image is None:
+            continue
+        description = _read_description(found[".txt"]) if ".txt" in found else ""
+        stamps.append(_Stamp(stem, image, description))
+    if not stamps:
+        raise DataError(f"tuxpaint: {root}: no .png or .svg stamp below this folder (expected the layout of the "
+                        f"{DEBIAN_PACKAGE} package: <category>/[<sub-folder>/]<name>.png with <name>.txt)")
+    return stamps
+
+
+def _dropped(relative: str) -> bool:
+    return any(PurePosixPath(relative).is_relative_to(folder) for folder in DROPPED_FOLDERS)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cache
+
+
+def rule_description(min_count: int) -> dict[str, Any]:
+    """The rule and raster settings as JSON data (what the cache digest covers, besides the source listing)."""
+    return {
+        "rule_version": RULE_VERSION, "dropped_folders": sorted(DROPPED_FOLDERS),
+        "style_folders": sorted(STYLE_FOLDERS),
+        "merged": sorted(MERGED_LABELS.items()), "stop_words": sorted(STOP_WORDS), "min_word_length": MIN_WORD_LENGTH,
+        "min_count": int(min_count), "splits": [list(pair) for pair in SPLIT_FRACTIONS], "raster_size": RASTER_SIZE,
+    }
+
+
+def cache_digest(root: Path, min_count: int) -> str:
+    """The cache folder's name: a digest of the rule, the source folder and its listing (path, size, mtime)."""
+    listing = hashlib.blake2b(digest_size=16)
+    for rel, info in _entries(root):
+        listing.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    payload = {"rule": rule_description(min_count), "root": str(root), "listing": listing.hexdigest()}
+    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def _raster_name(stamp: _Stamp) -> str:
+    identity = hashlib.blake2b(stamp.relative.encode(), digest_size=6).hexdigest()
+    return f"{_NAME_UNSAFE.sub('_', PurePosixPath(stamp.relative).name)[:60]}-{identity}.png"
+
+
+def _rasterise_all(stamps: list[_Stamp], images: Path, progress: bool | None) -> dict[str, str]:
+    """Rasterise every stamp that has no raster yet (resumable: each raster is written atomically); returns the
+    reason per stamp that could not be rasterised."""
+    failed: dict[str, str] = {}
+    todo = [s for s in stamps if not (images / _raster_name(s)).is_file()]
+    if not todo:
+        return failed
+    images.mkdir(parents=True, exist_ok=True)
+    svg2png = None
+    for stamp in tqdm(todo, desc="tuxpaint: rasterising (once)", unit="stamp", file=sys.stderr,
+                      disable=None if progress is None else not progress):
+        try:
+            if stamp.image.suffix.lower() == ".svg":
+                svg2png = svg2png or cairosvg_svg2png("tuxpaint")
+                image = raster_of_svg(svg2png, stamp.image)
+            else:
+                image = raster_of_bitmap(stamp.image)
+        except DataError:
+            raise
+        except Exception as exc:  # PIL and cairosvg raise many types on bad files
+            message = str(exc).strip().splitlines()
+            failed[stamp.relative] = f"{type(exc).__name__}: {message[0][:200] if message else ''}"
+            continue
+        with atomic_path(images / _raster_name(stamp), suffix=".png") as tmp:
+            image.save(tmp, format="PNG")
+    return failed
+
+
+def _pixels_digest(path: Path) -> str:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        data = np.asarray(image.convert("RGB"))
+    digest = hashlib.blake2b(data.tobytes(), digest_size=16)
+    digest.update(f"{data.shape}".encode())
+    return digest.hexdigest()
+
+
+def _assign_splits(groups: list[str]) -> list[str]:
+    """Split names for images with the given ``groups``: groups ranked by a hash of their name, filled into train
+    until it holds 60% of the images, then val to 80%, the rest test (:data:`SPLIT_FRACTIONS`)."""
+    sizes = Counter(groups)
+    order = sorted(sizes, key=lambda g: hashlib.blake2b(f"tuxpaint-split:{g}".encode(), digest_size=16).hexdigest())
+    split_of: dict[str, str] = {}
+    filled, bound, position = 0, SPLIT_FRACTIONS[0][1] * len(groups), 0
+    for group in order:
+        while position < len(SPLIT_FRACTIONS) - 1 and filled >= bound:
+            position += 1
+            bound += SPLIT_FRACTIONS[position][1] * len(groups)
+        split_of[group] = SPLIT_FRACTIONS[position][0]
+        filled += sizes[group]
+    return [split_of[g] for g in groups]
+
+
+def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progress: bool | None) -> dict[str, Any]:
+    """Scan, label, rasterise (resumable) and return the manifest of one cache folder."""
+    stamps = _scan(root)
+    left_out: list[dict[str, str]] = []
+    candidates = []
+    for stamp in stamps:
+        if _dropped(stamp.relative):
+            left_out.append({"stamp": stamp.relative, "reason": "dropped folder"})
+            continue
+        stamp.labels = sorted(set(folder_labels(stamp.relative)) | set(description_labels(stamp.description)))
+        candidates.append(stamp)
+    images_dir = folder / "images"
+    failed = _rasterise_all(candidates, images_dir, progress)
+    merged: dict[str, dict[str, Any]] = {}
+    for stamp in candidates:
+        raster = images_dir / _raster_name(stamp)
+        if stamp.relative in failed or not raster.is_file():
+            left_out.append({"stamp": stamp.relative, "reason": "not rasterised",
+                             "detail": failed.get(stamp.relative, "no raster")})
+            continue
+        key = _pixels_digest(raster)
+        if key in merged:
+            first = merged[key]
+            first["labels"] = sorted(set(first["labels"]) | set(stamp.labels))
+            first["sources"].append(stamp.image.relative_to(root).as_posix())
+            left_out.append({"stamp": stamp.relative, "reason": "merged duplicate",
+                             "detail": f"identical raster: merged into {first['stamp']}"})
+            continue
+        merged[key] = {"stamp": stamp.relative, "file": f"images/{raster.name}", "description": stamp.description,
+                       "sources": [stamp.image.relative_to(root).as_posix()], "labels": stamp.labels}
+    counter = Counter(label for image in merged.values() for label in image["labels"])
+    classes = sorted(label for label, n in counter.items() if n >= min_count)
+    kept = set(classes)
+    images = []
+    for image in merged.values():
+        image["all_labels"] = image["labels"]
+        image["labels"] = [label for label in image["labels"] if label in kept]
+        if not image["labels"]:
+            left_out.append({"stamp": image["stamp"], "reason": "no frequent label",
+                             "detail": " ".join(image["all_labels"])})
+            continue
+        image["folder_class"] = deepest_folder_class(image["stamp"], kept)
+        images.append(image)
+    for image, split in zip(images, _assign_splits([stamp_group(i["stamp"]) for i in images]), strict=True):
+        image["split"] = split
+    return {
+        "format": MANIFEST_FORMAT, "digest": digest, "source": str(root), "rule": rule_description(min_count),
+        "counts": {"stamps": len(stamps), "images": len(images), "classes": len(classes),
+                   "left_out": {reason: sum(1 for e in left_out if e["reason"] == reason)
+                                for reason in _LEFT_OUT_REASONS}},
+        "classes": classes, "label_counts": dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "images": images, "left_out": left_out,
+    }
+
+
+def _valid_manifest(manifest: Any, digest: str, folder: Path) -> bool:
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT or manifest.get("digest") != digest:
+        return False
+    return all((folder / image["file"]).is_file() for image in manifest.get("images", []))
+
+
+def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT, cache_dir: Path | None = None,
+                    progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
+    """``(cache folder, manifest)`` of the cleaned stamps, building the cache first when it has no valid manifest
+    (an interrupted build resumes). ``cache_dir`` defaults to ``$SPML_CACHE``, else ``~/.cache/spml``."""
+    if isinstance(min_count, bool) or int(min_count) < 1:
+        raise DataError(f"tuxpaint: min-count must be a positive integer, got {min_count!r}")
+    source = resolve_root(root)
+    digest = cache_digest(source, int(min_count))
+    if cache_dir is None:
+        from models.data.builtin import cache_root  # lazy: builtin imports the scene generator
+
+        cache_dir = cache_root()
+    parent = Path(cache_dir).expanduser() / "tuxpaint"
+    folder = parent / digest
+
+    def read() -> Any:
+        try:
+            return json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    manifest = read()
+    if _valid_manifest(manifest, digest, folder):
+        return folder, manifest
+    with file_lock(parent / f".{digest}.lock"):
+        manifest = read()
+        if _valid_manifest(manifest, digest, folder):  # another process built it while we waited
+            return folder, manifest
+        manifest = _build_manifest(source, folder, digest, int(min_count), progress)
+        if not manifest["images"]:
+            raise DataError(f"tuxpaint: {source}: no image is left after cleaning (min-count {min_count}); left "
+                            f"out: {manifest['counts']['left_out']}")
+        atomic_write_text(folder / MANIFEST_NAME, json.dumps(manifest, indent=1, ensure_ascii=False))
+    return folder, manifest
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _labelled(rows: list[tuple[Path, list[str]]], classes: list[str]) -> LabelledImages:
+    index = {name: i for i, name in enumerate(classes)}
+    labels = np.zeros((len(rows), len(classes)), dtype=np.uint8)
+    for row, (_, names) in enumerate(rows):
+        labels[row, [index[name] for name in names]] = 1
+    return LabelledImages([path for path, _ in rows], labels, list(classes))
+
+
+def tuxpaint_dataset_name(argument: str) -> str:
+    """``tuxpaint``, or ``tuxpaint-folders`` for the folder view, without loading."""
+    try:
+        _, options = split_spec_options(argument, TUXPAINT_OPTIONS, "tuxpaint")
+    except DataError:
+        return "tuxpaint"
+    return "tuxpaint-folders" if options.get("view") == "folders" else "tuxpaint"
+
+
+def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_count: int = MIN_CLASS_COUNT,
+                  cache_dir: Path | None = None, progress: bool | None = None) -> DatasetSplits:
+    """Load the cleaned Tux Paint stamps (module docstring) as :class:`DatasetSplits`, building the cache first if
+    needed. ``view``: ``labels`` (every split with its full labels; name ``tuxpaint``) or ``folders`` (one positive
+    per train/val image, its deepest folder class; name ``tuxpaint-folders``)."""
+    if view not in VIEWS:
+        raise DataError(f"tuxpaint: unknown view {view!r} (use view=folders, or no view for the full labels)")
+    folder, manifest = ensure_tuxpaint(root, min_count, cache_dir, progress)
+    images = manifest["images"]
+    if view == "folders":
+        classes = sorted({i["folder_class"] for i in images if i["split"] == "train" and i["folder_class"]})
+        known = set(classes)
+        rows: dict[str, list[tuple[Path, list[str]]]] = {"train": [], "val": [], "test": []}
+        for image in images:
+            path = folder / image["file"]
+            if image["split"] == "test":
+                labels = [name for name in image["labels"] if name in known]
+                if labels:
+                    rows["test"].append((path, labels))
+            elif image["folder_class"] in known:
+                rows[image["split"]].append((path, [image["folder_class"]]))
+    else:
+        classes = list(manifest["classes"])
+        rows = {split: [(folder / i["file"], i["labels"]) for i in images if i["split"] == split]
+                for split, _ in SPLIT_FRACTIONS}
+    parts = {split: _labelled(part, classes) for split, part in rows.items()}
+    if not len(parts["train"]):
+        raise DataError(f"tuxpaint: {manifest['source']}: the {view} view has no training image")
+    options = [f"view={view}"] if view != "labels" else []
+    if int(min_count) != MIN_CLASS_COUNT:
+        options.append(f"min-count={int(min_count)}")
+    splits = DatasetSplits(
+        name="tuxpaint-folders" if view == "folders" else "tuxpaint",
+        source=f"tuxpaint:{manifest['source']}" + (f"?{'&'.join(options)}" if options else ""), classes=classes,
+        train=parts["train"], val=parts["val"] if len(parts["val"]) else None,
+        test=parts["test"] if len(parts["test"]) else None,
+        complete_splits=("test",) if view == "folders" else ALL_SPLITS,
+    )
+    labels = sum(len(p.labels.nonzero()[0]) for p in parts.values())
+    total = sum(len(p) for p in parts.values())
+    emit_note(splits.notes, f"tuxpaint{'-folders' if view == 'folders' else ''}: {total:,} images ("
+              + ", ".join(f"{s} {len(p):,}" for s, p in parts.items()) + f"), {len(classes)} classes, "
+              f"{labels / max(1, total):.2f} labels per image (python -m models.data.tuxpaint prints the rule)")
+    return splits
+
+
+def load_tuxpaint_spec(argument: str) -> DatasetSplits:
+    """``tuxpaint[:DIR][?view=folders][&min-count=N]``: the Tux Paint stamps (module docstring)."""
+    path, options = split_spec_options(argument, TUXPAINT_OPTIONS, "tuxpaint")
+    view = options.get("view", "labels") or "labels"
+    text = options.get("min-count", str(MIN_CLASS_COUNT))
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"tuxpaint:{argument}: min-count must be a positive integer, got {text!r}")
+    return load_tuxpaint(path.strip() or None, view=view, min_count=int(text))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def report(folder: Path, manifest: dict[str, Any]) -> str:
+    """The cleaning report of a built cache folder: counts per reason, labels per image, classes per split."""
+    counts, images = manifest["counts"], manifest["images"]
+    by_split = Counter(image["split"] for image in images)
+    labels = sum(len(image["labels"]) for image in images)
+    lines = [f"cache: {folder}", f"source: {manifest['source']}", f"stamps: {counts['stamps']:,}",
+             "left out / merged, by reason: " + ", ".join(f"{n} {r}" for r, n in counts["left_out"].items()),
+             f"images: {len(images):,} (train {by_split['train']}, val {by_split['val']}, test {by_split['test']}); "
+             f"classes: {len(manifest['classes'])} (min count {manifest['rule']['min_count']}); labels per image: "
+             f"{labels / max(1, len(images)):.2f}", "classes (images: all / train / val / test):"]
+    per: dict[str, Counter[str]] = {name: Counter() for name in manifest["classes"]}
+    for image in images:
+        for name in image["labels"]:
+            per[name][image["split"]] += 1
+    for name in sorted(per, key=lambda n: (-sum(per[n].values()), n)):
+        c = per[name]
+        lines.append(f"  {name:<14} {sum(c.values()):>5} {c['train']:>5} {c['val']:>5} {c['test']:>5}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the cache if needed and print the cleaning report; exit status 2 on a data error."""
+    parser = argparse.ArgumentParser(prog="python -m models.data.tuxpaint", description="The Tux Paint stamps (Debian "
+                                     f"package {DEBIAN_PACKAGE}) as a multi-label dataset: label them by the rule, "
+                                     "rasterise them once into the cache, print the report.")
+    parser.add_argument("root", nargs="?", default=None, metavar="DIR", help=f"default: {DEFAULT_ROOT}")
+    parser.add_argument("--min-count", type=int, default=MIN_CLASS_COUNT,
+                        help="least number of images a label needs to be a class (default: %(default)s)")
+    parser.add_argument("--cache", type=Path, default=None, metavar="DIR", help="cache root (default: $SPML_CACHE, "
+                        "else ~/.cache/spml)")
+    parser.add_argument("--rule", action="store_true", help="also print the rule's folders, merges and stop words")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        started = time.perf_counter()
+        folder, manifest = ensure_tuxpaint(args.root, args.min_count, args.cache, progress=not args.quiet)
+        print(f"ready in {time.perf_counter() - started:.1f} s")
+        if args.rule:
+            for title, table in (("dropped folders", DROPPED_FOLDERS), ("style folders", STYLE_FOLDERS)):
+                print(f"{title}:\n" + "".join(f"  {k}: {v}\n" for k, v in table.items()), end="")
+            print("merged: " + ", ".join(f"{k}->{v}" for k, v in MERGED_LABELS.items()))
+            print("stop words: " + " ".join(sorted(STOP_WORDS)))
+        print(report(folder, manifest))
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Plain containers shared by every dataset loader, plus the error they raise on bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+#: ``complete_splits`` of a benchmark whose annotation is the ground truth of every split
+ALL_SPLITS = ("train", "val", "test")
+
+
+class DataError(ValueError):
+    """Bad dataset input. The message always names the offending file (and line, where there is one)."""
+
+
+@dataclass
+class LabelledImages:
+    """Images with their annotated label matrix.
+
+    ``paths[i]`` is an absolute image path and ``labels[i]`` its 0/1 row over ``classes`` (uint8, shape
+    ``(N, C)``). For single-positive sources the matrix simply has one 1 per row.
+    """
+
+    paths: list[Path]
+    labels: np.ndarray
+    classes: list[str]
+
+    def __post_init__(self) -> None:
+        self.labels = np.asarray(self.labels, dtype=np.uint8)
+        if self.labels.ndim != 2 or self.labels.shape != (len(self.paths), len(self.classes)):
+            raise ValueError(
+                f"labels must have shape ({len(self.paths)}, {len(self.classes)}), got {self.labels.shape}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def subset(self, indices: np.ndarray | list[int]) -> LabelledImages:
+        """Return the rows ``indices`` (in that order) as a new ``LabelledImages``."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return LabelledImages([self.paths[i] for i in idx], self.labels[idx], list(self.classes))
+
+
+AnnotatedObject = tuple[int, float, float, float]  # class column, area (px), box centre x, y (px)
+
+
+@dataclass
+class ObjectTable:
+    """The annotated objects of a list of images (rows), as the label-bias protocols need them
+    (models/data/label_bias.py): for every object its class column, area and box centre, for every image its
+    width and height, all in pixels. Row ``i``'s objects are ``starts[i]:starts[i + 1]``, in annotation order."""
+
+    starts: np.ndarray  # (N + 1,) int64
+    classes: np.ndarray  # (M,) int64
+    areas: np.ndarray  # (M,) float64
+    centres: np.ndarray  # (M, 2) float64
+    sizes: np.ndarray  # (N, 2) float64: width, height
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[AnnotatedObject]], sizes: Sequence[tuple[float, float]]) -> ObjectTable:
+        """Build the table from each image's ``(class, area, centre x, centre y)`` objects and its size."""
+        flat = [obj for row in rows for obj in row]
+        return cls(
+            starts=np.concatenate([[0], np.cumsum([len(row) for row in rows])]).astype(np.int64),
+            classes=np.array([o[0] for o in flat], dtype=np.int64),
+            areas=np.array([o[1] for o in flat], dtype=np.float64),
+            centres=np.array([(o[2], o[3]) for o in flat], dtype=np.float64).reshape(-1, 2),
+            sizes=np.asarray(sizes, dtype=np.float64).reshape(-1, 2),
+        )
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def row(self, i: int) -> list[AnnotatedObject]:
+        """Image ``i``'s objects as Python numbers (exact float64 values)."""
+        part = slice(int(self.starts[i]), int(self.starts[i + 1]))
+        return list(zip(self.classes[part].tolist(), self.areas[part].tolist(), self.centres[part, 0].tolist(),
+                        self.centres[part, 1].tolist(), strict=True))
+
+
+@dataclass
+class DatasetSplits:
+    """What a loader returns: the official train pool, an optional explicit val split, an optional test split.
+
+    ``name`` is a short human label ("builtin-tiny", "voc2012", ...); ``source`` is the spec that was loaded
+    (it is recorded in checkpoints so export can find the validation images again). ``train_observed``: the
+    observed labels the dataset ships (the seeds' ``formatted_train_labels_obs.npy``), used instead of sampling.
+    ``train_objects``: for datasets that know their objects (COCO instances, the built-in scenes), a function
+    returning the :class:`ObjectTable` of ``train``'s rows (called only by the label-bias protocols).
+    ``complete_splits``: the splits whose labels are complete (declared by the loader, see below). ``family``: the
+    benchmark family (declared, never guessed from the name; see below).
+    """
+
+    name: str
+    source: str
+    classes: list[str]
+    train: LabelledImages
+    test: LabelledImages | None = None
+    val: LabelledImages | None = None
+    notes: list[str] = field(default_factory=list)
+    # observed training labels shipped with the dataset ((N_train, C) int8: 1 observed positive, -1 observed
+    # negative, 0 unobserved; rows as ``train``), and their file name
+    train_observed: np.ndarray | None = None
+    observed_source: str = ""
+    train_objects: Callable[[], ObjectTable] | None = None
+    # The splits whose labels are the complete annotation (a benchmark's ground truth: every positive is there). A
+    # user's own data (csv:, folder:) has none: its labels are taken as given, single-positive or partial
+    # (models/data/label_regime.py), and its training labels are observed as they are (--observed auto).
+    complete_splits: tuple[str, ...] = ()
+    # The benchmark family the methods' presets are keyed by (models/data/families.py): declared by the kind's row of
+    # the registry (every voc: dataset is "voc") or by the loader (formatted folders); "" for a user's own data.
+    family: str = ""

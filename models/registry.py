@@ -1,0 +1,120 @@
+"""The two ways something is registered in this package.
+
+- A **table** (:class:`Table`) for a closed list: rows of a name, a line of help and a value (a function, a class,
+  a settings record), written in one place. Command-line choices, ``--help`` texts, the docs' tables and the one
+  "unknown X" message all come from the rows.
+- A **registry** (:class:`Registry`) for open plug-ins: methods, backbone families, tagging engines. A plug-in is a
+  class that names and describes itself (``name``, ``description``) and registers with the registry's decorator;
+  adding one is adding one file.
+
+Both are read-only mappings of name -> value (:class:`Listing`): ``table[name]`` (an :class:`UnknownName` error
+listing the known names otherwise), iteration over the names, ``name in table``, ``names()``, ``rows()``,
+``help_text()``, ``markdown()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Listing", "Registry", "Row", "Table", "UnknownName", "unknown_message"]
+
+V = TypeVar("V")
+
+
+class UnknownName(KeyError, ValueError):
+    """A name that is not in a table or registry; the message lists the known names. A ``ValueError`` (what command
+    lines report as a usage error) and a ``KeyError`` (what a mapping raises)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def unknown_message(what: str, name: str, known: Iterable[str]) -> str:
+    """The one message for a name that is not there: ``unknown WHAT 'name'; choose from a, b, c``."""
+    return f"unknown {what} {name!r}; choose from {', '.join(known)}"
+
+
+@dataclass(frozen=True)
+class Row(Generic[V]):
+    """One entry: its ``name``, a line of ``help`` and its ``value``."""
+
+    name: str
+    help: str
+    value: V
+
+
+class Listing(Mapping[str, V], Generic[V]):
+    """What a table and a registry share: named rows, a read-only mapping of name -> value with one error message."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._rows: dict[str, Row[V]] = {}
+
+    def _add(self, row: Row[V]) -> None:
+        if not row.name or row.name in self._rows:
+            raise ValueError(f"{self.what} name {row.name!r} is empty or registered twice")
+        self._rows[row.name] = row
+
+    def row(self, name: str) -> Row[V]:
+        """The row named ``name``; :class:`UnknownName` listing the known names otherwise."""
+        try:
+            return self._rows[name]
+        except KeyError:
+            raise UnknownName(unknown_message(self.what, name, self.names())) from None
+
+    def __getitem__(self, name: str) -> V:
+        return self.row(name).value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def names(self) -> list[str]:
+        """Every name, in the listing's order."""
+        return list(self._rows)
+
+    def rows(self) -> list[Row[V]]:
+        """Every row, in the listing's order."""
+        return list(self._rows.values())
+
+    def help_text(self, separator: str = "; ") -> str:
+        """``name: help`` for every row (for ``--help``)."""
+        return separator.join(f"{row.name}: {row.help}" if row.help else row.name for row in self._rows.values())
+
+    def markdown(self, header: tuple[str, str] = ("name", "what it is")) -> str:
+        """The rows as a markdown table (for the docs)."""
+        lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
+        lines += [f"| `{row.name}` | {row.help} |" for row in self._rows.values()]
+        return "\n".join(lines) + "\n"
+
+
+class Table(Listing[V]):
+    """A closed list, written as rows in one place: ``Table("optimizer", [Row("adam", "Adam", make_adam), ...])``."""
+
+    def __init__(self, what: str, rows: Iterable[Row[V]]) -> None:
+        super().__init__(what)
+        for row in rows:
+            self._add(row)
+
+
+class Registry(Listing[V]):
+    """Open plug-ins: ``@REGISTRY.register`` on a class that has ``name`` and ``description`` (class attributes)
+    adds it under its name; the registry's order is the order of registration unless ``order`` sorts it."""
+
+    def __init__(self, what: str, order: Callable[[Row[V]], Any] | None = None) -> None:
+        super().__init__(what)
+        self.order = order
+
+    def register(self, value: V) -> V:
+        """Class decorator: add ``value`` under ``value.name`` with ``value.description`` as its help."""
+        self._add(Row(str(getattr(value, "name", "")), str(getattr(value, "description", "")), value))
+        if self.order is not None:
+            self._rows = {row.name: row for row in sorted(self._rows.values(), key=self.order)}
+        return value

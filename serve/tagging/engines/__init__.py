@@ -1,0 +1,33 @@
+"""Tagging engines: where a plan's images are turned into scores, one module each, registered with the
+:func:`~serve.tagging.engines.base.engine` decorator (adding an engine is adding one file);
+:data:`DEFAULT_ENGINE` is used when none is named. Every engine module is imported here to register; none imports
+its heavy package (Ray) before it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from serve.tagging.engines.base import ENGINES, Engine, EngineUnavailableError
+
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "Engine", "EngineUnavailableError", "engine_names", "get_engine"]
+
+DEFAULT_ENGINE = "local"
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base" and not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def engine_names() -> list[str]:
+    """The registered engines."""
+    return ENGINES.names()
+
+
+def get_engine(name: str) -> Engine:
+    """The engine registered as ``name``, checked usable (its ``check_available``). Raises ``ValueError`` for an
+    unknown name, :class:`EngineUnavailableError` when its package is missing."""
+    chosen = ENGINES[name]
+    chosen.check_available()
+    return chosen

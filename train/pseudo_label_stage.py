@@ -1,0 +1,267 @@
+"""The pseudo-label stage of a run, for a method with :attr:`~train.methods.base.Method.uses_pseudo_labels`.
+
+Two steps, so that whatever can fail fast fails before anything trains:
+
+1. :func:`plan_pseudo_labels` (before the run folder is made): where the pseudo-labels will come from - the run's
+   own ``pseudo_labels.npz`` (``--resume``), a ``--pseudo-labels FILE``, or a CLIP pass - and, for a CLIP pass,
+   whether the weights can be had (cached, or downloadable now: :func:`~train.pseudo_labels.clip_scores.
+   check_available`; checked on rank 0, the answer shared, so every rank stops with the same error);
+2. :func:`prepare_pseudo_labels` (before the method is built): read the file's scores for the run's training images
+   or score every training image with CLIP (in one process, or each rank a share and all of them gathered, so
+   every rank holds the same values), select the pseudo-positives with the method's settings and the run's
+   observed labels, and write ``RUN/pseudo_labels.npz`` (rank 0);
+3. :func:`describe`: the report the run prints - how many pseudo-positives beyond the observed labels, per image;
+   how often CLIP also picks the observed positive; and, only where the training split has full labels, their
+   precision against them. The full labels never reach the method.
+
+The CLIP pass leaves the random number generators as it found them (the model a run trains is the same with or
+without it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.data.observed_file import image_root, relative_paths
+from models.data.protocol import ProtocolSplits
+from models.data.types import DatasetSplits
+from train.config import TrainConfig
+from train.console import log
+from train.distributed import barrier, broadcast_object, current_world, gather_objects
+from train.methods.base import Method, MethodHparams
+from train.pseudo_labels.clip_scores import (
+    ClipChoice,
+    check_available,
+    class_prompts,
+    load_clip,
+    parse_clip,
+    score_images,
+    text_features,
+)
+from train.pseudo_labels.crops import select_aevlp
+from train.pseudo_labels.spec import WHOLE_IMAGE, PseudoLabelSpec
+from train.pseudo_labels.store import (
+    FILE_NAME,
+    PseudoLabelFile,
+    PseudoLabelFileError,
+    images_digest,
+    matrix_digest,
+    read,
+    write,
+)
+
+CACHE, GIVEN, COMPUTE = "cache", "given", "compute"
+
+
+@dataclass
+class PseudoLabelPlan:
+    """Where a run's pseudo-labels come from (:func:`plan_pseudo_labels`)."""
+
+    method: str
+    spec: PseudoLabelSpec
+    source: str  # CACHE, GIVEN or COMPUTE
+    path: Path | None  # the file read (CACHE, GIVEN)
+    clip: ClipChoice  # the CLIP model of a CLIP pass (the configured one for a file, checked against it)
+    prompt: str
+    clip_given: bool  # --clip / --clip-prompt set explicitly: a file must match them
+    prompt_given: bool
+
+
+@dataclass
+class PseudoLabels:
+    """A run's pseudo-labels: ``positives`` (N_train, C) bool in the order of the training images, and the file
+    content they were selected from (scores, settings)."""
+
+    positives: np.ndarray
+    file: PseudoLabelFile
+    origin: str
+
+    def record(self) -> dict[str, Any]:
+        """What config.json keeps of them."""
+        return {"origin": self.origin, "file": FILE_NAME, **self.file.settings, **self.file.extra}
+
+
+def resolve_spec(method: type[Method], hparams: MethodHparams) -> PseudoLabelSpec:
+    """The method's pseudo-labelling settings."""
+    return method.pseudo_label_spec(hparams)
+
+
+def plan_pseudo_labels(method: type[Method], hparams: MethodHparams, cfg: TrainConfig, run_dir: Path,
+                       resume: bool, train_observed: np.ndarray) -> PseudoLabelPlan:
+    """Decide where the pseudo-labels of the run come from, and for a CLIP pass check that its weights can be had
+    (a ``ValueError`` that says what to do otherwise), before anything trains."""
+    refusal = method.observed_negatives_refusal(train_observed)
+    if refusal:
+        raise ValueError(refusal)
+    spec = resolve_spec(method, hparams)
+    clip = parse_clip(cfg.clip or spec.clip)
+    prompt = cfg.clip_prompt or spec.prompt
+    if "{}" not in prompt:
+        raise ValueError(f"--clip-prompt must hold {{}} where the class name goes, got {prompt!r}")
+    cached = run_dir / FILE_NAME
+    if resume and cached.is_file():
+        source, path = CACHE, cached
+    elif cfg.pseudo_labels:
+        source, path = GIVEN, Path(cfg.pseudo_labels)
+        if not path.is_file():
+            raise ValueError(f"--pseudo-labels {path}: no such file")
+    else:
+        source, path = COMPUTE, None
+        error = None
+        if current_world().is_main:
+            try:
+                check_available(clip, method.name)
+            except ValueError as exc:
+                error = str(exc)
+        error = broadcast_object(error)
+        if error:
+            raise ValueError(error)
+    return PseudoLabelPlan(method.name, spec, source, path, clip, prompt, bool(cfg.clip), bool(cfg.clip_prompt))
+
+
+def select_positives(spec: PseudoLabelSpec, scores: dict[str, np.ndarray], readable: np.ndarray,
+                     observed: np.ndarray) -> np.ndarray:
+    """The pseudo-positives ``(N, C)`` bool of ``spec`` from the scores: VLPL's softmax score above the threshold,
+    or AEVLP's selection (:func:`~train.pseudo_labels.crops.select_aevlp`, which reads the observed positives);
+    none for an unreadable image."""
+    if spec.kind == WHOLE_IMAGE:
+        mask = (torch.from_numpy(np.asarray(scores["global"], dtype=np.float32)) > spec.threshold).numpy()
+    else:
+        mask = select_aevlp(scores, np.asarray(observed) == 1, spec.top_k, spec.threshold, spec.eta,
+                            spec.negative_ratio)
+    return mask & np.asarray(readable, dtype=bool)[:, None]
+
+
+def run_image_paths(dataset: DatasetSplits, splits: ProtocolSplits) -> list[str]:
+    """The training images relative to the dataset's image root (the names ``observed.npz`` uses too)."""
+    root = image_root([part for part in (dataset.train, dataset.val, dataset.test) if part is not None])
+    return relative_paths(splits.train, root)
+
+
+def _settings(plan: PseudoLabelPlan, clip: str, prompt: str, image_size: list[int]) -> dict[str, Any]:
+    return {"kind": plan.spec.kind, "clip": clip, "prompt": prompt, **plan.spec.scoring(), "clip_image_size":
+            image_size}
+
+
+def _check_file(plan: PseudoLabelPlan, content: PseudoLabelFile, classes: list[str]) -> None:
+    """A file's scores serve this run only for its classes, its kind of pseudo-labelling and scoring settings, and
+    the CLIP model and prompt given explicitly."""
+    where = content.source
+    if content.classes != classes:
+        raise PseudoLabelFileError(f"{where}: its {len(content.classes)} classes ({', '.join(content.classes[:3])}, "
+                                   f"...) are not this run's {len(classes)} ({', '.join(classes[:3])}, ...)")
+    settings = content.settings
+    if settings.get("kind") != plan.spec.kind:
+        raise PseudoLabelFileError(f"{where} holds {settings.get('kind')} pseudo-label scores; {plan.method} needs "
+                                   f"{plan.spec.kind} scores")
+    differ = [f"{key} {settings.get(key)} there, {value} here" for key, value in plan.spec.scoring().items()
+              if settings.get(key) != value]
+    if plan.clip_given and settings.get("clip") != str(plan.clip):
+        differ.append(f"CLIP {settings.get('clip')} there, --clip {plan.clip} here")
+    if plan.prompt_given and settings.get("prompt") != plan.prompt:
+        differ.append(f"prompt {settings.get('prompt')!r} there, --clip-prompt {plan.prompt!r} here")
+    if differ:
+        raise PseudoLabelFileError(f"{where} was scored with other settings ({'; '.join(differ)}); compute the "
+                                   "pseudo-labels again (without --pseudo-labels) or match its settings")
+
+
+def _compute(plan: PseudoLabelPlan, splits: ProtocolSplits, paths: list[str], cfg: TrainConfig,
+             device: torch.device) -> PseudoLabelFile:
+    """Score every training image with CLIP (each rank a share under torchrun, gathered on every rank)."""
+    world = current_world()
+    images = splits.train.paths
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if world.distributed and not world.is_main:
+            barrier()  # rank 0 downloads the weights first
+        clip = load_clip(plan.clip, device)
+        if world.distributed and world.is_main:
+            barrier()
+        prompts = class_prompts(splits.classes, plan.prompt)
+        text = text_features(clip, prompts, device)
+        rows = list(range(world.rank, len(images), world.size))
+        scores, readable = score_images(clip, text, plan.spec, images, rows, device, cfg.clip_batch_size,
+                                        cfg.workers, cfg.progress and world.is_main)
+        size = list(clip.size)
+        del clip, text
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    parts = gather_objects((rows, scores, readable))
+    n, c = len(images), len(splits.classes)
+    full = {name: np.zeros((n, c), dtype=np.float32) for name in scores}
+    ok = np.zeros(n, dtype=bool)
+    for part_rows, part_scores, part_readable in parts:
+        for name in full:
+            full[name][part_rows] = part_scores[name]
+        ok[part_rows] = part_readable
+    settings = _settings(plan, str(plan.clip), plan.prompt, size)
+    return PseudoLabelFile({**settings, "images_sha256": images_digest(paths)}, list(splits.classes), prompts,
+                           paths, full, ok, np.zeros((n, c), dtype=bool))
+
+
+def prepare_pseudo_labels(plan: PseudoLabelPlan, splits: ProtocolSplits, dataset: DatasetSplits, cfg: TrainConfig,
+                          run_dir: Path, device: torch.device) -> PseudoLabels:
+    """Read or compute the run's pseudo-labels (the module docstring), write ``run_dir/pseudo_labels.npz`` unless
+    it is the file read, and report them."""
+    paths = run_image_paths(dataset, splits)
+    classes = list(splits.classes)
+    if plan.source == COMPUTE:
+        views = 1 + plan.spec.grid_size ** 2 if plan.spec.kind != WHOLE_IMAGE else 1
+        log(f"pseudo-labels: scoring {len(paths):,} training images ({views} view(s) each) with CLIP {plan.clip}")
+        content = _compute(plan, splits, paths, cfg, device)
+        origin = "computed"
+    else:
+        assert plan.path is not None
+        loaded = read(plan.path)
+        _check_file(plan, loaded, classes)
+        content = loaded.subset(loaded.rows_for(paths, "this run's training images"))
+        origin = "reused from the run folder" if plan.source == CACHE else f"read from {plan.path}"
+    observed = np.asarray(splits.train_observed)
+    positives = select_positives(plan.spec, content.scores, content.readable, observed)
+    content = dataclasses.replace(content, positives=positives, settings={
+        **content.settings, **plan.spec.selection(), "observed_sha256": matrix_digest(observed)})
+    content.extra = statistics(positives, observed, content.readable,
+                               splits.train.labels if splits.train_has_full_labels else None)
+    if current_world().is_main and plan.source != CACHE:
+        write(run_dir / FILE_NAME, content)
+    barrier()
+    return PseudoLabels(positives, content, origin)
+
+
+def statistics(positives: np.ndarray, observed: np.ndarray, readable: np.ndarray,
+               full_labels: np.ndarray | None) -> dict[str, Any]:
+    """Counts of the pseudo-positives beyond the observed positives (per image), the share of observed positives
+    that CLIP picks as well, and - given full labels (benchmarks only) - the precision of the new ones."""
+    new = positives & (observed != 1)
+    n = max(len(positives), 1)
+    picked = positives[observed == 1]
+    stats: dict[str, Any] = {
+        "pseudo_positives": int(new.sum()), "per_image": float(new.sum() / n),
+        "images_without": int((new.sum(1) == 0).sum()), "unreadable": int((~readable).sum()),
+        "observed_positives_picked": float(picked.mean()) if picked.size else None,
+    }
+    if full_labels is not None:
+        stats["precision"] = float((np.asarray(full_labels)[new] == 1).mean()) if new.any() else None
+    return stats
+
+
+def describe(labels: PseudoLabels) -> list[str]:
+    """The report lines of a run's pseudo-labels."""
+    s, stats = labels.file.settings, labels.file.extra
+    lines = [f"pseudo-labels ({s['kind']}, {labels.origin}: CLIP {s['clip']}, prompt {s['prompt']!r}): "
+             f"{stats['pseudo_positives']:,} pseudo-positives beyond the observed labels, {stats['per_image']:.2f} "
+             f"per image ({stats['images_without']:,} images without any)"
+             + (f", {stats['unreadable']:,} unreadable images without scores" if stats["unreadable"] else "")]
+    if stats["observed_positives_picked"] is not None:
+        lines.append(f"pseudo-labels: CLIP also picks {stats['observed_positives_picked']:.0%} of the observed "
+                     "positives")
+    if "precision" in stats:
+        value = "n/a (none)" if stats["precision"] is None else f"{stats['precision']:.3f}"
+        lines.append(f"pseudo-labels: precision {value} against the full training labels (reported only; the "
+                     "method never sees them)")
+    return lines
