@@ -62,6 +62,11 @@ from models.evaluation.metrics import f1_scores
 from models.files.run_folder import SCORES_FILE
 from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names
 from train.methods.base import paper_settings_for
+from train.methods.epr import ExpectedPositiveRegularisation
+from train.methods.gr_loss import GeneralizedRobustLoss
+from train.methods.large_loss import LargeLossRejection
+from train.methods.pu_mlc import PuMlc
+from train.methods.wan import WeakAssumeNegative
 
 DATA = "openclipart"
 #: --data -> (section prefix, title of the data)
@@ -93,7 +98,8 @@ def feature_methods() -> list[str]:
 #: bce and an (the bounds of the gap), the two that beat an in the papers' fine-tunes (LL-R with BoostLU, GR-Loss), wan
 #: and epr (above an on a real set the package was not tuned on), and the best with the package's defaults on fixed
 #: clip-art features (pu-mlc; bench/README.md, choices that hold)
-FINETUNE_METHODS = ["bce", "an", "wan", "ll-r+boostlu", "gr-loss", "epr", "pu-mlc"]
+FINETUNE_METHODS = [UPPER_BOUND, BASELINE, WeakAssumeNegative.name, f"{LargeLossRejection.name}+boostlu",
+                    GeneralizedRobustLoss.name, ExpectedPositiveRegularisation.name, PuMlc.name]
 
 REGIMES = {
     "fixed": Regime(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import TrainConfig, build_parser, config_from_args, validate
+from train.config import METHOD_AUTO, TrainConfig, build_parser, config_from_args, validate
 from train.diagnostics import score_label_estimates
 from train.methods import METHODS, EpochEndContext, MethodContext, get_method, make_hparams
 from train.methods.base import dataset_family
@@ -528,7 +528,7 @@ def test_method_lists_come_from_the_registry(tmp_path: Path, capsys: pytest.Capt
     for page in ("README.md", "docs/methods.md"):
         assert table_block((root / page).read_text()) == methods_table(), f"run python -m train.methods --write {page}"
     choices = next(a.choices for a in build_parser()._actions if a.dest == "method")
-    assert list(choices) == method_names() and sorted(method_names()) == sorted(METHODS)
+    assert list(choices) == [METHOD_AUTO, *method_names()] and sorted(method_names()) == sorted(METHODS)
     assert method_names()[:2] == ["bce", "iun"]  # the reference bounds first
 
     page = tmp_path / "page.md"
