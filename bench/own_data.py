@@ -58,14 +58,13 @@ from models.data.observed_spec import ObservedSpec
 from models.data.protocol import PROTOCOL_SEED, sample_observed
 from models.data.registry import load_dataset
 from models.data.types import LabelledImages
-from models.evaluation.criteria import LABEL_FREE_CRITERIA, default_criterion
+from models.evaluation.criteria import LABEL_FREE_CRITERIA, default_criterion, validation_map
 from models.evaluation.expected_positives import estimate_expected_positives, mean_positives
 from models.evaluation.metrics import f1_scores, mean_average_precision
 from models.files.atomic_writes import atomic_path
 from models.files.run_folder import SUMMARY_FILE
 from train.config import build_parser, config_from_args
 from train.methods import BASELINE, METHODS, method_names
-from train.selection import validation_map
 
 SECTION = "own-data"
 RECORD = "record.npz"

@@ -10,8 +10,7 @@ import pytest
 
 from bench import own_data
 from bench.results_page import read_section
-from models.evaluation.criteria import LABEL_FREE_CRITERIA
-from train.selection import validation_map
+from models.evaluation.criteria import LABEL_FREE_CRITERIA, validation_map
 
 
 def test_own_data_benchmark_records_every_epoch_and_scores_every_criterion(

@@ -11,7 +11,7 @@ from typing import Any
 
 from models.data.label_regime import DECLARABLE, parse_declarations
 from models.data.protocol import PROTOCOL_SEED, parse_observed
-from models.evaluation.criteria import DESCRIPTIONS, LABEL_FREE_DEFAULT
+from models.evaluation.criteria import CRITERIA, FULL_LABEL_DEFAULT, LABEL_FREE_DEFAULT
 from models.files.run_folder import default_runs_dir
 from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
 from train.methods import BASELINE, METHODS, get_method, method_names
@@ -188,12 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "labels and read 'n/a (no full labels)' elsewhere; the oracle methods need full training labels. "
                    f"Default: {d.labels}")
     g.add_argument("--select", choices=SELECT_CHOICES, help="how the best epoch is chosen on the validation split: "
-                   f"auto (val_mAP where val has full labels, else {LABEL_FREE_DEFAULT}), val_mAP (the papers'), or a "
-                   "criterion for single-positive or partial val labels: "
-                   + ", ".join(f"{name} ({text})" for name, text in DESCRIPTIONS.items())
-                   + f"; {LABEL_FREE_DEFAULT} lost the least test mAP over every method in the measurements of "
-                   "docs/your-data.md. "
-                   f"Default: {d.select}")
+                   f"auto ({FULL_LABEL_DEFAULT} where val has full labels, else {LABEL_FREE_DEFAULT}: "
+                   f"docs/choosing.md) or one of them - {CRITERIA.help_text()}. Default: {d.select}")
     g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form, e.g. "
                    "csv:audit/labels.csv): their mean number of positives is k, the expected positives per image "
                    "of epr and role, when the dataset has no published k and its training labels are not full. "

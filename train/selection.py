@@ -12,7 +12,6 @@ one is one function in :data:`CRITERIA`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,19 +19,10 @@ import numpy as np
 from torch import nn
 
 from models.data.label_regime import NOT_AVAILABLE
-from models.evaluation.criteria import DESCRIPTIONS, LABEL_FREE_CRITERIA, default_criterion
-from models.evaluation.metrics import evaluate, mean_average_precision
+from models.evaluation.criteria import CRITERIA, FULL_LABEL_DEFAULT, Criterion, default_criterion
+from models.evaluation.metrics import evaluate
 
-Criterion = Callable[[np.ndarray, np.ndarray], float]
-
-
-def validation_map(logits: np.ndarray, labels: np.ndarray) -> float:
-    """mAP (percent) of the predictions against the validation labels, classes without positives left out."""
-    return mean_average_precision(logits, labels)
-
-
-CRITERIA: dict[str, Criterion] = {"val_mAP": validation_map, **LABEL_FREE_CRITERIA}
-DEFAULT_CRITERION = "val_mAP"
+DEFAULT_CRITERION = FULL_LABEL_DEFAULT
 SELECT_CHOICES = ("auto", *CRITERIA)
 
 
@@ -50,8 +40,7 @@ class SelectionRule:
 
     def describe(self) -> str:
         """The start-of-run line."""
-        what = DESCRIPTIONS.get(self.name, "the validation mAP (the papers' criterion)")
-        return f"best epoch selected by {self.name}: {what} ({self.reason})"
+        return f"best epoch selected by {self.name}: {CRITERIA.row(self.name).help} ({self.reason})"
 
 
 def resolve_criterion(select: str, val_has_full_labels: bool) -> SelectionRule:
@@ -62,8 +51,7 @@ def resolve_criterion(select: str, val_has_full_labels: bool) -> SelectionRule:
         name = default_criterion(val_has_full_labels)
         return SelectionRule(name, "auto: val has full labels" if val_has_full_labels else
                              "auto: val has no full labels")
-    if select not in CRITERIA:
-        raise ValueError(f"unknown selection criterion {select!r}; choose from {', '.join(SELECT_CHOICES)}")
+    CRITERIA.row(select)  # an unknown name: the one message listing the criteria
     note = "" if val_has_full_labels or select != "val_mAP" else ", against val labels that are not full"
     return SelectionRule(select, f"--select {select}{note}")
 

@@ -34,9 +34,21 @@ from collections.abc import Callable
 import numpy as np
 
 from models.evaluation.metrics import mean_average_precision
+from models.registry import Row, Table
 
-__all__ = ["DESCRIPTIONS", "FULL_LABEL_DEFAULT", "LABEL_FREE_CRITERIA", "LABEL_FREE_DEFAULT", "an_loss_score",
-           "default_criterion", "observed_auc", "observed_map", "observed_rank"]
+__all__ = [
+    "CRITERIA",
+    "DESCRIPTIONS",
+    "FULL_LABEL_DEFAULT",
+    "LABEL_FREE_CRITERIA",
+    "LABEL_FREE_DEFAULT",
+    "an_loss_score",
+    "default_criterion",
+    "observed_auc",
+    "observed_map",
+    "observed_rank",
+    "validation_map",
+]
 
 Criterion = Callable[[np.ndarray, np.ndarray], float]
 
@@ -100,22 +112,30 @@ def observed_map(logits: np.ndarray, labels: np.ndarray) -> float:
     return mean_average_precision(x, y.astype(np.uint8)) if y.any() else float("nan")
 
 
-LABEL_FREE_CRITERIA: dict[str, Criterion] = {
-    "an-loss": an_loss_score,
-    "observed-auc": observed_auc,
-    "observed-rank": observed_rank,
-    "observed-map": observed_map,
-}
-DESCRIPTIONS: dict[str, str] = {
-    "an-loss": "minus the assume-negative BCE of the single-positive val labels",
-    "observed-auc": "mean per-class AUC of the observed val positives against all other val images",
-    "observed-rank": "mean reciprocal rank of each val image's observed positive among its classes",
-    "observed-map": "the val mAP against the observed labels, unobserved ones counted as negatives",
-}
+def validation_map(logits: np.ndarray, labels: np.ndarray) -> float:
+    """mAP (percent) of the predictions against the validation labels, classes without positives left out."""
+    return mean_average_precision(logits, labels)
+
+
+#: The trainer's criterion for fully labelled validation splits (the papers').
+FULL_LABEL_DEFAULT = "val_mAP"
 #: The criterion for validation splits without full labels (measured best, module docstring).
 LABEL_FREE_DEFAULT = "observed-map"
-#: The trainer's criterion for fully labelled validation splits (:data:`train.selection.DEFAULT_CRITERION`).
-FULL_LABEL_DEFAULT = "val_mAP"
+#: Every selection criterion: ``--select`` takes their names (and ``auto``).
+CRITERIA: Table[Criterion] = Table("selection criterion", [
+    Row(FULL_LABEL_DEFAULT, "the validation mAP (the papers' criterion; needs full val labels)", validation_map),
+    Row("an-loss", "minus the assume-negative BCE of the single-positive val labels", an_loss_score),
+    Row("observed-auc", "mean per-class AUC of the observed val positives against all other val images",
+        observed_auc),
+    Row("observed-rank", "mean reciprocal rank of each val image's observed positive among its classes",
+        observed_rank),
+    Row(LABEL_FREE_DEFAULT, "the val mAP against the observed labels, unobserved ones counted as negatives",
+        observed_map),
+])
+#: The criteria that need no full labels (every one but the validation mAP), name -> function and name -> help.
+LABEL_FREE_CRITERIA: dict[str, Criterion] = {row.name: row.value for row in CRITERIA.rows()
+                                             if row.name != FULL_LABEL_DEFAULT}
+DESCRIPTIONS: dict[str, str] = {row.name: row.help for row in CRITERIA.rows() if row.name != FULL_LABEL_DEFAULT}
 
 
 def default_criterion(val_has_full_labels: bool) -> str:
