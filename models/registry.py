@@ -88,6 +88,10 @@ class Listing(Mapping[str, V], Generic[V]):
         """``name: help`` for every row (for ``--help``)."""
         return separator.join(f"{row.name}: {row.help}" if row.help else row.name for row in self._rows.values())
 
+    def cli_help(self) -> str:
+        """:meth:`help_text` for an ``argparse`` help string (``%`` doubled)."""
+        return self.help_text().replace("%", "%%")
+
     def markdown(self, header: tuple[str, str] = ("name", "what it is")) -> str:
         """The rows as a markdown table (for the docs)."""
         lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]

@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"Default: {d.labels}")
     g.add_argument("--select", choices=SELECT_CHOICES, help="how the best epoch is chosen on the validation split: "
                    f"auto ({FULL_LABEL_DEFAULT} where val has full labels, else {LABEL_FREE_DEFAULT}: "
-                   f"docs/choosing.md) or one of them - {CRITERIA.help_text()}. Default: {d.select}")
+                   f"docs/choosing.md) or one of them - {CRITERIA.cli_help()}. Default: {d.select}")
     g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form, e.g. "
                    "csv:audit/labels.csv): their mean number of positives is k, the expected positives per image "
                    "of epr and role, when the dataset has no published k and its training labels are not full. "
@@ -284,15 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "evenly over the processes (must divide by their number), so --lr keeps its meaning for any "
                    f"process count. Default: {d.batch_size}")
     g.add_argument("--eval-batch-size", type=int, help=f"Default: {d.eval_batch_size}")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, help=f"Default: {d.optimizer}")
+    g.add_argument("--optimizer", choices=OPTIMIZERS.names(), help=f"{OPTIMIZERS.cli_help()}. Default: {d.optimizer}")
     g.add_argument("--lr", type=float, help=f"(peak) learning rate. Default: {d.lr}")
     g.add_argument("--head-lr-mult", type=float, metavar="X", help="the classification head learns at X times "
                    "--lr (the Large Loss, GR-Loss and AEVLP references train theirs at 10x; --preset paper sets it "
                    f"for them). Default: {d.head_lr_mult}")
     g.add_argument("--weight-decay", type=float, help=f"Default: {d.weight_decay}")
     g.add_argument("--momentum", type=float, help=f"SGD momentum. Default: {d.momentum}")
-    g.add_argument("--scheduler", choices=SCHEDULERS, help=f"per-step LR schedule. "
-                   f"Default: {d.scheduler}")
+    g.add_argument("--scheduler", choices=SCHEDULERS.names(), help=f"per-step learning-rate schedule: "
+                   f"{SCHEDULERS.cli_help()}. Default: {d.scheduler}")
     g.add_argument("--amp", choices=["auto", "off", "bf16", "fp16"], help="mixed precision (auto: bf16 on "
                    "CUDA GPUs that support it, else fp16; off on CPU)")
     g.add_argument("--channels-last", choices=["auto", "on", "off"], help="channels_last memory format (auto: on for "

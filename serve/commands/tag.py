@@ -228,7 +228,7 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
                       "e.g. photos/a.jpg -> photos/a.txt")
     side.add_argument(
         "--sidecar-format", metavar="LIST",
-        help=f"sidecar formats, comma-separated, of {', '.join(SIDECAR_FORMATS)} (implies --sidecar), "
+        help=f"sidecar formats, comma-separated, of {SIDECAR_FORMATS.cli_help()} (implies --sidecar), "
         "e.g. --sidecar-format txt,json (default: txt)",
     )
     side.add_argument("--sidecar-ext", default=".txt", metavar="EXT",
@@ -243,8 +243,8 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
                       "(default: %(default)r)")
     side.add_argument("--sort-into", type=Path, metavar="DIR",
                       help="link each image into DIR/<tag>/ for each of its tags, e.g. --sort-into ~/photos-by-tag")
-    side.add_argument("--sort-mode", choices=LINK_MODES, default=DEFAULT_LINK_MODE,
-                      help="how --sort-into places images, e.g. --sort-mode hardlink (default: %(default)s)")
+    side.add_argument("--sort-mode", choices=LINK_MODES.names(), default=DEFAULT_LINK_MODE,
+                      help=f"how --sort-into places images: {LINK_MODES.cli_help()} (default: %(default)s)")
     side.add_argument("--untagged", default=DEFAULT_UNTAGGED, metavar="NAME",
                       help="--sort-into folder of images without tags, e.g. --untagged unsorted "
                       "(default: %(default)s)")

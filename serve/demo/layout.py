@@ -17,7 +17,8 @@ from serve import DEFAULT_THRESHOLD
 from serve.demo.catalog import ExampleSet
 from serve.demo.handlers import DemoHandlers, calibrated_info
 from serve.demo.model_store import model_markdown
-from serve.demo.results import DEMO_MODES, EMPTY_HTML
+from serve.demo.results import EMPTY_HTML
+from serve.outputs.selection_modes import MODES
 from serve.predictor import Predictor
 
 API_HELP = """\
@@ -138,7 +139,7 @@ def shared_controls(choices: list[str], default_model: str, default: Predictor) 
         )
     with gr.Row():
         mode_box = gr.Dropdown(
-            list(DEMO_MODES),
+            MODES.names(),
             value="thresholds",
             label="Tag selection",
             info="thresholds: per class (above); mcut: above the largest gap between scores; top-k: the K best",

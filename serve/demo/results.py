@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from serve.outputs.stage import TagSelector
     from serve.predictor import Prediction
 
-#: The demo's selection modes (``top-k`` takes its K from a separate control).
-DEMO_MODES = ("thresholds", "mcut", "top-k")
-
-
 NEAR_MISS = 0.1  # below the threshold by at most this much: shown as a near miss
 
 
@@ -65,12 +61,11 @@ def tag_choice(
     of a rules file). Raises ``ValueError`` (:class:`~serve.outputs.caption_rules.CaptionRuleError` naming a bad
     rule)."""
     from serve.outputs.caption_rules import parse_rules_text
-    from serve.outputs.selection_modes import make_selection
+    from serve.outputs.selection_modes import MODES, make_selection
     from serve.outputs.stage import TagSelector
 
     thresholds, threshold_mode, description = threshold_choice(meta, use_calibrated, threshold)
-    if mode not in DEMO_MODES:
-        raise ValueError(f"unknown selection mode {mode!r}; choose from {', '.join(DEMO_MODES)}")
+    MODES.row(mode)  # the demo's modes are the tagger's (top-k takes its K from a separate control)
     text = f"top-k:{int(k or 0)}" if mode == "top-k" else mode
     cap = int(max_tags) if max_tags else None
     chosen = make_selection(text, cap, float(min_score or 0.0))

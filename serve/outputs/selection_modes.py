@@ -15,13 +15,14 @@ rounded to 6 decimals, so the tags of a record can be recomputed from its scores
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-#: The selection modes by name.
-MODES = ("thresholds", "mcut", "top-k")
+from models.registry import Row, Table
+
 DEFAULT_MODE = "thresholds"
 #: Decimals of a stored score (run files, sidecars): selection works on the rounded values.
 SCORE_DECIMALS = 6
@@ -29,7 +30,7 @@ SCORE_DECIMALS = 6
 
 @dataclass(frozen=True)
 class Selection:
-    """A selection mode with its values: ``mode`` (one of :data:`MODES`), ``k`` for ``top-k``, and the limits
+    """A selection mode with its values: ``mode`` (a row of :data:`MODES`), ``k`` for ``top-k``, and the limits
     ``max_tags`` (None: no cap) and ``min_score`` (0: no floor) that combine with every mode."""
 
     mode: str = DEFAULT_MODE
@@ -38,8 +39,7 @@ class Selection:
     min_score: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown selection mode {self.mode!r}; choose from {', '.join(MODES)}")
+        MODES.row(self.mode)  # an unknown mode: the one message listing them
         if (self.mode == "top-k") != (self.k is not None):
             raise ValueError("top-k needs K (top-k:K) and only top-k takes K")
         if self.k is not None and self.k < 1:
@@ -117,6 +117,34 @@ def mcut_threshold(scores: np.ndarray) -> float:
     return float((ordered[cut] + ordered[cut + 1]) / 2.0)
 
 
+Chooser = Callable[[np.ndarray, list[int], "np.ndarray | None", Selection], list[int]]
+
+
+def _by_thresholds(scores: np.ndarray, order: list[int], thresholds: np.ndarray | None,
+                   selection: Selection) -> list[int]:
+    if thresholds is None:
+        raise ValueError("the thresholds mode needs per-class thresholds")
+    return [i for i in order if scores[i] >= thresholds[i]]
+
+
+def _by_mcut(scores: np.ndarray, order: list[int], thresholds: np.ndarray | None, selection: Selection) -> list[int]:
+    cut = mcut_threshold(scores)
+    return [i for i in order if scores[i] > cut]
+
+
+def _top_k(scores: np.ndarray, order: list[int], thresholds: np.ndarray | None, selection: Selection) -> list[int]:
+    return order[: selection.k]
+
+
+#: The selection modes: name, help, and how it chooses from an image's rounded scores and their order.
+MODES: Table[Chooser] = Table("selection mode", [
+    Row("thresholds", "every class whose score reaches its threshold (calibrated per class, or given)",
+        _by_thresholds),
+    Row("mcut", "MCut: the classes above the largest gap between neighbouring sorted scores", _by_mcut),
+    Row("top-k", "the K highest scores (top-k:K)", _top_k),
+])
+
+
 def select_classes(probs: np.ndarray, thresholds: np.ndarray | None, selection: Selection) -> list[int]:
     """Indices of the classes selected for one image, highest score first (ties: class order).
 
@@ -125,14 +153,6 @@ def select_classes(probs: np.ndarray, thresholds: np.ndarray | None, selection: 
     """
     scores = rounded_scores(probs)
     order = sorted(range(scores.size), key=lambda i: (-scores[i], i))
-    if selection.mode == "thresholds":
-        if thresholds is None:
-            raise ValueError("the thresholds mode needs per-class thresholds")
-        chosen = [i for i in order if scores[i] >= thresholds[i]]
-    elif selection.mode == "mcut":
-        cut = mcut_threshold(scores)
-        chosen = [i for i in order if scores[i] > cut]
-    else:
-        chosen = order[: selection.k]
+    chosen = MODES[selection.mode](scores, order, thresholds, selection)
     chosen = [i for i in chosen if scores[i] >= selection.min_score]
     return chosen if selection.max_tags is None else chosen[: selection.max_tags]

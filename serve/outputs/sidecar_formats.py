@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from io import StringIO
 from typing import Any
+
+from models.registry import Row, Table
+from serve.outputs.records import split_tags
 
 #: ``(existing tags, new tags) -> tags``: how an update combines them (e.g. keep the new ones only, or merge).
 Combine = Callable[[Sequence[str], Sequence[str]], list[str]]
 
-#: Sidecar formats and the suffix each adds: ``a.jpg`` -> ``a.txt`` / ``a.json`` / ``a.jpg.xmp``.
-SIDECAR_FORMATS = ("txt", "json", "xmp")
 
 _NS = {
     "x": "adobe:ns:meta/",
@@ -29,15 +31,6 @@ _NS = {
 }
 for _prefix, _uri in _NS.items():
     ET.register_namespace(_prefix, _uri)
-
-
-def parse_formats(text: str) -> tuple[str, ...]:
-    """``"txt,json"`` -> ``("txt", "json")``; ``ValueError`` naming the known formats otherwise."""
-    formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
-    unknown = [f for f in formats if f not in SIDECAR_FORMATS]
-    if unknown or not formats:
-        raise ValueError(f"sidecar formats are a comma-separated list of {', '.join(SIDECAR_FORMATS)}; got {text!r}")
-    return formats
 
 
 def json_sidecar(tags: Sequence[str], scores: Mapping[str, float], extra: Mapping[str, Any] | None = None) -> str:
@@ -131,3 +124,68 @@ def xmp_updated(existing: str, tags: Sequence[str], combine: Combine) -> str:
     old = [li.text or "" for li in root.iterfind(f".//{_SUBJECT}/{_BAG}/{_LI}")]
     _set_keywords(root, combine(old, tags))
     return _xmp_document(root)
+
+
+def merge_tags(existing: Sequence[str], new: Sequence[str]) -> list[str]:
+    """``existing`` followed by the tags of ``new`` not already in it (each tag once)."""
+    out = list(dict.fromkeys(existing))
+    out.extend(t for t in new if t not in out)
+    return out
+
+
+def replace_tags(existing: Sequence[str], new: Sequence[str]) -> list[str]:
+    """The ``new`` tags (an update that replaces)."""
+    return list(new)
+
+
+#: ``(existing text or None, tags, scores, extra fields, tag separator, append) -> the file's text``.
+Render = Callable[[str | None, Sequence[str], Mapping[str, float], Mapping[str, Any], str, bool], str]
+
+
+def _txt(existing: str | None, tags: Sequence[str], scores: Mapping[str, float], extra: Mapping[str, Any],
+         separator: str, append: bool) -> str:
+    if append and existing is not None:
+        tags = merge_tags(split_tags(existing, separator), tags)
+    return separator.join(tags) + "\n"
+
+
+def _json(existing: str | None, tags: Sequence[str], scores: Mapping[str, float], extra: Mapping[str, Any],
+          separator: str, append: bool) -> str:
+    if existing is None or not append:
+        return json_sidecar(tags, scores, extra)
+    return json_updated(existing, tags, scores, extra, merge_tags)
+
+
+def _xmp(existing: str | None, tags: Sequence[str], scores: Mapping[str, float], extra: Mapping[str, Any],
+         separator: str, append: bool) -> str:
+    if existing is None:
+        return xmp_sidecar(tags)
+    return xmp_updated(existing, tags, merge_tags if append else replace_tags)
+
+
+@dataclass(frozen=True)
+class SidecarFormat:
+    """How a sidecar format is named and written: its ``suffix`` (None: the ``--sidecar-ext`` of ``txt``), whether
+    it follows the image's whole name (``a.jpg.xmp``) rather than replacing its suffix, and its ``render``."""
+
+    suffix: str | None
+    after_image_name: bool
+    render: Render
+
+
+#: The sidecar formats: ``a.jpg`` -> ``a.txt`` / ``a.json`` / ``a.jpg.xmp``.
+SIDECAR_FORMATS: Table[SidecarFormat] = Table("sidecar format", [
+    Row("txt", "the tags joined by the separator (--sidecar-ext, default .txt)", SidecarFormat(None, False, _txt)),
+    Row("json", "every score and the tags (.json)", SidecarFormat(".json", False, _json)),
+    Row("xmp", "the tags as XMP keywords for photo managers (<image name>.xmp)", SidecarFormat(".xmp", True, _xmp)),
+])
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    """``"txt,json"`` -> ``("txt", "json")``; ``ValueError`` naming the known formats otherwise."""
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
+    if not formats:
+        raise ValueError(f"sidecar formats are a comma-separated list of {', '.join(SIDECAR_FORMATS)}; got {text!r}")
+    for name in formats:
+        SIDECAR_FORMATS.row(name)  # an unknown format: the one message listing them
+    return formats

@@ -17,18 +17,16 @@ from typing import Any
 
 from models.files.atomic_writes import atomic_write_text
 from models.files.image_extensions import IMAGE_EXTENSIONS
-from serve.outputs.records import DEFAULT_SEPARATOR, split_tags
-from serve.outputs.sidecar_formats import SIDECAR_FORMATS, json_sidecar, json_updated, xmp_sidecar, xmp_updated
+from serve.outputs.records import DEFAULT_SEPARATOR
+from serve.outputs.sidecar_formats import SIDECAR_FORMATS, merge_tags
 
 DEFAULT_SIDECAR_EXT = ".txt"
 DEFAULT_FORMATS = ("txt",)
-#: The suffix of the formats whose name is fixed (``txt`` uses :attr:`SidecarSpec.ext`).
-_FIXED_EXT = {"json": ".json", "xmp": ".xmp"}
 
 
 @dataclass(frozen=True)
 class SidecarSpec:
-    """Sidecar files: ``formats`` (of :data:`~serve.outputs.sidecar_formats.SIDECAR_FORMATS`), the ``txt`` files'
+    """Sidecar files: ``formats`` (rows of :data:`~serve.outputs.sidecar_formats.SIDECAR_FORMATS`), the ``txt`` files'
     ``ext`` (with its dot) and tag ``separator``, and ``folder`` (``None``: next to each image; else a tree
     mirroring the input folder's)."""
 
@@ -44,16 +42,16 @@ class SidecarSpec:
             raise ValueError(f"sidecar extension {self.ext} is an image extension: it would overwrite images")
         if not self.separator:
             raise ValueError("the tag separator must not be empty")
-        unknown = [f for f in self.formats if f not in SIDECAR_FORMATS]
-        if unknown or not self.formats:
-            raise ValueError(f"sidecar formats must be some of {', '.join(SIDECAR_FORMATS)}, got {self.formats}")
-        clash = [f for f in self.formats if f != "txt" and _FIXED_EXT[f] == self.ext.lower()]
-        if "txt" in self.formats and clash:
+        if not self.formats:
+            raise ValueError(f"sidecar formats must be some of {', '.join(SIDECAR_FORMATS)}, got none")
+        fixed = {f: SIDECAR_FORMATS[f].suffix for f in self.formats}  # an unknown format: the one message
+        clash = [f for f, suffix in fixed.items() if suffix is not None and suffix == self.ext.lower()]
+        if any(suffix is None for suffix in fixed.values()) and clash:
             raise ValueError(f"sidecar extension {self.ext} is the {clash[0]} sidecars' own: choose another")
 
     def ext_of(self, fmt: str) -> str:
         """The suffix a sidecar of format ``fmt`` adds."""
-        return self.ext if fmt == "txt" else _FIXED_EXT[fmt]
+        return SIDECAR_FORMATS[fmt].suffix or self.ext
 
 
 def sidecar_paths(folder: Path, images: Sequence[Path], spec: SidecarSpec) -> dict[Path, dict[str, Path]]:
@@ -63,7 +61,7 @@ def sidecar_paths(folder: Path, images: Sequence[Path], spec: SidecarSpec) -> di
     out: dict[Path, dict[str, Path]] = {p: {} for p in images}
     for fmt in spec.formats:
         ext = spec.ext_of(fmt)
-        if fmt == "xmp":
+        if SIDECAR_FORMATS[fmt].after_image_name:
             for p in images:
                 out[p][fmt] = base / image_rel_with_ext(folder, p, ext)
             continue
@@ -80,25 +78,6 @@ def image_rel_with_ext(folder: Path, image: Path, ext: str) -> Path:
     return rel.with_name(rel.name + ext)
 
 
-def merge_tags(existing: Sequence[str], new: Sequence[str]) -> list[str]:
-    """``existing`` followed by the tags of ``new`` not already in it (each tag once)."""
-    out = list(dict.fromkeys(existing))
-    out.extend(t for t in new if t not in out)
-    return out
-
-
-def _replace(existing: Sequence[str], new: Sequence[str]) -> list[str]:
-    return list(new)
-
-
-def write_sidecar(path: Path, tags: Sequence[str], spec: SidecarSpec, append: bool) -> None:
-    """Write a ``txt`` sidecar: the tags at ``path`` atomically; with ``append``, after the tags already there
-    (no duplicates)."""
-    if append and path.is_file():
-        tags = merge_tags(split_tags(path.read_text(encoding="utf-8"), spec.separator), tags)
-    atomic_write_text(path, spec.separator.join(tags) + "\n")
-
-
 def write_sidecars(
     paths: Mapping[str, Path],
     tags: Sequence[str],
@@ -112,18 +91,14 @@ def write_sidecars(
     is updated, its other contents kept (its tags replaced, or merged with ``append``); an existing ``txt``
     file is replaced, or appended to without duplicates. Raises ``ValueError`` naming a ``json`` / ``xmp``
     file that exists but cannot be read as one."""
-    combine = merge_tags if append else _replace
     for fmt, path in paths.items():
-        if fmt == "txt":
-            write_sidecar(path, tags, spec, append)
-            continue
         existing = path.read_text(encoding="utf-8") if path.is_file() else None
         try:
-            if fmt == "json":
-                text = json_sidecar(tags, scores, extra) if existing is None or not append else \
-                    json_updated(existing, tags, scores, extra, combine)
-            else:
-                text = xmp_sidecar(tags) if existing is None else xmp_updated(existing, tags, combine)
+            text = SIDECAR_FORMATS[fmt].render(existing, tags, scores, extra, spec.separator, append)
         except ValueError as exc:
             raise ValueError(f"existing sidecar {path} cannot be updated: {exc}") from None
         atomic_write_text(path, text)
+
+
+__all__ = ["DEFAULT_FORMATS", "DEFAULT_SIDECAR_EXT", "SidecarSpec", "image_rel_with_ext", "merge_tags", "sidecar_paths",
+           "write_sidecars"]

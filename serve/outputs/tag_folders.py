@@ -12,13 +12,29 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from models.files.atomic_writes import atomic_path
+from models.registry import Row, Table
 
-LINK_MODES = ("symlink", "hardlink", "copy")
+
+def _copy(image: Path, entry: Path) -> None:
+    with atomic_path(entry) as tmp:
+        shutil.copy2(image, tmp)
+
+
+def _symlink(image: Path, entry: Path) -> None:
+    entry.symlink_to(image)
+
+
+#: How an image is placed in a tag folder (``--sort-mode``): name, help, ``place(image, entry)``.
+LINK_MODES: Table[Callable[[Path, Path], None]] = Table("link mode", [
+    Row("symlink", "a symbolic link to the image", _symlink),
+    Row("hardlink", "a hard link (the same file system only)", os.link),
+    Row("copy", "a copy", _copy),
+])
 DEFAULT_LINK_MODE = "symlink"
 DEFAULT_UNTAGGED = "_untagged"
 
@@ -29,7 +45,7 @@ class TagFolderError(OSError):
 
 @dataclass(frozen=True)
 class TagFolders:
-    """Where and how to sort images: ``root`` (``DIR``), ``how`` (one of :data:`LINK_MODES`) and the folder name
+    """Where and how to sort images: ``root`` (``DIR``), ``how`` (a row of :data:`LINK_MODES`) and the folder name
     of images without tags."""
 
     root: Path
@@ -38,8 +54,7 @@ class TagFolders:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
-        if self.how not in LINK_MODES:
-            raise ValueError(f"unknown link mode {self.how!r}; choose from {', '.join(LINK_MODES)}")
+        LINK_MODES.row(self.how)  # an unknown mode: the one message listing them
         folder_name(self.untagged)  # validates
 
 
@@ -83,13 +98,7 @@ def place(image: Path, rel: str, tags: Sequence[str], spec: TagFolders) -> int:
             raise TagFolderError(f"{entry} exists and is not {image}: not overwritten")
         entry.parent.mkdir(parents=True, exist_ok=True)
         try:
-            if spec.how == "symlink":
-                entry.symlink_to(image)
-            elif spec.how == "hardlink":
-                os.link(image, entry)
-            else:
-                with atomic_path(entry) as tmp:
-                    shutil.copy2(image, tmp)
+            LINK_MODES[spec.how](image, entry)
         except OSError as exc:
             hint = " (hard links need the same file system: use --sort-mode symlink or copy)" \
                 if spec.how == "hardlink" else ""
