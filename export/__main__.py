@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = parser.add_argument_group("precisions, thresholds and TensorRT")
     g.add_argument("--precision", default="fp32", metavar="LIST",
-                   help=f"comma-separated: {', '.join(PRECISIONS)} (fp32 is always made; default: %(default)s)")
+                   help=f"comma-separated: {PRECISIONS.cli_help()} (default: %(default)s)")
     g.add_argument("--calibrate", default="auto", metavar="MODE",
                    help="threshold calibration: auto, f1, rate[:K], pu-f1[:K], pu, recall:R, threshold:X or none "
                    "(default: auto)")
@@ -146,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-agreement", type=float, metavar="FRACTION",
                    help="identical thresholded decisions a converted model needs against FP32, 0..1 (default: "
                    "0.995 for fp16, 0.99 for int8)")
-    g.add_argument("--int8-calibration", choices=CALIBRATION_METHODS, default=DEFAULT_CALIBRATION_METHOD,
-                   help="how INT8 activation ranges are calibrated (default: %(default)s; docs/export.md)")
+    g.add_argument("--int8-calibration", choices=CALIBRATION_METHODS.names(), default=DEFAULT_CALIBRATION_METHOD,
+                   help=f"how INT8 activation ranges are calibrated: {CALIBRATION_METHODS.cli_help()} (default: "
+                   "%(default)s; docs/export.md)")
     g.add_argument("--calibration-images", type=int, default=256, metavar="N",
                    help="training images for INT8 calibration (default: %(default)s)")
     g.add_argument("--trt", action="store_true", help="also build TensorRT engines (one per precision)")

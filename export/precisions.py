@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from models.registry import Row, Table
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -102,24 +104,26 @@ def _int8(target: str) -> Callable[[Path, ConversionInputs], ConversionResult]:
     return make
 
 
-PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision("fp32", (), PrecisionBounds(), engine_source="fp32"),
-    "fp16": Precision("fp16", (Conversion("fp16", "onnxruntime", _fp16),), PrecisionBounds(), engine_source="fp16"),
-    "int8": Precision(
+PRECISIONS: Table[Precision] = Table("precision", [
+    Row("fp32", "the reference export (always made)", Precision("fp32", (), PrecisionBounds(), engine_source="fp32")),
+    Row("fp16", "FP16 weights and compute, checked against FP32 (for GPUs)",
+        Precision("fp16", (Conversion("fp16", "onnxruntime", _fp16),), PrecisionBounds(), engine_source="fp16")),
+    Row("int8", "INT8 calibrated on training images, checked against FP32 (ONNX Runtime CPU, TensorRT)", Precision(
         "int8",
         (Conversion("int8-cpu", "onnxruntime", _int8("cpu")),
          Conversion("int8-tensorrt", "tensorrt", _int8("tensorrt"), engines_only=True)),
         PrecisionBounds(max_prob_diff=None, min_agreement=DEFAULT_INT8_MIN_AGREEMENT),
         engine_source="int8-tensorrt",
-    ),
-}
+    )),
+])
 
 
 def parse_precisions(text: str) -> list[str]:
     """``"fp32,int8"`` -> ``["fp32", "int8"]`` in :data:`PRECISIONS` order (fp32 always first: the others are made
     from it); ``ValueError`` naming the choices otherwise."""
     wanted = {p.strip().lower() for p in text.split(",") if p.strip()}
-    unknown = wanted - set(PRECISIONS)
-    if unknown or not wanted:
+    if not wanted:
         raise ValueError(f"--precision takes a comma-separated list of {', '.join(PRECISIONS)}; got {text!r}")
+    for name in wanted:
+        PRECISIONS.row(name)  # an unknown precision: the one message listing them
     return [p for p in PRECISIONS if p in wanted or p == "fp32"]

@@ -48,12 +48,17 @@ from export.onnx_files import load_onnx_file, onnx_meta, read_onnx_meta, set_onn
 from models.checkpoint import ModelMeta
 from models.files.atomic_writes import atomic_path
 from models.files.digest import file_sha256
+from models.registry import Row, Table, UnknownName
 
 Target = Literal["cpu", "tensorrt"]
 CalibrationMethodName = Literal["minmax", "percentile", "entropy"]
 
-TARGETS: tuple[str, ...] = ("cpu", "tensorrt")
-CALIBRATION_METHODS: tuple[str, ...] = ("minmax", "percentile", "entropy")
+#: How INT8 ranges are calibrated (``--int8-calibration``): name, help, ONNX Runtime's ``CalibrationMethod`` name.
+CALIBRATION_METHODS: Table[str] = Table("calibration method", [
+    Row("minmax", "the smallest and largest value seen (the default: docs/export.md)", "MinMax"),
+    Row("percentile", "the range holding 99.999% of the values", "Percentile"),
+    Row("entropy", "the range that loses least information (KL divergence)", "Entropy"),
+])
 DEFAULT_CALIBRATION_IMAGES = 256  # "a few hundred" training images; the caller picks and preprocesses them
 DEFAULT_CALIBRATION_METHOD: CalibrationMethodName = "minmax"  # docs/export.md, Calibration method
 DEFAULT_PERCENTILE = 99.999
@@ -89,26 +94,17 @@ class Int8Flavour:
         return dataclasses.asdict(self)
 
 
-INT8_FLAVOURS: dict[str, Int8Flavour] = {
-    "cpu": Int8Flavour(
-        target="cpu",
-        activation_type="uint8",
-        activation_symmetric=False,
-        weight_type="int8",
-        weight_symmetric=True,
-        quantize_bias=True,
-        runtime="ONNX Runtime CPUExecutionProvider (x86 u8s8 kernels)",
-    ),
-    "tensorrt": Int8Flavour(
-        target="tensorrt",
-        activation_type="int8",
-        activation_symmetric=True,
-        weight_type="int8",
-        weight_symmetric=True,
-        quantize_bias=False,
-        runtime="TensorRT explicit quantization (strongly typed build from the Q/DQ graph)",
-    ),
-}
+#: The INT8 targets (``quantize_int8(target=...)``: the ``int8`` precision is ``cpu``, TensorRT engines use
+#: ``tensorrt``): name, help, quantization settings.
+INT8_FLAVOURS: Table[Int8Flavour] = Table("INT8 target", [
+    Row("cpu", "u8 activations, s8 weights, int32 bias: ONNX Runtime's fast x86 kernels", Int8Flavour(
+        target="cpu", activation_type="uint8", activation_symmetric=False, weight_type="int8",
+        weight_symmetric=True, quantize_bias=True, runtime="ONNX Runtime CPUExecutionProvider (x86 u8s8 kernels)")),
+    Row("tensorrt", "symmetric s8 activations and weights, float bias: TensorRT's explicit quantization",
+        Int8Flavour(target="tensorrt", activation_type="int8", activation_symmetric=True, weight_type="int8",
+                    weight_symmetric=True, quantize_bias=False,
+                    runtime="TensorRT explicit quantization (strongly typed build from the Q/DQ graph)")),
+])
 
 
 @dataclass
@@ -472,13 +468,13 @@ def quantize_int8(
 
     t0 = time.perf_counter()
     src, dst = Path(src), Path(dst)
-    if target not in INT8_FLAVOURS:
-        raise ConversionError(f"unknown INT8 target {target!r}; choose from {', '.join(TARGETS)}")
-    if method not in CALIBRATION_METHODS:
-        raise ConversionError(f"unknown calibration method {method!r}; choose from {', '.join(CALIBRATION_METHODS)}")
+    try:
+        flavour = INT8_FLAVOURS[target]
+        ort_method = getattr(CalibrationMethod, CALIBRATION_METHODS[method])
+    except UnknownName as exc:
+        raise ConversionError(str(exc)) from None
     if not 0.0 < percentile <= 100.0:
         raise ConversionError(f"percentile must be in (0, 100], got {percentile}")
-    flavour = INT8_FLAVOURS[target]
     model, meta = load_fp32_model(src)
     _check_dst(src, dst)
     if len(model.graph.input) != 1:
@@ -488,11 +484,6 @@ def quantize_int8(
     n_images = sum(len(b) for b in batches)
     reader = BatchReader(input_name, batches)
     qtype = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
-    ort_method = {
-        "minmax": CalibrationMethod.MinMax,
-        "percentile": CalibrationMethod.Percentile,
-        "entropy": CalibrationMethod.Entropy,
-    }[method]
     extra: dict[str, Any] = {
         "ActivationSymmetric": flavour.activation_symmetric,
         "WeightSymmetric": flavour.weight_symmetric,

@@ -21,19 +21,25 @@ from models.backbones import BackboneFamily, InputConfig, family_of
 from models.backbones.efficientnet_lite_wheels import is_lukemelas_state, lukemelas_to_timm
 from models.label_embedding import LabelEmbeddingConfig, LabelEmbeddingHead
 from models.lgconv import GlobalBranch, convert_to_lgconv
+from models.registry import Row, Table
 from models.weight_files import BACKBONE, HEAD, describe_mismatch, in_network_keys, read_state
 
 if TYPE_CHECKING:
     from models.checkpoint import ModelMeta
 
-# Which parameters train: everything; only the ResNet's last stage (LgConv global branches + layer4 + head; the stem
-# and layers 1-3 frozen, their BatchNorms kept in eval mode so the frozen features really are fixed); or only the
-# head (the whole backbone fixed: Cole et al.'s linear_fixed_features mode).
-TRAINABLE_SCOPES = ("all", "layer4", "head")
+#: Which parameters train (``--trainable``).
+TRAINABLE_SCOPES: Table[None] = Table("trainable scope", [
+    Row("all", "every weight", None),
+    Row("layer4", "the ResNets' last stage (LgConv branches + layer4 + head); stem and layers 1-3 frozen, their "
+        "BatchNorms in eval mode so the frozen features really are fixed", None),
+    Row("head", "the head only, the backbone fixed: Cole et al.'s linear_fixed_features mode (features cached)", None),
+])
 
-# Classifier heads: "linear" (global average pool + Linear, the papers' default) or "lem" (LAC's label-wise
-# embedding transformer on the last feature map, models.label_embedding).
-HEADS = ("linear", "lem")
+#: Classifier heads (``--head``).
+HEADS: Table[None] = Table("head", [
+    Row("linear", "global average pool + a linear layer (the papers' default)", None),
+    Row("lem", "LAC's label-wise embedding transformer on the last feature map (models.label_embedding)", None),
+])
 
 BOOSTLU_ALPHA = 5.0  # Kim et al. 2023's published BoostLU factor
 
@@ -82,8 +88,7 @@ class MultiLabelNet(nn.Module):
                  head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
                  boostlu: float | None = None) -> None:
         super().__init__()
-        if head not in HEADS:
-            raise ValueError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
+        HEADS.row(head)  # an unknown head: the one message listing them
         if boostlu is not None and head != "linear":
             raise ValueError(f"--boostlu boosts the class activation maps of the linear head; the {head!r} head "
                              "has none (it pools with per-class attention): use --head linear or drop --boostlu")
@@ -116,8 +121,7 @@ class MultiLabelNet(nn.Module):
         """``all``: every parameter trains. ``layer4`` (ResNets): only the LgConv global branches, layer4 and the
         head; the stem and layers 1-3 are frozen (``requires_grad=False``, BatchNorm statistics fixed). ``head``: the
         whole backbone is frozen, only the head trains."""
-        if scope not in TRAINABLE_SCOPES:
-            raise ValueError(f"unknown trainable scope {scope!r}; choose from {', '.join(TRAINABLE_SCOPES)}")
+        TRAINABLE_SCOPES.row(scope)  # an unknown scope: the one message listing them
         for p in self.parameters():
             p.requires_grad_(True)
         self._frozen = []

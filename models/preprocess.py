@@ -24,6 +24,8 @@ from PIL import Image, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 from torchvision.transforms.v2 import functional as F
 
+from models.registry import Row, Table
+
 if TYPE_CHECKING:
     from models.checkpoint import ModelMeta
 
@@ -70,7 +72,11 @@ def read_image(path: str | Path, decode_side: int | None = None) -> torch.Tensor
     return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1).contiguous()
 
 
-INTERPOLATIONS = {"bilinear": F.InterpolationMode.BILINEAR, "bicubic": F.InterpolationMode.BICUBIC}
+#: How images are resized: name, help, torchvision's mode.
+INTERPOLATIONS: Table[F.InterpolationMode] = Table("interpolation", [
+    Row("bilinear", "bilinear, antialiased", F.InterpolationMode.BILINEAR),
+    Row("bicubic", "bicubic, antialiased (timm's pretrained configurations)", F.InterpolationMode.BICUBIC),
+])
 
 
 def resize_uint8(image: torch.Tensor, image_size: int, interpolation: str = "bilinear",
@@ -78,9 +84,7 @@ def resize_uint8(image: torch.Tensor, image_size: int, interpolation: str = "bil
     """Resize a ``uint8 (3, H, W)`` image to ``image_size x image_size`` (antialiased; ``interpolation``
     bilinear or bicubic), aspect ratio not kept. ``crop`` < 1 resizes to ``image_size / crop`` first and keeps the
     central ``image_size`` square (timm's ``crop_pct``); 1 keeps the whole image."""
-    mode = INTERPOLATIONS.get(interpolation)
-    if mode is None:
-        raise ValueError(f"unknown interpolation {interpolation!r}; choose from {', '.join(INTERPOLATIONS)}")
+    mode = INTERPOLATIONS[interpolation]
     if not 0.0 < crop <= 1.0:
         raise ValueError(f"crop must be in (0, 1], got {crop}")
     side = image_size if crop >= 1.0 else round(image_size / crop)
@@ -106,8 +110,7 @@ class EvalTransform:
         self.image_size = int(image_size)
         self.mean = tuple(float(v) for v in mean)
         self.std = tuple(float(v) for v in std)
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"unknown interpolation {interpolation!r}; choose from {', '.join(INTERPOLATIONS)}")
+        INTERPOLATIONS.row(interpolation)  # an unknown name: the one message listing them
         self.interpolation = interpolation
         self.crop = float(crop)
 

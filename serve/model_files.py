@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.files.run_folder import BEST, LAST, default_runs_dir, latest_run
-from models.runtimes import RUNTIMES, ModelSpecError, supported_suffixes
+from models.runtimes import ModelSpecError, runtime_named, supported_suffixes
 
 
 def models_in_folder(folder: Path) -> list[Path]:
@@ -50,9 +50,7 @@ def resolve_model_path(target: str | Path | None, backend: str | None = None, ru
             raise ModelSpecError(f"model not found: {target} (not a file, a run folder, or a run under {runs})")
     candidates = models_in_folder(folder)
     if backend is not None:
-        if backend not in RUNTIMES:
-            raise ModelSpecError(f"unknown backend {backend!r}; available: {', '.join(RUNTIMES)}")
-        candidates = [p for p in candidates if p.suffix.lower() in RUNTIMES[backend].suffixes]
+        candidates = [p for p in candidates if p.suffix.lower() in runtime_named(backend).suffixes]
     if not candidates:
         what = f" that backend {backend} reads" if backend else ""
         raise ModelSpecError(f"no model file{what} in {folder} (expected best.pt or export/model.onnx)")

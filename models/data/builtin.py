@@ -51,6 +51,7 @@ from models.data.builtin_scenes import (
 from models.data.shapes import CLASS_NAMES
 from models.data.types import DataError, LabelledImages, ObjectTable
 from models.files.file_lock import file_lock
+from models.registry import Row, Table, UnknownName
 
 __all__ = [
     "CLASS_NAMES",
@@ -97,15 +98,17 @@ class BuiltinPreset:
 #: ``default`` with the same 2,000 test images: the regime where a network memorises its assumed negatives within
 #: a CPU budget, measured on the same test set as ``default``. The ``dense-*`` presets are the same images (same
 #: seed) labelled with 7 attributes on top of the 20 shapes: about 6.4 positives per image instead of 2.8.
-PRESETS: dict[str, BuiltinPreset] = {
-    "tiny": BuiltinPreset("tiny", 64, 200, 80),
-    "small": BuiltinPreset("small", 96, 2000, 2000),
-    "default": BuiltinPreset("default", 96, 16000, 2000),
-    "large": BuiltinPreset("large", 448, 30000, 6000),
-    "dense-tiny": BuiltinPreset("dense-tiny", 64, 200, 80, attributes=True),
-    "dense-small": BuiltinPreset("dense-small", 96, 2000, 2000, attributes=True),
-    "dense": BuiltinPreset("dense", 96, 16000, 2000, attributes=True),
-}
+PRESETS: Table[BuiltinPreset] = Table("builtin preset", [Row(p.name, f"{p.n_train:,} training, {p.n_test:,} test "
+                                       f"images of {p.image_size} px" + (", 7 attributes" if p.attributes else ""), p)
+                                       for p in (
+    BuiltinPreset("tiny", 64, 200, 80),
+    BuiltinPreset("small", 96, 2000, 2000),
+    BuiltinPreset("default", 96, 16000, 2000),
+    BuiltinPreset("large", 448, 30000, 6000),
+    BuiltinPreset("dense-tiny", 64, 200, 80, attributes=True),
+    BuiltinPreset("dense-small", 96, 2000, 2000, attributes=True),
+    BuiltinPreset("dense", 96, 16000, 2000, attributes=True),
+)])
 
 
 
@@ -265,8 +268,10 @@ def ensure_builtin(
     first if it is missing or incomplete. ``cache_dir`` defaults to :func:`cache_root`; ``workers`` (default
     ``min(cpu_count, 8)``, one process for tiny) is the number of generating processes and never changes
     the files. Raises :class:`DataError` for an unknown preset or a negative seed."""
-    if preset not in PRESETS:
-        raise DataError(f"unknown built-in preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    try:
+        PRESETS.row(preset)
+    except UnknownName as exc:
+        raise DataError(str(exc)) from None
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise DataError(f"built-in dataset seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from models.data.known_classes import COCO_CLASSES, CUB_ATTRIBUTES, NUS_WIDE_CONCEPTS
 from models.data.voc import VOC_CLASSES
+from models.registry import Row, Table
 
 __all__ = ["FAMILIES", "Family", "family_named"]
 
@@ -38,13 +39,13 @@ class Family:
         return re.fullmatch(self.names, name.strip(), re.IGNORECASE) is not None
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("voc", VOC_CLASSES, r"voc(2007|2012)?|pascal([_-]?voc)?"),
-    Family("coco", COCO_CLASSES, r"coco(2014|2017)?"),
-    Family("nus", NUS_WIDE_CONCEPTS, r"nus([_-]?wide)?"),
-    Family("cub", CUB_ATTRIBUTES, r"cub([_-]?200)?([_-]2011)?"),
-    Family("builtin", None, r"builtin(-[\w.-]+)?"),
-)}
+FAMILIES: Table[Family] = Table("dataset family", [Row(f.name, help, f) for help, f in (
+    ("PASCAL VOC 2007/2012, 20 classes", Family("voc", VOC_CLASSES, r"voc(2007|2012)?|pascal([_-]?voc)?")),
+    ("MS-COCO 2014/2017, 80 classes", Family("coco", COCO_CLASSES, r"coco(2014|2017)?")),
+    ("NUS-WIDE, 81 concepts", Family("nus", NUS_WIDE_CONCEPTS, r"nus([_-]?wide)?")),
+    ("CUB-200-2011, 312 attributes", Family("cub", CUB_ATTRIBUTES, r"cub([_-]?200)?([_-]2011)?")),
+    ("the built-in procedural shapes", Family("builtin", None, r"builtin(-[\w.-]+)?")),
+)])
 
 
 def family_named(name: str) -> str | None:

@@ -1,4 +1,4 @@
-"""One registry of dataset kinds (:data:`DATASET_KINDS`), and ``load_dataset(spec)`` that turns a spec string into
+"""One table of dataset kinds (:data:`DATASET_KINDS`), and ``load_dataset(spec)`` that turns a spec string into
 ``DatasetSplits``.
 
 Each kind is one row (:class:`DatasetKind`): its loader, its detector (how a bare path is recognised), its family
@@ -34,6 +34,7 @@ from models.data.spec_options import split_spec_options
 from models.data.tuxpaint import load_tuxpaint_spec, tuxpaint_dataset_name
 from models.data.types import ALL_SPLITS, DataError, DatasetSplits, ObjectTable
 from models.data.voc import find_voc_dirs, load_voc
+from models.registry import Row, Table, unknown_message
 
 __all__ = ["DATASET_KINDS", "DatasetKind", "describe_kinds", "detect_kind", "load_dataset", "parse_builtin_argument",
            "spec_dataset_name", "spec_family"]
@@ -57,10 +58,7 @@ def _load_builtin(argument: str) -> DatasetSplits:
     from models.data.builtin import PRESETS, ensure_builtin  # lazy: only this kind needs the generator
 
     if preset not in PRESETS:
-        raise DataError(
-            f"unknown builtin preset {preset!r} (known: {', '.join(sorted(PRESETS))}); "
-            "use builtin:<preset>[@seed<N>]"
-        )
+        raise DataError(f"{unknown_message('builtin preset', preset, PRESETS)}; use builtin:<preset>[@seed<N>]")
     folder = Path(ensure_builtin(preset=preset, seed=seed))
     splits = load_csv(folder / CSV_FILENAME)
     splits.name = f"builtin-{preset}"
@@ -176,7 +174,7 @@ class DatasetKind:
 
 
 #: The kinds, in the order a bare path is detected (the first whose detector accepts it loads it).
-DATASET_KINDS: dict[str, DatasetKind] = {kind.name: kind for kind in (
+DATASET_KINDS: Table[DatasetKind] = Table("dataset kind", [Row(kind.name, kind.form, kind) for kind in (
     DatasetKind("builtin", _load_builtin, "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, small, "
                 "default, large; dense-tiny, dense-small, dense: with 7 attribute labels)", _builtin_name,
                 family="builtin", standalone=True),
@@ -202,7 +200,7 @@ DATASET_KINDS: dict[str, DatasetKind] = {kind.name: kind for kind in (
     DatasetKind("tuxpaint", load_tuxpaint_spec, "tuxpaint[:<stamps dir>][?view=folders&min-count=N]  Tux Paint's "
                 "stamps (Debian tuxpaint-stamps-default), folders and description words as labels; view=folders: "
                 "one label per image, its folder", tuxpaint_dataset_name, standalone=True),
-)}
+)])
 
 
 def describe_kinds() -> str:

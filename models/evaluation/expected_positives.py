@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from models.registry import Row, Table
+
 __all__ = [
     "BRACKET_RATIO",
     "CHOOSER_K",
@@ -65,7 +67,13 @@ __all__ = [
     "resolve_expected_positives",
 ]
 
-K_SOURCES = ("given", "published", "labels", "audit", "estimated")
+K_SOURCES: Table[None] = Table("source of k", [
+    Row("given", "--hp k", None),
+    Row("published", "the papers' value for a known dataset", None),
+    Row("labels", "the mean of full training (else validation) labels", None),
+    Row("audit", "the mean of a few fully labelled images (--audit)", None),
+    Row("estimated", "estimated from one label per image (estimate_k)", None),
+])
 #: the detail of an estimate that ``--method auto`` made from cross-fitted scores (a run keeps it, not re-estimated)
 CHOOSER_K = "--method auto"
 #: what a user does when the estimate is not good enough (measured: docs/your-data.md, k)
@@ -131,8 +139,7 @@ class ExpectedPositives:
         return cls(float(record["k"]), str(record["source"]), str(record.get("detail", "")), estimate)
 
     def __post_init__(self) -> None:
-        if self.source not in K_SOURCES:
-            raise ValueError(f"unknown source of k {self.source!r} (known: {', '.join(K_SOURCES)})")
+        K_SOURCES.row(self.source)  # an unknown source: the one message listing them
 
     def describe(self) -> str:
         """``k = 2.83 (estimated: ...)``."""

@@ -1,4 +1,4 @@
-"""The one registry of inference runtimes (:data:`RUNTIMES`: name -> class), picked from the model file's suffix;
+"""The one table of inference runtimes (:data:`RUNTIMES`: name -> class), picked from the model file's suffix;
 used by export (its checks) and serve (the tagger, the predictor, the demo).
 
 Every runtime class has ``name``, ``suffixes``, a classmethod ``load(path)``, a classmethod ``open(path, device,
@@ -18,6 +18,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from models.checkpoint import ModelMeta
+from models.registry import Row, Table, UnknownName
 from models.runtimes.devices import parse_device
 from models.runtimes.errors import BackendUnavailableError, ModelLoadError, ModelSpecError
 from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
@@ -42,11 +43,12 @@ class Runtime(Protocol):
         ...
 
 
-RUNTIMES: dict[str, type] = {
-    OnnxRuntimeBackend.name: OnnxRuntimeBackend,
-    TorchBackend.name: TorchBackend,
-    TensorRTBackend.name: TensorRTBackend,
-}
+#: The runtimes (``--backend``): name, help, class.
+RUNTIMES: Table[type] = Table("backend", [
+    Row(OnnxRuntimeBackend.name, "ONNX Runtime: .onnx files, on the CPU or CUDA", OnnxRuntimeBackend),
+    Row(TorchBackend.name, "PyTorch: run checkpoints (.pt, .pth)", TorchBackend),
+    Row(TensorRTBackend.name, "TensorRT: .engine files built by python -m export --trt (a GPU)", TensorRTBackend),
+])
 
 #: Model file suffixes of runtimes that may not be installed, for a more helpful "unsupported" message.
 _KNOWN_SUFFIXES = {".engine": "TensorRT engine", ".plan": "TensorRT engine", ".trt": "TensorRT engine"}
@@ -66,13 +68,19 @@ def runtime_for(path: str | Path) -> type:
     raise ValueError(f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())}")
 
 
+def runtime_named(backend: str) -> type:
+    """The runtime class registered as ``backend``; :class:`ModelSpecError` (the one unknown-name message)."""
+    try:
+        return RUNTIMES[backend]
+    except UnknownName as exc:
+        raise ModelSpecError(str(exc)) from None
+
+
 def runtime_class(path: Path, backend: str | None) -> type:
     """The registry class that loads ``path`` (``backend`` forces one); :class:`ModelSpecError` otherwise."""
     suffix = path.suffix.lower()
     if backend is not None:
-        if backend not in RUNTIMES:
-            raise ModelSpecError(f"unknown backend {backend!r}; available: {', '.join(RUNTIMES)}")
-        cls = RUNTIMES[backend]
+        cls = runtime_named(backend)
         if suffix not in cls.suffixes:
             raise ModelSpecError(
                 f"backend {backend} cannot load {path.name}: it reads {', '.join(cls.suffixes)} files"
@@ -124,12 +132,7 @@ def open_runtime(path: Path, backend: str | None = None, device: str | None = No
 
 def load_runtime(path: str | Path, runtime: str | None = None) -> Runtime:
     """Load ``path`` with the runtime named ``runtime`` (default: chosen from the suffix)."""
-    if runtime is None:
-        cls = runtime_for(path)
-    elif runtime in RUNTIMES:
-        cls = RUNTIMES[runtime]
-    else:
-        raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
+    cls = runtime_for(path) if runtime is None else RUNTIMES[runtime]
     return cls.load(path)
 
 
@@ -148,4 +151,5 @@ __all__ = [
     "read_model_meta",
     "runtime_class",
     "runtime_for",
+    "runtime_named",
 ]

@@ -159,9 +159,9 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return fail(f"no model found under {runs_dir.resolve()}; pass --model FILE (or train one)", EXIT_USAGE)
         key = next((k for k, p in choices.items() if p.resolve() == path.resolve()), str(path))
         if args.backend is not None:  # the picker only offers what the chosen runtime reads
-            from models.runtimes import RUNTIMES
+            from models.runtimes import runtime_named
 
-            suffixes = RUNTIMES[args.backend].suffixes if args.backend in RUNTIMES else ()
+            suffixes = runtime_named(args.backend).suffixes
             choices = {k: p for k, p in choices.items() if p.suffix.lower() in suffixes}
         predictor = Predictor.load(path, args.backend, args.device, max_pixels=args.max_pixels)
     except ModelSpecError as exc:
