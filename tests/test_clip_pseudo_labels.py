@@ -153,7 +153,7 @@ def test_offline_without_cached_weights_stops_before_training(squares_csv: Path,
     monkeypatch.setattr(clip_scores, "_cached", lambda choice, cfg: False)
     monkeypatch.setattr(clip_scores, "hub_reachable", lambda host, timeout=3.0: False)
     built: list[str] = []
-    monkeypatch.setattr("train.trainer.build_run_model", lambda *a, **k: built.append("model"))
+    monkeypatch.setattr("train.run_preparation.build_run_model", lambda *a, **k: built.append("model"))
     for method in ("vlpl", "aevlp"):
         with pytest.raises(ValueError) as err:
             Trainer(_cfg(tmp_path, squares_csv, name=f"offline-{method}", method=method, clip=""))

@@ -21,7 +21,8 @@ from train.__main__ import main
 from train.config import TrainConfig
 from train.methods import METHODS, get_method, make_hparams
 from train.methods.an import assume_negative_loss
-from train.trainer import Trainer, test_line
+from train.run_report import test_line
+from train.trainer import Trainer
 
 # Plain ResNet unless a test is about the default (LgConv) model: at 32 px the global branches halve training
 # speed. test_run_folder_contents and the first resume case train the default model.

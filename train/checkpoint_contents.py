@@ -15,12 +15,7 @@ import torch
 
 from models.checkpoint import Checkpoint, ModelMeta, load_checkpoint
 from models.data.observed_file import OBSERVED_FILE
-from models.data.protocol import ProtocolSplits
-from models.data.types import DatasetSplits
-from models.network import MultiLabelNet
-from train.config import TrainConfig
 from train.distributed import barrier, broadcast_object, current_world
-from train.methods import Method
 from train.run_setup import run_preprocessing
 
 
@@ -59,21 +54,27 @@ def load_shared(path: Path, device: torch.device) -> Checkpoint:
     return broadcast_object(load_checkpoint(path, map_location="cpu") if current_world().is_main else None)
 
 
-def run_meta(cfg: TrainConfig, model: MultiLabelNet, method: Method, dataset: DatasetSplits,
-             splits: ProtocolSplits, protocol_sha256: str, epoch: int, metrics: dict[str, Any]) -> ModelMeta:
-    """The metadata of a checkpoint of this run at ``epoch`` (``metrics``: what it was selected or tested with)."""
+def run_meta(run: Any, epoch: int, metrics: dict[str, Any]) -> ModelMeta:
+    """The metadata of a checkpoint of ``run`` (a :class:`~train.run_preparation.PreparedRun`) at ``epoch``
+    (``metrics``: what it was selected or tested with): what the model is, the run's data and protocol, its label
+    regimes, selection criterion and k."""
+    cfg, splits, dataset = run.cfg, run.splits, run.dataset
     transform = run_preprocessing(cfg)
+    k = run.expected_positives
     return ModelMeta(
         classes=list(splits.classes), arch=cfg.arch, image_size=cfg.image_size, lgconv=bool(cfg.lgconv),
         mean=transform.mean, std=transform.std, interpolation=transform.interpolation,  # type: ignore[arg-type]
         crop=transform.crop, weights=cfg.weights,
-        head=model.head_meta(), method=cfg.method, method_hparams=method.hparams_dict(),
+        head=run.model.head_meta(), method=cfg.method, method_hparams=run.method.hparams_dict(),
         data={
             "name": dataset.name, "source": dataset.source, "fingerprint": splits.fingerprint,
             # the --observed value (export rebuilds the split from it), and the labels it gave
             "observed": cfg.observed, "observed_labels": str(splits.observed), "protocol_seed": cfg.protocol_seed,
             "val_fraction": cfg.val_fraction, "num_train": len(splits.train), "num_val": len(splits.val),
-            "observed_file": OBSERVED_FILE, "observed_sha256": protocol_sha256,
+            "observed_file": OBSERVED_FILE, "observed_sha256": run.data.protocol_sha256,
+            "labels": cfg.labels, "label_regimes": {split: regime.kind for split, regime in splits.regimes.items()},
+            "selection": run.selection.name, "expected_positives": k.to_dict() if k else None,
+            "k_estimate": cfg.chosen.get("expected_positives") if cfg.chosen else None,
         },
         metrics=metrics, epoch=epoch,
     )

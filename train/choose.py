@@ -46,7 +46,7 @@ from models.network import MultiLabelNet
 from train.config import HEAD_EPOCHS, METHOD_AUTO, TrainConfig, resolve_model_defaults
 from train.console import log
 from train.cross_fitting import Pool, fold_data, labelled_pool
-from train.feature_cache import FeatureCache, feature_key, weights_digest
+from train.feature_cache import FeatureCache, split_feature_key
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation
 from train.inference import DatasetForward, Rows
 from train.methods import BASELINE, METHODS, EpochEndContext, get_method, make_hparams
@@ -155,10 +155,7 @@ def extract_features(cfg: TrainConfig, data: RunData, model: MultiLabelNet, forw
     """The backbone features of ``splits`` from the feature cache (computed and stored the first time), under the
     same key as a ``--trainable head`` run's."""
     precision = str(resolve_precision(cfg.amp, forward.device).dtype or "float32")
-    backbone = weights_digest(model.backbone)
-    transform = forward.eval_transform
-    preprocessing = {"image_size": transform.image_size, "mean": list(transform.mean), "std": list(transform.std),
-                     "interpolation": transform.interpolation, "crop": transform.crop}
+    key_of = split_feature_key(cfg.arch, model, forward.eval_transform, precision)
     cache = FeatureCache()
     out = {}
     model.eval()
@@ -170,7 +167,7 @@ def extract_features(cfg: TrainConfig, data: RunData, model: MultiLabelNet, forw
         def compute(images: Any = images, split: str = split) -> Rows:
             return forward.rows(model.features, forward.eval_loader(images), model.num_features, f"features ({split})")
 
-        key = feature_key(list(images.paths), cfg.arch, backbone, preprocessing, precision)
+        key = key_of(images)
         with torch.random.fork_rng(devices=[forward.device] if forward.device.type == "cuda" else []):
             out[split], _ = cache.get(key, compute)
     return out

@@ -5,10 +5,13 @@ logged; nothing of them reaches the method."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 from models.evaluation.metrics import mean_average_precision
-from train.methods.base import NEGATIVES, POSITIVES, SCORES, LabelEstimate
+from train.methods.base import NEGATIVES, POSITIVES, SCORES, LabelEstimate, Method
 
 
 def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torch.Tensor) -> dict[str, float]:
@@ -24,3 +27,12 @@ def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torc
             truth = full_labels[values.bool()] > 0.5
             logs[f"{name}_precision"] = float((truth if estimate.kind == POSITIVES else ~truth).float().mean())
     return logs
+
+
+def run_diagnostics(method: Method, splits: Any, is_main: bool) -> dict[str, float]:
+    """The ``method``'s label estimates scored against the full training labels of ``splits`` (rank 0 only, and
+    only where the training split has hidden full labels)."""
+    estimates = method.label_estimates() if is_main and splits.train_has_full_labels else {}
+    if not estimates:
+        return {}
+    return score_label_estimates(estimates, torch.from_numpy(splits.train.labels.astype(np.float32)))

@@ -126,6 +126,16 @@ class EpochTotals:
         return {k: v / max(seen, 1.0) for k, v in totals.items()}, int(seen)
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device, channels_last: bool) -> dict[str, torch.Tensor]:
+    """A batch on ``device`` (non-blocking), its image views in the channels-last layout when asked."""
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    if channels_last:
+        for key in out:
+            if key.startswith("images"):
+                out[key] = out[key].contiguous(memory_format=torch.channels_last)
+    return out
+
+
 def train_epoch(data: TrainData, epoch: int, step: Callable[[dict[str, torch.Tensor]], LossOutput],
                 to_device: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]], desc: str,
                 progress: bool) -> dict[str, float]:

@@ -69,6 +69,20 @@ def feature_key(paths: list[Path], arch: str, backbone_digest: str, preprocessin
             "backbone": backbone_digest, "preprocessing": preprocessing, "precision": precision}
 
 
+def split_feature_key(arch: str, model: nn.Module, transform: Any,
+                      precision: str) -> Callable[[Any], dict[str, Any]]:
+    """``images -> key`` for ``model``'s backbone (``model.backbone``) at ``transform``'s preprocessing and
+    ``precision``: the key of a split's features, the same for a ``--trainable head`` run and the method chooser."""
+    backbone = weights_digest(model.backbone)
+    preprocessing = {"image_size": transform.image_size, "mean": list(transform.mean), "std": list(transform.std),
+                     "interpolation": transform.interpolation, "crop": transform.crop}
+
+    def key(images: Any) -> dict[str, Any]:
+        return feature_key(list(images.paths), arch, backbone, preprocessing, precision)
+
+    return key
+
+
 def key_name(key: dict[str, Any]) -> str:
     """The cache file name of a key."""
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".pt"
