@@ -18,7 +18,8 @@ from tiny_clip import save_tiny_clip
 
 from train.config import TrainConfig
 from train.methods import METHODS
-from train.pseudo_labels import clip_scores, stage
+from train import pseudo_label_stage as stage
+from train.pseudo_labels import clip_scores
 from train.pseudo_labels.clip_scores import (
     class_prompts,
     image_views,

@@ -10,7 +10,7 @@ import numpy as np
 from models.data.label_regime import describe_regimes
 from train.selection import Assessment, figure
 
-__all__ = ["epoch_line", "epoch_record", "opening_lines", "summary_line", "test_line"]
+__all__ = ["epoch_line", "epoch_record", "opening_lines", "summary_line", "held_out_line"]
 
 
 def opening_lines(run: Any) -> list[str]:
@@ -70,7 +70,7 @@ def epoch_line(epoch: int, total: int, phase: str, stats: dict[str, float], reco
             + ("  *best*" if record["best"] else ""))
 
 
-def test_line(metrics: dict[str, Any], logits: np.ndarray | None, num_classes: int) -> str:
+def held_out_line(metrics: dict[str, Any], logits: np.ndarray | None, num_classes: int) -> str:
     """The end-of-run figures of a split with full labels, each saying what it is: mAP (over the classes that have
     a positive there, when some have none) and OF1 / CF1 at the uncalibrated threshold 0.5 with the tags per image
     it gives (the exported model calibrates per-class thresholds instead)."""
@@ -90,7 +90,7 @@ def summary_line(best_epoch: int, selection: str, metrics: dict[str, Any],
     """The closing line: the selected epoch, its val mAP, its test figures and label recovery where there are."""
     line = f"best epoch {best_epoch} ({selection}): val mAP {figure(metrics['val']['mAP'])}"
     if "test" in metrics:
-        line += f" | test {test_line(metrics['test'], assessments['test'].logits, num_classes)}"
+        line += f" | test {held_out_line(metrics['test'], assessments['test'].logits, num_classes)}"
     if "train_recovery" in metrics:
         line += f" | train label recovery mAP {metrics['train_recovery']['mAP']:.2f}"
     return line
