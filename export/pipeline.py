@@ -47,7 +47,8 @@ from export.onnx_files import (
     sidecar_document,
     sidecar_path,
 )
-from export.precisions import PRECISIONS, ConversionInputs, PrecisionBounds
+from export.options import ExportOptions
+from export.precisions import PRECISIONS, ConversionInputs
 from export.threshold_calibration import (
     CalibrationMode,
     calibrate,
@@ -67,7 +68,6 @@ from models.evaluation.metrics import per_class_ap
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from models.logits import sigmoid
 
-DEFAULT_CALIBRATION_IMAGES = 256
 THROUGHPUT_BATCH = 32
 THROUGHPUT_SECONDS = 2.0
 
@@ -290,46 +290,18 @@ def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mo
     return meta
 
 
-def export_run(
-    checkpoint: str | Path,
-    output: str | Path | None = None,
-    *,
-    precisions: Sequence[str] = ("fp32",),
-    calibrate_mode: str = "auto",
-    val_images: int | None = None,
-    calibration_images: int = DEFAULT_CALIBRATION_IMAGES,
-    int8_calibration: str | None = None,
-    trt: bool = False,
-    trt_targets: Sequence[str] | None = None,
-    trt_batch: tuple[int, int, int] = (1, 16, 64),
-    bounds: dict[str, PrecisionBounds] | None = None,
-    opset: int | None = None,
-    images: str | Path | None = None,
-    verify_images: int | None = None,
-    atol: float | None = None,
-    runs_dir: Path | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    log: Callable[[str], None] | None = None,
-    audit: str | None = None,
-) -> RunExport:
+def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
+               log: Callable[[str], None] | None = None, **options: Any) -> RunExport:
     """Export a checkpoint to every requested artifact (see the module docstring); returns what was written.
-
-    ``calibrate_mode``: ``auto`` (f1 on fully labelled validation data, pu-f1 on single-positive), ``f1``,
-    ``pu``, ``pu-f1[:K]``, ``recall:R``, ``threshold:X`` or ``none`` (keep the checkpoint's thresholds).
-    ``val_images`` caps the validation images used for calibration and the precision checks.
-    ``int8_calibration``: how INT8 ranges are calibrated (``minmax``, ``percentile``, ``entropy``; None: the
-    default of :mod:`export.quantize`). ``audit``: a
-    dataset spec of fully labelled images (:mod:`models.data.audit_list`): pu-f1's K and the F1 figures when val is
-    single-positive. Raises ``ExportError`` (and its subclasses) on any failure,
-    ``ValueError`` for bad arguments.
-    """
+    ``options``: those of :class:`~export.options.ExportOptions` by name (``precisions=["fp32", "int8"]``,
+    ``calibrate_mode="rate"``, ...), checked there (:class:`~models.command_line.UsageError`, a ``ValueError``).
+    Raises ``ExportError`` (and its subclasses) on any failure."""
+    opts = ExportOptions(**options)
+    precisions, calibrate_mode, bounds, audit = opts.precisions, opts.calibrate_mode, opts.bounds, opts.audit
+    val_images, progress, seed = opts.val_images, opts.progress, opts.seed
     say = log or (lambda _msg: None)
-    if calibrate_mode not in ("auto", "none"):
-        parse_mode(calibrate_mode)  # fail before an expensive export
-    kwargs: dict[str, Any] = {k: v for k, v in {"opset": opset, "verify_images": verify_images, "atol": atol}.items()
-                              if v is not None}
-    fp32 = export_onnx(checkpoint, output, images=images, runs_dir=runs_dir, log=say, **kwargs)
+    fp32 = export_onnx(checkpoint, output, images=opts.images, runs_dir=opts.runs_dir, log=say, opset=opts.opset,
+                       verify_images=opts.verify_images, atol=opts.atol)
     say(fp32.summary())
     folder = fp32.onnx_path.parent
     meta = fp32.meta
@@ -386,13 +358,13 @@ def export_run(
 
     def read_calibration() -> np.ndarray:
         if not calibration:
-            say(f"reading {calibration_images} training images for INT8 calibration ...")
-            calibration.append(load_train_sample(meta, splits, calibration_images, seed, progress))
+            say(f"reading {opts.calibration_images} training images for INT8 calibration ...")
+            calibration.append(load_train_sample(meta, splits, opts.calibration_images, seed, progress))
         return calibration[0]
 
-    inputs = ConversionInputs(say, read_calibration, int8_calibration)
+    inputs = ConversionInputs(say, read_calibration, opts.int8_calibration)
     conversions = [(precision, c) for precision in precisions for c in PRECISIONS[precision].conversions
-                   if trt or not c.engines_only]
+                   if opts.trt or not c.engines_only]
     for precision, conversion in conversions:
         conv = conversion.make(fp32.onnx_path, inputs)
         art = Artifact(conversion.artifact, conv.path, precision, conversion.runtime, conv.size_bytes)
@@ -415,8 +387,8 @@ def export_run(
             calibrate_on(art, model, logits)
         result.artifacts.append(art)
 
-    if trt:
-        _build_engines(result, precisions, trt_targets, trt_batch, say)
+    if opts.trt:
+        _build_engines(result, precisions, opts.trt_targets, opts.trt_batch, say)
     _write_summary(result, say)
     _write_card(result, card_meta, per_class_ap(ref_logits, val.labels) if val.labels is not None else None,
                 _labels_note(val))

@@ -59,7 +59,6 @@ CALIBRATION_METHODS: Table[str] = Table("calibration method", [
     Row("percentile", "the range holding 99.999% of the values", "Percentile"),
     Row("entropy", "the range that loses least information (KL divergence)", "Entropy"),
 ])
-DEFAULT_CALIBRATION_IMAGES = 256  # "a few hundred" training images; the caller picks and preprocesses them
 DEFAULT_CALIBRATION_METHOD: CalibrationMethodName = "minmax"  # docs/export.md, Calibration method
 DEFAULT_PERCENTILE = 99.999
 DEFAULT_KEEP_HEAD_FLOAT = True
@@ -455,7 +454,8 @@ def quantize_int8(
     """Quantize the FP32 export ``src`` to an INT8 Q/DQ model at ``dst`` (float32 inputs/outputs kept).
 
     ``calibration``: preprocessed float32 images ``(N, 3, S, S)`` (an array or an iterable of batches),
-    typically a few hundred training images (:data:`DEFAULT_CALIBRATION_IMAGES`); ``max_images`` caps them.
+    typically a few hundred training images (:data:`export.options.DEFAULT_CALIBRATION_IMAGES`);
+    ``max_images`` caps them.
     ``target``: ``"cpu"`` (u8 asymmetric activations, s8 weights, int32 bias) or ``"tensorrt"`` (symmetric s8
     activations and weights, float bias). ``method``: ``"minmax"``, ``"percentile"`` (``percentile``) or
     ``"entropy"``. ``keep_head_float`` leaves the final Gemm/MatMul unquantized. ``reduce_range``: 7-bit

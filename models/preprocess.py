@@ -7,7 +7,7 @@ correctly and also covers BMP/TIFF. Everything after decoding is torchvision ten
 Large JPEGs are decoded at a reduced scale (libjpeg's DCT scaling, 1/2, 1/4 or 1/8, through PIL's ``draft``)
 whenever the reduced image still has at least :data:`DECODE_MARGIN` times the network's input size on each
 side; the antialiased resize that follows then sees almost the same pixels (a few grey levels at most) at a
-fraction of the cost: a 12-megapixel photo for a 448 px network loads about 3.3x faster. Training, evaluation,
+fraction of the cost (bench/README.md measures it). Training, evaluation,
 export checks, the tagger and the demo all go through :class:`EvalTransform` (or :func:`read_image` with its
 ``decode_side``), so they all see the same pixels.
 """

@@ -1,7 +1,7 @@
 """The two ways something is registered in this package.
 
 - A **table** (:class:`Table`) for a closed list: rows of a name, a line of help and a value (a function, a class,
-  a settings record), written in one place. Command-line choices, ``--help`` texts, the docs' tables and the one
+  a settings record), written in one place. Command-line choices, ``--help`` texts and the one
   "unknown X" message all come from the rows.
 - A **registry** (:class:`Registry`) for open plug-ins: methods, backbone families, tagging engines. A plug-in is a
   class that names and describes itself (``name``, ``description``) and registers with the registry's decorator;
@@ -9,7 +9,7 @@
 
 Both are read-only mappings of name -> value (:class:`Listing`): ``table[name]`` (an :class:`UnknownName` error
 listing the known names otherwise), iteration over the names, ``name in table``, ``names()``, ``rows()``,
-``help_text()``, ``markdown()``.
+``help_text()``, ``cli_help()``.
 """
 
 from __future__ import annotations
@@ -92,12 +92,6 @@ class Listing(Mapping[str, V], Generic[V]):
         """:meth:`help_text` for an ``argparse`` help string (``%`` doubled)."""
         return self.help_text().replace("%", "%%")
 
-    def markdown(self, header: tuple[str, str] = ("name", "what it is")) -> str:
-        """The rows as a markdown table (for the docs)."""
-        lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
-        lines += [f"| `{row.name}` | {row.help} |" for row in self._rows.values()]
-        return "\n".join(lines) + "\n"
-
 
 class Table(Listing[V]):
     """A closed list, written as rows in one place: ``Table("optimizer", [Row("adam", "Adam", make_adam), ...])``."""
@@ -106,6 +100,14 @@ class Table(Listing[V]):
         super().__init__(what)
         for row in rows:
             self._add(row)
+
+    def __setitem__(self, name: str, value: V) -> None:
+        """Add or replace a row's value (for tests, e.g. pytest's ``monkeypatch.setitem``; the help is kept)."""
+        old = self._rows.get(name)
+        self._rows[name] = Row(name, old.help if old is not None else "", value)
+
+    def __delitem__(self, name: str) -> None:
+        self._rows.pop(name)
 
 
 class Registry(Listing[V]):

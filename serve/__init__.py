@@ -34,6 +34,3 @@ DEFAULT_MAX_PIXELS = 89_478_485
 #: ``--device`` help shared by ``tag`` and ``demo``.
 DEVICE_HELP = ("cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "
                "uses the CPU); a GPU that cannot be used is an error, never a silent CPU fallback")
-
-#: Exit status of ``python -m serve``: all done; some images (or the model) failed; usage error.
-EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2

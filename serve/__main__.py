@@ -12,7 +12,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from serve import EXIT_USAGE
 from serve.commands.demo import add_demo_parser, run_demo
 from serve.commands.summary import add_summary_parser, run_summary
 from serve.commands.tag import add_tag_parser, run_tag
@@ -50,10 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_tag(args, parser)
     if args.command == "demo":
         return run_demo(args, parser)
-    if args.command == "summary":
-        return run_summary(args, parser)
-    parser.error(f"unknown command {args.command}")
-    return EXIT_USAGE
+    return run_summary(args, parser)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from models.command_line import CommandFailed, ExitCode, UsageError, run_command
 from models.data.types import DataError
 from models.files.run_folder import default_runs_dir
 from train.config import MACHINE_FIELDS, METHOD_AUTO, TrainConfig, build_parser, config_from_args, paper_settings
@@ -29,13 +31,27 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> in
 
         names = list_archs(args.list_archs)
         print("\n".join(names) if names else f"no architecture matches {args.list_archs!r}")
-        return 0 if names else 2
-    from models.files.run_folder import CONFIG_FILE, SUMMARY_FILE
+        return int(ExitCode.OK if names else ExitCode.USAGE)
     from train.distributed import shutdown
+
+    started: list[Any] = []  # the trainer, once made: where an interrupted or failed run continues
+
+    def interrupted() -> str:
+        return "interrupted" + (f"; continue with: python -m train --resume {started[0].run_dir}" if started else "")
+
+    try:
+        return run_command(parser.prog, lambda: _train(args, trainer_class, started), interrupted)
+    finally:
+        shutdown()  # leave the torchrun process group (no-op in one process)
+
+
+def _train(args: argparse.Namespace, trainer_class: type | None, started: list[Any]) -> None:
+    """Train or resume as ``args`` say (the exceptions of :func:`models.command_line.run_command`); the trainer is
+    appended to ``started`` once made."""
+    from models.files.run_folder import CONFIG_FILE, SUMMARY_FILE
     from train.trainer import Trainer
 
     make_trainer = trainer_class or Trainer
-    trainer: Trainer | None = None
     try:
         if args.resume:
             run_dir = Path(args.resume)
@@ -43,27 +59,27 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> in
                 run_dir = Path(args.runs_dir or default_runs_dir()) / args.resume
             config_path = run_dir / CONFIG_FILE
             if not config_path.is_file():
-                parser.error(f"--resume {args.resume}: no {CONFIG_FILE} in {run_dir}")
+                raise UsageError(f"--resume {args.resume}: no {CONFIG_FILE} in {run_dir}")
             cfg = TrainConfig.from_dict(json.loads(config_path.read_text())["config"])
             for machine_specific in MACHINE_FIELDS:
                 if getattr(args, machine_specific) is not None:
                     setattr(cfg, machine_specific, getattr(args, machine_specific))
-            trainer = make_trainer(cfg, run_dir=run_dir, resume=True)
-            if trainer.done_training:
+            started.append(make_trainer(cfg, run_dir=run_dir, resume=True))
+            if started[0].done_training:
                 if (run_dir / SUMMARY_FILE).is_file():
                     say(f"{run_dir} has finished training already")
-                    return 0
+                    return
                 # stopped after its last epoch but before the final evaluation: do that part only
                 say(f"{run_dir} has finished training but has no {SUMMARY_FILE}; evaluating its best checkpoint")
-                trainer.finish()
-                return 0
+                started[0].finish()
+                return
         else:
             cfg = config_from_args(args)
             published = paper_settings(cfg.method, cfg.data) if args.preset == "paper" else {}
             if published:
                 listed = ", ".join(f"{key}={value}" for key, value in published.items())
                 say(f"--preset paper: {cfg.method}'s published settings for this dataset: {listed} "
-                      "(explicit flags win)")
+                    "(explicit flags win)")
             if cfg.method == METHOD_AUTO:
                 from train.choose import apply_choice, choice_table, choose, describe_choice
 
@@ -71,22 +87,13 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> in
                 say(choice_table(choice))
                 say(describe_choice(choice))
                 cfg = apply_choice(cfg, choice)
-            trainer = make_trainer(cfg)
-        trainer.fit()
-    except KeyboardInterrupt:
-        hint = f"; continue with: python -m train --resume {trainer.run_dir}" if trainer is not None else ""
-        say(f"\ninterrupted{hint}", file=sys.stderr)
-        return 130
+            started.append(make_trainer(cfg))
+        started[0].fit()
     except (DataError, ValueError, FileExistsError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from exc
     except (FloatingPointError, OSError) as exc:  # diverged loss, unreadable image during training
-        hint = f" (the last good epoch is in {trainer.run_dir / 'last.pt'})" if trainer is not None else ""
-        print(f"error: {exc}{hint}", file=sys.stderr)
-        return 1
-    finally:
-        shutdown()  # leave the torchrun process group (no-op in one process)
-    return 0
+        hint = f" (the last good epoch is in {started[0].run_dir / 'last.pt'})" if started else ""
+        raise CommandFailed(f"{exc}{hint}") from exc
 
 
 if __name__ == "__main__":

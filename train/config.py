@@ -127,7 +127,7 @@ Train a multi-label image classifier from single-positive (or full / partial) la
 
 With no --data it trains on the built-in procedural dataset (generated on first use into ~/.cache/spml or
 $SPML_CACHE). Everything a run produces goes to RUNS_DIR/NAME/: config.json, metrics.jsonl (one line per
-epoch), best.pt (best val mAP), last.pt (for --resume) and summary.json (test metrics of the best epoch).
+epoch), best.pt (the best epoch by --select), last.pt (for --resume) and summary.json (test metrics of the best epoch).
 """
 
 _EPILOG = """\
@@ -153,12 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = TrainConfig()
     g = p.add_argument_group("data and protocol")
-    g.add_argument("--data", help="dataset: builtin[:tiny|small|default|large][@seedN], csv:FILE, voc:DIR, "
-                   "coco:DIR[?reference] (reference: classes in the json's order, as the seeds' format script), "
-                   "cub:DIR, nus:DIR[?images=DIR&keep-unlabelled], openclipart[:DIR][?view=folders] (the Open "
-                   "Clip Art Library, Debian package openclipart-svg), "
-                   "formatted:DIR[?image-root=PATH&dataset=voc|coco|nus|cub&resample] (the seeds' formatted_*.npy "
-                   f"files; see docs/datasets.md) or a path (auto-detected). Default: {d.data}")
+    from models.data.registry import DATASET_KINDS
+
+    forms = "; ".join(kind.form.split("  ")[0].strip() for kind in DATASET_KINDS.values())
+    g.add_argument("--data", help=f"dataset, one of: {forms}; or a path (auto-detected). coco:DIR[?reference] keeps "
+                   "the classes in the json's order, as the seeds' format script; docs/datasets.md describes each. "
+                   f"Default: {d.data}")
     g.add_argument("--observed", help="training labels (quote values with ? or &): auto (single on a benchmark "
                    "whose labels are complete, all on your own csv:/folder: data, whose labels are used as given); "
                    "single (one positive per image drawn uniformly with --protocol-seed: the papers' protocol, "

@@ -58,9 +58,8 @@ def resolve_precision(amp: str, device: torch.device) -> Precision:
 
 
 def use_channels_last(setting: str, device: torch.device, arch: str) -> bool:
-    """``--channels-last``: ``on``/``off``, or ``auto``: on CUDA, and on the CPU for timm backbones (Lite0 trained
-    1.85-1.9x faster with it on 2 CPU cores; ResNet-18 0.9x at 64 px, 1.18x at 224 px: off for the ResNets;
-    bench/README.md, training throughput)."""
+    """``--channels-last``: ``on``/``off``, or ``auto``: on CUDA, and on the CPU for timm backbones but not the
+    torchvision ResNets (where it measured faster; bench/README.md, training throughput)."""
     if setting != "auto":
         return setting == "on"
     from models.backbones import family_of

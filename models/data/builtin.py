@@ -159,6 +159,21 @@ def read_label_matrix(folder: Path) -> tuple[list[str], np.ndarray, list[str]]:
 # Generation into the cache
 
 
+def builtin_folder(preset: str, seed: int, cache_dir: str | Path | None = None) -> Path:
+    """Where the built-in dataset ``preset`` of ``seed`` is (or would be) generated: under ``cache_dir`` (default
+    :func:`cache_root`), ``builtin/<preset>-seed<seed>-v<generator version>``."""
+    parent = Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "builtin"
+    return parent / f"{preset}-seed{seed}-v{GENERATOR_VERSION}"
+
+
+def generated_builtin_folders(cache_dir: str | Path | None = None) -> list[Path]:
+    """The built-in datasets of this generator version already generated under ``cache_dir`` (default
+    :func:`cache_root`), the ``default`` preset first; nothing is generated."""
+    parent = builtin_folder("default", 0, cache_dir).parent
+    found = [p for p in parent.glob(f"*-v{GENERATOR_VERSION}") if (p / ".complete").is_file()]
+    return sorted(found, key=lambda p: (not p.name.startswith("default"), p.name))
+
+
 def cache_root() -> Path:
     """The package's cache folder: ``$SPML_CACHE`` if set, else ``~/.cache/spml``."""
     env = os.environ.get("SPML_CACHE")
@@ -276,8 +291,8 @@ def ensure_builtin(
         raise DataError(f"built-in dataset seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
     spec = PRESETS[preset]
-    parent = Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "builtin"
-    folder = parent / f"{preset}-seed{seed}-v{GENERATOR_VERSION}"
+    folder = builtin_folder(preset, seed, cache_dir)
+    parent = folder.parent
     if (folder / ".complete").is_file():
         return folder
     parent.mkdir(parents=True, exist_ok=True)

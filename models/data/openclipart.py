@@ -46,12 +46,8 @@ normalised, lower-cased, and its runs of spaces, ``-``, ``/`` and ``.`` become o
    left out (``no frequent keyword``). An image's labels are its classes; the rarer keywords are kept in the
    manifest for inspection.
 
-On the Debian package 0.18+dfsg-19 (``python -m models.data.openclipart`` prints it all): 8,121 SVG paths are
-7,458 distinct drawings; left out: 214 in a dropped folder, 2,799 batch drawings, 282 without a keyword, 5 not
-rasterised (blank on white: white lines, or an image linked from the author's disk), 317 identical rasters merged,
-290 with no frequent keyword; 26 are drawn from their PNG render (cairosvg cannot read their SVG). That leaves
-**3,551 images, 78 classes, 1.99 labels per image** (2,131 train, 710 val, 710 test). Rendering them took 311 s
-(one process, two busy cores); the cache holds 86 MB; a later load takes about 0.4 s.
+``python -m models.data.openclipart`` prints how many drawings each step leaves out and what remains;
+docs/datasets.md gives the figures of the Debian package.
 
 **Rasters.** Each drawing is rendered with cairosvg (imported only when something is rendered; ``pip install
 cairosvg``, which needs the system's cairo library, ``apt-get install libcairo2``) on white, cropped to the
@@ -123,6 +119,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from models.data.csv_format import emit_note
+from models.data.drawing_cache import MANIFEST_FORMAT, cache_parent, cached_manifest, class_lines, labelled
 from models.data.drawings import (
     BACKGROUND_TOLERANCE,
     CROP_MARGIN,
@@ -138,7 +135,6 @@ from models.data.drawings import (
 from models.data.spec_options import split_spec_options
 from models.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 from models.files.atomic_writes import atomic_path, atomic_write_text
-from models.files.file_lock import file_lock
 
 __all__ = [
     "ARTIFACT_PATTERNS",
@@ -168,8 +164,6 @@ DEFAULT_ROOT = Path("/usr/share/openclipart/svg")
 DEBIAN_PACKAGE = "openclipart-svg"
 #: Bumped when the code (not only the constants) changes what a build produces; part of the cache digest.
 RULE_VERSION = 1
-MANIFEST_FORMAT = 1
-MANIFEST_NAME = "manifest.json"
 OPENCLIPART_OPTIONS = ("view", "min-count")
 VIEWS = ("keywords", "folders")
 
@@ -518,12 +512,6 @@ def _in_dropped_folder(sources: list[str]) -> bool:
 # The cache
 
 
-def _cache_root() -> Path:
-    from models.data.builtin import cache_root  # lazy: builtin imports the scene generator
-
-    return cache_root()
-
-
 def rule_description(min_count: int) -> dict[str, Any]:
     """The rule and raster settings as JSON data (what the cache digest covers, besides the source)."""
     return {
@@ -700,13 +688,6 @@ def _build_manifest(source: _Source, folder: Path, digest: str, min_count: int,
     }
 
 
-def _valid_manifest(manifest: Any, digest: str, folder: Path) -> bool:
-    """True when ``manifest`` is complete, of this code's format and digest, and its rasters exist."""
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT or manifest.get("digest") != digest:
-        return False
-    return all((folder / image["file"]).is_file() for image in manifest.get("images", []))
-
-
 def ensure_openclipart(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
                        cache_dir: Path | None = None, progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
     """Return ``(cache folder, manifest)`` of the cleaned dataset, building it first when the folder
@@ -716,42 +697,12 @@ def ensure_openclipart(root: Path | str | None = None, min_count: int = MIN_CLAS
         raise DataError(f"openclipart: min-count must be a positive integer, got {min_count!r}")
     source = resolve_source(root)
     digest = cache_digest(source, int(min_count))
-    parent = Path(cache_dir if cache_dir is not None else _cache_root()).expanduser() / "openclipart"
-    folder = parent / digest
-    manifest_path = folder / MANIFEST_NAME
-
-    def read() -> Any:
-        try:
-            return json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-
-    manifest = read()
-    if _valid_manifest(manifest, digest, folder):
-        return folder, manifest
-    with file_lock(parent / f".{digest}.lock"):
-        manifest = read()
-        if _valid_manifest(manifest, digest, folder):  # another process built it while we waited
-            return folder, manifest
-        manifest = _build_manifest(source, folder, digest, int(min_count), progress)
-        if not manifest["images"]:
-            raise DataError(f"openclipart: {source.svg}: no image is left after cleaning (min-count {min_count}); "
-                            f"left out: {manifest['counts']['left_out']}")
-        atomic_write_text(manifest_path, json.dumps(manifest, indent=1, ensure_ascii=False))
-    return folder, manifest
+    return cached_manifest("openclipart", source.svg, cache_parent("openclipart", cache_dir), digest,
+                           lambda folder: _build_manifest(source, folder, digest, int(min_count), progress))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
-
-
-def _labelled(rows: list[tuple[Path, list[str]]], classes: list[str]) -> LabelledImages:
-    index = {name: i for i, name in enumerate(classes)}
-    labels = np.zeros((len(rows), len(classes)), dtype=np.uint8)
-    for row, (_, names) in enumerate(rows):
-        for name in names:
-            labels[row, index[name]] = 1
-    return LabelledImages([path for path, _ in rows], labels, list(classes))
 
 
 def _format_left_out(counts: dict[str, int]) -> str:
@@ -760,7 +711,7 @@ def _format_left_out(counts: dict[str, int]) -> str:
 
 def _keyword_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dict[str, LabelledImages], list[str]]:
     classes = list(manifest["classes"])
-    parts = {split: _labelled([(folder / image["file"], image["labels"]) for image in manifest["images"]
+    parts = {split: labelled([(folder / image["file"], image["labels"]) for image in manifest["images"]
                                if image["split"] == split], classes) for split, _ in SPLIT_FRACTIONS}
     counts = manifest["counts"]
     labels = sum(len(image["labels"]) for image in manifest["images"])
@@ -797,7 +748,7 @@ def _folder_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dic
             unseen_val += 1
         else:
             rows[image["split"]].append((path, [image["folder_class"]]))
-    parts = {split: _labelled(part, classes) for split, part in rows.items()}
+    parts = {split: labelled(part, classes) for split, part in rows.items()}
     notes = [
         f"openclipart folders: one positive per train/val image, its category folder's class: "
         f"{len(parts['train']):,} train, {len(parts['val']):,} val images, {len(classes)} classes; test "
@@ -945,14 +896,7 @@ def report(folder: Path, manifest: dict[str, Any]) -> str:
     lines.append(f"images: {len(images):,} (train {by_split['train']:,}, val {by_split['val']:,}, test "
                  f"{by_split['test']:,}); classes: {len(manifest['classes'])} (min count "
                  f"{manifest['rule']['min_count']}); labels per image: {labels / max(1, len(images)):.2f}")
-    lines.append("classes (images: all / train / val / test):")
-    per: dict[str, Counter[str]] = {name: Counter() for name in manifest["classes"]}
-    for image in images:
-        for name in image["labels"]:
-            per[name][image["split"]] += 1
-    for name in sorted(per, key=lambda n: (-sum(per[n].values()), n)):
-        c = per[name]
-        lines.append(f"  {name:<22} {sum(c.values()):>5} {c['train']:>5} {c['val']:>5} {c['test']:>5}")
+    lines += class_lines(manifest, 22)
     train_val = [image for image in images if image["split"] != "test"]
     placed = Counter(image["split"] for image in train_val if image["folder_class"] is not None)
     folder_classes = Counter(image["folder_class"] for image in train_val

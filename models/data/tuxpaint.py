@@ -71,11 +71,11 @@ import numpy as np
 from tqdm import tqdm
 
 from models.data.csv_format import emit_note
+from models.data.drawing_cache import MANIFEST_FORMAT, cache_parent, cached_manifest, class_lines, labelled
 from models.data.drawings import RASTER_SIZE, cairosvg_svg2png, raster_of_bitmap, raster_of_svg
 from models.data.spec_options import split_spec_options
-from models.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
-from models.files.atomic_writes import atomic_path, atomic_write_text
-from models.files.file_lock import file_lock
+from models.data.types import ALL_SPLITS, DataError, DatasetSplits
+from models.files.atomic_writes import atomic_path
 
 __all__ = ["DEFAULT_ROOT", "DROPPED_FOLDERS", "MERGED_LABELS", "MIN_CLASS_COUNT", "STOP_WORDS", "STYLE_FOLDERS",
            "description_labels", "ensure_tuxpaint", "folder_labels", "load_tuxpaint", "load_tuxpaint_spec",
@@ -84,8 +84,6 @@ __all__ = ["DEFAULT_ROOT", "DROPPED_FOLDERS", "MERGED_LABELS", "MIN_CLASS_COUNT"
 DEFAULT_ROOT = Path("/usr/share/tuxpaint/stamps")
 DEBIAN_PACKAGE = "tuxpaint-stamps-default"
 RULE_VERSION = 1
-MANIFEST_FORMAT = 1
-MANIFEST_NAME = "manifest.json"
 TUXPAINT_OPTIONS = ("view", "min-count")
 VIEWS = ("labels", "folders")
 IMAGE_SUFFIXES = (".png", ".svg")
@@ -400,12 +398,6 @@ def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progr
     }
 
 
-def _valid_manifest(manifest: Any, digest: str, folder: Path) -> bool:
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT or manifest.get("digest") != digest:
-        return False
-    return all((folder / image["file"]).is_file() for image in manifest.get("images", []))
-
-
 def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT, cache_dir: Path | None = None,
                     progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
     """``(cache folder, manifest)`` of the cleaned stamps, building the cache first when it has no valid manifest
@@ -414,44 +406,12 @@ def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_C
         raise DataError(f"tuxpaint: min-count must be a positive integer, got {min_count!r}")
     source = resolve_root(root)
     digest = cache_digest(source, int(min_count))
-    if cache_dir is None:
-        from models.data.builtin import cache_root  # lazy: builtin imports the scene generator
-
-        cache_dir = cache_root()
-    parent = Path(cache_dir).expanduser() / "tuxpaint"
-    folder = parent / digest
-
-    def read() -> Any:
-        try:
-            return json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-
-    manifest = read()
-    if _valid_manifest(manifest, digest, folder):
-        return folder, manifest
-    with file_lock(parent / f".{digest}.lock"):
-        manifest = read()
-        if _valid_manifest(manifest, digest, folder):  # another process built it while we waited
-            return folder, manifest
-        manifest = _build_manifest(source, folder, digest, int(min_count), progress)
-        if not manifest["images"]:
-            raise DataError(f"tuxpaint: {source}: no image is left after cleaning (min-count {min_count}); left "
-                            f"out: {manifest['counts']['left_out']}")
-        atomic_write_text(folder / MANIFEST_NAME, json.dumps(manifest, indent=1, ensure_ascii=False))
-    return folder, manifest
+    return cached_manifest("tuxpaint", source, cache_parent("tuxpaint", cache_dir), digest,
+                           lambda folder: _build_manifest(source, folder, digest, int(min_count), progress))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
-
-
-def _labelled(rows: list[tuple[Path, list[str]]], classes: list[str]) -> LabelledImages:
-    index = {name: i for i, name in enumerate(classes)}
-    labels = np.zeros((len(rows), len(classes)), dtype=np.uint8)
-    for row, (_, names) in enumerate(rows):
-        labels[row, [index[name] for name in names]] = 1
-    return LabelledImages([path for path, _ in rows], labels, list(classes))
 
 
 def tuxpaint_dataset_name(argument: str) -> str:
@@ -488,7 +448,7 @@ def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_coun
         classes = list(manifest["classes"])
         rows = {split: [(folder / i["file"], i["labels"]) for i in images if i["split"] == split]
                 for split, _ in SPLIT_FRACTIONS}
-    parts = {split: _labelled(part, classes) for split, part in rows.items()}
+    parts = {split: labelled(part, classes) for split, part in rows.items()}
     if not len(parts["train"]):
         raise DataError(f"tuxpaint: {manifest['source']}: the {view} view has no training image")
     options = [f"view={view}"] if view != "labels" else []
@@ -532,14 +492,7 @@ def report(folder: Path, manifest: dict[str, Any]) -> str:
              "left out / merged, by reason: " + ", ".join(f"{n} {r}" for r, n in counts["left_out"].items()),
              f"images: {len(images):,} (train {by_split['train']}, val {by_split['val']}, test {by_split['test']}); "
              f"classes: {len(manifest['classes'])} (min count {manifest['rule']['min_count']}); labels per image: "
-             f"{labels / max(1, len(images)):.2f}", "classes (images: all / train / val / test):"]
-    per: dict[str, Counter[str]] = {name: Counter() for name in manifest["classes"]}
-    for image in images:
-        for name in image["labels"]:
-            per[name][image["split"]] += 1
-    for name in sorted(per, key=lambda n: (-sum(per[n].values()), n)):
-        c = per[name]
-        lines.append(f"  {name:<14} {sum(c.values()):>5} {c['train']:>5} {c['val']:>5} {c['test']:>5}")
+             f"{labels / max(1, len(images)):.2f}", *class_lines(manifest, 14)]
     return "\n".join(lines)
 
 

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from serve import DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
+from models.command_line import CommandFailed, UsageError, run_command
+from serve import DEVICE_HELP
 
 DEMO_EPILOG = """\
 The page shows every class's score against that class's own threshold. Thresholds are the model's
@@ -109,39 +110,38 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Execute ``demo`` with parsed arguments: load the model, build the page, serve until Ctrl-C."""
-    prog = f"{parser.prog} demo"
+    return run_command(f"{parser.prog} demo", lambda: _demo(args))
 
-    def fail(message: str, code: int) -> int:
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return code
 
+def _demo(args: argparse.Namespace) -> None:
+    """Check the options, load the model, serve (the exceptions of :func:`models.command_line.run_command`)."""
     for name in ("queue_size", "concurrency", "max_batch_files"):
         if getattr(args, name) < 1:
-            return fail(f"--{name.replace('_', '-')} must be >= 1", EXIT_USAGE)
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     if args.max_pixels < 0:
-        return fail("--max-pixels must be >= 0 (0 turns the check off)", EXIT_USAGE)
+        raise UsageError("--max-pixels must be >= 0 (0 turns the check off)")
     args.max_pixels = args.max_pixels or None
     if args.port is not None and not 0 < args.port < 65536:
-        return fail(f"--port must be in 1..65535, got {args.port}", EXIT_USAGE)
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
     from serve.demo.app import parse_size
 
     try:
         parse_size(args.max_file_size)
     except ValueError as exc:
-        return fail(f"--max-file-size: {exc}", EXIT_USAGE)
+        raise UsageError(f"--max-file-size: {exc}") from None
     if args.examples is not None and not args.examples.is_dir():
-        return fail(f"examples folder not found: {args.examples}", EXIT_USAGE)
+        raise UsageError(f"examples folder not found: {args.examples}")
     from models.files.run_folder import default_runs_dir
 
     runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
     if args.model is not None and not Path(args.model).exists() and not (runs_dir / args.model).is_dir():
-        return fail(f"model not found: {args.model} (not a file, a run folder, or a run under {runs_dir})", EXIT_USAGE)
+        raise UsageError(f"model not found: {args.model} (not a file, a run folder, or a run under {runs_dir})")
     if args.model is None and not runs_dir.is_dir():
-        return fail(f"no runs folder {runs_dir.resolve()}; pass --model FILE or --runs-dir DIR", EXIT_USAGE)
+        raise UsageError(f"no runs folder {runs_dir.resolve()}; pass --model FILE or --runs-dir DIR")
     try:
         import gradio  # noqa: F401 - checked here for a clear message
     except ImportError as exc:
-        return fail(f"the demo needs gradio ({exc}); install it with: pip install gradio", EXIT_SOME_FAILED)
+        raise CommandFailed(f"the demo needs gradio ({exc}); install it with: pip install gradio") from None
     from models.runtimes import ModelSpecError
     from serve.demo.app import build_demo, launch_demo
     from serve.demo.catalog import find_examples, find_models
@@ -150,13 +150,11 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from serve.predictor import Predictor
 
     choices = find_models(runs_dir)
+    if args.model is None and not choices:
+        raise UsageError(f"no model found under {runs_dir.resolve()}; pass --model FILE (or train one)")
     try:
-        if args.model is not None:
-            path = resolve_model_path(args.model, args.backend, runs_dir)
-        elif choices:
-            path = next(iter(choices.values()))
-        else:
-            return fail(f"no model found under {runs_dir.resolve()}; pass --model FILE (or train one)", EXIT_USAGE)
+        path = resolve_model_path(args.model, args.backend, runs_dir) if args.model is not None else \
+            next(iter(choices.values()))
         key = next((k for k, p in choices.items() if p.resolve() == path.resolve()), str(path))
         if args.backend is not None:  # the picker only offers what the chosen runtime reads
             from models.runtimes import runtime_named
@@ -165,9 +163,9 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             choices = {k: p for k, p in choices.items() if p.suffix.lower() in suffixes}
         predictor = Predictor.load(path, args.backend, args.device, max_pixels=args.max_pixels)
     except ModelSpecError as exc:
-        return fail(str(exc), EXIT_USAGE)
+        raise UsageError(str(exc)) from None
     except Exception as exc:  # ModelLoadError and anything a runtime raises: one line, no traceback
-        return fail(f"cannot load model: {exc}", EXIT_SOME_FAILED)
+        raise CommandFailed(f"cannot load model: {exc}") from None
     store = ModelStore(
         {key: path, **choices},
         backend=args.backend,
@@ -189,7 +187,6 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             concurrency=args.concurrency,
         )
     except OSError as exc:
-        return fail(f"cannot start the server: {exc}", EXIT_SOME_FAILED)
+        raise CommandFailed(f"cannot start the server: {exc}") from None
     except KeyboardInterrupt:
-        pass
-    return EXIT_OK
+        pass  # Ctrl-C stops the server: done

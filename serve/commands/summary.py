@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from serve import EXIT_OK, EXIT_USAGE
+from models.command_line import UsageError, run_command
 
 if TYPE_CHECKING:
     from serve.outputs.stage import TagSelector
@@ -57,14 +57,17 @@ def manifest_selection(manifest: dict[str, Any] | None) -> TagSelector | None:
 
 def run_summary(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Execute ``summary``: read the run file, print the table, write the reports; returns the exit status."""
+    return run_command(f"{parser.prog} summary", lambda: _summary(args))
+
+
+def _summary(args: argparse.Namespace) -> None:
+    """Summarize ``args.run_file`` (the exceptions of :func:`models.command_line.run_command`)."""
     from serve.outputs.records import DEFAULT_SEPARATOR, OutputConflictError
     from serve.outputs.run_manifest import read_manifest
     from serve.outputs.run_summary import summarize_run_file, summary_table, write_summary_reports
 
-    prog = f"{parser.prog} summary"
     if not args.run_file.is_file():
-        print(f"{prog}: error: run file not found: {args.run_file}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"run file not found: {args.run_file}")
     manifest = read_manifest(args.run_file)
     separator = args.separator or (manifest or {}).get("separator") or DEFAULT_SEPARATOR
     try:
@@ -72,9 +75,7 @@ def run_summary(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         summary = summarize_run_file(args.run_file, separator, select.chosen if select is not None else None,
                                      select.rules.labels if select is not None else None)
     except (OutputConflictError, ValueError, KeyError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(exc)) from None
     print(summary_table(summary))
     written = write_summary_reports(summary, args.run_file)
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
-    return EXIT_OK

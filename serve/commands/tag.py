@@ -7,11 +7,15 @@ The run itself is :mod:`serve.tagging`'s pipeline, with a tagging engine (:mod:`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serve import DEFAULT_MAX_PIXELS, DEVICE_HELP, EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE
+from models.command_line import CommandFailed, ExitCode, UsageError, run_command
+from serve import DEFAULT_MAX_PIXELS, DEVICE_HELP
 from serve.tagging.engines import DEFAULT_ENGINE, engine_names
 
 if TYPE_CHECKING:
@@ -22,115 +26,29 @@ if TYPE_CHECKING:
 SUMMARY_TOP = 10
 
 TAG_EPILOG = """\
-outputs:
-  run file (--output): every tagged image with the score of every class, in sorted path order (both engines).
-    JSON Lines (default): {"path": "sub/a.jpg", "scores": {"cat": 0.912345, "dog": 0.01, ...}, "tags": ["cat"]}
-    CSV (name ends in .csv): columns path, tags (joined with --separator), then one column per class score.
-    path: the image's key (see sources below); scores: sigmoid probability, rounded to 6 decimals; tags: the
-    classes chosen by --select (see tag selection), written with the caption rules.
-  manifest (<output stem>.manifest.json beside the run file): the model, the selection mode and its values,
-    the thresholds and where they come from, the caption rules: what produced the tags.
-  summary (<output stem>.summary.md / .json / .png beside it; off with --no-summary): images per tag, tags
-    per image, classes never predicted; a short table is printed. python -m serve summary RUNFILE redoes it.
-  sidecars (--sidecar, --sidecar-format txt,json,xmp): per image, photos/sub/a.jpg ->
-    photos/sub/a.txt    the tags joined with --separator (--sidecar-ext changes .txt)
-    photos/sub/a.json   {"tags": [...], "scores": {every class}, "selected": [classes], "selection": "mcut"}
-    photos/sub/a.jpg.xmp  the tags as XMP keywords (dc:subject), read by darktable, digiKam, Lightroom...
-    or the same under DIR with --sidecar-dir DIR (mirrors the tree). Images sharing a name stem (a.jpg,
-    a.png) get a.jpg.txt and a.png.txt. An existing .xmp keeps everything else it holds (ratings, edits).
-  tag folders (--sort-into DIR): each image linked into DIR/<tag>/<its path> for each of its tags (tag names
-    after --exclude, --replace, --spaces), images without tags into DIR/<--untagged>/. Folder sources only;
-    DIR outside SOURCE.
-    A re-run adds only what is missing (never a duplicate); an entry that is another file is an error.
-    Links are never removed: after changing the selection or the rules, sort into a new DIR.
-  errors file (--errors, default <output stem>.errors.tsv beside the run file): path<TAB>reason for
-    every image that could not be used; also printed on stderr. Such images get no prediction.
-  journal (<output>.partial, every engine): each batch's results are appended and flushed as it finishes;
-    the run file is written from it at the end, then it is removed. A run killed at any point (kill -9
-    too) resumes with --existing skip and re-tags at most the batches that were in flight; the run file is
-    then the one an uninterrupted run writes. A journal written by another model is refused (exit 2).
-  Every file is written atomically (temp file + rename): a killed run leaves no half-written file. Sidecars
-  and links are made as each batch finishes; the run file and the errors file at the end.
+what it writes (docs/tagging-at-scale.md explains every file and option):
+  --output        the run file: one record per image with every class score and its tags, sorted by path;
+                  JSON Lines, or CSV when the name ends in .csv
+  beside it       <stem>.manifest.json (the model, the selection, the thresholds, the caption rules),
+                  <stem>.summary.md/.json/.png (--no-summary: none), <stem>.errors.tsv (images not used)
+  --sidecar       per image a.jpg -> a.txt (a.json, a.jpg.xmp with --sidecar-format)
+  --sort-into     DIR/<tag>/ links to each image of the tag
+  A killed run keeps its finished batches in <output>.partial: the same command resumes it.
 
-tag selection (--select, then --min-score and --max-tags, with any mode; tags come highest score first):
-  thresholds  every class whose score reaches its own threshold (default): the model's calibrated per-class
-              thresholds (0.5 where it has none); --threshold X sets one for every class; --thresholds FILE
-              then overrides classes by name: a JSON object {"cat": 0.4, ...} or lines "cat<TAB>0.4" /
-              "cat,0.4". Classes not in the file keep their threshold; unknown names are an error.
-  mcut        per image: sort its scores, find the largest gap between two neighbours, keep the classes
-              above it (MCut, Largeron et al. 2012); no threshold needed. Pair it with --min-score.
-  top-k:K     the K highest scores of every image.
-  Selection compares the scores as stored (6 decimals): the run file's tags can be recomputed from its scores.
-
-caption rules (for sidecars, the run file's tags and tag folders), applied in this order:
-  --exclude NAME / --exclude-re REGEX drop classes; --replace OLD=NEW renames one; --spaces writes
-  underscores as spaces (not in tags of 3 characters or less, such as ^_^); --escape writes ( ) as \\( \\);
-  --weights writes (tag:0.83); --first WORD puts WORD before all other tags (a trigger word). A rules file
-  (--caption-rules FILE) holds the same rules, one per line, the flag without its dashes:
-      # captions for a LoRA
-      first sks_style
-      exclude-re ^rating_
-      replace cat=kitty
-      spaces
-  Flags add to the file's rules. A bad rule (an invalid regex, a rule naming a class the model does not have)
-  is a usage error (exit 2) naming the rule, found before the model loads.
-
-existing outputs (--existing):
-  skip       resume: an image whose sidecars all exist (with --sidecar), else whose path is in the existing
-             run file or the journal, is not tagged again; its record is kept (default). Kept records are
-             tagged again from their stored scores when the options changed (exact, no model call); kept
-             sidecars written with other options are refused (exit 2): use the same options, or overwrite.
-  overwrite  tag every image again and replace its outputs
-  append     tag every image again; add new tags to existing sidecars without duplicates (txt: after the
-             tags there; json: its tags merged, scores replaced, its other fields kept; xmp: keywords merged)
-
-sources (SOURCE):
-  a folder     files below it (recursive) with one of these extensions, in any case: %(exts)s
-               Hidden files and folders (.name) are skipped; symlinked files are followed,
-               symlinked folders are not (no link loops); other files are ignored (the rule of
-               --data folder:DIR too). Key: the path relative to the folder, with / separators.
-  a list file  one image path or URI per line (# comments); relative paths are relative to the list file;
-               file://, http(s):// and fsspec URIs. Key: the line as written.
-  tar shards   WebDataset .tar shards: a file, a glob ('shards/*.tar') or a brace pattern
-               ('shards/{000..099}.tar'). Key: <shard file name>/<sample key>.<image ext>.
-  Sidecars and --sort-into need a folder (list entries may be URIs, shard members are not files).
-  --shard K/N keeps part K of N (a CRC-32 of the key, or of the shard file name for tar shards): N jobs
-  with K = 1..N tag every image exactly once; combine their run files with
-  cat tags.*.jsonl > tags.jsonl (CSV: keep the first header: awk 'FNR > 1 || NR == 1' tags.*.csv).
-
-engines (--engine):
-  local  this machine: --workers decode threads ahead of one model (default)
-  ray    Ray (pip install "spml[ray]"): joins the cluster at --address, else starts a local Ray instance.
-         --workers model actors (default: one per node, or one per --gpus-per-worker share of the GPUs),
-         each loading the model on its own device and decoding its images with --cpus-per-worker threads
-         ahead of the model (default: its node's CPUs split between its actors). The driver reads only
-         the model's metadata: no torch, no GPU on the head node. A failing batch is retried; a dead actor
-         is restarted and its images are tagged again.
-
-Skipped as errors: unreadable, empty, truncated or non-image files, and images over --max-pixels
-(checked from the header before decoding: decompression bombs; --max-pixels 0 turns the check off).
+sources (SOURCE): a folder (recursive, these extensions in any case: %(exts)s; hidden entries skipped,
+  symlinked files followed, symlinked folders are not), a list file of paths or URIs, or WebDataset .tar
+  shards (a file, a glob or a brace pattern). --shard K/N keeps part K of N.
 
 exit status:
   0  every image was tagged (or was already done under --existing skip); --dry-run listed the images
-  1  some images could not be used (the others are still written; see the errors file), no images were
-     found, or the model could not be loaded / run
-  2  usage error: SOURCE or MODEL missing, unsupported model file, bad option value, bad or unknown class
-     in --thresholds or a caption rule, existing run file or journal written by another model, kept
-     sidecars written with other tag options (with --existing skip)
-  130 interrupted (Ctrl-C): outputs already written are complete, finished images are in the journal, the
-      run file is not rewritten: run again to resume
+  1  some images could not be used (the others are still written), none were found, or the model failed
+  2  usage error: a bad option, file or class name; outputs written by another model or with other options
+  130 interrupted: finished images are kept, run again to resume
 
 examples:
-  # dataset captions for training another model: a trigger word first, readable tags, one .txt per image
-  python -m serve tag dataset/ -m model.onnx --sidecar --first sks --exclude-re '^rating_' --spaces \\
-      --select mcut --min-score 0.2 --max-tags 30
-  # sort photos into one folder per tag (symbolic links; the photos stay where they are)
+  python -m serve tag dataset/ -m model.onnx --sidecar --first sks --spaces --select mcut --max-tags 30
   python -m serve tag ~/photos -m model.onnx --sort-into ~/photos-by-tag --output photos.jsonl
-  # a JSON run for a database: every score, the chosen tags, a manifest and a summary beside it
   python -m serve tag /data/images -m model.onnx --output /data/tags.jsonl --select top-k:5 --no-progress
-  python -m serve tag ~/photos -m model.onnx --sidecar-format xmp,json --existing append
-  python -m serve tag ~/photos -m model.onnx --caption-rules captions.rules --sidecar-dir captions
-  python -m serve tag ~/photos -m model.onnx --sidecar --dry-run
   python -m serve tag 'shards/{000..099}.tar' -m model.onnx --shard 3/8 --output tags.3.jsonl
   python -m serve tag urls.txt -m model.onnx --engine ray --address auto --workers 4 --gpus-per-worker 1
 """
@@ -289,46 +207,37 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar, e.g. in batch jobs")
 
 
-def _check_tag_args(args: argparse.Namespace) -> str | None:
-    """The first usage error of the cheap checks (no torch import), or None. Option values themselves are
-    checked by :class:`serve.tagging.job.TagJob`."""
+def _check_tag_args(args: argparse.Namespace) -> None:
+    """The cheap checks (no torch import): :class:`~models.command_line.UsageError` naming the first problem. Option
+    values themselves are checked by :class:`serve.tagging.job.TagJob`."""
+    from serve.outputs.caption_rules import CaptionRuleError, combine, make_rules, read_rules_file
     from serve.tagging.sources import Partition, source_kind
 
     try:
         source_kind(args.source)
         args.partition = Partition.parse(args.shard) if args.shard is not None else None
     except (FileNotFoundError, ValueError) as exc:
-        return str(exc)
+        raise UsageError(str(exc)) from None
     ray_options = ("address", "gpus_per_worker", "cpus_per_worker")
     ray_only = [f"--{n.replace('_', '-')}" for n in ray_options if getattr(args, n)]
     if args.engine != "ray" and ray_only:
-        return f"{', '.join(ray_only)} need(s) --engine ray"
-    if not args.model.is_file():
-        return f"model not found: {args.model}"
-    if args.thresholds is not None and not args.thresholds.is_file():
-        return f"thresholds file not found: {args.thresholds}"
+        raise UsageError(f"{', '.join(ray_only)} need(s) --engine ray")
+    for name, path in (("model", args.model), ("thresholds file", args.thresholds),
+                       ("caption rules file", args.caption_rules)):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{name} not found: {path}")
     if args.max_pixels < 0:
-        return "--max-pixels must be >= 0 (0 turns the check off)"
+        raise UsageError("--max-pixels must be >= 0 (0 turns the check off)")
     if not args.separator:
-        return "--separator must not be empty"
-    if args.caption_rules is not None and not args.caption_rules.is_file():
-        return f"caption rules file not found: {args.caption_rules}"
-    if args.top_k is not None:
-        if args.max_tags is not None and args.max_tags != args.top_k:
-            return "--top-k is the old name of --max-tags: give one of them"
-        print("note: --top-k is deprecated, use --max-tags (the same cap)", file=sys.stderr)
-        args.max_tags, args.top_k = args.top_k, None
-    from serve.outputs.caption_rules import CaptionRuleError, combine, make_rules, read_rules_file
-
+        raise UsageError("--separator must not be empty")
     try:
         flags = make_rules(args.exclude, args.exclude_re, args.replace, args.first, args.spaces, args.escape,
                            args.weights)
         args.rules = combine(read_rules_file(args.caption_rules), flags) if args.caption_rules else flags
     except CaptionRuleError as exc:
-        return str(exc)
+        raise UsageError(str(exc)) from None
     except OSError as exc:
-        return f"cannot read the caption rules file: {exc}"
-    return None
+        raise UsageError(f"cannot read the caption rules file: {exc}") from None
 
 
 def _tag_job(args: argparse.Namespace) -> TagJob:
@@ -360,6 +269,7 @@ def _tag_job(args: argparse.Namespace) -> TagJob:
         per_class=read_thresholds_file(args.thresholds) if args.thresholds is not None else None,
         selection=Selection(mode, k),
         max_tags=args.max_tags,
+        top_k=args.top_k,
         min_score=args.min_score,
         rules=args.rules,
         sidecar=sidecar,
@@ -378,16 +288,15 @@ def _tag_job(args: argparse.Namespace) -> TagJob:
     )
 
 
-def _print_dry_run(plan: TagPlan) -> int:
-    """List the images a run would tag on stdout, the counts on stderr; exit status."""
+def _print_dry_run(plan: TagPlan) -> None:
+    """List the images a run would tag on stdout, the counts on stderr."""
     todo = 0
     for item in plan.todo:
         print(item.key)
         todo += 1
     found = todo + len(plan.done)
     if not found:
-        print(f"no image files found in {plan.source.spec}", file=sys.stderr)
-        return EXIT_SOME_FAILED
+        raise CommandFailed(f"no image files found in {plan.source.spec}")
     journaled = f" ({len(plan.journal.offsets)} in the journal of an interrupted run)" if plan.journal.offsets else ""
     print(
         f"dry run: {found} images found, {len(plan.done)} already done{journaled} (--existing "
@@ -395,45 +304,60 @@ def _print_dry_run(plan: TagPlan) -> int:
         "no model loaded",
         file=sys.stderr,
     )
-    return EXIT_OK
 
 
 def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Execute ``tag`` with parsed arguments; returns the exit status. Usage errors are found without importing
     torch or a runtime; the model is loaded by the engine, where it runs."""
+    from serve.tagging.journal import journal_path
+
     prog = f"{parser.prog} tag"
+    kept = f"finished images are kept in {journal_path(args.output)}: run again to resume"
+    return run_command(prog, lambda: _tag(args, prog, kept), f"interrupted; {args.output} not written ({kept})")
 
-    def fail(message: str, code: int) -> int:
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return code
 
-    problem = _check_tag_args(args)
-    if problem:
-        return fail(problem, EXIT_USAGE)
+@contextlib.contextmanager
+def _command_errors(failed_suffix: str = "") -> Iterator[None]:
+    """The tag pipeline's errors as the command's: a bad model spec or a conflicting output is a usage error, a
+    model that does not load or a run that fails is a failure (``failed_suffix`` says what was kept)."""
     from models.runtimes import ModelLoadError, ModelSpecError
     from serve.outputs.records import OutputConflictError
+
+    try:
+        yield
+    except (ModelSpecError, OutputConflictError) as exc:
+        raise UsageError(str(exc)) from None
+    except ModelLoadError as exc:
+        raise CommandFailed(f"cannot load model: {exc}") from None
+    except (ValueError, OSError, RuntimeError) as exc:
+        if not failed_suffix:
+            raise UsageError(str(exc)) from None
+        raise CommandFailed(f"{exc}; {failed_suffix}") from None
+
+
+def _tag(args: argparse.Namespace, prog: str, kept: str) -> int:
+    """Check, plan and run the tagging of ``args`` (the exceptions of :func:`models.command_line.run_command`);
+    ``kept``: where an interrupted run's finished images are."""
+    _check_tag_args(args)
     from serve.outputs.run_summary import summary_table
     from serve.outputs.thresholds import thresholds_source
     from serve.tagging.engines import EngineUnavailableError, get_engine
-    from serve.tagging.journal import journal_path
     from serve.tagging.plan import plan_tagging
     from serve.tagging.run import run_plan
 
-    try:
+    with _command_errors(), warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", DeprecationWarning)
         job = _tag_job(args)
         plan = plan_tagging(job, read_model=not args.dry_run)
-    except ModelSpecError as exc:
-        return fail(str(exc), EXIT_USAGE)
-    except ModelLoadError as exc:
-        return fail(f"cannot load model: {exc}", EXIT_SOME_FAILED)
-    except (ValueError, OSError) as exc:
-        return fail(str(exc), EXIT_USAGE)
+    for note in notes:
+        print(f"note: {note.message}", file=sys.stderr)
     if args.dry_run:
-        return _print_dry_run(plan)
+        _print_dry_run(plan)
+        return ExitCode.OK
     try:
         get_engine(args.engine)
     except EngineUnavailableError as exc:
-        return fail(str(exc), EXIT_SOME_FAILED)
+        raise CommandFailed(str(exc)) from None
     assert plan.meta is not None
     resumed = f"; resuming: {len(plan.journal.offsets)} results journaled" if plan.journal.offsets else ""
     chosen = f"thresholds: {thresholds_source(plan.meta, args.threshold, job.choice.per_class)}"
@@ -447,22 +371,10 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if plan.reselected:
         print(f"note: {len(plan.kept)} records kept from an earlier run get their tags chosen again from their "
               "scores with this run's options", file=sys.stderr)
-    kept = f"finished images are kept in {journal_path(args.output)}: run again to resume"
-    try:
+    with _command_errors(f"{args.output} not written ({kept})"):
         summary = run_plan(plan)
-    except ModelSpecError as exc:
-        return fail(str(exc), EXIT_USAGE)
-    except ModelLoadError as exc:
-        return fail(f"cannot load model: {exc}", EXIT_SOME_FAILED)
-    except OutputConflictError as exc:
-        return fail(str(exc), EXIT_USAGE)
-    except (ValueError, OSError, RuntimeError) as exc:
-        return fail(f"{exc}; {args.output} not written ({kept})", EXIT_SOME_FAILED)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; {args.output} not written ({kept})", file=sys.stderr)
-        return 130
     if summary.tagged == 0 and summary.skipped == 0 and not summary.failed:
-        return fail(f"no image files found in {args.source}; nothing written", EXIT_SOME_FAILED)
+        raise CommandFailed(f"no image files found in {args.source}; nothing written")
     if summary.counts is not None:
         print(summary_table(summary.counts, top=SUMMARY_TOP))
     print(summary.line(), file=sys.stderr)
@@ -470,10 +382,10 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print("summary: " + ", ".join(str(p) for p in summary.reports), file=sys.stderr)
     if summary.failed:
         print(
-            f"{prog}: {len(summary.failed)} of {summary.tagged + len(summary.failed)} images could not be "
-            f"used (listed above and in {summary.errors_file})",
+            f"{prog}: {len(summary.failed)} of "
+            f"{summary.tagged + len(summary.failed)} images could not be used (listed above and in "
+            f"{summary.errors_file})",
             file=sys.stderr,
         )
-        return EXIT_SOME_FAILED
-    return EXIT_OK
-
+        return ExitCode.FAILED
+    return ExitCode.OK

@@ -83,20 +83,17 @@ def _pick_covering(rows: list[tuple[Path, list[str], str]], limit: int) -> list[
 
 def _builtin_folders(meta: ModelMeta | None) -> list[Path]:
     """Generated built-in dataset folders in the cache, the model's own dataset first; nothing is generated."""
-    from models.data.builtin import GENERATOR_VERSION, cache_root
+    from models.data.builtin import builtin_folder, generated_builtin_folders
     from models.data.registry import parse_builtin_argument
 
-    parent = cache_root() / "builtin"
     folders = []
     source = str((meta.data or {}).get("source", "")) if meta is not None else ""
     if source.startswith("builtin"):
         try:
-            preset, seed = parse_builtin_argument(source.partition(":")[2])
-            folders.append(parent / f"{preset}-seed{seed}-v{GENERATOR_VERSION}")
+            folders.append(builtin_folder(*parse_builtin_argument(source.partition(":")[2])))
         except ValueError:
             pass
-    if parent.is_dir():
-        folders += sorted(parent.glob(f"*-v{GENERATOR_VERSION}"), key=lambda p: (not p.name.startswith("default"), p))
+    folders += generated_builtin_folders()
     classes = list(meta.classes) if meta is not None else None
     usable = []
     for folder in dict.fromkeys(folders):

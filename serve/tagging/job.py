@@ -207,11 +207,11 @@ def _selection_mode(options: Mapping[str, Any], mode: Selection | None) -> Selec
     max_tags, min_score, top_k = (options.get(n) for n in ("max_tags", "min_score", "top_k"))
     selection = options.get("selection", mode if mode is not None else DEFAULT_MODE)
     if top_k is not None:
-        warnings.warn("top_k (--top-k) is deprecated: use max_tags (--max-tags)", DeprecationWarning, 3)
+        warnings.warn("--top-k is deprecated, use --max-tags (max_tags in Python): the same cap", DeprecationWarning, 3)
         if top_k < 1:
             raise ValueError(f"top_k (--top-k) must be >= 1, got {top_k}")
         if max_tags is not None and max_tags != top_k:
-            raise ValueError("top_k (--top-k) is the old name of max_tags (--max-tags): give one of them")
+            raise ValueError("--top-k is the old name of --max-tags (top_k and max_tags in Python): give one of them")
         max_tags = top_k
     if max_tags is not None and max_tags < 1:
         raise ValueError(f"max_tags (--max-tags) must be >= 1, got {max_tags}")

@@ -1,0 +1,118 @@
+"""The options of an export, :class:`ExportOptions`: what ``python -m export`` and :func:`export.pipeline.export_run`
+make and how they check it, with every check of their values in one place (:class:`~models.command_line.UsageError`).
+Light (no torch, no onnx), so the command line answers a bad option at once."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from export.defaults import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
+from export.precisions import PRECISIONS, PrecisionBounds, parse_precisions
+from models.command_line import UsageError
+
+#: Training images read to calibrate INT8 activation ranges.
+DEFAULT_CALIBRATION_IMAGES = 256
+#: Modes of ``--calibrate`` besides those of :func:`export.threshold_calibration.parse_mode`.
+KEEP_MODES = ("auto", "none")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """An export's options (the command line's names, ``--trt-batch`` is ``trt_batch``): the ``precisions`` to make,
+    the threshold ``calibrate_mode`` (``auto``, ``none`` or a mode of :mod:`export.threshold_calibration`), at most
+    ``val_images`` validation images, ``calibration_images`` training images for INT8 and how they are used
+    (``int8_calibration``; None: :mod:`export.quantize`'s default), TensorRT engines (``trt``, ``trt_targets``,
+    ``trt_batch`` = min, opt, max), the converted models' acceptance ``bounds`` (None: each precision's own), the
+    ONNX ``opset``, the parity check (on ``images`` or the validation split, ``verify_images`` images, ``atol``),
+    ``runs_dir``, the ``seed`` of the INT8 sample, progress bars and an ``audit`` list of fully labelled images."""
+
+    precisions: Sequence[str] = ("fp32",)
+    calibrate_mode: str = "auto"
+    val_images: int | None = None
+    calibration_images: int = DEFAULT_CALIBRATION_IMAGES
+    int8_calibration: str | None = None
+    trt: bool = False
+    trt_targets: Sequence[str] | None = None
+    trt_batch: tuple[int, int, int] = (1, 16, 64)
+    bounds: Mapping[str, PrecisionBounds] | None = None
+    opset: int = DEFAULT_OPSET
+    images: Path | None = None
+    verify_images: int = DEFAULT_VERIFY_IMAGES
+    atol: float = DEFAULT_ATOL
+    runs_dir: Path | None = None
+    seed: int = 0
+    progress: bool = True
+    audit: str | None = None
+
+    def __post_init__(self) -> None:
+        from export.threshold_calibration import parse_mode  # numpy only
+
+        try:
+            for name in self.precisions:
+                PRECISIONS.row(name)  # an unknown name: the one message listing them
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if not MIN_OPSET <= self.opset <= MAX_OPSET:
+            raise UsageError(f"--opset must be in {MIN_OPSET}..{MAX_OPSET}, got {self.opset}")
+        if self.verify_images < 1:
+            raise UsageError("--verify-images must be >= 1")
+        if not self.atol >= 0:
+            raise UsageError("--atol must be >= 0")
+        if self.images is not None and not Path(self.images).is_dir():
+            raise UsageError(f"--images folder not found: {self.images}")
+        if len(self.trt_batch) != 3:
+            raise UsageError(f"--trt-batch takes MIN,OPT,MAX, got {self.trt_batch!r}")
+        if self.val_images is not None and self.val_images < 1:
+            raise UsageError("--val-images must be >= 1")
+        if self.calibration_images < 1:
+            raise UsageError("--calibration-images must be >= 1")
+        if self.calibrate_mode not in KEEP_MODES:
+            try:
+                parse_mode(self.calibrate_mode)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ExportOptions:
+        """The options of ``python -m export``'s parsed arguments (:class:`UsageError` on a bad value)."""
+        try:
+            precisions = parse_precisions(args.precision)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        try:
+            trt_batch = tuple(int(b) for b in args.trt_batch.split(","))
+        except ValueError:
+            raise UsageError(f"--trt-batch takes MIN,OPT,MAX, got {args.trt_batch!r}") from None
+        bounds = None
+        if args.min_agreement is not None:
+            if not 0 <= args.min_agreement <= 1:
+                raise UsageError(f"--min-agreement is a fraction in 0..1, got {args.min_agreement:g}")
+            bounds = {p: dataclasses.replace(PrecisionBounds.for_precision(p), min_agreement=args.min_agreement)
+                      for p in precisions}
+        return cls(
+            precisions=tuple(precisions),
+            calibrate_mode=f"threshold:{args.threshold}" if args.threshold is not None else args.calibrate,
+            val_images=args.val_images,
+            calibration_images=args.calibration_images,
+            int8_calibration=args.int8_calibration,
+            trt=args.trt,
+            trt_targets=tuple(args.trt_target.split(",")) if args.trt_target else None,
+            trt_batch=trt_batch,  # type: ignore[arg-type]
+            bounds=bounds,
+            opset=args.opset,
+            images=args.images,
+            verify_images=args.verify_images,
+            atol=args.atol,
+            runs_dir=args.runs_dir,
+            progress=args.progress,
+            audit=args.audit,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options by name, as :func:`export.pipeline.export_run` takes them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

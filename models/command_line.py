@@ -1,0 +1,46 @@
+"""The one command-line shape of ``python -m train``, ``python -m export`` and ``python -m serve``: their exit codes,
+their two error types and :func:`run_command`, which turns either error (and Ctrl-C) into one line on stderr and its
+exit code. Each command parses into an options object whose checks raise :class:`UsageError`; what fails later
+raises :class:`CommandFailed` (or an error the command maps to it)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit status of every command: done; failed (the work, or part of it); bad usage; interrupted (Ctrl-C)."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    INTERRUPTED = 130
+
+
+class UsageError(ValueError):
+    """A bad command line or input named on it (an option value, a missing file); exit status 2."""
+
+
+class CommandFailed(RuntimeError):
+    """The command could not do its work (a model that does not load, a check that fails); exit status 1."""
+
+
+def run_command(prog: str, body: Callable[[], int | None],
+                interrupted: str | Callable[[], str] = "interrupted") -> int:
+    """Run ``body`` (which returns an exit code, None for OK) and return its exit code: a :class:`UsageError` or
+    :class:`CommandFailed` prints ``PROG: error: MESSAGE`` and returns 2 or 1; Ctrl-C prints ``PROG: INTERRUPTED``
+    (what was kept; a callable is asked then) and returns 130."""
+    try:
+        code = body()
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    except CommandFailed as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return int(ExitCode.FAILED)
+    except KeyboardInterrupt:
+        print(f"\n{prog}: {interrupted() if callable(interrupted) else interrupted}", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+    return int(ExitCode.OK if code is None else code)
