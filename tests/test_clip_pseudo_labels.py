@@ -16,9 +16,9 @@ import torch
 from PIL import Image
 from tiny_clip import save_tiny_clip
 
+from train import pseudo_label_stage as stage
 from train.config import TrainConfig
 from train.methods import METHODS
-from train import pseudo_label_stage as stage
 from train.pseudo_labels import clip_scores
 from train.pseudo_labels.clip_scores import (
     class_prompts,

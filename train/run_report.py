@@ -10,7 +10,7 @@ import numpy as np
 from models.data.label_regime import describe_regimes
 from train.selection import Assessment, figure
 
-__all__ = ["epoch_line", "epoch_record", "opening_lines", "summary_line", "held_out_line"]
+__all__ = ["epoch_line", "epoch_record", "held_out_line", "opening_lines", "summary_line"]
 
 
 def opening_lines(run: Any) -> list[str]:

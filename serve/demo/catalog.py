@@ -5,6 +5,7 @@ Needs neither gradio nor torch.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import os
@@ -89,10 +90,8 @@ def _builtin_folders(meta: ModelMeta | None) -> list[Path]:
     folders = []
     source = str((meta.data or {}).get("source", "")) if meta is not None else ""
     if source.startswith("builtin"):
-        try:
+        with contextlib.suppress(ValueError):
             folders.append(builtin_folder(*parse_builtin_argument(source.partition(":")[2])))
-        except ValueError:
-            pass
     folders += generated_builtin_folders()
     classes = list(meta.classes) if meta is not None else None
     usable = []

@@ -4,9 +4,9 @@ of Python callers.
 
 >>> TagJob("photos", "model.onnx", Path("tags.jsonl"), selection="mcut", max_tags=20, batch_size=32)  # doctest: +SKIP
 
-Options are given flat, by the name the command line gives them (``batch_size`` is ``--batch-size``), or as the
-groups themselves (``run=RunOptions(...)``); every option reads back by its name too (``job.batch_size`` is
-``job.run.batch_size``). Invalid values raise ``ValueError`` naming the option.
+Options are given by the name the command line gives them (``batch_size`` is ``--batch-size``); the job sorts them
+into its groups, and every option reads back by its name too (``job.batch_size`` is ``job.run.batch_size``).
+Invalid values raise ``ValueError`` naming the option.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class TagJob:
     engine uses as is), ``output`` (the run file) and the option groups :class:`TagChoice` (``choice``),
     :class:`OutputOptions` (``outputs``), :class:`RunOptions` (``run``) and :class:`RayOptions` (``cluster``).
 
-    Flat options (module docstring) fill the groups. ``selection``: ``"thresholds"`` (the default), ``"mcut"``,
+    The options (module docstring) fill the groups. ``selection``: ``"thresholds"`` (the default), ``"mcut"``,
     ``"top-k:K"`` or a :class:`~serve.outputs.selection_modes.Selection`; ``max_tags`` caps and ``min_score`` floors
     it (``top_k``: the deprecated name of ``max_tags``)."""
 
@@ -154,18 +154,17 @@ class TagJob:
         output: str | Path = DEFAULT_OUTPUT,
         **options: Any,
     ) -> None:
-        unknown = sorted(set(options) - set(_GROUP_OF) - set(GROUPS) - set(SELECTION_OPTIONS))
+        unknown = sorted(set(options) - set(_GROUP_OF) - set(SELECTION_OPTIONS))
         if unknown:
             raise TypeError(f"TagJob() got an unexpected keyword argument {unknown[0]!r}")
         self.source = source
         self.output = Path(output)
         flat = {name: value for name, value in options.items() if name in _GROUP_OF}
         for group, cls in GROUPS.items():
-            given = options.get(group)
             values = {n: v for n, v in flat.items() if _GROUP_OF[n] == group}
             if group == "choice":
                 values["mode"] = _selection_mode(options, values.get("mode"))
-            setattr(self, group, dataclasses.replace(given, **values) if given is not None else cls(**values))
+            setattr(self, group, cls(**values))
         parse_device(self.run.device)  # ModelSpecError for unknown devices
         self.predictor = None
         if model is not None and not isinstance(model, (str, Path)):
