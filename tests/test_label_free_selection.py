@@ -100,7 +100,7 @@ def test_a_run_whose_unobserved_scores_rise_is_not_stopped_at_epoch_1() -> None:
 
 
 def test_registry_and_defaults() -> None:
-    assert default_criterion(True) == "val_mAP" and default_criterion(False) == "observed-rank"
+    assert default_criterion(True) == "val_mAP" and default_criterion(False) == "observed-map"
     assert set(LABEL_FREE_CRITERIA) == set(DESCRIPTIONS) == {"an-loss", "observed-auc", "observed-rank",
                                                              "observed-map"}
     with pytest.raises(ValueError, match=r"\(N, C\)"):
