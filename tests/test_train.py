@@ -21,7 +21,7 @@ from train.__main__ import main
 from train.config import TrainConfig
 from train.methods import METHODS, get_method, make_hparams
 from train.methods.an import assume_negative_loss
-from train.trainer import Trainer, test_line
+from train.trainer import Trainer, held_out_line
 
 # Plain ResNet unless a test is about the default (LgConv) model: at 32 px the global branches halve training
 # speed. test_run_folder_contents and the first resume case train the default model.
@@ -133,10 +133,10 @@ def test_end_of_run_line_says_what_each_figure_is() -> None:
     """mAP names the classes it averages when some have no positive; F1 names its threshold and the tags it gives."""
     metrics = {"mAP": 69.87, "classes_without_positives": 13, "OF1": 25.04, "CF1": 17.52}
     logits = np.array([[1.0, -1.0, -2.0], [-1.0, -1.0, -1.0]])
-    line = test_line(metrics, logits, 57)
+    line = held_out_line(metrics, logits, 57)
     assert "mAP 69.87 (over the 44 of 57 classes with a positive)" in line
     assert "at threshold 0.5, 0.50 tags per image" in line and "calibrates per-class thresholds" in line
-    assert test_line({"mAP": 50.0, "classes_without_positives": 0, "OF1": None}, None, 5) == "mAP 50.00"
+    assert held_out_line({"mAP": 50.0, "classes_without_positives": 0, "OF1": None}, None, 5) == "mAP 50.00"
 
 
 def test_training_beats_the_untrained_model(squares_csv: Path, tmp_path: Path) -> None:

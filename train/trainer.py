@@ -64,7 +64,7 @@ from train.stage_optimisation import Optimisation
 from train.training_step import run_training_step, wrap_training_step
 
 
-def test_line(metrics: dict[str, Any], logits: np.ndarray | None, num_classes: int) -> str:
+def held_out_line(metrics: dict[str, Any], logits: np.ndarray | None, num_classes: int) -> str:
     """The end-of-run figures of a split with full labels, each saying what it is: mAP (over the classes that have
     a positive there, when some have none) and OF1 / CF1 at the uncalibrated threshold 0.5 with the tags per image
     it gives (the exported model calibrates per-class thresholds instead)."""
@@ -578,7 +578,7 @@ class Trainer:
         self.files.write_summary(summary)
         line = f"best epoch {self.best.epoch} ({self.selection.name}): val mAP {figure(metrics['val']['mAP'])}"
         if "test" in metrics:
-            line += f" | test {test_line(metrics['test'], assessments['test'].logits, len(self.classes))}"
+            line += f" | test {held_out_line(metrics['test'], assessments['test'].logits, len(self.classes))}"
         if "train_recovery" in metrics:
             line += f" | train label recovery mAP {metrics['train_recovery']['mAP']:.2f}"
         log(line)
