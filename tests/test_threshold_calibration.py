@@ -328,7 +328,7 @@ def test_parse_mode_accepts_the_documented_forms() -> None:
     assert parse_mode("pu-f1") == CalibrationMode("pu-f1")
     assert parse_mode("PU-F1:2.9") == CalibrationMode("pu-f1", 2.9)
     assert parse_mode("rate") == CalibrationMode("rate") and parse_mode("rate:2.5") == CalibrationMode("rate", 2.5)
-    assert default_mode(True) == "f1" and default_mode(False) == "pu-f1"
+    assert default_mode(True) == "f1" and default_mode(False) == "rate"
 
 
 @pytest.mark.parametrize(
