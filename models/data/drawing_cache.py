@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from models.data.types import DataError, LabelledImages
+from models.data.spec_options import split_spec_options
+from models.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
 from models.files.atomic_writes import atomic_write_text
 from models.files.file_lock import file_lock
 
@@ -82,3 +83,51 @@ def class_lines(manifest: dict[str, Any], width: int) -> list[str]:
         c = per[name]
         lines.append(f"  {name:<{width}} {sum(c.values()):>5} {c['train']:>5} {c['val']:>5} {c['test']:>5}")
     return lines
+
+
+#: The options of a drawing dataset's spec, and the view that keeps one folder label per train and val image.
+SPEC_OPTIONS = ("view", "min-count")
+FOLDER_VIEW = "folders"
+
+
+def parse_spec(kind: str, argument: str, views: Sequence[str], min_count: int) -> tuple[str, str, int]:
+    """``DIR[?view=V][&min-count=N]`` of a drawing dataset -> (DIR, view, min count); ``views[0]`` (the full-label
+    view) and ``min_count`` when not given."""
+    path, options = split_spec_options(argument, SPEC_OPTIONS, kind)
+    view = options.get("view", views[0]) or views[0]
+    if view not in views:
+        raise DataError(f"{kind}:{argument}: unknown view {view!r} (use view={FOLDER_VIEW}, or no view for the full "
+                        "labels)")
+    text = options.get("min-count", str(min_count))
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"{kind}:{argument}: min-count must be a positive integer, got {text!r}")
+    return path.strip(), view, int(text)
+
+
+def dataset_name(kind: str, argument: str) -> str:
+    """The dataset name of a drawing spec without loading: ``kind``, or ``kind-folders`` for the folder view."""
+    try:
+        _, options = split_spec_options(argument, SPEC_OPTIONS, kind)
+    except DataError:
+        return kind
+    return f"{kind}-{FOLDER_VIEW}" if options.get("view") == FOLDER_VIEW else kind
+
+
+def view_splits(kind: str, source: str, view: str, full_view: str, min_count: int, default_min_count: int,
+                classes: list[str], parts: dict[str, LabelledImages]) -> DatasetSplits:
+    """The :class:`DatasetSplits` of one view of a drawing dataset: named as :func:`dataset_name`, its ``source``
+    the normalised spec; every split complete in the full-label view, only test in the folder view (its train and
+    val labels are one folder each, as a user's own data)."""
+    if not len(parts["train"]):
+        raise DataError(f"{kind}: {source}: the {view} view has no training image")
+    options = [f"view={view}"] if view != full_view else []
+    if int(min_count) != default_min_count:
+        options.append(f"min-count={int(min_count)}")
+    folders = view == FOLDER_VIEW
+    return DatasetSplits(
+        name=f"{kind}-{FOLDER_VIEW}" if folders else kind,
+        source=f"{kind}:{source}" + (f"?{'&'.join(options)}" if options else ""), classes=classes,
+        train=parts["train"], val=parts["val"] if len(parts["val"]) else None,
+        test=parts["test"] if len(parts["test"]) else None,
+        complete_splits=("test",) if folders else ALL_SPLITS,
+    )

@@ -119,7 +119,17 @@ from PIL import Image
 from tqdm import tqdm
 
 from models.data.csv_format import emit_note
-from models.data.drawing_cache import MANIFEST_FORMAT, cache_parent, cached_manifest, class_lines, labelled
+from models.data.drawing_cache import (
+    MANIFEST_FORMAT,
+    SPEC_OPTIONS,
+    cache_parent,
+    cached_manifest,
+    class_lines,
+    dataset_name,
+    labelled,
+    parse_spec,
+    view_splits,
+)
 from models.data.drawings import (
     BACKGROUND_TOLERANCE,
     CROP_MARGIN,
@@ -132,8 +142,7 @@ from models.data.drawings import (
     raster_of_bitmap,
     raster_of_svg,
 )
-from models.data.spec_options import split_spec_options
-from models.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages
+from models.data.types import DataError, DatasetSplits, LabelledImages
 from models.files.atomic_writes import atomic_path, atomic_write_text
 
 __all__ = [
@@ -164,7 +173,7 @@ DEFAULT_ROOT = Path("/usr/share/openclipart/svg")
 DEBIAN_PACKAGE = "openclipart-svg"
 #: Bumped when the code (not only the constants) changes what a build produces; part of the cache digest.
 RULE_VERSION = 1
-OPENCLIPART_OPTIONS = ("view", "min-count")
+OPENCLIPART_OPTIONS = SPEC_OPTIONS
 VIEWS = ("keywords", "folders")
 
 #: A keyword on fewer images than this is not a class (the spec's ``min-count`` overrides it).
@@ -764,11 +773,7 @@ def _folder_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dic
 def openclipart_dataset_name(argument: str) -> str:
     """The dataset name of an ``openclipart:`` argument, without loading: ``openclipart``, or
     ``openclipart-folders`` for the folder view."""
-    try:
-        _, options = split_spec_options(argument, OPENCLIPART_OPTIONS, "openclipart")
-    except DataError:
-        return "openclipart"
-    return "openclipart-folders" if options.get("view") == "folders" else "openclipart"
+    return dataset_name("openclipart", argument)
 
 
 def load_openclipart(root: Path | str | None = None, view: str = "keywords", min_count: int = MIN_CLASS_COUNT,
@@ -782,42 +787,17 @@ def load_openclipart(root: Path | str | None = None, view: str = "keywords", min
     folder, manifest = ensure_openclipart(root, min_count, cache_dir, progress)
     build = _folder_view if view == "folders" else _keyword_view
     classes, parts, notes = build(folder, manifest)
-    if not len(parts["train"]):
-        raise DataError(f"openclipart: {manifest['source']['svg']}: the {view} view has no training image")
-    options = [f"view={view}"] if view != "keywords" else []
-    if int(min_count) != MIN_CLASS_COUNT:
-        options.append(f"min-count={int(min_count)}")
-    source = f"openclipart:{manifest['source']['svg']}" + (f"?{'&'.join(options)}" if options else "")
-    splits = DatasetSplits(
-        name="openclipart-folders" if view == "folders" else "openclipart", source=source, classes=classes,
-        train=parts["train"], val=parts["val"] if len(parts["val"]) else None,
-        test=parts["test"] if len(parts["test"]) else None,
-        # the keywords are the uploaders' complete annotation of the benchmark; the folder view's train and val
-        # labels are one folder each, as a user's own data (only its test keeps the keyword labels)
-        complete_splits=("test",) if view == "folders" else ALL_SPLITS,
-    )
+    splits = view_splits("openclipart", manifest["source"]["svg"], view, VIEWS[0], min_count, MIN_CLASS_COUNT,
+                         classes, parts)
     for note in notes:
         emit_note(splits.notes, note)
     return splits
 
 
-def _parse_argument(argument: str) -> tuple[str, str, int]:
-    """``DIR[?view=folders&min-count=N]`` -> (DIR, view, min count)."""
-    path, options = split_spec_options(argument, OPENCLIPART_OPTIONS, "openclipart")
-    view = options.get("view", "keywords") or "keywords"
-    if view not in VIEWS:
-        raise DataError(f"openclipart:{argument}: unknown view {view!r} (use view=folders, or no view for the "
-                        "keyword labels)")
-    text = options.get("min-count", str(MIN_CLASS_COUNT))
-    if not text.isdigit() or int(text) < 1:
-        raise DataError(f"openclipart:{argument}: min-count must be a positive integer, got {text!r}")
-    return path.strip(), view, int(text)
-
-
 def load_openclipart_spec(argument: str) -> DatasetSplits:
     """``openclipart[:DIR][?view=folders][&min-count=N]``: the Open Clip Art Library (module docstring); an empty
     ``DIR`` is ``/usr/share/openclipart/svg``."""
-    path, view, min_count = _parse_argument(argument)
+    path, view, min_count = parse_spec("openclipart", argument, VIEWS, MIN_CLASS_COUNT)
     return load_openclipart(path or None, view=view, min_count=min_count)
 
 

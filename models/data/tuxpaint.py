@@ -71,10 +71,18 @@ import numpy as np
 from tqdm import tqdm
 
 from models.data.csv_format import emit_note
-from models.data.drawing_cache import MANIFEST_FORMAT, cache_parent, cached_manifest, class_lines, labelled
+from models.data.drawing_cache import (
+    MANIFEST_FORMAT,
+    cache_parent,
+    cached_manifest,
+    class_lines,
+    dataset_name,
+    labelled,
+    parse_spec,
+    view_splits,
+)
 from models.data.drawings import RASTER_SIZE, cairosvg_svg2png, raster_of_bitmap, raster_of_svg
-from models.data.spec_options import split_spec_options
-from models.data.types import ALL_SPLITS, DataError, DatasetSplits
+from models.data.types import DataError, DatasetSplits
 from models.files.atomic_writes import atomic_path
 
 __all__ = ["DEFAULT_ROOT", "DROPPED_FOLDERS", "MERGED_LABELS", "MIN_CLASS_COUNT", "STOP_WORDS", "STYLE_FOLDERS",
@@ -84,7 +92,6 @@ __all__ = ["DEFAULT_ROOT", "DROPPED_FOLDERS", "MERGED_LABELS", "MIN_CLASS_COUNT"
 DEFAULT_ROOT = Path("/usr/share/tuxpaint/stamps")
 DEBIAN_PACKAGE = "tuxpaint-stamps-default"
 RULE_VERSION = 1
-TUXPAINT_OPTIONS = ("view", "min-count")
 VIEWS = ("labels", "folders")
 IMAGE_SUFFIXES = (".png", ".svg")
 
@@ -416,11 +423,7 @@ def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_C
 
 def tuxpaint_dataset_name(argument: str) -> str:
     """``tuxpaint``, or ``tuxpaint-folders`` for the folder view, without loading."""
-    try:
-        _, options = split_spec_options(argument, TUXPAINT_OPTIONS, "tuxpaint")
-    except DataError:
-        return "tuxpaint"
-    return "tuxpaint-folders" if options.get("view") == "folders" else "tuxpaint"
+    return dataset_name("tuxpaint", argument)
 
 
 def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_count: int = MIN_CLASS_COUNT,
@@ -449,21 +452,10 @@ def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_coun
         rows = {split: [(folder / i["file"], i["labels"]) for i in images if i["split"] == split]
                 for split, _ in SPLIT_FRACTIONS}
     parts = {split: labelled(part, classes) for split, part in rows.items()}
-    if not len(parts["train"]):
-        raise DataError(f"tuxpaint: {manifest['source']}: the {view} view has no training image")
-    options = [f"view={view}"] if view != "labels" else []
-    if int(min_count) != MIN_CLASS_COUNT:
-        options.append(f"min-count={int(min_count)}")
-    splits = DatasetSplits(
-        name="tuxpaint-folders" if view == "folders" else "tuxpaint",
-        source=f"tuxpaint:{manifest['source']}" + (f"?{'&'.join(options)}" if options else ""), classes=classes,
-        train=parts["train"], val=parts["val"] if len(parts["val"]) else None,
-        test=parts["test"] if len(parts["test"]) else None,
-        complete_splits=("test",) if view == "folders" else ALL_SPLITS,
-    )
+    splits = view_splits("tuxpaint", manifest["source"], view, VIEWS[0], min_count, MIN_CLASS_COUNT, classes, parts)
     labels = sum(len(p.labels.nonzero()[0]) for p in parts.values())
     total = sum(len(p) for p in parts.values())
-    emit_note(splits.notes, f"tuxpaint{'-folders' if view == 'folders' else ''}: {total:,} images ("
+    emit_note(splits.notes, f"{splits.name}: {total:,} images ("
               + ", ".join(f"{s} {len(p):,}" for s, p in parts.items()) + f"), {len(classes)} classes, "
               f"{labels / max(1, total):.2f} labels per image (python -m models.data.tuxpaint prints the rule)")
     return splits
@@ -471,12 +463,8 @@ def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_coun
 
 def load_tuxpaint_spec(argument: str) -> DatasetSplits:
     """``tuxpaint[:DIR][?view=folders][&min-count=N]``: the Tux Paint stamps (module docstring)."""
-    path, options = split_spec_options(argument, TUXPAINT_OPTIONS, "tuxpaint")
-    view = options.get("view", "labels") or "labels"
-    text = options.get("min-count", str(MIN_CLASS_COUNT))
-    if not text.isdigit() or int(text) < 1:
-        raise DataError(f"tuxpaint:{argument}: min-count must be a positive integer, got {text!r}")
-    return load_tuxpaint(path.strip() or None, view=view, min_count=int(text))
+    path, view, min_count = parse_spec("tuxpaint", argument, VIEWS, MIN_CLASS_COUNT)
+    return load_tuxpaint(path or None, view=view, min_count=min_count)
 
 
 # ----------------------------------------------------------------------------------------------------------------
