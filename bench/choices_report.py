@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from models.evaluation.criteria import LABEL_FREE_CRITERIA, LABEL_FREE_DEFAULT
-from train.choose import CANDIDATE_LRS, CHOICE_CRITERION, Candidate, CandidateResult, pick
+from train.choose import (
+    CANDIDATE_LRS,
+    CHOICE_CRITERION,
+    GUARD_CRITERION,
+    SWITCH_Z,
+    Candidate,
+    CandidateResult,
+    pick,
+)
 from train.config import TrainConfig
 from train.methods import BASELINE
 from train.selection import CRITERIA
@@ -211,7 +219,7 @@ def chooser_outcome(dev: DevData, seed: int, criterion: str = CHOICE_CRITERION,
             keep = ~np.isnan(result.val_logits).any(1)
             result.score = float(CRITERIA[criterion](result.val_logits[keep], labels[keep]))
         results.append(result)
-    chosen = pick(results, Candidate(BASELINE, DEFAULT_LR), CRITERIA[criterion], labels)
+    chosen = pick(results, Candidate(BASELINE, DEFAULT_LR), CRITERIA[criterion], labels, CRITERIA[GUARD_CRITERION])
     tests = {r.candidate.name: m.test_at(r.candidate.method, r.candidate.lr, selection) for r in results
              if not r.failed}
     per_method: dict[str, tuple[str, float]] = {}
@@ -223,6 +231,56 @@ def chooser_outcome(dev: DevData, seed: int, criterion: str = CHOICE_CRITERION,
     best_candidate = max(tests.items(), key=lambda x: x[1])
     return ChooserOutcome(seed, chosen.name, tests[chosen.name], best_method[0], best_method[1], best_candidate[0],
                           best_candidate[1], m.test_at(BASELINE, DEFAULT_LR, selection))
+
+
+#: The switching rules compared for ``--method auto``: (criterion, guard); the package's is
+#: (:data:`CHOICE_CRITERION`, :data:`GUARD_CRITERION`).
+SWITCHING_RULES: tuple[tuple[str, str | None], ...] = (
+    ("observed-map", None), ("observed-rank", None), ("observed-auc", None), ("observed-rank", "observed-map"),
+    ("observed-rank", "observed-auc"), ("observed-auc", "observed-map"), ("observed-map", "observed-rank"))
+
+
+def rule_pick_on_hidden(dev: DevData, seed: int, criterion: str, guard: str | None) -> tuple[float, float] | None:
+    """What one switching rule's pick loses on the hidden labels of the training and validation images (the
+    cross-fitted scores' true mAP; never the test labels): (pick - best candidate, pick - ``an`` at the default)."""
+    cf = dev.crossfit.get(seed)
+    if cf is None:
+        return None
+    labels = cf.arrays["pool_observed"]
+    results, true = [], {}
+    for name, entry in cf.record["candidates"].items():
+        if entry.get("failed"):
+            continue
+        method, lr = name.rsplit("@", 1)
+        result = CandidateResult(Candidate(method, float(lr)))
+        result.val_logits = cf.arrays[f"{name}/oof"].astype(np.float32)
+        keep = ~np.isnan(result.val_logits).any(1)
+        result.score = float(CRITERIA[criterion](result.val_logits[keep], labels[keep]))
+        results.append(result)
+        true[name] = float(entry["true_mAP"])
+    baseline = Candidate(BASELINE, DEFAULT_LR)
+    chosen = pick(results, baseline, CRITERIA[criterion], labels, CRITERIA[guard] if guard else None)
+    return true[chosen.name] - max(true.values()), true[chosen.name] - true[baseline.name]
+
+
+def rule_table(devs: dict[str, DevData], titles: dict[str, str]) -> list[str]:
+    """Markdown lines: per switching rule and development set, the mean loss of its pick against the best candidate
+    and its worst seed against ``an``, on the hidden training and validation labels."""
+    names = [n for n, d in devs.items() if d.crossfit]
+    lines = ["| rule: switch by (guard) | " + " | ".join(titles.get(n, n) for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for criterion, guard in SWITCHING_RULES:
+        cells = []
+        for name in names:
+            outcomes = [o for o in (rule_pick_on_hidden(devs[name], s, criterion, guard)
+                                    for s in sorted(devs[name].crossfit)) if o is not None]
+            cells.append(f"{statistics.fmean(o[0] for o in outcomes):+.2f} / {min(o[1] for o in outcomes):+.2f}"
+                         if outcomes else "n/a")
+        label = f"`{criterion}`" + (f" (`{guard}`)" if guard else "")
+        if (criterion, guard) == (CHOICE_CRITERION, GUARD_CRITERION):
+            label = f"**{label}, the package's**"
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -312,8 +370,9 @@ def dev_section(dev: DevData, title: str, command: str, machine: str) -> str:
                      f"{'n/a' if math.isnan(loss) else f'{loss:.2f}'} |")
     outcomes = [o for o in (chooser_outcome(dev, s) for s in sorted(dev.crossfit)) if o is not None]
     if outcomes:
-        lines += ["", f"`--method auto` (cross-fitted {CHOICE_CRITERION}, a candidate replaces `an@{DEFAULT_LR:g}` "
-                  "only when it beats it by 1.645 standard errors):", "",
+        lines += ["", f"`--method auto` (cross-fitted, a candidate replaces `an@{DEFAULT_LR:g}` only when it beats it "
+                  f"by {SWITCH_Z:g} standard errors of {CHOICE_CRITERION} and is not below it by {GUARD_CRITERION}):",
+                  "",
                   "| seed | chosen | its test mAP | best method by test (its mean over seeds) | an |",
                   "|---|---|---|---|---|"]
         best = best_method_by_mean(dev)
@@ -386,4 +445,8 @@ def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: s
         worst_text = f"{losses[worst]:.2f} (`{worst}`)" if worst else "n/a"
         lines.append(f"| {titles.get(name, name)} | {choice} | {loss} | {worst_an} | {k_text} | "
                      f"{', '.join(tags) or 'n/a'} | {worst_text} |")
+    lines += ["", "How `--method auto` switches from `an` was picked: each rule below applied to the cross-fitted "
+              "scores of every seed, its pick scored on the hidden labels of the training and validation images "
+              "(never on test): mean loss against the best candidate / worst seed against `an@0.002`.", "",
+              *rule_table(devs, titles)]
     return "\n".join(lines) + "\n"

@@ -56,6 +56,12 @@ def test_pick_keeps_the_baseline_unless_a_candidate_is_better_beyond_the_noise()
     results.append(_result("epr", 1e-2, clearly, labels))
     assert pick(results, baseline, observed_map, labels) == Candidate("epr", 1e-2)
     assert results[2].versus_baseline is not None and results[2].versus_baseline[0] > 0
+    # the guard: a contender that wins by the criterion but scores lower than the baseline by the guard stays out
+    def disagreeing(logits: np.ndarray, labels: np.ndarray) -> float:
+        return -observed_map(logits, labels)
+
+    assert pick(results, baseline, observed_map, labels, guard=disagreeing) == baseline
+    assert pick(results, baseline, observed_map, labels, guard=observed_map) == Candidate("epr", 1e-2)
     failed = [CandidateResult(baseline, failed="diverged"), _result("wan", 2e-3, slightly, labels)]
     assert pick(failed, baseline, observed_map, labels) == Candidate("wan", 2e-3)  # no baseline: the best score
     with pytest.raises(ValueError, match="no candidate"):
@@ -96,11 +102,13 @@ def test_method_auto_chooses_then_trains_the_choice(single_positive_csv: Path, t
     assert main([*args, "--method", "auto", "--candidates", "an,wan,epr", "--trainable", "head", "--epochs", "3",
                  "--name", "auto"]) == 0
     out = capsys.readouterr()
-    assert "cross-fitted over the" in out.err and "<- chosen" in out.out and "(baseline)" in out.out
     config = json.loads((tmp_path / "auto" / "config.json").read_text())["config"]
     chosen = config["chosen"]
+    baseline_chosen = f"{chosen['method']}@{chosen['lr']:g}" == "an@0.002"
+    assert "cross-fitted over the" in out.err and "<- chosen" in out.out
+    assert ("(baseline)" in out.out) != baseline_chosen  # the baseline is marked as such unless it is the choice
     assert config["method"] == chosen["method"] in ("an", "wan", "epr") and config["lr"] == chosen["lr"]
-    assert chosen["criterion"] == "observed-map" and chosen["cross_fitted"] and chosen["baseline"] == "an@0.002"
+    assert chosen["criterion"] == "observed-rank" and chosen["cross_fitted"] and chosen["baseline"] == "an@0.002"
     assert set(chosen["candidates"]) == {f"{m}@{lr:g}" for m in ("an", "wan", "epr") for lr in (1e-2, 2e-3, 5e-4)}
     assert json.loads((tmp_path / "auto" / "summary.json").read_text())["test"]["mAP"] > 0
     # fine-tuning from the chosen head: LinearInit at the chosen learning rate, then the whole network
