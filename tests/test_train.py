@@ -130,6 +130,18 @@ def test_patience_stops_when_selection_stalls_and_resume_knows(builtin_cache: Pa
     assert main([*FAST, "--patience", "-1"]) == 2
 
 
+def test_patience_gives_the_network_its_epochs_after_linear_init(builtin_cache: Path, tmp_path: Path) -> None:
+    """--linear-init 3 with a head that does not move (its best epoch is the first), then the whole network with
+    --patience 2: the end-to-end phase still runs at least 2 epochs to beat the head (it would stop after one if the
+    patience counted from the head's best epoch)."""
+    run = tmp_path / "li"
+    assert main([*FAST, "--linear-init", "3", "--linear-init-lr", "1e-12", "--epochs", "4", "--lr", "1e-12",
+                 "--patience", "2", "--runs-dir", str(tmp_path), "--name", "li"]) == 0
+    epochs = [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs[:5] == [1, 2, 3, 4, 5]
+    assert json.loads((run / "summary.json").read_text())["epochs_run"] >= 5
+
+
 def test_end_of_run_line_says_what_each_figure_is() -> None:
     """mAP names the classes it averages when some have no positive; F1 names its threshold and the tags it gives."""
     metrics = {"mAP": 69.87, "classes_without_positives": 13, "OF1": 25.04, "CF1": 17.52}

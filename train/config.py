@@ -300,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ema", type=float, help="EMA decay of the weights, e.g. 0.999 (0 = off). Val picks the "
                    "better of the raw and EMA weights each epoch")
     g.add_argument("--patience", type=int, metavar="N", help="stop when the selection criterion has not improved for "
-                   "N epochs (the best epoch is kept as always; with several stages, in the last one; not in "
-                   "LinearInit's linear phase). 0 = train every epoch. Default: 0")
+                   "N epochs (the best epoch is kept as always; with several stages, in the last one, which gets at "
+                   "least N epochs; not in LinearInit's linear phase). 0 = train every epoch. Default: 0")
     g.add_argument("--clip-grad", type=float, help="max gradient norm (0 = off)")
     g.add_argument("--sync-bn", action="store_true", default=None, help="under torchrun on CUDA: BatchNorm "
                    "statistics over the global batch (SyncBatchNorm) instead of each process's share")
