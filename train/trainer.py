@@ -265,8 +265,7 @@ class Trainer:
             return False
         if self.cfg.trainable != "head" and epoch <= self.feature_epochs:
             return False  # LinearInit's linear phase runs to its end
-        # counted from the last stage's start too: a stage (the whole network after LinearInit's head) gets its
-        # ``patience`` epochs to beat the best epoch of the stages before it
+        # the last stage (the whole network after LinearInit) gets its ``patience`` epochs to beat the stages before
         start = 0 if self.cfg.trainable == "head" else self.last_epoch_of_stage(len(self.stage_plan) - 1)
         return self.stage_of(epoch) == len(self.stage_plan) and epoch - max(self.best.epoch, start) >= patience
 
