@@ -258,8 +258,7 @@ class Trainer:
         return self.finish()
 
     def patience_exhausted(self, epoch: int) -> bool:
-        """Whether ``--patience`` stops the run after ``epoch``: in the last stage (or on fixed features with
-        ``--trainable head``), the selection criterion has not improved for ``patience`` epochs."""
+        """Whether ``--patience`` stops the run after ``epoch`` (in the last stage, or with ``--trainable head``)."""
         patience = self.cfg.patience
         if patience <= 0 or epoch < 1 or epoch >= self.total_epochs:
             return False
