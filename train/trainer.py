@@ -1,12 +1,11 @@
 """The training run: epoch after epoch - train, evaluate and select, checkpoint - through the LinearInit phase and the
-method's stages, then the selected weights tested.
-
-What it trains with is prepared in one place (:func:`train.run_preparation.prepare_run`); the parts live in their own
-modules: the step loop (``train.epoch_loop``), one stage's optimisation (``train.stage_optimisation``), evaluation
-and selection (``train.selection``), what the checkpoints hold (``train.checkpoint_contents``), the run folder's
-files (``train.run_folder_writer``), what a run prints and records (``train.run_report``), the phase on fixed
-features (``train.fixed_features``) and the full-label diagnostics (``train.diagnostics``). :class:`Trainer` fits,
-resumes and finishes.
+method's stages, then the selected weights tested. What it trains with is prepared in one place
+(:func:`train.run_preparation.prepare_run`); the parts live in their own modules: the step loop
+(``train.epoch_loop``), one stage's optimisation (``train.stage_optimisation``), evaluation and selection
+(``train.selection``), what the checkpoints hold (``train.checkpoint_contents``), the run folder's files
+(``train.run_folder_writer``), what a run prints and records (``train.run_report``), the phase on fixed features
+(``train.fixed_features``) and the full-label diagnostics (``train.diagnostics``). :class:`Trainer` fits, resumes and
+finishes.
 """
 
 from __future__ import annotations
