@@ -31,16 +31,18 @@ def run_command(prog: str, body: Callable[[], int | None],
                 interrupted: str | Callable[[], str] = "interrupted") -> int:
     """Run ``body`` (which returns an exit code, None for OK) and return its exit code: a :class:`UsageError` or
     :class:`CommandFailed` prints ``PROG: error: MESSAGE`` and returns 2 or 1; Ctrl-C prints ``PROG: INTERRUPTED``
-    (what was kept; a callable is asked then) and returns 130."""
+    (what was kept; a callable is asked then) and returns 130. An empty ``prog`` leaves the ``PROG: `` out (train's
+    lines, which every torchrun process may print)."""
+    lead = f"{prog}: " if prog else ""
     try:
         code = body()
     except UsageError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{lead}error: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
     except CommandFailed as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{lead}error: {exc}", file=sys.stderr)
         return int(ExitCode.FAILED)
     except KeyboardInterrupt:
-        print(f"\n{prog}: {interrupted() if callable(interrupted) else interrupted}", file=sys.stderr)
+        print(f"\n{lead}{interrupted() if callable(interrupted) else interrupted}", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
     return int(ExitCode.OK if code is None else code)

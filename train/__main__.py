@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> in
         return "interrupted" + (f"; continue with: python -m train --resume {started[0].run_dir}" if started else "")
 
     try:
-        return run_command(parser.prog, lambda: _train(args, trainer_class, started), interrupted)
+        return run_command("", lambda: _train(args, trainer_class, started), interrupted)
     finally:
         shutdown()  # leave the torchrun process group (no-op in one process)
 
