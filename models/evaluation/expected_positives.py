@@ -39,10 +39,9 @@ for an audit list of 20 fully labelled images (:data:`AUDIT_ADVICE`). Measured o
 is within 6% of the truth; on their folder views, where the given label is the image's folder rather than a random
 one of its labels, it spans 1.56 to 1.60 and the truth lies up to 10% above its high end (k 22% to 29% low): the rule
 says it cannot tell there, as on the dense built-in shapes (5.8 labels per image, a weak model: k +47% to +54%,
-the scores barely better than shuffled labels). Pooling every class into one
-problem is what makes it usable: per class (summed), the best-bin estimate of a class with one or two observed
-positives is noise, and with the few observed positives per class of a validation split the sum came out two to
-six times the truth.
+the scores barely better than shuffled labels). Pooling every class into one problem is what makes it usable: per
+class (summed), the best-bin estimate of a class with one or two observed positives is noise, and with the few
+observed positives per class of a validation split the sum came out two to six times the truth.
 
 The per-class best-bin priors (:func:`estimate_class_priors`) remain for diagnostics.
 """
