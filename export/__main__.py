@@ -35,9 +35,6 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``python -m export``."""
     from export import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
-    from export.options import DEFAULT_CALIBRATION_IMAGES
-    from export.precisions import PRECISIONS
-    from export.quantize import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 
     parser = argparse.ArgumentParser(
         prog="python -m export",
@@ -93,7 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="maximum allowed absolute logit difference (default: %(default)g)",
     )
-    g = parser.add_argument_group("precisions, thresholds and TensorRT")
+    _precision_options(parser.add_argument_group("precisions, thresholds and TensorRT"))
+    return parser
+
+
+def _precision_options(g: argparse._ArgumentGroup) -> None:
+    """``export``: the precisions, their threshold calibration and checks, and the TensorRT engines."""
+    from export.options import DEFAULT_CALIBRATION_IMAGES
+    from export.precisions import PRECISIONS
+    from export.quantize import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
+
     g.add_argument("--precision", default="fp32", metavar="LIST",
                    help=f"comma-separated: {PRECISIONS.cli_help()} (default: %(default)s)")
     g.add_argument("--calibrate", default="auto", metavar="MODE",
@@ -120,7 +126,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trt-batch", default="1,16,64", metavar="MIN,OPT,MAX",
                    help="engine optimization profile: batch sizes (default: %(default)s)")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

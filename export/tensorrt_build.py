@@ -42,7 +42,7 @@ from models.runtimes.tensorrt_backend import (
     FLAVOUR_RTX,
     FLAVOUR_TENSORRT,
     FLAVOURS,
-    INSTALL_HINTS,
+    TENSORRT_FLAVOURS,
     cuda_target,
     engine_sidecar_path,
     import_tensorrt,
@@ -238,7 +238,7 @@ def _load_source(onnx_path: Path) -> tuple[ModelMeta, str]:
 
 def _resolve_flavour(flavour: str, targets: list[str]) -> str:
     """Pick the flavour for ``flavour`` (``auto`` / a flavour name) and the parsed targets; checks availability."""
-    if flavour != "auto" and flavour not in FLAVOURS:
+    if flavour != "auto" and flavour not in TENSORRT_FLAVOURS:
         raise TensorRTBuildError(f"unknown TensorRT flavour {flavour!r}; choose auto, {', '.join(FLAVOURS)}")
     here = cuda_target()
     full_ok = here is not None and all(t in ("current", here) for t in targets)
@@ -250,17 +250,18 @@ def _resolve_flavour(flavour: str, targets: list[str]) -> str:
         if here is not None and tensorrt_importable(FLAVOUR_TENSORRT):
             raise TensorRTBuildError(
                 f"full TensorRT builds only for this machine's GPU ({here}); targets {', '.join(targets)} need "
-                f"TensorRT for RTX: {INSTALL_HINTS[FLAVOUR_RTX]}"
+                f"TensorRT for RTX: {TENSORRT_FLAVOURS[FLAVOUR_RTX].install}"
             )
         raise TensorRTBuildError(
             "no TensorRT found: install TensorRT for RTX (builds on any machine, GPU or not): "
-            f"{INSTALL_HINTS[FLAVOUR_RTX]}; or, on a GPU machine, {INSTALL_HINTS[FLAVOUR_TENSORRT]}"
+            f"{TENSORRT_FLAVOURS[FLAVOUR_RTX].install}; or, on a GPU machine, "
+            f"{TENSORRT_FLAVOURS[FLAVOUR_TENSORRT].install}"
         )
     if flavour == FLAVOUR_TENSORRT:
         if here is None:
             raise TensorRTBuildError(
                 "full TensorRT builds engines on the GPU they are for, and torch sees no CUDA GPU here; "
-                f"to build without a GPU use flavour tensorrt-rtx ({INSTALL_HINTS[FLAVOUR_RTX]})"
+                f"to build without a GPU use flavour tensorrt-rtx ({TENSORRT_FLAVOURS[FLAVOUR_RTX].install})"
             )
         if not full_ok:
             raise TensorRTBuildError(
@@ -268,7 +269,7 @@ def _resolve_flavour(flavour: str, targets: list[str]) -> str:
                 "use flavour tensorrt-rtx for other targets"
             )
     if not tensorrt_importable(flavour):
-        raise TensorRTBuildError(f"{flavour} is not installed: {INSTALL_HINTS[flavour]}")
+        raise TensorRTBuildError(f"{flavour} is not installed: {TENSORRT_FLAVOURS[flavour].install}")
     return flavour
 
 

@@ -152,7 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d = TrainConfig()
-    g = p.add_argument_group("data and protocol")
+    _data_options(p.add_argument_group("data and protocol"), d)
+    _method_options(p.add_argument_group("method"), d)
+    _model_options(p.add_argument_group("model"), d)
+    _optimisation_options(p.add_argument_group("optimisation"), d)
+    _run_options(p.add_argument_group("run"), d)
+    return p
+
+
+def _data_options(g: Any, d: TrainConfig) -> None:
+    """The "data and protocol" options of :func:`build_parser` (``d``: the defaults they name)."""
     from models.data.registry import DATASET_KINDS
 
     forms = "; ".join(kind.form.split("  ")[0].strip() for kind in DATASET_KINDS.values())
@@ -195,7 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "of epr and role, when the dataset has no published k and its training labels are not full. "
                    "Without one, k is estimated from the model's own validation scores after every epoch "
                    "(docs/your-data.md). Default: none")
-    g = p.add_argument_group("method")
+
+
+def _method_options(g: Any, d: TrainConfig) -> None:
+    """The "method" options of :func:`build_parser` (``d``: the defaults they name)."""
     g.add_argument("--method", choices=[METHOD_AUTO, *method_names()], help="training method: auto (chosen on your "
                    "own labels: every candidate method at a few learning rates trained as heads on fixed features, "
                    "cross-fitted over the training and validation images and compared by a label-free criterion; "
@@ -220,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "pseudo_labels.npz another run of the method wrote, e.g. on a machine with network) instead of "
                    "running CLIP; checked to cover this run's training images. Every such run writes its own "
                    "RUN/pseudo_labels.npz, which --resume reuses")
-    g = p.add_argument_group("model")
+
+
+def _model_options(g: Any, d: TrainConfig) -> None:
+    """The "model" options of :func:`build_parser` (``d``: the defaults they name)."""
     g.add_argument("--arch", help="backbone: resnet18, resnet34, resnet50, resnet101 (torchvision's, the seeds'; "
                    "LgConv available) or any timm model name, e.g. tf_efficientnet_lite0, convnext_tiny, "
                    "vit_small_patch16_224 (--list-archs PATTERN lists them). Default: auto = tf_efficientnet_lite0 on "
@@ -270,7 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "computed once and cached in $SPML_CACHE/features, and the head trains on them in seconds; methods "
                    "that need augmented views or feature maps refuse it). --preset paper applies a method's published "
                    f"scope ({scoped or 'none'}). Default: {d.trainable}")
-    g = p.add_argument_group("optimisation")
+
+
+def _optimisation_options(g: Any, d: TrainConfig) -> None:
+    """The "optimisation" options of :func:`build_parser` (``d``: the defaults they name)."""
     published = ", ".join(name for name in method_names() if METHODS[name].paper_settings)
     g.add_argument("--preset", choices=sorted(PRESETS), help="bundle of defaults: cpu (built-in data on a "
                    "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs, "
@@ -311,7 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "run is a linear probe and its best linear epoch is the result)")
     g.add_argument("--linear-init-lr", type=float, help=f"Adam learning rate of the linear phase. "
                    f"Default: {d.linear_init_lr}")
-    g = p.add_argument_group("run")
+
+
+def _run_options(g: Any, d: TrainConfig) -> None:
+    """The "run" options of :func:`build_parser` (``d``: the defaults they name)."""
     g.add_argument("--seed", type=int, help="seed of torch/numpy/python (init, shuffling, augmentation)")
     g.add_argument("--workers", type=int, help=f"DataLoader workers. Default here: {d.workers}")
     g.add_argument("--device", help="auto, cpu, cuda or cuda:N. Default: auto")
@@ -321,7 +342,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress bars (one line per epoch only)")
     g.add_argument("--resume", metavar="RUN", help="continue an interrupted run (folder or name) from its "
                    "last.pt: model, optimizer, scheduler, scaler, EMA, method state and RNG")
-    return p
 
 
 def paper_settings(method: str, data: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import collections
 import importlib
 import json
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -28,27 +29,34 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from models.checkpoint import ModelMeta
+from models.registry import Row, Table
 
 if TYPE_CHECKING:
     import torch
 
 FLAVOUR_TENSORRT = "tensorrt"
 FLAVOUR_RTX = "tensorrt-rtx"
-FLAVOURS: tuple[str, ...] = (FLAVOUR_TENSORRT, FLAVOUR_RTX)
-# Python modules that provide each flavour, tried in order (the RTX wheels install ``tensorrt_rtx_bindings``;
-# the ``tensorrt-rtx-cu13`` metapackage adds a ``tensorrt_rtx`` module re-exporting it).
-FLAVOUR_MODULES: dict[str, tuple[str, ...]] = {
-    FLAVOUR_TENSORRT: ("tensorrt",),
-    FLAVOUR_RTX: ("tensorrt_rtx_bindings", "tensorrt_rtx"),
-}
 RTX_INSTALL = "pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings"
-INSTALL_HINTS: dict[str, str] = {
-    FLAVOUR_TENSORRT: (
-        "install full TensorRT on the GPU machine (package tensorrt-cu13 or tensorrt-cu12; its libraries come from "
-        "NVIDIA's package index, not from PyPI)"
-    ),
-    FLAVOUR_RTX: f'{RTX_INSTALL}  (or: pip install "spml[trt]")',
-}
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """A TensorRT flavour: the Python modules that provide it, tried in order, and how to install it."""
+
+    modules: tuple[str, ...]
+    install: str
+
+
+#: The two flavours (the RTX wheels install ``tensorrt_rtx_bindings``; the ``tensorrt-rtx-cu13`` metapackage adds a
+#: ``tensorrt_rtx`` module re-exporting it).
+TENSORRT_FLAVOURS: Table[Flavour] = Table("TensorRT flavour", [
+    Row(FLAVOUR_TENSORRT, "NVIDIA TensorRT: engines built on the GPU that runs them", Flavour(
+        ("tensorrt",), "install full TensorRT on the GPU machine (package tensorrt-cu13 or tensorrt-cu12; its "
+        "libraries come from NVIDIA's package index, not from PyPI)")),
+    Row(FLAVOUR_RTX, "TensorRT for RTX: engines built without a GPU", Flavour(
+        ("tensorrt_rtx_bindings", "tensorrt_rtx"), f'{RTX_INSTALL}  (or: pip install "spml[trt]")')),
+])
+FLAVOURS: tuple[str, ...] = tuple(TENSORRT_FLAVOURS.names())
 ENGINE_SIDECAR_FORMAT = "spml-tensorrt-engine"
 ENGINE_SUFFIXES: tuple[str, ...] = (".engine", ".plan")
 
@@ -78,17 +86,16 @@ def import_tensorrt(flavour: str) -> ModuleType:
     Raises ``ValueError`` for an unknown flavour and ``ModuleNotFoundError`` naming the install command when
     the module is missing or its native libraries cannot be loaded.
     """
-    if flavour not in FLAVOUR_MODULES:
-        raise ValueError(f"unknown TensorRT flavour {flavour!r}; choose from {', '.join(FLAVOURS)}")
+    spec = TENSORRT_FLAVOURS[flavour]  # an unknown flavour: UnknownName (a ValueError) listing them
     problems: list[str] = []
-    for name in FLAVOUR_MODULES[flavour]:
+    for name in spec.modules:
         try:
             return importlib.import_module(name)
         except (ImportError, OSError) as exc:  # OSError: the module is there but a shared library is not
             problems.append(f"{name}: {type(exc).__name__}: {exc}")
     raise ModuleNotFoundError(
-        f"{flavour} is not installed ({'; '.join(problems)}); {INSTALL_HINTS[flavour]}",
-        name=FLAVOUR_MODULES[flavour][0],
+        f"{flavour} is not installed ({'; '.join(problems)}); {spec.install}",
+        name=spec.modules[0],
     )
 
 

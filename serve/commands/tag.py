@@ -56,11 +56,6 @@ examples:
 
 def add_tag_parser(sub: argparse._SubParsersAction) -> None:
     """The ``tag`` subcommand's options, each with an example."""
-    from serve import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT, DEFAULT_THRESHOLD
-    from serve.outputs.selection_modes import DEFAULT_MODE, selection_type
-    from serve.outputs.sidecar_formats import SIDECAR_FORMATS
-    from serve.outputs.tag_folders import DEFAULT_LINK_MODE, DEFAULT_UNTAGGED, LINK_MODES
-
     tag = sub.add_parser(
         "tag",
         help="tag every image of a folder, list file or tar shards: a JSONL/CSV run file, sidecars, tag folders",
@@ -82,8 +77,17 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
     tag.add_argument("--backend", metavar="NAME",
                      help="runtime to use, e.g. --backend onnxruntime (default: from the model file's suffix)")
     tag.add_argument("--device", metavar="DEV", help=DEVICE_HELP + ", e.g. --device cuda:1")
+    _output_options(tag.add_argument_group("outputs"))
+    _selection_options(tag.add_argument_group("tag selection (see below)"))
+    _caption_options(tag.add_argument_group("caption rules (see below)"))
+    _sidecar_options(tag.add_argument_group("sidecars and tag folders"))
+    _run_options(tag.add_argument_group("how it runs"))
 
-    out = tag.add_argument_group("outputs")
+
+def _output_options(out: argparse._ArgumentGroup) -> None:
+    """``tag``: the run file, its error list and summary, and what an existing run file means (resume)."""
+    from serve import DEFAULT_OUTPUT
+
     out.add_argument(
         "--output", "-o", type=Path, default=DEFAULT_OUTPUT, metavar="PATH",
         help=f"run file: JSONL, or CSV when PATH ends in .csv, e.g. -o photos.csv (default: ./{DEFAULT_OUTPUT})",
@@ -103,7 +107,12 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
         "e.g. --dry-run | wc -l",
     )
 
-    sel = tag.add_argument_group("tag selection (see below)")
+
+def _selection_options(sel: argparse._ArgumentGroup) -> None:
+    """``tag``: which classes become tags."""
+    from serve import DEFAULT_THRESHOLD
+    from serve.outputs.selection_modes import DEFAULT_MODE, selection_type
+
     sel.add_argument(
         "--select", type=selection_type, default=DEFAULT_MODE, metavar="MODE",
         help="how tags are chosen: thresholds (per-class), mcut (largest score gap) or top-k:K, e.g. --select mcut, "
@@ -123,7 +132,9 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
     sel.add_argument("--min-score", type=float, metavar="X",
                      help="no tag scoring below X, with any mode, e.g. --min-score 0.2")
 
-    cap = tag.add_argument_group("caption rules (see below)")
+
+def _caption_options(cap: argparse._ArgumentGroup) -> None:
+    """``tag``: how the tags are written as captions."""
     cap.add_argument("--exclude", action="append", default=[], metavar="NAME",
                      help="leave out this class (repeatable), e.g. --exclude watermark")
     cap.add_argument("--exclude-re", action="append", default=[], metavar="REGEX",
@@ -140,7 +151,12 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
     cap.add_argument("--caption-rules", type=Path, metavar="FILE",
                      help="a file of caption rules, one per line (see below), e.g. --caption-rules lora.rules")
 
-    side = tag.add_argument_group("sidecars and tag folders")
+
+def _sidecar_options(side: argparse._ArgumentGroup) -> None:
+    """``tag``: sidecar files and folders of links by tag."""
+    from serve.outputs.sidecar_formats import SIDECAR_FORMATS
+    from serve.outputs.tag_folders import DEFAULT_LINK_MODE, DEFAULT_UNTAGGED, LINK_MODES
+
     side.add_argument("--sidecar", action="store_true",
                       help="also write sidecar files of tags per image (txt unless --sidecar-format says otherwise), "
                       "e.g. photos/a.jpg -> photos/a.txt")
@@ -167,7 +183,11 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
                       help="--sort-into folder of images without tags, e.g. --untagged unsorted "
                       "(default: %(default)s)")
 
-    run = tag.add_argument_group("how it runs")
+
+def _run_options(run: argparse._ArgumentGroup) -> None:
+    """``tag``: batches, workers, the engine (local or Ray) and shards."""
+    from serve import DEFAULT_BATCH_SIZE
+
     run.add_argument(
         "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
         help="images per inference batch, e.g. --batch-size 64 (default: %(default)s)",
