@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.machine import machine_line
 from bench.methods import _fmt, _mean_std, run_one
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
 from models.files.run_folder import METRICS_FILE, SUMMARY_FILE
 from train.methods import BASELINE, UPPER_BOUND
 

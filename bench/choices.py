@@ -33,8 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.machine import machine_line
-from bench.results_page import add_page_options, publish
+from bench.results_page import add_page_options, machine_line, publish
 from models.evaluation.criteria import LABEL_FREE_CRITERIA
 from models.evaluation.expected_positives import estimate_expected_positives
 from models.evaluation.metrics import mean_average_precision

@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.machine import machine_line
 from bench.methods import (
     _fmt,
     _fmt_vs_an,
@@ -55,7 +54,7 @@ from bench.methods import (
     parse_method,
     run_one,
 )
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.tracked_training import read_epochs
 from export.threshold_calibration import calibrate
 from models.evaluation.metrics import f1_scores

@@ -19,8 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bench.machine import machine_line
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.timing import time_interleaved
 from models.preprocess import DECODE_MARGIN, read_image, resize_uint8
 

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from bench.lgconv import make_variant
-from bench.machine import machine_line
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.timing import time_interleaved_spread
 from export.converted_vs_fp32 import OrtModel
 from export.onnx_export import export_to_file, load_model

@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU visible: nothing to benchmark (run python -m bench.gpu on a machine with NVIDIA GPUs)")
         return 0
-    from bench.machine import machine_line
+    from bench.results_page import machine_line
 
     with tempfile.TemporaryDirectory() as tmp:
         train = bench_training(args)

@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from bench.machine import machine_line
 from bench.methods import _fmt, _mean_std, run_one
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
 
 VALUES = ("default", "prior")
 

@@ -26,8 +26,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.machine import machine_line, threads_text
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish, threads_text
 from bench.timing import interleaved_order, time_interleaved
 from models.checkpoint import ModelMeta
 from models.lgconv import fold_resnet, global_branches

@@ -35,8 +35,7 @@ from typing import Any
 
 import torch
 
-from bench.machine import machine_line
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
 from models.data.observed_file import OBSERVED_FILE
 from models.files.run_folder import BEST, CONFIG_FILE, LAST, METRICS_FILE, SCORES_FILE, SUMMARY_FILE
 from train.methods import BASELINE, METHODS, UPPER_BOUND, method_names

@@ -18,7 +18,7 @@ Lite0 ImageNet fine-tuned at 224 px for 3 epochs; for the k and tags figures of 
 every registered method a user can train on such data (not the oracles, which need full training labels; not
 ``iu``, which needs observed negatives; not those that need CLIP pseudo-labels; not ``lac``, whose label-wise
 head needs feature maps of 224 px or more).
-Every run is ``python -m train`` on that data through :class:`~bench.recording_trainer.RecordingTrainer`, which
+Every run is ``python -m train`` on that data through :class:`~bench.tracked_training.RecordingTrainer`, which
 keeps every epoch's val and test logits.
 
 Reported, all from the records (``record.npz`` per run; finished runs are reused):
@@ -48,10 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.machine import machine_line
 from bench.methods import RunMismatch, check_existing_run
-from bench.recording_trainer import RecordingTrainer
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
+from bench.tracked_training import RecordingTrainer
 from export.threshold_calibration import calibrate
 from models.data.csv_format import write_csv
 from models.data.observed_spec import ObservedSpec

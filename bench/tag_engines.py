@@ -197,8 +197,7 @@ def publish_results(
     """Write the section: one line per regime and engine (median (min-max) over the repeats), the paired ratio, the
     command, the machine and its load (the 1-minute load average at the start and at the end: above the CPU count,
     other work shared the CPUs)."""
-    from bench.machine import machine_line
-    from bench.results_page import command_line, publish
+    from bench.results_page import command_line, machine_line, publish
     from bench.timing import Spread
 
     lines = ["## Tagging engines: local vs Ray", "", "```", command_line("bench.tag_engines", argv), "```", "",

@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from bench.machine import machine_line
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.timing import Spread, interleaved_order
 from serve.predictor import Predictor
 from serve.tagging import tag_folder

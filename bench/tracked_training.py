@@ -4,6 +4,8 @@ against them), for learning curves. Selection, checkpoints and the summary are t
 are appended to ``RUN/epochs.jsonl`` (kept across ``--resume``: an epoch trained again replaces its line).
 
 The extra passes run after the epoch's selection, under a forked RNG, so the training randomness is unchanged.
+:class:`RecordingTrainer` instead keeps every epoch's validation and test logits in memory, so that a benchmark can
+score any epoch afterwards (the epoch another selection criterion would have picked; bench/own_data.py).
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from models.files.atomic_writes import atomic_write_text
+from train.config import TrainConfig
+from train.fixed_features import FixedFeaturePhase
+from train.selection import Candidate
 from train.trainer import Trainer
 
 EPOCHS_FILE = "epochs.jsonl"
@@ -53,6 +59,40 @@ class TrackingTrainer(Trainer):
                 record["train_recovery_mAP"] = recovery
         kept = [r for r in read_epochs(self.run_dir) if int(r["epoch"]) < epoch]
         atomic_write_text(self.run_dir / EPOCHS_FILE, "".join(json.dumps(r) + "\n" for r in [*kept, record]))
+
+
+class RecordingTrainer(Trainer):
+    """:class:`~train.trainer.Trainer` that keeps, per epoch, the model's validation logits and its test logits (one
+    row per image, in split order; not the EMA's)."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__(cfg)
+        self.val_logits: list[np.ndarray] = []
+        self.test_logits: list[np.ndarray] = []
+
+    def _candidates(self, linear: FixedFeaturePhase | None) -> list[Candidate]:
+        candidates = super()._candidates(linear)
+        logits = candidates[0].assessment.logits
+        if logits is None or len(logits) != len(self.splits.val):
+            raise RuntimeError("some validation images could not be read: the recorded epochs would not line up")
+        self.val_logits.append(np.asarray(logits, dtype=np.float32))
+        if self.splits.test is not None:
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):  # the test pass must not move the training RNG
+                self.test_logits.append(self._test_logits(linear))
+        return candidates
+
+    def _test_logits(self, linear: FixedFeaturePhase | None) -> np.ndarray:
+        """The current model's test logits (N_test, C) in split order (the head on cached features in a phase on
+        fixed features)."""
+        assert self.splits.test is not None
+        if linear is not None:
+            rows = linear.head_rows(self.model, self.splits.test, "test")
+        else:
+            rows = self._predict(self.model, self.predictor.eval_loader(self.splits.test), "test (recorded)")
+        if rows.missing:
+            raise RuntimeError(f"{rows.missing} test image(s) could not be read")
+        return rows.values.numpy().astype(np.float32)
 
 
 def main(argv: list[str] | None = None) -> int:

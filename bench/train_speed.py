@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from bench.machine import machine_line
-from bench.results_page import add_page_options, command_line, publish
+from bench.results_page import add_page_options, command_line, machine_line, publish
 
 VARIANTS = {"fp32": ("off", "off"), "amp+cl": ("auto", "on"), "amp": ("auto", "off"), "cl": ("off", "on")}
 

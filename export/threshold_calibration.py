@@ -172,8 +172,7 @@ def parse_mode(text: str) -> CalibrationMode:
 
 def default_mode(fully_labelled: bool) -> str:
     """The default mode: ``"f1"`` when the validation labels are complete, ``"rate"`` when they are not (its tags
-    per image follow K on every development set, where ``pu-f1`` came out 31% under to 75% over with the true K;
-    bench/README.md, choices that hold)."""
+    per image follow K; how it compared with ``pu-f1`` on the development sets: bench/README.md, choices that hold)."""
     return "f1" if fully_labelled else "rate"
 
 

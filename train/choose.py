@@ -16,15 +16,12 @@ at hand, from the labels the user has (docs/choosing.md):
    noise: of the :data:`CONTENDERS` best-scoring candidates, those whose score exceeds the baseline's by at least
    :data:`SWITCH_Z` standard errors of the paired difference (a bootstrap over the scored images, the same images
    and folds for both) and that score no lower than the baseline by :data:`GUARD_CRITERION` qualify, and the one
-   with the largest difference is chosen. On one label per image every score is noisy (a cross-fitted observed-label
-   score moves by 0.5 to 0.9 points between bootstrap resamples of 640 images); the rule keeps a candidate that only
-   looks better by chance from replacing the baseline. The two criteria look at the observed labels from both
-   sides: per image (does the given label rank near the top of the image's classes) and per class (do the images
-   given a class rank high among all images); a candidate must win on the first and not lose on the second. Of seven
-   rules measured against the hidden labels of the development sets' training and validation images (never their
-   test labels; bench/README.md, choices that hold), this one lost least to the best candidate: ``observed-map``
-   alone switched to heads that ranked the given labels well per class and the hidden ones badly on the dense
-   built-in shapes, ``observed-rank`` alone to worse heads on the Tux Paint stamps.
+   with the largest difference is chosen. On one label per image every score is noisy; the rule keeps a candidate
+   that only looks better by chance from replacing the baseline. The two criteria look at the observed labels from
+   both sides: per image (does the given label rank near the top of the image's classes) and per class (do the
+   images given a class rank high among all images); a candidate must win on the first and not lose on the second.
+   The rule was picked among seven by what their picks lost on the hidden labels of the development sets' training
+   and validation images, never their test labels (bench/README.md, choices that hold; docs/choosing.md).
 
 The table is printed, and ``python -m train`` then trains the choice: the head alone with ``--trainable head``; else
 its head first (LinearInit at the chosen learning rate), then the whole network, the best epoch of both phases kept

@@ -4,6 +4,7 @@ valid manifest is built (again) under a lock, and an interrupted build resumes."
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -131,3 +132,24 @@ def view_splits(kind: str, source: str, view: str, full_view: str, min_count: in
         test=parts["test"] if len(parts["test"]) else None,
         complete_splits=("test",) if folders else ALL_SPLITS,
     )
+
+
+def command_line_parser(prog: str, description: str, root_help: str, min_count: int, label: str,
+                        rule_help: str) -> argparse.ArgumentParser:
+    """The ``python -m models.data.<drawings>`` parser: the source folder, ``--min-count``, ``--cache``, ``--rule``
+    and ``--quiet`` (a dataset adds its own options)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("root", nargs="?", default=None, metavar="DIR", help=root_help)
+    parser.add_argument("--min-count", type=int, default=min_count,
+                        help=f"least number of images a {label} needs to be a class (default: %(default)s)")
+    parser.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                        help="cache root (default: $SPML_CACHE, else ~/.cache/spml)")
+    parser.add_argument("--rule", action="store_true", help=rule_help)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def rule_lines(tables: dict[str, dict[str, str]]) -> str:
+    """``--rule``'s listing: each table's title, then one ``  key: value`` line per entry."""
+    return "".join(f"{title}:\n" + "".join(f"  {k}: {v}\n" for k, v in table.items())
+                   for title, table in tables.items())

@@ -31,7 +31,6 @@ training then skips unreadable images with a warning instead).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections import defaultdict
@@ -48,6 +47,7 @@ from tqdm import tqdm
 from models.data.csv_format import CLASSES_FILENAME, emit_note, read_classes_file
 from models.data.spec_options import split_spec_options
 from models.data.types import DataError, DatasetSplits, LabelledImages
+from models.files.digest import file_blake2b
 from models.files.folder_walk import is_hidden, walk_folder
 from models.files.image_extensions import is_image_name
 
@@ -55,7 +55,6 @@ __all__ = ["FOLDER_OPTIONS", "is_class_tree", "load_folder", "load_folder_spec"]
 
 SPLIT_NAMES = ("train", "val", "test")
 FOLDER_OPTIONS = ("skip-verify",)
-_HASH_CHUNK = 1 << 20
 _IO_THREADS = 8
 
 _T = TypeVar("_T")
@@ -162,11 +161,7 @@ def _parallel(func: Callable[[_T], _R], items: list[_T], desc: str, progress: bo
 
 def _content_hash(path: Path) -> str:
     """BLAKE2b of the file's bytes (hex); raises OSError when it cannot be read."""
-    digest = hashlib.blake2b(digest_size=20)
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_blake2b(path, 20)
 
 
 def _try_hash(path: Path) -> str | OSError:

@@ -96,7 +96,6 @@ full keyword labels of train and val stay out of ``OUT``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import io
@@ -125,9 +124,11 @@ from models.data.drawing_cache import (
     cache_parent,
     cached_manifest,
     class_lines,
+    command_line_parser,
     dataset_name,
     labelled,
     parse_spec,
+    rule_lines,
     view_splits,
 )
 from models.data.drawings import (
@@ -144,6 +145,7 @@ from models.data.drawings import (
 )
 from models.data.types import DataError, DatasetSplits, LabelledImages
 from models.files.atomic_writes import atomic_path, atomic_write_text
+from models.files.digest import file_blake2b
 
 __all__ = [
     "ARTIFACT_PATTERNS",
@@ -260,7 +262,6 @@ MERGED_KEYWORDS: dict[str, str] = {
 _SEPARATORS = re.compile(r"[\s\-/.]+")
 _ITEM_SPLIT = re.compile(r"[,;]")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_HASH_BYTES = 1 << 20
 
 LEFT_OUT_REASONS = ("unreadable", "dropped folder", "batch drawing", "no keyword", "not rasterised",
                     "merged duplicate", "no frequent keyword")
@@ -456,14 +457,6 @@ def source_fingerprint(source: _Source) -> str:
     return digest.hexdigest()
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _scan(source: _Source, left_out: list[dict[str, Any]]) -> tuple[list[_Drawing], dict[str, int]]:
     """Read every SVG below the source once: group identical files (by inode, then by content) into drawings
     and parse each drawing's metadata. Unreadable files go to ``left_out``. Returns the drawings (sorted by
@@ -487,7 +480,7 @@ def _scan(source: _Source, left_out: list[dict[str, Any]]) -> tuple[list[_Drawin
     drawings: dict[str, _Drawing] = {}
     for key, rels in by_inode.items():
         try:
-            digest = _file_digest(real_of[key])
+            digest = file_blake2b(real_of[key], 16)
         except OSError as exc:
             left_out.append({"sources": sorted(rels), "reason": "unreadable", "detail": exc.strerror or str(exc)})
             continue
@@ -891,35 +884,24 @@ def report(folder: Path, manifest: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command line: build the cache if needed, print the cleaning report; ``--export-folders OUT`` writes the
     folder view as a ``folder:`` tree. Returns the exit status (2 on a data error)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m models.data.openclipart",
-        description="The Open Clip Art Library 0.18 (Debian package openclipart-svg) as a multi-label dataset: "
-                    "clean its keywords, render the drawings once into the cache, print the cleaning report.",
-    )
-    parser.add_argument("root", nargs="?", default=None, metavar="DIR",
-                        help=f"the svg folder (default: {DEFAULT_ROOT}), or a folder holding svg/ and png/")
-    parser.add_argument("--min-count", type=int, default=MIN_CLASS_COUNT,
-                        help="least number of images a keyword needs to be a class (default: %(default)s)")
-    parser.add_argument("--cache", type=Path, default=None, metavar="DIR",
-                        help="cache root; the data goes to DIR/openclipart/<digest>/ (default: $SPML_CACHE, else "
-                             "~/.cache/spml)")
+    parser = command_line_parser(
+        "python -m models.data.openclipart", "The Open Clip Art Library 0.18 (Debian package openclipart-svg) as a "
+        "multi-label dataset: clean its keywords, render the drawings once into the cache, print the cleaning report.",
+        f"the svg folder (default: {DEFAULT_ROOT}), or a folder holding svg/ and png/", MIN_CLASS_COUNT, "keyword",
+        "also print every dropped/merged keyword and why")
     parser.add_argument("--export-folders", type=Path, default=None, metavar="OUT",
                         help="also write the folder view as OUT/{train,val}/<class>/<image> + OUT/test_labels.csv")
     parser.add_argument("--link", choices=("symlink", "hardlink", "copy"), default="symlink",
                         help="how --export-folders places the images (default: %(default)s)")
-    parser.add_argument("--rule", action="store_true", help="also print every dropped/merged keyword and why")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
         started = time.perf_counter()
         folder, manifest = ensure_openclipart(args.root, args.min_count, args.cache, progress=not args.quiet)
         print(f"ready in {time.perf_counter() - started:.1f} s")
         if args.rule:
-            print("dropped folders:\n" + "".join(f"  {k}: {v}\n" for k, v in DROPPED_FOLDERS.items()), end="")
-            print("batch keywords:\n" + "".join(f"  {k}: {v}\n" for k, v in BATCH_KEYWORDS.items()), end="")
-            print("artifacts:\n" + "".join(f"  /{p.pattern}/: {v}\n" for p, v in ARTIFACT_PATTERNS), end="")
-            print("dropped keywords:\n" + "".join(f"  {k}: {v}\n" for k, v in
-                                                 {**DROPPED_KEYWORDS, **AUTHOR_KEYWORDS}.items()), end="")
+            print(rule_lines({"dropped folders": DROPPED_FOLDERS, "batch keywords": BATCH_KEYWORDS,
+                              "artifacts": {f"/{p.pattern}/": v for p, v in ARTIFACT_PATTERNS},
+                              "dropped keywords": {**DROPPED_KEYWORDS, **AUTHOR_KEYWORDS}}), end="")
             print("merged: " + ", ".join(f"{k}->{v}" for k, v in MERGED_KEYWORDS.items()))
         print(report(folder, manifest))
         if args.export_folders is not None:

@@ -33,8 +33,8 @@ the first line of ``<name>.txt`` (none when there is no such file).
 6. A label on at least ``min-count`` images is a class (sorted by name); an image with none of the classes is left
    out (``no frequent label``).
 
-On the Debian package 2022.06.04-1 (``python -m models.data.tuxpaint`` prints it all and the classes): see the
-report for the exact counts (about 800 images, 60 classes, 2 labels per image).
+``python -m models.data.tuxpaint`` prints the counts of each step and the classes (docs/datasets.md gives them for
+the Debian package).
 
 **Splits.** Grouped, 60/20/20: a stamp's group is its folder and its name without a trailing number
 (``frog``, ``frog-1``, ``frog_2`` are one group: variants of one drawing never straddle two splits); groups are
@@ -54,7 +54,6 @@ file lock.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -76,9 +75,11 @@ from models.data.drawing_cache import (
     cache_parent,
     cached_manifest,
     class_lines,
+    command_line_parser,
     dataset_name,
     labelled,
     parse_spec,
+    rule_lines,
     view_splits,
 )
 from models.data.drawings import RASTER_SIZE, cairosvg_svg2png, raster_of_bitmap, raster_of_svg
@@ -486,24 +487,17 @@ def report(folder: Path, manifest: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Build the cache if needed and print the cleaning report; exit status 2 on a data error."""
-    parser = argparse.ArgumentParser(prog="python -m models.data.tuxpaint", description="The Tux Paint stamps (Debian "
-                                     f"package {DEBIAN_PACKAGE}) as a multi-label dataset: label them by the rule, "
-                                     "rasterise them once into the cache, print the report.")
-    parser.add_argument("root", nargs="?", default=None, metavar="DIR", help=f"default: {DEFAULT_ROOT}")
-    parser.add_argument("--min-count", type=int, default=MIN_CLASS_COUNT,
-                        help="least number of images a label needs to be a class (default: %(default)s)")
-    parser.add_argument("--cache", type=Path, default=None, metavar="DIR", help="cache root (default: $SPML_CACHE, "
-                        "else ~/.cache/spml)")
-    parser.add_argument("--rule", action="store_true", help="also print the rule's folders, merges and stop words")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser = command_line_parser(
+        "python -m models.data.tuxpaint", f"The Tux Paint stamps (Debian package {DEBIAN_PACKAGE}) as a multi-label "
+        "dataset: label them by the rule, rasterise them once into the cache, print the report.",
+        f"default: {DEFAULT_ROOT}", MIN_CLASS_COUNT, "label", "also print the rule's folders, merges and stop words")
     args = parser.parse_args(argv)
     try:
         started = time.perf_counter()
         folder, manifest = ensure_tuxpaint(args.root, args.min_count, args.cache, progress=not args.quiet)
         print(f"ready in {time.perf_counter() - started:.1f} s")
         if args.rule:
-            for title, table in (("dropped folders", DROPPED_FOLDERS), ("style folders", STYLE_FOLDERS)):
-                print(f"{title}:\n" + "".join(f"  {k}: {v}\n" for k, v in table.items()), end="")
+            print(rule_lines({"dropped folders": DROPPED_FOLDERS, "style folders": STYLE_FOLDERS}), end="")
             print("merged: " + ", ".join(f"{k}->{v}" for k, v in MERGED_LABELS.items()))
             print("stop words: " + " ".join(sorted(STOP_WORDS)))
         print(report(folder, manifest))

@@ -34,14 +34,11 @@ scores that know nothing of the labels give), and the estimate counts as informa
 :data:`MIN_INFORMATIVE` of the way from that value down to 1 (on a log scale). The run says k is within 25% when the
 estimate is informative and ``high / low`` is at most :data:`BRACKET_RATIO` (1.5: the geometric mean is then within
 22.5% of both ends, which leaves room for a truth a little outside them); otherwise it says it cannot tell and asks
-for an audit list of 20 fully labelled images (:data:`AUDIT_ADVICE`). Measured on every development set
-(bench/README.md, choices that hold): on the clip art and the Tux Paint stamps the bracket spans 1.39 to 1.45 and k
-is within 6% of the truth; on their folder views, where the given label is the image's folder rather than a random
-one of its labels, it spans 1.56 to 1.60 and the truth lies up to 10% above its high end (k 22% to 29% low): the rule
-says it cannot tell there, as on the dense built-in shapes (5.8 labels per image, a weak model: k +47% to +54%,
-the scores barely better than shuffled labels). Pooling every class into one problem is what makes it usable: per
-class (summed), the best-bin estimate of a class with one or two observed positives is noise, and with the few
-observed positives per class of a validation split the sum came out two to six times the truth.
+for an audit list of 20 fully labelled images (:data:`AUDIT_ADVICE`). How the rule held on every development set
+(where the given label is not a random one of the image's labels, as in a folder view, the truth can lie outside
+the bracket, and the rule says it cannot tell): bench/README.md, choices that hold; docs/choosing.md. Pooling
+every class into one problem is what makes it usable: per class, the best-bin estimate of a class with one or two
+observed positives is noise.
 
 The per-class best-bin priors (:func:`estimate_class_priors`) remain for diagnostics.
 """
