@@ -59,33 +59,38 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 @pytest.fixture(scope="module")
 def runs(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """For each method: a two-process run ``NAME-2`` (torchrun) and a one-process run ``NAME-1``; plus an
-    interrupted two-process role run and an end-to-end two-process lac run."""
+    """For each method: a two-process run ``NAME-2`` and a one-process run ``NAME-1``; plus an interrupted
+    two-process role run, an end-to-end two-process lac run and a global batch that does not split. The two-process
+    runs share one torchrun group (tests/ddp_train_runs.py), the one-process runs run here."""
     root = tmp_path_factory.mktemp("ddp")
-    out: dict[str, Path] = {}
-    for method, extra in {**EXACT, "pu-mlc": []}.items():
-        args = [*COMMON, *PROBE, "--method", method, *extra, "--runs-dir", str(root)]
-        done = torchrun([*args, "--name", f"{method}-2"])
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert main([*args, "--name", f"{method}-1"]) == 0
-        out[f"{method}-2"], out[f"{method}-1"] = root / f"{method}-2", root / f"{method}-1"
     two_epochs = [*COMMON, "--epochs", "0", "--linear-init", "2", "--method", "role", "--runs-dir", str(root)]
-    killed = torchrun([*two_epochs, "--name", "role-killed"], script=["tests/ddp_interrupted_train.py"])
-    assert (root / "role-killed" / "last.pt").is_file(), killed.stderr[-3000:]
-    assert main([*two_epochs, "--name", "role-straight"]) == 0
-    out["role-killed"], out["role-straight"] = root / "role-killed", root / "role-straight"
     # a timm backbone in the fixed-feature mode: sharded extraction into the feature cache, then exact head steps
     head = [*COMMON, "--arch", "test_efficientnet", "--weights", "none", "--trainable", "head", "--epochs", "2",
             "--method", "role", "--runs-dir", str(root)]
-    done = torchrun([*head, "--name", "timm-head-2"])
-    assert done.returncode == 0, done.stderr[-3000:]
+    probes = {method: [*COMMON, *PROBE, "--method", method, *extra, "--runs-dir", str(root)]
+              for method, extra in {**EXACT, "pu-mlc": []}.items()}
+    two_process = {
+        **{f"{method}-2": [*args, "--name", f"{method}-2"] for method, args in probes.items()},
+        "timm-head-2": [*head, "--name", "timm-head-2"],
+        "lac-2": [*COMMON, "--epochs", "1", "--method", "lac", "--hp", "queue_size=64", "--runs-dir", str(root),
+                  "--name", "lac-2"],
+        "uneven-2": [*COMMON, "--batch-size", "15", "--epochs", "1", "--runs-dir", str(root), "--name", "uneven"],
+        "role-killed": ["interrupt", *two_epochs, "--name", "role-killed"],  # last: it ends with an interrupt
+    }
+    codes_file = root / "codes.json"
+    done = torchrun([str(codes_file), *(part for args in two_process.values() for part in ["--", *args])],
+                    script=["tests/ddp_train_runs.py"])
+    assert codes_file.is_file(), done.stderr[-3000:]
+    codes = dict(zip(two_process, json.loads(codes_file.read_text()), strict=True))
+    assert codes == {**dict.fromkeys(two_process, 0), "uneven-2": 2, "role-killed": 130}, done.stderr[-3000:]
+    (root / "stderr.log").write_text(done.stderr)
+    out = {name: root / name for name in two_process if name != "uneven-2"}
+    for method, args in probes.items():
+        assert main([*args, "--name", f"{method}-1"]) == 0
+        out[f"{method}-1"] = root / f"{method}-1"
     assert main([*head, "--name", "timm-head-1"]) == 0
-    out["timm-head-2"], out["timm-head-1"] = root / "timm-head-2", root / "timm-head-1"
-    lac = torchrun([*COMMON, "--epochs", "1", "--method", "lac", "--hp", "queue_size=64",
-                    "--runs-dir", str(root), "--name", "lac-2"])
-    assert lac.returncode == 0, lac.stderr[-3000:]
-    out["lac-2"] = root / "lac-2"
-    (root / "lac-2" / "stderr.log").write_text(lac.stderr)
+    assert main([*two_epochs, "--name", "role-straight"]) == 0
+    out["timm-head-1"], out["role-straight"], out["stderr"] = root / "timm-head-1", root / "role-straight", root
     return out
 
 
@@ -177,12 +182,12 @@ def test_lac_two_stages_on_two_processes(runs: dict[str, Path]) -> None:
     lines = metrics(run)
     assert lines[1]["stage"] == 2 and lines[1]["queue_entries"] > 0
     assert int((state["method"]["queue_labels"] >= 0).sum()) > 0
-    assert "global batch 12 = 2 process(es) x 6" in (run / "stderr.log").read_text()
+    assert "global batch 12 = 2 process(es) x 6" in (runs["stderr"] / "stderr.log").read_text()
 
 
-def test_batch_that_does_not_split_is_a_clean_error(builtin_cache: Path, tmp_path: Path) -> None:
-    done = torchrun([*COMMON, "--batch-size", "15", "--epochs", "1", "--runs-dir", str(tmp_path)])
-    assert done.returncode != 0 and "error: --batch-size 15 is the global batch" in done.stderr
+def test_batch_that_does_not_split_is_a_clean_error(runs: dict[str, Path]) -> None:
+    """Exit code 2 on every rank (checked in the fixture) and the one-line error."""
+    assert "error: --batch-size 15 is the global batch" in (runs["stderr"] / "stderr.log").read_text()
 
 
 def test_sync_bn_without_torchrun_is_a_clean_error(builtin_cache: Path, tmp_path: Path) -> None:

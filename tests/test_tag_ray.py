@@ -337,7 +337,7 @@ def test_engines_benchmark_writes_its_section(ray_instance: object, tmp_path: Pa
     from bench.results_page import read_section
 
     page = tmp_path / "page.md"
-    argv = ["--images", "6", "--width", "40", "--height", "30", "--sizes", "32", "--batch-size", "4",
+    argv = ["--images", "6", "--width", "40", "--height", "30", "--sizes", "32", "--batch-size", "4", "--repeats", "1",
             "--address", address(ray_instance), "--page", str(page)]  # fmt: skip
     assert tag_engines.main(argv) == 0
     text = read_section("tag-engines", page)
