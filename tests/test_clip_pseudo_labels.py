@@ -222,8 +222,7 @@ def test_resume_reuses_the_stored_pseudo_labels(squares_csv: Path, tmp_path: Pat
     before = path.stat().st_mtime_ns
     monkeypatch.setattr(stage, "load_clip", lambda *a: pytest.fail("--resume ran CLIP again"))
     monkeypatch.setattr(stage, "check_available", lambda *a: pytest.fail("--resume checked CLIP's weights"))
-    plan = stage.plan_pseudo_labels(METHODS["vlpl"], first.hparams, cfg, tmp_path / "resumable", True,
-                                    first.splits.train_observed)
+    plan = stage.plan_pseudo_labels(METHODS["vlpl"], first.hparams, cfg, tmp_path / "resumable", True)
     assert plan.source == stage.CACHE
     again = stage.prepare_pseudo_labels(plan, first.splits, first.dataset, cfg, tmp_path / "resumable", CPU)
     assert again.origin == "reused from the run folder" and path.stat().st_mtime_ns == before

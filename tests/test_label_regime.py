@@ -49,6 +49,6 @@ def test_regimes_of_all_splits_line_and_json() -> None:
     assert "n/a" not in describe_regimes(detect_regimes({"val": FULL}))
     saved = json.loads(json.dumps({k: r.to_dict() for k, r in regimes.items()}))
     assert saved["test"] == {"kind": "full", "source": "detected", "images": 4, "positives_per_image": 1.75,
-                             "max_positives": 3}
+                             "max_positives": 3, "known_negatives": 0}
     with pytest.raises(ValueError, match="2-D"):
         detect_regime(np.zeros(3), "val")

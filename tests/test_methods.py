@@ -483,8 +483,9 @@ def test_pu_mlc_mixup_regulariser_value_and_training_step() -> None:
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-def test_iu_uses_the_observed_positives_and_negatives_only_and_other_methods_refuse_negatives() -> None:
-    """The reference's loss_iu; its other losses assert that no label is -1, and so do the methods here."""
+def test_iu_uses_the_observed_positives_and_negatives_only_and_other_methods_add_their_term() -> None:
+    """The reference's loss_iu. Every other non-oracle method trains with known negatives through the term its
+    :meth:`training_loss` adds: -log(1 - p) at each, over the N*C entries; the oracles train on the full labels."""
     total = 0.0
     for row, z, n in zip(LOGITS, OBSERVED, NEGATIVES, strict=True):
         for s, zz, nn in zip(row, z, n, strict=True):
@@ -497,11 +498,19 @@ def test_iu_uses_the_observed_positives_and_negatives_only_and_other_methods_ref
     assert logits.grad[0, 2] == 0 and logits.grad[1, 3] == 0 and logits.grad[0, 1] > 0  # unobserved: no gradient
     with pytest.raises(ValueError, match="have none"):
         get_method("iu")(ctx(), make_hparams(METHODS["iu"], {}))
-    for name in sorted(set(METHODS) - {"iu", "bce", "iun"}):
-        with pytest.raises(ValueError, match=f"which method '{name}' does not use"):
-            get_method(name)(ctx_with_negatives(), make_hparams(METHODS[name], {}))
+    assert method.training_loss(logits, batch()).loss.item() == pytest.approx(total / 8, rel=1e-6)
+    added = sum(nl(1 - sig(s)) for row, n in zip(LOGITS, NEGATIVES, strict=True)
+                for s, nn in zip(row, n, strict=True) if nn) / 8
+    an = get_method("an")(ctx_with_negatives(), make_hparams(METHODS["an"], {}))
+    out = an.training_loss(torch.tensor(LOGITS), batch())
+    assert out.loss.item() == pytest.approx(an.loss(torch.tensor(LOGITS), batch()).loss.item() + added, rel=1e-6)
+    assert float(out.logs["known_negatives_loss"]) == pytest.approx(added, rel=1e-6)
+    uses = {name: METHODS[name].known_negatives_use() for name in METHODS}
+    assert uses["iu"] == "own loss" and uses["bce"] == uses["iun"] == "full labels"
+    assert {uses[name] for name in set(METHODS) - {"iu", "bce", "iun"}} == {"added term"}
     for name in ("bce", "iun"):  # they train on the annotated labels, of which the observed ones are a part
-        get_method(name)(ctx_with_negatives(), make_hparams(METHODS[name], {}))
+        oracle = get_method(name)(ctx_with_negatives(), make_hparams(METHODS[name], {}))
+        assert "known_negatives_loss" not in oracle.training_loss(torch.tensor(LOGITS), batch(full=True)).logs
 
 
 def test_iun_uses_the_observed_positive_and_true_negatives_only() -> None:

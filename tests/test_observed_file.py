@@ -98,7 +98,8 @@ def test_negatives_val_labels_and_bias_variants_round_trip_through_the_cli(built
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """``--observed 'single?neg=3&val=observed'`` with iu: config.json, the version-2 protocol file (-1 entries,
     the val images' observed labels, the variant) and checkpoint record it, and ``--observed FILE`` restores all
-    of it byte for byte; a method that does not use negatives refuses them; ``single:size`` on the built-in
+    of it byte for byte; a method whose loss has no place for negatives trains with their added term; iu refuses
+    labels without negatives; ``single:size`` on the built-in
     data is recorded as such."""
     a = _run(tmp_path, "a", "--method", "iu", "--observed", "single?neg=3&val=observed")
     assert json.loads((a / "config.json").read_text())["config"]["observed"] == "single?neg=3&val=observed"
@@ -119,11 +120,14 @@ def test_negatives_val_labels_and_bias_variants_round_trip_through_the_cli(built
     b = _run(tmp_path, "b", "--method", "iu", "--observed", str(a / "observed.npz"))
     assert (b / "observed.npz").read_bytes() == (a / "observed.npz").read_bytes()
     capsys.readouterr()
-    for method, observed, expected in [("an", "single?neg=3", "which method 'an' does not use"),
-                                       ("iu", "single", "these observed labels have none")]:
-        assert main([*FAST, "--runs-dir", str(tmp_path), "--method", method, "--observed", observed]) == 2
-        err = capsys.readouterr().err.strip()
-        assert err.startswith("error: ") and expected in err and len(err.splitlines()) == 1, err
+    assert main([*FAST, "--runs-dir", str(tmp_path), "--method", "iu", "--observed", "single"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "these observed labels have none" in err and len(err.splitlines()) == 1, err
+    an = _run(tmp_path, "an-negatives", "--method", "an", "--observed", "single?neg=3")
+    lines = [json.loads(line) for line in (an / "metrics.jsonl").read_text().splitlines()]
+    assert all(line["known_negatives_loss"] > 0 for line in lines)
+    labels = json.loads((an / "config.json").read_text())["resolved"]["labels"]
+    assert labels["train"]["known_negatives"] == 3 * 160 and labels["val"]["known_negatives"] == 3 * 40
     size = build_protocol(dataset, parse_observed("single:size"))  # what a run with --observed single:size saves
     (tmp_path / "size.npz").write_bytes(protocol_file_bytes(protocol_record(size, dataset)))
     record = read_protocol_file(tmp_path / "size.npz")

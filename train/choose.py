@@ -151,8 +151,6 @@ def candidate_methods(train_observed: np.ndarray) -> list[str]:
             continue
         if method.uses_observed_negatives and not bool((np.asarray(train_observed) < 0).any()):
             continue
-        if method.observed_negatives_refusal(train_observed) is not None:
-            continue
         out.append(name)
     return out
 

@@ -93,12 +93,9 @@ def resolve_spec(method: type[Method], hparams: MethodHparams) -> PseudoLabelSpe
 
 
 def plan_pseudo_labels(method: type[Method], hparams: MethodHparams, cfg: TrainConfig, run_dir: Path,
-                       resume: bool, train_observed: np.ndarray) -> PseudoLabelPlan:
+                       resume: bool) -> PseudoLabelPlan:
     """Decide where the pseudo-labels of the run come from, and for a CLIP pass check that its weights can be had
     (a ``ValueError`` that says what to do otherwise), before anything trains."""
-    refusal = method.observed_negatives_refusal(train_observed)
-    if refusal:
-        raise ValueError(refusal)
     spec = resolve_spec(method, hparams)
     clip = parse_clip(cfg.clip or spec.clip)
     prompt = cfg.clip_prompt or spec.prompt

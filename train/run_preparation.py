@@ -131,7 +131,7 @@ def prepare_run(cfg: TrainConfig, run_dir: Path | None = None, resume: bool = Fa
         raise FileExistsError(f"run folder {folder} already exists and is not empty; pick another --name")
     pseudo_plan = None
     if method_cls.uses_pseudo_labels:
-        pseudo_plan = plan_pseudo_labels(method_cls, hparams, cfg, folder, resume, splits.train_observed)
+        pseudo_plan = plan_pseudo_labels(method_cls, hparams, cfg, folder, resume)
     elif cfg.clip or cfg.clip_prompt or cfg.pseudo_labels:
         log(f"note: --clip, --clip-prompt and --pseudo-labels are ignored: {cfg.method} trains on no pseudo-labels")
     barrier()  # every rank has checked the folder before rank 0 writes into it

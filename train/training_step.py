@@ -58,7 +58,7 @@ def method_step(model: Callable[..., Any], method: Method, batch: dict[str, torc
         inputs[key] = value
         if key.startswith(IMAGES + "_"):
             inputs[_output_key("logits", key)] = model(value).float()
-    return method.loss(inputs["logits"], inputs)
+    return method.training_loss(inputs["logits"], inputs)
 
 
 class TrainingStep(nn.Module):

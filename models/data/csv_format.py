@@ -9,7 +9,10 @@ Format rules (``load_csv``):
 * ``image``: a path relative to ``images_root`` (default: the CSV's folder) or an absolute path. The file
   must exist.
 * ``labels``: class names separated by ``;``, surrounding whitespace stripped, case-sensitive. An empty
-  field or an empty name between separators is an error. A single name per row is single-positive data.
+  field or an empty name between separators is an error. A single name per row is single-positive data. A name
+  written ``-name`` is a label known to be ABSENT from the image (a known negative, e.g. ``cat;-dog``: a cat, and
+  certainly no dog); the same class present and absent on one image is an error. Class names cannot begin with
+  ``-``.
 * ``split``: ``train``, ``val`` or ``test`` (case-insensitive); empty or absent means ``train``.
 * The same image (same resolved path) on several rows is merged into one image with the union of the
   labels (a note gives the count); the same image with two different splits is an error.
@@ -39,6 +42,7 @@ CSV_FILENAME = "labels.csv"
 CLASSES_FILENAME = "classes.txt"
 SPLITS = ("train", "val", "test")
 LABEL_SEPARATOR = ";"
+NEGATIVE_MARK = "-"  # before a class name in the labels field: the label is known to be absent
 _HEADER_HINT = "expected a header line such as 'image,labels,split'"
 
 
@@ -92,6 +96,9 @@ def read_classes_file(path: Path) -> list[str]:
             continue
         if LABEL_SEPARATOR in name:
             raise DataError(f"{path}:{lineno}: class name {name!r} contains the label separator ';'")
+        if name.startswith(NEGATIVE_MARK):
+            raise DataError(f"{path}:{lineno}: class name {name!r} begins with '-', which marks a known negative "
+                            "in labels.csv")
         if name in first_line:
             raise DataError(f"{path}:{lineno}: duplicate class {name!r} (first on line {first_line[name]})")
         first_line[name] = lineno
@@ -103,24 +110,32 @@ def read_classes_file(path: Path) -> list[str]:
 
 @dataclass
 class _Entry:
-    """One image while reading: its split, the line it first appeared on, and its label names so far."""
+    """One image while reading: its split, the line it first appeared on, and its label names (present, and known
+    to be absent) so far."""
 
     split: str
     line: int
     labels: list[str] = field(default_factory=list)
+    negatives: list[str] = field(default_factory=list)
 
 
-def _parse_labels(field_text: str, where: str) -> list[str]:
-    """Split a ``labels`` field on ``;``; an empty field or empty name -> ``DataError`` at ``where``."""
+def _parse_labels(field_text: str, where: str) -> tuple[list[str], list[str]]:
+    """Split a ``labels`` field on ``;`` into the present names and the known negatives (``-name``); an empty field
+    or empty name -> ``DataError`` at ``where``."""
     if not field_text.strip():
         raise DataError(f"{where}: empty labels field (give at least one class name)")
     names = [part.strip() for part in field_text.split(LABEL_SEPARATOR)]
     for position, name in enumerate(names, start=1):
-        if not name:
+        if not name or name == NEGATIVE_MARK:
             raise DataError(
                 f"{where}: empty class name between ';' separators (name #{position} in {field_text!r})"
             )
-    return names
+    present = [name for name in names if not name.startswith(NEGATIVE_MARK)]
+    absent = [name[1:].strip() for name in names if name.startswith(NEGATIVE_MARK)]
+    both = sorted(set(present) & set(absent))
+    if both:
+        raise DataError(f"{where}: {both[0]!r} is given as present and as absent ('-{both[0]}')")
+    return present, absent
 
 
 def _read_rows(csv_path: Path) -> tuple[dict[str, int], int, list[tuple[int, list[str]]]]:
@@ -212,9 +227,9 @@ def load_csv(
         split = split or "train"
         if split not in SPLITS:
             raise DataError(f"{where}: unknown split {row[col_split].strip()!r} (use train, val or test)")
-        names = _parse_labels(row[col_labels], where)
+        names, absent = _parse_labels(row[col_labels], where)
         if fixed_classes is not None:
-            for name in names:
+            for name in [*names, *absent]:
                 if name not in fixed_index:
                     raise DataError(f"{where}: {unknown_class_message(name, fixed_classes)}")
 
@@ -234,12 +249,17 @@ def load_csv(
             merged_rows += 1
             merged_images.add(image)
         entry.labels.extend(names)
+        entry.negatives.extend(absent)
+        clash = sorted(set(entry.labels) & set(entry.negatives))
+        if clash:
+            raise DataError(f"{where}: {clash[0]!r} is given as present and as absent ('-{clash[0]}') for image "
+                            f"{image_text!r}")
 
     if fixed_classes is not None:
         classes = fixed_classes
         index = fixed_index
     else:
-        classes = sorted({name for entry in entries.values() for name in entry.labels})
+        classes = sorted({name for entry in entries.values() for name in [*entry.labels, *entry.negatives]})
         index = {name: i for i, name in enumerate(classes)}
         emit_note(
             notes,
@@ -259,10 +279,12 @@ def load_csv(
 
     def build(items: list[tuple[Path, _Entry]]) -> LabelledImages:
         labels = np.zeros((len(items), len(classes)), dtype=np.uint8)
+        negatives = np.zeros_like(labels)
         for row_index, (_, entry) in enumerate(items):
-            for name in entry.labels:
-                labels[row_index, index[name]] = 1
-        return LabelledImages([image for image, _ in items], labels, list(classes))
+            labels[row_index, [index[name] for name in entry.labels]] = 1
+            negatives[row_index, [index[name] for name in entry.negatives]] = 1
+        return LabelledImages([image for image, _ in items], labels, list(classes),
+                              negatives if negatives.any() else None)
 
     if not by_split["train"]:
         raise DataError(f"{csv_path}: no training images (every row has split 'val' or 'test')")
@@ -314,9 +336,10 @@ def write_csv(folder: Path, splits: dict[str, LabelledImages]) -> Path:
         images = splits.get(split)
         if images is None:
             continue
-        for path, row in zip(images.paths, images.labels, strict=True):
-            names = [classes[i] for i in np.flatnonzero(row)]
-            if not names:
+        absent = images.negatives if images.negatives is not None else np.zeros_like(images.labels)
+        for path, row, no in zip(images.paths, images.labels, absent, strict=True):
+            names = [classes[i] for i in np.flatnonzero(row)] + [NEGATIVE_MARK + classes[i] for i in np.flatnonzero(no)]
+            if not any(row):
                 raise DataError(f"{folder}: {split} image {path} has no positive label; cannot write it")
             absolute = Path(path).expanduser().resolve()
             try:

@@ -52,7 +52,8 @@ _ALIASES = {"single": SINGLE, "single-positive": SINGLE, "full": FULL, "partial"
 @dataclass(frozen=True)
 class LabelRegime:
     """The labels of one split: ``kind`` (one of :data:`REGIMES`), how it was decided (``detected`` or
-    ``declared``), the number of images and the mean and largest number of positives per image."""
+    ``declared``), the number of images, the mean and largest number of positives per image, and the labels known
+    to be absent (observed negatives)."""
 
     split: str
     kind: str
@@ -60,6 +61,7 @@ class LabelRegime:
     images: int
     positives_per_image: float
     max_positives: int
+    negatives: int = 0
 
     @property
     def full(self) -> bool:
@@ -68,13 +70,15 @@ class LabelRegime:
 
     def describe(self) -> str:
         """One phrase, e.g. ``val single-positive (400 images, 1.00 positive/image, detected)``."""
+        negatives = f"{self.negatives} known negatives, " if self.negatives else ""
         return (f"{self.split} {self.kind} ({self.images} images, {self.positives_per_image:.2f} positives/image, "
-                f"{self.source})")
+                f"{negatives}{self.source})")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (for config.json)."""
         return {"kind": self.kind, "source": self.source, "images": self.images,
-                "positives_per_image": round(self.positives_per_image, 4), "max_positives": self.max_positives}
+                "positives_per_image": round(self.positives_per_image, 4), "max_positives": self.max_positives,
+                "known_negatives": self.negatives}
 
 
 def parse_declared(text: str) -> str:

@@ -104,7 +104,10 @@ class ProtocolSplits:
         val: what it is scored with): full, single-positive or partial (models/data/label_regime.py)."""
         parts = {"train": self.train.labels, "val": self.val.labels,
                  "test": self.test.labels if self.test is not None else None}
-        return detect_regimes(parts, self.declared_labels, self.complete_splits)
+        regimes = detect_regimes(parts, self.declared_labels, self.complete_splits)
+        known = {"train": self.train_observed, "val": self.val_observed}
+        return {split: replace(regime, negatives=int((known[split] < 0).sum()))
+                if known.get(split) is not None else regime for split, regime in regimes.items()}
 
     def has_full_labels(self, split: str) -> bool:
         """Whether ``split`` (train, val or test) has full labels: figures that need them are computed on it."""
@@ -263,10 +266,26 @@ def build_protocol(
     labels together. ``labels`` declares the label regime of every split (``auto``: detected per split;
     models/data/label_regime.py); a declaration the labels contradict is a ``ValueError``."""
     parse_declarations(labels)  # a bad --labels value fails here
-    protocol = replace(_build_protocol(splits, resolve_observed(observed, splits), val_fraction, seed),
+    protocol = replace(_with_known_negatives(_build_protocol(splits, resolve_observed(observed, splits),
+                                                             val_fraction, seed)),
                        declared_labels=labels.strip(), complete_splits=tuple(splits.complete_splits))
     protocol.regimes  # noqa: B018  (detected now: a contradicted declaration fails before any training)
     return protocol
+
+
+def _with_known_negatives(protocol: ProtocolSplits) -> ProtocolSplits:
+    """The labels the dataset gives as absent (a user's ``-dog`` in labels.csv) are observed negatives (-1) of the
+    training and validation images, whatever the protocol drew."""
+    def marked(observed: np.ndarray | None, images: LabelledImages) -> np.ndarray | None:
+        if observed is None or images.negatives is None:
+            return observed
+        out = np.array(observed, dtype=np.int8, copy=True)
+        out[images.negatives.astype(bool)] = -1
+        return out
+
+    train = marked(protocol.train_observed, protocol.train)
+    assert train is not None
+    return replace(protocol, train_observed=train, val_observed=marked(protocol.val_observed, protocol.val))
 
 
 def _build_protocol(splits: DatasetSplits, observed: ObservedSpec, val_fraction: float, seed: int) -> ProtocolSplits:

@@ -21,12 +21,14 @@ class LabelledImages:
     """Images with their annotated label matrix.
 
     ``paths[i]`` is an absolute image path and ``labels[i]`` its 0/1 row over ``classes`` (uint8, shape
-    ``(N, C)``). For single-positive sources the matrix simply has one 1 per row.
+    ``(N, C)``). For single-positive sources the matrix simply has one 1 per row. ``negatives``: the labels known
+    to be absent (0/1, same shape; a user's ``-dog`` in labels.csv), or None when the source gives none.
     """
 
     paths: list[Path]
     labels: np.ndarray
     classes: list[str]
+    negatives: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.labels = np.asarray(self.labels, dtype=np.uint8)
@@ -34,6 +36,13 @@ class LabelledImages:
             raise ValueError(
                 f"labels must have shape ({len(self.paths)}, {len(self.classes)}), got {self.labels.shape}"
             )
+        if self.negatives is not None:
+            self.negatives = np.asarray(self.negatives, dtype=np.uint8)
+            if self.negatives.shape != self.labels.shape:
+                raise ValueError(f"negatives must have the labels' shape {self.labels.shape}, got "
+                                 f"{self.negatives.shape}")
+            if bool((self.negatives & self.labels).any()):
+                raise ValueError("a label cannot be both present and known to be absent")
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -41,7 +50,8 @@ class LabelledImages:
     def subset(self, indices: np.ndarray | list[int]) -> LabelledImages:
         """Return the rows ``indices`` (in that order) as a new ``LabelledImages``."""
         idx = np.asarray(indices, dtype=np.int64)
-        return LabelledImages([self.paths[i] for i in idx], self.labels[idx], list(self.classes))
+        negatives = self.negatives[idx] if self.negatives is not None else None
+        return LabelledImages([self.paths[i] for i in idx], self.labels[idx], list(self.classes), negatives)
 
 
 AnnotatedObject = tuple[int, float, float, float]  # class column, area (px), box centre x, y (px)

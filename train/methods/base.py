@@ -72,6 +72,7 @@ import torch
 from torch import nn
 
 from models.data.dataset import FULL_LABELS
+from models.data.dataset import NEGATIVES as NEGATIVES_KEY
 from models.data.families import family_named
 from models.preprocess import EvalTransform
 from models.registry import Registry
@@ -138,6 +139,13 @@ class EpochEndContext:
 
 
 SCORES, POSITIVES, NEGATIVES = "scores", "positives", "negatives"
+#: What a method does with known negatives (labels known to be absent), by :meth:`Method.known_negatives_use`.
+KNOWN_NEGATIVES = {
+    "own loss": "its loss trains on them (iu)",
+    "added term": "its loss takes no known negatives, so -log(1 - p) at each is added to it (for the losses that "
+                  "already push unobserved labels down, such as an, a known negative counts twice)",
+    "full labels": "an oracle: it trains on the full labels, which hold them already",
+}
 
 
 @dataclass
@@ -175,7 +183,9 @@ class Method(nn.Module):
     # so that the method can train on them - a reference bound, not an SPML method. The trainer grants it only
     # when the training split has full labels and refuses to start otherwise.
     trains_on_full_labels: ClassVar[bool] = False
-    uses_observed_negatives: ClassVar[bool] = False  # reads batch["observed_negatives"] (the protocol's -1 entries)
+    # reads batch["observed_negatives"] (the known negatives: the protocol's -1 entries, a user's "-dog" or "no"
+    # answers) in its own loss; for every other method :meth:`training_loss` adds their term (:data:`KNOWN_NEGATIVES`)
+    uses_observed_negatives: ClassVar[bool] = False
     # reads ctx.expected_positives (k): the trainer resolves it (published, given, audit, or estimated and then
     # updated through set_expected_positives after every epoch; models/evaluation/expected_positives.py)
     uses_expected_positives: ClassVar[bool] = False
@@ -196,19 +206,26 @@ class Method(nn.Module):
 
     def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
         super().__init__()
-        refusal = self.observed_negatives_refusal(ctx.train_observed)
-        if refusal:
-            raise ValueError(refusal)
         self.ctx = ctx
         self.hp = hparams
 
     @classmethod
-    def observed_negatives_refusal(cls, train_observed: torch.Tensor | Any) -> str | None:
-        """Why the method cannot train on ``train_observed`` (observed negatives it does not use), else None."""
-        if cls.trains_on_full_labels or cls.uses_observed_negatives or not bool((train_observed < 0).any()):
-            return None
-        return (f"the observed labels hold observed negatives, which method {cls.name!r} does not use (the "
-                "reference's losses reject them too); train with iu, or observe no negatives")
+    def known_negatives_use(cls) -> str:
+        """What the method does with known negatives: one of :data:`KNOWN_NEGATIVES`' keys."""
+        if cls.trains_on_full_labels:
+            return "full labels"
+        return "own loss" if cls.uses_observed_negatives else "added term"
+
+    def training_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """:meth:`loss`, plus, for a method whose own loss has no place for known negatives, their term: ``-log(1 -
+        p)`` at every known negative, summed and divided by the N*C entries of the batch (the scale of IU's and AN's
+        terms), logged as ``known_negatives_loss``."""
+        out = self.loss(logits, batch)
+        negatives = batch.get(NEGATIVES_KEY)
+        if negatives is None or self.known_negatives_use() != "added term" or not bool((negatives > 0.5).any()):
+            return out
+        term = torch.where(negatives > 0.5, neg_log(1.0 - torch.sigmoid(logits)), torch.zeros_like(logits)).mean()
+        return LossOutput(out.loss + term, {**out.logs, "known_negatives_loss": term.detach()})
 
     @classmethod
     def pseudo_label_spec(cls, hparams: MethodHparams) -> PseudoLabelSpec:

@@ -11,8 +11,8 @@ With ``p = sigmoid(logits)`` and ``p'`` the same probabilities detached, every e
   ``v(p') = exp(-(p' - mu)^2 / (2 sigma^2))`` down-weights entries far from ``mu``; k and v carry no gradient;
 
 and the loss is the mean over all N x C entries (as the reference's ``loss_mtx.mean()``). Entries whose label
-is neither 0 nor 1 would get 0 and still count in the mean there; this package's observed labels are always 0/1,
-and a run with observed negatives is refused, as for every method that does not use them.
+is neither 0 nor 1 would get 0 and still count in the mean there; here ``observed`` is always 0/1, and known
+negatives (observed -1 entries) get the term every method without a place for them gets (``Method.training_loss``).
 
 Schedules (the reference's ``run_train``): before the steps of each 1-based epoch e of T, with n LinearInit
 epochs, ``w, b`` move linearly from ``beta[0], beta[2]`` to ``beta[1], beta[3]`` by ``max(e - n - 1, 0) / (T - n)``

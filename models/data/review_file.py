@@ -1,0 +1,242 @@
+"""Label review files: suggested labels, the user's answers, and what the answers do to the observed labels.
+
+A review file is a table of (image, label) pairs, one per row, as ``python -m train suggest`` writes it:
+
+* CSV (any suffix but ``.jsonl``): a header with ``image`` and ``label`` (``score``, ``given`` and ``answer``
+  optional; columns matched by name, case-insensitive, any order, others ignored), parsed with the ``csv`` module;
+* JSONL (``.jsonl``): one object per line with the keys ``image``, ``label`` and optionally ``score``, ``given``,
+  ``answer``.
+
+``image`` is the image's path as the dataset gives it (absolute), ``label`` a class name, ``score`` the suggestion's
+score, ``given`` the labels the image already has (``;``-separated, for the reviewer's eyes). ``answer`` is ``yes``
+(the label is present: a confirmed positive) or ``no`` (absent: a known negative); ``y``/``n``, ``1``/``0``,
+``true``/``false``, ``accept``/``reject`` are read too, case-insensitive; empty (or JSON ``null``) means not answered
+yet. The same pair may appear several times: the last row wins, so an answer log that only ever appends (the
+demo's review tab: :class:`AnswerLog`) records an undo as a row with an empty answer.
+
+Problems raise ``DataError`` with ``file:line: message``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from models.data.types import DataError
+from models.files.atomic_writes import atomic_write_text
+
+__all__ = ["ANSWER_WORDS", "AnswerLog", "ReviewCounts", "ReviewItem", "apply_answers", "final_answers",
+           "parse_answer", "read_review", "write_review"]
+
+YES, NO = "yes", "no"
+#: The answer words read (lower-cased) and what they mean.
+ANSWER_WORDS: dict[str, bool] = {**dict.fromkeys(("yes", "y", "1", "true", "accept", "accepted", "+"), True),
+                                 **dict.fromkeys(("no", "n", "0", "false", "reject", "rejected", "-"), False)}
+COLUMNS = ("image", "label", "score", "given", "answer")
+GIVEN_SEPARATOR = ";"
+
+
+@dataclass(frozen=True)
+class ReviewItem:
+    """One (image, label) pair of a review file: its suggestion score (None when the file has none), the image's
+    labels as given, and its answer (True present, False absent, None not answered)."""
+
+    image: str
+    label: str
+    score: float | None = None
+    answer: bool | None = None
+    given: tuple[str, ...] = ()
+
+
+def parse_answer(value: object, where: str) -> bool | None:
+    """An answer cell as True / False / None (empty); an unknown word is a ``DataError`` naming ``where``."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word not in ANSWER_WORDS:
+        raise DataError(f"{where}: answer {value!r} is neither yes nor no (or empty for not answered)")
+    return ANSWER_WORDS[word]
+
+
+def _score(value: object, where: str) -> float | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: score {value!r} is not a number") from None
+
+
+def _given(value: object) -> tuple[str, ...]:
+    if isinstance(value, list):
+        return tuple(str(v).strip() for v in value if str(v).strip())
+    return tuple(v.strip() for v in str(value or "").split(GIVEN_SEPARATOR) if v.strip())
+
+
+def _item(row: dict[str, object], where: str) -> ReviewItem:
+    image, label = row.get("image"), row.get("label")
+    if not isinstance(image, str) or not image.strip():
+        raise DataError(f"{where}: the image is empty")
+    if not isinstance(label, str) or not label.strip():
+        raise DataError(f"{where}: the label is empty")
+    return ReviewItem(image.strip(), label.strip(), _score(row.get("score"), where),
+                      parse_answer(row.get("answer"), where), _given(row.get("given")))
+
+
+def _read_jsonl(path: Path, text: str) -> list[ReviewItem]:
+    items = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(text.splitlines()) and not text.endswith("\n"):
+                break  # a last line cut short by a kill while it was written: the answers before it stand
+            raise DataError(f"{where}: not a JSON object ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: not a JSON object")
+        items.append(_item(row, where))
+    return items
+
+
+def _read_csv(path: Path, text: str) -> list[ReviewItem]:
+    rows = csv.reader(io.StringIO(text))
+    header: dict[str, int] | None = None
+    items = []
+    for row in rows:
+        number = rows.line_num
+        if not any(cell.strip() for cell in row):
+            continue
+        if header is None:
+            header = {cell.strip().lower(): i for i, cell in enumerate(row)}
+            missing = [name for name in ("image", "label") if name not in header]
+            if missing:
+                raise DataError(f"{path}:{number}: the header lacks {', '.join(missing)} (expected "
+                                f"'{','.join(COLUMNS)}')")
+            continue
+        if len(row) != len(header):
+            raise DataError(f"{path}:{number}: {len(row)} fields, the header has {len(header)}")
+        items.append(_item({name: row[i] for name, i in header.items()}, f"{path}:{number}"))
+    if header is None:
+        raise DataError(f"{path}: empty (expected a header '{','.join(COLUMNS)}')")
+    return items
+
+
+def read_review(path: str | Path) -> list[ReviewItem]:
+    """The rows of a review file (CSV, or JSONL by its ``.jsonl`` suffix) in file order (module docstring)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such review file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read it as UTF-8 text: {exc}") from None
+    return _read_jsonl(path, text) if path.suffix.lower() == ".jsonl" else _read_csv(path, text)
+
+
+def _answer_word(answer: bool | None) -> str:
+    return "" if answer is None else (YES if answer else NO)
+
+
+def write_review(path: str | Path, items: Iterable[ReviewItem]) -> None:
+    """Write ``items`` as a review file (CSV, or JSONL by the ``.jsonl`` suffix), atomically: an interrupted write
+    leaves the old file."""
+    path = Path(path)
+    if path.suffix.lower() == ".jsonl":
+        text = "".join(json.dumps({"image": i.image, "label": i.label, "score": i.score, "given": list(i.given),
+                                   "answer": _answer_word(i.answer) or None}) + "\n" for i in items)
+    else:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        for i in items:
+            writer.writerow([i.image, i.label, "" if i.score is None else f"{i.score:.6f}",
+                             GIVEN_SEPARATOR.join(i.given), _answer_word(i.answer)])
+        text = out.getvalue()
+    atomic_write_text(path, text)
+
+
+def final_answers(items: Iterable[ReviewItem]) -> dict[tuple[str, str], bool]:
+    """The answer of every answered pair: the last row of each (image, label) wins; a pair whose last row is not
+    answered (never answered, or undone) is left out."""
+    last: dict[tuple[str, str], bool | None] = {}
+    for item in items:
+        last[(item.image, item.label)] = item.answer
+    return {pair: answer for pair, answer in last.items() if answer is not None}
+
+
+class AnswerLog:
+    """An append-only JSONL answer log (a review file): each answer is one line, flushed and synced to disk before
+    :meth:`record` returns, so that a killed browser or server loses no answer given."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.suffix.lower() != ".jsonl":
+            raise DataError(f"{self.path}: an answer log is a .jsonl file")
+
+    def read(self) -> dict[tuple[str, str], bool]:
+        """The answers recorded so far (:func:`final_answers`); empty when the log does not exist yet."""
+        return final_answers(read_review(self.path)) if self.path.is_file() else {}
+
+    def record(self, image: str, label: str, answer: bool | None) -> None:
+        """Append one answer (None: undo the pair's answer)."""
+        line = json.dumps({"image": image, "label": label, "answer": _answer_word(answer) or None,
+                           "time": datetime.now(UTC).isoformat(timespec="seconds")})
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+@dataclass(frozen=True)
+class ReviewCounts:
+    """What answers did to a label matrix: confirmed positives, known negatives, and the pairs left out (image not
+    among these images, label not a class, answer agreeing with the label already there)."""
+
+    confirmed: int = 0
+    rejected: int = 0
+    other_images: int = 0
+    unknown_labels: int = 0
+    unchanged: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        """As a JSON-able dict."""
+        return dict(self.__dict__)
+
+
+def apply_answers(observed: np.ndarray, paths: list[Path] | list[str], classes: list[str],
+                  answers: dict[tuple[str, str], bool]) -> tuple[np.ndarray, ReviewCounts]:
+    """``observed`` (N, C) int8 with the answers applied: ``yes`` -> 1 (a confirmed positive), ``no`` -> -1 (a known
+    negative, also where the label was observed positive: the answer corrects it), and what was done."""
+    out = np.array(observed, dtype=np.int8, copy=True)
+    row_of = {str(p): i for i, p in enumerate(paths)}
+    column_of = {c: j for j, c in enumerate(classes)}
+    counts = dict.fromkeys(("confirmed", "rejected", "other_images", "unknown_labels", "unchanged"), 0)
+    for (image, label), answer in answers.items():
+        if label not in column_of:
+            counts["unknown_labels"] += 1
+            continue
+        if image not in row_of:
+            counts["other_images"] += 1
+            continue
+        i, j = row_of[image], column_of[label]
+        value = 1 if answer else -1
+        if out[i, j] == value:
+            counts["unchanged"] += 1
+            continue
+        out[i, j] = value
+        counts["confirmed" if answer else "rejected"] += 1
+    return out, ReviewCounts(**counts)

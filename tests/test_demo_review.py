@@ -1,0 +1,323 @@
+"""The demo's *Review* tab (``python -m serve demo --review FILE``): the queue's logic (answer, skip, undo, progress,
+resume), the tab through the launched app, answers surviving a killed server, the ``y`` key in headless Chromium,
+and the command line's errors. The browser helpers and the port finder are test_demo's."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+from test_demo import CHROMIUM, REPO, DevTools, free_port, make_run
+
+from models.data.review_file import AnswerLog, read_review
+from models.data.types import DataError
+from serve.demo.review import ReviewQueue, claim_log, default_log_path, display_image, load_review
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+gradio_client = pytest.importorskip("gradio_client")
+
+#: (image, label, score, given): 6 suggestions over 3 images, ranked best first.
+ROWS = [
+    ("a", "dog", 0.9, "cat"),
+    ("b", "car", 0.8, "person"),
+    ("a", "person", 0.7, "cat"),
+    ("c", "bird", 0.6, ""),
+    ("b", "dog", 0.5, "person"),
+    ("c", "tree", 0.4, ""),
+]
+COLOURS = {"a": (200, 40, 40), "b": (40, 200, 40), "c": (40, 40, 200)}
+
+
+def make_review(folder: Path, answers: dict[tuple[str, str], str] | None = None, extra: str = "") -> Path:
+    """``folder/review.csv`` over three 32x32 images ``folder/{a,b,c}.png`` (absolute paths), with ``answers``
+    (``(image letter, label) -> word``) filled in."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, colour in COLOURS.items():
+        Image.new("RGB", (32, 32), colour).save(folder / f"{name}.png")
+    answers = answers or {}
+    lines = ["image,label,score,given,answer"]
+    lines += [f"{folder / f'{i}.png'},{label},{score},{given},{answers.get((i, label), '')}"
+              for i, label, score, given in ROWS]
+    path = folder / "review.csv"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def pair(folder: Path, image: str, label: str) -> tuple[str, str]:
+    return str(folder / f"{image}.png"), label
+
+
+def log_rows(path: Path) -> list[tuple[str, str, bool | None]]:
+    """Every line of an answer log, in order: (image file name, label, answer)."""
+    return [(Path(i.image).stem, i.label, i.answer) for i in read_review(path)] if path.is_file() else []
+
+
+def shown(view: Any) -> tuple[str, str] | None:
+    return (Path(view.item.image).stem, view.item.label) if view.item is not None else None
+
+
+# ---- the queue, without gradio
+
+
+def test_answer_skip_undo_and_progress(tmp_path: Path) -> None:
+    review = make_review(tmp_path)
+    queue = ReviewQueue.open(review)
+    log = default_log_path(review)
+    assert log == tmp_path / "review.answers.jsonl" and queue.log.path == log
+    view = queue.view()
+    assert shown(view) == ("a", "dog") and view.item.given == ("cat",) and view.item.score == pytest.approx(0.9)
+    assert [o.label for o in view.others] == ["person"] and view.progress() == "0 of 6 answered (0 yes, 0 no)"
+    assert shown(queue.answer(*pair(tmp_path, "a", "dog"), True)) == ("b", "car")
+    assert log_rows(log) == [("a", "dog", True)]  # in the log when answer() returns
+    view = queue.answer(*pair(tmp_path, "b", "car"), False)
+    assert shown(view) == ("a", "person") and view.answered_labels == (("dog", True),) and view.others == ()
+    assert shown(queue.skip(*pair(tmp_path, "a", "person"))) == ("c", "bird")
+    assert shown(queue.skip(*pair(tmp_path, "c", "bird"))) == ("b", "dog")
+    assert shown(queue.answer(*pair(tmp_path, "b", "dog"), True)) == ("c", "tree")
+    view = queue.answer(*pair(tmp_path, "c", "tree"), False)
+    assert shown(view) == ("a", "person"), "skipped pairs come back after the end, in the order skipped"
+    assert view.progress() == "4 of 6 answered (2 yes, 2 no)" and len(log_rows(log)) == 4
+    # a second press on a pair already answered the same way records nothing
+    assert queue.answer(*pair(tmp_path, "c", "tree"), False).note.endswith("already answered no")
+    assert len(log_rows(log)) == 4
+    # undo takes back the last answers one by one, each shown again
+    view = queue.undo()
+    assert shown(view) == ("c", "tree") and view.progress() == "3 of 6 answered (2 yes, 1 no)"
+    assert log_rows(log)[-1] == ("c", "tree", None)
+    assert shown(queue.undo()) == ("b", "dog")
+    assert shown(queue.undo()) == ("b", "car")
+    view = queue.undo()
+    assert shown(view) == ("a", "dog") and view.progress() == "0 of 6 answered (0 yes, 0 no)"
+    assert queue.undo().note == "nothing to undo in this session"
+    assert AnswerLog(log).read() == {} and len(log_rows(log)) == 8
+    with pytest.raises(KeyError, match="not a suggestion"):
+        queue.answer(str(tmp_path / "a.png"), "zebra", True)
+    # answer everything: done
+    while (view := queue.view()).item is not None:
+        queue.answer(view.item.image, view.item.label, view.item.label == "dog")
+    assert view.done and view.progress() == "6 of 6 answered (2 yes, 4 no)"
+    assert AnswerLog(log).read() == {pair(tmp_path, i, label): label == "dog" for i, label, _, _ in ROWS}
+
+
+def test_resume_from_the_log_and_the_file_own_answers(tmp_path: Path) -> None:
+    duplicate = f"{tmp_path / 'a.png'},dog,0.1,cat,\n"  # listed twice: shown once, where it first appears
+    review = make_review(tmp_path, {("c", "bird"): "no"}, extra=duplicate)
+    log = AnswerLog(tmp_path / "answers" / "log.jsonl")
+    log.record(*pair(tmp_path, "a", "dog"), True)
+    log.record(*pair(tmp_path, "b", "car"), True)
+    log.record(*pair(tmp_path, "b", "car"), None)  # undone before the restart: asked again
+    with open(log.path, "a") as fh:
+        fh.write('{"image": "cut short by a kill')  # a last line half written
+    queue = ReviewQueue.open(review, log.path)
+    view = queue.view()
+    assert shown(view) == ("b", "car") and view.progress() == "2 of 6 answered (1 yes, 1 no)"
+    assert queue.from_file == 1 and len(queue.items) == 6
+    # the half line is dropped, so the next answer is a line of its own and the log still reads
+    queue.answer(*pair(tmp_path, "b", "car"), False)
+    assert log_rows(log.path)[-1] == ("b", "car", False) and len(log_rows(log.path)) == 4
+    assert shown(ReviewQueue.open(review, log.path).view()) == ("a", "person")  # a second restart continues
+    assert queue.undo().note == "car: answer taken back"  # this session's answers only
+    assert queue.undo().note == "nothing to undo in this session"
+
+
+def test_bad_review_files_and_logs(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such review file"):
+        load_review(tmp_path / "missing.csv")
+    (tmp_path / "empty.csv").write_text("image,label\n")
+    with pytest.raises(DataError, match="no suggestions"):
+        load_review(tmp_path / "empty.csv")
+    lines = ["image,label"] + [f"/nowhere/{n}.png,dog" for n in range(5)]
+    (tmp_path / "gone.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"5 image\(s\) not found: /nowhere/0.png, /nowhere/1.png, /nowhere/2.png "
+                                        r"and 2 more"):
+        load_review(tmp_path / "gone.csv")
+    review = make_review(tmp_path / "ok")
+    with pytest.raises(DataError, match="must not be the review file"):
+        ReviewQueue.open(review, review)
+    handle = claim_log(tmp_path / "held.jsonl")
+    try:
+        with pytest.raises(DataError, match="another demo"):
+            claim_log(tmp_path / "held.jsonl")
+    finally:
+        handle.close()
+    claim_log(tmp_path / "held.jsonl").close()  # free again
+    image, note = display_image(review)
+    assert image is None and note.startswith("cannot show review.csv")
+    image, note = display_image(tmp_path / "ok" / "a.png")
+    assert image.size == (32, 32) and note == ""
+
+
+# ---- the tab in the launched app (with a model: the page's other tabs beside it)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The demo with a model and ``--review``, launched on a free loopback port; yields url, folder, log,
+    queue, client."""
+    from serve.demo.app import build_demo, launch_demo
+    from serve.demo.catalog import ExampleSet
+    from serve.demo.model_store import ModelStore
+    from serve.predictor import Predictor
+
+    root = tmp_path_factory.mktemp("review-app")
+    review = make_review(root / "data")
+    queue = ReviewQueue.open(review, root / "answers.jsonl")
+    ckpt = make_run(root / "runs", "r", ["bird", "car", "cat", "dog", "person", "tree"], "csv:x")
+    store = ModelStore({"r": ckpt}, device="cpu", loaded={"r": Predictor.load(ckpt, device="cpu")})
+    demo = build_demo(store, "r", ExampleSet(note="none"), review=queue)
+    _, url, _ = launch_demo(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = gradio_client.Client(url, verbose=False, download_files=False)
+        yield {"url": url, "folder": root / "data", "log": queue.log.path, "queue": queue, "client": client}
+    finally:
+        demo.close()
+
+
+def test_tab_answers_through_the_api(app: dict[str, Any]) -> None:
+    client, log, folder = app["client"], app["log"], app["folder"]
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {"/predict", "/review_show", "/review_yes", "/review_no", "/review_skip", "/review_undo"} <= set(api)
+    image, card, progress, first = client.predict(api_name="/review_show")
+    assert json.loads(first) == list(pair(folder, "a", "dog")) and image is not None
+    assert "dog?" in card and "has: cat" in card and "also suggested: person 0.70" in card
+    assert "0 of 6 answered (0 yes, 0 no)" in progress and str(log) in progress
+    _, card, progress, second = client.predict(first, api_name="/review_yes")
+    assert log_rows(log) == [("a", "dog", True)] and "1 of 6 answered (1 yes, 0 no)" in progress
+    assert json.loads(second) == list(pair(folder, "b", "car")) and "car?" in card
+    _, _, progress, third = client.predict(second, api_name="/review_no")
+    assert log_rows(log) == [("a", "dog", True), ("b", "car", False)] and "(1 yes, 1 no)" in progress
+    _, card, progress, again = client.predict(api_name="/review_undo")
+    assert log_rows(log) == [("a", "dog", True), ("b", "car", False), ("b", "car", None)]
+    assert again == second and "1 of 6 answered (1 yes, 0 no)" in progress and "answer taken back" in card
+    _, _, _, after_skip = client.predict(again, api_name="/review_skip")
+    assert after_skip == third and len(log_rows(log)) == 3  # a skip writes nothing
+    with pytest.raises(Exception, match="not a pair"):
+        client.predict("nonsense", api_name="/review_yes")
+    assert len(log_rows(log)) == 3
+
+
+def test_y_key_answers_in_headless_chromium(app: dict[str, Any], tmp_path: Path) -> None:
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
+    log, queue = app["log"], app["queue"]
+    before = len(log_rows(log))
+    expected = shown(queue.view())
+    browser = DevTools(str(CHROMIUM), tmp_path / "profile")
+
+    def press(key: str) -> None:
+        for kind in ("keyDown", "keyUp"):
+            browser.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "text": key,
+                                                    "code": f"Key{key.upper()}"})
+
+    try:
+        browser.open_page(app["url"])
+        # the Review tab is the one shown, beside the model's tabs
+        tabs = browser.wait_for("[...document.querySelectorAll('[role=tab]')].map(t => t.innerText.trim())")
+        assert {"Image", "Batch", "API", "Review"} <= set(tabs)
+        question = browser.wait_for("document.querySelector('#spml-review-card .question')?.innerText", timeout=60)
+        assert question == f"{expected[1]}?"
+        assert browser.evaluate("document.querySelector('#spml-review-image img') !== null")
+        # a key typed into a text field is text, not an answer; outside one, it presses the button
+        browser.evaluate("document.querySelector('#spml-rules textarea').focus()")
+        press("n")
+        browser.evaluate("document.activeElement.blur()")
+        press("y")
+        browser.wait_for(f"document.querySelector('#spml-review-progress').innerText.includes('{before + 1} of 6')")
+        assert log_rows(log)[before:] == [(*expected, True)]
+        press("u")
+        browser.wait_for("document.querySelector('#spml-review-card').innerText.includes('taken back')")
+        assert log_rows(log)[before:] == [(*expected, True), (*expected, None)]
+        assert browser.evaluate("document.querySelector('#spml-rules textarea').value") == "n"
+    finally:
+        browser.close()
+
+
+# ---- the command line
+
+
+def serve_review(review: Path, port: int) -> subprocess.Popen[str]:
+    """``python -m serve demo --review REVIEW --port PORT`` (no model under $SPML_RUNS: only the Review tab),
+    once it answers."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False"}
+    cmd = [sys.executable, "-m", "serve", "demo", "--review", str(review), "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/config", timeout=2).status_code == 200:
+                return proc
+        time.sleep(0.3)
+    proc.kill()
+    raise AssertionError(f"the demo did not start: {proc.communicate()[0]}")
+
+
+def test_answers_survive_a_killed_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from serve.__main__ import main
+
+    review = make_review(tmp_path)
+    log = default_log_path(review)
+    port = free_port()
+    proc = serve_review(review, port)
+    try:
+        client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
+        first = client.predict(api_name="/review_show")[3]
+        second = client.predict(first, api_name="/review_yes")[3]
+        client.predict(second, api_name="/review_no")
+        # a second demo on the same answer log is refused while this one runs
+        assert main(["demo", "--review", str(review), "--model", str(tmp_path / "no-model.pt")]) == 2
+        assert "another demo is reviewing into this answer log" in capsys.readouterr().err
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert log_rows(log) == [("a", "dog", True), ("b", "car", False)]
+    proc = serve_review(review, port)
+    try:
+        client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
+        _, card, progress, third = client.predict(api_name="/review_show")
+        assert json.loads(third) == list(pair(tmp_path, "a", "person"))
+        assert "2 of 6 answered (1 yes, 1 no)" in progress and "person?" in card
+        config = httpx.get(f"http://127.0.0.1:{port}/config", timeout=5).json()
+        assert not any(d.get("api_name") == "predict" for d in config["dependencies"])  # no model: Review only
+    finally:
+        proc.kill()
+        out = proc.communicate()[0]
+    assert "only the Review tab" in out and "2 of 6 answered" in out
+
+
+def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from serve.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0 and "--review FILE" in out and "--answers LOG" in out and "Review tab" in out
+    review = make_review(tmp_path / "ok")
+    (tmp_path / "empty.csv").write_text("image,label,score\n")
+    (tmp_path / "gone.csv").write_text("image,label\n/nowhere/x.png,dog\n")
+    cases = [
+        (["--review", str(tmp_path / "missing.csv")], "no such review file"),
+        (["--review", str(tmp_path / "empty.csv")], "no suggestions"),
+        (["--review", str(tmp_path / "gone.csv")], "1 image(s) not found: /nowhere/x.png"),
+        (["--review", str(review), "--answers", str(tmp_path / "log.txt")], "an answer log is a .jsonl file"),
+        (["--answers", str(tmp_path / "log.jsonl")], "--answers goes with --review"),
+    ]
+    for args, message in cases:
+        assert main(["demo", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("python -m serve demo: error: ") and message in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert not default_log_path(review).exists()  # nothing written by a refused start
