@@ -211,8 +211,8 @@ def test_y_key_answers_in_headless_chromium(app: dict[str, Any], tmp_path: Path)
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
     log, queue = app["log"], app["queue"]
-    before = len(log_rows(log))
-    expected = shown(queue.view())
+    before, view = len(log_rows(log)), queue.view()  # the app's state after the test above, if it ran
+    expected = shown(view)
     browser = DevTools(str(CHROMIUM), tmp_path / "profile")
 
     def press(key: str) -> None:
@@ -233,8 +233,16 @@ def test_y_key_answers_in_headless_chromium(app: dict[str, Any], tmp_path: Path)
         press("n")
         browser.evaluate("document.activeElement.blur()")
         press("y")
-        browser.wait_for(f"document.querySelector('#spml-review-progress').innerText.includes('{before + 1} of 6')")
+        progress = "document.querySelector('#spml-review-progress').innerText"
+        browser.wait_for(f"{progress}.includes('{view.answered + 1} of 6 answered')")
         assert log_rows(log)[before:] == [(*expected, True)]
+        # while another tab is shown the keys do nothing: the "n" below is not an answer, the "u" is
+        tab = "[...document.querySelectorAll('[role=tab]')].find(t => t.innerText.trim() === '{}').click()"
+        browser.evaluate(tab.format("Image"))
+        browser.wait_for("document.querySelector('#spml-review-yes')?.offsetParent === null")
+        press("n")
+        browser.evaluate(tab.format("Review"))
+        browser.wait_for("document.querySelector('#spml-review-yes')?.offsetParent !== null")
         press("u")
         browser.wait_for("document.querySelector('#spml-review-card').innerText.includes('taken back')")
         assert log_rows(log)[before:] == [(*expected, True), (*expected, None)]

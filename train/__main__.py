@@ -24,6 +24,11 @@ def say(message: str, file: TextIO | None = None) -> None:
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> int:
     """Parse arguments, train (or resume), print the summary. Returns the process exit code. ``trainer_class``: a
     :class:`~train.trainer.Trainer` subclass to train with (benchmarks that record more per epoch)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["suggest"]:
+        from train.suggestions import main as suggest
+
+        return suggest(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list_archs is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ class TrainConfig:
     labels: str = "auto"
     select: str = "auto"
     audit: str = ""
+    review: list[str] = field(default_factory=list)  # review files whose answers join the labels (absolute paths)
     method: str = BASELINE  # AN, the method every comparison starts from; "auto": chosen on the data (train.choose)
     hp: dict[str, str] = field(default_factory=dict)
     candidates: str = ""  # --method auto: the methods it tries (comma-separated; "": every one that can)
@@ -128,6 +130,9 @@ Train a multi-label image classifier from single-positive (or full / partial) la
 With no --data it trains on the built-in procedural dataset (generated on first use into ~/.cache/spml or
 $SPML_CACHE). Everything a run produces goes to RUNS_DIR/NAME/: config.json, metrics.jsonl (one line per
 epoch), best.pt (the best epoch by --select), last.pt (for --resume) and summary.json (test metrics of the best epoch).
+
+python -m train suggest RUN -o FILE writes the labels a run's training images most likely miss, for a quick review
+(python -m train suggest --help; docs/label-review.md).
 """
 
 _EPILOG = """\
@@ -141,6 +146,8 @@ examples:
   python -m train --data coco:/data/coco --observed single:size          # the size-biased annotator
   python -m train --data voc:/data/VOCdevkit --observed 'single?neg=5' --method iu   # 5 observed negatives
   python -m train --resume runs/builtin-default-an-resnet18-20261121-101500
+  python -m train suggest runs/<run> -o review.csv                  # labels to review (then --review)
+  python -m train --from-run runs/<run> --review review.answers.jsonl   # retrain with the answers
   torchrun --nproc_per_node 4 -m train --preset paper --data coco:/data/coco --batch-size 32 --sync-bn
 """
 
@@ -205,6 +212,10 @@ def _data_options(g: Any, d: TrainConfig) -> None:
                    "of epr and role, when the dataset has no published k and its training labels are not full. "
                    "Without one, k is estimated from the model's own validation scores after every epoch "
                    "(docs/your-data.md). Default: none")
+    g.add_argument("--review", metavar="FILE", action="append", help="answers of a label review (repeatable; a "
+                   "review file from `python -m train suggest` with its answer column filled in, or the demo's "
+                   ".answers.jsonl): yes adds the label to the image, no makes it a known negative; the run records "
+                   "how many were confirmed and rejected (docs/label-review.md). Default: none")
 
 
 def _method_options(g: Any, d: TrainConfig) -> None:
@@ -343,6 +354,9 @@ def _run_options(g: Any, d: TrainConfig) -> None:
                    help="no progress bars (one line per epoch only)")
     g.add_argument("--resume", metavar="RUN", help="continue an interrupted run (folder or name) from its "
                    "last.pt: model, optimizer, scheduler, scaler, EMA, method state and RNG")
+    g.add_argument("--from-run", metavar="RUN", help="a NEW run with the settings of RUN (its config.json; the "
+                   "options given here win, --review files are added to RUN's): retraining after a label review is "
+                   "python -m train --from-run RUN --review ANSWERS")
 
 
 def paper_settings(method: str, data: str) -> dict[str, Any]:
@@ -362,15 +376,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.preset == "paper":
         defaults = TrainConfig()
         values.update(paper_settings(args.method or defaults.method, args.data or defaults.data))
+    if getattr(args, "from_run", None):
+        values.update(settings_of_run(args.from_run, args.runs_dir))
     for f in dataclasses.fields(TrainConfig):
         given = getattr(args, f.name, None)
         if given is not None:
-            values[f.name] = given
+            values[f.name] = [*values.get("review", []), *given] if f.name == "review" else given
     crop = values.pop("crop", None)
     if values.get("trainable") == "head" and "epochs" not in values:
         values["epochs"] = HEAD_EPOCHS  # a head on fixed features: the seeds' 25 linear epochs, seconds each
     if isinstance(values.get("hp"), list):
         hp: dict[str, str] = {}
+        if getattr(args, "from_run", None):
+            hp.update(settings_of_run(args.from_run, args.runs_dir).get("hp", {}))
         for item in values["hp"]:
             if "=" not in item:
                 raise ValueError(f"--hp expects NAME=VALUE, got {item!r}")
@@ -384,7 +402,23 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     cfg.observed = parse_observed(cfg.observed).argument()  # files absolute, so that --resume finds them
     if cfg.pseudo_labels:
         cfg.pseudo_labels = str(Path(cfg.pseudo_labels).expanduser().resolve())
+    cfg.review = [str(Path(path).expanduser().resolve()) for path in cfg.review]
     return cfg
+
+
+def settings_of_run(run: str, runs_dir: str | None = None) -> dict[str, Any]:
+    """The settings of run folder ``run`` (or its name under ``runs_dir``) for a new run (``--from-run``): its
+    config.json's config without its name and without the chooser's record."""
+    folder = Path(run).expanduser()
+    if not folder.is_dir():
+        folder = Path(runs_dir or default_runs_dir()) / run
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--from-run {run}: no config.json in {folder}")
+    settings = TrainConfig.from_dict(json.loads(path.read_text())["config"]).to_dict()
+    settings.pop("name")
+    settings.pop("chosen")
+    return settings
 
 
 def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:

@@ -24,7 +24,7 @@ from models.data.types import LabelledImages
 from train.inference import Rows
 from train.run_setup import RunData
 
-__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool"]
+__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool", "training_pool"]
 
 #: Folds of the pooled training and validation images.
 FOLDS = 5
@@ -70,6 +70,15 @@ def labelled_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) 
     rows = Rows(torch.cat([features["train"].values, features["val"].values]),
                 torch.cat([features["train"].present, features["val"].present]))
     return Pool(images, observed, rows, fold_of(len(images), folds))
+
+
+def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) -> Pool:
+    """The training images of ``data`` alone with their observed labels and features, in ``folds`` folds (label
+    suggestions: every training image scored by a head that did not see it, whatever the validation labels are)."""
+    splits = data.splits
+    observed = splits.train_observed.astype(np.int8)
+    images = LabelledImages(list(splits.train.paths), (observed > 0).astype(np.uint8), list(splits.classes))
+    return Pool(images, observed, features["train"], fold_of(len(images), folds))
 
 
 def fold_data(data: RunData, pool: Pool, fold: int) -> tuple[RunData, dict[str, Rows]]:

@@ -216,7 +216,7 @@ def config_record(run: PreparedRun) -> dict[str, Any]:
         "dataset": run.dataset.name, "source": run.dataset.source, "fingerprint": splits.fingerprint,
         "splits": splits.summary(), "notes": run.dataset.notes,
         "observed_file": OBSERVED_FILE, "observed_sha256": run.data.protocol_sha256,
-        "protocol_seed": splits.seed,
+        "protocol_seed": splits.seed, "review": run.data.review or None,
         "labels": {split: regime.to_dict() for split, regime in splits.regimes.items()},
         "selection": {"criterion": run.selection.name, "reason": run.selection.reason},
         "expected_positives": run.expected_positives.to_dict() if run.expected_positives else None,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import random
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from models.data.audit_list import load_audit
 from models.data.observed_file import protocol_file_bytes, sha256_of
 from models.data.protocol import ProtocolSplits, build_protocol, parse_observed, protocol_record
 from models.data.registry import load_dataset
+from models.data.reviewed_labels import apply_review
 from models.data.types import DatasetSplits
 from models.evaluation.expected_positives import ExpectedPositives, resolve_expected_positives
 from models.network import MultiLabelNet, build_model, input_config, prior_logit
@@ -110,6 +112,7 @@ class RunData:
     dataset: DatasetSplits
     splits: ProtocolSplits
     protocol_bytes: bytes
+    review: dict[str, Any] = field(default_factory=dict)  # what --review did (models/data/reviewed_labels.py)
 
     @property
     def protocol_sha256(self) -> str:
@@ -122,14 +125,17 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     when the observed labels are read, not sampled."""
     dataset = load_dataset(cfg.data)
     splits = build_protocol(dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed, cfg.labels)
+    splits, review = apply_review(splits, cfg.review)
     if current_world().is_main:
+        if review:
+            print(f"review: {review['describe']}, from {', '.join(Path(f['path']).name for f in review['files'])}")
         if cfg.observed.strip().lower() in ("single", "auto") and splits.observed.kind == "given":
             print(f"observed labels: the dataset's own {splits.observed.path} (not sampled; add ?resample to the "
                   "--data spec to sample them with --protocol-seed)")
         elif parse_observed(cfg.observed).kind == "file":
             print(f"observed labels: {splits.observed} from {cfg.observed}, protocol seed {splits.seed} "
                   f"({len(splits.train)} train / {len(splits.val)} val images)")
-    return RunData(dataset, splits, protocol_file_bytes(protocol_record(splits, dataset)))
+    return RunData(dataset, splits, protocol_file_bytes(protocol_record(splits, dataset)), review)
 
 
 def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:

@@ -14,7 +14,8 @@ score, ``given`` the labels the image already has (``;``-separated, for the revi
 yet. The same pair may appear several times: the last row wins, so an answer log that only ever appends (the
 demo's review tab: :class:`AnswerLog`) records an undo as a row with an empty answer.
 
-Problems raise ``DataError`` with ``file:line: message``.
+Problems raise ``DataError`` with ``file:line: message``. What the answers do to a run's labels:
+models/data/reviewed_labels.py.
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
-
 from models.data.types import DataError
 from models.files.atomic_writes import atomic_write_text
 
-__all__ = ["ANSWER_WORDS", "AnswerLog", "ReviewCounts", "ReviewItem", "apply_answers", "final_answers",
-           "parse_answer", "read_review", "write_review"]
+__all__ = ["ANSWER_WORDS", "AnswerLog", "ReviewItem", "final_answers", "parse_answer", "read_review",
+           "write_review"]
 
 YES, NO = "yes", "no"
 #: The answer words read (lower-cased) and what they mean.
@@ -199,44 +198,3 @@ class AnswerLog:
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
-
-
-@dataclass(frozen=True)
-class ReviewCounts:
-    """What answers did to a label matrix: confirmed positives, known negatives, and the pairs left out (image not
-    among these images, label not a class, answer agreeing with the label already there)."""
-
-    confirmed: int = 0
-    rejected: int = 0
-    other_images: int = 0
-    unknown_labels: int = 0
-    unchanged: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        """As a JSON-able dict."""
-        return dict(self.__dict__)
-
-
-def apply_answers(observed: np.ndarray, paths: list[Path] | list[str], classes: list[str],
-                  answers: dict[tuple[str, str], bool]) -> tuple[np.ndarray, ReviewCounts]:
-    """``observed`` (N, C) int8 with the answers applied: ``yes`` -> 1 (a confirmed positive), ``no`` -> -1 (a known
-    negative, also where the label was observed positive: the answer corrects it), and what was done."""
-    out = np.array(observed, dtype=np.int8, copy=True)
-    row_of = {str(p): i for i, p in enumerate(paths)}
-    column_of = {c: j for j, c in enumerate(classes)}
-    counts = dict.fromkeys(("confirmed", "rejected", "other_images", "unknown_labels", "unchanged"), 0)
-    for (image, label), answer in answers.items():
-        if label not in column_of:
-            counts["unknown_labels"] += 1
-            continue
-        if image not in row_of:
-            counts["other_images"] += 1
-            continue
-        i, j = row_of[image], column_of[label]
-        value = 1 if answer else -1
-        if out[i, j] == value:
-            counts["unchanged"] += 1
-            continue
-        out[i, j] = value
-        counts["confirmed" if answer else "rejected"] += 1
-    return out, ReviewCounts(**counts)

@@ -1,0 +1,153 @@
+"""Label review end to end: labels.csv with known negatives (``-name``), the regime line counting them, suggestions
+from cross-fitted heads (``python -m train suggest``), and retraining with the answers (``--from-run --review``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.data.csv_format import load_csv, write_csv
+from models.data.observed_file import read_protocol_file
+from models.data.protocol import ObservedSpec, build_protocol, parse_observed, sample_observed
+from models.data.registry import load_dataset
+from models.data.review_file import AnswerLog, ReviewItem, read_review, write_review
+from models.data.reviewed_labels import apply_review
+from models.data.types import DataError
+from train.__main__ import main as train_main
+
+FAST = ["--arch", "resnet18", "--weights", "none", "--image-size", "32", "--no-lgconv", "--trainable", "head",
+        "--epochs", "2", "--batch-size", "16", "--workers", "0", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def reviewed(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """builtin:tiny as a user's labels.csv (one label per training image, 'dog'-style known negatives on the first
+    ten images, the test images fully labelled), a head run on it, its suggestions and a reviewer who answers them
+    from the hidden labels."""
+    tiny = load_dataset("builtin:tiny")
+    assert tiny.test is not None
+    base = tmp_path_factory.mktemp("review")
+    observed = sample_observed(tiny.train.labels, ObservedSpec("single"))
+    negatives = np.zeros_like(tiny.train.labels)
+    for i in range(10):
+        negatives[i, np.flatnonzero(tiny.train.labels[i] == 0)[0]] = 1
+    train = tiny.train.__class__(tiny.train.paths, (observed > 0).astype(np.uint8), tiny.classes, negatives)
+    csv_path = write_csv(base / "data", {"train": train, "test": tiny.test})
+    runs = base / "runs"
+    assert train_main(["--data", f"csv:{csv_path}", *FAST, "--runs-dir", str(runs), "--name", "first"]) == 0
+    hidden = {str(p): row for p, row in zip(tiny.train.paths, tiny.train.labels, strict=True)}
+    return {"tiny": tiny, "csv": csv_path, "runs": runs, "hidden": hidden, "base": base, "negatives": negatives}
+
+
+def test_labels_csv_reads_and_writes_known_negatives(tmp_path: Path) -> None:
+    from PIL import Image
+
+    for name in ("a", "b"):
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{name}.png")
+    (tmp_path / "labels.csv").write_text("image,labels\na.png,cat;-dog\nb.png,dog\nb.png,-cat\n")
+    data = load_csv(tmp_path / "labels.csv")
+    assert data.classes == ["cat", "dog"] and data.train.labels.tolist() == [[1, 0], [0, 1]]
+    assert data.train.negatives is not None and data.train.negatives.tolist() == [[0, 1], [1, 0]]
+    again = load_csv(write_csv(tmp_path / "copy", {"train": data.train}))
+    assert again.train.negatives is not None and again.train.negatives.tolist() == [[0, 1], [1, 0]]
+    protocol = build_protocol(data, parse_observed("auto"), val_fraction=0.0 + 0.5)
+    observed = np.concatenate([protocol.train_observed, protocol.val_observed])
+    assert sorted(observed.tolist()) == [[-1, 1], [1, -1]]
+    assert "1 known negatives" in protocol.regimes["train"].describe()
+    for labels, message in [("cat;-cat", "present and as absent"), ("-", "empty class name")]:
+        (tmp_path / "labels.csv").write_text(f"image,labels\na.png,{labels}\n")
+        with pytest.raises(DataError, match=message):
+            load_csv(tmp_path / "labels.csv")
+    (tmp_path / "labels.csv").write_text("image,labels\na.png,cat\na.png,-cat\n")
+    with pytest.raises(DataError, match=r"labels\.csv:3: 'cat' is given as present and as absent"):
+        load_csv(tmp_path / "labels.csv")
+    (tmp_path / "classes.txt").write_text("cat\n-dog\n")
+    with pytest.raises(DataError, match="begins with '-'"):
+        load_csv(tmp_path / "labels.csv")
+
+
+def test_review_files_keep_the_last_answer_and_survive_a_cut_line(tmp_path: Path) -> None:
+    items = [ReviewItem("/x/1.png", "dog", 0.9, None, ("cat",)), ReviewItem("/x/2.png", "cat", 0.4, True)]
+    for name in ("r.csv", "r.jsonl"):
+        write_review(tmp_path / name, items)
+        assert read_review(tmp_path / name) == items
+    (tmp_path / "bad.csv").write_text("image,label,answer\n/x/1.png,dog,maybe\n")
+    with pytest.raises(DataError, match=r"bad\.csv:2: answer 'maybe' is neither yes nor no"):
+        read_review(tmp_path / "bad.csv")
+    log = AnswerLog(tmp_path / "a.jsonl")
+    log.record("/x/1.png", "dog", True)
+    log.record("/x/2.png", "cat", False)
+    log.record("/x/1.png", "dog", None)  # undo
+    with open(log.path, "a") as f:
+        f.write('{"image": "/x/3.png", "lab')  # a kill in the middle of a write
+    assert log.read() == {("/x/2.png", "cat"): False}
+
+
+def test_apply_review_changes_observed_labels_and_given_labels_only_on_own_data(builtin_cache: Path,
+                                                                                tmp_path: Path) -> None:
+    tiny = load_dataset("builtin:tiny")
+    protocol = build_protocol(tiny, parse_observed("single"))
+    image, present = str(protocol.train.paths[0]), protocol.train.labels[0]
+    absent = tiny.classes[int(np.flatnonzero(present == 0)[0])]
+    unobserved = tiny.classes[int(np.flatnonzero((present == 1) & (protocol.train_observed[0] == 0))[0])]
+    answers = tmp_path / "a.csv"
+    answers.write_text(f"image,label,answer\n{image},{unobserved},yes\n{image},{absent},no\n{image},nope,yes\n"
+                       f"/elsewhere.png,{absent},no\n")
+    reviewed, record = apply_review(protocol, [str(answers)])
+    row = reviewed.train_observed[0]
+    assert row[tiny.classes.index(unobserved)] == 1 and row[tiny.classes.index(absent)] == -1
+    assert (record["confirmed"], record["rejected"], record["unknown_labels"], record["other_images"]) == (1, 1, 1, 1)
+    assert np.array_equal(reviewed.train.labels, protocol.train.labels)  # a benchmark keeps its hidden labels
+    assert reviewed.train_has_full_labels
+
+
+def test_suggestions_rank_unobserved_pairs_and_retraining_records_the_answers(
+        reviewed: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
+    runs, base = Path(str(reviewed["runs"])), Path(str(reviewed["base"]))
+    hidden: dict[str, np.ndarray] = reviewed["hidden"]  # type: ignore[assignment]
+    tiny = reviewed["tiny"]
+    first = runs / "first"
+    labels = json.loads((first / "config.json").read_text())["resolved"]["labels"]
+    assert labels["train"]["known_negatives"] + labels["val"]["known_negatives"] == 10
+    out = base / "review.csv"
+    capsys.readouterr()
+    assert train_main(["suggest", str(first), "-o", str(out), "--top", "30", "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "wrote 30 suggestions" in said and f"--from-run {first} --review" in said
+    items = read_review(out)
+    record = read_protocol_file(first / "observed.npz")
+    protocol = build_protocol(load_dataset(f"csv:{reviewed['csv']}"), parse_observed("auto"))
+    assert np.array_equal(protocol.train_observed, record.train_observed)
+    row_of = {str(p): i for i, p in enumerate(protocol.train.paths)}
+    assert len(items) == 30 and all(item.answer is None for item in items)
+    assert [item.score for item in items] == sorted((item.score for item in items), reverse=True)
+    for item in items:  # unobserved pairs of training images, each with the labels its image has
+        i, j = row_of[item.image], tiny.classes.index(item.label)
+        assert record.train_observed[i, j] == 0
+        assert item.given == tuple(tiny.classes[c] for c in np.flatnonzero(record.train_observed[i] > 0))
+    assert train_main(["suggest", str(first), "-o", str(out)]) == 2  # never overwrites answers
+    assert "exists" in capsys.readouterr().err
+
+    answers = [ReviewItem(i.image, i.label, i.score, bool(hidden[i.image][tiny.classes.index(i.label)]))
+               for i in items[:20]]
+    write_review(base / "answers.jsonl", answers)
+    yes = sum(a.answer for a in answers)
+    assert train_main(["--from-run", str(first), "--review", str(base / "answers.jsonl"), "--name", "second"]) == 0
+    second = runs / "second"
+    config = json.loads((second / "config.json").read_text())
+    review = config["resolved"]["review"]
+    assert (review["confirmed"], review["rejected"]) == (yes, 20 - yes)
+    assert config["config"]["data"] == json.loads((first / "config.json").read_text())["config"]["data"]
+    assert config["config"]["review"] == [str(base / "answers.jsonl")]
+    again = read_protocol_file(second / "observed.npz")
+    for a in answers:
+        assert again.train_observed[row_of[a.image], tiny.classes.index(a.label)] == (1 if a.answer else -1)
+    assert f"review: {yes} confirmed, {20 - yes} rejected" in capsys.readouterr().out
+
+    # a second round asks none of the answered pairs again
+    assert train_main(["suggest", str(second), "-o", str(base / "round2.jsonl"), "--top", "30", "--no-progress"]) == 0
+    asked = {(i.image, i.label) for i in answers}
+    assert not asked & {(i.image, i.label) for i in read_review(base / "round2.jsonl")}

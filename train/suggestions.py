@@ -1,0 +1,159 @@
+"""Suggested labels to review: ``python -m train suggest RUN -o FILE``.
+
+One label per image leaves most present labels unobserved, and a person confirms or rejects a suggested label in a
+second. This command ranks, across the whole training set of a run, the unobserved (image, label) pairs most likely
+present, from scores that never saw the image's own labels: linear ``an`` heads on the backbone's cached features
+(the fixed-feature phase of ``--trainable head``), cross-fitted in folds over the training images
+(train/cross_fitting.py), each image scored by the head trained on the other folds. The run's own model is not
+used: it was trained on these very labels, and its scores of a training image repeat them.
+
+The result is a review file (models/data/review_file.py) with an empty ``answer`` column, best first: review it in
+the demo (``python -m serve demo --review FILE``) or fill in the column by hand, then retrain with the answers
+(``python -m train --from-run RUN --review ANSWERS``). The answers of ``--review`` files (the run's own and those
+given here) join the labels before scoring, so a second round learns from the first and never asks a pair again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from models.command_line import UsageError, run_command
+from models.data.review_file import ReviewItem, write_review
+from models.data.types import DataError
+from models.files.run_folder import default_runs_dir
+from train.choose import Candidate, head_config, out_of_fold_logits, prepare
+from train.config import TrainConfig
+from train.console import log
+from train.cross_fitting import FOLDS, Pool, training_pool
+from train.methods import BASELINE
+
+__all__ = ["DEFAULT_TOP", "Suggestions", "main", "rank_pairs", "suggest"]
+
+#: Pairs written by default: about what one person reviews in half an hour.
+DEFAULT_TOP = 500
+
+
+@dataclass
+class Suggestions:
+    """The ranked pairs, how many unobserved pairs were scored over how many training images, and how long it took."""
+
+    items: list[ReviewItem]
+    images: int
+    scored_pairs: int
+    seconds: float
+
+
+def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0) -> tuple[list[ReviewItem], int]:
+    """The ``top`` unobserved (observed 0) pairs of ``pool`` with the highest probability ``sigmoid(logits)``, best
+    first, at most ``per_image`` per image (0: no cap), each with the labels its image has; and how many pairs were
+    scored. Rows of unreadable images (NaN) are left out."""
+    classes = pool.images.classes
+    scores = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    open_pairs = (pool.observed == 0) & ~np.isnan(scores)
+    rows, columns = np.nonzero(open_pairs)
+    order = np.argsort(-scores[rows, columns], kind="stable")
+    taken: dict[int, int] = {}
+    items = []
+    for k in order:
+        i, j = int(rows[k]), int(columns[k])
+        if per_image and taken.get(i, 0) >= per_image:
+            continue
+        taken[i] = taken.get(i, 0) + 1
+        given = tuple(classes[c] for c in np.flatnonzero(pool.observed[i] > 0))
+        items.append(ReviewItem(str(pool.images.paths[i]), classes[j], float(scores[i, j]), None, given))
+        if len(items) == top:
+            break
+    return items, len(rows)
+
+
+def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0) -> Suggestions:
+    """Cross-fitted ``an`` heads on ``cfg``'s training images (its labels with its ``review`` answers) and the
+    ``top`` pairs they rank highest (module docstring)."""
+    started = time.perf_counter()
+    head_cfg = dataclasses.replace(head_config(cfg), method=BASELINE)
+    if cfg.trainable != "head":
+        head_cfg = dataclasses.replace(head_cfg, lr=TrainConfig.lr)  # the run's lr is a fine-tune's
+    data, model, forward, features = prepare(head_cfg)
+    pool = training_pool(data, features)
+    log(f"suggest: {FOLDS} {BASELINE} heads at lr {head_cfg.lr:g} on fixed {head_cfg.arch} features, cross-fitted "
+        f"over the {len(pool)} training images")
+    logits, failed = out_of_fold_logits(Candidate(BASELINE, head_cfg.lr), head_cfg, data, model, forward, pool, None)
+    if failed:
+        raise RuntimeError(f"the cross-fitted heads could not be trained: {failed}")
+    items, scored = rank_pairs(pool, logits, top, per_image)
+    return Suggestions(items, len(pool), scored, time.perf_counter() - started)
+
+
+def _run_config(run: str, runs_dir: str | None, review: list[str]) -> TrainConfig:
+    """The run's config with ``review`` files added (absolute paths; each must exist)."""
+    folder = Path(run).expanduser()
+    if not folder.is_dir():
+        folder = Path(runs_dir or default_runs_dir()) / run
+    path = folder / "config.json"
+    if not path.is_file():
+        raise UsageError(f"{run}: no config.json in {folder} (give a run folder of python -m train)")
+    cfg = TrainConfig.from_dict(json.loads(path.read_text())["config"])
+    for file in review:
+        if not Path(file).is_file():
+            raise UsageError(f"--review {file}: no such file")
+    return dataclasses.replace(cfg, review=[*cfg.review, *(str(Path(f).resolve()) for f in review)])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m train suggest`` argument parser."""
+    p = argparse.ArgumentParser(prog="python -m train suggest", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN", help="a run folder of python -m train (or its name under --runs-dir)")
+    p.add_argument("-o", "--output", required=True, type=Path, metavar="FILE",
+                   help="the review file to write: .csv (columns image, label, score, given, answer) or .jsonl")
+    p.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="N",
+                   help="how many pairs to suggest, best first (default: %(default)s)")
+    p.add_argument("--per-image", type=int, default=0, metavar="M",
+                   help="at most M suggestions per image (default: no cap; 1 spreads them over the images)")
+    p.add_argument("--review", action="append", default=[], metavar="FILE",
+                   help="answers given since the run (repeatable): they join the labels and are not asked again")
+    p.add_argument("--runs-dir", help="where run names are looked up (default: the runs folder of python -m train)")
+    p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists (it may hold answers)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m train suggest``; the exit code (0, 1 failed, 2 usage, 130 interrupted)."""
+    args = build_parser().parse_args(argv)
+
+    def body() -> None:
+        if args.top < 1 or args.per_image < 0:
+            raise UsageError("--top must be at least 1 and --per-image at least 0")
+        if args.output.suffix.lower() not in (".csv", ".jsonl"):
+            raise UsageError(f"-o {args.output}: give a .csv or .jsonl file")
+        if args.output.exists() and not args.overwrite:
+            raise UsageError(f"-o {args.output} exists (it may hold answers); choose another file or --overwrite")
+        cfg = dataclasses.replace(_run_config(args.run, args.runs_dir, args.review), progress=args.progress)
+        try:
+            result = suggest(cfg, args.top, args.per_image)
+        except (DataError, ValueError) as exc:
+            raise UsageError(str(exc)) from exc
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        write_review(args.output, result.items)
+        images = len({item.image for item in result.items})
+        print(f"wrote {len(result.items)} suggestions on {images} of {result.images} training images to "
+              f"{args.output} (the best of {result.scored_pairs:,} unobserved pairs; {result.seconds:.0f} s)")
+        answers = args.output.with_suffix(".answers.jsonl")
+        print(f"review them: python -m serve demo --review {args.output} (answers go to {answers}), or fill in "
+              f"its answer column (yes / no); then retrain: python -m train --from-run {args.run} --review "
+              f"{answers} (or --review {args.output})")
+
+    return run_command("python -m train suggest", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
