@@ -55,6 +55,7 @@ def make_review(folder: Path, answers: dict[tuple[str, str], str] | None = None,
 
 
 def pair(folder: Path, image: str, label: str) -> tuple[str, str]:
+    """The (image, label) pair of image letter ``image`` as the review file names it."""
     return str(folder / f"{image}.png"), label
 
 
@@ -64,6 +65,7 @@ def log_rows(path: Path) -> list[tuple[str, str, bool | None]]:
 
 
 def shown(view: Any) -> tuple[str, str] | None:
+    """(image letter, label) of the pair a view asks about (None: all answered)."""
     return (Path(view.item.image).stem, view.item.label) if view.item is not None else None
 
 
@@ -108,6 +110,12 @@ def test_answer_skip_undo_and_progress(tmp_path: Path) -> None:
         queue.answer(view.item.image, view.item.label, view.item.label == "dog")
     assert view.done and view.progress() == "6 of 6 answered (2 yes, 4 no)"
     assert AnswerLog(log).read() == {pair(tmp_path, i, label): label == "dog" for i, label, _, _ in ROWS}
+    from serve.demo.review_tab import card_html
+
+    card = card_html(view, str(log))
+    assert "All 6 suggestions answered" in card and f"python -m train ... --review {log}</pre>" in card
+    card = card_html(view, str(log), review_path=str(review), from_file=2)  # the file's own answers: it too
+    assert f"python -m train ... --review {review} --review {log}</pre>" in card
 
 
 def test_resume_from_the_log_and_the_file_own_answers(tmp_path: Path) -> None:
@@ -148,10 +156,14 @@ def test_bad_review_files_and_logs(tmp_path: Path) -> None:
     handle = claim_log(tmp_path / "held.jsonl")
     try:
         with pytest.raises(DataError, match="another demo"):
-            claim_log(tmp_path / "held.jsonl")
+            ReviewQueue.open(review, tmp_path / "held.jsonl", claim=True)
     finally:
         handle.close()
-    claim_log(tmp_path / "held.jsonl").close()  # free again
+    queue = ReviewQueue.open(review, tmp_path / "held.jsonl", claim=True)  # free again
+    with pytest.raises(DataError, match="another demo"):
+        claim_log(tmp_path / "held.jsonl")
+    queue.close()
+    claim_log(tmp_path / "held.jsonl").close()
     image, note = display_image(review)
     assert image is None and note.startswith("cannot show review.csv")
     image, note = display_image(tmp_path / "ok" / "a.png")

@@ -178,13 +178,19 @@ def final_answers(items: Iterable[ReviewItem]) -> dict[tuple[str, str], bool]:
 
 class AnswerLog:
     """An append-only JSONL answer log (a review file): each answer is one line, flushed and synced to disk before
-    :meth:`record` returns, so that a killed browser or server loses no answer given."""
+    :meth:`record` returns, so that a killed browser or server loses no answer given. Opening the log drops a last
+    line cut short by a kill in the middle of a write (the answer it held was never confirmed), so that the next
+    answer starts a line of its own."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.suffix.lower() != ".jsonl":
             raise DataError(f"{self.path}: an answer log is a .jsonl file")
+        data = self.path.read_bytes() if self.path.is_file() else b""
+        if data and not data.endswith(b"\n"):
+            with open(self.path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
 
     def read(self) -> dict[tuple[str, str], bool]:
         """The answers recorded so far (:func:`final_answers`); empty when the log does not exist yet."""

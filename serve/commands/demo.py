@@ -5,9 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from models.command_line import CommandFailed, UsageError, run_command
 from serve import DEVICE_HELP
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+    from serve.demo.catalog import ExampleSet
+    from serve.demo.model_store import ModelStore
+    from serve.demo.review import ReviewQueue
 
 DEMO_EPILOG = """\
 The page shows every class's score against that class's own threshold. Thresholds are the model's
@@ -22,6 +30,13 @@ run folder under --runs-dir; --model picks the one shown first (a file, a run fo
 examples: --examples DIR, else test images of the model's built-in dataset when it is already generated
 in the cache ($SPML_CACHE or ~/.cache/spml); the demo never generates data.
 
+review: --review FILE adds a Review tab to check the labels `python -m train suggest` proposes (labels the
+model sees in an image that you never gave), one at a time: Yes (present), No (absent), Skip, Undo, or the
+keys y n s u. Each answer is saved at once to the answer log (--answers, default FILE's name with
+.answers.jsonl, beside it), and a restarted demo continues where you stopped; train again with
+`--review LOG` added to your training command. --review works without a model: with no --model and no model
+under --runs-dir, the page has only the Review tab.
+
 The server listens on 127.0.0.1 only, unless --host says otherwise; --share (off by default) asks Gradio
 for a public link. Ctrl-C stops it.
 
@@ -29,12 +44,14 @@ exit status:
   0  the server ran and was stopped
   1  the model could not be loaded (missing runtime or GPU provider, broken file), or the server could not
      start (port in use, gradio missing)
-  2  usage error: MODEL not found, no model found under --runs-dir, unsupported model file, bad option value
+  2  usage error: MODEL not found, no model found under --runs-dir, unsupported model file, bad option value,
+     a review file that is missing, unreadable, empty or names missing images, an answer log in use
 
 examples:
   python -m serve demo                                    # newest run under ./runs (or $SPML_RUNS)
   python -m serve demo --model runs/voc-an/export/model.onnx --port 8080
   python -m serve demo --model runs/voc-an --backend onnxruntime --device cuda
+  python -m serve demo --review review.csv                # answers go to review.answers.jsonl
 """
 
 
@@ -45,7 +62,8 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo",
         help="start the web demo (Gradio) for a model",
-        description="Start a local web page to try a model on images: scores, thresholds, batch, API.",
+        description="Start a local web page to try a model on images (scores, thresholds, batch, API) or to "
+        "review suggested labels.",
         epilog=DEMO_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -106,6 +124,20 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="files tagged per batch request (default: %(default)s)",
     )
+    demo.add_argument(
+        "--review",
+        type=Path,
+        metavar="FILE",
+        help="add a Review tab to answer the suggested labels of FILE (CSV or .jsonl, from `python -m train "
+        "suggest`) one at a time, yes or no; works without a model",
+    )
+    demo.add_argument(
+        "--answers",
+        type=Path,
+        metavar="LOG",
+        help="the .jsonl file the review answers are appended to, and read back on start to continue "
+        "(default: FILE with the suffix .answers.jsonl); pass it to training as --review LOG",
+    )
 
 
 def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -115,6 +147,32 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _demo(args: argparse.Namespace) -> None:
     """Check the options, load the model, serve (the exceptions of :func:`models.command_line.run_command`)."""
+    _check_options(args)
+    review = _open_review(args.review, args.answers)  # before any model: a bad file fails at once
+    from models.files.run_folder import default_runs_dir
+
+    runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
+    if args.model is not None and not Path(args.model).exists() and not (runs_dir / args.model).is_dir():
+        raise UsageError(f"model not found: {args.model} (not a file, a run folder, or a run under {runs_dir})")
+    if args.model is None and not runs_dir.is_dir() and review is None:
+        raise UsageError(f"no runs folder {runs_dir.resolve()}; pass --model FILE or --runs-dir DIR")
+    try:
+        import gradio  # noqa: F401 - checked here for a clear message
+    except ImportError as exc:
+        raise CommandFailed(f"the demo needs gradio ({exc}); install it with: pip install gradio") from None
+    from serve.demo.app import build_demo
+    from serve.demo.catalog import find_models
+
+    if review is not None and args.model is None and not find_models(runs_dir):
+        print(f"no model under {runs_dir.resolve()}: the page has only the Review tab", file=sys.stderr)
+        _serve(args, build_demo(None, None, review=review))
+        return
+    store, key, examples = _load_models(args, runs_dir)
+    _serve(args, build_demo(store, key, examples, max_batch_files=args.max_batch_files, review=review))
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The option values that need no file (``UsageError``)."""
     for name in ("queue_size", "concurrency", "max_batch_files"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
@@ -131,19 +189,33 @@ def _demo(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-file-size: {exc}") from None
     if args.examples is not None and not args.examples.is_dir():
         raise UsageError(f"examples folder not found: {args.examples}")
-    from models.files.run_folder import default_runs_dir
+    if args.answers is not None and args.review is None:
+        raise UsageError("--answers goes with --review FILE")
 
-    runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
-    if args.model is not None and not Path(args.model).exists() and not (runs_dir / args.model).is_dir():
-        raise UsageError(f"model not found: {args.model} (not a file, a run folder, or a run under {runs_dir})")
-    if args.model is None and not runs_dir.is_dir():
-        raise UsageError(f"no runs folder {runs_dir.resolve()}; pass --model FILE or --runs-dir DIR")
+
+def _open_review(review: Path | None, answers: Path | None) -> ReviewQueue | None:
+    """The review queue of ``--review``, holding the lock on its answer log while the process serves (None
+    without ``--review``); a bad file or log, or a log another demo holds, is a ``UsageError``."""
+    if review is None:
+        return None
+    from models.data.types import DataError
+    from serve.demo.review import ReviewQueue, default_log_path
+
+    log = answers if answers is not None else default_log_path(review)
+    if log.suffix.lower() != ".jsonl":
+        raise UsageError(f"--answers {log}: an answer log is a .jsonl file")
     try:
-        import gradio  # noqa: F401 - checked here for a clear message
-    except ImportError as exc:
-        raise CommandFailed(f"the demo needs gradio ({exc}); install it with: pip install gradio") from None
+        queue = ReviewQueue.open(review, log, claim=True)
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"review {review}: {queue.view().progress()}; answers go to {log}", file=sys.stderr)
+    return queue
+
+
+def _load_models(args: argparse.Namespace, runs_dir: Path) -> tuple[ModelStore, str, ExampleSet]:
+    """The picker's models with the one shown first loaded, its key and the examples (``UsageError`` /
+    ``CommandFailed``)."""
     from models.runtimes import ModelSpecError
-    from serve.demo.app import build_demo, launch_demo
     from serve.demo.catalog import find_examples, find_models
     from serve.demo.model_store import ModelStore
     from serve.model_files import resolve_model_path
@@ -175,7 +247,13 @@ def _demo(args: argparse.Namespace) -> None:
     )
     examples = find_examples(predictor.meta, args.examples)
     print(f"model {key}: {predictor.device_description}; examples: {examples.note}", file=sys.stderr)
-    demo = build_demo(store, key, examples, max_batch_files=args.max_batch_files)
+    return store, key, examples
+
+
+def _serve(args: argparse.Namespace, demo: gr.Blocks) -> None:
+    """Launch ``demo`` and serve until Ctrl-C (``CommandFailed`` when the server cannot start)."""
+    from serve.demo.app import launch_demo
+
     try:
         launch_demo(
             demo,

@@ -7,7 +7,8 @@ selection mode (thresholds, MCut, top-k) with its cap and floor, and caption rul
 with their true labels) showing every class's score against its own threshold and the caption as written; a
 *Batch* tab (several files -> table, CSV, JSONL and a zip of caption files, scored by the tagging pipeline's loop,
 :func:`serve.tagging.scoring.score_items`, with its selection of tags, :class:`serve.outputs.stage.TagSelector`);
-an *API* tab.
+an *API* tab; with ``--review FILE``, a *Review* tab (:mod:`serve.demo.review_tab`) to answer suggested labels
+one at a time, also without a model (:func:`build_review_demo`).
 
 The model runs once per image: its scores are kept in ``gr.State`` and moving a control only re-filters them
 (no queue, no model call). ``/predict`` returns every class score as JSON, with the thresholds
@@ -24,6 +25,7 @@ Importing this module is cheap: gradio and torch are imported inside the functio
 from __future__ import annotations
 
 import atexit
+import html
 import re
 import shutil
 import tempfile
@@ -37,7 +39,9 @@ from serve.demo.model_store import ModelStore
 if TYPE_CHECKING:
     import gradio as gr
 
-__all__ = ["DEFAULT_MAX_PIXELS", "build_demo", "launch_demo", "parse_size"]
+    from serve.demo.review import ReviewQueue
+
+__all__ = ["DEFAULT_MAX_PIXELS", "build_demo", "build_review_demo", "launch_demo", "parse_size"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_FILE_SIZE = "20mb"
@@ -60,16 +64,24 @@ def parse_size(text: str | int) -> int:
 
 
 def build_demo(
-    store: ModelStore,
-    default_model: str,
+    store: ModelStore | None,
+    default_model: str | None,
     examples: ExampleSet | None = None,
     *,
     max_batch_files: int = DEFAULT_MAX_BATCH_FILES,
     title: str = "spml multi-label tagger",
+    review: ReviewQueue | None = None,
 ) -> gr.Blocks:
     """Build the Blocks app (not launched) over ``store``, showing ``default_model`` first: the page's parts
-    (:func:`serve.demo.layout.lay_out`) connected to their handlers (:class:`serve.demo.handlers.DemoHandlers`)."""
+    (:func:`serve.demo.layout.lay_out`) connected to their handlers (:class:`serve.demo.handlers.DemoHandlers`).
+    With ``review`` (suggested labels to answer) the page has a *Review* tab too, shown first; with ``review`` and
+    no ``store`` it has only that tab (:func:`build_review_demo`)."""
     import gradio as gr
+
+    if store is None or default_model is None:
+        if review is None:
+            raise ValueError("a demo needs a model store, a review queue, or both")
+        return build_review_demo(review)
 
     from serve.demo.handlers import DemoHandlers
     from serve.demo.layout import connect, lay_out
@@ -82,7 +94,20 @@ def build_demo(
     atexit.register(shutil.rmtree, work_root, True)
     handlers = DemoHandlers(store, examples, max_batch_files, work_root)
     with gr.Blocks(title=title, delete_cache=(3600, 3600)) as demo:
-        connect(lay_out(title, list(store.choices), default_model, default, examples), handlers)
+        connect(lay_out(title, list(store.choices), default_model, default, examples, review), handlers)
+    return demo
+
+
+def build_review_demo(review: ReviewQueue, title: str = "spml label review") -> gr.Blocks:
+    """The page with only the *Review* tab (no model, neither torch nor a model file needed)."""
+    import gradio as gr
+
+    from serve.demo.review_tab import review_tab
+
+    with gr.Blocks(title=title, delete_cache=(3600, 3600)) as demo:
+        gr.Markdown(f"## {html.escape(title)}")
+        with gr.Tabs():
+            review_tab(review)
     return demo
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -20,6 +20,9 @@ from serve.demo.model_store import model_markdown
 from serve.demo.results import EMPTY_HTML
 from serve.outputs.selection_modes import MODES
 from serve.predictor import Predictor
+
+if TYPE_CHECKING:
+    from serve.demo.review import ReviewQueue
 
 API_HELP = """\
 Every result is also an HTTP API (see *Use via API* at the bottom of the page). From Python:
@@ -214,16 +217,22 @@ def api_tab(default_model: str) -> None:
         gr.Markdown(API_HELP.format(model=default_model))
 
 
-def lay_out(title: str, choices: list[str], default_model: str, default: Predictor, examples: ExampleSet) -> Page:
-    """Every part of the page, in order, inside the current ``gr.Blocks``."""
+def lay_out(title: str, choices: list[str], default_model: str, default: Predictor, examples: ExampleSet,
+            review: ReviewQueue | None = None) -> Page:
+    """Every part of the page, in order, inside the current ``gr.Blocks``; with ``review``, a *Review* tab too
+    (:func:`serve.demo.review_tab.review_tab`, connected there), shown first."""
     gr.Markdown(f"## {html.escape(title)}")
     controls = shared_controls(choices, default_model, default)
     single_state = gr.State(None)
     batch_state = gr.State(None)
-    with gr.Tabs():
+    with gr.Tabs(selected="review" if review is not None else None):
         images = image_tab(examples)
         batch = batch_tab()
         api_tab(default_model)
+        if review is not None:
+            from serve.demo.review_tab import review_tab
+
+            review_tab(review)
     # /predict is its own event (on a button that is never shown) so that the page's calls can report a bad
     # image in the result panel while API callers get the error itself
     api_button = gr.Button(visible=False)

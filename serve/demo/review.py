@@ -1,0 +1,230 @@
+"""The *Review* tab's state, without gradio: the suggested labels of a review file (``python -m train suggest``),
+the answers given so far, and what the reviewer sees next.
+
+:class:`ReviewQueue` holds the unique (image, label) pairs of the file in file order (ranked best first), the
+answers (the file's own, then the answer log's: the last word wins) and the pending pairs in the order they are
+shown: Skip moves a pair to the back, Undo puts the pair it takes back in front. Every answer is appended to the
+log (:class:`models.data.review_file.AnswerLog`, synced to disk) before the call returns, so a restarted demo
+continues where the reviewer stopped. One queue serves every browser tab of the server, under a lock; a second
+demo on the same log is refused (:func:`claim_log`).
+
+Needs neither gradio nor torch: the image is shown with Pillow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from PIL import Image, ImageOps
+
+from models.data.review_file import AnswerLog, ReviewItem, final_answers, read_review
+from models.data.types import DataError
+
+__all__ = ["ReviewQueue", "ReviewView", "claim_log", "default_log_path", "display_image", "load_review"]
+
+Pair = tuple[str, str]
+#: Missing images named in the error (the rest are counted).
+MISSING_SHOWN = 3
+#: The longest side of the image shown, in pixels.
+DISPLAY_SIDE = 768
+
+
+def default_log_path(review_path: str | Path) -> Path:
+    """Where the answers to ``review_path`` go by default: beside it, ``review.csv`` -> ``review.answers.jsonl``."""
+    return Path(review_path).with_suffix(".answers.jsonl")
+
+
+def image_path(image: str, folder: Path) -> Path:
+    """The file of a review file's ``image``: absolute, or relative to ``folder`` (the review file's)."""
+    path = Path(image)
+    return path if path.is_absolute() else folder / path
+
+
+def load_review(review_path: str | Path) -> list[ReviewItem]:
+    """The rows of a review file, checked up front: readable, at least one row, every image an existing file
+    (``DataError``, one line, naming at most :data:`MISSING_SHOWN` missing images)."""
+    review_path = Path(review_path)
+    items = read_review(review_path)
+    if not items:
+        raise DataError(f"{review_path}: no suggestions in it (expected rows of image,label[,score,given,answer])")
+    missing = list(dict.fromkeys(i.image for i in items if not image_path(i.image, review_path.parent).is_file()))
+    if missing:
+        more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
+        shown = ", ".join(missing[:MISSING_SHOWN])
+        raise DataError(f"{review_path}: {len(missing)} image(s) not found: {shown}{more}")
+    return items
+
+
+def claim_log(path: str | Path) -> IO[str]:
+    """Lock the answer log ``path`` (created if absent) for this process, so that a second demo on the same log is
+    refused (``DataError``) instead of keeping a state of its own; keep the returned file open while serving
+    (the lock goes with the process, however it ends)."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the server's lifetime
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise DataError(f"{path}: another demo is reviewing into this answer log; stop it or pass --answers") from None
+    return handle
+
+
+def display_image(path: str | Path, side: int = DISPLAY_SIDE) -> tuple[Image.Image | None, str]:
+    """The image as shown: a Pillow RGB image (EXIF orientation applied, at most ``side`` pixels on its longest
+    side) and an empty message, or ``(None, reason)`` when it cannot be read."""
+    try:
+        with Image.open(path) as img:
+            img.draft("RGB", (side, side))
+            shown = ImageOps.exif_transpose(img).convert("RGB")
+        shown.thumbnail((side, side))
+        return shown, ""
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        return None, f"cannot show {Path(path).name}: {exc}"
+
+
+@dataclass(frozen=True)
+class ReviewView:
+    """What the tab shows: the pair to answer (None once every pair is answered), the image's other pending
+    suggestions, the labels this image was answered, the counts, and a note on the last action."""
+
+    item: ReviewItem | None
+    others: tuple[ReviewItem, ...]
+    answered_labels: tuple[tuple[str, bool], ...]
+    answered: int
+    total: int
+    yes: int
+    no: int
+    note: str = ""
+
+    @property
+    def done(self) -> bool:
+        """Every pair of the file is answered."""
+        return self.answered == self.total
+
+    def progress(self) -> str:
+        """``N of M answered (Y yes, X no)``."""
+        return f"{self.answered} of {self.total} answered ({self.yes} yes, {self.no} no)"
+
+
+class ReviewQueue:
+    """The pairs of a review file, their answers and the order still to show; every change is recorded in
+    ``log`` first. Thread-safe: one queue serves every browser tab."""
+
+    def __init__(self, items: list[ReviewItem], log: AnswerLog, source: Path | None = None) -> None:
+        self.log = log
+        self.source = source  # the review file, whose folder relative image paths start from
+        first: dict[Pair, ReviewItem] = {}
+        for item in items:  # a pair listed twice is shown once, where it first appears (the file is ranked)
+            first.setdefault((item.image, item.label), item)
+        self.items = first
+        self.by_image: dict[str, list[Pair]] = {}
+        for pair in first:
+            self.by_image.setdefault(pair[0], []).append(pair)
+        logged = read_review(log.path) if log.path.is_file() else []
+        known = final_answers([*items, *logged])  # the file's answers, then the log's: the last row wins
+        self.from_file = len(final_answers(items))  # answers filled in the review file itself
+        self.answers: dict[Pair, bool] = {pair: known[pair] for pair in first if pair in known}
+        self.pending: list[Pair] = [pair for pair in first if pair not in self.answers]
+        self.history: list[tuple[Pair, bool | None]] = []  # (pair, its answer before) of this session's answers
+        self.lock = threading.Lock()
+        self.held: IO[str] | None = None  # the answer log's lock (:meth:`open` with ``claim``)
+
+    @classmethod
+    def open(cls, review_path: str | Path, log_path: str | Path | None = None, claim: bool = False) -> ReviewQueue:
+        """The queue of a review file (checked: :func:`load_review`) with its answer log (default:
+        :func:`default_log_path`); with ``claim``, the log is locked (:func:`claim_log`) before it is read, until
+        :meth:`close` or the process ends. ``DataError`` for a bad file or log, or a log in use."""
+        review_path = Path(review_path)
+        log_path = Path(log_path) if log_path is not None else default_log_path(review_path)
+        if log_path.resolve() == review_path.resolve():
+            raise DataError(f"{log_path}: the answer log must not be the review file itself")
+        items = load_review(review_path)
+        held = claim_log(log_path) if claim else None
+        try:
+            queue = cls(items, AnswerLog(log_path), review_path)
+        except BaseException:
+            if held is not None:
+                held.close()
+            raise
+        queue.held = held
+        return queue
+
+    def close(self) -> None:
+        """Let go of the answer log's lock, if this queue holds it."""
+        if self.held is not None:
+            self.held.close()
+            self.held = None
+
+    def image_file(self, image: str) -> Path:
+        """The file to show for ``image`` (a relative path starts at the review file's folder)."""
+        return image_path(image, self.source.parent if self.source is not None else Path.cwd())
+
+    def _view(self, note: str = "") -> ReviewView:
+        item = self.items[self.pending[0]] if self.pending else None
+        others: tuple[ReviewItem, ...] = ()
+        answered: tuple[tuple[str, bool], ...] = ()
+        if item is not None:
+            pairs = self.by_image[item.image]
+            waiting = set(self.pending)
+            others = tuple(self.items[p] for p in pairs if p in waiting and p != self.pending[0])
+            answered = tuple((p[1], self.answers[p]) for p in pairs if p in self.answers)
+        yes = sum(self.answers.values())
+        return ReviewView(item, others, answered, len(self.answers), len(self.items), yes, len(self.answers) - yes,
+                          note)
+
+    def view(self, note: str = "") -> ReviewView:
+        """The current view (the first pending pair)."""
+        with self.lock:
+            return self._view(note)
+
+    def _set(self, pair: Pair, answer: bool | None) -> None:
+        """Record ``answer`` for ``pair`` in the log (synced), then in memory."""
+        self.log.record(pair[0], pair[1], answer)
+        with contextlib.suppress(ValueError):
+            self.pending.remove(pair)
+        if answer is None:
+            self.answers.pop(pair, None)
+            self.pending.insert(0, pair)
+        else:
+            self.answers[pair] = answer
+
+    def answer(self, image: str, label: str, present: bool) -> ReviewView:
+        """Answer the pair (``present``: yes, the label is in the image) and show the next; the answer is in the
+        log when this returns. ``KeyError`` for a pair that is not in the file."""
+        pair = (image, label)
+        if pair not in self.items:
+            raise KeyError(f"{label!r} on {image} is not a suggestion of this review file")
+        with self.lock:
+            if self.answers.get(pair) == present:  # a second press before the page moved on: nothing new
+                return self._view(f"{label}: already answered {'yes' if present else 'no'}")
+            self.history.append((pair, self.answers.get(pair)))
+            self._set(pair, bool(present))
+            return self._view(f"{label}: {'yes' if present else 'no'}")
+
+    def skip(self, image: str, label: str) -> ReviewView:
+        """Leave the pair unanswered for now: it comes back after the end of the list."""
+        pair = (image, label)
+        with self.lock:
+            if pair not in self.pending:
+                return self._view()
+            self.pending.remove(pair)
+            self.pending.append(pair)
+            note = f"{label}: skipped, it comes back after the end of the list"
+            return self._view(note if len(self.pending) > 1 else f"{label}: skipped, the last one left")
+
+    def undo(self) -> ReviewView:
+        """Take back the last answer given in this session (the pair's answer before it is restored, usually
+        none) and show that pair again; repeatable."""
+        with self.lock:
+            if not self.history:
+                return self._view("nothing to undo in this session")
+            pair, before = self.history.pop()
+            self._set(pair, before)  # unanswered again: in front of the pending pairs
+            return self._view(f"{pair[1]}: answer taken back")

@@ -1,0 +1,200 @@
+"""The *Review* tab (``python -m serve demo --review FILE``): one suggested label at a time, answered Yes / No,
+skipped or taken back, with the keys ``y`` ``n`` ``s`` ``u``; its layout, its handlers and their events.
+
+The state lives on the server (:class:`serve.demo.review.ReviewQueue`, one for every browser tab); each answer is
+in the answer log before its handler returns. The page's events are also an API (``/review_show``,
+``/review_yes``, ``/review_no``, ``/review_skip`` take the pair shown, ``/review_undo``). Imported by
+:func:`serve.demo.app.build_demo` only: it imports gradio.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from serve.demo.review import ReviewQueue, ReviewView, display_image
+
+#: Answers a key press when focus is not in a text field and the Review tab is shown (its buttons visible).
+KEYS_JS = """
+if (!window.spmlReviewKeys) {
+  window.spmlReviewKeys = true;
+  const ids = {y: "spml-review-yes", n: "spml-review-no", s: "spml-review-skip", u: "spml-review-undo"};
+  document.addEventListener("keydown", (event) => {
+    if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
+    const target = event.target;
+    if (target && (target.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName))) return;
+    const id = ids[(event.key || "").toLowerCase()];
+    const button = id && document.getElementById(id);
+    if (!button || button.offsetParent === null || button.disabled) return;
+    event.preventDefault();
+    button.click();
+  });
+}
+"""
+
+CSS = """
+.spml-review { font-size: 1rem; line-height: 1.6; }
+.spml-review .question { font-size: 2rem; font-weight: 600; }
+.spml-review .done { font-size: 1.4rem; font-weight: 600; }
+.spml-review pre { white-space: pre-wrap; word-break: break-all; }
+.spml-review .muted { opacity: 0.7; }
+"""
+
+
+@dataclass
+class ReviewTab:
+    """The *Review* tab's parts: the image, the card (question, score, labels), the progress line, the pair shown
+    (hidden: the answer buttons' input) and the four buttons."""
+
+    image: gr.Image
+    card: gr.HTML
+    progress: gr.HTML
+    pair: gr.Textbox
+    yes: gr.Button
+    no: gr.Button
+    skip: gr.Button
+    undo: gr.Button
+
+    @property
+    def outputs(self) -> list[Any]:
+        """What every handler returns, in order."""
+        return [self.image, self.card, self.progress, self.pair]
+
+
+def _labels(names: list[str] | tuple[str, ...], empty: str = "none listed") -> str:
+    return html.escape(", ".join(names)) if names else f'<span class="muted">{empty}</span>'
+
+
+def done_html(view: ReviewView, log_path: str, review_path: str = "", from_file: int = 0) -> str:
+    """The card once every pair is answered: that message and the retraining command (with the review file too
+    when it came with ``from_file`` answers filled in, which the log does not hold; the later file wins)."""
+    files = f"--review {review_path} --review {log_path}" if from_file and review_path else f"--review {log_path}"
+    in_file = (f'<div class="muted">{from_file} answers were filled in the review file itself: pass it too, '
+               "before the log.</div>") if from_file and review_path else ""
+    return (f'<div class="spml-review"><div class="done">All {view.total} suggestions answered.</div>'
+            f"<div>To retrain with the answers, add <code>{html.escape(files)}</code> to the training command "
+            f"you used:</div><pre>{html.escape(f'python -m train ... {files}')}</pre>{in_file}</div>")
+
+
+def card_html(view: ReviewView, log_path: str, image_note: str = "", review_path: str = "",
+              from_file: int = 0) -> str:
+    """The card: the label asked about, its score, the image's labels, answers and other suggestions, the note;
+    once every pair is answered, :func:`done_html`."""
+    note = f'<div class="muted">{html.escape(view.note)}</div>' if view.note else ""
+    if view.item is None:
+        return done_html(view, log_path, review_path, from_file)
+    item = view.item
+    score = f"score {item.score:.3f} · " if item.score is not None else ""
+    answered = [f"{label} ({'yes' if yes else 'no'})" for label, yes in view.answered_labels]
+    others = [f"{o.label} {o.score:.2f}" if o.score is not None else o.label for o in view.others]
+    lines = [
+        f'<div class="question">{html.escape(item.label)}?</div>',
+        f'<div class="muted">{score}{html.escape(item.image)}</div>',
+        f"<div>has: {_labels(item.given)}</div>",
+        f"<div>answered: {_labels(answered, 'none yet')}</div>" if answered else "",
+        f"<div>also suggested: {_labels(others, 'nothing else')}</div>",
+        f'<div style="color:rgb(200,60,60)">{html.escape(image_note)}</div>' if image_note else "",
+        note,
+    ]
+    return '<div class="spml-review">' + "".join(lines) + "</div>"
+
+
+def progress_html(view: ReviewView, log_path: str) -> str:
+    """The progress line (``N of M answered (Y yes, X no)``) and where the answers go."""
+    return (f'<div class="spml-review"><b>{view.progress()}</b> <span class="muted">· answers in '
+            f"{html.escape(log_path)}</span></div>")
+
+
+class ReviewHandlers:
+    """The tab's event handlers over the server's one :class:`ReviewQueue`."""
+
+    def __init__(self, queue: ReviewQueue) -> None:
+        self.queue = queue
+        self.log_path = str(queue.log.path.resolve())
+        self.review_path = str(queue.source.resolve()) if queue.source is not None else ""
+
+    def render(self, view: ReviewView) -> tuple[Any, str, str, str]:
+        """(image, card, progress, pair shown as JSON) of a view."""
+        image, image_note = (None, "")
+        if view.item is not None:
+            image, image_note = display_image(self.queue.image_file(view.item.image))
+        pair = json.dumps([view.item.image, view.item.label]) if view.item is not None else ""
+        card = card_html(view, self.log_path, image_note, self.review_path, self.queue.from_file)
+        return image, card, progress_html(view, self.log_path), pair
+
+    @staticmethod
+    def parse_pair(pair: str) -> tuple[str, str] | None:
+        """The pair a page shows (``["image", "label"]`` as JSON; empty: none); ``gr.Error`` when malformed."""
+        if not pair:
+            return None
+        try:
+            image, label = json.loads(pair)
+            return str(image), str(label)
+        except (ValueError, TypeError):
+            raise gr.Error(f"not a pair shown by the Review tab: {pair[:100]!r}", print_exception=False) from None
+
+    def show(self) -> tuple[Any, str, str, str]:
+        """The current view (on page load)."""
+        return self.render(self.queue.view())
+
+    def _answer(self, pair: str, present: bool) -> tuple[Any, str, str, str]:
+        shown = self.parse_pair(pair)
+        if shown is None:
+            return self.render(self.queue.view("nothing to answer"))
+        try:
+            return self.render(self.queue.answer(*shown, present))
+        except KeyError as exc:
+            raise gr.Error(str(exc.args[0]), print_exception=False) from None
+
+    def yes(self, pair: str) -> tuple[Any, str, str, str]:
+        """Yes: the label is in the image (written to the log before returning); the next pair."""
+        return self._answer(pair, True)
+
+    def no(self, pair: str) -> tuple[Any, str, str, str]:
+        """No: the label is not in the image (written to the log before returning); the next pair."""
+        return self._answer(pair, False)
+
+    def skip(self, pair: str) -> tuple[Any, str, str, str]:
+        """Skip the pair shown (it comes back after the end of the list); the next pair."""
+        shown = self.parse_pair(pair)
+        return self.render(self.queue.skip(*shown) if shown else self.queue.view())
+
+    def undo(self) -> tuple[Any, str, str, str]:
+        """Take back the last answer of this session and show its pair again."""
+        return self.render(self.queue.undo())
+
+
+def review_tab(queue: ReviewQueue) -> ReviewTab:
+    """Lay out the *Review* tab (inside the current ``gr.Tabs``) and connect its events to a
+    :class:`ReviewHandlers` over ``queue``; the first view is shown on page load."""
+    with gr.Tab("Review", id="review", elem_id="spml-review-tab"), gr.Row():
+        with gr.Column(scale=3):
+            image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=480,
+                             buttons=["fullscreen"],
+                             elem_id="spml-review-image")
+        with gr.Column(scale=2):
+            card = gr.HTML("", elem_id="spml-review-card", js_on_load=KEYS_JS, css_template=CSS)
+            with gr.Row():
+                yes = gr.Button("Yes (y)", variant="primary", elem_id="spml-review-yes")
+                no = gr.Button("No (n)", variant="stop", elem_id="spml-review-no")
+            with gr.Row():
+                skip = gr.Button("Skip (s)", elem_id="spml-review-skip")
+                undo = gr.Button("Undo (u)", elem_id="spml-review-undo")
+            progress = gr.HTML("", elem_id="spml-review-progress", css_template=CSS)
+            gr.Markdown("<small>Is the label in the image? Yes and No are saved at once; Skip leaves it for the "
+                        "end of the list; Undo takes back the last answer. Keys y n s u work when the cursor is "
+                        "not in a text field.</small>")
+            pair = gr.Textbox("", visible=False, elem_id="spml-review-pair")
+    tab = ReviewTab(image, card, progress, pair, yes, no, skip, undo)
+    handlers = ReviewHandlers(queue)
+    events = {"outputs": tab.outputs, "concurrency_id": "review", "show_progress": "hidden"}
+    gr.on(None, handlers.show, None, api_name="review_show", **events)
+    yes.click(handlers.yes, [pair], api_name="review_yes", **events)
+    no.click(handlers.no, [pair], api_name="review_no", **events)
+    skip.click(handlers.skip, [pair], api_name="review_skip", **events)
+    undo.click(handlers.undo, None, api_name="review_undo", **events)
+    return tab
