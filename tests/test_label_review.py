@@ -151,3 +151,25 @@ def test_suggestions_rank_unobserved_pairs_and_retraining_records_the_answers(
     assert train_main(["suggest", str(second), "-o", str(base / "round2.jsonl"), "--top", "30", "--no-progress"]) == 0
     asked = {(i.image, i.label) for i in answers}
     assert not asked & {(i.image, i.label) for i in read_review(base / "round2.jsonl")}
+
+
+def test_balanced_order_takes_every_class_s_best_pair_first() -> None:
+    """``balanced``: each class's most likely missing pair (strongest first), then each class's second; ``score``:
+    by probability alone; observed pairs (given or known negative) are never suggested; ``--per-image`` caps."""
+    from models.data.types import LabelledImages
+    from train.cross_fitting import Pool
+    from train.suggestions import rank_pairs
+
+    observed = np.array([[1, 0, 0], [0, 1, -1], [0, 0, 0], [0, 0, 1]], dtype=np.int8)
+    logits = np.array([[0, 3, 2], [1, 0, 5], [4, 2.5, 0.5], [0, 1, 0]], dtype=np.float64)
+    pool = Pool(LabelledImages([Path(n) for n in "abcd"], (observed > 0).astype(np.uint8), ["x", "y", "z"]),
+                observed, None, np.zeros(4, dtype=np.int64))  # type: ignore[arg-type]
+    pairs = {order: [(i.image, i.label) for i in rank_pairs(pool, logits, 20, order_by=order)[0]]
+             for order in ("balanced", "score")}
+    assert pairs["balanced"] == [("c", "x"), ("a", "y"), ("a", "z"), ("c", "y"), ("b", "x"), ("c", "z"),
+                                 ("d", "y"), ("d", "x")]
+    assert pairs["score"] == [("c", "x"), ("a", "y"), ("c", "y"), ("a", "z"), ("b", "x"), ("d", "y"), ("c", "z"),
+                              ("d", "x")]
+    items, scored = rank_pairs(pool, logits, 3, per_image=1, order_by="score")
+    assert scored == 8 and [(i.image, i.label) for i in items] == [("c", "x"), ("a", "y"), ("b", "x")]
+    assert items[1].given == ("x",) and items[1].score == pytest.approx(1 / (1 + np.exp(-3)))
