@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 
 from models.command_line import CommandFailed, ExitCode, UsageError, run_command
 from models.data.types import DataError
-from models.files.run_folder import default_runs_dir
-from train.config import MACHINE_FIELDS, METHOD_AUTO, TrainConfig, build_parser, config_from_args, paper_settings
+from train.config import MACHINE_FIELDS, METHOD_AUTO, build_parser, config_from_args, paper_settings, run_config
 
 
 def say(message: str, file: TextIO | None = None) -> None:
@@ -53,19 +50,16 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> in
 def _train(args: argparse.Namespace, trainer_class: type | None, started: list[Any]) -> None:
     """Train or resume as ``args`` say (the exceptions of :func:`models.command_line.run_command`); the trainer is
     appended to ``started`` once made."""
-    from models.files.run_folder import CONFIG_FILE, SUMMARY_FILE
+    from models.files.run_folder import SUMMARY_FILE
     from train.trainer import Trainer
 
     make_trainer = trainer_class or Trainer
     try:
         if args.resume:
-            run_dir = Path(args.resume)
-            if not run_dir.is_dir():
-                run_dir = Path(args.runs_dir or default_runs_dir()) / args.resume
-            config_path = run_dir / CONFIG_FILE
-            if not config_path.is_file():
-                raise UsageError(f"--resume {args.resume}: no {CONFIG_FILE} in {run_dir}")
-            cfg = TrainConfig.from_dict(json.loads(config_path.read_text())["config"])
+            try:
+                run_dir, cfg = run_config(args.resume, args.runs_dir)
+            except ValueError as exc:
+                raise UsageError(f"--resume {exc}") from None
             for machine_specific in MACHINE_FIELDS:
                 if getattr(args, machine_specific) is not None:
                     setattr(cfg, machine_specific, getattr(args, machine_specific))

@@ -13,7 +13,7 @@ from typing import Any
 from models.data.label_regime import DECLARABLE, parse_declarations
 from models.data.protocol import PROTOCOL_SEED, parse_observed
 from models.evaluation.criteria import CRITERIA, FULL_LABEL_DEFAULT, LABEL_FREE_DEFAULT
-from models.files.run_folder import default_runs_dir
+from models.files.run_folder import CONFIG_FILE, default_runs_dir
 from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES
 from train.methods import BASELINE, METHODS, get_method, method_names
 from train.methods.base import paper_settings_for
@@ -406,16 +406,25 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
-def settings_of_run(run: str, runs_dir: str | None = None) -> dict[str, Any]:
-    """The settings of run folder ``run`` (or its name under ``runs_dir``) for a new run (``--from-run``): its
-    config.json's config without its name and without the chooser's record."""
+def run_config(run: str, runs_dir: str | Path | None = None) -> tuple[Path, TrainConfig]:
+    """The folder and config of run ``run`` (a run folder, or its name under ``runs_dir``; default: the runs
+    folder); a ``ValueError`` when it has no config.json."""
     folder = Path(run).expanduser()
     if not folder.is_dir():
         folder = Path(runs_dir or default_runs_dir()) / run
-    path = folder / "config.json"
+    path = folder / CONFIG_FILE
     if not path.is_file():
-        raise ValueError(f"--from-run {run}: no config.json in {folder}")
-    settings = TrainConfig.from_dict(json.loads(path.read_text())["config"]).to_dict()
+        raise ValueError(f"{run}: no {CONFIG_FILE} in {folder} (give a run folder of python -m train)")
+    return folder, TrainConfig.from_dict(json.loads(path.read_text())["config"])
+
+
+def settings_of_run(run: str, runs_dir: str | None = None) -> dict[str, Any]:
+    """The settings of run folder ``run`` (or its name under ``runs_dir``) for a new run (``--from-run``): its
+    config.json's config without its name and without the chooser's record."""
+    try:
+        settings = run_config(run, runs_dir)[1].to_dict()
+    except ValueError as exc:
+        raise ValueError(f"--from-run {exc}") from None
     settings.pop("name")
     settings.pop("chosen")
     return settings

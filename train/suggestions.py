@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -29,9 +28,8 @@ import numpy as np
 from models.command_line import UsageError, run_command
 from models.data.review_file import ReviewItem, write_review
 from models.data.types import DataError
-from models.files.run_folder import default_runs_dir
 from train.choose import Candidate, head_config, out_of_fold_logits, prepare
-from train.config import TrainConfig
+from train.config import TrainConfig, run_config
 from train.console import log
 from train.cross_fitting import FOLDS, Pool, training_pool
 from train.methods import BASELINE
@@ -112,13 +110,10 @@ def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0,
 
 def _run_config(run: str, runs_dir: str | None, review: list[str]) -> TrainConfig:
     """The run's config with ``review`` files added (absolute paths; each must exist)."""
-    folder = Path(run).expanduser()
-    if not folder.is_dir():
-        folder = Path(runs_dir or default_runs_dir()) / run
-    path = folder / "config.json"
-    if not path.is_file():
-        raise UsageError(f"{run}: no config.json in {folder} (give a run folder of python -m train)")
-    cfg = TrainConfig.from_dict(json.loads(path.read_text())["config"])
+    try:
+        cfg = run_config(run, runs_dir)[1]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     for file in review:
         if not Path(file).is_file():
             raise UsageError(f"--review {file}: no such file")
