@@ -59,3 +59,25 @@ def test_training_benchmark_writes_the_train_cpu_section(builtin_cache: Path, tm
     assert text is not None and "python -m bench.train_speed --archs resnet18" in text
     (row,) = [line for line in text.splitlines() if line.startswith("| resnet18 |")]
     assert row.startswith("| resnet18 | none | 32 | 4 | fp32 | synthetic | 0 |") and float(row.split(" | ")[7]) > 0
+
+
+def test_review_benchmark_report_gives_the_gap_closed(tmp_path: Path) -> None:
+    """``python -m bench.review report``: per dev set and strategy, found / precision, the val and test gap closed
+    ((mAP - an) / (full - an), mean over seeds, the smallest in brackets) and the gap closed per 100 reviews."""
+    import json
+
+    from bench import review
+
+    for seed, (an, full, got) in enumerate([(50.0, 60.0, 53.0), (52.0, 60.0, 54.0)]):
+        rows = [{"reviews": 500, "found": 300 + seed * 10, "val_mAP_full": an + 1.0, "test_mAP": got}]
+        record = {"dev_set": "openclipart", "seed": seed, "train_images": 2117, "true_positives_unobserved": 2000,
+                  "an": an, "full": full, "an_val": an, "full_val": an + 10.0, "seconds": 60.0,
+                  "strategies": {"balanced": rows}}
+        (tmp_path / f"openclipart-seed{seed}.json").write_text(json.dumps(record))
+    page = tmp_path / "page.md"
+    assert review.main(["report", "--out", str(tmp_path), "--page", str(page)]) == 0
+    text = read_section("review-simulated", page)
+    assert text is not None and "python -m bench.review measure" in text
+    row = next(line for line in text.splitlines() if line.startswith("| balanced | 500 |"))
+    # test gaps 30% and 25%: mean 27.5%, smallest 25.0%, 5.50% per 100 reviews; val 10% on both
+    assert row == "| balanced | 500 | 305 (0.61) | 10.0% | 53.50 ± 0.71 | 27.5% (25.0%) | 5.50% |"
