@@ -186,7 +186,10 @@ def report(out: Path, command: str) -> str:
     for path in sorted(out.glob("*-seed*.json")):
         record = json.loads(path.read_text())
         records.setdefault(record["dev_set"], []).append(record)
-    lines = ["Label review with a simulated reviewer (the hidden keywords answer each reviewed pair): test mAP of an "
+    seconds = sum(r["seconds"] for runs in records.values() for r in runs)
+    lines = ["## Label review with a simulated reviewer (fixed EfficientNet-Lite0 features)", "", machine_line(), "",
+             f"Command (about {seconds / 60:.0f} minutes in all here):", "", "```", command, "```", "",
+             "The hidden keywords answer each reviewed pair: test mAP of an "
              "`an` head on fixed EfficientNet-Lite0 features (224 px) trained on the enlarged labels, by strategy and "
              "number of reviewed (image, label) pairs; mean ± std over seeds. Gap closed = (mAP - an) / (full - an), "
              "where `an` is the head on the labels as given and full the head on every training label. `balanced`: "
@@ -219,9 +222,6 @@ def report(out: Path, command: str) -> str:
                              f"{_mean_std([row['test_mAP'] for row in rows])} | {np.mean(gaps):.1f}% "
                              f"({min(gaps):.1f}%) | {np.mean(gaps) / reviews * 100:.2f}% |")
         lines.append("")
-    seconds = sum(r["seconds"] for runs in records.values() for r in runs)
-    lines += [f"Command (about {seconds / 60:.0f} minutes in all here):", "", "```", command, "```", "",
-              machine_line()]
     return "\n".join(lines)
 
 
