@@ -175,3 +175,31 @@ def test_balanced_order_takes_every_class_s_best_pair_first() -> None:
     items, scored = rank_pairs(pool, logits, 3, per_image=1, order_by="score")
     assert scored == 8 and [(i.image, i.label) for i in items] == [("c", "x"), ("a", "y"), ("b", "x")]
     assert items[1].given == ("x",) and items[1].score == pytest.approx(1 / (1 + np.exp(-3)))
+
+
+
+def test_a_run_does_not_resume_on_answers_that_changed(reviewed: dict[str, object], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A review log that grew after the run started (the demo kept appending) would change the labels mid-run:
+    --resume refuses and names --from-run; with the answers unchanged it resumes."""
+    from interrupt import interrupt_after_saves
+
+    runs = Path(str(reviewed["runs"]))
+    protocol = build_protocol(load_dataset(f"csv:{reviewed['csv']}"), parse_observed("auto"))
+    column = int(np.flatnonzero(protocol.train_observed[0] == 0)[0])
+    items = [ReviewItem(str(path), protocol.classes[column]) for path in protocol.train.paths[:2]]
+    log = AnswerLog(tmp_path / "answers.jsonl")
+    log.record(items[0].image, items[0].label, True)
+    args = ["--from-run", str(runs / "first"), "--review", str(log.path), "--runs-dir", str(tmp_path),
+            "--name", "killed"]
+    interrupt_after_saves(monkeypatch)
+    assert train_main(args) == 130
+    monkeypatch.undo()
+    log.record(items[1].image, items[1].label, False)  # the reviewer went on
+    capsys.readouterr()
+    assert train_main(["--resume", str(tmp_path / "killed")]) == 2
+    err = capsys.readouterr().err
+    assert "changed since" in err and "--from-run" in err
+    log.record(items[1].image, items[1].label, None)  # undone: the answers are as they were
+    assert train_main(["--resume", str(tmp_path / "killed")]) == 0

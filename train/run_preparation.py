@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from models.data.dataset import ImageLabelDataset, SkipReporter
-from models.data.observed_file import OBSERVED_FILE
+from models.data.observed_file import OBSERVED_FILE, sha256_of
 from models.data.types import DatasetSplits
 from models.evaluation.expected_positives import ExpectedPositives
 from models.network import MultiLabelNet
@@ -129,6 +129,11 @@ def prepare_run(cfg: TrainConfig, run_dir: Path | None = None, resume: bool = Fa
     folder = Path(run_dir) if run_dir else Path(cfg.runs_dir) / name
     if not resume and folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"run folder {folder} already exists and is not empty; pick another --name")
+    saved = folder / OBSERVED_FILE
+    if resume and cfg.review and saved.is_file() and sha256_of(saved.read_bytes()) != data.protocol_sha256:
+        raise ValueError(f"the answers of --review {', '.join(cfg.review)} changed since {folder} started, so its "
+                         "labels would change mid-run; start a new run (python -m train --from-run "
+                         f"{folder} --name NEW) instead of resuming this one")
     pseudo_plan = None
     if method_cls.uses_pseudo_labels:
         pseudo_plan = plan_pseudo_labels(method_cls, hparams, cfg, folder, resume)
