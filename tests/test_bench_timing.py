@@ -57,12 +57,20 @@ def test_spread_keeps_min_median_max_of_the_interleaved_rounds() -> None:
         "1.0x (0.9-1.1)"
 
 
-def test_lgconv_benchmark_writes_every_variant_and_ratio(tmp_path: Path) -> None:
+def test_lgconv_benchmark_writes_every_variant_and_ratio_and_records_its_threads(tmp_path: Path) -> None:
+    """One run of ``python -m bench.lgconv`` on one thread: every variant and ratio row, in the one-thread section
+    (not the default one) with the thread counts on its machine line; a negative thread count is a usage error."""
     page = tmp_path / "results.md"
-    assert bench_main(["--arch", "resnet18", "--sizes", "32", "--batches", "1", "--budget", "0",
-                       "--page", str(page)]) == 0
-    text = read_section("lgconv-cpu", page)
-    assert text is not None
+    threads = torch.get_num_threads()
+    try:
+        assert bench_main(["--arch", "resnet18", "--sizes", "32", "--batches", "1", "--budget", "0",
+                           "--threads", "1", "--page", str(page)]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert read_section("lgconv-cpu", page) is None  # one thread: its own section
+    text = read_section("lgconv-cpu-1-thread", page)
+    assert text is not None and "PyTorch 1 thread, ONNX Runtime 1 thread, torch " in text
     assert "Command: `python -m bench.lgconv --arch resnet18 --sizes 32" in text
     for variant in VARIANTS:
         assert f"| {variant} | 32 px |" in text
@@ -71,6 +79,9 @@ def test_lgconv_benchmark_writes_every_variant_and_ratio(tmp_path: Path) -> None
     assert [row.split(" | ")[1:3] for row in ratio_rows] == [["PyTorch", "1"], ["ORT", "1"]]
     for row in ratio_rows:  # folded vs plain, vs plain-folded, unfolded vs plain: positive finite ratios
         assert all(0.0 < float(cell) < 100.0 for cell in row.strip("| ").split(" | ")[3:])
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["--threads", "-1", "--page", str(page)])
+    assert exc.value.code == 2
 
 
 def test_benchmark_sessions_do_not_spin_between_runs(tmp_path: Path) -> None:
@@ -86,22 +97,6 @@ def test_benchmark_sessions_take_the_thread_count(tmp_path: Path) -> None:
     session, _ = export_for_ort(make_variant("plain-folded", "resnet18", 3), 32, 3, "resnet18", tmp_path, threads=1)
     assert session.get_session_options().intra_op_num_threads == 1
     assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
-
-
-def test_lgconv_benchmark_threads_option_is_recorded_and_checked(tmp_path: Path) -> None:
-    page = tmp_path / "results.md"
-    threads = torch.get_num_threads()
-    try:
-        assert bench_main(["--arch", "resnet18", "--sizes", "16", "--batches", "1", "--budget", "0",
-                           "--runtimes", "onnxruntime", "--threads", "1", "--page", str(page)]) == 0
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
-    assert read_section("lgconv-cpu", page) is None  # one thread: its own section
-    assert "PyTorch 1 thread, ONNX Runtime 1 thread, torch " in str(read_section("lgconv-cpu-1-thread", page))
-    with pytest.raises(SystemExit) as exc:
-        bench_main(["--threads", "-1", "--page", str(page)])
-    assert exc.value.code == 2
 
 
 def _node(op: str, ts: int, dur: int) -> dict[str, object]:
