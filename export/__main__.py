@@ -21,7 +21,8 @@ rate on single-positive data. docs/export.md explains every file, check and thre
 exit status:
   0  exported and verified
   1  export, conversion or verification failed (a bound broken, no validation images, TensorRT missing)
-  2  usage error (bad option, no such run or checkpoint, --images folder missing, a bad --audit list)
+  2  usage error (bad option, no such run or checkpoint, --images folder missing, a bad --audit list, a node
+     --int8-keep-float names that the graph does not have)
 
 examples:
   python -m export                                       # latest run: FP32 ONNX, calibrated thresholds
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _precision_options(g: argparse._ArgumentGroup) -> None:
     """``export``: the precisions, their threshold calibration and checks, and the TensorRT engines."""
+    from export.int8_sensitivity import DEFAULT_REPORT_ROWS
     from export.options import DEFAULT_CALIBRATION_IMAGES
     from export.precisions import PRECISIONS
     from export.quantize import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
@@ -118,6 +120,12 @@ def _precision_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--int8-calibration", choices=CALIBRATION_METHODS.names(), default=DEFAULT_CALIBRATION_METHOD,
                    help=f"how INT8 activation ranges are calibrated: {CALIBRATION_METHODS.cli_help()} (default: "
                    "%(default)s; docs/export.md)")
+    g.add_argument("--int8-report", action="store_true",
+                   help=f"after each INT8 conversion, print its {DEFAULT_REPORT_ROWS} nodes of lowest SQNR against "
+                   "FP32 and write every node's to int8-sensitivity.csv beside the model (docs/export.md)")
+    g.add_argument("--int8-keep-float", metavar="SPEC",
+                   help="INT8 nodes left in float besides the head: comma-separated node names (as --int8-report "
+                   "lists them) or worst:N, the N of lowest SQNR (quantize, rank, quantize again)")
     g.add_argument("--calibration-images", type=int, default=DEFAULT_CALIBRATION_IMAGES, metavar="N",
                    help="training images for INT8 calibration (default: %(default)s)")
     g.add_argument("--trt", action="store_true", help="also build TensorRT engines (one per precision)")
@@ -157,12 +165,14 @@ def _export(args: argparse.Namespace) -> None:
             load_audit(args.audit, list(load_checkpoint(checkpoint).meta.classes))
         except DataError as exc:
             raise UsageError(f"--audit {args.audit}: {exc}") from None
-    from export.errors import ExportError
+    from export.errors import ExportError, KeepFloatError
     from export.pipeline import export_run  # heavy (torch): once the arguments are good
 
     try:
         result = export_run(checkpoint, args.output, log=lambda msg: print(msg, file=sys.stderr, flush=True),
                             **options.as_dict())
+    except KeepFloatError as exc:  # a node name only the exported graph can refute: still the user's option
+        raise UsageError(str(exc)) from None
     except (ExportError, OSError) as exc:
         raise CommandFailed(str(exc)) from exc
     print(f"wrote {len(result.artifacts)} artifact(s) to {result.folder} (summary: {result.summary_path})")

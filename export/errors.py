@@ -29,3 +29,8 @@ class CalibrationDataError(ConversionError):
 
 class PrecisionError(ExportError):
     """A converted model broke a precision bound against its FP32 reference."""
+
+
+class KeepFloatError(ConversionError):
+    """``--int8-keep-float`` names a node the graph does not have, or asks for more nodes than were quantized: a
+    usage error (``python -m export`` exits 2)."""

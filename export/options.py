@@ -26,16 +26,20 @@ class ExportOptions:
     """An export's options (the command line's names, ``--trt-batch`` is ``trt_batch``): the ``precisions`` to make,
     the threshold ``calibrate_mode`` (``auto``, ``none`` or a mode of :mod:`export.threshold_calibration`), at most
     ``val_images`` validation images, ``calibration_images`` training images for INT8 and how they are used
-    (``int8_calibration``; None: :mod:`export.quantize`'s default), TensorRT engines (``trt``, ``trt_targets``,
-    ``trt_batch`` = min, opt, max), the converted models' acceptance ``bounds`` (None: each precision's own), the
-    ONNX ``opset``, the parity check (on ``images`` or the validation split, ``verify_images`` images, ``atol``),
-    ``runs_dir``, the ``seed`` of the INT8 sample, progress bars and an ``audit`` list of fully labelled images."""
+    (``int8_calibration``; None: :mod:`export.quantize`'s default), the INT8 per-node sensitivity report
+    (``int8_report``) and the nodes kept in float (``int8_keep_float``: names or ``worst:N``), TensorRT engines
+    (``trt``, ``trt_targets``, ``trt_batch`` = min, opt, max), the converted models' acceptance ``bounds`` (None:
+    each precision's own), the ONNX ``opset``, the parity check (on ``images`` or the validation split,
+    ``verify_images`` images, ``atol``), ``runs_dir``, the ``seed`` of the INT8 sample, progress bars and an ``audit``
+    list of fully labelled images."""
 
     precisions: Sequence[str] = ("fp32",)
     calibrate_mode: str = "auto"
     val_images: int | None = None
     calibration_images: int = DEFAULT_CALIBRATION_IMAGES
     int8_calibration: str | None = None
+    int8_report: bool = False
+    int8_keep_float: str | None = None
     trt: bool = False
     trt_targets: Sequence[str] | None = None
     trt_batch: tuple[int, int, int] = (1, 16, 64)
@@ -50,6 +54,7 @@ class ExportOptions:
     audit: str | None = None
 
     def __post_init__(self) -> None:
+        from export.int8_sensitivity import parse_keep_float  # numpy only
         from export.threshold_calibration import parse_mode  # numpy only
 
         try:
@@ -71,6 +76,13 @@ class ExportOptions:
             raise UsageError("--val-images must be >= 1")
         if self.calibration_images < 1:
             raise UsageError("--calibration-images must be >= 1")
+        try:
+            keep_float = parse_keep_float(self.int8_keep_float)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if (self.int8_report or keep_float is not None) and "int8" not in self.precisions:
+            option = "--int8-report" if self.int8_report else "--int8-keep-float"
+            raise UsageError(f"{option} needs --precision int8")
         if self.calibrate_mode not in KEEP_MODES:
             try:
                 parse_mode(self.calibrate_mode)
@@ -100,6 +112,8 @@ class ExportOptions:
             val_images=args.val_images,
             calibration_images=args.calibration_images,
             int8_calibration=args.int8_calibration,
+            int8_report=args.int8_report,
+            int8_keep_float=args.int8_keep_float,
             trt=args.trt,
             trt_targets=tuple(args.trt_target.split(",")) if args.trt_target else None,
             trt_batch=trt_batch,  # type: ignore[arg-type]

@@ -362,7 +362,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
             calibration.append(load_train_sample(meta, splits, opts.calibration_images, seed, progress))
         return calibration[0]
 
-    inputs = ConversionInputs(say, read_calibration, opts.int8_calibration)
+    inputs = ConversionInputs(say, read_calibration, opts.int8_calibration, opts.int8_report, opts.int8_keep_float)
     conversions = [(precision, c) for precision in precisions for c in PRECISIONS[precision].conversions
                    if opts.trt or not c.engines_only]
     for precision, conversion in conversions:
@@ -381,6 +381,10 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
         say(f"  {report.summary()}" + (f" (mAP against the {val.labels_name})" if report.map_drop is not None else ""))
         art.agreement, art.max_prob_diff = report.decision_agreement, report.max_prob_diff
         _measure(art, model, logits, report, val)
+        kept = conv.quantization.get("keep_float")
+        if kept:
+            kept_note = f"kept in float ({kept['spec']}): {', '.join(kept['nodes'])}"
+            art.note = f"{art.note}; {kept_note}" if art.note else kept_note
         side = sidecar_document(conv.path, conv.meta, conv.info(), report.to_dict(), sha256=conv.sha256)
         atomic_write_text(sidecar_path(conv.path), json.dumps(side, indent=2) + "\n")
         if calibrate_mode != "none":

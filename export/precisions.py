@@ -49,12 +49,16 @@ class PrecisionBounds:
 @dataclass
 class ConversionInputs:
     """What a conversion may need besides the FP32 file: ``say`` for progress lines, ``calibration_images``, the
-    preprocessed INT8 calibration images (read on the first call, then kept), and ``int8_method``, the INT8
-    calibration method (``minmax``, ``percentile``, ``entropy``; None: :mod:`export.quantize`'s default)."""
+    preprocessed INT8 calibration images (read on the first call, then kept), ``int8_method``, the INT8
+    calibration method (``minmax``, ``percentile``, ``entropy``; None: :mod:`export.quantize`'s default),
+    ``int8_report`` (print the worst nodes by SQNR, write ``int8-sensitivity.csv``) and ``int8_keep_float`` (node
+    names or ``worst:N`` left in float: :mod:`export.int8_sensitivity`)."""
 
     say: Callable[[str], None]
     calibration_images: Callable[[], np.ndarray]
     int8_method: str | None = None
+    int8_report: bool = False
+    int8_keep_float: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,13 +97,30 @@ def _int8(target: str) -> Callable[[Path, ConversionInputs], ConversionResult]:
 
     def make(fp32: Path, inputs: ConversionInputs) -> ConversionResult:
         """Quantize ``fp32`` for ``target`` on the calibration images, beside it."""
+        from export import int8_sensitivity as sens
         from export.quantize import DEFAULT_CALIBRATION_METHOD, default_output, quantize_int8
 
         images = inputs.calibration_images()
         method = inputs.int8_method or DEFAULT_CALIBRATION_METHOD
         inputs.say(f"quantizing to INT8 for {target} ({len(images)} calibration images, {method} ranges) ...")
         dst = default_output(fp32, "int8", target)
-        return quantize_int8(fp32, dst, images, target=target, method=method)  # type: ignore[arg-type]
+        keep = sens.parse_keep_float(inputs.int8_keep_float)
+        if keep is not None and keep.worst is not None:
+            inputs.say(f"  ranking the nodes by SQNR, then quantizing again with the {keep.worst} worst in float ...")
+            result, _ = sens.quantize_keeping_worst(fp32, dst, images, keep.worst, target=target, method=method)
+        else:
+            result = quantize_int8(fp32, dst, images, target=target, method=method,  # type: ignore[arg-type]
+                                   keep_float=keep.names if keep else (), keep_float_spec=keep.spec if keep else None)
+        if keep is not None:
+            inputs.say(f"  kept in float ({keep.spec}): {', '.join(result.quantization['keep_float']['nodes'])}")
+        if inputs.int8_report:
+            rows = sens.sensitivity_report(fp32, result.path, images)
+            name = "int8-sensitivity.csv" if target == "cpu" else f"int8-sensitivity-{target}.csv"
+            csv_path = sens.write_csv(rows, result.path.with_name(name))
+            inputs.say(f"  INT8 sensitivity of {result.path.name} ({min(len(images), sens.DEFAULT_REPORT_IMAGES)} "
+                       f"calibration images; SQNR against FP32, worst first; all {len(rows)} nodes in {csv_path}):")
+            inputs.say(sens.format_report(rows, sens.DEFAULT_REPORT_ROWS))
+        return result
 
     return make
 

@@ -42,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
-from export.errors import ConversionError, NotFP32Error
+from export.errors import ConversionError, KeepFloatError, NotFP32Error
 from export.int8_calibration_data import CALIBRATION_BATCH, BatchReader, calibration_batches, chunk_stride
 from export.onnx_files import load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
 from models.checkpoint import ModelMeta
@@ -363,6 +363,39 @@ def _name_nodes(model: onnx.ModelProto) -> None:
             used.add(name)
 
 
+def preprocess_for_quantization(model: onnx.ModelProto, dst: Path,
+                                chatter: io.StringIO | None = None) -> onnx.ModelProto:
+    """``quant_pre_process`` (shape inference, ORT's basic optimisations) of ``model`` written to ``dst`` and loaded
+    back with every node named (:func:`_name_nodes`): the float graph :func:`quantize_int8` quantizes, whose node
+    and tensor names the INT8 model keeps. Raises :class:`ConversionError`."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        with contextlib.redirect_stdout(chatter or io.StringIO()), _quiet_logging():
+            quant_pre_process(copy.deepcopy(model), str(dst))
+    except Exception as exc:
+        raise ConversionError(f"quant_pre_process failed: {type(exc).__name__}: {exc}") from exc
+    pre = onnx.load(str(dst))
+    _name_nodes(pre)
+    return pre
+
+
+def quantizable_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the Conv / Gemm / MatMul nodes of a float graph (what ``--int8-keep-float`` usually names)."""
+    return [n.name for n in model.graph.node if n.op_type in ("Conv", *HEAD_OP_TYPES)]
+
+
+def _check_keep_float(pre: onnx.ModelProto, keep_float: Sequence[str], src: Path) -> None:
+    """:class:`KeepFloatError` naming the unknown entries of ``keep_float`` and a few valid names."""
+    names = {n.name for n in pre.graph.node}
+    unknown = [n for n in keep_float if n not in names]
+    if unknown:
+        valid = quantizable_nodes(pre)
+        few = ", ".join(valid[:6]) + (f", ... ({len(valid)} in all)" if len(valid) > 6 else "")
+        raise KeepFloatError(f"--int8-keep-float: no node {', '.join(map(repr, unknown))} in {src} (after "
+                             f"quant_pre_process); Conv/Gemm/MatMul nodes are e.g. {few}; --int8-report lists them")
+
+
 def _head_namespace_nodes(model: onnx.ModelProto, any_op: bool = False) -> list[str]:
     """Gemm/MatMul nodes (every node with ``any_op``) that torch's dynamo exporter tagged as inside the
     network's ``head`` module (its ``namespace`` node metadata); empty when the graph carries no metadata."""
@@ -450,6 +483,8 @@ def quantize_int8(
     max_images: int | None = None,
     percentile: float = DEFAULT_PERCENTILE,
     batch_size: int = CALIBRATION_BATCH,
+    keep_float: Sequence[str] = (),
+    keep_float_spec: str | None = None,
 ) -> ConversionResult:
     """Quantize the FP32 export ``src`` to an INT8 Q/DQ model at ``dst`` (float32 inputs/outputs kept).
 
@@ -459,12 +494,14 @@ def quantize_int8(
     ``target``: ``"cpu"`` (u8 asymmetric activations, s8 weights, int32 bias) or ``"tensorrt"`` (symmetric s8
     activations and weights, float bias). ``method``: ``"minmax"``, ``"percentile"`` (``percentile``) or
     ``"entropy"``. ``keep_head_float`` leaves the final Gemm/MatMul unquantized. ``reduce_range``: 7-bit
-    weights, for x86 CPUs without VNNI. The result's ``spml_meta`` has ``precision="int8"`` and a
-    ``quantization`` record. Raises ``FileNotFoundError``, :class:`NotFP32Error`,
-    :class:`~export.errors.CalibrationDataError`, :class:`ConversionError`.
+    weights, for x86 CPUs without VNNI. ``keep_float``: names of further nodes (of the pre-processed graph, as
+    :mod:`export.int8_sensitivity` reports them) left unquantized; ``keep_float_spec``: how they were chosen
+    (``worst:3``), recorded with them under ``keep_float``. The result's ``spml_meta`` has ``precision="int8"`` and
+    a ``quantization`` record. Raises ``FileNotFoundError``, :class:`NotFP32Error`,
+    :class:`~export.errors.CalibrationDataError`, :class:`~export.errors.KeepFloatError` (an unknown node name),
+    :class:`ConversionError`.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     t0 = time.perf_counter()
     src, dst = Path(src), Path(dst)
@@ -500,12 +537,10 @@ def quantize_int8(
         tmp = Path(tmp_dir)
         pre_path, out_path = tmp / "preprocessed.onnx", tmp / "quantized.onnx"
         try:
-            with contextlib.redirect_stdout(chatter), _quiet_logging():
-                quant_pre_process(copy.deepcopy(model), str(pre_path))
-        except Exception as exc:
-            raise ConversionError(f"quant_pre_process failed on {src}: {type(exc).__name__}: {exc}") from exc
-        pre = onnx.load(str(pre_path))
-        _name_nodes(pre)
+            pre = preprocess_for_quantization(model, pre_path, chatter)
+        except ConversionError as exc:
+            raise ConversionError(f"{src}: {exc}") from exc
+        _check_keep_float(pre, keep_float, src)
         # Every node of the head stays float, not only its Gemm/MatMul (the label-wise embedding head's
         # transformer would otherwise get Q/DQ pairs on its Add/Reshape/Transpose activations). The
         # pre-processing drops the exporter's node metadata but keeps node names, so the head is found on the
@@ -518,6 +553,7 @@ def quantize_int8(
         # the folded LgConv's small attention-pooling products stay float: ORT's QLinearMatMul takes no
         # per-channel 3-D weights, and they are a negligible share of the compute
         excluded = (head if keep_head_float else []) + [n for n in activation_matmuls(pre) if n not in head]
+        excluded += [n for n in dict.fromkeys(keep_float) if n not in excluded]
         try:
             with contextlib.redirect_stdout(chatter), _quiet_logging():
                 quantize_static(
@@ -561,6 +597,8 @@ def quantize_int8(
             "keep_head_float": keep_head_float,
             "nodes_kept_float": float_nodes,
             "nodes_quantized": len(quant_nodes),
+            **({"keep_float": {"spec": keep_float_spec or ",".join(keep_float),
+                               "nodes": list(dict.fromkeys(keep_float))}} if keep_float else {}),
             "source_sha256": file_sha256(src),
         },
     )

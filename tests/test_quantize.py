@@ -6,6 +6,7 @@ logits spread like a trained model's, is exported once; every conversion is made
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -17,16 +18,19 @@ import torch
 from onnx import numpy_helper
 
 from export import ExportError, read_onnx_meta
+from export.__main__ import main as export_main
 from export.converted_vs_fp32 import (
     check_precision,
     compare_models,
     verify_precision,
 )
-from export.errors import CalibrationDataError, ConversionError, NotFP32Error, PrecisionError
+from export.errors import CalibrationDataError, ConversionError, KeepFloatError, NotFP32Error, PrecisionError
 from export.int8_calibration_data import calibration_batches
+from export.int8_sensitivity import KeepFloat, format_report, parse_keep_float, sensitivity_report, write_csv
 from export.onnx_export import export_to_file
 from export.onnx_files import set_onnx_meta
-from export.precisions import PrecisionBounds
+from export.options import ExportOptions
+from export.precisions import PRECISIONS, ConversionInputs, PrecisionBounds
 from export.quantize import (
     CALIBRATION_METHODS,
     convert_fp16,
@@ -37,6 +41,7 @@ from export.quantize import (
     read_precision,
 )
 from models import ModelMeta, build_model
+from models.command_line import UsageError
 from models.onnx_metadata import META_KEY
 
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
@@ -272,3 +277,80 @@ def test_calibration_batches_validation() -> None:
         calibration_batches([], SIZE)
     with pytest.raises(CalibrationDataError, match="NaN"):
         calibration_batches(np.full((1, 3, SIZE, SIZE), np.nan, np.float32), SIZE)
+
+
+# ------------------------------------------------------------------ INT8 per-node sensitivity, --int8-keep-float
+
+
+def _weight_dequantized(proto: onnx.ModelProto) -> dict[str, bool]:
+    """Conv/Gemm node name -> whether its weight is a DequantizeLinear output (int8) rather than a float tensor."""
+    dq_outputs = {o for n in proto.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return {n.name: n.input[1] in dq_outputs for n in proto.graph.node if n.op_type in ("Conv", "Gemm")}
+
+
+def test_int8_sensitivity_report_ranks_every_quantized_node(models: dict[str, Path], inputs: np.ndarray,
+                                                            tmp_path: Path) -> None:
+    rows = sensitivity_report(models["fp32"], models["cpu"], inputs[:16])
+    quantized = {name for name, dq in _weight_dequantized(onnx.load(str(models["cpu"]))).items() if dq}
+    assert len(rows) == len(quantized) == read_onnx_meta(models["cpu"]).quantization["nodes_quantized"]
+    assert {r.name for r in rows} == quantized and {r.op_type for r in rows} == {"Conv"}  # the head is float
+    assert all(np.isfinite(r.sqnr_db) for r in rows)
+    assert [r.sqnr_db for r in rows] == sorted(r.sqnr_db for r in rows)  # worst first
+    assert 5 < rows[0].sqnr_db < rows[-1].sqnr_db < 80  # noisy but not garbage: compared at matching tensors
+    assert all(r.input_sqnr_db is not None and r.added_db is not None for r in rows)
+    for r in rows:  # the noise power a node adds: its output's noise-to-signal minus its input's
+        assert r.added_noise == pytest.approx(10 ** (-r.sqnr_db / 10) - 10 ** (-r.input_sqnr_db / 10))
+    table = format_report(rows, 5).splitlines()
+    assert len(table) == 6 and rows[0].name in table[1]
+    with open(write_csv(rows, tmp_path / "int8-sensitivity.csv"), newline="") as fh:
+        written = list(csv.DictReader(fh))
+    assert [w["node"] for w in written] == [r.name for r in rows] and written[0]["rank"] == "1"
+    assert float(written[0]["sqnr_db"]) == pytest.approx(rows[0].sqnr_db, abs=0.01)
+
+
+def test_int8_keep_float_worst_n_through_the_precision_row(models: dict[str, Path], tmp_path: Path) -> None:
+    fp32 = tmp_path / "model.onnx"
+    fp32.write_bytes(models["fp32"].read_bytes())
+    said: list[str] = []
+    calibration = smooth_images(32, 1)
+    make = PRECISIONS["int8"].conversions[0].make  # the int8-cpu conversion, as export_run calls it
+    result = make(fp32, ConversionInputs(said.append, lambda: calibration, None, int8_report=True,
+                                         int8_keep_float="worst:2"))
+    kept = result.quantization["keep_float"]
+    assert kept["spec"] == "worst:2" and len(kept["nodes"]) == 2
+    # the two nodes of the plain INT8 model (same calibration, deterministic) that add the most noise are kept
+    plain = sensitivity_report(models["fp32"], models["cpu"], calibration)
+    assert kept["nodes"] == [r.name for r in sorted(plain, key=lambda r: -r.added_noise)[:2]]
+    weights = _weight_dequantized(onnx.load(str(result.path)))
+    assert all(weights[name] is False for name in kept["nodes"])  # float weights: float Conv ops
+    assert set(kept["nodes"]) <= set(result.quantization["nodes_kept_float"])
+    assert result.quantization["nodes_quantized"] == read_onnx_meta(models["cpu"]).quantization["nodes_quantized"] - 2
+    assert read_onnx_meta(result.path).quantization["keep_float"] == kept  # in the file's metadata
+    # --int8-report: the table printed, every node in the CSV beside the model, the kept nodes no longer in it
+    report = (tmp_path / "int8-sensitivity.csv").read_text()
+    assert not any(name in report for name in kept["nodes"])
+    assert any("kept in float (worst:2)" in line for line in said)
+    assert any("SQNR dB" in line for line in said)
+
+
+def test_int8_keep_float_names_and_errors(models: dict[str, Path], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_keep_float(None) is None and parse_keep_float(" ") is None
+    assert parse_keep_float("a, b,a") == KeepFloat("a,b", names=("a", "b"))
+    assert parse_keep_float("worst:3") == KeepFloat("worst:3", worst=3)
+    for bad in ("worst:0", "worst:x", ",,"):
+        with pytest.raises(ValueError, match="int8-keep-float"):
+            parse_keep_float(bad)
+    with pytest.raises(UsageError, match="worst:N"):
+        ExportOptions(precisions=("fp32", "int8"), int8_keep_float="worst:-1")
+    with pytest.raises(UsageError, match="needs --precision int8"):
+        ExportOptions(precisions=("fp32",), int8_report=True)
+    with pytest.raises(KeepFloatError, match=r"'no_such_conv'.*e\.g\. node_Conv") as info:
+        quantize_int8(models["fp32"], tmp_path / "out.onnx", smooth_images(4, 0), keep_float=["no_such_conv"])
+    assert isinstance(info.value, ConversionError) and not (tmp_path / "out.onnx").exists()
+    # the command line: a malformed spec, and a node the exported graph does not have, are usage errors (exit 2)
+    assert export_main(["run", "--precision", "int8", "--int8-keep-float", "worst:0"]) == 2
+    monkeypatch.setattr("models.files.run_folder.resolve_checkpoint", lambda target, runs_dir: Path(target))
+    monkeypatch.setattr("export.pipeline.export_run", lambda *a, **k: (_ for _ in ()).throw(info.value))
+    assert export_main(["run.pt", "--precision", "int8", "--int8-keep-float", "no_such_conv"]) == 2
+    assert "no_such_conv" in capsys.readouterr().err
