@@ -125,7 +125,8 @@ def _precision_options(g: argparse._ArgumentGroup) -> None:
                    "FP32 and write every node's to int8-sensitivity.csv beside the model (docs/export.md)")
     g.add_argument("--int8-keep-float", metavar="SPEC",
                    help="INT8 nodes left in float besides the head: comma-separated node names (as --int8-report "
-                   "lists them) or worst:N, the N of lowest SQNR (quantize, rank, quantize again)")
+                   "lists them) or worst:N, the N that add the most quantization noise (quantize, rank, quantize "
+                   "again)")
     g.add_argument("--calibration-images", type=int, default=DEFAULT_CALIBRATION_IMAGES, metavar="N",
                    help="training images for INT8 calibration (default: %(default)s)")
     g.add_argument("--trt", action="store_true", help="also build TensorRT engines (one per precision)")
