@@ -106,7 +106,8 @@ def _int8(target: str) -> Callable[[Path, ConversionInputs], ConversionResult]:
         dst = default_output(fp32, "int8", target)
         keep = sens.parse_keep_float(inputs.int8_keep_float)
         if keep is not None and keep.worst is not None:
-            inputs.say(f"  ranking the nodes by SQNR, then quantizing again with the {keep.worst} worst in float ...")
+            inputs.say(f"  ranking the nodes by the noise each adds, then quantizing again with the {keep.worst} "
+                       "worst in float ...")
             result, _ = sens.quantize_keeping_worst(fp32, dst, images, keep.worst, target=target, method=method)
         else:
             result = quantize_int8(fp32, dst, images, target=target, method=method,  # type: ignore[arg-type]
