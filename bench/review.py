@@ -146,10 +146,10 @@ def measure(dev_name: str, seed: int, budgets: list[int], round_size: int, out: 
     an, full = r.scores(r.observed), r.scores(r.train_full.astype(np.int8))
     record: dict[str, Any] = {"dev_set": dev_name, "seed": seed, "train_images": len(r.observed),
                               "true_positives_unobserved": int(((r.train_full == 1) & (r.observed == 0)).sum()),
-                              "an": an["test_mAP"], "full": full["test_mAP"], "an_val": an["val_mAP_full"],
+                              "given": an["test_mAP"], "full": full["test_mAP"], "given_val": an["val_mAP_full"],
                               "full_val": full["val_mAP_full"], "budgets": budgets, "round": round_size,
                               "strategies": {}}
-    print(f"{dev_name} seed {seed}: an {record['an']:.2f}, full {record['full']:.2f}", flush=True)
+    print(f"{dev_name} seed {seed}: {BASELINE} {record['given']:.2f}, full {record['full']:.2f}", flush=True)
     top = max(budgets)
     orders = {"balanced": r.ranking(r.observed, top, "balanced"), "score": r.ranking(r.observed, top, "score"),
               "random": r.random_pairs(top)}
@@ -200,7 +200,7 @@ def report(out: Path, command: str) -> str:
              "negatives). Val gap closed: the same on the hidden full labels of the validation images, by which "
              "the default order was chosen (never by test).", ""]
     for dev_name, runs in records.items():
-        an = [r["an"] for r in runs]
+        an = [r["given"] for r in runs]
         full = [r["full"] for r in runs]
         lines += [f"**{TITLES.get(dev_name, dev_name)}** ({runs[0]['train_images']:,} training images, "
                   f"{runs[0]['true_positives_unobserved']:,} present labels unobserved; {len(runs)} seeds): `an` "
@@ -212,11 +212,11 @@ def report(out: Path, command: str) -> str:
             for run in runs:
                 for row in run["strategies"].get(strategy, []):
                     by_budget.setdefault(row["reviews"], []).append({**row, **{k: run[k] for k in (
-                        "an", "full", "an_val", "full_val")}})
+                        "given", "full", "given_val", "full_val")}})
             for reviews, rows in sorted(by_budget.items()):
                 found = np.mean([row["found"] for row in rows])
-                gaps = [(row["test_mAP"] - row["an"]) / (row["full"] - row["an"]) * 100 for row in rows]
-                val = np.mean([(row["val_mAP_full"] - row["an_val"]) / (row["full_val"] - row["an_val"]) * 100
+                gaps = [(row["test_mAP"] - row["given"]) / (row["full"] - row["given"]) * 100 for row in rows]
+                val = np.mean([(row["val_mAP_full"] - row["given_val"]) / (row["full_val"] - row["given_val"]) * 100
                                for row in rows])
                 lines.append(f"| {strategy} | {reviews:,} | {found:.0f} ({found / reviews:.2f}) | {val:.1f}% | "
                              f"{_mean_std([row['test_mAP'] for row in rows])} | {np.mean(gaps):.1f}% "

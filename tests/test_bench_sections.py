@@ -71,7 +71,7 @@ def test_review_benchmark_report_gives_the_gap_closed(tmp_path: Path) -> None:
     for seed, (an, full, got) in enumerate([(50.0, 60.0, 53.0), (52.0, 60.0, 54.0)]):
         rows = [{"reviews": 500, "found": 300 + seed * 10, "val_mAP_full": an + 1.0, "test_mAP": got}]
         record = {"dev_set": "openclipart", "seed": seed, "train_images": 2117, "true_positives_unobserved": 2000,
-                  "an": an, "full": full, "an_val": an, "full_val": an + 10.0, "seconds": 60.0,
+                  "given": an, "full": full, "given_val": an, "full_val": an + 10.0, "seconds": 60.0,
                   "strategies": {"balanced": rows}}
         (tmp_path / f"openclipart-seed{seed}.json").write_text(json.dumps(record))
     page = tmp_path / "page.md"
