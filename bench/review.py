@@ -107,17 +107,17 @@ class Reviewer:
         return {"val_mAP_full": float(mean_average_precision(val, self.val_full)),
                 "test_mAP": float(mean_average_precision(test, self.test_labels))}
 
-    def ranking(self, observed: np.ndarray, count: int, order_by: str) -> list[tuple[str, str]]:
-        """The product's top ``count`` suggestions for ``observed`` (cross-fitted an heads, train/suggestions.py) in
-        the order ``order_by``."""
+    def rankings(self, observed: np.ndarray, count: int, orders: tuple[str, ...]) -> dict[str, list[tuple[str, str]]]:
+        """The product's top ``count`` suggestions for ``observed`` in each order of ``orders``: one set of
+        cross-fitted an heads (train/suggestions.py), ranked every way."""
         data = _with_observed(self.data, observed)
         pool: Pool = training_pool(data, self.features)
         logits, failed = out_of_fold_logits(Candidate(BASELINE, LR), self.cfg, data, self.model, self.forward, pool,
                                             None)
         if failed:
             raise RuntimeError(failed)
-        items, _ = rank_pairs(pool, logits, count, order_by=order_by)
-        return [(item.image, item.label) for item in items]
+        return {order: [(item.image, item.label) for item in rank_pairs(pool, logits, count, order_by=order)[0]]
+                for order in orders}
 
     def random_pairs(self, count: int) -> list[tuple[str, str]]:
         """``count`` unobserved training pairs drawn uniformly (seeded)."""
@@ -151,8 +151,7 @@ def measure(dev_name: str, seed: int, budgets: list[int], round_size: int, out: 
                               "strategies": {}}
     print(f"{dev_name} seed {seed}: {BASELINE} {record['given']:.2f}, full {record['full']:.2f}", flush=True)
     top = max(budgets)
-    orders = {"balanced": r.ranking(r.observed, top, "balanced"), "score": r.ranking(r.observed, top, "score"),
-              "random": r.random_pairs(top)}
+    orders = {**r.rankings(r.observed, top, ("balanced", "score")), "random": r.random_pairs(top)}
     for strategy, order in orders.items():
         rows = []
         for budget in budgets:
@@ -162,7 +161,7 @@ def measure(dev_name: str, seed: int, budgets: list[int], round_size: int, out: 
         record["strategies"][strategy] = rows
     rows, observed, asked = [], r.observed, 0
     while asked < top:
-        batch = r.ranking(observed, min(round_size, top - asked), "balanced")
+        batch = r.rankings(observed, min(round_size, top - asked), ("balanced",))["balanced"]
         observed, _ = r.reviewed(batch, observed)
         asked += len(batch)
         if asked in budgets:

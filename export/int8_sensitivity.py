@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from export.quantize import ConversionResult
 
-#: Images the report runs (the first ones of those given): enough for stable ratios, a few seconds on Lite0.
+#: Images the report runs (the first ones of those given).
 DEFAULT_REPORT_IMAGES = 64
 #: Rows ``--int8-report`` prints (the CSV holds them all).
 DEFAULT_REPORT_ROWS = 15

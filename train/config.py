@@ -376,8 +376,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.preset == "paper":
         defaults = TrainConfig()
         values.update(paper_settings(args.method or defaults.method, args.data or defaults.data))
-    if getattr(args, "from_run", None):
-        values.update(settings_of_run(args.from_run, args.runs_dir))
+    base = settings_of_run(args.from_run, args.runs_dir) if getattr(args, "from_run", None) else {}
+    values.update(base)
     for f in dataclasses.fields(TrainConfig):
         given = getattr(args, f.name, None)
         if given is not None:
@@ -386,9 +386,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if values.get("trainable") == "head" and "epochs" not in values:
         values["epochs"] = HEAD_EPOCHS  # a head on fixed features: the seeds' 25 linear epochs, seconds each
     if isinstance(values.get("hp"), list):
-        hp: dict[str, str] = {}
-        if getattr(args, "from_run", None):
-            hp.update(settings_of_run(args.from_run, args.runs_dir).get("hp", {}))
+        hp: dict[str, str] = dict(base.get("hp", {}))  # --from-run's, then the ones given
         for item in values["hp"]:
             if "=" not in item:
                 raise ValueError(f"--hp expects NAME=VALUE, got {item!r}")
