@@ -11,6 +11,12 @@ The ratio tagger / model-only is the share of the model's speed the tagger keeps
 ``--repeats`` times, interleaved (model-only, tagger, then tagger, model-only, ...), so a change in the machine's load
 hits both: the table gives the median (min-max) of the runs and of each round's ratio. The table, the command and
 the machine (with its load average) go to section ``tag-cpu`` of the results page.
+
+``--photos DIR`` (real JPEG photos, e.g. Debian's ``mate-backgrounds``: ``/usr/share/backgrounds/mate/nature``)
+times real photos instead, at each of ``--photo-sizes`` (default 800 x 600, 1920 x 1440, 4000 x 3000: a random 4:3
+crop of each photo, resized, JPEG quality 90), and adds a third run, the loader alone (the tagger's decode threads
+with no model): when the loader is slower than the model, decoding is what limits the tagger, and the table gives
+the share of the tagger's time the loader alone needs. Section ``tag-photos``.
 """
 
 from __future__ import annotations
@@ -19,16 +25,23 @@ import argparse
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.timing import Spread, interleaved_order
+from serve.images import ImagePreprocessor
 from serve.predictor import Predictor
 from serve.tagging import tag_folder
+from serve.tagging.scoring import decode_ahead, decode_window, default_workers
+from serve.tagging.sources import Item
+
+#: Debian's mate-backgrounds photographs (``apt install mate-backgrounds``): the default ``--photos``.
+DEBIAN_PHOTOS = Path("/usr/share/backgrounds/mate/nature")
+DEFAULT_PHOTO_SIZES = "800x600,1920x1440,4000x3000"
 
 
 def make_jpegs(folder: Path, count: int, size: int, seed: int = 0, height: int | None = None) -> list[Path]:
@@ -57,6 +70,55 @@ def make_jpegs(folder: Path, count: int, size: int, seed: int = 0, height: int |
     return paths
 
 
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """``"800x600,4000x3000"`` -> ``[(800, 600), (4000, 3000)]``; raises ``ValueError`` on anything else."""
+    sizes = []
+    for part in text.split(","):
+        width, sep, height = part.strip().lower().partition("x")
+        if not sep or not width.isdigit() or not height.isdigit() or int(width) < 1 or int(height) < 1:
+            raise ValueError(f"bad size {part.strip()!r}: expected WIDTHxHEIGHT, e.g. 800x600")
+        sizes.append((int(width), int(height)))
+    return sizes
+
+
+def photo_jpegs(photos: list[Path], folder: Path, count: int, width: int, height: int,
+                seed: int = 0) -> list[Path]:
+    """``count`` JPEGs (quality 90) of ``width`` x ``height`` in ``folder``, each a random crop of the aspect
+    ``width:height`` covering 70-100% of the largest such crop of one of ``photos`` (taken in turn), resized
+    (Lanczos): distinct files with the content of real photographs."""
+    rng = np.random.default_rng(seed)
+    aspect = width / height
+    paths = []
+    for i in range(count):
+        with Image.open(photos[i % len(photos)]) as img:
+            image = img.convert("RGB")
+        full_w, full_h = image.size
+        crop_w = min(full_w, round(full_h * aspect))
+        scale = float(np.sqrt(rng.uniform(0.7, 1.0)))
+        cw, ch = max(1, round(crop_w * scale)), max(1, round(crop_w * scale / aspect))
+        left, top = int(rng.integers(0, full_w - cw + 1)), int(rng.integers(0, full_h - ch + 1))
+        image = image.crop((left, top, left + cw, top + ch)).resize((width, height), Image.Resampling.LANCZOS)
+        path = folder / f"{i // 500:02d}" / f"photo{i:05d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path, quality=90)
+        paths.append(path)
+    return paths
+
+
+def loader_only(predictor: Predictor, paths: list[Path], batch_size: int) -> float:
+    """Images/s of the tagger's loader alone: the same decode threads and read-ahead window as the local engine
+    (:func:`serve.tagging.scoring.decode_ahead`), no model."""
+    preprocess = ImagePreprocessor(predictor.transform, predictor.max_pixels)
+    workers = default_workers()
+    items = [Item(str(path), str(path)) for path in paths]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
+        for _, image, error in decode_ahead(items, preprocess, pool, decode_window(batch_size, workers)):
+            if image is None:
+                raise RuntimeError(f"could not decode an image: {error}")
+    return len(items) / (time.perf_counter() - start)
+
+
 def model_only(predictor: Predictor, sample: list[Path], batch_size: int, seconds: float) -> float:
     """Images/s of the runtime alone on preprocessed batches (no decoding)."""
     batch = np.stack([predictor.preprocess(p) for p in sample[:batch_size]])
@@ -68,47 +130,36 @@ def model_only(predictor: Predictor, sample: list[Path], batch_size: int, second
     return done / (time.perf_counter() - start)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m bench.tag_speed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="+", type=Path, help="model files (.pt checkpoint, .onnx export)")
-    parser.add_argument("--images", type=int, default=2000, help="JPEGs to tag (default: %(default)s)")
-    parser.add_argument("--size", type=int, default=448, help="JPEG side in px (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="model-only timing window (default: 5)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of model-only and of the tagger per model, interleaved (default: %(default)s)")
-    add_page_options(parser, "tag-cpu")
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "images"
-        print(f"writing {args.images} JPEGs of {args.size} px ...", file=sys.stderr)
-        paths = make_jpegs(folder, args.images, args.size)
-        for model in args.models:
-            predictor = Predictor.load(model)
+def measure(predictor: Predictor, folder: Path, paths: list[Path], output: Path, batch_size: int, seconds: float,
+            repeats: int, with_loader: bool) -> dict[str, Spread]:
+    """Model-only, tagger (and with ``with_loader`` loader-only) images/s over ``repeats`` interleaved rounds, and
+    each round's tagger / model-only ``share`` (and tagger / loader-only ``decode_share``)."""
 
-            def tagger(predictor: Predictor = predictor, model: Path = model) -> float:
-                start = time.perf_counter()
-                summary = tag_folder(folder, predictor, Path(tmp) / f"tags-{model.stem}.jsonl",
-                                     batch_size=args.batch_size, progress=False, existing="overwrite")
-                return summary.tagged / (time.perf_counter() - start)
+    def tagger() -> float:
+        start = time.perf_counter()
+        summary = tag_folder(folder, predictor, output, batch_size=batch_size, progress=False, existing="overwrite")
+        return summary.tagged / (time.perf_counter() - start)
 
-            runs = {"model_only": lambda p=predictor: model_only(p, paths, args.batch_size, args.seconds),
-                    "tagger": tagger}
-            rates: dict[str, list[float]] = {name: [] for name in runs}
-            for round_ in range(args.repeats):
-                for name in interleaved_order(list(runs), round_):
-                    rates[name].append(runs[name]())
-            rows.append({"model": str(model), "backend": predictor.backend, "arch": predictor.meta.arch,
-                         "input": predictor.meta.image_size, "model_only": Spread.of(rates["model_only"]),
-                         "tagger": Spread.of(rates["tagger"]),
-                         "share": Spread.of([t / m for t, m in zip(rates["tagger"], rates["model_only"],
-                                                                   strict=True)])})
-            print(rows[-1], file=sys.stderr, flush=True)
+    runs = {"model_only": lambda: model_only(predictor, paths, batch_size, seconds), "tagger": tagger}
+    if with_loader:
+        runs["loader_only"] = lambda: loader_only(predictor, paths, batch_size)
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(repeats):
+        for name in interleaved_order(list(runs), round_):
+            rates[name].append(runs[name]())
+    result = {name: Spread.of(values) for name, values in rates.items()}
+    result["share"] = Spread.of([t / m for t, m in zip(rates["tagger"], rates["model_only"], strict=True)])
+    if with_loader:
+        result["decode_share"] = Spread.of([t / d for t, d in zip(rates["tagger"], rates["loader_only"],
+                                                                  strict=True)])
+    return result
+
+
+def synthetic_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path) -> str:
+    """Section ``tag-cpu``: every model on ``--images`` square JPEGs of ``--size`` px."""
+    folder = tmp / "images"
+    print(f"writing {args.images} JPEGs of {args.size} px ...", file=sys.stderr)
+    paths = make_jpegs(folder, args.images, args.size)
     lines = ["## Tagger throughput vs model-only throughput (CPU)", "",
              f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
              f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tagging.tag_folder` end "
@@ -117,11 +168,89 @@ def main(argv: list[str] | None = None) -> int:
              "(min-max) of the runs, and of each round's tagger / model-only share.", "",
              "| model | backend | network input | model-only img/s | tagger img/s | tagger / model-only |",
              "|---|---|---|---|---|---|"]
-    for r in rows:
-        share = r["share"].scaled(100)
-        lines.append(f"| {Path(r['model']).name} | {r['backend']} | {r['arch']} @{r['input']} px | "
-                     f"{r['model_only'].text('.1f')} | {r['tagger'].text('.1f')} | {share.text('.0f', '%')} |")
-    publish(args.section or "tag-cpu", "\n".join(lines) + "\n", args.page)
+    for model in args.models:
+        predictor = Predictor.load(model)
+        r = measure(predictor, folder, paths, tmp / f"tags-{model.stem}.jsonl", args.batch_size, args.seconds,
+                    args.repeats, with_loader=False)
+        print(model, r, file=sys.stderr, flush=True)
+        lines.append(f"| {model.name} | {predictor.backend} | {predictor.meta.arch} @{predictor.meta.image_size} px | "
+                     f"{r['model_only'].text('.1f')} | {r['tagger'].text('.1f')} | "
+                     f"{r['share'].scaled(100).text('.0f', '%')} |")
+    return "\n".join(lines) + "\n"
+
+
+def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, photos: list[Path]) -> str:
+    """Section ``tag-photos``: every model on ``--images`` JPEGs made from real photos at each ``--photo-sizes``."""
+    sizes = parse_sizes(args.photo_sizes)
+    predictors = [(model, Predictor.load(model)) for model in args.models]
+    lines = ["## Tagging real photos with the default model (CPU, local engine)", "",
+             f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
+             f"{args.images} JPEGs per size, each a random 4:3 crop (70-100% of the largest) of one of {len(photos)} "
+             f"photographs in `{args.photos}`, resized (Lanczos) and saved at quality 90; sizes above the "
+             "photograph's own are upscaled. Batch "
+             f"{args.batch_size}, {default_workers()} decode threads. Model-only = the runtime on preprocessed "
+             "batches; loader-only = the tagger's decode threads with no model (reduced-scale JPEG decoding, resize, "
+             "read-ahead window); tagger = `serve.tagging.tag_folder` end to end. The three ran "
+             f"{args.repeats} time(s), interleaved: median (min-max). Decoding share = tagger img/s / loader-only "
+             "img/s, the share of the tagger's time the loader alone needs (near 100%: decoding limits the tagger).",
+             "", "| model | backend | photos | model-only img/s | loader-only img/s | tagger img/s | "
+             "tagger / model-only | decoding share |", "|---|---|---|---|---|---|---|---|"]
+    for width, height in sizes:
+        folder = tmp / f"photos-{width}x{height}"
+        print(f"writing {args.images} JPEGs of {width} x {height} from {len(photos)} photos ...", file=sys.stderr)
+        paths = photo_jpegs(photos, folder, args.images, width, height)
+        for model, predictor in predictors:
+            r = measure(predictor, folder, paths, tmp / f"tags-{model.stem}.jsonl", args.batch_size, args.seconds,
+                        args.repeats, with_loader=True)
+            print(model, width, height, r, file=sys.stderr, flush=True)
+            lines.append(f"| {model.name} | {predictor.backend} | {width} x {height} | "
+                         f"{r['model_only'].text('.1f')} | {r['loader_only'].text('.1f')} | "
+                         f"{r['tagger'].text('.1f')} | "
+                         f"{r['share'].scaled(100).text('.0f', '%')} | "
+                         f"{r['decode_share'].scaled(100).text('.0f', '%')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m bench.tag_speed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="+", type=Path, help="model files (.pt checkpoint, .onnx export)")
+    parser.add_argument("--images", type=int, default=2000, help="JPEGs to tag (per photo size) (default: %(default)s)")
+    parser.add_argument("--size", type=int, default=448,
+                        help="JPEG side in px, without --photos (default: %(default)s)")
+    parser.add_argument("--photos", type=Path, default=None, metavar="DIR",
+                        help=f"time JPEGs made from the real photos in DIR (e.g. {DEBIAN_PHOTOS}, from "
+                             "`apt install mate-backgrounds`)")
+    parser.add_argument("--photo-sizes", default=DEFAULT_PHOTO_SIZES,
+                        help="WIDTHxHEIGHT sizes made from --photos (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="model-only timing window (default: 5)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of model-only and of the tagger per model, interleaved (default: %(default)s)")
+    add_page_options(parser, "tag-cpu or, with --photos, tag-photos")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if args.images < 1:
+        parser.error("--images must be >= 1")
+    try:
+        parse_sizes(args.photo_sizes)
+    except ValueError as exc:
+        parser.error(f"--photo-sizes: {exc}")
+    photos: list[Path] = []
+    if args.photos is not None:
+        if not args.photos.is_dir():
+            hint = " (apt install mate-backgrounds)" if args.photos == DEBIAN_PHOTOS else ""
+            parser.error(f"--photos: no folder {args.photos}{hint}")
+        photos = sorted(p for p in args.photos.iterdir() if p.suffix.lower() in (".jpg", ".jpeg"))
+        if not photos:
+            parser.error(f"--photos: no .jpg/.jpeg file in {args.photos}")
+    with tempfile.TemporaryDirectory() as tmp:
+        if photos:
+            publish(args.section or "tag-photos", photos_section(args, argv, Path(tmp), photos), args.page)
+        else:
+            publish(args.section or "tag-cpu", synthetic_section(args, argv, Path(tmp)), args.page)
     return 0
 
 

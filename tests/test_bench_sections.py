@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from bench import decode, export_speed, train_speed
+from bench import decode, export_speed, tag_speed, train_speed
 from bench.results_page import read_section, write_section
+from models import ModelMeta, build_model, save_checkpoint
 
 
 def test_write_section_replaces_its_own_section_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -81,3 +84,79 @@ def test_review_benchmark_report_gives_the_gap_closed(tmp_path: Path) -> None:
     row = next(line for line in text.splitlines() if line.startswith("| balanced | 500 |"))
     # test gaps 30% and 25%: mean 27.5%, smallest 25.0%, 5.50% per 100 reviews; val 10% on both
     assert row == "| balanced | 500 | 305 (0.61) | 10.0% | 53.50 ± 0.71 | 27.5% (25.0%) | 5.50% |"
+
+
+def test_tag_speed_on_photos_gives_model_loader_and_tagger_rates(tmp_path: Path) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i, size in enumerate([(120, 90), (90, 120)]):  # one landscape, one portrait "photo"
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(photos / f"p{i}.jpg")
+    (photos / "notes.txt").write_text("not a photo")
+    made = tag_speed.photo_jpegs(sorted(photos.glob("*.jpg")), tmp_path / "made", 3, 64, 48)
+    assert len({p.read_bytes() for p in made}) == 3  # distinct crops
+    for path in made:
+        with Image.open(path) as img:
+            assert img.size == (64, 48) and img.format == "JPEG"
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "best.pt", build_model("resnet18", 2).state_dict(),
+                    ModelMeta(classes=["a", "b"], arch="resnet18", image_size=32))
+    page = tmp_path / "page.md"
+    assert tag_speed.main([str(tmp_path / "best.pt"), "--photos", str(photos), "--photo-sizes", "64x48,40x30",
+                           "--images", "5", "--batch-size", "2", "--seconds", "0", "--repeats", "1",
+                           "--page", str(page)]) == 0
+    text = read_section("tag-photos", page)
+    assert text is not None and read_section("tag-cpu", page) is None
+    assert "one of 2 photographs" in text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| best.pt |")]
+    assert [row[2] for row in rows] == ["64 x 48", "40 x 30"]
+    for row in rows:
+        rates = [float(cell) for cell in row[3:6]]
+        assert all(rate > 0 for rate in rates)
+        assert row[6].endswith("%") and row[7].rstrip(" |").endswith("%")
+
+
+def test_tag_speed_refuses_bad_photo_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for args, message in [(["--photos", str(tmp_path / "none")], "no folder"),
+                          (["--photos", str(tmp_path)], "no .jpg/.jpeg file"),
+                          (["--photo-sizes", "800by600"], "expected WIDTHxHEIGHT")]:
+        with pytest.raises(SystemExit) as exc:
+            tag_speed.main(["model.onnx", *args, "--page", str(tmp_path / "page.md")])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_first_run_benchmark_times_the_head_only_step_cold_and_warm(builtin_cache: Path, tmp_path: Path) -> None:
+    from bench import first_run
+
+    page = tmp_path / "page.md"
+    options = "--arch resnet18 --weights none --image-size 32 --epochs 2"
+    assert first_run.main(["--data", "builtin:tiny", "--steps", "head-only", "--train-options", options,
+                           "--page", str(page)]) == 0
+    text = read_section("first-run", page)
+    assert text is not None and f"--train-options '{options}'" in text and "`builtin:tiny`: " in text
+    cells = {line.split(" | ")[0][2:]: line.split(" | ")[2] for line in text.splitlines() if line.startswith("| ")}
+    assert set(cells) == {"step", "head only, feature pass", "head only, the head's epochs"}
+    assert "per 1,000 images (train + val:" in cells["head only, feature pass"]
+    assert "(2 epochs; run:" in cells["head only, the head's epochs"]
+    assert float(cells["head only, the head's epochs"].split(" s per epoch")[0]) >= 0
+    # the fresh caches never held the session's built-in images or features: the steps made their own
+    assert not (builtin_cache / "features").exists() or not any((builtin_cache / "features").iterdir())
+
+
+def test_first_run_benchmark_refuses_unknown_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import first_run
+
+    with pytest.raises(SystemExit) as exc:
+        first_run.main(["--steps", "quick-start,warm-up"])
+    assert exc.value.code == 2 and "unknown step(s) warm-up" in capsys.readouterr().err
+
+
+def test_first_run_fresh_cache_links_datasets_but_not_what_a_first_run_computes(tmp_path: Path) -> None:
+    from bench.first_run import fresh_cache
+
+    real = tmp_path / "real"
+    for name in ("builtin", "features", "openclipart", "tuxpaint"):
+        (real / name).mkdir(parents=True)
+    made = fresh_cache(tmp_path / "fresh", real)
+    assert sorted(p.name for p in made.iterdir()) == ["openclipart", "tuxpaint"]
+    assert (made / "openclipart").resolve() == (real / "openclipart").resolve()

@@ -21,6 +21,7 @@ and validation.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -157,6 +158,7 @@ class FixedFeaturePhase:
             order = order[self.train_present[order]]
         totals = EpochTotals(epoch)
         world = current_world()
+        started = time.perf_counter()
         # this epoch's step module (DDP under torchrun); dropped at the end of the epoch, so it never coexists
         # with the end-to-end wrapper of the same method parameters
         step = wrap_training_step(head, self.method, device)
@@ -179,7 +181,8 @@ class FixedFeaturePhase:
             totals.add(out, len(idx), number)
         totals.raise_if_diverged()
         stats, _ = totals.means()
-        return {**stats, "phase": 1.0, "lr": float(self.optimizer.param_groups[0]["lr"])}
+        return {**stats, "phase": 1.0, "lr": float(self.optimizer.param_groups[0]["lr"]),
+                "train_seconds": time.perf_counter() - started}
 
     def validate(self) -> Assessment:
         """The current head's val predictions (cached features) against the val labels, with the criterion."""
