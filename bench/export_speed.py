@@ -2,7 +2,8 @@
 
 For each configuration: PyTorch eager FP32 (the network as trained, LgConv unfolded), and ONNX Runtime (CPU
 execution provider) on the exported FP32 (folded), FP16 and INT8 (``cpu`` flavour) models - images/s at each
-batch size and, for a trained checkpoint (``--checkpoint``), the test-split mAP of each. Without a checkpoint
+batch size and, for a trained checkpoint (``--checkpoint``), the test-split mAP of each; with ``--int8-qat`` also
+the INT8 model of the export's quantization-aware distillation (:mod:`export.int8_qat`). Without a checkpoint
 the network is random-initialised (throughput only). Every runtime / precision / batch size of a configuration is
 timed in the same interleaved rounds (:func:`bench.timing.time_interleaved_spread`), so a change in the machine's
 load hits them alike: images/s is the median (min-max) over the rounds, and "x eager" the ratio of the medians. The
@@ -47,9 +48,11 @@ def _smooth_images(n: int, size: int, seed: int) -> np.ndarray:
 
 
 def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tuple[np.ndarray, np.ndarray] | None,
-                 calibration: np.ndarray, batches: list[int], budget: float) -> list[dict[str, Any]]:
+                 calibration: np.ndarray, batches: list[int], budget: float,
+                 distilled: Path | None = None) -> list[dict[str, Any]]:
     """Rows (one per runtime/precision) for one network: images/s per batch size (a :class:`bench.timing.Spread`
-    over the interleaved rounds) and test mAP."""
+    over the interleaved rounds) and test mAP. ``distilled``: the FP32 ONNX file of its quantization-aware
+    distillation, quantized for one more row."""
     size = meta.image_size
     x = test[0] if test is not None else _smooth_images(max(batches), size, 1)
 
@@ -67,6 +70,9 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
         export_to_file(model.fold_for_inference(), meta, fp32)
         files = {"fp32": fp32, "fp16": convert_fp16(fp32, Path(tmp) / "model.fp16.onnx").path,
                  "int8 (cpu)": quantize_int8(fp32, Path(tmp) / "model.int8.onnx", calibration, target="cpu").path}
+        if distilled is not None:
+            files["int8 (cpu, distilled)"] = quantize_int8(distilled, Path(tmp) / "model.int8-qat.onnx", calibration,
+                                                           target="cpu").path
         ort_models = {precision: OrtModel(path) for precision, path in files.items()}
         calls: dict[str, Any] = {}
         for b in batches:
@@ -92,6 +98,19 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
     return rows
 
 
+def _distilled(checkpoint: Path, meta: ModelMeta, splits: Any, folder: Path) -> Path:
+    """The FP32 ONNX file of the export's quantization-aware distillation of ``checkpoint`` (uint8 activations),
+    in ``folder``."""
+    from export.int8_qat import DistilledExports
+    from export.onnx_export import export_onnx
+
+    distill = DistilledExports(
+        checkpoint, lambda n: load_train_sample(meta, splits, n, seed=0, progress=False),
+        lambda ck, out: export_onnx(ck, out).onnx_path, folder, progress=False,
+        say=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return distill.onnx("cpu")[0]
+
+
 def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) -> str:
     """The results section: command, machine and the table."""
     archs = ", ".join(dict.fromkeys(str(r["config"]).split(" ")[0] for r in rows))
@@ -100,17 +119,24 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) ->
              machine_line(), "",
              "images/s per batch size, median (min-max) over interleaved rounds of every cell of a configuration; ONNX "
              "models are the folded export (BatchNorm + LgConv); INT8 is the `cpu` flavour (u8 activations, s8 "
-             "weights, head in float) calibrated on 256 training images.", ""]
-    header = ["config", "runtime", "precision", *[f"img/s b{b}" for b in batches], "x eager (b"
-              f"{batches[-1]})", "test mAP", "mAP drop vs eager"]
+             "weights, head in float) calibrated on 256 training images; `distilled`: the same after the export's "
+             "quantization-aware distillation (`--int8-qat`, docs/export.md).", ""]
+    header = ["config", "runtime", "precision", *[f"img/s b{b}" for b in batches], f"x eager (b{batches[-1]})",
+              f"x ORT fp32 (b{batches[-1]})", "test mAP", "mAP drop vs eager"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     base: dict[str, dict[str, Any]] = {}
+    ort_base: dict[str, dict[str, Any]] = {}
     for r in rows:
         ref = base.setdefault(r["config"], r)
-        speed = r[f"b{batches[-1]}"].median / ref[f"b{batches[-1]}"].median
+        if r["runtime"] == "ONNX Runtime" and r["precision"] == "fp32":
+            ort_base[r["config"]] = r
+        last = f"b{batches[-1]}"
+        speed = r[last].median / ref[last].median
+        ort = ort_base.get(r["config"])
+        vs_ort = "-" if ort is None or r["runtime"] != "ONNX Runtime" else f"{r[last].median / ort[last].median:.2f}"
         drop = "-" if r["mAP"] is None or ref["mAP"] is None else f"{ref['mAP'] - r['mAP']:+.2f}"
         cells = [r["config"], r["runtime"], r["precision"], *[r[f"b{b}"].text(".1f") for b in batches], f"{speed:.2f}",
-                 "-" if r["mAP"] is None else f"{r['mAP']:.2f}", drop]
+                 vs_ort, "-" if r["mAP"] is None else f"{r['mAP']:.2f}", drop]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -126,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,32", help="batch sizes (default: %(default)s)")
     parser.add_argument("--test-images", type=int, default=2000, help="test images per checkpoint (default: 2000)")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of timed repeats per cell")
+    parser.add_argument("--int8-qat", action="store_true",
+                        help="for each checkpoint, also the INT8 model of the export's quantization-aware distillation")
     add_page_options(parser, "export-cpu")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -143,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         calibration = load_train_sample(meta, splits, 256, seed=0, progress=False)
         arch = meta.arch + (" + LgConv" if meta.lgconv else "")
         label = f"{arch} @{meta.image_size}px, {meta.method} ({path.parent.name})"
-        rows += bench_config(label, model, meta, (x, labels), calibration, batches, args.budget)
+        with tempfile.TemporaryDirectory() as tmp:
+            distilled = _distilled(path, meta, splits, Path(tmp)) if args.int8_qat else None
+            rows += bench_config(label, model, meta, (x, labels), calibration, batches, args.budget, distilled)
     for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
         model, meta = _random_model(args.arch, size)
         rows += bench_config(f"{args.arch} + LgConv @{size}px (random init)", model, meta, None,

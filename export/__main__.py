@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _precision_options(g: argparse._ArgumentGroup) -> None:
     """``export``: the precisions, their threshold calibration and checks, and the TensorRT engines."""
     from export.int8_sensitivity import DEFAULT_REPORT_ROWS
-    from export.options import DEFAULT_CALIBRATION_IMAGES
+    from export.options import DEFAULT_CALIBRATION_IMAGES, DEFAULT_QAT_EPOCHS, DEFAULT_QAT_IMAGES, INT8_QAT_MODES
     from export.precisions import PRECISIONS
     from export.quantize import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 
@@ -127,6 +127,13 @@ def _precision_options(g: argparse._ArgumentGroup) -> None:
                    help="INT8 nodes left in float besides the head: comma-separated node names (as --int8-report "
                    "lists them) or worst:N, the N that add the most quantization noise (quantize, rank, quantize "
                    "again)")
+    g.add_argument("--int8-qat", choices=INT8_QAT_MODES, default="auto",
+                   help="quantization-aware distillation: the network fine-tuned with INT8 rounding simulated to "
+                   f"reproduce its FP32 outputs on {DEFAULT_QAT_IMAGES} training images, then quantized (minutes on "
+                   "a CPU); auto: only when the post-training INT8 model misses its bounds (default: %(default)s; "
+                   "docs/export.md)")
+    g.add_argument("--int8-qat-epochs", type=int, default=DEFAULT_QAT_EPOCHS, metavar="N",
+                   help="epochs of the distillation (default: %(default)s)")
     g.add_argument("--calibration-images", type=int, default=DEFAULT_CALIBRATION_IMAGES, metavar="N",
                    help="training images for INT8 calibration (default: %(default)s)")
     g.add_argument("--trt", action="store_true", help="also build TensorRT engines (one per precision)")

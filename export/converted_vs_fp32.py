@@ -197,7 +197,7 @@ def check_precision(report: PrecisionReport, bounds: PrecisionBounds | None = No
     if failures:
         raise PrecisionError(
             f"{report.precision} model {report.candidate} fails against {report.reference} on {report.images} "
-            f"images: " + "; ".join(failures)
+            f"images: " + "; ".join(failures), failures
         )
     return report
 

@@ -28,7 +28,11 @@ class CalibrationDataError(ConversionError):
 
 
 class PrecisionError(ExportError):
-    """A converted model broke a precision bound against its FP32 reference."""
+    """A converted model broke a precision bound against its FP32 reference; ``failures`` lists the bounds."""
+
+    def __init__(self, message: str, failures: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = list(failures or [])
 
 
 class KeepFloatError(ConversionError):

@@ -17,6 +17,11 @@ from models.command_line import UsageError
 
 #: Training images read to calibrate INT8 activation ranges.
 DEFAULT_CALIBRATION_IMAGES = 256
+#: ``--int8-qat``: auto (quantization-aware distillation when post-training INT8 misses its bounds), on, off.
+INT8_QAT_MODES = ("auto", "on", "off")
+DEFAULT_QAT_EPOCHS = 2
+#: Training images the quantization-aware distillation learns from.
+DEFAULT_QAT_IMAGES = 1024
 #: Modes of ``--calibrate`` besides those of :func:`export.threshold_calibration.parse_mode`.
 KEEP_MODES = ("auto", "none")
 
@@ -27,7 +32,8 @@ class ExportOptions:
     the threshold ``calibrate_mode`` (``auto``, ``none`` or a mode of :mod:`export.threshold_calibration`), at most
     ``val_images`` validation images, ``calibration_images`` training images for INT8 and how they are used
     (``int8_calibration``; None: :mod:`export.quantize`'s default), the INT8 per-node sensitivity report
-    (``int8_report``) and the nodes kept in float (``int8_keep_float``: names or ``worst:N``), TensorRT engines
+    (``int8_report``), the nodes kept in float (``int8_keep_float``: names or ``worst:N``), quantization-aware
+    distillation (``int8_qat``: auto, on, off; ``int8_qat_epochs``; :mod:`export.int8_qat`), TensorRT engines
     (``trt``, ``trt_targets``, ``trt_batch`` = min, opt, max), the converted models' acceptance ``bounds`` (None:
     each precision's own), the ONNX ``opset``, the parity check (on ``images`` or the validation split,
     ``verify_images`` images, ``atol``), ``runs_dir``, the ``seed`` of the INT8 sample, progress bars and an ``audit``
@@ -40,6 +46,8 @@ class ExportOptions:
     int8_calibration: str | None = None
     int8_report: bool = False
     int8_keep_float: str | None = None
+    int8_qat: str = "auto"
+    int8_qat_epochs: int = DEFAULT_QAT_EPOCHS
     trt: bool = False
     trt_targets: Sequence[str] | None = None
     trt_batch: tuple[int, int, int] = (1, 16, 64)
@@ -76,6 +84,10 @@ class ExportOptions:
             raise UsageError("--val-images must be >= 1")
         if self.calibration_images < 1:
             raise UsageError("--calibration-images must be >= 1")
+        if self.int8_qat not in INT8_QAT_MODES:
+            raise UsageError(f"--int8-qat is one of {', '.join(INT8_QAT_MODES)}, got {self.int8_qat!r}")
+        if self.int8_qat_epochs < 1:
+            raise UsageError("--int8-qat-epochs must be >= 1")
         try:
             keep_float = parse_keep_float(self.int8_keep_float)
         except ValueError as exc:
@@ -114,6 +126,8 @@ class ExportOptions:
             int8_calibration=args.int8_calibration,
             int8_report=args.int8_report,
             int8_keep_float=args.int8_keep_float,
+            int8_qat=args.int8_qat,
+            int8_qat_epochs=args.int8_qat_epochs,
             trt=args.trt,
             trt_targets=tuple(args.trt_target.split(",")) if args.trt_target else None,
             trt_batch=trt_batch,  # type: ignore[arg-type]

@@ -29,14 +29,14 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from tqdm import tqdm
 
 from export.converted_vs_fp32 import OrtModel, PrecisionReport, check_precision, compare_outputs
-from export.errors import ExportError, VerificationDataError
+from export.errors import ExportError, PrecisionError, VerificationDataError
 from export.model_card import CardFile, write_model_card
 from export.onnx_export import ExportResult, export_onnx
 from export.onnx_files import (
@@ -48,7 +48,7 @@ from export.onnx_files import (
     sidecar_path,
 )
 from export.options import ExportOptions
-from export.precisions import PRECISIONS, ConversionInputs
+from export.precisions import PRECISIONS, Conversion, ConversionInputs
 from export.threshold_calibration import (
     CalibrationMode,
     calibrate,
@@ -67,6 +67,10 @@ from models.evaluation.expected_positives import CHOOSER_K, ExpectedPositives, e
 from models.evaluation.metrics import per_class_ap
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from models.logits import sigmoid
+
+if TYPE_CHECKING:
+    from export.int8_qat import DistilledExports
+    from export.quantize import ConversionResult
 
 THROUGHPUT_BATCH = 32
 THROUGHPUT_SECONDS = 2.0
@@ -363,11 +367,12 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
         return calibration[0]
 
     inputs = ConversionInputs(say, read_calibration, opts.int8_calibration, opts.int8_report, opts.int8_keep_float)
-    conversions = [(precision, c) for precision in precisions for c in PRECISIONS[precision].conversions
-                   if opts.trt or not c.engines_only]
-    for precision, conversion in conversions:
-        conv = conversion.make(fp32.onnx_path, inputs)
-        art = Artifact(conversion.artifact, conv.path, precision, conversion.runtime, conv.size_bytes)
+    distill = _distillation(fp32, splits, opts, say)
+
+    def convert(conversion: Conversion, precision: str,
+                with_qat: bool) -> tuple[ConversionResult, PrecisionReport, OrtModel, np.ndarray]:
+        conv = conversion.make(fp32.onnx_path,
+                               dataclasses.replace(inputs, distilled=distill.onnx if with_qat else None))
         model = OrtModel(conv.path)
         logits = model.logits(val.inputs)
         report = PrecisionReport(reference=str(fp32.onnx_path), candidate=str(conv.path), precision=precision,
@@ -378,18 +383,40 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
         except ExportError:  # the export fails loudly and leaves no unverified model behind
             conv.path.unlink(missing_ok=True)
             raise
-        say(f"  {report.summary()}" + (f" (mAP against the {val.labels_name})" if report.map_drop is not None else ""))
-        art.agreement, art.max_prob_diff = report.decision_agreement, report.max_prob_diff
-        _measure(art, model, logits, report, val)
-        kept = conv.quantization.get("keep_float")
-        if kept:
-            kept_note = f"kept in float ({kept['spec']}): {', '.join(kept['nodes'])}"
-            art.note = f"{art.note}; {kept_note}" if art.note else kept_note
-        side = sidecar_document(conv.path, conv.meta, conv.info(), report.to_dict(), sha256=conv.sha256)
-        atomic_write_text(sidecar_path(conv.path), json.dumps(side, indent=2) + "\n")
-        if calibrate_mode != "none":
-            calibrate_on(art, model, logits)
-        result.artifacts.append(art)
+        return conv, report, model, logits
+
+    conversions = [(precision, c) for precision in precisions for c in PRECISIONS[precision].conversions
+                   if opts.trt or not c.engines_only]
+    try:
+        for precision, conversion in conversions:
+            int8 = precision == "int8"
+            try:
+                conv, report, model, logits = convert(conversion, precision, with_qat=int8 and opts.int8_qat == "on")
+            except PrecisionError as exc:
+                if not (int8 and opts.int8_qat == "auto"):
+                    raise
+                say(f"  post-training INT8 misses its bounds ({'; '.join(exc.failures)}): quantization-aware "
+                    "distillation (--int8-qat auto; off: --int8-qat off) ...")
+                conv, report, model, logits = convert(conversion, precision, with_qat=True)
+            art = Artifact(conversion.artifact, conv.path, precision, conversion.runtime, conv.size_bytes)
+            say(f"  {report.summary()}"
+                + (f" (mAP against the {val.labels_name})" if report.map_drop is not None else ""))
+            art.agreement, art.max_prob_diff = report.decision_agreement, report.max_prob_diff
+            _measure(art, model, logits, report, val)
+            notes = [art.note] if art.note else []
+            if conv.quantization.get("qat"):
+                notes.append(f"quantization-aware distillation ({conv.quantization['qat']['epochs']} epochs)")
+            kept = conv.quantization.get("keep_float")
+            if kept:
+                notes.append(f"kept in float ({kept['spec']}): {', '.join(kept['nodes'])}")
+            art.note = "; ".join(notes)
+            side = sidecar_document(conv.path, conv.meta, conv.info(), report.to_dict(), sha256=conv.sha256)
+            atomic_write_text(sidecar_path(conv.path), json.dumps(side, indent=2) + "\n")
+            if calibrate_mode != "none":
+                calibrate_on(art, model, logits)
+            result.artifacts.append(art)
+    finally:
+        distill.close()
 
     if opts.trt:
         _build_engines(result, precisions, opts.trt_targets, opts.trt_batch, say)
@@ -397,6 +424,23 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
     _write_card(result, card_meta, per_class_ap(ref_logits, val.labels) if val.labels is not None else None,
                 _labels_note(val))
     return result
+
+
+def _distillation(fp32: ExportResult, splits: ProtocolSplits, opts: ExportOptions,
+                  say: Callable[[str], None]) -> DistilledExports:
+    """The quantization-aware distillation of ``fp32``'s checkpoint, made when an INT8 conversion first asks
+    (:mod:`export.int8_qat`): training images of ``splits``, exports with ``opts``' parity check."""
+    from export.int8_qat import DistilledExports
+
+    def read(count: int) -> np.ndarray:
+        return load_train_sample(fp32.meta, splits, count, opts.seed, opts.progress)
+
+    def export(checkpoint: Path, onnx_path: Path) -> Path:
+        return export_onnx(checkpoint, onnx_path, images=opts.images, opset=opts.opset,
+                           verify_images=opts.verify_images, atol=opts.atol).onnx_path
+
+    return DistilledExports(fp32.checkpoint, read, export, fp32.onnx_path.parent,
+                            epochs=opts.int8_qat_epochs, progress=opts.progress, say=say)
 
 
 def _measure(art: Artifact, model: OrtModel, logits: np.ndarray, report: PrecisionReport | None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from models.registry import Row, Table
 
@@ -51,14 +51,17 @@ class ConversionInputs:
     """What a conversion may need besides the FP32 file: ``say`` for progress lines, ``calibration_images``, the
     preprocessed INT8 calibration images (read on the first call, then kept), ``int8_method``, the INT8
     calibration method (``minmax``, ``percentile``, ``entropy``; None: :mod:`export.quantize`'s default),
-    ``int8_report`` (print the worst nodes by SQNR, write ``int8-sensitivity.csv``) and ``int8_keep_float`` (node
-    names or ``worst:N`` left in float: :mod:`export.int8_sensitivity`)."""
+    ``int8_report`` (print the worst nodes by SQNR, write ``int8-sensitivity.csv``), ``int8_keep_float`` (node
+    names or ``worst:N`` left in float: :mod:`export.int8_sensitivity`) and ``distilled``: None to quantize the FP32
+    export itself, or a function of the INT8 target that returns the FP32 ONNX file of the quantization-aware
+    distillation (:mod:`export.int8_qat`) to quantize instead, with its record."""
 
     say: Callable[[str], None]
     calibration_images: Callable[[], np.ndarray]
     int8_method: str | None = None
     int8_report: bool = False
     int8_keep_float: str | None = None
+    distilled: Callable[[str], tuple[Path, dict[str, Any]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,22 +103,27 @@ def _int8(target: str) -> Callable[[Path, ConversionInputs], ConversionResult]:
         from export import int8_sensitivity as sens
         from export.quantize import DEFAULT_CALIBRATION_METHOD, default_output, quantize_int8
 
+        source, qat = inputs.distilled(target) if inputs.distilled is not None else (fp32, None)
+        record = {"qat": qat} if qat is not None else None
         images = inputs.calibration_images()
         method = inputs.int8_method or DEFAULT_CALIBRATION_METHOD
-        inputs.say(f"quantizing to INT8 for {target} ({len(images)} calibration images, {method} ranges) ...")
+        weights = ", the distilled weights" if qat is not None else ""
+        inputs.say(f"quantizing to INT8 for {target} ({len(images)} calibration images, {method} ranges{weights}) ...")
         dst = default_output(fp32, "int8", target)
         keep = sens.parse_keep_float(inputs.int8_keep_float)
         if keep is not None and keep.worst is not None:
             inputs.say(f"  ranking the nodes by the noise each adds, then quantizing again with the {keep.worst} "
                        "worst in float ...")
-            result, _ = sens.quantize_keeping_worst(fp32, dst, images, keep.worst, target=target, method=method)
+            result, _ = sens.quantize_keeping_worst(source, dst, images, keep.worst, target=target, method=method,
+                                                    record=record)
         else:
-            result = quantize_int8(fp32, dst, images, target=target, method=method,  # type: ignore[arg-type]
-                                   keep_float=keep.names if keep else (), keep_float_spec=keep.spec if keep else None)
+            result = quantize_int8(source, dst, images, target=target, method=method,  # type: ignore[arg-type]
+                                   keep_float=keep.names if keep else (), keep_float_spec=keep.spec if keep else None,
+                                   record=record)
         if keep is not None:
             inputs.say(f"  kept in float ({keep.spec}): {', '.join(result.quantization['keep_float']['nodes'])}")
         if inputs.int8_report:
-            rows = sens.sensitivity_report(fp32, result.path, images)
+            rows = sens.sensitivity_report(source, result.path, images)
             name = "int8-sensitivity.csv" if target == "cpu" else f"int8-sensitivity-{target}.csv"
             csv_path = sens.write_csv(rows, result.path.with_name(name))
             inputs.say(f"  INT8 sensitivity of {result.path.name} ({min(len(images), sens.DEFAULT_REPORT_IMAGES)} "

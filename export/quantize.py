@@ -485,6 +485,7 @@ def quantize_int8(
     batch_size: int = CALIBRATION_BATCH,
     keep_float: Sequence[str] = (),
     keep_float_spec: str | None = None,
+    record: dict[str, Any] | None = None,
 ) -> ConversionResult:
     """Quantize the FP32 export ``src`` to an INT8 Q/DQ model at ``dst`` (float32 inputs/outputs kept).
 
@@ -496,8 +497,9 @@ def quantize_int8(
     ``"entropy"``. ``keep_head_float`` leaves the final Gemm/MatMul unquantized. ``reduce_range``: 7-bit
     weights, for x86 CPUs without VNNI. ``keep_float``: names of further nodes (of the pre-processed graph, as
     :mod:`export.int8_sensitivity` reports them) left unquantized; ``keep_float_spec``: how they were chosen
-    (``worst:3``), recorded with them under ``keep_float``. The result's ``spml_meta`` has ``precision="int8"`` and
-    a ``quantization`` record. Raises ``FileNotFoundError``, :class:`NotFP32Error`,
+    (``worst:3``), recorded with them under ``keep_float``; ``record``: further entries of the ``quantization``
+    record (``qat``: how ``src`` was distilled, :mod:`export.int8_qat`). The result's ``spml_meta`` has
+    ``precision="int8"`` and a ``quantization`` record. Raises ``FileNotFoundError``, :class:`NotFP32Error`,
     :class:`~export.errors.CalibrationDataError`, :class:`~export.errors.KeepFloatError` (an unknown node name),
     :class:`ConversionError`.
     """
@@ -599,6 +601,7 @@ def quantize_int8(
             "nodes_quantized": len(quant_nodes),
             **({"keep_float": {"spec": keep_float_spec or ",".join(keep_float),
                                "nodes": list(dict.fromkeys(keep_float))}} if keep_float else {}),
+            **(record or {}),
             "source_sha256": file_sha256(src),
         },
     )

@@ -68,8 +68,10 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
     # INT8 rounding depends on the CPU's kernels: its mAP/agreement bounds are exercised in the next test and in
     # test_quantize.py, here only the pipeline is checked
     relaxed = {"int8": PrecisionBounds(max_prob_diff=None, min_agreement=0.0, max_map_drop=None)}
+    said: list[str] = []
     result = export_run(run, out, precisions=["fp32", "fp16", "int8"], trt=HAS_RTX, trt_targets=["sm86"],
-                        trt_batch=(1, 4, 8), bounds=relaxed, progress=False, int8_calibration="percentile")
+                        trt_batch=(1, 4, 8), bounds=relaxed, progress=False, int8_calibration="percentile",
+                        int8_qat="on", int8_qat_epochs=1, log=said.append)
     names = [a.name for a in result.artifacts]
     expected = ["fp32", "fp16", "int8-cpu"] + (["int8-tensorrt", "engine-fp32", "engine-fp16", "engine-int8"]
                                               if HAS_RTX else [])
@@ -104,7 +106,13 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
     fp16 = next(a for a in result.artifacts if a.name == "fp16")
     assert fp16.max_prob_diff is not None and fp16.max_prob_diff <= 5e-3 and fp16.agreement >= 0.995
     _serves_the_boosted_model(run, folder)
-    assert read_onnx_meta(folder / "model.int8-cpu.onnx").quantization["calibration"]["method"] == "percentile"
+    quantization = read_onnx_meta(folder / "model.int8-cpu.onnx").quantization
+    assert quantization["calibration"]["method"] == "percentile"
+    _check_distilled(quantization, out, run / "best.pt", said)
+    int8_cpu = next(a for a in result.artifacts if a.name == "int8-cpu")
+    assert "quantization-aware distillation (1 epochs)" in int8_cpu.note
+    if HAS_RTX:
+        assert read_onnx_meta(folder / "model.int8-tensorrt.onnx").quantization["qat"]["activations"] == "int8"
     if HAS_RTX:
         engine = next(a for a in result.artifacts if a.name == "engine-int8")
         doc = read_sidecar(engine.path.with_name(engine.path.name + ".json"))
@@ -149,15 +157,6 @@ def _check_model_card(folder: Path, artifacts: list[Any], x: np.ndarray, labels:
         assert row["val_ap"] == ("" if np.isnan(value) else f"{100 * value:.2f}")
 
 
-def test_a_broken_precision_bound_fails_and_leaves_no_model(run: Path, tmp_path: Path) -> None:
-    out = tmp_path / "strict" / "model.onnx"
-    impossible = {"fp16": PrecisionBounds(max_prob_diff=0.0, min_agreement=1.0, max_map_drop=0.0)}
-    with pytest.raises(PrecisionError, match="fp16"):
-        export_run(run, out, precisions=["fp32", "fp16"], bounds=impossible, progress=False)
-    assert out.is_file()  # the FP32 model was verified before the conversion
-    assert not (out.parent / "model.fp16.onnx").exists()
-
-
 def test_precision_lists_and_cli_usage_errors(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from export.__main__ import main
 
@@ -166,6 +165,35 @@ def test_precision_lists_and_cli_usage_errors(run: Path, capsys: pytest.CaptureF
         parse_precisions("fp64")
     for args, message in ((["--precision", "fp64"], "fp64"), (["--calibrate", "best"], "calibration mode"),
                           (["--trt-batch", "1,2"], "--trt-batch"), (["--calibration-images", "0"], ">= 1"),
-                          (["--min-agreement", "1.5"], "--min-agreement is a fraction")):
+                          (["--min-agreement", "1.5"], "--min-agreement is a fraction"),
+                          (["--int8-qat-epochs", "0"], "--int8-qat-epochs must be >= 1")):
         assert main([str(run), *args]) == 2
         assert message in capsys.readouterr().err
+
+
+def _check_distilled(quantization: dict[str, Any], fp32: Path, checkpoint: Path, said: list[str]) -> None:
+    """The INT8 model was quantized from the quantization-aware distillation of ``checkpoint`` (one epoch), whose
+    temporary files (beside the FP32 export) are gone."""
+    qat = quantization["qat"]
+    train_images = len(build_protocol(load_dataset("builtin:tiny@seed0"), parse_observed("single"), 0.2,
+                                      1200).train.paths)
+    assert qat["epochs"] == 1 and qat["images"] == min(1024, train_images)
+    assert qat["checkpoint_sha256"] == file_sha256(checkpoint) and qat["activations"] == "uint8"
+    assert qat["weights_quantized"] > 10 and qat["activation_points"] > 10
+    assert np.isfinite([qat["loss_first_epoch"], qat["loss_last_epoch"]]).all()
+    assert any("distillation epoch 1/1" in line for line in said)
+    assert not list(fp32.parent.glob(".int8-qat-*"))  # the distilled checkpoint and ONNX file are gone
+
+
+def test_a_broken_int8_bound_distils_then_fails_and_leaves_no_model(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "auto" / "model.onnx"
+    never = {"int8": PrecisionBounds(max_prob_diff=None, min_agreement=1.01)}  # no model can pass
+    said: list[str] = []
+    with pytest.raises(PrecisionError, match="int8"):
+        export_run(run, out, precisions=["fp32", "int8"], bounds=never, int8_qat_epochs=1, progress=False,
+                   calibrate_mode="none", log=said.append)
+    first_miss = next(i for i, line in enumerate(said) if "post-training INT8 misses its bounds" in line)
+    assert "identical decisions" in said[first_miss] and "--int8-qat auto" in said[first_miss]
+    assert any("distillation epoch 1/1" in line for line in said[first_miss:])
+    assert out.is_file()  # the FP32 model was verified before the conversion
+    assert not out.with_name("model.int8-cpu.onnx").exists() and not list(out.parent.glob(".int8-qat-*"))

@@ -354,3 +354,40 @@ def test_int8_keep_float_names_and_errors(models: dict[str, Path], tmp_path: Pat
     monkeypatch.setattr("export.pipeline.export_run", lambda *a, **k: (_ for _ in ()).throw(info.value))
     assert export_main(["run.pt", "--precision", "int8", "--int8-keep-float", "no_such_conv"]) == 2
     assert "no_such_conv" in capsys.readouterr().err
+
+
+def test_distillation_rounds_like_onnx_runtime_and_leaves_the_model_alone() -> None:
+    from onnx import TensorProto, helper
+
+    from export.int8_qat import _fake_quant, activation_points, quantization_aware_distillation
+
+    # the simulated activation rounding is ONNX Runtime's QuantizeLinear -> DequantizeLinear (uint8, round half even)
+    x = np.random.default_rng(0).normal(0, 2, (4, 64)).astype(np.float32)
+    low, high = -3.1, 5.7
+    scale = (high - low) / 255.0
+    zero = round(-low / scale)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+        "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [scale]),
+         helper.make_tensor("z", TensorProto.UINT8, [], [zero])])
+    qdq = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    ort_y = ort.InferenceSession(qdq.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(_fake_quant(torch.from_numpy(x), low, high, False).numpy(), ort_y, rtol=0, atol=1e-6)
+
+    torch.manual_seed(0)
+    model = build_model("resnet18", 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    images = np.random.default_rng(1).normal(0, 1, (8, 3, 32, 32)).astype(np.float32)
+    state, record = quantization_aware_distillation(model, images, epochs=1, batch_size=4, progress=False)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the teacher is untouched
+    assert state.keys() == before.keys() and all(state[k].shape == before[k].shape for k in state)
+    assert any(not torch.equal(state[k], before[k]) for k in state if "backbone" in k and "weight" in k)
+    assert record.images == 8 and record.epochs == 1 and np.isfinite(record.loss_last_epoch)
+    assert record.activation_points == len(activation_points(model.backbone)) + 1  # + the network input
+    assert record.weights_quantized == sum(isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))
+                                           for m in model.backbone.modules())
+    with pytest.raises(ValueError, match="needs training images"):
+        quantization_aware_distillation(model, images[:0], progress=False)
