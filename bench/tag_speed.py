@@ -133,7 +133,9 @@ def model_only(predictor: Predictor, sample: list[Path], batch_size: int, second
 def measure(predictor: Predictor, folder: Path, paths: list[Path], output: Path, batch_size: int, seconds: float,
             repeats: int, with_loader: bool) -> dict[str, Spread]:
     """Model-only, tagger (and with ``with_loader`` loader-only) images/s over ``repeats`` interleaved rounds, and
-    each round's tagger / model-only ``share`` (and tagger / loader-only ``decode_share``)."""
+    each round's tagger / model-only ``share`` (and tagger / loader-only ``decode_share``, and ``shared_bound``: the
+    rate when decoding and the model each use every core in turn, 1 / (1 / model-only + 1 / loader-only), with the
+    tagger's share of it, ``bound_share``)."""
 
     def tagger() -> float:
         start = time.perf_counter()
@@ -152,6 +154,9 @@ def measure(predictor: Predictor, folder: Path, paths: list[Path], output: Path,
     if with_loader:
         result["decode_share"] = Spread.of([t / d for t, d in zip(rates["tagger"], rates["loader_only"],
                                                                   strict=True)])
+        bounds = [1 / (1 / m + 1 / d) for m, d in zip(rates["model_only"], rates["loader_only"], strict=True)]
+        result["shared_bound"] = Spread.of(bounds)
+        result["bound_share"] = Spread.of([t / b for t, b in zip(rates["tagger"], bounds, strict=True)])
     return result
 
 
@@ -192,9 +197,13 @@ def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, 
              "batches; loader-only = the tagger's decode threads with no model (reduced-scale JPEG decoding, resize, "
              "read-ahead window); tagger = `serve.tagging.tag_folder` end to end. The three ran "
              f"{args.repeats} time(s), interleaved: median (min-max). Decoding share = tagger img/s / loader-only "
-             "img/s, the share of the tagger's time the loader alone needs (near 100%: decoding limits the tagger).",
+             "img/s, the share of the tagger's time the loader alone needs (near 100%: decoding limits the tagger). "
+             "Shared-core bound = 1 / (1 / model-only + 1 / loader-only): the rate when decoding and the model, "
+             "each using every core, take turns on the same cores; a tagger cannot do better when both need all of "
+             "them.",
              "", "| model | backend | photos | model-only img/s | loader-only img/s | tagger img/s | "
-             "tagger / model-only | decoding share |", "|---|---|---|---|---|---|---|---|"]
+             "tagger / model-only | decoding share | shared-core bound img/s | tagger / bound |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for width, height in sizes:
         folder = tmp / f"photos-{width}x{height}"
         print(f"writing {args.images} JPEGs of {width} x {height} from {len(photos)} photos ...", file=sys.stderr)
@@ -207,7 +216,8 @@ def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, 
                          f"{r['model_only'].text('.1f')} | {r['loader_only'].text('.1f')} | "
                          f"{r['tagger'].text('.1f')} | "
                          f"{r['share'].scaled(100).text('.0f', '%')} | "
-                         f"{r['decode_share'].scaled(100).text('.0f', '%')} |")
+                         f"{r['decode_share'].scaled(100).text('.0f', '%')} | {r['shared_bound'].text('.1f')} | "
+                         f"{r['bound_share'].scaled(100).text('.0f', '%')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -113,7 +113,9 @@ def test_tag_speed_on_photos_gives_model_loader_and_tagger_rates(tmp_path: Path)
     for row in rows:
         rates = [float(cell) for cell in row[3:6]]
         assert all(rate > 0 for rate in rates)
-        assert row[6].endswith("%") and row[7].rstrip(" |").endswith("%")
+        assert row[6].endswith("%") and row[7].endswith("%") and float(row[8]) > 0 and row[9].rstrip(" |").endswith("%")
+        model_only, loader, bound = float(row[3]), float(row[4]), float(row[8])
+        assert bound == pytest.approx(1 / (1 / model_only + 1 / loader), rel=0.2)  # medians of per-round values
 
 
 def test_tag_speed_refuses_bad_photo_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -128,6 +128,8 @@ def test_missing_folder_names_the_package(tmp_path: Path) -> None:
         load_dataset(f"tuxpaint:{tmp_path}?min-count=0")
     with pytest.raises(DataError, match="unknown"):
         load_dataset(f"tuxpaint:{tmp_path}?colour=red")
+    with pytest.raises(DataError, match="unknown option 'colour'"):  # no source given: the default's options
+        load_dataset("tuxpaint?colour=red")
 
 
 def test_command_line_report(stamps: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

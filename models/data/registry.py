@@ -263,6 +263,9 @@ def load_dataset(spec: str) -> DatasetSplits:
         raise DataError(f"empty dataset spec\n{describe_kinds()}")
     if spec in DATASET_KINDS and DATASET_KINDS[spec].standalone:
         return _load(DATASET_KINDS[spec], "")
+    name, query_mark, query = spec.partition("?")
+    if query_mark and name in DATASET_KINDS and DATASET_KINDS[name].standalone and not Path(spec).exists():
+        return _load(DATASET_KINDS[name], f"?{query}")  # openclipart?view=folders: the default source, options
     if spec in DATASET_KINDS and not Path(spec).exists():
         raise DataError(f"dataset spec {spec!r} needs an argument: {DATASET_KINDS[spec].form}")
     match = _KIND_PREFIX.match(spec)
