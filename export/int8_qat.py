@@ -2,8 +2,9 @@
 to reproduce its own FP32 outputs on training images; ONNX Runtime's static quantization then quantizes the result.
 
 Post-training quantization rounds every activation to 256 levels of one range per tensor; a fine-tuned
-EfficientNet-Lite loses about a point of mAP to it (docs/export.md). Here the weights learn to live with that
-rounding: a copy of the network (the *student*) runs with fake quantization where ONNX Runtime's Q/DQ graph rounds,
+EfficientNet-Lite loses more accuracy to it than the INT8 gate allows (docs/export.md). Here the weights learn to
+live with that rounding: a copy of the network (the *student*) runs with fake quantization where ONNX Runtime's
+Q/DQ graph rounds,
 
 - every Conv2d / Linear weight of the backbone: int8, symmetric, one scale per output channel (the classifier head
   stays float, as in the INT8 export);
