@@ -131,6 +131,8 @@ def test_first_run_benchmark_times_the_head_only_step_cold_and_warm(builtin_cach
     from bench import first_run
 
     page = tmp_path / "page.md"
+    features = builtin_cache / "features"
+    before = sorted(features.rglob("*")) if features.is_dir() else []
     options = "--arch resnet18 --weights none --image-size 32 --epochs 2"
     assert first_run.main(["--data", "builtin:tiny", "--steps", "head-only", "--train-options", options,
                            "--page", str(page)]) == 0
@@ -141,8 +143,8 @@ def test_first_run_benchmark_times_the_head_only_step_cold_and_warm(builtin_cach
     assert "per 1,000 images (train + val:" in cells["head only, feature pass"]
     assert "(2 epochs; run:" in cells["head only, the head's epochs"]
     assert float(cells["head only, the head's epochs"].split(" s per epoch")[0]) >= 0
-    # the fresh caches never held the session's built-in images or features: the steps made their own
-    assert not (builtin_cache / "features").exists() or not any((builtin_cache / "features").iterdir())
+    # the steps computed their features in their own fresh caches, never in the session's
+    assert (sorted(features.rglob("*")) if features.is_dir() else []) == before
 
 
 def test_first_run_benchmark_refuses_unknown_steps(capsys: pytest.CaptureFixture[str]) -> None:
