@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from onnx import numpy_helper
 from reference import reference_logits
 
+from export import pipeline as export_pipeline
 from export.errors import PrecisionError
 from export.onnx_files import read_onnx_meta, read_sidecar
 from export.pipeline import export_run
@@ -185,15 +188,30 @@ def _check_distilled(quantization: dict[str, Any], fp32: Path, checkpoint: Path,
     assert not list(fp32.parent.glob(".int8-qat-*"))  # the distilled checkpoint and ONNX file are gone
 
 
-def test_a_broken_int8_bound_distils_then_fails_and_leaves_no_model(run: Path, tmp_path: Path) -> None:
+def test_a_broken_int8_bound_distils_then_fails_and_leaves_no_model(run: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "auto" / "model.onnx"
     never = {"int8": PrecisionBounds(max_prob_diff=None, min_agreement=1.01)}  # no model can pass
     said: list[str] = []
+    real_export = export_pipeline.export_onnx
+    distilled_exports: list[Path] = []
+
+    def export_once(checkpoint: Path, onnx_path: Path, **kwargs: Any) -> Any:
+        """The FP32 export runs; the distilled network's export (made for real in the full export test above) is
+        the FP32 file copied, to spare the suite a second ONNX export."""
+        if ".int8-qat-" not in str(checkpoint):
+            return real_export(checkpoint, onnx_path, **kwargs)
+        distilled_exports.append(checkpoint)
+        shutil.copy(out, onnx_path)
+        return SimpleNamespace(onnx_path=onnx_path)
+
+    monkeypatch.setattr(export_pipeline, "export_onnx", export_once)
     with pytest.raises(PrecisionError, match="int8"):
         export_run(run, out, precisions=["fp32", "int8"], bounds=never, int8_qat_epochs=1, progress=False,
                    calibrate_mode="none", log=said.append)
     first_miss = next(i for i, line in enumerate(said) if "post-training INT8 misses its bounds" in line)
     assert "identical decisions" in said[first_miss] and "--int8-qat auto" in said[first_miss]
     assert any("distillation epoch 1/1" in line for line in said[first_miss:])
+    assert len(distilled_exports) == 1 and distilled_exports[0].name == "best.pt"
     assert out.is_file()  # the FP32 model was verified before the conversion
     assert not out.with_name("model.int8-cpu.onnx").exists() and not list(out.parent.glob(".int8-qat-*"))
