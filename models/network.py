@@ -96,6 +96,12 @@ class MultiLabelNet(nn.Module):
         self.arch = arch
         self._family = (family,)  # a tuple: not a submodule, not in the state dict
         in_features = family.num_features(backbone)
+        if (head == "lem" or boostlu is not None) and family.feature_map_width(backbone) != in_features:
+            what = "--head lem" if head == "lem" else "--boostlu"
+            raise ValueError(f"{arch} widens its features after pooling ({family.feature_map_width(backbone)} "
+                             f"channels in the last feature map, {in_features} pooled), so {what}, which works on "
+                             "the feature map, cannot stand in for its linear head: use --head linear without "
+                             "--boostlu, or another backbone")
         self._num_features = int(in_features)
         self.head_kind = head
         self.head: nn.Module
@@ -148,7 +154,8 @@ class MultiLabelNet(nn.Module):
 
     @property
     def num_features(self) -> int:
-        """Channel width of the backbone's last feature map (the pooled feature vector of the linear head)."""
+        """Width of the pooled feature vector (the linear head's input; the last feature map's channels with BoostLU
+        and the LEM head)."""
         return self._num_features
 
     @property

@@ -50,6 +50,18 @@ def test_every_family_gives_pooled_features_and_a_feature_map(arch: str, width: 
     assert boosted(x).shape == lem(x).shape == (2, 5)
 
 
+def test_a_model_that_widens_after_pooling_gets_a_head_of_the_pooled_width() -> None:
+    """MobileNetV3 (small, 0.5) pools 288 channels, then its 1x1 conv_head widens them to 1024: the linear head takes 1024, and
+    the heads that read the feature map (BoostLU, LEM) are refused with the reason."""
+    model = build_model("mobilenetv3_small_050", 5, image_size=64).eval()
+    assert model.num_features == 1024 and model.family.feature_map_width(model.backbone) == 288
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 64, 64)).shape == (2, 5)
+    for options in ({"boostlu": 1.0}, {"head": "lem"}):
+        with pytest.raises(ValueError, match="widens its features after pooling"):
+            build_model("mobilenetv3_small_050", 5, image_size=64, **options)
+
+
 def test_boostlu_alpha_one_equals_the_plain_head_on_a_timm_backbone() -> None:
     torch.manual_seed(0)
     plain = build_model("test_efficientnet", 4).eval()

@@ -63,8 +63,13 @@ class BackboneFamily:
         return None
 
     def num_features(self, backbone: nn.Module) -> int:
-        """Width of the pooled feature vector (= channels of the last feature map)."""
+        """Width of the pooled feature vector."""
         raise NotImplementedError
+
+    def feature_map_width(self, backbone: nn.Module) -> int:
+        """Channels of the last feature map: the pooled width, except for models whose head widens the pooled
+        vector after pooling (MobileNetV3's 1x1 ``conv_head``)."""
+        return self.num_features(backbone)
 
     def pooled(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Pooled features ``(N, D)`` of a normalised batch ``(N, 3, H, W)``: what a linear head takes."""

@@ -115,6 +115,11 @@ class TimmModels(BackboneFamily):
         return [len(stage) for stage in blocks]
 
     def num_features(self, backbone: nn.Module) -> int:
+        # timm's num_features is the feature map's width; models with a head after pooling (MobileNetV3/V4's
+        # conv_head) pool to head_hidden_size instead
+        return int(getattr(backbone, "head_hidden_size", None) or backbone.num_features)
+
+    def feature_map_width(self, backbone: nn.Module) -> int:
         return int(backbone.num_features)
 
     def pooled(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
