@@ -240,10 +240,11 @@ def last_epoch_rows(histories: dict[str, dict[int, list[dict[str, Any]]]]) -> di
     for method, by_seed in histories.items():
         lasts = {seed: last_test(r) for seed, r in by_seed.items()}
         diffs = [lasts[s] - an[s] for s in lasts if s in an and not math.isnan(lasts[s] - an[s])]
-        peaks = [max(r, key=lambda x: x["val_mAP"] if x["val_mAP"] is not None else -1)["epoch"]
-                 for r in by_seed.values() if r]
-        out[method] = {"last": _mean_std_pair(list(lasts.values())), "diffs": diffs, "peaks": peaks,
-                       "runs": [len(r) for r in by_seed.values()]}
+        best = [max(r, key=lambda x: x["val_mAP"] if x["val_mAP"] is not None else -1) for r in by_seed.values() if r]
+        falls = [b["val_mAP"] - r[-1]["val_mAP"] for b, r in zip(best, [r for r in by_seed.values() if r], strict=True)
+                 if b["val_mAP"] is not None and r[-1]["val_mAP"] is not None]
+        out[method] = {"last": _mean_std_pair(list(lasts.values())), "diffs": diffs,
+                       "peaks": [b["epoch"] for b in best], "falls": falls, "runs": [len(r) for r in by_seed.values()]}
     return out
 
 
@@ -282,8 +283,9 @@ def plot_curves(histories: dict[str, dict[int, list[dict[str, Any]]]], path: Pat
 
 def markdown(regime: Regime, data: str, rows: list[dict[str, Any]], f1: dict[str, list[tuple[float, float]]],
              command: str, failed: list[str], lasts: dict[str, dict[str, Any]] | None = None,
-             plot_link: str | None = None, gpu: bool = False) -> str:
-    """The results section of one regime on one dataset."""
+             plot_link: str | None = None, gpu: bool = False, note: str = "") -> str:
+    """The results section of one regime on one dataset (``note``: a sentence under the table, e.g. why the
+    seeds are fewer than the protocol's)."""
     an = next((r["test"][0] for r in rows if r["method"] == BASELINE), math.nan)
     bce = next((r["test"][0] for r in rows if r["method"] == UPPER_BOUND), math.nan)
     title = DATASETS.get(data.split(":")[0].split("?")[0], (data, data))[1]
@@ -346,6 +348,13 @@ def markdown(regime: Regime, data: str, rows: list[dict[str, Any]], f1: dict[str
                 f"`{m}` ({statistics.fmean(lasts[m]['diffs']):+.2f}, "
                 f"{100 * statistics.fmean(lasts[m]['diffs']) / (bce - base):.0f}% of the gap)"
                 if bce > base else f"`{m}`" for m in above_last) if above_last else "none") + ".")
+        fall = (lasts or {}).get(BASELINE, {})
+        if fall.get("falls"):
+            lines.append(f"When `an` falls: its val mAP peaked at epoch {' / '.join(map(str, fall['peaks']))} and "
+                         f"ended {' / '.join(f'{d:.2f}' for d in fall['falls'])} points lower at its last epoch "
+                         f"({' / '.join(map(str, fall['runs']))}), per seed.")
+    if note:
+        lines += ["", note]
     if plot_link:
         lines += ["", f"![val mAP by epoch]({plot_link})"]
     if failed:
@@ -374,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", help="comma-separated (default: the regime's); METHOD+boostlu adds --boostlu")
     p.add_argument("--add-methods", default="", help="comma-separated methods added to the regime's")
     p.add_argument("--runs-dir", type=Path, help="default: runs/<data>-<regime>")
+    p.add_argument("--note", default="", help="a sentence printed under the table (e.g. why fewer seeds than 3)")
     p.add_argument("--data", default=DATA, help="openclipart (default) or tuxpaint, or either with :DIR for a copy")
     add_page_options(p, "clipart-fixed-features / clipart-fine-tune / tuxpaint-fine-tune ...")
     args = p.parse_args(argv)
@@ -431,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         if plot_curves(histories, plot_path, f"{DATASETS[kind][1]}: val mAP by epoch (fine-tune, {size} px)"):
             plot_link = f"plots/{plot_path.name}"
     publish(section, markdown(regime, args.data, rows, f1, command_line("bench.clipart", argv), failed, lasts,
-                              plot_link, gpu=regime is GPU_REGIME), args.page)
+                              plot_link, gpu=regime is GPU_REGIME, note=args.note), args.page)
     return 1 if failed else 0
 
 

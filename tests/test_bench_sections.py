@@ -164,3 +164,34 @@ def test_first_run_fresh_cache_links_datasets_but_not_what_a_first_run_computes(
     made = fresh_cache(tmp_path / "fresh", real)
     assert sorted(p.name for p in made.iterdir()) == ["openclipart", "tuxpaint"]
     assert (made / "openclipart").resolve() == (real / "openclipart").resolve()
+
+
+def test_fine_tune_section_reports_the_last_epoch_and_when_an_falls(builtin_cache: Path, tmp_path: Path) -> None:
+    """bench.clipart's tracked fine-tune: per seed, the epoch of the best val mAP, how far val fell by the last
+    epoch, the last epoch's test mAP against an's; the section says when an falls and prints the note."""
+    import json
+
+    from bench.clipart import REGIMES, curves, last_epoch_rows, markdown
+    from bench.methods import aggregate
+
+    vals = {("an", 0): [40.0, 45.0, 44.0, 42.5], ("an", 1): [41.0, 44.0, 43.0],
+            ("wan", 0): [39.0, 44.0, 46.0], ("wan", 1): [40.0, 45.0, 47.0]}
+    summaries: dict[str, list[dict[str, object]]] = {}
+    for (method, seed), series in vals.items():
+        run = tmp_path / f"{method}-seed{seed}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e + 1, "val_mAP": v}) + "\n"
+                                                   for e, v in enumerate(series)))
+        (run / "epochs.jsonl").write_text("".join(json.dumps({"epoch": e + 1, "test_mAP": v - 2}) + "\n"
+                                                  for e, v in enumerate(series)))
+        summaries.setdefault(method, []).append({"seed": seed, "val": {"mAP": max(series)},
+                                                 "test": {"mAP": max(series) - 2}})
+    histories = curves(tmp_path, ["an", "wan"], [0, 1])
+    lasts = last_epoch_rows(histories)
+    assert lasts["an"]["peaks"] == [2, 2] and lasts["an"]["runs"] == [4, 3]
+    assert lasts["an"]["falls"] == pytest.approx([2.5, 1.0])
+    assert lasts["wan"]["diffs"] == pytest.approx([46.0 - 42.5, 47.0 - 43.0])
+    text = markdown(REGIMES["finetune"], "builtin:tiny", aggregate(summaries), {}, "python -m bench.clipart finetune",
+                    [], lasts, note="Two seeds: the CPU budget.")
+    assert "When `an` falls: its val mAP peaked at epoch 2 / 2 and ended 2.50 / 1.00 points lower" in text
+    assert "At the last epoch: above `an` on every seed: `wan`" in text and "Two seeds: the CPU budget." in text
