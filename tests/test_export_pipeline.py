@@ -66,8 +66,31 @@ def _best_f1(scores: np.ndarray, labels: np.ndarray) -> float:
     return best
 
 
-def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: Path) -> None:
+def _copy_distilled_exports(monkeypatch: pytest.MonkeyPatch, fp32: Path, real: int) -> list[Path]:
+    """Let export_run export its first ``real`` distilled networks and make the later ones copies of ``fp32``
+    (each export costs the suite an exporter run; the distillation itself still runs). Returns the distilled
+    checkpoints asked for, in order."""
+    real_export = export_pipeline.export_onnx
+    asked: list[Path] = []
+
+    def export(checkpoint: Path, onnx_path: Path, **kwargs: Any) -> Any:
+        if ".int8-qat-" not in str(checkpoint):
+            return real_export(checkpoint, onnx_path, **kwargs)
+        asked.append(checkpoint)
+        if len(asked) <= real:
+            return real_export(checkpoint, onnx_path, **kwargs)
+        shutil.copy(fp32, onnx_path)
+        return SimpleNamespace(onnx_path=onnx_path)
+
+    monkeypatch.setattr(export_pipeline, "export_onnx", export)
+    return asked
+
+
+def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "export" / "model.onnx"
+    # the TensorRT flavour's distilled network (symmetric activations) is distilled for real, exported as a copy
+    distilled = _copy_distilled_exports(monkeypatch, out, real=1)
     # INT8 rounding depends on the CPU's kernels: its mAP/agreement bounds are exercised in the next test and in
     # test_quantize.py, here only the pipeline is checked
     relaxed = {"int8": PrecisionBounds(max_prob_diff=None, min_agreement=0.0, max_map_drop=None)}
@@ -114,6 +137,7 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
     _check_distilled(quantization, out, run / "best.pt", said)
     int8_cpu = next(a for a in result.artifacts if a.name == "int8-cpu")
     assert "quantization-aware distillation (1 epochs)" in int8_cpu.note
+    assert [c.parent.name for c in distilled] == ["asymmetric", "symmetric"][:1 + HAS_RTX]
     if HAS_RTX:
         assert read_onnx_meta(folder / "model.int8-tensorrt.onnx").quantization["qat"]["activations"] == "int8"
     if HAS_RTX:
@@ -193,25 +217,14 @@ def test_a_broken_int8_bound_distils_then_fails_and_leaves_no_model(run: Path, t
     out = tmp_path / "auto" / "model.onnx"
     never = {"int8": PrecisionBounds(max_prob_diff=None, min_agreement=1.01)}  # no model can pass
     said: list[str] = []
-    real_export = export_pipeline.export_onnx
-    distilled_exports: list[Path] = []
-
-    def export_once(checkpoint: Path, onnx_path: Path, **kwargs: Any) -> Any:
-        """The FP32 export runs; the distilled network's export (made for real in the full export test above) is
-        the FP32 file copied, to spare the suite a second ONNX export."""
-        if ".int8-qat-" not in str(checkpoint):
-            return real_export(checkpoint, onnx_path, **kwargs)
-        distilled_exports.append(checkpoint)
-        shutil.copy(out, onnx_path)
-        return SimpleNamespace(onnx_path=onnx_path)
-
-    monkeypatch.setattr(export_pipeline, "export_onnx", export_once)
+    # the distilled network's export is a copy of the FP32 file (the full export test above makes a real one)
+    distilled_exports = _copy_distilled_exports(monkeypatch, out, real=0)
     with pytest.raises(PrecisionError, match="int8"):
         export_run(run, out, precisions=["fp32", "int8"], bounds=never, int8_qat_epochs=1, progress=False,
                    calibrate_mode="none", log=said.append)
     first_miss = next(i for i, line in enumerate(said) if "post-training INT8 misses its bounds" in line)
     assert "identical decisions" in said[first_miss] and "--int8-qat auto" in said[first_miss]
     assert any("distillation epoch 1/1" in line for line in said[first_miss:])
-    assert len(distilled_exports) == 1 and distilled_exports[0].name == "best.pt"
+    assert len(distilled_exports) == 1 and distilled_exports[0].parent.name == "asymmetric"
     assert out.is_file()  # the FP32 model was verified before the conversion
     assert not out.with_name("model.int8-cpu.onnx").exists() and not list(out.parent.glob(".int8-qat-*"))
