@@ -51,8 +51,8 @@ def test_every_family_gives_pooled_features_and_a_feature_map(arch: str, width: 
 
 
 def test_a_model_that_widens_after_pooling_gets_a_head_of_the_pooled_width() -> None:
-    """MobileNetV3 (small, 0.5) pools 288 channels, then its 1x1 conv_head widens them to 1024: the linear head takes 1024, and
-    the heads that read the feature map (BoostLU, LEM) are refused with the reason."""
+    """MobileNetV3 (small, 0.5) pools 288 channels, then its 1x1 conv_head widens them to 1024: the linear head
+    takes 1024, and the heads that read the feature map (BoostLU, LEM) are refused with the reason."""
     model = build_model("mobilenetv3_small_050", 5, image_size=64).eval()
     assert model.num_features == 1024 and model.family.feature_map_width(model.backbone) == 288
     with torch.no_grad():
