@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -127,15 +128,41 @@ def test_tag_speed_refuses_bad_photo_options(tmp_path: Path, capsys: pytest.Capt
         assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_engines_benchmark_rate_leaves_out_everything_before_the_first_batch() -> None:
+    """bench.tag_engines times an engine from its first batch of results to its last: a slow start-up does not
+    count, and neither do the first batch's images; a single batch has no rate."""
+    import time
+
+    from bench.tag_engines import FirstBatchClock
+
+    class SlowStart:
+        def __init__(self, batches: list[int]) -> None:
+            self.batches = batches
+
+        def score(self, job: object, plan: object, report: object) -> Iterator[list[None]]:
+            time.sleep(0.3)  # the start-up
+            for i, size in enumerate(self.batches):
+                if i:
+                    time.sleep(0.05)
+                yield [None] * size
+
+    clock = FirstBatchClock(SlowStart([2, 3, 1]))
+    assert sum(len(batch) for batch in clock.score(None, None, None)) == 6
+    rate = clock.rate()
+    assert rate is not None and 4 / 0.3 < rate <= 4 / 0.1  # 4 images in about 0.1 s, not over the 0.3 s start-up
+    single = FirstBatchClock(SlowStart([5]))
+    assert len(list(single.score(None, None, None))) == 1 and single.rate() is None
+
+
 def test_first_run_benchmark_times_the_head_only_step_cold_and_warm(builtin_cache: Path, tmp_path: Path) -> None:
-    from bench import first_run
+    from bench import train_speed
 
     page = tmp_path / "page.md"
     features = builtin_cache / "features"
     before = sorted(features.rglob("*")) if features.is_dir() else []
     options = "--arch resnet18 --weights none --image-size 32 --epochs 2"
-    assert first_run.main(["--data", "builtin:tiny", "--steps", "head-only", "--train-options", options,
-                           "--page", str(page)]) == 0
+    assert train_speed.main(["first-run", "--data", "builtin:tiny", "--steps", "head-only", "--train-options",
+                             options, "--page", str(page)]) == 0
     text = read_section("first-run", page)
     assert text is not None and f"--train-options '{options}'" in text and "`builtin:tiny`: " in text
     cells = {line.split(" | ")[0][2:]: line.split(" | ")[2] for line in text.splitlines() if line.startswith("| ")}
@@ -148,15 +175,15 @@ def test_first_run_benchmark_times_the_head_only_step_cold_and_warm(builtin_cach
 
 
 def test_first_run_benchmark_refuses_unknown_steps(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench import first_run
+    from bench import train_speed
 
     with pytest.raises(SystemExit) as exc:
-        first_run.main(["--steps", "quick-start,warm-up"])
+        train_speed.main(["first-run", "--steps", "quick-start,warm-up"])
     assert exc.value.code == 2 and "unknown step(s) warm-up" in capsys.readouterr().err
 
 
 def test_first_run_fresh_cache_links_datasets_but_not_what_a_first_run_computes(tmp_path: Path) -> None:
-    from bench.first_run import fresh_cache
+    from bench.train_speed import fresh_cache
 
     real = tmp_path / "real"
     for name in ("builtin", "features", "openclipart", "tuxpaint"):
