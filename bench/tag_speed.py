@@ -200,7 +200,8 @@ def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, 
              "img/s, the share of the tagger's time the loader alone needs (near 100%: decoding limits the tagger). "
              "Shared-core bound = 1 / (1 / model-only + 1 / loader-only): the rate when decoding and the model, "
              "each using every core, take turns on the same cores; a tagger cannot do better when both need all of "
-             "them.",
+             "them. What was tried to close the rest: [docs/tagging-at-scale.md](../docs/tagging-at-scale.md#memory-"
+             "and-speed).",
              "", "| model | backend | photos | model-only img/s | loader-only img/s | tagger img/s | "
              "tagger / model-only | decoding share | shared-core bound img/s | tagger / bound |",
              "|---|---|---|---|---|---|---|---|---|---|"]

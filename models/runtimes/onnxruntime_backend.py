@@ -76,9 +76,10 @@ class OnnxRuntimeBackend:
         ort = import_onnxruntime()
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        # no CPU memory arena: it keeps the largest batch's activations (rounded up to a power of two) for the
-        # session's lifetime; without it, memory follows the batch (resnet18 @448, batch 16: 0.29 GB, not 0.47 GB)
-        options.enable_cpu_mem_arena = False
+        # ONNX Runtime's CPU memory arena stays on (its default): it keeps the largest batch's activations for the
+        # session's lifetime, so a run of equal batches allocates once. Measured on EfficientNet-Lite0 @224, batch
+        # 32, 2 cores: FP32 188 img/s with it, 133 without (peak 435 MB against 402); INT8 421 against 412 (196 MB
+        # against 301). Memory is still bounded by the largest batch, never by the number of images.
         if threads is not None:
             options.intra_op_num_threads = threads
         try:
