@@ -4,8 +4,8 @@
 [--repeats 3]`` makes a folder of JPEGs (:func:`bench.tag_speed.make_jpegs`) and, for each network input size, a
 random resnet18 exported to ONNX (no downloads): a small input makes decoding the bottleneck, a large one the model.
 Each engine runs in a fresh process that tags a one-image folder, then the whole folder (``python -m serve tag``'s
-pipeline): images/s after start-up = the images after the first batch of results over the time from
-its arrival to the last batch's, start-up = t_1. The engines run ``--repeats`` times
+pipeline): images/s after start-up = the images after the first batch of results over the time from its arrival
+to the last batch's (so the start-up's spread stays out of it), start-up = t_1. The engines run ``--repeats`` times
 each, interleaved (local, ray, then ray, local, ...), so a change in the machine's load hits both: the table gives
 the median (min-max) of the runs, and of each round's ray / local ratio; the machine's load average is stated.
 Peak memory: the process's peak RSS (the driver, for Ray), and for Ray the peak RSS of its model actors (read from
