@@ -136,21 +136,24 @@ def test_engines_benchmark_rate_leaves_out_everything_before_the_first_batch() -
     from bench.tag_engines import FirstBatchClock
 
     class SlowStart:
-        def __init__(self, batches: list[int]) -> None:
-            self.batches = batches
+        def __init__(self, batches: list[int], start_up: float) -> None:
+            self.batches, self.start_up = batches, start_up
 
         def score(self, job: object, plan: object, report: object) -> Iterator[list[None]]:
-            time.sleep(0.3)  # the start-up
+            time.sleep(self.start_up)
             for i, size in enumerate(self.batches):
                 if i:
                     time.sleep(0.05)
                 yield [None] * size
 
-    clock = FirstBatchClock(SlowStart([2, 3, 1]))
+    clock = FirstBatchClock(SlowStart([2, 3, 1], start_up=1.0))
     assert sum(len(batch) for batch in clock.score(None, None, None)) == 6
-    rate = clock.rate()
-    assert rate is not None and 4 / 0.3 < rate <= 4 / 0.1  # 4 images in about 0.1 s, not over the 0.3 s start-up
-    single = FirstBatchClock(SlowStart([5]))
+    assert (clock.first_images, clock.images) == (2, 6)
+    assert clock.first_at is not None
+    span = clock.last_at - clock.first_at
+    assert 0.1 <= span < 0.9  # the two gaps, not the 1 s start-up
+    assert clock.rate() == pytest.approx(4 / span)  # the 4 images after the first batch
+    single = FirstBatchClock(SlowStart([5], start_up=0.0))
     assert len(list(single.score(None, None, None))) == 1 and single.rate() is None
 
 
