@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from bench import decode, export_speed, tag_speed, train_speed
+from bench import export_speed, tag_speed, train_speed
 from bench.results_page import read_section, write_section
 from models import ModelMeta, build_model, save_checkpoint
 
@@ -33,11 +33,11 @@ def test_decode_benchmark_writes_the_decode_section(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     threads = torch.get_num_threads()
     try:
-        assert decode.main(["--sizes", "16", "--seconds", "0", "--page", str(page)]) == 0
+        assert tag_speed.main(["decode", "--sizes", "16", "--seconds", "0", "--page", str(page)]) == 0
     finally:
         torch.set_num_threads(threads)
     text = read_section("decode-cpu", page)
-    assert text is not None and "Command: `python -m bench.decode --sizes 16 --seconds 0 --page" in text
+    assert text is not None and "Command: `python -m bench.tag_speed decode --sizes 16 --seconds 0 --page" in text
     assert "Machine: " in text and "PyTorch 1 thread" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and " px | " in line]
     assert [row.split(" | ")[0] for row in rows] == ["| 448 x 448", "| 1024 x 768", "| 4000 x 3000"]

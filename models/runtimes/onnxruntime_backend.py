@@ -77,9 +77,8 @@ class OnnxRuntimeBackend:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         # ONNX Runtime's CPU memory arena stays on (its default): it keeps the largest batch's activations for the
-        # session's lifetime, so a run of equal batches allocates once. Measured on EfficientNet-Lite0 @224, batch
-        # 32, 2 cores: FP32 188 img/s with it, 133 without (peak 435 MB against 402); INT8 421 against 412 (196 MB
-        # against 301). Memory is still bounded by the largest batch, never by the number of images.
+        # session's lifetime, so a run of equal batches allocates once; memory stays bounded by the largest batch.
+        # Speed and memory with and without it: docs/tagging-at-scale.md, "Memory and speed".
         if threads is not None:
             options.intra_op_num_threads = threads
         try:
