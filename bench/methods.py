@@ -68,9 +68,16 @@ def parse_method(spec: str) -> tuple[str, list[str]]:
     return method, [flag for o in options for flag in VARIANTS[o]]
 
 
+#: How the benchmarks' fine-tunes of pretrained weights train unless their arguments say otherwise (they come
+#: after it and win): end to end from the first epoch with BatchNorm statistics updated, the one-cycle schedule and no
+#: early stop - the papers' protocol and the package's defaults before its fine-tune defaults (train/config.py,
+#: FINE_TUNE_DEFAULTS), so that the published commands keep training what they measured.
+END_TO_END_PROTOCOL = ["--linear-init", "0", "--bn-stats", "train", "--scheduler", "onecycle", "--patience", "0"]
+
+
 def _train_argv(spec: str, seed: int, data: str, runs_dir: Path, name: str, train_args: list[str]) -> list[str]:
     method, variant = parse_method(spec)
-    return [*train_args, *variant, "--data", data, "--method", method, "--seed", str(seed),
+    return [*END_TO_END_PROTOCOL, *train_args, *variant, "--data", data, "--method", method, "--seed", str(seed),
             "--runs-dir", str(runs_dir), "--name", name, "--no-progress"]
 
 

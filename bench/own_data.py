@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.methods import RunMismatch, check_existing_run
+from bench.methods import END_TO_END_PROTOCOL, RunMismatch, check_existing_run
 from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.tracked_training import RecordingTrainer
 from export.threshold_calibration import calibrate
@@ -76,11 +76,12 @@ AUDIT_SIZE = 20
 BACKBONES: dict[str, tuple[list[str], list[str]]] = {
     "scratch": (["--arch", "resnet18", "--weights", "none", "--no-lgconv", "--image-size", "64", "--epochs", "6"],
                 ["--arch", "resnet18", "--weights", "none", "--no-lgconv", "--image-size", "64", "--epochs", "6"]),
-    "imagenet": (["--arch", "tf_efficientnet_lite0", "--weights", "imagenet", "--image-size", "64", "--epochs", "6",
-                  "--lr", "3e-4"],
-                 ["--arch", "tf_efficientnet_lite0", "--weights", "imagenet", "--image-size", "96", "--epochs", "6",
-                  "--lr", "3e-4"]),
-    # what python -m train does with no model option (Lite0 ImageNet, 224 px, 3 epochs): k and tags of the default
+    "imagenet": ([*END_TO_END_PROTOCOL, "--arch", "tf_efficientnet_lite0", "--weights", "imagenet", "--image-size",
+                  "64", "--epochs", "6", "--lr", "3e-4"],
+                 [*END_TO_END_PROTOCOL, "--arch", "tf_efficientnet_lite0", "--weights", "imagenet", "--image-size",
+                  "96", "--epochs", "6", "--lr", "3e-4"]),
+    # what python -m train does with no model option (Lite0 ImageNet, 224 px, the fine-tune defaults): k and tags of
+    # the default
     "default": ([], []),
     "fixed": (["--arch", "tf_efficientnet_lite0", "--weights", "imagenet", "--image-size", "64", "--trainable", "head",
                "--epochs", "25"],

@@ -1,9 +1,12 @@
 """``python -m bench.tracked_training ARGS``: ``python -m train ARGS`` that also scores every epoch's model on the
-test split and, where the training split has hidden full labels, its label recovery (Cole et al.: training-set mAP
-against them), for learning curves. Selection, checkpoints and the summary are the product's; each epoch's figures
-are appended to ``RUN/epochs.jsonl`` (kept across ``--resume``: an epoch trained again replaces its line).
+test split, where the training split has hidden full labels its label recovery (Cole et al.: training-set mAP
+against them), and where the validation images are scored with their observed labels (a user's view of a benchmark)
+its val mAP against the dataset's full labels (to compare settings without reading test), for learning curves.
+Selection, checkpoints and the summary are the product's; each epoch's figures are appended to ``RUN/epochs.jsonl``
+(kept across ``--resume``: an epoch trained again replaces its line).
 
-The extra passes run after the epoch's selection, under a forked RNG, so the training randomness is unchanged.
+The extra passes run with the epoch's validation (in a phase on fixed features, the head on the cached features),
+under a forked RNG, so the training randomness is unchanged.
 :class:`RecordingTrainer` instead keeps every epoch's validation and test logits in memory, so that a benchmark can
 score any epoch afterwards (the epoch another selection criterion would have picked; bench/own_data.py).
 """
@@ -18,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.evaluation.metrics import mean_average_precision
 from models.files.atomic_writes import atomic_write_text
 from train.config import TrainConfig
 from train.fixed_features import FixedFeaturePhase
@@ -41,22 +45,65 @@ def read_epochs(run: Path) -> list[dict[str, Any]]:
 
 
 class TrackingTrainer(Trainer):
-    """The product's trainer plus test mAP and label recovery of the current model after every epoch."""
+    """The product's trainer plus test mAP, label recovery and the hidden-label val mAP of the current model after
+    every epoch."""
+
+    _hidden_val: np.ndarray | None = None
+    _tracked: dict[str, float] | None = None
+
+    def _candidates(self, linear: FixedFeaturePhase | None) -> list[Candidate]:
+        candidates = super()._candidates(linear)
+        if self.world.is_main:  # scored here, before LinearInit's last epoch restores its best head
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):  # the extra passes must not move the training RNG
+                self._tracked = self._track(linear, candidates[0].assessment.logits)
+        return candidates
+
+    def _track(self, linear: FixedFeaturePhase | None, val_logits: Any) -> dict[str, float]:
+        """This epoch's extra figures: hidden-label val mAP, test mAP, label recovery (the head on cached features
+        in a phase on fixed features)."""
+        record: dict[str, float] = {}
+        hidden = self.hidden_val_labels()
+        if hidden is not None and val_logits is not None and len(val_logits) == len(hidden):
+            record["val_full_mAP"] = float(mean_average_precision(np.asarray(val_logits), hidden))
+        parts = [("test_mAP", self.splits.test, "test")] if self.splits.test is not None else []
+        if self.splits.train_has_full_labels:
+            parts.append(("train_recovery_mAP", self.splits.train, "train"))
+        for key, images, split in parts:
+            if linear is not None:
+                rows = linear.head_rows(self.model, images, split)
+                present = rows.present.numpy()
+                record[key] = float(mean_average_precision(rows.values.numpy()[present], images.labels[present]))
+            else:
+                loader = self.predictor.eval_loader(images)
+                record[key] = self.evaluate(self.model, loader, f"{split} (tracked)", split).metrics["mAP"]
+        return record
+
+    def hidden_val_labels(self) -> np.ndarray | None:
+        """The validation images' full labels from the dataset itself when the run scores val with observed labels
+        (``--observed ...?val=observed``), in split order over the run's classes; None otherwise."""
+        if self.splits.has_full_labels("val"):
+            return None
+        if self._hidden_val is None:
+            from models.data.registry import load_dataset
+
+            dataset = load_dataset(self.cfg.data)
+            column = {name: i for i, name in enumerate(dataset.classes)}
+            if any(name not in column for name in self.splits.classes):
+                return None
+            keep = [column[name] for name in self.splits.classes]
+            full = {str(path): row[keep] for part in (dataset.train, dataset.val, dataset.test) if part is not None
+                    for path, row in zip(part.paths, part.labels, strict=True)}
+            if any(str(path) not in full for path in self.splits.val.paths):
+                return None
+            self._hidden_val = np.stack([full[str(path)] for path in self.splits.val.paths])
+        return self._hidden_val
 
     def _run_epoch(self, epoch: int) -> None:
         super()._run_epoch(epoch)
-        if not self.world.is_main:
+        if not self.world.is_main or self._tracked is None:
             return
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            record: dict[str, Any] = {"epoch": epoch}
-            if self.splits.test is not None:
-                loader = self.predictor.eval_loader(self.splits.test)
-                record["test_mAP"] = self.evaluate(self.model, loader, "test (tracked)", "test").metrics["mAP"]
-            if self.splits.train_has_full_labels:
-                loader = self.predictor.eval_loader(self.splits.train)
-                recovery = self.evaluate(self.model, loader, "train (tracked)", "train").metrics["mAP"]
-                record["train_recovery_mAP"] = recovery
+        record: dict[str, Any] = {"epoch": epoch, **self._tracked}
         kept = [r for r in read_epochs(self.run_dir) if int(r["epoch"]) < epoch]
         atomic_write_text(self.run_dir / EPOCHS_FILE, "".join(json.dumps(r) + "\n" for r in [*kept, record]))
 

@@ -211,6 +211,10 @@ def run_command(args: list[str], cache: Path, runs: Path) -> tuple[float, Path |
     return seconds, (made[-1] if made else None)
 
 
+#: The fine-tune step: one epoch of the whole network, end to end from the start.
+FINE_TUNE_EPOCH = ["--epochs", "1", "--linear-init", "0"]
+
+
 def read_run(run: Path) -> dict[str, Any]:
     """Training images and every epoch's training seconds of a finished run folder (its config.json and
     metrics.jsonl)."""
@@ -248,9 +252,10 @@ class Steps:
         self._add("quick_start_export", run_command(["export", str(run)], cache, runs)[0])
 
     def fine_tune(self) -> None:
-        """One epoch of the own-data default fine-tune."""
+        """One epoch of the own-data default fine-tune's whole network (without LinearInit's head phase, which the
+        head-only step times)."""
         cache, runs = self._folders()
-        seconds, run = run_command(["train", "--data", self.data, "--epochs", "1", *self.extra], cache, runs)
+        seconds, run = run_command(["train", "--data", self.data, *FINE_TUNE_EPOCH, *self.extra], cache, runs)
         assert run is not None
         info = read_run(run)
         self.notes["fine_tune_images"] = info["images"]
@@ -301,7 +306,8 @@ def to_markdown(values: dict[str, Spread], notes: dict[str, Any], data: str, rep
                   f"{minutes('quick_start_train')} |",
                   f"| quick start, export | `python -m export RUN` | {seconds('quick_start_export')} |"]
     if "fine_tune_wall" in values:
-        lines.append(f"| own-data fine-tune, one epoch | `python -m train --data {data} --epochs 1{plus}` | "
+        lines.append(f"| own-data fine-tune, one epoch | `python -m train --data {data} {shlex.join(FINE_TUNE_EPOCH)}"
+                     f"{plus}` | "
                      f"{seconds('fine_tune_epoch_per_1000')} per 1,000 training images (run: "
                      f"{minutes('fine_tune_wall')}) |")
     if "head_cold_wall" in values:

@@ -146,6 +146,16 @@ class MultiLabelNet(nn.Module):
                     self._frozen.append(module)
         self.train(self.training)
 
+    def freeze_batchnorm_statistics(self) -> None:
+        """Keep the backbone's BatchNorm layers in inference mode while the network trains (``--bn-stats frozen``):
+        their running statistics stay the ones the weights came with; their scale and shift still learn. LgConv's
+        global branches, new to the weights, keep updating theirs. Call after :meth:`set_trainable_scope`."""
+        kept = {id(m) for m in self._frozen}
+        in_branch = {id(m) for g in self.backbone.modules() if isinstance(g, GlobalBranch) for m in g.modules()}
+        self._frozen += [m for m in self.backbone.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                         and id(m) not in kept and id(m) not in in_branch]
+        self.train(self.training)
+
     def train(self, mode: bool = True) -> MultiLabelNet:
         super().train(mode)
         for module in self._frozen:

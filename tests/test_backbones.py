@@ -193,3 +193,34 @@ def test_preprocessing_follows_the_pretrained_configuration() -> None:
     assert squash.shape == cropped.shape == (3, 32, 32)
     assert 0.2 < squash.float().mean() / 255 < 0.3  # the whole image: a quarter white
     assert cropped.float().mean() / 255 > 0.95  # crop 0.5: the centre half fills the input
+
+
+def test_frozen_batchnorm_statistics_stay_while_scale_and_shift_learn() -> None:
+    """--bn-stats frozen: a training step moves the BatchNorm affine weights but not the running statistics the
+    weights came with; LgConv's new global branches keep updating theirs; train updates every one."""
+    from train.config import TrainConfig, resolve_model_defaults
+
+    torch.manual_seed(0)
+    for arch, lgconv in (("test_efficientnet", False), ("resnet18", True)):
+        model = build_model(arch, 3, lgconv=lgconv)
+        model.set_trainable_scope("all")
+        model.freeze_batchnorm_statistics()
+        batchnorm = torch.nn.modules.batchnorm._BatchNorm
+        norms = {n: m for n, m in model.backbone.named_modules() if isinstance(m, batchnorm)}
+        branch = {n for n in norms if ".global_branch." in n}
+        assert len(norms) > len(branch) and bool(branch) == lgconv
+        before = {n: (m.running_mean.clone(), m.weight.detach().clone()) for n, m in norms.items()}
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        model(torch.randn(4, 3, 32, 32) * 3 + 1).sum().backward()
+        optimizer.step()
+        for name, module in norms.items():
+            moved_stats = not torch.equal(before[name][0], module.running_mean)
+            assert moved_stats == (name in branch), name
+            assert module.training == (name in branch)
+        assert any(not torch.equal(before[n][1], m.weight) for n, m in norms.items() if n not in branch)
+    assert resolve_model_defaults(TrainConfig(data="tuxpaint")).bn_stats == "frozen"  # ImageNet weights
+    assert resolve_model_defaults(TrainConfig()).bn_stats == "train"  # the built-in data: from random init
+    assert resolve_model_defaults(TrainConfig(data="tuxpaint", bn_stats="train")).bn_stats == "train"
+    assert TrainConfig.from_dict({"method": "an"}).bn_stats == "train"  # a config.json written before the option
+    assert TrainConfig.from_dict({"trainable": "head"}).bn_stats == "frozen"

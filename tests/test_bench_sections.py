@@ -225,3 +225,62 @@ def test_fine_tune_section_reports_the_last_epoch_and_when_an_falls(builtin_cach
                     [], lasts, note="Two seeds: the CPU budget.")
     assert "When `an` falls: its val mAP peaked at epoch 2 / 2 and ended 2.50 / 1.00 points lower" in text
     assert "At the last epoch: above `an` on every seed: `wan`" in text and "Two seeds: the CPU budget." in text
+
+
+def test_fine_tune_grid_records_hidden_val_map_and_reports_the_pick(builtin_cache: Path, tmp_path: Path) -> None:
+    """bench.choices finetune: a tracked run on the user's view of a benchmark (val scored with one label per image)
+    records, per epoch, the val mAP on the dataset's hidden full labels and the test mAP (the head on cached features
+    in LinearInit's phase); the report reads the picked epoch's figures and the head phase's pick, and marks the
+    setting with the best hidden-label val mAP as the default."""
+    import dataclasses
+    import json
+
+    from bench.choices_finetune import FineTuneSetting, best_setting, finetune_section, load_runs, measure_finetune
+    from bench.tracked_training import read_epochs
+
+    dev_args = ("--arch", "resnet18", "--weights", "none", "--no-lgconv", "--image-size", "32", "--trainable", "head",
+                "--observed", "single?val=observed", "--workers", "0")
+    settings = [FineTuneSetting(lr, "2", "none", "16", 1, 0, "train") for lr in ("1e-3", "1e-12")]
+    measure_finetune("tiny", "builtin:tiny", dev_args, 0, ["an"], settings, tmp_path)
+    run = tmp_path / "tiny" / f"an-seed0{settings[0].suffix}"
+    config = json.loads((run / "config.json").read_text())["config"]
+    assert (config["trainable"], config["linear_init"], config["epochs"], config["bn_stats"]) == ("all", 2, 1, "train")
+    epochs = read_epochs(run)
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    assert all(0 < e["val_full_mAP"] <= 100 and 0 < e["test_mAP"] <= 100 for e in epochs)
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["val_mAP"] is None for m in metrics)  # the run itself never saw the hidden val labels
+    runs = load_runs(tmp_path)
+    assert sorted(float(r.setting.lr) for r in runs) == [1e-12, 1e-3]  # read back from config.json
+    assert {dataclasses.replace(r.setting, lr="") for r in runs} == {dataclasses.replace(settings[0], lr="")}
+    first = next(r for r in runs if float(r.setting.lr) == 1e-3)
+    summary = json.loads((run / "summary.json").read_text())
+    assert first.picked_epoch == summary["best_epoch"] and first.test == pytest.approx(summary["test"]["mAP"])
+    assert first.val_full == pytest.approx(epochs[first.picked_epoch - 1]["val_full_mAP"])
+    head_pick = max((m["val_observed-map"], -m["epoch"]) for m in metrics[:2])
+    assert first.head_test == pytest.approx(epochs[-head_pick[1] - 1]["test_mAP"])
+    best = best_setting(runs, "an")
+    assert best == max(runs, key=lambda r: r.val_full).setting
+    text = finetune_section(runs, {"tiny": "the tiny shapes"}, best, "python -m bench.choices finetune", "Machine: x")
+    assert text.count("| the tiny shapes |") == 2 and f"**{best.label}**" in text
+    assert f"The package's fine-tune default (in bold): {best.label}" in text
+
+
+def test_fine_tune_default_is_picked_on_the_grid_sets_and_their_common_seeds() -> None:
+    """best_setting: only the sets measured at several settings vote, each on the seeds all candidates have; a set
+    measured at one setting (a check) and a setting missing from a grid set do not decide."""
+    import math
+
+    from bench.choices_finetune import FineTuneRun, FineTuneSetting, best_setting
+
+    low, high, lone = (FineTuneSetting(lr, "25", "none", "32", 10, 3) for lr in ("1e-4", "3e-4", "1e-3"))
+
+    def run(dev: str, setting: FineTuneSetting, seed: int, val: float) -> FineTuneRun:
+        return FineTuneRun(dev, "an", seed, setting, 30, 35, val, val, math.nan, True)
+
+    runs = [run("a", low, 0, 50.0), run("a", high, 0, 49.0), run("b", low, 0, 40.0), run("b", high, 0, 42.0),
+            run("b", high, 1, 10.0),  # a seed the other candidate lacks: left out of the comparison
+            run("a", lone, 0, 99.0),  # measured on one grid set only: not a candidate
+            run("c", high, 0, 1.0)]  # a set measured at one setting: a check, not a vote
+    assert best_setting(runs, "an") == high
+    assert best_setting(runs, "wan") is None

@@ -119,3 +119,19 @@ def test_method_auto_chooses_then_trains_the_choice(single_positive_csv: Path, t
     assert len(metrics) == 26  # 25 head epochs on fixed features, then one of the whole network
     assert main([*args, "--method", "an", "--candidates", "wan", "--name", "bad"]) == 2
     assert main([*args, "--method", "auto", "--candidates", "nope", "--name", "bad"]) == 2
+
+
+def test_candidates_train_at_the_head_defaults_when_the_run_fine_tunes() -> None:
+    """--method auto with a fine-tune: the run's --lr and schedule are the whole network's, so the candidate heads
+    train at the head defaults (the baseline stays an at the default head learning rate)."""
+    from train.choose import head_config
+    from train.config import FINE_TUNE_DEFAULTS, HEAD_EPOCHS, TrainConfig, build_parser, config_from_args
+
+    cfg = config_from_args(build_parser().parse_args(["--data", "folder:pets", "--method", "auto"]))
+    head = head_config(cfg)
+    assert cfg.lr == FINE_TUNE_DEFAULTS["lr"] and cfg.scheduler == FINE_TUNE_DEFAULTS["scheduler"]
+    assert (head.trainable, head.epochs, head.lr, head.scheduler, head.method) == (
+        "head", HEAD_EPOCHS, TrainConfig().lr, TrainConfig().scheduler, "an")
+    own = head_config(config_from_args(build_parser().parse_args(["--data", "folder:pets", "--method", "auto",
+                                                                  "--trainable", "head", "--lr", "1e-3"])))
+    assert own.lr == 1e-3

@@ -353,3 +353,30 @@ def test_linear_init_resume_inside_phase_one(builtin_cache: Path, tmp_path: Path
     for key, value in a.model.items():
         torch.testing.assert_close(b.model[key], value, rtol=0, atol=0, msg=key)
     torch.testing.assert_close(b.training["method"]["estimator"], a.training["method"]["estimator"], rtol=0, atol=0)
+
+
+def test_fine_tuning_pretrained_weights_gets_the_fine_tune_defaults() -> None:
+    """A pretrained backbone trained end to end gets LinearInit, the fine-tune learning rate, no schedule, patience
+    and frozen BatchNorm statistics for every setting not given; random init, --trainable head and --preset paper keep
+    theirs, and the runs that cannot have LinearInit's head phase are not given one."""
+    from train.config import FINE_TUNE_DEFAULTS, HEAD_EPOCHS, build_parser, config_from_args
+
+    def resolve(*argv: str) -> TrainConfig:
+        return config_from_args(build_parser().parse_args(["--data", "folder:pets", *argv]))
+
+    tuned = resolve()
+    assert tuned.weights == "imagenet" and tuned.linear_init == HEAD_EPOCHS and tuned.bn_stats == "frozen"
+    assert {k: getattr(tuned, k) for k in FINE_TUNE_DEFAULTS} == FINE_TUNE_DEFAULTS
+    given = resolve("--lr", "1e-3", "--epochs", "2", "--linear-init", "0", "--bn-stats", "train")
+    assert (given.lr, given.epochs, given.linear_init, given.bn_stats) == (1e-3, 2, 0, "train")
+    assert given.patience == FINE_TUNE_DEFAULTS["patience"] and given.scheduler == FINE_TUNE_DEFAULTS["scheduler"]
+    for argv in (["--method", "auto"], ["--method", "lac"], ["--boostlu", "5"]):
+        assert resolve(*argv).linear_init == 0 and resolve(*argv).lr == FINE_TUNE_DEFAULTS["lr"], argv
+    defaults = TrainConfig()
+    scratch = resolve("--weights", "none")
+    assert (scratch.lr, scratch.epochs, scratch.linear_init, scratch.bn_stats) == (defaults.lr, defaults.epochs, 0,
+                                                                                  "train")
+    head = resolve("--trainable", "head", "--bn-stats", "train")
+    assert (head.lr, head.epochs, head.linear_init, head.bn_stats) == (defaults.lr, HEAD_EPOCHS, 0, "frozen")
+    paper = resolve("--preset", "paper")
+    assert (paper.lr, paper.linear_init, paper.patience, paper.bn_stats) == (1e-5, 0, 0, "train")

