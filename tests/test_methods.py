@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import METHOD_AUTO, TrainConfig, build_parser, config_from_args, validate
+from train.config import FINE_TUNE_DEFAULTS, METHOD_AUTO, TrainConfig, build_parser, config_from_args, validate
 from train.diagnostics import score_label_estimates
 from train.methods import METHODS, EpochEndContext, MethodContext, get_method, make_hparams
 from train.methods.base import dataset_family
@@ -318,7 +318,8 @@ def test_paper_preset_adds_each_methods_published_settings_per_dataset(tmp_path:
     an = paper_config(tmp_path, "--method", "an", "--data", "voc:/x")  # Cole et al. publish only a grid
     assert (an.batch_size, an.lr) == (8, 1e-5)
     without_preset = config_from_args(build_parser().parse_args(["--method", "em", "--data", "voc:/x"]))
-    assert without_preset.lr == TrainConfig().lr  # published settings only come with --preset paper
+    # published settings only come with --preset paper; without it, pretrained weights get the fine-tune default
+    assert without_preset.lr == FINE_TUNE_DEFAULTS["lr"]
 
 
 def test_paper_settings_name_real_config_fields() -> None:

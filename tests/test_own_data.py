@@ -43,7 +43,7 @@ def own_run(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     audit.write_text("\n".join(lines) + "\n")
     runs = base / "runs"
     assert train_main(["--data", f"folder:{root}", "--method", "epr", "--epochs", "2", "--image-size", "32",
-                       "--batch-size", "16",
+                       "--batch-size", "16", "--linear-init", "0",  # end to end from the first epoch: two epochs
                        "--workers", "0", "--no-progress", "--no-lgconv", "--runs-dir", str(runs), "--name", "own"]) == 0
     return runs / "own", audit, classes
 
