@@ -33,15 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.choices_finetune import (
-    FINETUNE_RUNS,
-    FineTuneSetting,
-    best_setting,
-    finetune_section,
-    load_runs,
-    measure_finetune,
-)
+from bench.choices_report import FineTuneSetting, best_setting, finetune_section, load_runs
 from bench.results_page import add_page_options, machine_line, publish
+from bench.tracked_training import labels_by_path
 from models.evaluation.criteria import LABEL_FREE_CRITERIA
 from models.evaluation.expected_positives import estimate_expected_positives
 from models.evaluation.metrics import mean_average_precision
@@ -96,14 +90,7 @@ def full_labels_by_path(dev: DevSet, classes: list[str], dataset: Any) -> dict[s
         from models.data.registry import load_dataset
 
         dataset = load_dataset(dev.full_data)
-    column = {name: i for i, name in enumerate(dataset.classes)}
-    keep = [column[name] for name in classes]
-    out = {}
-    for part in (dataset.train, dataset.val, dataset.test):
-        if part is not None:
-            for path, row in zip(part.paths, part.labels, strict=True):
-                out[str(path)] = row[keep]
-    return out
+    return labels_by_path(dataset, classes)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -273,6 +260,21 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
         np.savez_compressed(fh, **arrays)
     atomic_write_text(target, json.dumps(records))
     return target
+
+
+FINETUNE_RUNS = Path("runs/choices-finetune")
+
+
+def measure_finetune(dev_name: str, data: str, train_args: tuple[str, ...], seed: int, methods: list[str],
+                     settings: list[FineTuneSetting], out: Path) -> None:
+    """Fine-tune every method on a dev set once per setting with per-epoch test and hidden-label val mAP: run folders
+    ``out/<dev>/<method>-seed<S><suffix>``, reused when finished and resumed when interrupted."""
+    from bench.methods import run_one
+
+    for setting in settings:
+        for method in methods:
+            run_one(method, seed, data, out / dev_name, setting.args(train_args), setting.suffix,
+                    module="bench.tracked_training")
 
 
 def prepare_with_test(cfg: Any) -> tuple[Any, ...]:

@@ -44,6 +44,15 @@ def read_epochs(run: Path) -> list[dict[str, Any]]:
     return [records[e] for e in sorted(records)]
 
 
+def labels_by_path(dataset: Any, classes: list[str]) -> dict[str, np.ndarray]:
+    """Every image's labels in ``dataset`` (its train, val and test parts) over ``classes`` (a subset of its own),
+    by path."""
+    column = {name: i for i, name in enumerate(dataset.classes)}
+    keep = [column[name] for name in classes]
+    return {str(path): row[keep] for part in (dataset.train, dataset.val, dataset.test) if part is not None
+            for path, row in zip(part.paths, part.labels, strict=True)}
+
+
 class TrackingTrainer(Trainer):
     """The product's trainer plus test mAP, label recovery and the hidden-label val mAP of the current model after
     every epoch."""
@@ -88,12 +97,9 @@ class TrackingTrainer(Trainer):
             from models.data.registry import load_dataset
 
             dataset = load_dataset(self.cfg.data)
-            column = {name: i for i, name in enumerate(dataset.classes)}
-            if any(name not in column for name in self.splits.classes):
+            if not set(self.splits.classes) <= set(dataset.classes):
                 return None
-            keep = [column[name] for name in self.splits.classes]
-            full = {str(path): row[keep] for part in (dataset.train, dataset.val, dataset.test) if part is not None
-                    for path, row in zip(part.paths, part.labels, strict=True)}
+            full = labels_by_path(dataset, list(self.splits.classes))
             if any(str(path) not in full for path in self.splits.val.paths):
                 return None
             self._hidden_val = np.stack([full[str(path)] for path in self.splits.val.paths])

@@ -235,7 +235,8 @@ def test_fine_tune_grid_records_hidden_val_map_and_reports_the_pick(builtin_cach
     import dataclasses
     import json
 
-    from bench.choices_finetune import FineTuneSetting, best_setting, finetune_section, load_runs, measure_finetune
+    from bench.choices import measure_finetune
+    from bench.choices_report import FineTuneSetting, best_setting, finetune_section, load_runs
     from bench.tracked_training import read_epochs
 
     dev_args = ("--arch", "resnet18", "--weights", "none", "--no-lgconv", "--image-size", "32", "--trainable", "head",
@@ -271,7 +272,7 @@ def test_fine_tune_default_is_picked_on_the_grid_sets_and_their_common_seeds() -
     measured at one setting (a check) and a setting missing from a grid set do not decide."""
     import math
 
-    from bench.choices_finetune import FineTuneRun, FineTuneSetting, best_setting
+    from bench.choices_report import FineTuneRun, FineTuneSetting, best_setting
 
     low, high, lone = (FineTuneSetting(lr, "25", "none", "32", 10, 3) for lr in ("1e-4", "3e-4", "1e-3"))
 
