@@ -135,7 +135,7 @@ class MultiLabelNet(nn.Module):
             self.train(self.training)
             return
         stages = [self.backbone] if scope == "head" else self.family.last_stage_frozen_below(self.backbone)
-        in_branch = {id(m) for g in self.backbone.modules() if isinstance(g, GlobalBranch) for m in g.modules()}
+        in_branch = self._global_branch_modules()
         for stage in stages:
             for module in stage.modules():
                 if scope == "layer4" and id(module) in in_branch:
@@ -151,10 +151,14 @@ class MultiLabelNet(nn.Module):
         their running statistics stay the ones the weights came with; their scale and shift still learn. LgConv's
         global branches, new to the weights, keep updating theirs. Call after :meth:`set_trainable_scope`."""
         kept = {id(m) for m in self._frozen}
-        in_branch = {id(m) for g in self.backbone.modules() if isinstance(g, GlobalBranch) for m in g.modules()}
+        in_branch = self._global_branch_modules()
         self._frozen += [m for m in self.backbone.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
                          and id(m) not in kept and id(m) not in in_branch]
         self.train(self.training)
+
+    def _global_branch_modules(self) -> set[int]:
+        """The ids of every module inside LgConv's global branches (new to any pretrained weights)."""
+        return {id(m) for g in self.backbone.modules() if isinstance(g, GlobalBranch) for m in g.modules()}
 
     def train(self, mode: bool = True) -> MultiLabelNet:
         super().train(mode)
