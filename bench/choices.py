@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ class DevSet:
     full_data: str = ""  # the spec whose labels are every image's full labels (default: data itself)
 
 
+#: Where the npm icon sets are unpacked (``<dir>/tabler/package``, ``<dir>/lucide/package``; docs/datasets.md).
+ICON_SETS = os.environ.get("SPML_ICON_SETS", "~/icon-sets")
+
 DEV_SETS: dict[str, DevSet] = {d.name: d for d in (
     DevSet("openclipart", "openclipart", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
     DevSet("tuxpaint", "tuxpaint", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
@@ -70,6 +74,9 @@ DEV_SETS: dict[str, DevSet] = {d.name: d for d in (
     # the same drawings with the label a person filing them gives: each image's category folder
     DevSet("openclipart-folders", "openclipart:?view=folders", (*BACKBONE, "--image-size", "224"), "openclipart"),
     DevSet("tuxpaint-folders", "tuxpaint:?view=folders", (*BACKBONE, "--image-size", "224"), "tuxpaint"),
+    # real sets the chooser's rule was not fitted on: npm icon sets, their keyword tags as labels
+    DevSet("icons-tabler", f"icons:{ICON_SETS}/tabler", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
+    DevSet("icons-lucide", f"icons:{ICON_SETS}/lucide", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
 )}
 
 
@@ -80,6 +87,8 @@ TITLES = {
     "dense-small": "`builtin:dense-small`, a random label per image",
     "openclipart-folders": "the clip art, the label of its folder",
     "tuxpaint-folders": "the Tux Paint stamps, the label of its folder",
+    "icons-tabler": "the Tabler icons, a random keyword per icon",
+    "icons-lucide": "the Lucide icons, a random keyword per icon",
 }
 
 

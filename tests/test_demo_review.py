@@ -170,13 +170,72 @@ def test_bad_review_files_and_logs(tmp_path: Path) -> None:
     assert image.size == (32, 32) and note == ""
 
 
+#: An audit file: every class of two images, the most likely first, the given label among them.
+AUDIT_CLASSES = ["bird", "car", "cat", "dog", "person", "tree"]
+AUDIT_SCORES = {"a": [0.1, 0.2, 0.9, 0.8, 0.3, 0.05], "b": [0.6, 0.1, 0.2, 0.3, 0.7, 0.4]}
+AUDIT_GIVEN = {"a": "cat", "b": "person"}
+
+
+def make_audit(folder: Path) -> Path:
+    """``folder/audit.csv``: every class of images a and b (as ``train suggest --audit`` writes it)."""
+    make_review(folder)  # the images
+    lines = ["image,label,score,given,answer"]
+    for image, scores in AUDIT_SCORES.items():
+        order = sorted(zip(AUDIT_CLASSES, scores, strict=True), key=lambda p: -p[1])
+        lines += [f"{folder / f'{image}.png'},{label},{score},{AUDIT_GIVEN[image]}," for label, score in order]
+    path = folder / "audit.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_an_image_at_a_time_and_the_audit_list_it_makes(tmp_path: Path) -> None:
+    from models.data.audit_list import load_audit
+
+    audit = make_audit(tmp_path)
+    queue = ReviewQueue.open(audit)
+    view = queue.image_view()
+    assert Path(view.image).stem == "a" and view.given == ("cat",) and view.progress() == "0 of 2 images answered"
+    assert [i.label for i in view.pending] == ["cat", "dog", "person", "car", "bird", "tree"]  # likely first
+    with pytest.raises(KeyError, match="zebra"):
+        queue.answer_image(view.image, ["zebra"])
+    view = queue.skip_image(view.image)
+    assert Path(view.image).stem == "b" and "skipped" in queue.image_view(view.note).note
+    view = queue.answer_image(view.image, ["person", "tree"])
+    assert Path(view.image).stem == "a" and view.progress() == "1 of 2 images answered" and "2 yes, 4 no" in view.note
+    assert len(log_rows(queue.log.path)) == 6  # one write of six answers
+    restarted = ReviewQueue.open(audit).image_view()  # a restarted demo continues from the log
+    assert Path(restarted.image).stem == "a" and restarted.progress() == "1 of 2 images answered"
+    with pytest.raises(DataError, match="no image has an answer for every one"):
+        load_audit(str(tmp_path / "audit.csv"), AUDIT_CLASSES)
+    listed = load_audit(str(queue.log.path), AUDIT_CLASSES)
+    assert [p.stem for p in listed.paths] == ["b"] and listed.partial == 0
+    assert listed.labels.tolist() == [[0, 0, 0, 0, 1, 1]]
+    assert queue.undo().note == "b.png: its 6 answers taken back"
+    assert Path(queue.image_view().image).stem == "b" and len(log_rows(queue.log.path)) == 12
+    queue.answer_image(str(tmp_path / "b.png"), ["person"])
+    view = queue.answer_image(str(tmp_path / "a.png"), ["cat", "dog"])
+    assert view.image is None and view.progress() == "2 of 2 images answered"
+    listed = load_audit(str(queue.log.path), AUDIT_CLASSES)
+    assert {p.stem: row.tolist() for p, row in zip(listed.paths, listed.labels, strict=True)} == {
+        "a": [0, 0, 1, 1, 0, 0], "b": [0, 0, 0, 0, 1, 0]}
+    assert listed.mean_positives == pytest.approx(1.5)
+    # an image answered in part is left out and counted; a class the model does not know is refused
+    AnswerLog(tmp_path / "part.jsonl").record(str(tmp_path / "c.png"), "dog", True)
+    with open(tmp_path / "part.jsonl", "a") as fh, open(queue.log.path) as log:
+        fh.write(log.read())
+    listed = load_audit(str(tmp_path / "part.jsonl"), AUDIT_CLASSES)
+    assert len(listed) == 2 and listed.partial == 1
+    with pytest.raises(DataError, match="classes the model does not know: tree"):
+        load_audit(str(queue.log.path), AUDIT_CLASSES[:-1])
+
+
 # ---- the tab in the launched app (with a model: the page's other tabs beside it)
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The demo with a model and ``--review``, launched on a free loopback port; yields url, folder, log,
-    queue, client."""
+    """The demo with a model, ``--review`` and ``--audit``, launched on a free loopback port; yields url, folder,
+    log, queue, client and the audit queue."""
     from serve.demo.app import build_demo, launch_demo
     from serve.demo.catalog import ExampleSet
     from serve.demo.model_store import ModelStore
@@ -185,13 +244,15 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("review-app")
     review = make_review(root / "data")
     queue = ReviewQueue.open(review, root / "answers.jsonl")
+    audit = ReviewQueue.open(make_audit(root / "audit"))
     ckpt = make_run(root / "runs", "r", ["bird", "car", "cat", "dog", "person", "tree"], "csv:x")
     store = ModelStore({"r": ckpt}, device="cpu", loaded={"r": Predictor.load(ckpt, device="cpu")})
-    demo = build_demo(store, "r", ExampleSet(note="none"), review=queue)
+    demo = build_demo(store, "r", ExampleSet(note="none"), review=queue, audit=audit)
     _, url, _ = launch_demo(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
         client = gradio_client.Client(url, verbose=False, download_files=False)
-        yield {"url": url, "folder": root / "data", "log": queue.log.path, "queue": queue, "client": client}
+        yield {"url": url, "folder": root / "data", "log": queue.log.path, "queue": queue, "client": client,
+               "audit": audit}
     finally:
         demo.close()
 
@@ -217,6 +278,81 @@ def test_tab_answers_through_the_api(app: dict[str, Any]) -> None:
     with pytest.raises(Exception, match="not a pair"):
         client.predict("nonsense", api_name="/review_yes")
     assert len(log_rows(log)) == 3
+
+
+def test_audit_keys_and_filter_in_headless_chromium(app: dict[str, Any], tmp_path: Path) -> None:
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
+    log = app["audit"].log.path
+    before = len(log_rows(log))
+    browser = DevTools(str(CHROMIUM), tmp_path / "profile")
+
+    def press(key: str, code: str) -> None:
+        for kind in ("keyDown", "keyUp"):
+            browser.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": code,
+                                                    **({"text": key} if len(key) == 1 else {})})
+
+    boxes = ("[...document.querySelectorAll('#spml-toggles-labels label')].filter(l => l.offsetParent !== null)"
+             ".map(l => l.innerText.trim())")
+    try:
+        browser.open_page(app["url"])
+        browser.wait_for("(t => t ? (t.click(), true) : false)([...document.querySelectorAll('[role=tab]')]"
+                         ".find(t => t.innerText.trim() === 'Audit'))", timeout=60)
+        browser.wait_for("document.querySelector('#spml-toggles-card .question')?.innerText", timeout=60)
+        assert [b.split()[0] for b in browser.wait_for(f"{boxes}.length === 6 && {boxes}")] == [
+            "cat", "dog", "person", "car", "bird", "tree"]
+        # the filter narrows the toggles (the ticked given label stays)
+        browser.evaluate("document.querySelector('#spml-toggles-filter textarea, #spml-toggles-filter input').focus()")
+        browser.send("Input.insertText", {"text": "do"})
+        assert [b.split()[0] for b in browser.wait_for(f"{boxes}.length === 2 && {boxes}")] == ["cat", "dog"]
+        press("2", "Digit2")  # in the text box: typed, not a toggle
+        assert browser.evaluate("document.activeElement.value") == "do2"
+        assert browser.evaluate("document.querySelectorAll('#spml-toggles-labels input:checked').length") == 1
+        browser.evaluate("document.activeElement.select()")
+        browser.send("Input.insertText", {"text": "do"})
+        browser.wait_for(f"{boxes}.length === 2")
+        browser.evaluate("document.activeElement.blur()")
+        press("2", "Digit2")  # ticks the second label shown: dog
+        browser.wait_for("document.querySelectorAll('#spml-toggles-labels input:checked').length === 2")
+        press("Enter", "Enter")
+        progress = "document.querySelector('#spml-toggles-progress').innerText"
+        browser.wait_for(f"{progress}.includes('1 of 2 images answered')")
+        assert sorted(r for r in log_rows(log)[before:] if r[2]) == [("a", "cat", True), ("a", "dog", True)]
+        press("u", "KeyU")
+        browser.wait_for(f"{progress}.includes('0 of 2 images answered')")
+        assert len(log_rows(log)) == before + 12 and app["audit"].image_view().images_done == 0
+    finally:
+        browser.close()
+
+
+def test_audit_tab_answers_an_image_at_a_time_through_the_api(app: dict[str, Any]) -> None:
+    client, audit = app["client"], app["audit"]
+    log = audit.log.path
+    before = len(log_rows(log))  # the browser test above answers and takes back one image
+
+    def rows() -> list[tuple[str, str, bool | None]]:
+        return log_rows(log)[before:]
+
+    image, card, search, labels, progress, shown_image = client.predict(api_name="/audit_show")
+    assert Path(shown_image).stem == "a" and image is not None
+    assert "Which labels are in the image?" in card and "has: cat" in card and "0 of 2 images answered" in progress
+    assert search == "" and labels["value"] == ["cat"] and str(log) in progress
+    assert [label for _, label in labels["choices"]] == ["cat", "dog", "person", "car", "bird", "tree"]
+    _, card, _, labels, progress, second = client.predict(shown_image, ["cat", "dog"], api_name="/audit_save")
+    assert Path(second).stem == "b" and labels["value"] == ["person"] and "1 of 2 images answered" in progress
+    assert sorted(r for r in rows() if r[2]) == [("a", "cat", True), ("a", "dog", True)]
+    assert len(rows()) == 6 and "a.png: 2 yes, 4 no" in card
+    back = client.predict(api_name="/audit_undo")
+    assert Path(back[5]).stem == "a" and "taken back" in back[1] and len(rows()) == 12
+    skipped = client.predict(back[5], api_name="/audit_skip")
+    assert Path(skipped[5]).stem == "b" and len(rows()) == 12  # a skip writes nothing
+    with pytest.raises(Exception, match="zebra"):  # not a label of the image: refused, nothing written
+        client.predict(skipped[5], ["zebra"], api_name="/audit_save")
+    assert len(rows()) == 12
+    client.predict(skipped[5], ["person"], api_name="/audit_save")
+    last = client.predict(str(app["folder"].parent / "audit" / "a.png"), ["cat"], api_name="/audit_save")
+    assert last[5] == "" and "All 2 images answered" in last[1]
+    assert f"python -m train ... --method auto --audit {log.resolve()}" in last[1]
 
 
 def test_y_key_answers_in_headless_chromium(app: dict[str, Any], tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,21 @@ from train.methods import Method
 from train.optimizer_factory import build_optimizer, build_scheduler
 from train.selection import CRITERIA, DEFAULT_CRITERION, Assessment, Criterion, assess
 from train.training_step import run_training_step, wrap_training_step
+
+#: Threads for work on cached features (a linear head on batches of feature vectors): too little work per operation
+#: to split, so one thread is fastest (bench/README.md, head training threads).
+HEAD_THREADS = 1
+
+
+@contextmanager
+def head_threads() -> Iterator[None]:
+    """Run the block with at most :data:`HEAD_THREADS` intra-op threads (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(before, HEAD_THREADS))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass
@@ -145,11 +161,15 @@ class FixedFeaturePhase:
 
     def predict_train(self, augment: bool) -> torch.Tensor:
         """Probabilities of the current head on the cached training features (no augmentation exists)."""
-        with torch.inference_mode():
+        with torch.inference_mode(), head_threads():
             return torch.sigmoid(self.model.head(self.train_features)).cpu()
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch over the cached training features in a seeded random order."""
+        with head_threads():
+            return self._train_epoch(epoch)
+
+    def _train_epoch(self, epoch: int) -> dict[str, float]:
         head, device = self.model.head, self.predictor.device
         head.train()
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
@@ -187,7 +207,7 @@ class FixedFeaturePhase:
     def validate(self) -> Assessment:
         """The current head's val predictions (cached features) against the val labels, with the criterion."""
         present = self.val_present
-        with torch.inference_mode():
+        with torch.inference_mode(), head_threads():
             logits = self.model.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
         return assess(logits, self.val_labels[present.numpy()], self.classes, self.criterion,
                       full_labels=self.val_full_labels)

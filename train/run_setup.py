@@ -155,15 +155,14 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
 
 
 def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
-                               family: str) -> ExpectedPositives | None:
-    """k, the expected number of positives per image, for a method that uses it (None for the others), from the
-    first source that exists (models/evaluation/expected_positives.py): ``--hp k``, the published value of the dataset's
-    ``family`` (``DatasetSplits.family``), the full training (else validation) labels, the ``--audit`` list, the
-    estimate ``--method auto`` made from cross-fitted scores; with none of them ``estimated``: the observed positives
-    per image for the first epoch, then the estimate from the model's own validation scores after every epoch
-    (:meth:`train.trainer.Trainer` updates it)."""
-    if not method.uses_expected_positives:
-        return None
+                               family: str) -> ExpectedPositives:
+    """k, the expected number of positives per image, of every run (the methods that use it train with it; for the
+    others it is reported, and the export's thresholds tag about k labels per image), from the first source that
+    exists (models/evaluation/expected_positives.py): ``--hp k``, the published value of the dataset's ``family``
+    (``DatasetSplits.family``, for the methods that use k), the full training (else validation) labels, the
+    ``--audit`` list, the estimate ``--method auto`` made from cross-fitted scores; with none of them
+    ``estimated``: the observed positives per image for the first epoch, then the estimate from the model's own
+    validation scores after every epoch (:meth:`train.trainer.Trainer` updates it)."""
     given = cfg.hp.get("k")
     published = preset_for(method, family).get("k")
     full = splits.train.labels if splits.train_labels_full else (

@@ -8,6 +8,11 @@ the image's own labels: linear ``an`` heads on the backbone's cached features (t
 by the head trained on the other folds. The run's own model is not used: it was trained on these very labels, and
 its scores of a training image repeat them.
 
+With ``--audit N`` it writes an audit file instead: N validation images drawn at random (seeded), each with EVERY
+class, the most likely first (the same cross-fitted heads, over the training and validation images). Label them
+completely in the demo's Audit tab (``python -m serve demo --audit FILE``), then ``--method auto --audit LOG``
+chooses the method on them (docs/choosing.md), and the export's thresholds take k from them.
+
 The result is a review file (models/data/review_file.py) with an empty ``answer`` column, best first: review it in
 the demo (``python -m serve demo --review FILE``) or fill in the column by hand, then retrain with the answers
 (``python -m train --from-run RUN --review ANSWERS``). The answers of ``--review`` files (the run's own and those
@@ -31,10 +36,11 @@ from models.data.types import DataError
 from train.choose import Candidate, head_config, out_of_fold_logits, prepare
 from train.config import TrainConfig, run_config
 from train.console import log
-from train.cross_fitting import FOLDS, Pool, training_pool
+from train.cross_fitting import FOLDS, Pool, labelled_pool, training_pool
 from train.methods import BASELINE
 
-__all__ = ["DEFAULT_ORDER", "DEFAULT_TOP", "ORDERS", "Suggestions", "main", "rank_pairs", "suggest"]
+__all__ = ["AUDIT_SEED", "DEFAULT_ORDER", "DEFAULT_TOP", "ORDERS", "Suggestions", "audit_items", "main", "rank_pairs",
+           "suggest"]
 
 #: Pairs written by default: about what one person reviews in half an hour.
 DEFAULT_TOP = 500
@@ -43,6 +49,8 @@ DEFAULT_TOP = 500
 #: development sets (a class with few labels gains more from one more than a frequent class), bench/README.md.
 ORDERS = ("balanced", "score")
 DEFAULT_ORDER = "balanced"
+#: Seed of the draw of the validation images of an audit file.
+AUDIT_SEED = 0
 
 
 @dataclass
@@ -89,21 +97,43 @@ def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0,
     return items, len(rows)
 
 
+def audit_items(pool: Pool, logits: np.ndarray, rows: np.ndarray) -> list[ReviewItem]:
+    """Every class of each of ``rows`` of ``pool`` as a pair, an image's most likely classes first (its given labels
+    among them), with the labels it has."""
+    classes = pool.images.classes
+    items = []
+    for i in rows:
+        given = tuple(classes[c] for c in np.flatnonzero(pool.observed[i] > 0))
+        scores = 1.0 / (1.0 + np.exp(-logits[i].astype(np.float64)))
+        for j in np.argsort(-scores, kind="stable"):
+            items.append(ReviewItem(str(pool.images.paths[i]), classes[j], float(scores[j]), None, given))
+    return items
+
+
 def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0,
-            order_by: str = DEFAULT_ORDER) -> Suggestions:
+            order_by: str = DEFAULT_ORDER, audit: int = 0) -> Suggestions:
     """Cross-fitted ``an`` heads on ``cfg``'s training images (its labels with its ``review`` answers) and the
-    ``top`` pairs they rank highest (module docstring)."""
+    ``top`` pairs they rank highest; with ``audit``, heads over the training and validation images and every class
+    of ``audit`` validation images drawn at random (module docstring)."""
     started = time.perf_counter()
     head_cfg = dataclasses.replace(head_config(cfg), method=BASELINE)
     if cfg.trainable != "head":
         head_cfg = dataclasses.replace(head_cfg, lr=TrainConfig.lr)  # the run's lr is a fine-tune's
     data, model, forward, features = prepare(head_cfg)
-    pool = training_pool(data, features)
+    if audit and data.splits.has_full_labels("val"):
+        raise ValueError("the validation images of this run are labelled completely already: they need no audit")
+    pool = labelled_pool(data, features) if audit else training_pool(data, features)
     log(f"suggest: {FOLDS} {BASELINE} heads at lr {head_cfg.lr:g} on fixed {head_cfg.arch} features, cross-fitted "
-        f"over the {len(pool)} training images")
+        f"over the {len(pool)} training" + (" and validation" if audit else "") + " images")
     logits, failed = out_of_fold_logits(Candidate(BASELINE, head_cfg.lr), head_cfg, data, model, forward, pool, None)
     if failed:
         raise RuntimeError(f"the cross-fitted heads could not be trained: {failed}")
+    if audit:
+        val_rows = np.arange(len(data.splits.train), len(pool))
+        val_rows = val_rows[~np.isnan(logits[val_rows]).any(1)]
+        drawn = np.sort(np.random.default_rng(AUDIT_SEED).permutation(val_rows)[:audit])
+        items = audit_items(pool, logits, drawn)
+        return Suggestions(items, len(pool), len(items), time.perf_counter() - started)
     items, scored = rank_pairs(pool, logits, top, per_image, order_by)
     return Suggestions(items, len(pool), scored, time.perf_counter() - started)
 
@@ -131,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how many pairs to suggest, best first (default: %(default)s)")
     p.add_argument("--per-image", type=int, default=0, metavar="M",
                    help="at most M suggestions per image (default: no cap; 1 spreads them over the images)")
+    p.add_argument("--audit", type=int, default=0, metavar="N",
+                   help="write an audit file instead: N validation images drawn at random, each with every class "
+                   "(the most likely first), to label completely in the demo's Audit tab (`python -m serve demo "
+                   "--audit FILE`); 50 let --method auto choose on them (docs/choosing.md)")
     p.add_argument("--order", choices=ORDERS, default=DEFAULT_ORDER, help="balanced: every class's most likely "
                    "missing label first, then every class's second, ... (more mAP per review); score: by probability "
                    "alone (more labels found per review). Default: %(default)s")
@@ -147,23 +181,29 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> None:
-        if args.top < 1 or args.per_image < 0:
-            raise UsageError("--top must be at least 1 and --per-image at least 0")
+        if args.top < 1 or args.per_image < 0 or args.audit < 0:
+            raise UsageError("--top must be at least 1, --per-image and --audit at least 0")
         if args.output.suffix.lower() not in (".csv", ".jsonl"):
             raise UsageError(f"-o {args.output}: give a .csv or .jsonl file")
         if args.output.exists() and not args.overwrite:
             raise UsageError(f"-o {args.output} exists (it may hold answers); choose another file or --overwrite")
         cfg = dataclasses.replace(_run_config(args.run, args.runs_dir, args.review), progress=args.progress)
         try:
-            result = suggest(cfg, args.top, args.per_image, args.order)
+            result = suggest(cfg, args.top, args.per_image, args.order, args.audit)
         except (DataError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
         args.output.parent.mkdir(parents=True, exist_ok=True)
         write_review(args.output, result.items)
+        answers = args.output.with_suffix(".answers.jsonl")
+        if args.audit:
+            images = len({item.image for item in result.items})
+            print(f"wrote every class of {images} validation images to {args.output} ({result.seconds:.0f} s)")
+            print(f"label them completely: python -m serve demo --audit {args.output} (answers go to {answers}); "
+                  f"then: python -m train --from-run {args.run} --method auto --audit {answers}")
+            return
         images = len({item.image for item in result.items})
         print(f"wrote {len(result.items)} suggestions on {images} of {result.images} training images to "
               f"{args.output} (the best of {result.scored_pairs:,} unobserved pairs; {result.seconds:.0f} s)")
-        answers = args.output.with_suffix(".answers.jsonl")
         print(f"review them: python -m serve demo --review {args.output} (answers go to {answers}), or fill in "
               f"its answer column (yes / no); then retrain: python -m train --from-run {args.run} --review "
               f"{answers} (or --review {args.output})")

@@ -10,6 +10,9 @@ its F1 figures on it ("against the audit list").
 The list is any dataset the ``--data`` option of ``python -m train`` reads (a ``labels.csv`` with one row per
 image and all its labels, a folder of class folders where an image sits in each of its classes' folders, ...);
 every split of it is used. Its class names must be among the model's; classes it never names are taken as absent.
+It may also be a review file or answer log (models/data/review_file.py: the demo's Audit tab writes one): an image
+is audited when every one of the model's classes has an answer there (yes: present, no: absent); images answered
+in part are left out, and counted.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from models.data.registry import load_dataset
+from models.data.review_file import final_answers, read_review
 from models.data.types import DataError
 
 __all__ = ["AuditList", "load_audit"]
@@ -32,6 +36,7 @@ class AuditList:
     paths: list[Path]
     labels: np.ndarray
     source: str
+    partial: int = 0  # images of a review file answered for only some classes (left out)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -42,9 +47,39 @@ class AuditList:
         return float(self.labels.sum(1).mean())
 
 
+def is_review_file(path: Path) -> bool:
+    """A review file or answer log: a ``.jsonl`` file, or a ``.csv`` whose header names ``label`` and ``answer``."""
+    if not path.is_file() or path.suffix.lower() not in (".jsonl", ".csv"):
+        return False
+    if path.suffix.lower() == ".jsonl":
+        return True
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:
+        header = {cell.strip().lower() for cell in fh.readline().split(",")}
+    return {"label", "answer"} <= header
+
+
+def _audit_from_answers(path: Path, classes: list[str]) -> AuditList:
+    """The images of a review file whose every class is answered, with those answers as their labels."""
+    answers = final_answers(read_review(path))
+    by_image: dict[str, dict[str, bool]] = {}
+    for (image, label), present in answers.items():
+        by_image.setdefault(image, {})[label] = present
+    unknown = sorted({label for answered in by_image.values() for label in answered} - set(classes))
+    if unknown:
+        raise DataError(f"audit list {path}: classes the model does not know: {', '.join(unknown[:5])}")
+    done = [image for image, answered in by_image.items() if len(answered) == len(classes)]
+    if not done:
+        raise DataError(f"audit list {path}: no image has an answer for every one of the model's {len(classes)} "
+                        f"classes ({len(by_image)} answered in part)")
+    labels = np.array([[by_image[image][name] for name in classes] for image in done], dtype=np.uint8)
+    return AuditList([Path(image) for image in done], labels, str(path), len(by_image) - len(done))
+
+
 def load_audit(spec: str, classes: list[str]) -> AuditList:
-    """Read the audit list named by ``spec`` (any dataset spec) with its labels over the model's ``classes``.
-    A class the model does not know, or an empty list, raises :class:`DataError`."""
+    """Read the audit list named by ``spec`` (any dataset spec, or a review file) with its labels over the model's
+    ``classes``. A class the model does not know, or an empty list, raises :class:`DataError`."""
+    if is_review_file(Path(spec).expanduser()):
+        return _audit_from_answers(Path(spec).expanduser(), classes)
     splits = load_dataset(spec)
     parts = [part for part in (splits.train, splits.val, splits.test) if part is not None and len(part)]
     unknown = [name for name in splits.classes if name not in classes]

@@ -5,6 +5,7 @@ valid manifest is built (again) under a lock, and an interrupted build resumes."
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -71,6 +72,34 @@ def labelled(rows: Sequence[tuple[Path, Sequence[str]]], classes: Sequence[str])
     for row, (_, names) in enumerate(rows):
         labels[row, [index[name] for name in names]] = 1
     return LabelledImages([path for path, _ in rows], labels, list(classes))
+
+
+def pixels_digest(path: Path) -> str:
+    """A digest of an image file's RGB pixels and size: equal for identical rasters (a drawing filed twice)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        data = np.asarray(image.convert("RGB"))
+    digest = hashlib.blake2b(data.tobytes(), digest_size=16)
+    digest.update(f"{data.shape}".encode())
+    return digest.hexdigest()
+
+
+def grouped_splits(groups: Sequence[str], salt: str, fractions: Sequence[tuple[str, float]]) -> list[str]:
+    """The split of each image with the given ``groups`` (images of a group never straddle two splits): groups
+    ranked by a hash of ``salt:group``, filled into the first split until it holds its fraction of the images, then
+    the next; the last split takes the rest."""
+    sizes = Counter(groups)
+    order = sorted(sizes, key=lambda g: hashlib.blake2b(f"{salt}:{g}".encode(), digest_size=16).hexdigest())
+    split_of: dict[str, str] = {}
+    filled, bound, position = 0, fractions[0][1] * len(groups), 0
+    for group in order:
+        while position < len(fractions) - 1 and filled >= bound:
+            position += 1
+            bound += fractions[position][1] * len(groups)
+        split_of[group] = fractions[position][0]
+        filled += sizes[group]
+    return [split_of[g] for g in groups]
 
 
 def class_lines(manifest: dict[str, Any], width: int) -> list[str]:

@@ -28,6 +28,7 @@ from models.data.cub import find_cub_dir, load_cub
 from models.data.families import family_named
 from models.data.folder import is_class_tree, load_folder_spec
 from models.data.formatted import formatted_dataset_name, formatted_family, is_formatted_dir, load_formatted
+from models.data.icon_sets import icon_set_dataset_name, load_icon_set_spec
 from models.data.nus import is_nus_dir, load_nus_spec
 from models.data.openclipart import load_openclipart_spec, openclipart_dataset_name
 from models.data.spec_options import split_spec_options
@@ -200,6 +201,8 @@ DATASET_KINDS: Table[DatasetKind] = Table("dataset kind", [Row(kind.name, kind.f
     DatasetKind("tuxpaint", load_tuxpaint_spec, "tuxpaint[:<stamps dir>][?view=folders&min-count=N]  Tux Paint's "
                 "stamps (Debian tuxpaint-stamps-default), folders and description words as labels; view=folders: "
                 "one label per image, its folder", tuxpaint_dataset_name, standalone=True),
+    DatasetKind("icons", load_icon_set_spec, "icons:<npm package dir>[?min-count=N]  an npm icon set (Tabler, "
+                "Lucide), its keyword tags as labels", icon_set_dataset_name),
 )])
 
 

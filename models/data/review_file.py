@@ -198,9 +198,14 @@ class AnswerLog:
 
     def record(self, image: str, label: str, answer: bool | None) -> None:
         """Append one answer (None: undo the pair's answer)."""
-        line = json.dumps({"image": image, "label": label, "answer": _answer_word(answer) or None,
-                           "time": datetime.now(UTC).isoformat(timespec="seconds")})
+        self.record_many([(image, label, answer)])
+
+    def record_many(self, answers: Iterable[tuple[str, str, bool | None]]) -> None:
+        """Append answers ``(image, label, answer)`` in one write, synced once (an image answered at a time)."""
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        text = "".join(json.dumps({"image": image, "label": label, "answer": _answer_word(answer) or None,
+                                   "time": now}) + "\n" for image, label, answer in answers)
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())

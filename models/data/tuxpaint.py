@@ -66,7 +66,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from models.data.csv_format import emit_note
@@ -77,8 +76,10 @@ from models.data.drawing_cache import (
     class_lines,
     command_line_parser,
     dataset_name,
+    grouped_splits,
     labelled,
     parse_spec,
+    pixels_digest,
     rule_lines,
     view_splits,
 )
@@ -325,32 +326,6 @@ def _rasterise_all(stamps: list[_Stamp], images: Path, progress: bool | None) ->
     return failed
 
 
-def _pixels_digest(path: Path) -> str:
-    from PIL import Image
-
-    with Image.open(path) as image:
-        data = np.asarray(image.convert("RGB"))
-    digest = hashlib.blake2b(data.tobytes(), digest_size=16)
-    digest.update(f"{data.shape}".encode())
-    return digest.hexdigest()
-
-
-def _assign_splits(groups: list[str]) -> list[str]:
-    """Split names for images with the given ``groups``: groups ranked by a hash of their name, filled into train
-    until it holds 60% of the images, then val to 80%, the rest test (:data:`SPLIT_FRACTIONS`)."""
-    sizes = Counter(groups)
-    order = sorted(sizes, key=lambda g: hashlib.blake2b(f"tuxpaint-split:{g}".encode(), digest_size=16).hexdigest())
-    split_of: dict[str, str] = {}
-    filled, bound, position = 0, SPLIT_FRACTIONS[0][1] * len(groups), 0
-    for group in order:
-        while position < len(SPLIT_FRACTIONS) - 1 and filled >= bound:
-            position += 1
-            bound += SPLIT_FRACTIONS[position][1] * len(groups)
-        split_of[group] = SPLIT_FRACTIONS[position][0]
-        filled += sizes[group]
-    return [split_of[g] for g in groups]
-
-
 def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progress: bool | None) -> dict[str, Any]:
     """Scan, label, rasterise (resumable) and return the manifest of one cache folder."""
     stamps = _scan(root)
@@ -371,7 +346,7 @@ def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progr
             left_out.append({"stamp": stamp.relative, "reason": "not rasterised",
                              "detail": failed.get(stamp.relative, "no raster")})
             continue
-        key = _pixels_digest(raster)
+        key = pixels_digest(raster)
         if key in merged:
             first = merged[key]
             first["labels"] = sorted(set(first["labels"]) | set(stamp.labels))
@@ -394,7 +369,8 @@ def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progr
             continue
         image["folder_class"] = deepest_folder_class(image["stamp"], kept)
         images.append(image)
-    for image, split in zip(images, _assign_splits([stamp_group(i["stamp"]) for i in images]), strict=True):
+    splits = grouped_splits([stamp_group(i["stamp"]) for i in images], "tuxpaint-split", SPLIT_FRACTIONS)
+    for image, split in zip(images, splits, strict=True):
         image["split"] = split
     return {
         "format": MANIFEST_FORMAT, "digest": digest, "source": str(root), "rule": rule_description(min_count),

@@ -36,12 +36,28 @@ def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def per_class_ap(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """AP for each column of ``scores``/``labels`` (N, C); NaN for classes without positives."""
-    scores = np.asarray(scores)
+    """AP for each column of ``scores``/``labels`` (N, C); NaN for classes without positives. Every column at once
+    (the same steps as :func:`average_precision`): sorted by descending score, each run of tied scores one threshold
+    at its last row, AP = sum over thresholds of the recall gained there times the precision there."""
+    scores = np.asarray(scores, dtype=np.float64)
     labels = np.asarray(labels)
     if scores.shape != labels.shape or scores.ndim != 2:
         raise ValueError(f"scores and labels must both be (N, C); got {scores.shape} and {labels.shape}")
-    return np.array([average_precision(scores[:, c], labels[:, c]) for c in range(scores.shape[1])])
+    if not scores.size:
+        return np.full(scores.shape[1], np.nan)
+    s = -np.ascontiguousarray(scores.T)  # (C, N): one row per class, sorted along the rows
+    order = np.argsort(s, axis=1)  # the order within a run of ties does not matter: only its last row counts
+    s = np.take_along_axis(s, order, 1)
+    tp = np.take_along_axis(np.ascontiguousarray(labels.T) > 0, order, 1).cumsum(1, dtype=np.int32).astype(np.float64)
+    last = np.ones_like(s, dtype=bool)
+    last[:, :-1] = s[:, 1:] != s[:, :-1]  # the last of each run of tied scores
+    at_last = np.where(last, tp, 0.0)
+    before = np.zeros_like(tp)
+    before[:, 1:] = np.maximum.accumulate(at_last, axis=1)[:, :-1]
+    gained = np.where(last, tp - before, 0.0)  # positives passed since the previous threshold
+    n_pos = tp[:, -1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n_pos > 0, (gained * tp / np.arange(1, s.shape[1] + 1)).sum(1) / n_pos, np.nan)
 
 
 def mean_average_precision(scores: np.ndarray, labels: np.ndarray, empty: str = "exclude") -> float:

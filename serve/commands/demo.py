@@ -37,6 +37,12 @@ keys y n s u. Each answer is saved at once to the answer log (--answers, default
 `--review LOG` added to your training command. --review works without a model: with no --model and no model
 under --runs-dir, the page has only the Review tab.
 
+audit: --audit FILE (from `python -m train suggest RUN --audit 50 -o FILE`) adds an Audit tab to label a few
+validation images completely: each image with every class as a toggle, the most likely first and its given
+label ticked, a filter box for long lists; Save (Enter) answers them all at once (unticked = absent), and the
+answers go to FILE's .answers.jsonl beside it, image by image, so a restarted demo continues. Then
+`python -m train ... --method auto --audit LOG` chooses the method on them (docs/choosing.md).
+
 The server listens on 127.0.0.1 only, unless --host says otherwise; --share (off by default) asks Gradio
 for a public link. Ctrl-C stops it.
 
@@ -52,6 +58,7 @@ examples:
   python -m serve demo --model runs/voc-an/export/model.onnx --port 8080
   python -m serve demo --model runs/voc-an --backend onnxruntime --device cuda
   python -m serve demo --review review.csv                # answers go to review.answers.jsonl
+  python -m serve demo --audit audit.csv                  # label 50 images completely
 """
 
 
@@ -138,6 +145,13 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         help="the .jsonl file the review answers are appended to, and read back on start to continue "
         "(default: FILE with the suffix .answers.jsonl); pass it to training as --review LOG",
     )
+    demo.add_argument(
+        "--audit",
+        type=Path,
+        metavar="FILE",
+        help="add an Audit tab to label the images of FILE (from `python -m train suggest RUN --audit N`) "
+        "completely, an image at a time; answers go to FILE with the suffix .answers.jsonl; works without a model",
+    )
 
 
 def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -149,12 +163,13 @@ def _demo(args: argparse.Namespace) -> None:
     """Check the options, load the model, serve (the exceptions of :func:`models.command_line.run_command`)."""
     _check_options(args)
     review = _open_review(args.review, args.answers)  # before any model: a bad file fails at once
+    audit = _open_review(args.audit, None, "audit")
     from models.files.run_folder import default_runs_dir
 
     runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
     if args.model is not None and not Path(args.model).exists() and not (runs_dir / args.model).is_dir():
         raise UsageError(f"model not found: {args.model} (not a file, a run folder, or a run under {runs_dir})")
-    if args.model is None and not runs_dir.is_dir() and review is None:
+    if args.model is None and not runs_dir.is_dir() and review is None and audit is None:
         raise UsageError(f"no runs folder {runs_dir.resolve()}; pass --model FILE or --runs-dir DIR")
     try:
         import gradio  # noqa: F401 - checked here for a clear message
@@ -163,12 +178,13 @@ def _demo(args: argparse.Namespace) -> None:
     from serve.demo.app import build_demo
     from serve.demo.catalog import find_models
 
-    if review is not None and args.model is None and not find_models(runs_dir):
-        print(f"no model under {runs_dir.resolve()}: the page has only the Review tab", file=sys.stderr)
-        _serve(args, build_demo(None, None, review=review))
+    if (review is not None or audit is not None) and args.model is None and not find_models(runs_dir):
+        tabs = " and ".join(name for name, queue in (("Review", review), ("Audit", audit)) if queue is not None)
+        print(f"no model under {runs_dir.resolve()}: the page has only the {tabs} tab", file=sys.stderr)
+        _serve(args, build_demo(None, None, review=review, audit=audit))
         return
     store, key, examples = _load_models(args, runs_dir)
-    _serve(args, build_demo(store, key, examples, max_batch_files=args.max_batch_files, review=review))
+    _serve(args, build_demo(store, key, examples, max_batch_files=args.max_batch_files, review=review, audit=audit))
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -193,9 +209,9 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError("--answers goes with --review FILE")
 
 
-def _open_review(review: Path | None, answers: Path | None) -> ReviewQueue | None:
-    """The review queue of ``--review``, holding the lock on its answer log while the process serves (None
-    without ``--review``); a bad file or log, or a log another demo holds, is a ``UsageError``."""
+def _open_review(review: Path | None, answers: Path | None, option: str = "review") -> ReviewQueue | None:
+    """The queue of ``--review`` (or ``--audit``), holding the lock on its answer log while the process serves
+    (None without the option); a bad file or log, or a log another demo holds, is a ``UsageError``."""
     if review is None:
         return None
     from models.data.types import DataError
@@ -208,7 +224,8 @@ def _open_review(review: Path | None, answers: Path | None) -> ReviewQueue | Non
         queue = ReviewQueue.open(review, log, claim=True)
     except DataError as exc:
         raise UsageError(str(exc)) from None
-    print(f"review {review}: {queue.view().progress()}; answers go to {log}", file=sys.stderr)
+    progress = queue.view().progress() if option == "review" else queue.image_view().progress()
+    print(f"{option} {review}: {progress}; answers go to {log}", file=sys.stderr)
     return queue
 
 

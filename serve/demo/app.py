@@ -8,7 +8,8 @@ with their true labels) showing every class's score against its own threshold an
 *Batch* tab (several files -> table, CSV, JSONL and a zip of caption files, scored by the tagging pipeline's loop,
 :func:`serve.tagging.scoring.score_items`, with its selection of tags, :class:`serve.outputs.stage.TagSelector`);
 an *API* tab; with ``--review FILE``, a *Review* tab (:mod:`serve.demo.review_tab`) to answer suggested labels
-one at a time, also without a model (:func:`build_review_demo`).
+one at a time, and with ``--audit FILE`` an *Audit* tab (:mod:`serve.demo.toggles_tab`) to label images
+completely, also without a model (:func:`build_review_demo`).
 
 The model runs once per image: its scores are kept in ``gr.State`` and moving a control only re-filters them
 (no queue, no model call). ``/predict`` returns every class score as JSON, with the thresholds
@@ -71,17 +72,19 @@ def build_demo(
     max_batch_files: int = DEFAULT_MAX_BATCH_FILES,
     title: str = "spml multi-label tagger",
     review: ReviewQueue | None = None,
+    audit: ReviewQueue | None = None,
 ) -> gr.Blocks:
     """Build the Blocks app (not launched) over ``store``, showing ``default_model`` first: the page's parts
     (:func:`serve.demo.layout.lay_out`) connected to their handlers (:class:`serve.demo.handlers.DemoHandlers`).
-    With ``review`` (suggested labels to answer) the page has a *Review* tab too, shown first; with ``review`` and
-    no ``store`` it has only that tab (:func:`build_review_demo`)."""
+    With ``review`` (suggested labels to answer) the page has a *Review* tab too, shown first, and with ``audit``
+    (images to label completely) an *Audit* tab; without a ``store`` it has only those tabs
+    (:func:`build_review_demo`)."""
     import gradio as gr
 
     if store is None or default_model is None:
-        if review is None:
-            raise ValueError("a demo needs a model store, a review queue, or both")
-        return build_review_demo(review)
+        if review is None and audit is None:
+            raise ValueError("a demo needs a model store, a review or audit queue, or both")
+        return build_review_demo(review, audit)
 
     from serve.demo.handlers import DemoHandlers
     from serve.demo.layout import connect, lay_out
@@ -94,20 +97,21 @@ def build_demo(
     atexit.register(shutil.rmtree, work_root, True)
     handlers = DemoHandlers(store, examples, max_batch_files, work_root)
     with gr.Blocks(title=title, delete_cache=(3600, 3600)) as demo:
-        connect(lay_out(title, list(store.choices), default_model, default, examples, review), handlers)
+        connect(lay_out(title, list(store.choices), default_model, default, examples, review, audit), handlers)
     return demo
 
 
-def build_review_demo(review: ReviewQueue, title: str = "spml label review") -> gr.Blocks:
-    """The page with only the *Review* tab (no model, neither torch nor a model file needed)."""
+def build_review_demo(review: ReviewQueue | None, audit: ReviewQueue | None = None,
+                      title: str = "spml label review") -> gr.Blocks:
+    """The page with only the *Review* and *Audit* tabs (no model, neither torch nor a model file needed)."""
     import gradio as gr
 
-    from serve.demo.review_tab import review_tab
+    from serve.demo.review_tab import answer_tabs
 
     with gr.Blocks(title=title, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"## {html.escape(title)}")
         with gr.Tabs():
-            review_tab(review)
+            answer_tabs(review, audit)
     return demo
 
 

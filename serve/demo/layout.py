@@ -218,21 +218,20 @@ def api_tab(default_model: str) -> None:
 
 
 def lay_out(title: str, choices: list[str], default_model: str, default: Predictor, examples: ExampleSet,
-            review: ReviewQueue | None = None) -> Page:
-    """Every part of the page, in order, inside the current ``gr.Blocks``; with ``review``, a *Review* tab too
-    (:func:`serve.demo.review_tab.review_tab`, connected there), shown first."""
+            review: ReviewQueue | None = None, audit: ReviewQueue | None = None) -> Page:
+    """Every part of the page, in order, inside the current ``gr.Blocks``; with ``review`` and ``audit``, their
+    tabs too (:func:`serve.demo.review_tab.answer_tabs`, connected there), shown first."""
     gr.Markdown(f"## {html.escape(title)}")
     controls = shared_controls(choices, default_model, default)
     single_state = gr.State(None)
     batch_state = gr.State(None)
-    with gr.Tabs(selected="review" if review is not None else None):
+    with gr.Tabs(selected="review" if review is not None else ("audit" if audit is not None else None)):
         images = image_tab(examples)
         batch = batch_tab()
         api_tab(default_model)
-        if review is not None:
-            from serve.demo.review_tab import review_tab
+        from serve.demo.review_tab import answer_tabs
 
-            review_tab(review)
+        answer_tabs(review, audit)
     # /predict is its own event (on a button that is never shown) so that the page's calls can report a bad
     # image in the result panel while API callers get the error itself
     api_button = gr.Button(visible=False)

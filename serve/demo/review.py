@@ -24,7 +24,7 @@ from PIL import Image, ImageOps
 from models.data.review_file import AnswerLog, ReviewItem, final_answers, read_review
 from models.data.types import DataError
 
-__all__ = ["ReviewQueue", "ReviewView", "claim_log", "default_log_path", "display_image", "load_review"]
+__all__ = ["ImageView", "ReviewQueue", "ReviewView", "claim_log", "default_log_path", "display_image", "load_review"]
 
 Pair = tuple[str, str]
 #: Missing images named in the error (the rest are counted).
@@ -113,6 +113,25 @@ class ReviewView:
         return f"{self.answered} of {self.total} answered ({self.yes} yes, {self.no} no)"
 
 
+@dataclass(frozen=True)
+class ImageView:
+    """What the image-at-a-time tab shows: the image to answer (None once every pair is answered), its pending
+    labels (the most likely first), the labels it has and those already answered, the counts of images, and a note
+    on the last action."""
+
+    image: str | None
+    pending: tuple[ReviewItem, ...]
+    given: tuple[str, ...]
+    answered_labels: tuple[tuple[str, bool], ...]
+    images_done: int
+    images_total: int
+    note: str = ""
+
+    def progress(self) -> str:
+        """``N of M images answered``."""
+        return f"{self.images_done} of {self.images_total} images answered"
+
+
 class ReviewQueue:
     """The pairs of a review file, their answers and the order still to show; every change is recorded in
     ``log`` first. Thread-safe: one queue serves every browser tab."""
@@ -132,8 +151,9 @@ class ReviewQueue:
         self.from_file = len(final_answers(items))  # answers filled in the review file itself
         self.answers: dict[Pair, bool] = {pair: known[pair] for pair in first if pair in known}
         self.pending: list[Pair] = [pair for pair in first if pair not in self.answers]
-        self.history: list[tuple[Pair, bool | None]] = []  # (pair, its answer before) of this session's answers
-        self.lock = threading.Lock()
+        # this session's answers, each [(pair, its answer before), ...] (one pair, or a whole image)
+        self.history: list[list[tuple[Pair, bool | None]]] = []
+        self.lock = threading.RLock()  # re-entered: an image answer returns the next image's view
         self.held: IO[str] | None = None  # the answer log's lock (:meth:`open` with ``claim``)
 
     @classmethod
@@ -184,16 +204,20 @@ class ReviewQueue:
         with self.lock:
             return self._view(note)
 
-    def _set(self, pair: Pair, answer: bool | None) -> None:
-        """Record ``answer`` for ``pair`` in the log (synced), then in memory."""
-        self.log.record(pair[0], pair[1], answer)
-        with contextlib.suppress(ValueError):
-            self.pending.remove(pair)
-        if answer is None:
-            self.answers.pop(pair, None)
-            self.pending.insert(0, pair)
-        else:
-            self.answers[pair] = answer
+    def _set(self, answers: list[tuple[Pair, bool | None]]) -> None:
+        """Record ``answers`` in the log (one synced write), then in memory; a pair set to None is pending again,
+        in front (in the order given)."""
+        self.log.record_many([(image, label, answer) for (image, label), answer in answers])
+        undone = []
+        for pair, answer in answers:
+            with contextlib.suppress(ValueError):
+                self.pending.remove(pair)
+            if answer is None:
+                self.answers.pop(pair, None)
+                undone.append(pair)
+            else:
+                self.answers[pair] = answer
+        self.pending[:0] = undone
 
     def answer(self, image: str, label: str, present: bool) -> ReviewView:
         """Answer the pair (``present``: yes, the label is in the image) and show the next; the answer is in the
@@ -204,8 +228,8 @@ class ReviewQueue:
         with self.lock:
             if self.answers.get(pair) == present:  # a second press before the page moved on: nothing new
                 return self._view(f"{label}: already answered {'yes' if present else 'no'}")
-            self.history.append((pair, self.answers.get(pair)))
-            self._set(pair, bool(present))
+            self.history.append([(pair, self.answers.get(pair))])
+            self._set([(pair, bool(present))])
             return self._view(f"{label}: {'yes' if present else 'no'}")
 
     def skip(self, image: str, label: str) -> ReviewView:
@@ -225,6 +249,56 @@ class ReviewQueue:
         with self.lock:
             if not self.history:
                 return self._view("nothing to undo in this session")
-            pair, before = self.history.pop()
-            self._set(pair, before)  # unanswered again: in front of the pending pairs
-            return self._view(f"{pair[1]}: answer taken back")
+            taken = self.history.pop()
+            self._set(taken)  # unanswered again: in front of the pending pairs
+            if len(taken) == 1:
+                return self._view(f"{taken[0][0][1]}: answer taken back")
+            return self._view(f"{Path(taken[0][0][0]).name}: its {len(taken)} answers taken back")
+
+    def image_view(self, note: str = "") -> ImageView:
+        """The current image (the one of the first pending pair) with all of its pending labels."""
+        with self.lock:
+            waiting = {p[0] for p in self.pending}
+            done = sum(1 for image in self.by_image if image not in waiting)
+            if not self.pending:
+                return ImageView(None, (), (), (), done, len(self.by_image), note)
+            image = self.pending[0][0]
+            pairs = self.by_image[image]
+            answered = tuple((p[1], self.answers[p]) for p in pairs if p in self.answers)
+            given = next((self.items[p].given for p in pairs if self.items[p].given), ())
+            return ImageView(image, tuple(self._image_pairs(image)), given, answered, done, len(self.by_image), note)
+
+    def image_pairs(self, image: str) -> list[ReviewItem]:
+        """The pending pairs of ``image``, the most likely first (by score; file order among equal scores)."""
+        with self.lock:
+            return self._image_pairs(image)
+
+    def _image_pairs(self, image: str) -> list[ReviewItem]:
+        waiting = set(self.pending)
+        pairs = [self.items[p] for p in self.by_image.get(image, []) if p in waiting]
+        return sorted(pairs, key=lambda item: -(item.score if item.score is not None else -1.0))
+
+    def answer_image(self, image: str, present: set[str] | list[str]) -> ImageView:
+        """Answer every pending pair of ``image`` at once: yes for the labels in ``present``, no for the others (in
+        the log, one synced write, when this returns); the next image. ``KeyError`` for a label in ``present`` that
+        is not a pending pair of the image."""
+        with self.lock:
+            pending = [item.label for item in self._image_pairs(image)]
+            unknown = set(present) - set(pending)
+            if unknown:
+                raise KeyError(f"{', '.join(sorted(unknown))} on {image}: not a pending label of this image")
+            if not pending:
+                return self.image_view(f"{Path(image).name}: already answered")
+            answers: list[tuple[Pair, bool | None]] = [((image, label), label in present) for label in pending]
+            self.history.append([(pair, self.answers.get(pair)) for pair, _ in answers])
+            self._set(answers)
+            yes = sum(1 for _, answer in answers if answer)
+            return self.image_view(f"{Path(image).name}: {yes} yes, {len(answers) - yes} no")
+
+    def skip_image(self, image: str) -> ImageView:
+        """Leave every pending pair of ``image`` for later: they come back after the end of the list."""
+        with self.lock:
+            pairs = [p for p in self.pending if p[0] == image]
+            self.pending = [p for p in self.pending if p[0] != image] + pairs
+            return self.image_view(f"{Path(image).name}: skipped, it comes back after the end of the list"
+                                   if pairs else "")

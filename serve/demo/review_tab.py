@@ -198,3 +198,19 @@ def review_tab(queue: ReviewQueue) -> ReviewTab:
     skip.click(handlers.skip, [pair], api_name="review_skip", **events)
     undo.click(handlers.undo, None, api_name="review_undo", **events)
     return tab
+
+
+#: What the Audit tab's done card says to run with the answers.
+AUDIT_COMMAND = "python -m train ... --method auto --audit {log}"
+
+
+def answer_tabs(review: ReviewQueue | None, audit: ReviewQueue | None) -> None:
+    """The tabs that answer labels (inside the current ``gr.Tabs``): *Review*, one suggested label at a time
+    (:func:`serve.demo.review_tab.review_tab`), and *Audit*, every label of an image at once
+    (:func:`serve.demo.toggles_tab.toggles_tab`)."""
+    if review is not None:
+        review_tab(review)
+    if audit is not None:
+        from serve.demo.toggles_tab import toggles_tab
+
+        toggles_tab(audit, "Audit", "audit", AUDIT_COMMAND)

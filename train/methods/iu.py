@@ -27,8 +27,10 @@ class IgnoreUnobserved(Method):
     def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
         super().__init__(ctx, hparams)
         if not bool((ctx.train_observed < 0).any()):
-            raise ValueError("method 'iu' trains on observed negatives, and these observed labels have none; "
-                             "observe some with --observed 'single?neg=N' (N per image, or all)")
+            raise ValueError("method 'iu' trains on known negatives, and these labels have none: give some (a "
+                             "'-name' entry in labels.csv says the image is not 'name', and the answers of a label "
+                             "review, --review, add the ones you said no to); on a benchmark, draw them with "
+                             "--observed 'single?neg=N' (N per image, or all)")
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         p = torch.sigmoid(logits)

@@ -1,0 +1,182 @@
+"""A tab that answers a whole image at a time (``python -m serve demo --audit FILE``): the image with its labels
+as toggles, the most likely first, the labels it was given ticked; a filter box narrows a long list; Save answers
+every label of the image at once (ticked: present, unticked: absent), Skip leaves the image for later, Undo takes
+the last saved image back. Keys: Enter saves, ``1``-``9`` toggle the first nine labels shown, ``s`` skips, ``u``
+undoes (when the cursor is not in a text field).
+
+An audit file (``python -m train suggest RUN --audit N``) lists every class of N validation images, so the answers
+label those images completely: ``python -m train --method auto --audit LOG`` scores the candidate methods on them.
+The state is the server's :class:`serve.demo.review.ReviewQueue`; each image's answers are in its answer log (one
+synced write) before Save returns, so a restarted demo continues where it stopped. The events are also an API
+(``/{name}_show``, ``/{name}_save`` with the image shown and the labels ticked, ``/{name}_skip``, ``/{name}_undo``).
+Imported by :mod:`serve.demo.app` only: it imports gradio.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from serve.demo.review import ImageView, ReviewQueue, display_image
+from serve.demo.review_tab import CSS
+
+KEYS_JS = """
+if (!window.spmlTogglesKeys) {
+  window.spmlTogglesKeys = true;
+  document.addEventListener("keydown", (event) => {
+    if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
+    const target = event.target;
+    if (target && (target.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName))
+        && target.type !== "checkbox") return;
+    const save = document.getElementById("spml-toggles-save");
+    if (!save || save.offsetParent === null) return;
+    const key = (event.key || "").toLowerCase();
+    const ids = {enter: "spml-toggles-save", s: "spml-toggles-skip", u: "spml-toggles-undo"};
+    let button = ids[key] && document.getElementById(ids[key]);
+    if (!button && /^[1-9]$/.test(key)) {
+      const boxes = [...document.querySelectorAll("#spml-toggles-labels input[type=checkbox]")]
+        .filter((box) => box.offsetParent !== null);
+      button = boxes[Number(key) - 1];
+    }
+    if (!button || button.disabled) return;
+    event.preventDefault();
+    button.click();
+  });
+}
+"""
+
+
+#: The filter box, in the page: hides the toggles whose label does not contain the text (ticked ones stay shown).
+FILTER_JS = """
+(text) => {
+  const needle = (text || "").trim().toLowerCase();
+  for (const label of document.querySelectorAll("#spml-toggles-labels label")) {
+    const box = label.querySelector("input");
+    const name = (box?.name || label.innerText || "").toLowerCase();
+    label.style.display = !needle || name.includes(needle) || box?.checked ? "" : "none";
+  }
+  return [];
+}
+"""
+
+
+@dataclass
+class TogglesTab:
+    """The tab's parts: the image, the card, the filter box, the toggles, the progress line, the image shown
+    (hidden: Save's input) and the buttons."""
+
+    image: gr.Image
+    card: gr.HTML
+    filter: gr.Textbox
+    labels: gr.CheckboxGroup
+    progress: gr.HTML
+    shown: gr.Textbox
+    save: gr.Button
+    skip: gr.Button
+    undo: gr.Button
+
+    @property
+    def outputs(self) -> list[Any]:
+        """What a handler that moves to another image returns, in order."""
+        return [self.image, self.card, self.filter, self.labels, self.progress, self.shown]
+
+
+def done_html(total: int, log_path: str, command: str) -> str:
+    """The card once every image is answered: that message and the option to use the answers with."""
+    return (f'<div class="spml-review"><div class="done">All {total} images answered.</div>'
+            f"<div>Use the answers with <code>{html.escape(f'--audit {log_path}')}</code>:</div>"
+            f"<pre>{html.escape(command.format(log=log_path))}</pre></div>")
+
+
+def card_html(view: ImageView, image_note: str = "") -> str:
+    """The card: the question, the image's name, the labels it has and the note."""
+    assert view.image is not None
+    given = html.escape(", ".join(view.given)) if view.given else '<span class="muted">none listed</span>'
+    lines = ['<div class="question">Which labels are in the image?</div>',
+             f'<div class="muted">{html.escape(view.image)}</div>', f"<div>has: {given}</div>",
+             f'<div style="color:rgb(200,60,60)">{html.escape(image_note)}</div>' if image_note else "",
+             f'<div class="muted">{html.escape(view.note)}</div>' if view.note else ""]
+    return '<div class="spml-review">' + "".join(lines) + "</div>"
+
+
+def choices(view: ImageView) -> list[tuple[str, str]]:
+    """The toggles: the image's pending labels with their scores, in the queue's order (the most likely first)."""
+    return [(f"{item.label}  {item.score:.2f}" if item.score is not None else item.label, item.label)
+            for item in view.pending]
+
+
+class TogglesHandlers:
+    """The tab's event handlers over the server's one :class:`ReviewQueue`."""
+
+    def __init__(self, queue: ReviewQueue, command: str) -> None:
+        self.queue = queue
+        self.command = command
+        self.log_path = str(queue.log.path.resolve())
+
+    def render(self, view: ImageView) -> tuple[Any, ...]:
+        """(image, card, filter, toggles, progress, image shown) of a view."""
+        progress = (f'<div class="spml-review"><b>{view.progress()}</b> <span class="muted">· answers in '
+                    f"{html.escape(self.log_path)}</span></div>")
+        if view.image is None:
+            return (None, done_html(view.images_total, self.log_path, self.command), "",
+                    gr.CheckboxGroup(choices=[], value=[]), progress, "")
+        image, note = display_image(self.queue.image_file(view.image))
+        ticked = [item.label for item in view.pending if item.label in view.given]
+        return (image, card_html(view, note), "", gr.CheckboxGroup(choices=choices(view), value=ticked), progress,
+                view.image)
+
+    def show(self) -> tuple[Any, ...]:
+        """The current image (on page load)."""
+        return self.render(self.queue.image_view())
+
+    def save(self, image: str, ticked: list[str] | None) -> tuple[Any, ...]:
+        """Answer every label of the image shown (ticked: yes, else no), in the log before returning; the next."""
+        if not image:
+            return self.render(self.queue.image_view("nothing to answer"))
+        try:
+            return self.render(self.queue.answer_image(image, list(ticked or [])))
+        except KeyError as exc:
+            raise gr.Error(str(exc.args[0]), print_exception=False) from None
+
+    def skip(self, image: str) -> tuple[Any, ...]:
+        """Leave the image shown for later; the next."""
+        return self.render(self.queue.skip_image(image) if image else self.queue.image_view())
+
+    def undo(self) -> tuple[Any, ...]:
+        """Take back the last answers of this session and show that image again."""
+        note = self.queue.undo().note
+        return self.render(self.queue.image_view(note))
+
+
+def toggles_tab(queue: ReviewQueue, title: str, name: str, command: str) -> TogglesTab:
+    """Lay out the tab (inside the current ``gr.Tabs``; ``name``: its id and its API's prefix) and connect its
+    events to an :class:`TogglesHandlers` over ``queue``; ``command`` (with ``{log}``) is what the done card says to
+    run with the answers."""
+    with gr.Tab(title, id=name, elem_id=f"spml-{name}-tab"), gr.Row():
+        with gr.Column(scale=3):
+            image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=480,
+                             buttons=["fullscreen"], elem_id="spml-toggles-image")
+        with gr.Column(scale=2):
+            card = gr.HTML("", elem_id="spml-toggles-card", js_on_load=KEYS_JS, css_template=CSS)
+            with gr.Row():
+                save = gr.Button("Save (Enter)", variant="primary", elem_id="spml-toggles-save")
+                skip = gr.Button("Skip (s)", elem_id="spml-toggles-skip")
+                undo = gr.Button("Undo (u)", elem_id="spml-toggles-undo")
+            search = gr.Textbox("", label="Filter the labels", placeholder="type part of a label",
+                                elem_id="spml-toggles-filter")
+            labels = gr.CheckboxGroup([], label="Present (ticked) - the rest are saved as absent",
+                                      elem_id="spml-toggles-labels")
+            progress = gr.HTML("", elem_id="spml-toggles-progress", css_template=CSS)
+            shown = gr.Textbox("", visible=False, elem_id="spml-toggles-shown")
+    tab = TogglesTab(image, card, search, labels, progress, shown, save, skip, undo)
+    handlers = TogglesHandlers(queue, command)
+    events = {"outputs": tab.outputs, "concurrency_id": name, "show_progress": "hidden"}
+    gr.on(None, handlers.show, None, api_name=f"{name}_show", **events)
+    save.click(handlers.save, [shown, labels], api_name=f"{name}_save", **events)
+    skip.click(handlers.skip, [shown], api_name=f"{name}_skip", **events)
+    undo.click(handlers.undo, None, api_name=f"{name}_undo", **events)
+    search.change(None, [search], None, js=FILTER_JS, api_name=False)
+    return tab
