@@ -18,9 +18,17 @@ for, each as its own process with the state a new user has:
   difference of the two wall times over the images of the cached splits; a head epoch is the second run's training
   seconds per epoch.
 
+- **auto, head only**: ``python -m train --data DATA --method auto --trainable head``, features not cached (the
+  feature pass, the chooser's cross-fitted heads, the chosen head); ``--sample N`` makes DATA a CSV of its first N
+  images as a user holds them (one label per training and validation image, the test images complete).
+
 Every run gets a fresh ``SPML_CACHE`` holding links to the real cache's rendered datasets (never its built-in images
 or its features), and a temporary runs folder. ``--repeats`` runs each step that many times, interleaved (quick start,
 fine-tune, head, then the reverse); the table gives the median (min-max). Section ``first-run``.
+
+``python -m bench.train_speed head-threads`` -- the thread count of training a head on cached features: the chooser's
+25-epoch ``an`` head on DATA's cached features, timed with one thread and with all of torch's, on the idle machine and
+with a busy process beside it (a Python loop on one core), interleaved; section ``head-threads``.
 """
 
 from __future__ import annotations
@@ -123,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["first-run"]:
         return first_run_main(argv[1:])
+    if argv[:1] == ["head-threads"]:
+        return head_threads_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench.train_speed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="first-run's options: python -m bench.train_speed first-run --help")
@@ -182,7 +192,7 @@ DEFAULT_DATA = "openclipart?view=folders"
 #: Cache entries never linked into a run's fresh cache: a first run computes them.
 COMPUTED_BY_A_FIRST_RUN = ("builtin", "features")
 #: The measured steps (``--steps``), each a method of :class:`Steps` (``-`` -> ``_``).
-STEPS = ("quick-start", "fine-tune", "head-only")
+STEPS = ("quick-start", "fine-tune", "head-only", "auto-head")
 
 
 def fresh_cache(root: Path, real: Path) -> Path:
@@ -279,6 +289,42 @@ class Steps:
         self._add("head_epoch", sum(info["train_seconds"]) / len(info["train_seconds"]))
 
 
+    def auto_head(self) -> None:
+        """``--method auto --trainable head`` with no cached features."""
+        cache, runs = self._folders()
+        seconds, run = run_command(["train", "--data", self.data, "--method", "auto", "--trainable", "head",
+                                    *self.extra], cache, runs)
+        assert run is not None
+        info = read_run(run)
+        self.notes["auto_images"] = info["images"]
+        self._add("auto_head_wall", seconds)
+
+
+def sample_csv(spec: str, count: int, folder: Path, seed: int = 0) -> str:
+    """``csv:`` spec of a labels.csv in ``folder``: the first ``count`` images of the dataset ``spec`` (train, val,
+    test, in their order), each training and validation image with ONE of its labels (drawn with ``seed``), test
+    images with all of theirs: a user's own data of that size."""
+    import numpy as np
+
+    from models.data.registry import load_dataset
+
+    data = load_dataset(spec)
+    rng = np.random.default_rng(seed)
+    rows = ["image,labels,split"]
+    for split in ("train", "val", "test"):
+        part = getattr(data, split)
+        for path, labels in zip(part.paths if part is not None else [], part.labels if part is not None else [],
+                                strict=True):
+            if len(rows) > count:
+                break
+            names = [data.classes[j] for j in np.flatnonzero(labels)]
+            given = names if split == "test" else [names[int(rng.integers(len(names)))]]
+            rows.append(f"{path},{';'.join(given)},{split}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "labels.csv").write_text("\n".join(rows) + "\n")
+    return f"csv:{folder / 'labels.csv'}"
+
+
 def to_markdown(values: dict[str, Spread], notes: dict[str, Any], data: str, repeats: int, command: str,
                 extra: str = "") -> str:
     """The results section (``extra``: the options added to every ``python -m train``)."""
@@ -317,6 +363,11 @@ def to_markdown(values: dict[str, Spread], notes: dict[str, Any], data: str, rep
                   f"{head['train'] + head['val']:,}; run: {minutes('head_cold_wall')}) |",
                   f"| head only, the head's epochs | the same, features cached | {seconds('head_epoch', '.1f')} per "
                   f"epoch ({notes['head_epochs']} epochs; run: {minutes('head_warm_wall')}) |"]
+    if "auto_head_wall" in values:
+        auto = notes["auto_images"]
+        lines.append(f"| `--method auto`, head only | `python -m train --data {data} --method auto --trainable head"
+                     f"{plus}`, features not cached | {minutes('auto_head_wall')} ({auto['train'] + auto['val']:,} "
+                     f"training and validation images, {auto['test']:,} test) |")
     return "\n".join(lines) + "\n"
 
 
@@ -330,6 +381,9 @@ def first_run_main(argv: list[str]) -> int:
     parser.add_argument("--steps", default=",".join(STEPS),
                         help="which steps to measure, comma-separated (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each step, interleaved (default: 1)")
+    parser.add_argument("--sample", type=int, default=0, metavar="N",
+                        help="the steps' data: the first N images of DATA as a user holds them (one label per "
+                             "training and validation image; a CSV in a temporary folder). Default: DATA as it is")
     parser.add_argument("--train-options", default="", metavar="TEXT",
                         help="options added to every python -m train of the steps, e.g. '--arch resnet18' (default: "
                              "none: README's commands as they are)")
@@ -342,7 +396,8 @@ def first_run_main(argv: list[str]) -> int:
     if unknown or not order:
         parser.error(f"--steps: unknown step(s) {', '.join(unknown) or '(none given)'}; steps: {', '.join(STEPS)}")
     with tempfile.TemporaryDirectory(prefix="spml-first-run-") as tmp:
-        steps = Steps(Path(tmp), args.data, cache_root(), shlex.split(args.train_options))
+        data = sample_csv(args.data, args.sample, Path(tmp) / "sample") if args.sample else args.data
+        steps = Steps(Path(tmp), data, cache_root(), shlex.split(args.train_options))
         calls: dict[str, Callable[[], None]] = {name: getattr(steps, name.replace("-", "_")) for name in order}
         for round_ in range(args.repeats):
             for name in interleaved_order(order, round_):
@@ -355,8 +410,61 @@ def first_run_main(argv: list[str]) -> int:
                 print({k: [round(x, 1) for x in v] for k, v in steps.values.items()}, file=sys.stderr, flush=True)
         values = {name: Spread.of(v) for name, v in steps.values.items()}
         command = command_line("bench.train_speed", ["first-run", *argv])
-        text = to_markdown(values, steps.notes, args.data, args.repeats, command, args.train_options)
+        shown = f"{args.data} (its first {args.sample:,} images, one label each)" if args.sample else args.data
+        text = to_markdown(values, steps.notes, shown, args.repeats, command, args.train_options)
     publish(args.section or "first-run", text, args.page)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# head-threads: the thread count of work on cached features
+
+
+def head_threads_main(argv: list[str]) -> int:
+    """``python -m bench.train_speed head-threads ARGS``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m bench.train_speed head-threads", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="tuxpaint", help="whose features (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds, interleaved (default: %(default)s)")
+    add_page_options(parser, "head-threads")
+    args = parser.parse_args(argv)
+    import train.fixed_features as fixed
+    from train.choose import Candidate, fit_candidate, head_config, prepare
+    from train.config import build_parser, config_from_args
+    from train.methods import BASELINE
+
+    cfg = head_config(config_from_args(build_parser().parse_args(
+        ["--data", args.data, "--trainable", "head", "--observed", "single?val=observed", "--no-progress"])))
+    data, model, forward, features = prepare(cfg)
+    everything = torch.get_num_threads()
+    counts = sorted({1, everything})
+    times: dict[tuple[str, int], list[float]] = {}
+    for round_ in range(args.repeats):
+        for load in interleaved_order(["idle", "busy"], round_):
+            neighbour = (subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None)
+            try:
+                for threads in interleaved_order(counts, round_):
+                    fixed.HEAD_THREADS = threads
+                    result = fit_candidate(Candidate(BASELINE, cfg.lr), cfg, data, model, forward, features, None)
+                    times.setdefault((load, threads), []).append(result.seconds / cfg.epochs)
+                    print(f"{load} {threads} thread(s): {result.seconds / cfg.epochs:.3f} s per epoch",
+                          file=sys.stderr, flush=True)
+            finally:
+                if neighbour is not None:
+                    neighbour.kill()
+                    neighbour.wait()
+    fixed.HEAD_THREADS = 1
+    lines = ["## Head training threads: one against all on cached features", "",
+             f"Command: `{command_line('bench.train_speed', ['head-threads', *argv])}`", "", machine_line(), "",
+             f"The chooser's `an` head (25 epochs, batch 32) on the cached EfficientNet-Lite0 features of "
+             f"`{args.data}` "
+             f"({len(data.splits.train):,} training images, {len(data.splits.classes)} classes), seconds per epoch, "
+             f"{args.repeats} interleaved rounds, median (min-max); busy: a Python loop on one core beside it.", "",
+             "| threads | idle | busy |", "|---|---|---|"]
+    for threads in counts:
+        idle, busy = (Spread.of(times[(load, threads)]) for load in ("idle", "busy"))
+        lines.append(f"| {threads} | {idle.text('.3f', ' s')} | {busy.text('.3f', ' s')} |")
+    publish(args.section or "head-threads", "\n".join(lines) + "\n", args.page)
     return 0
 
 

@@ -99,7 +99,7 @@ def _precision_options(g: argparse._ArgumentGroup) -> None:
     """``export``: the precisions, their threshold calibration and checks, and the TensorRT engines."""
     from export.int8_sensitivity import DEFAULT_REPORT_ROWS
     from export.options import DEFAULT_CALIBRATION_IMAGES, DEFAULT_QAT_EPOCHS, DEFAULT_QAT_IMAGES, INT8_QAT_MODES
-    from export.precisions import PRECISIONS
+    from export.precisions import DEFAULT_MAX_MAP_DROP, PRECISIONS
     from export.quantize import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 
     g.add_argument("--precision", default="fp32", metavar="LIST",
@@ -117,6 +117,9 @@ def _precision_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--min-agreement", type=float, metavar="FRACTION",
                    help="identical thresholded decisions a converted model needs against FP32, 0..1 (default: "
                    "0.995 for fp16, 0.99 for int8)")
+    g.add_argument("--max-map-drop", type=float, metavar="POINTS",
+                   help="validation mAP a converted model may lose against FP32, in points (default: "
+                   f"{DEFAULT_MAX_MAP_DROP:g})")
     g.add_argument("--int8-calibration", choices=CALIBRATION_METHODS.names(), default=DEFAULT_CALIBRATION_METHOD,
                    help=f"how INT8 activation ranges are calibrated: {CALIBRATION_METHODS.cli_help()} (default: "
                    "%(default)s; docs/export.md)")

@@ -112,12 +112,17 @@ class ExportOptions:
             trt_batch = tuple(int(b) for b in args.trt_batch.split(","))
         except ValueError:
             raise UsageError(f"--trt-batch takes MIN,OPT,MAX, got {args.trt_batch!r}") from None
-        bounds = None
+        changes: dict[str, float] = {}
         if args.min_agreement is not None:
             if not 0 <= args.min_agreement <= 1:
                 raise UsageError(f"--min-agreement is a fraction in 0..1, got {args.min_agreement:g}")
-            bounds = {p: dataclasses.replace(PrecisionBounds.for_precision(p), min_agreement=args.min_agreement)
-                      for p in precisions}
+            changes["min_agreement"] = args.min_agreement
+        if getattr(args, "max_map_drop", None) is not None:
+            if not args.max_map_drop >= 0:
+                raise UsageError(f"--max-map-drop is mAP points, 0 or more, got {args.max_map_drop:g}")
+            changes["max_map_drop"] = args.max_map_drop
+        bounds = ({p: dataclasses.replace(PrecisionBounds.for_precision(p), **changes) for p in precisions}
+                  if changes else None)
         return cls(
             precisions=tuple(precisions),
             calibrate_mode=f"threshold:{args.threshold}" if args.threshold is not None else args.calibrate,

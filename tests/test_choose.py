@@ -11,7 +11,15 @@ import pytest
 
 from models.evaluation.criteria import observed_map
 from train.__main__ import main
-from train.choose import Candidate, CandidateResult, paired_difference, pick
+from train.choose import (
+    Candidate,
+    CandidateResult,
+    candidate_methods,
+    choose_on_scores,
+    left_out,
+    paired_difference,
+    pick,
+)
 from train.cross_fitting import fold_of
 
 
@@ -68,12 +76,51 @@ def test_pick_keeps_the_baseline_unless_a_candidate_is_better_beyond_the_noise()
         pick([CandidateResult(baseline, failed="diverged")], baseline, observed_map, labels)
 
 
+def test_an_audit_replaces_or_vetoes_the_label_free_pick() -> None:
+    """With an audit list, a candidate that the audited images' full labels show better beyond the noise replaces the
+    label-free pick; a label-free pick that they show worse than the baseline goes back to the baseline; without a
+    clear difference the label-free pick stands. The left-out methods are never candidates."""
+    rng = np.random.default_rng(2)
+    n, c = 300, 6
+    full = (rng.random((n, c)) < 0.4).astype(np.uint8)
+    full[np.arange(n), rng.integers(0, c, n)] = 1
+    observed = np.zeros_like(full)
+    for i in range(n):
+        observed[i, rng.choice(np.flatnonzero(full[i]))] = 1
+    baseline = Candidate("an", 2e-3)
+    base = _ranked(full, 2.0, rng)
+    good = _ranked(full, 5.0, rng)  # better on the hidden labels
+    looks_good = _ranked(observed, 4.0, rng)  # fits the given labels, ranks the hidden ones as negatives
+
+    def results() -> list[CandidateResult]:
+        return [_result("an", 2e-3, base, observed), _result("wan", 2e-3, good, observed),
+                _result("role", 1e-2, looks_good, observed)]
+
+    label_free = pick(results(), baseline, observed_map, observed)
+    rows = np.arange(200, 300)
+    chosen, first = choose_on_scores(results(), baseline, observed, (rows, full[rows]), criterion="observed-map")
+    assert first == label_free and chosen == Candidate("wan", 2e-3)
+    # only the baseline and the label-free pick: the audit sends a pick worse than the baseline back to it
+    two = [_result("an", 2e-3, base, observed), _result("role", 1e-2, looks_good, observed)]
+    assert pick(two, baseline, observed_map, observed) == Candidate("role", 1e-2)
+    chosen, first = choose_on_scores(two, baseline, observed, (rows, full[rows]), criterion="observed-map")
+    assert first == Candidate("role", 1e-2) and chosen == baseline
+    assert choose_on_scores(two, baseline, observed, None, criterion="observed-map")[0] == Candidate("role", 1e-2)
+    # no difference on the audit beyond its noise: the label-free pick stands
+    same = [_result("an", 2e-3, base, observed), _result("wan", 2e-3, base + 1e-3, observed)]
+    assert choose_on_scores(same, baseline, observed, (rows[:10], full[rows[:10]]))[0] == baseline
+    assert set(left_out()) == {"role", "an-ls", "opml-sp", "gr-loss"}
+    assert not set(left_out()) & set(candidate_methods(observed)) and "an" in candidate_methods(observed)
+
+
 def test_folds_are_balanced_and_fixed() -> None:
     folds = fold_of(23, 5)
     assert sorted(np.bincount(folds).tolist()) == [4, 4, 5, 5, 5]
     assert np.array_equal(folds, fold_of(23, 5)) and not np.array_equal(folds, fold_of(23, 5, seed=1))
-    with pytest.raises(ValueError, match="at least 2 folds"):
+    with pytest.raises(ValueError, match="at least 3 folds"):
         fold_of(3, 5)
+    with pytest.raises(ValueError, match="at least 3 folds"):
+        fold_of(10, 2)  # a fold to train on, one to pick the epoch on, one to score
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +139,7 @@ def single_positive_csv(squares_csv: Path, tmp_path_factory: pytest.TempPathFact
     return folder / "labels.csv"
 
 
-def test_method_auto_chooses_then_trains_the_choice(single_positive_csv: Path, tmp_path: Path,
+def test_method_auto_chooses_then_trains_the_choice(single_positive_csv: Path, squares_csv: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """--method auto on one label per image: the candidates are cross-fitted, the table printed, the choice
     trained head-only, and config.json says what was chosen among what."""
@@ -106,6 +153,10 @@ def test_method_auto_chooses_then_trains_the_choice(single_positive_csv: Path, t
     chosen = config["chosen"]
     baseline_chosen = f"{chosen['method']}@{chosen['lr']:g}" == "an@0.002"
     assert "cross-fitted over the" in out.err and "<- chosen" in out.out
+    # k is printed and kept whatever the choice (an uses none, the run still reports the chooser's estimate)
+    assert f"{config['method']}: k = " in out.err and "(estimated: --method auto" in out.err
+    summary = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert summary["expected_positives"]["k"] > 0
     assert ("(baseline)" in out.out) != baseline_chosen  # the baseline is marked as such unless it is the choice
     assert config["method"] == chosen["method"] in ("an", "wan", "epr") and config["lr"] == chosen["lr"]
     assert chosen["criterion"] == "observed-rank" and chosen["cross_fitted"] and chosen["baseline"] == "an@0.002"
@@ -117,6 +168,25 @@ def test_method_auto_chooses_then_trains_the_choice(single_positive_csv: Path, t
     assert config["linear_init"] == 25 and config["linear_init_lr"] == config["chosen"]["lr"]
     metrics = [json.loads(line) for line in (tmp_path / "tuned" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 26  # 25 head epochs on fixed features, then one of the whole network
+    # with an audit of validation images (every class answered, as the demo's Audit tab writes them), the
+    # candidates are compared on the audited images' full labels, and k comes from them
+    from models.data.review_file import AnswerLog
+
+    full = {Path(row.split(",")[0]).name: set(row.split(",")[1].split(";"))
+            for row in squares_csv.read_text().splitlines()[1:]}
+    classes = sorted(set().union(*full.values()))
+    audited = [row.split(",")[0] for row in single_positive_csv.read_text().splitlines()[1:] if row.endswith(",val")]
+    log = AnswerLog(tmp_path / "audit.answers.jsonl")
+    log.record_many([(image, name, name in full[Path(image).name]) for image in audited for name in classes])
+    capsys.readouterr()
+    assert main([*args, "--method", "auto", "--candidates", "an,wan", "--trainable", "head", "--epochs", "3",
+                 "--audit", str(log.path), "--name", "audited"]) == 0
+    chosen = json.loads((tmp_path / "audited" / "config.json").read_text())["config"]["chosen"]
+    assert chosen["criterion"] == f"observed-rank, then val_mAP on {len(audited)} audited images"
+    assert chosen["label_free"] in {f"{m}@{lr:g}" for m in ("an", "wan") for lr in (1e-2, 2e-3, 5e-4)}
+    summary = json.loads((tmp_path / "audited" / "summary.json").read_text())
+    assert summary["expected_positives"]["source"] == "audit"
+    assert "audited images" in capsys.readouterr().err
     assert main([*args, "--method", "an", "--candidates", "wan", "--name", "bad"]) == 2
     assert main([*args, "--method", "auto", "--candidates", "nope", "--name", "bad"]) == 2
 

@@ -35,8 +35,9 @@ def test_train_export_tag(builtin_cache: Path, tmp_path: Path, arch: str) -> Non
 
     # export the run (by folder) - verification on the run's real validation images happens inside
     # (a one-epoch random model's scores sit at its thresholds: INT8 flips 1-2% of its decisions, so the bound is
-    # lowered here as a user would with --min-agreement; the summary reports the agreement measured)
-    out = _run("-m", "export", str(run), *(["--precision", "int8", "--min-agreement", "0.9"]
+    # lowered here as a user would with --min-agreement, and its mAP on 40 images moves by a point or two, so
+    # --max-map-drop too; the summary reports the agreement measured)
+    out = _run("-m", "export", str(run), *(["--precision", "int8", "--min-agreement", "0.9", "--max-map-drop", "3"]
                                             if arch != "resnet18" else []))
     assert out.returncode == 0, out.stderr + out.stdout
     if arch != "resnet18":

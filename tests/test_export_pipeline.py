@@ -193,6 +193,7 @@ def test_precision_lists_and_cli_usage_errors(run: Path, capsys: pytest.CaptureF
     for args, message in ((["--precision", "fp64"], "fp64"), (["--calibrate", "best"], "calibration mode"),
                           (["--trt-batch", "1,2"], "--trt-batch"), (["--calibration-images", "0"], ">= 1"),
                           (["--min-agreement", "1.5"], "--min-agreement is a fraction"),
+                          (["--max-map-drop", "-1"], "--max-map-drop is mAP points"),
                           (["--int8-qat-epochs", "0"], "--int8-qat-epochs must be >= 1")):
         assert main([str(run), *args]) == 2
         assert message in capsys.readouterr().err

@@ -550,7 +550,7 @@ def test_coco_structure_errors(tmp_path: Path) -> None:
 def test_registry_kinds_and_help() -> None:
     """The kinds are registered, the help lists them, builtin arguments parse."""
     assert set(DATASET_KINDS) == {"builtin", "csv", "voc", "coco", "cub", "nus", "formatted", "folder",
-                                  "openclipart", "tuxpaint"}
+                                  "openclipart", "tuxpaint", "icons"}
     text = describe_kinds()
     for form in ("builtin", "csv:", "voc:", "coco:", "cub:", "nus:", "formatted:", "folder:", "auto-detected"):
         assert form in text

@@ -122,7 +122,7 @@ def test_negatives_val_labels_and_bias_variants_round_trip_through_the_cli(built
     capsys.readouterr()
     assert main([*FAST, "--runs-dir", str(tmp_path), "--method", "iu", "--observed", "single"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "these observed labels have none" in err and len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and "these labels have none" in err and len(err.splitlines()) == 1, err
     an = _run(tmp_path, "an-negatives", "--method", "an", "--observed", "single?neg=3")
     lines = [json.loads(line) for line in (an / "metrics.jsonl").read_text().splitlines()]
     assert all(line["known_negatives_loss"] > 0 for line in lines)

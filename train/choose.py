@@ -9,9 +9,11 @@ at hand, from the labels the user has (docs/choosing.md):
 2. for every candidate method (:func:`candidate_methods`) at every learning rate of :data:`CANDIDATE_LRS`, linear
    heads are trained on them - the fixed-feature phase of ``python -m train --trainable head``, seconds each;
 3. without full validation labels (the user's case), the heads are cross-fitted over the training and validation
-   images together (train/cross_fitting.py: every image scored by a head that never saw its label) and each
-   candidate is scored by :data:`CHOICE_CRITERION` on those scores against the observed labels; with full validation
-   labels, by the validation mAP (the papers' criterion);
+   images together (train/cross_fitting.py: every image scored by a head that never saw its label, at the epoch
+   picked on other images) and each candidate is scored by :data:`CHOICE_CRITERION` on those scores against the
+   observed labels - or, with an audit list (``--audit``) of at least :data:`MIN_AUDITED` of those images, by
+   :data:`AUDIT_CRITERION` against the audited images' full labels; with full validation labels, by the validation
+   mAP (the papers' criterion);
 4. the baseline (``an`` at the run's learning rate) stays the choice unless another candidate beats it beyond the
    noise: of the :data:`CONTENDERS` best-scoring candidates, those whose score exceeds the baseline's by at least
    :data:`SWITCH_Z` standard errors of the paired difference (a bootstrap over the scored images, the same images
@@ -36,22 +38,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing as mp
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from models.data.audit_list import load_audit
 from models.data.dataset import SkipReporter
 from models.evaluation.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from models.network import MultiLabelNet
 from train.config import HEAD_EPOCHS, METHOD_AUTO, TrainConfig, resolve_model_defaults
 from train.console import log
 from train.cross_fitting import Pool, fold_data, labelled_pool
+from train.distributed import current_world
 from train.feature_cache import FeatureCache, split_feature_key
-from train.fixed_features import FixedFeaturePhase, HeadOptimisation
+from train.fixed_features import FixedFeaturePhase, HeadOptimisation, head_threads
 from train.inference import DatasetForward, Rows
 from train.methods import BASELINE, METHODS, EpochEndContext, get_method, make_hparams
 from train.run_setup import (
@@ -69,10 +77,10 @@ from train.run_setup import (
 )
 from train.selection import CRITERIA, Assessment, resolve_criterion
 
-__all__ = ["CANDIDATE_LRS", "CHOICE_CRITERION", "CONTENDERS", "GUARD_CRITERION", "SWITCH_Z", "Candidate",
-           "CandidateResult", "Choice", "apply_choice", "candidate_methods", "choice_table", "choose",
-           "describe_choice", "extract_features", "fit_candidate", "out_of_fold_logits", "paired_difference", "pick",
-           "prepare"]
+__all__ = ["AUDIT_CRITERION", "AUDIT_Z", "CANDIDATE_LRS", "CHOICE_CRITERION", "CONTENDERS", "GUARD_CRITERION",
+           "MIN_AUDITED", "SWITCH_Z", "Candidate", "CandidateResult", "Choice", "apply_choice", "audited_rows",
+           "candidate_methods", "choice_table", "choose", "choose_on_scores", "describe_choice", "extract_features",
+           "fit_candidate", "left_out", "out_of_fold_logits", "paired_difference", "pick", "prepare"]
 
 #: The learning rates every candidate method is trained with (the run's optimiser and schedule).
 CANDIDATE_LRS: tuple[float, ...] = (1e-2, 2e-3, 5e-4)
@@ -84,6 +92,13 @@ GUARD_CRITERION = "observed-map"
 CONTENDERS = 5
 #: A contender replaces the baseline when its score is higher by at least this many standard errors (one-sided 95%).
 SWITCH_Z = 1.645
+#: With an audit list (``--audit``): candidates are compared by this criterion (a name of
+#: :data:`train.selection.CRITERIA`) of their cross-fitted scores of the audited images against their full labels.
+AUDIT_CRITERION = "val_mAP"
+#: The least number of audited training or validation images the choice is made on.
+MIN_AUDITED = 10
+#: The audit replaces the label-free pick (or sends it back to the baseline) at this many standard errors.
+AUDIT_Z = 2.326
 #: Bootstrap resamples of the scored images for a paired difference.
 RESAMPLES = 200
 BOOTSTRAP_SEED = 0
@@ -113,6 +128,7 @@ class CandidateResult:
     best_epoch: int = 0
     selection_score: float = -math.inf
     val_logits: np.ndarray | None = None
+    scored_logits: np.ndarray | None = None  # the logits of the features given as ``scored``, at that epoch
     seconds: float = 0.0
     versus_baseline: tuple[float, float] | None = None  # paired difference to the baseline: mean, standard error
 
@@ -129,10 +145,12 @@ class Choice:
     baseline: Candidate
     expected_positives: ExpectedPositives | None = None
     seconds: float = 0.0
+    label_free: Candidate | None = None  # the pick by the labels as given, before an audit had its say
 
     def record(self) -> dict[str, Any]:
         """What config.json keeps of the choice."""
         return {"method": self.chosen.method, "lr": self.chosen.lr, "criterion": self.criterion,
+                "label_free": self.label_free.name if self.label_free else None,
                 "cross_fitted": self.cross_fitted, "baseline": self.baseline.name, "seconds": round(self.seconds, 1),
                 "versus_baseline": {r.candidate.name: [round(v, 4) for v in r.versus_baseline]
                                     for r in self.results if r.versus_baseline is not None},
@@ -140,14 +158,22 @@ class Choice:
                 "candidates": {r.candidate.name: (None if r.failed else round(r.score, 4)) for r in self.results}}
 
 
+def left_out() -> dict[str, str]:
+    """The methods the chooser leaves out, with the measurement why (their ``left_out_of_auto``; bench/README.md,
+    choices that hold, on the development sets the rule was fitted on): at every learning rate far below ``an`` on
+    a development set, where the label-free scores do not see it."""
+    return {name: method.left_out_of_auto for name, method in sorted(METHODS.items()) if method.left_out_of_auto}
+
+
 def candidate_methods(train_observed: np.ndarray) -> list[str]:
     """The methods the chooser tries: every registered method that trains a head on fixed features from the labels
     a user has - not the oracles (full labels), not those that need feature maps (``lac``) or CLIP pseudo-labels,
-    and ``iu`` only where some negatives are observed."""
+    not those :func:`left_out`, and ``iu`` only where some negatives are observed."""
     out = []
     for name in sorted(METHODS):
         method = METHODS[name]
-        if method.trains_on_full_labels or method.required_head or method.uses_pseudo_labels:
+        if (method.trains_on_full_labels or method.required_head or method.uses_pseudo_labels
+                or method.left_out_of_auto):
             continue
         if method.uses_observed_negatives and not bool((np.asarray(train_observed) < 0).any()):
             continue
@@ -186,7 +212,8 @@ def fit_candidate(candidate: Candidate, cfg: TrainConfig, data: RunData, model: 
                   observer: EpochObserver | None = None) -> CandidateResult:
     """Train a fresh head of ``model`` for ``candidate`` on ``data``'s training features (``cfg``'s optimiser,
     schedule, batch size, epochs and seed) and keep the epoch the run's selection criterion picks on its validation
-    split, with the validation logits there. ``observer`` is called after every epoch (benchmarks score more)."""
+    split, with the validation logits there (and the logits of ``features["scored"]``, when given: rows of
+    unreadable images NaN). ``observer`` is called after every epoch (benchmarks score more)."""
     started = time.perf_counter()
     result = CandidateResult(candidate)
     splits = data.splits
@@ -227,25 +254,37 @@ def fit_candidate(candidate: Candidate, cfg: TrainConfig, data: RunData, model: 
             if assessment.score > result.selection_score:
                 result.best_epoch, result.selection_score = epoch, assessment.score
                 result.val_logits = assessment.logits
+                if "scored" in features:
+                    result.scored_logits = _head_logits(model, features["scored"])
     except FloatingPointError as exc:
         result.failed = f"diverged ({exc})"
     result.seconds = time.perf_counter() - started
     return result
 
 
+def _head_logits(model: MultiLabelNet, rows: Rows) -> np.ndarray:
+    """The head's logits of cached feature ``rows`` (eval mode, one thread), NaN for unreadable images."""
+    was_training = model.head.training
+    model.head.eval()
+    with torch.inference_mode(), head_threads():
+        logits = model.head(rows.values.to(next(model.head.parameters()).device)).float().cpu().numpy()
+    model.head.train(was_training)
+    logits[~rows.present.numpy()] = np.nan
+    return logits
+
+
 def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet,
                        forward: DatasetForward, pool: Pool, k: ExpectedPositives | None) -> tuple[np.ndarray, str]:
     """Cross-fitted logits of ``candidate`` for every image of ``pool`` (train/cross_fitting.py): one head per fold,
-    each at the epoch the selection criterion picks on its held-out fold, scoring that fold. Rows of unreadable
-    images are NaN. Returns the logits and why a fold failed ("" when none did)."""
+    trained on the other folds but the next, at the epoch the selection criterion picks on the next fold, scoring
+    the fold. Rows of unreadable images are NaN. Returns the logits and why a fold failed ("" when none did)."""
     logits = np.full((len(pool), len(data.splits.classes)), np.nan, dtype=np.float32)
     for fold in range(int(pool.folds.max()) + 1):
         fold_run, fold_features = fold_data(data, pool, fold)
         result = fit_candidate(candidate, cfg, fold_run, model, forward, fold_features, k)
-        if result.failed or result.val_logits is None:
+        if result.failed or result.scored_logits is None:
             return logits, result.failed or "no epoch could be scored"
-        rows = np.flatnonzero(pool.folds == fold)
-        logits[rows[pool.features.present[rows].numpy()]] = result.val_logits
+        logits[pool.folds == fold] = result.scored_logits
     return logits, ""
 
 
@@ -305,35 +344,145 @@ def choose(cfg: TrainConfig, methods: list[str] | None = None, lrs: tuple[float,
            f"compared by {criterion}" if pool is not None else "compared by the val mAP (full val labels)"))
     results: list[CandidateResult] = []
     k: ExpectedPositives | None = None
-    for name in names:  # the baseline first: its scores estimate k for the candidates that need it
-        for lr in (lrs if name != BASELINE else (head_cfg.lr, *[x for x in lrs if x != head_cfg.lr])):
-            t0 = time.perf_counter()
-            candidate = Candidate(name, lr)
-            if pool is not None:
-                logits, failed = out_of_fold_logits(candidate, head_cfg, data, model, forward, pool, k)
-                result = CandidateResult(candidate, failed=failed)
-                if not failed:
-                    result.score = pooled_score(criterion, logits, pool)
-                    result.val_logits = logits
-            else:
-                result = fit_candidate(candidate, head_cfg, data, model, forward, features, k)
-                result.score = result.selection_score
-                if result.val_logits is not None:  # one row per val image, NaN for an unreadable one
-                    present = features["val"].present.numpy()
-                    rows = np.full((len(present), result.val_logits.shape[1]), np.nan, dtype=np.float32)
-                    rows[present] = result.val_logits
-                    result.val_logits = rows
-            result.seconds = time.perf_counter() - t0
+    # the baseline first (its scores estimate k for the candidates that need it), then the others
+    first = [Candidate(BASELINE, lr) for lr in (head_cfg.lr, *[x for x in lrs if x != head_cfg.lr])]
+    rest = [Candidate(name, lr) for name in names if name != BASELINE for lr in lrs]
+    for group in (first, rest):
+        shared = _Shared(head_cfg, data, model, forward, features, pool, k, criterion)
+        for result in _score_all(group, shared):
             results.append(result)
-            log(f"choose: {candidate.name:<16} " + (f"failed: {result.failed}" if result.failed else
-                                                     f"{used} {result.score:.2f}") + f"  [{result.seconds:.1f} s]")
-        if name == BASELINE:
-            k = _expected_positives(head_cfg, data, pool, [r for r in results if r.candidate.method == BASELINE])
-    labels = pool.images.labels if pool is not None else splits.val.labels
-    chosen = pick(results, baseline, CRITERIA[used], labels, CRITERIA[GUARD_CRITERION] if cross_fitted else None)
+            outcome = f"failed: {result.failed}" if result.failed else f"{used} {result.score:.2f}"
+            log(f"choose: {result.candidate.name:<16} {outcome}  [{result.seconds:.1f} s]")
+        if group is first:
+            k = _expected_positives(head_cfg, data, pool, results)
+    audit = audited_rows(cfg.audit, pool) if pool is not None and cfg.audit else None
+    if pool is None:  # full validation labels: the val mAP, the same switching rule
+        chosen = pick(results, baseline, CRITERIA[used], splits.val.labels)
+        label_free = chosen
+    else:
+        chosen, label_free = choose_on_scores(results, baseline, pool.images.labels, audit, criterion)
+        if audit is not None:
+            used = f"{criterion}, then {AUDIT_CRITERION} on {len(audit[0])} audited images"
     for r in results:
         r.val_logits = None  # the table keeps scores only
-    return Choice(chosen, results, used, cross_fitted, baseline, k, time.perf_counter() - started)
+    return Choice(chosen, results, used, cross_fitted, baseline, k, time.perf_counter() - started, label_free)
+
+
+@dataclass
+class _Shared:
+    """What scoring a candidate reads besides the candidate (inherited by the worker processes of a parallel choice)."""
+
+    cfg: TrainConfig
+    data: RunData
+    model: MultiLabelNet
+    forward: DatasetForward
+    features: dict[str, Rows]
+    pool: Pool | None
+    k: ExpectedPositives | None
+    criterion: str
+
+
+def score_candidate(candidate: Candidate, shared: _Shared) -> CandidateResult:
+    """One candidate's result: cross-fitted over the pool and scored by the criterion against the observed labels,
+    or (no pool: full validation labels) fitted once and scored by its selection score, with its validation logits
+    (one row per val image, NaN for an unreadable one)."""
+    started = time.perf_counter()
+    s = shared
+    if s.pool is not None:
+        logits, failed = out_of_fold_logits(candidate, s.cfg, s.data, s.model, s.forward, s.pool, s.k)
+        result = CandidateResult(candidate, failed=failed)
+        if not failed:
+            result.score = pooled_score(s.criterion, logits, s.pool)
+            result.val_logits = logits
+    else:
+        result = fit_candidate(candidate, s.cfg, s.data, s.model, s.forward, s.features, s.k)
+        result.score = result.selection_score
+        if result.val_logits is not None:
+            present = s.features["val"].present.numpy()
+            rows = np.full((len(present), result.val_logits.shape[1]), np.nan, dtype=np.float32)
+            rows[present] = result.val_logits
+            result.val_logits = rows
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def choice_processes(device: torch.device) -> int:
+    """How many candidates train at once: one per usable CPU core on a CPU run outside torchrun where processes can
+    be forked (each head trains on one thread: train/fixed_features.py), else one."""
+    if device.type != "cpu" or current_world().distributed or "fork" not in mp.get_all_start_methods():
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_SHARED: _Shared | None = None  # set while a process pool of a choice runs: its workers inherit it when forked
+
+
+def _start_worker() -> None:
+    # one intra-op thread from the start: the parent's thread pool does not survive the fork, and a parallel
+    # region the child opens on it never returns
+    torch.set_num_threads(1)
+
+
+def _score_in_worker(candidate: Candidate) -> CandidateResult:
+    assert _SHARED is not None
+    return score_candidate(candidate, _SHARED)
+
+
+def _score_all(candidates: list[Candidate], shared: _Shared) -> Iterator[CandidateResult]:
+    """The results of ``candidates`` in their order: in :func:`choice_processes` forked processes (the data, model
+    and features shared copy-on-write), or one after the other."""
+    global _SHARED
+    processes = min(choice_processes(shared.forward.device), len(candidates))
+    if processes <= 1:
+        for candidate in candidates:
+            yield score_candidate(candidate, shared)
+        return
+    _SHARED = shared
+    try:
+        with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork"), initializer=_start_worker) as executor:
+            yield from executor.map(_score_in_worker, candidates)
+    finally:
+        _SHARED = None
+
+
+def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observed: np.ndarray,
+                     audit: tuple[np.ndarray, np.ndarray] | None = None,
+                     criterion: str = CHOICE_CRITERION) -> tuple[Candidate, Candidate]:
+    """The choice from the candidates' cross-fitted scores (``val_logits``: one row per labelled image) and the
+    observed labels: first by the labels as given (:func:`pick` by ``criterion`` guarded by :data:`GUARD_CRITERION`,
+    from the baseline); then, with ``audit`` (rows of the audited images, their full labels), any candidate - the
+    baseline too - that beats that pick by :data:`AUDIT_Z` standard errors of the audited images'
+    :data:`AUDIT_CRITERION` replaces it (:func:`pick` from the label-free pick). Returns (the choice, the label-free
+    pick)."""
+    label_free = pick(results, baseline, CRITERIA[criterion], observed, CRITERIA[GUARD_CRITERION])
+    if audit is None:
+        return label_free, label_free
+    rows, labels = audit
+    criterion = CRITERIA[AUDIT_CRITERION]
+    audited = [dataclasses.replace(r, val_logits=r.val_logits[rows], versus_baseline=None,
+                                   score=_rows_score(criterion, r.val_logits[rows], labels))
+               for r in results if r.val_logits is not None and not r.failed]
+    return pick(audited, label_free, criterion, labels, z=AUDIT_Z), label_free
+
+
+def audited_rows(spec: str, pool: Pool) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rows of ``pool`` that the audit list ``spec`` labels completely, and their full labels (None when fewer
+    than :data:`MIN_AUDITED` of its images are training or validation images of the run: the choice then goes by
+    the label-free scores). Its images elsewhere still settle k."""
+    audit = load_audit(spec, list(pool.images.classes))
+    where = {Path(p).resolve(): i for i, p in enumerate(pool.images.paths)}
+    found = [(where[Path(p).resolve()], row) for p, row in zip(audit.paths, audit.labels, strict=True)
+             if Path(p).resolve() in where]
+    found = [(i, row) for i, row in found if pool.features.present[i]]
+    left = len(audit) - len(found)
+    if len(found) < MIN_AUDITED:
+        log(f"choose: {len(found)} of the {len(audit)} audited images are training or validation images of this run "
+            f"(at least {MIN_AUDITED} are needed to choose on them): the choice goes by the labels as given")
+        return None
+    if left:
+        log(f"choose: {left} of the {len(audit)} audited images are not training or validation images of this run "
+            "(or unreadable): they are left out of the choice")
+    return np.array([i for i, _ in found]), np.stack([row for _, row in found])
 
 
 def paired_difference(criterion: Callable[[np.ndarray, np.ndarray], float], a: np.ndarray, b: np.ndarray,
@@ -355,10 +504,12 @@ def paired_difference(criterion: Callable[[np.ndarray, np.ndarray], float], a: n
 
 
 def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callable[[np.ndarray, np.ndarray], float],
-         labels: np.ndarray, guard: Callable[[np.ndarray, np.ndarray], float] | None = None) -> Candidate:
+         labels: np.ndarray, guard: Callable[[np.ndarray, np.ndarray], float] | None = None,
+         z: float | None = None) -> Candidate:
     """The choice (module docstring, step 4): the baseline unless one of the :data:`CONTENDERS` best-scoring
-    candidates beats it by :data:`SWITCH_Z` standard errors of ``criterion`` (and, with ``guard``, scores at least
-    the baseline's by ``guard``); records each contender's ``versus_baseline``."""
+    candidates beats it by ``z`` (default :data:`SWITCH_Z`) standard errors of ``criterion`` (and, with ``guard``,
+    scores at least the baseline's by ``guard``); records each contender's ``versus_baseline``."""
+    z = SWITCH_Z if z is None else z
     scored = [r for r in results if not r.failed and math.isfinite(r.score) and r.val_logits is not None]
     if not scored:
         raise ValueError("no candidate method could be trained and scored on this data")
@@ -372,7 +523,7 @@ def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callabl
         assert r.val_logits is not None and base.val_logits is not None
         r.versus_baseline = paired_difference(criterion, r.val_logits, base.val_logits, labels)
         mean, error = r.versus_baseline
-        if not (math.isfinite(error) and error > 0 and mean >= SWITCH_Z * error):
+        if not (math.isfinite(error) and error > 0 and mean >= z * error):
             continue
         if guard is None or _rows_score(guard, r.val_logits, labels) >= _rows_score(guard, base.val_logits, labels):
             qualified.append(r)
@@ -446,12 +597,18 @@ def describe_choice(choice: Choice) -> str:
     methods = len({r.candidate.method for r in choice.results})
     lrs = len({r.candidate.lr for r in choice.results})
     how = "cross-fitted over the training and validation images" if choice.cross_fitted else "on the val split"
-    if choice.chosen == choice.baseline:
+    audited = AUDIT_CRITERION in choice.criterion and choice.cross_fitted
+    first = choice.label_free or choice.chosen
+    if first == choice.baseline:
         why = (f"no candidate beat the baseline {choice.baseline.name} by {SWITCH_Z:g} standard errors of "
-               f"{choice.criterion}")
+               f"{choice.criterion.split(',')[0]}")
     else:
-        why = f"it beat the baseline {choice.baseline.name} by {SWITCH_Z:g} standard errors of {choice.criterion}"
-        if choice.cross_fitted:
-            why += f" and did not lose to it by {GUARD_CRITERION}"
+        why = (f"{first.name} beat the baseline {choice.baseline.name} by {SWITCH_Z:g} standard errors of "
+               f"{choice.criterion.split(',')[0]}" + (f" and did not lose to it by {GUARD_CRITERION}"
+                                                       if choice.cross_fitted else ""))
+    if audited:
+        audit = choice.criterion.split(", then ")[-1]
+        why += ("; the audit kept it" if choice.chosen == first else
+                f"; by {audit}, {choice.chosen.name} beat it by {AUDIT_Z:g} standard errors")
     return (f"choose: {choice.chosen.method} at lr {choice.chosen.lr:g}: {why}, {how}, among {methods} methods x "
             f"{lrs} learning rates on fixed features ({choice.seconds:.0f} s)")

@@ -1,10 +1,14 @@
 """Out-of-fold scores for every labelled image: heads trained on fixed features in K folds over the training and
-validation images together, each image scored by the head that did not see it.
+validation images together, each image scored by a head that did not see it and whose epoch was not picked on it.
 
 One label per image leaves little to measure with: a validation split of 700 images holds 9 observed positives per
 class on average. The training images carry labels of the same kind, so pooling them with the validation images
-and cross-fitting (K heads, each trained on K-1 folds and scoring the held-out fold) scores every labelled image
-without its own label ever reaching the head that scores it. The method chooser compares methods on these scores
+and cross-fitting scores every labelled image without its own label ever reaching the head that scores it. Each
+scored fold's head trains on K-2 folds and keeps the epoch the selection criterion picks on the next fold
+(:func:`fold_data`), as a run trains on its training split, picks on its validation split and is tested on a
+third: picking the epoch on the scored images themselves would favour heads whose scores swing from epoch to epoch
+(an epoch that happens to suit those images is kept), and a head that fits its missing labels after a few epochs
+would be scored at an epoch a run never keeps. The method chooser compares methods on these scores
 (train/choose.py) and k is estimated from them (models/evaluation/expected_positives.py); each fold's head is the same
 fixed-feature phase a ``--trainable head`` run trains (seconds per head once the features are cached).
 
@@ -24,7 +28,7 @@ from models.data.types import LabelledImages
 from train.inference import Rows
 from train.run_setup import RunData
 
-__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool", "training_pool"]
+__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool", "selection_fold", "training_pool"]
 
 #: Folds of the pooled training and validation images.
 FOLDS = 5
@@ -49,8 +53,8 @@ class Pool:
 def fold_of(count: int, folds: int = FOLDS, seed: int = FOLD_SEED) -> np.ndarray:
     """The fold (0 .. folds-1) of each of ``count`` rows: a seeded permutation dealt round-robin (fold sizes differ
     by at most one)."""
-    if folds < 2 or count < folds:
-        raise ValueError(f"cross-fitting needs at least 2 folds and as many images; got {folds} folds, {count} images")
+    if folds < 3 or count < folds:
+        raise ValueError(f"cross-fitting needs at least 3 folds and as many images; got {folds} folds, {count} images")
     order = np.random.default_rng(seed).permutation(count)
     out = np.empty(count, dtype=np.int64)
     out[order] = np.arange(count) % folds
@@ -81,15 +85,23 @@ def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) 
     return Pool(images, observed, features["train"], fold_of(len(images), folds))
 
 
+def selection_fold(fold: int, folds: int) -> int:
+    """The fold whose images pick the epoch of the head that scores ``fold``: the next one."""
+    return (fold + 1) % folds
+
+
 def fold_data(data: RunData, pool: Pool, fold: int) -> tuple[RunData, dict[str, Rows]]:
-    """The run data and features of one fold: train on every other fold, validate (single-positive or partial
-    labels, as given) on this one."""
-    train_rows = np.flatnonzero(pool.folds != fold)
-    val_rows = np.flatnonzero(pool.folds == fold)
+    """The run data and features that score one fold: train on the folds other than it and its selection fold
+    (:func:`selection_fold`), validate (single-positive or partial labels, as given) on the selection fold; the
+    features of the scored fold as ``scored``."""
+    pick = selection_fold(fold, int(pool.folds.max()) + 1)
+    train_rows = np.flatnonzero((pool.folds != fold) & (pool.folds != pick))
+    val_rows = np.flatnonzero(pool.folds == pick)
+    scored_rows = np.flatnonzero(pool.folds == fold)
     splits = dataclasses.replace(
         data.splits, train=pool.images.subset(train_rows), train_observed=pool.observed[train_rows],
         val=pool.images.subset(val_rows), val_observed=pool.observed[val_rows], test=None,
         complete_splits=(), declared_labels="auto")
-    features = {"train": Rows(pool.features.values[train_rows], pool.features.present[train_rows]),
-                "val": Rows(pool.features.values[val_rows], pool.features.present[val_rows])}
+    features = {split: Rows(pool.features.values[rows], pool.features.present[rows])
+                for split, rows in (("train", train_rows), ("val", val_rows), ("scored", scored_rows))}
     return RunData(data.dataset, splits, data.protocol_bytes), features

@@ -105,6 +105,7 @@ class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
     expected-positives regulariser."""
 
     name = "aevlp"
+    left_out_of_auto = ""  # GR Loss's measurement is not its own (the chooser leaves it out: CLIP pseudo-labels)
     Hparams = AevlpHparams
     uses_pseudo_labels = True
     uses_expected_positives = True

@@ -203,6 +203,9 @@ class Method(nn.Module):
     uses_pseudo_labels: ClassVar[bool] = False
     paper: ClassVar[str] = ""  # who published it, e.g. "Cole et al. 2021" (docs/methods.md has the references)
     description: ClassVar[str] = ""
+    # why --method auto does not try it on fixed features ("": it does): a measured failure its label-free scores
+    # cannot see (train/choose.py)
+    left_out_of_auto: ClassVar[str] = ""
 
     def __init__(self, ctx: MethodContext, hparams: MethodHparams) -> None:
         super().__init__()
