@@ -348,16 +348,21 @@ def main(argv: list[str] | None = None) -> int:
     add_page_options(fr, "choices-finetune")
     r = sub.add_parser("report", help="write the results page's sections from the measurements")
     r.add_argument("--out", type=Path, default=RUNS)
-    add_page_options(r, "choices-summary and choices-<dev set>")
+    r.add_argument("--rules", action="store_true", help="write only the section that compares the switching rules "
+                   "(slow: about an hour on 2 cores)")
+    add_page_options(r, "choices-summary and choices-<dev set>, or choices-rules")
     args = p.parse_args(argv)
     if args.command == "report":
-        from bench.choices_report import dev_section, load, summary_section
+        from bench.choices_report import dev_section, load, rules_section, summary_section
 
         devs = {name: dev for name in DEV_SETS if (dev := load(args.out).get(name)) is not None and dev.seeds}
         machine = machine_line()
         command = ("python -m bench.choices measure --batch-sizes 32 --lrs 1e-2,2e-3,5e-4   # every epoch\n"
                    "python -m bench.choices measure --crossfit --lrs 1e-2,2e-3,5e-4   # the chooser's scores\n"
                    "python -m bench.choices report")
+        if args.rules:
+            publish("choices-rules", rules_section(devs, TITLES, command + " --rules", machine), args.page)
+            return 0
         publish("choices-summary", summary_section(devs, TITLES, command, machine, FITTED_ON), args.page)
         for name, dev in devs.items():
             publish(f"choices-{name}", dev_section(dev, TITLES[name], command, machine), args.page)

@@ -229,10 +229,11 @@ def crossfit_results(cf: Measurement, criterion: str = CHOICE_CRITERION,
 
 
 def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = None,
-                    selection: str = LABEL_FREE_DEFAULT) -> ChooserOutcome | None:
+                    selection: str = LABEL_FREE_DEFAULT, label_free: str | None = None) -> ChooserOutcome | None:
     """What ``--method auto`` picks on one dev set and seed - the package's own rule
     (:func:`train.choose.choose_on_scores`) on the measured cross-fitted scores, with the pool rows ``audit_rows``
-    as the audit list (their hidden full labels) when given - and the test mAP of the head a ``--trainable head``
+    as the audit list (their hidden full labels) when given (``label_free``: the pick without it, when known) -
+    and the test mAP of the head a ``--trainable head``
     run of the pick trains, against the best candidate by test and ``an`` at the default."""
     m = dev.by_seed.get(seed, {}).get(DEFAULT_BATCH)
     cf = dev.crossfit.get(seed)
@@ -240,7 +241,9 @@ def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = Non
         return None
     results = crossfit_results(cf)
     audit = None if audit_rows is None else (audit_rows, cf.arrays["pool_full"][audit_rows])
-    chosen, _ = choose_on_scores(results, Candidate(BASELINE, DEFAULT_LR), cf.arrays["pool_observed"], audit)
+    known = None if label_free is None else Candidate(label_free.rsplit("@", 1)[0], float(label_free.rsplit("@", 1)[1]))
+    chosen, _ = choose_on_scores(results, Candidate(BASELINE, DEFAULT_LR), cf.arrays["pool_observed"], audit,
+                                 label_free=known)
     tests = {r.candidate.name: m.test_at(r.candidate.method, r.candidate.lr, selection) for r in results
              if not r.failed}
     per_method: dict[str, tuple[str, float]] = {}
@@ -279,8 +282,15 @@ def audit_outcomes(dev: DevData, size: int, draws: int = AUDIT_DRAWS) -> dict[in
     for seed in sorted(dev.crossfit):
         if seed not in dev.seeds:
             continue
-        lists = [None] if size == 0 else audit_draws(dev, seed, size, draws)
-        out[seed] = [o for o in (chooser_outcome(dev, seed, rows) for rows in lists) if o is not None]
+        first = chooser_outcome(dev, seed)
+        if first is None:
+            continue
+        if size == 0:
+            out[seed] = [first]
+            continue
+        outcomes = (chooser_outcome(dev, seed, rows, label_free=first.chosen)
+                    for rows in audit_draws(dev, seed, size, draws))
+        out[seed] = [o for o in outcomes if o is not None]
     return out
 
 
@@ -493,7 +503,7 @@ def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: s
              command, "```", "",
              "Each development set as a user holds it: one label per training and validation image, test fully "
              "labelled (it only scores). The chooser is the package's own code run on the measured cross-fitted "
-             "scores: its candidates (methods left out: train/choose.py `LEFT_OUT`), its rule and constants. "
+             "scores: its candidates (methods left out: each method's `left_out_of_auto`), its rule and constants. "
              "Targets: the choice within 0.5 test mAP of the best method and never more than 0.3 below `an` "
              "(issue 60: on sets the rule was not fitted on too, marked out of sample); k within 25% or the run says "
              "it cannot tell; tags per image within 30%; no method losing more than 1.5 test mAP to the epoch "
@@ -531,10 +541,19 @@ def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: s
               f"{AUDIT_CRITERION} on the audited images (paired bootstrap), or `an` does (then `an`). Each cell: "
               "choice - best method (mean over seeds and lists) / worst seed - `an` (mean over its lists) / lists "
               "more than 0.3 below `an`.", "", *audit_table(devs, titles, fitted_on)]
-    lines += ["", "How `--method auto` switches from `an` was picked: each rule below applied to the cross-fitted "
-              "scores of every seed, its pick scored on the hidden labels of the training and validation images "
-              "(never on test): mean loss against the best candidate / worst seed against `an@0.002`.", "",
-              *rule_table(devs, titles)]
+    lines += ["", "How the switching rule was picked: `python -m bench.choices report --rules` compares the rules on "
+              "these measurements (section choices-rules; about an hour on 2 cores)."]
+    return "\n".join(lines) + "\n"
+
+
+def rules_section(devs: dict[str, DevData], titles: dict[str, str], command: str, machine: str) -> str:
+    """The switching rules compared on every development set (slow: a bootstrap per rule, set and seed)."""
+    lines = ["## Choices that hold: the switching rules compared", "", machine, "", "Commands:", "", "```", command,
+             "```", "",
+             "How `--method auto` switches from `an` was picked: each rule below applied to the cross-fitted scores "
+             "of every seed (the chooser's candidates), its pick scored on the hidden labels of the training and "
+             "validation images (never on test): mean loss against the best candidate / worst seed against "
+             f"`an@{DEFAULT_LR:g}`.", "", *rule_table(devs, titles)]
     return "\n".join(lines) + "\n"
 
 

@@ -338,8 +338,12 @@ def to_markdown(values: dict[str, Spread], notes: dict[str, Any], data: str, rep
     first = notes.get("fine_tune_images") or notes.get("head_images") or {}
     sizes = (f" `{data}`: {first['train']:,} training, {first['val']:,} validation, {first['test']:,} test images."
              if first else "")
+    parts = [title for key, title in (("quick_start_train", "the quick start"),
+                                      ("fine_tune_wall", "an own-data fine-tune"),
+                                      ("head_cold_wall", "a head-only run"),
+                                      ("auto_head_wall", "`--method auto` on fixed features")) if key in values]
     lines = [
-        "## First runs on this machine: the quick start, an own-data fine-tune, a head-only run", "",
+        f"## First runs on this machine: {', '.join(parts)}", "",
         f"Command: `{command}`", "", machine_line(), "",
         "Each step is its own process with a fresh cache (links to the rendered datasets only: the built-in images and "
         f"the features are computed as on a first run) and a fresh runs folder; {repeats} repeat(s) interleaved, "

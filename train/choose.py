@@ -6,14 +6,13 @@ at hand, from the labels the user has (docs/choosing.md):
 
 1. the backbone's features of the training and validation images are computed once (the feature cache of
    ``--trainable head``);
-2. for every candidate method (:func:`candidate_methods`) at every learning rate of :data:`CANDIDATE_LRS`, linear
-   heads are trained on them - the fixed-feature phase of ``python -m train --trainable head``, seconds each;
+2. for every candidate method (:func:`candidate_methods`: those of :func:`left_out` are not tried) at every
+   learning rate of :data:`CANDIDATE_LRS`, linear heads are trained on them - the fixed-feature phase of
+   ``python -m train --trainable head``, seconds each, one process per CPU core (:func:`choice_processes`);
 3. without full validation labels (the user's case), the heads are cross-fitted over the training and validation
    images together (train/cross_fitting.py: every image scored by a head that never saw its label, at the epoch
    picked on other images) and each candidate is scored by :data:`CHOICE_CRITERION` on those scores against the
-   observed labels - or, with an audit list (``--audit``) of at least :data:`MIN_AUDITED` of those images, by
-   :data:`AUDIT_CRITERION` against the audited images' full labels; with full validation labels, by the validation
-   mAP (the papers' criterion);
+   observed labels; with full validation labels, by the validation mAP (the papers' criterion);
 4. the baseline (``an`` at the run's learning rate) stays the choice unless another candidate beats it beyond the
    noise: of the :data:`CONTENDERS` best-scoring candidates, those whose score exceeds the baseline's by at least
    :data:`SWITCH_Z` standard errors of the paired difference (a bootstrap over the scored images, the same images
@@ -23,7 +22,12 @@ at hand, from the labels the user has (docs/choosing.md):
    both sides: per image (does the given label rank near the top of the image's classes) and per class (do the
    images given a class rank high among all images); a candidate must win on the first and not lose on the second.
    The rule was picked among seven by what their picks lost on the hidden labels of the development sets' training
-   and validation images, never their test labels (bench/README.md, choices that hold; docs/choosing.md).
+   and validation images, never their test labels (bench/README.md, choices that hold; docs/choosing.md);
+5. with an audit list (``--audit``: images labelled completely) of which at least :data:`MIN_AUDITED` are training
+   or validation images, the candidates' cross-fitted scores of those images are compared by
+   :data:`AUDIT_CRITERION` against their full labels, and a candidate (the baseline too) that beats the label-free
+   pick by :data:`AUDIT_Z` standard errors replaces it (:func:`choose_on_scores`): the audit sees the hidden
+   labels the label-free scores cannot.
 
 The table is printed, and ``python -m train`` then trains the choice: the head alone with ``--trainable head``; else
 its head first (LinearInit at the chosen learning rate), then the whole network, the best epoch of both phases kept
@@ -446,15 +450,16 @@ def _score_all(candidates: list[Candidate], shared: _Shared) -> Iterator[Candida
 
 
 def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observed: np.ndarray,
-                     audit: tuple[np.ndarray, np.ndarray] | None = None,
-                     criterion: str = CHOICE_CRITERION) -> tuple[Candidate, Candidate]:
+                     audit: tuple[np.ndarray, np.ndarray] | None = None, criterion: str = CHOICE_CRITERION,
+                     label_free: Candidate | None = None) -> tuple[Candidate, Candidate]:
     """The choice from the candidates' cross-fitted scores (``val_logits``: one row per labelled image) and the
     observed labels: first by the labels as given (:func:`pick` by ``criterion`` guarded by :data:`GUARD_CRITERION`,
     from the baseline); then, with ``audit`` (rows of the audited images, their full labels), any candidate - the
     baseline too - that beats that pick by :data:`AUDIT_Z` standard errors of the audited images'
     :data:`AUDIT_CRITERION` replaces it (:func:`pick` from the label-free pick). Returns (the choice, the label-free
-    pick)."""
-    label_free = pick(results, baseline, CRITERIA[criterion], observed, CRITERIA[GUARD_CRITERION])
+    pick; ``label_free``: that pick when it is known already)."""
+    if label_free is None:
+        label_free = pick(results, baseline, CRITERIA[criterion], observed, CRITERIA[GUARD_CRITERION])
     if audit is None:
         return label_free, label_free
     rows, labels = audit

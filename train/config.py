@@ -222,10 +222,11 @@ def _data_options(g: Any, d: TrainConfig) -> None:
                    f"auto ({FULL_LABEL_DEFAULT} where val has full labels, else {LABEL_FREE_DEFAULT}: "
                    f"docs/choosing.md) or one of them - {CRITERIA.cli_help()}. Default: {d.select}")
     g.add_argument("--audit", metavar="SPEC", help="a few images labelled COMPLETELY (any --data form, e.g. "
-                   "csv:audit/labels.csv): their mean number of positives is k, the expected positives per image "
-                   "of epr and role, when the dataset has no published k and its training labels are not full. "
-                   "Without one, k is estimated from the model's own validation scores after every epoch "
-                   "(docs/your-data.md). Default: none")
+                   "csv:audit/labels.csv, or the answer log of the demo's Audit tab): their mean number of positives "
+                   "is k, the expected positives per image of epr and role, when the dataset has no published k and "
+                   "its training labels are not full; with --method auto, at least 10 of them among the training or "
+                   "validation images also decide the method (docs/choosing.md). Without one, k is estimated from "
+                   "the model's own validation scores after every epoch (docs/your-data.md). Default: none")
     g.add_argument("--review", metavar="FILE", action="append", help="answers of a label review (repeatable; a "
                    "review file from `python -m train suggest` with its answer column filled in, or the demo's "
                    ".answers.jsonl): yes adds the label to the image, no makes it a known negative; the run records "
@@ -240,8 +241,10 @@ def _method_options(g: Any, d: TrainConfig) -> None:
                    "the table is printed, then the choice trains; docs/choosing.md), or a method (`python -m "
                    "train.methods` lists them "
                    f"with their papers and ideas). Default: {d.method}")
+    left_out = ", ".join(name for name in method_names() if METHODS[name].left_out_of_auto)
     g.add_argument("--candidates", metavar="M1,M2,...", help="--method auto: the methods it tries (an always "
-                   "among them). Default: every method that trains a head on fixed features from the labels you have")
+                   "among them). Default: every method that trains a head on fixed features from the labels you have, "
+                   f"but {left_out} (measured far below an where the label-free scores could not see it)")
     g.add_argument("--hp", action="append", metavar="NAME=VALUE", default=None,
                    help="set a method hyperparameter (repeatable); a tuple comma-separated, e.g. "
                    "--hp beta=0,10,-2,-8")
