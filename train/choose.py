@@ -292,13 +292,6 @@ def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, mo
     return logits, ""
 
 
-def pooled_score(criterion: str, logits: np.ndarray, pool: Pool) -> float:
-    """``criterion`` of cross-fitted ``logits`` against the pool's observed labels (unreadable rows left out)."""
-    keep = ~np.isnan(logits).any(1)
-    value = CRITERIA[criterion](logits[keep], pool.images.labels[keep])
-    return -math.inf if math.isnan(value) else float(value)
-
-
 def head_config(cfg: TrainConfig) -> TrainConfig:
     """The settings the candidates train with: ``cfg`` on fixed features (with ``--trainable head`` its epochs,
     learning rate and schedule; else the head's defaults: :data:`HEAD_EPOCHS` epochs, the default learning rate and
@@ -396,7 +389,7 @@ def score_candidate(candidate: Candidate, shared: _Shared) -> CandidateResult:
         logits, failed = out_of_fold_logits(candidate, s.cfg, s.data, s.model, s.forward, s.pool, s.k)
         result = CandidateResult(candidate, failed=failed)
         if not failed:
-            result.score = pooled_score(s.criterion, logits, s.pool)
+            result.score = _rows_score(CRITERIA[s.criterion], logits, s.pool.images.labels)
             result.val_logits = logits
     else:
         result = fit_candidate(candidate, s.cfg, s.data, s.model, s.forward, s.features, s.k)
@@ -537,9 +530,10 @@ def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callabl
 
 def _rows_score(criterion: Callable[[np.ndarray, np.ndarray], float], logits: np.ndarray,
                 labels: np.ndarray) -> float:
-    """``criterion`` over the rows of ``logits`` without a NaN."""
+    """``criterion`` over the rows of ``logits`` without a NaN (unreadable images); -inf when it is undefined."""
     keep = ~np.isnan(logits).any(1)
-    return float(criterion(logits[keep], labels[keep]))
+    value = float(criterion(logits[keep], labels[keep]))
+    return -math.inf if math.isnan(value) else value
 
 
 def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
