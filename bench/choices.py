@@ -11,7 +11,7 @@ protocol's draw), whose hidden full labels score the choices and nothing else:
 
 ``measure`` trains a linear head on the fixed features of EfficientNet-Lite0 (ImageNet weights) for every candidate
 method at every learning rate and batch size of the grid, three seeds, through the chooser's own code
-(:func:`train.choose.fit_candidate`), and keeps, per epoch: every label-free criterion on the single-positive val
+(:func:`train.fit_candidate`), and keeps, per epoch: every label-free criterion on the single-positive val
 labels, the val mAP on the hidden full val labels (the papers' selection, for reference) and the test mAP; the
 val and test logits of the epochs each criterion picks are stored too (``<dataset>-seed<S>-b<B>.npz``).
 ``report`` reads them back and writes the results page's sections: every method with the package's defaults, the
@@ -34,16 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from bench.choices_report import FineTuneSetting, best_setting, finetune_section, load_runs
+from bench.choices_report import BASELINE, CHOICE_CRITERION
 from bench.results_page import add_page_options, machine_line, publish
-from bench.tracked_training import labels_by_path
 from models.evaluation.criteria import LABEL_FREE_CRITERIA
 from models.evaluation.expected_positives import estimate_expected_positives
 from models.evaluation.metrics import mean_average_precision
 from models.files.atomic_writes import atomic_path, atomic_write_text
-from train.choose import Candidate, fit_candidate, prepare
-from train.config import build_parser, config_from_args
-from train.methods import BASELINE
+from train import Candidate, build_parser, config_from_args, fit_candidate, prepare
 
 __all__ = ["DEV_SETS", "DevSet", "measure"]
 
@@ -96,6 +93,15 @@ TITLES = {
 }
 
 
+def labels_by_path(dataset: Any, classes: list[str]) -> dict[str, np.ndarray]:
+    """Every image's labels in ``dataset`` (its train, val and test parts) over ``classes`` (a subset of its own),
+    by path."""
+    column = {name: i for i, name in enumerate(dataset.classes)}
+    keep = [column[name] for name in classes]
+    return {str(path): row[keep] for part in (dataset.train, dataset.val, dataset.test) if part is not None
+            for path, row in zip(part.paths, part.labels, strict=True)}
+
+
 def full_labels_by_path(dev: DevSet, classes: list[str], dataset: Any) -> dict[str, np.ndarray]:
     """Every image's full labels over ``classes`` by path: from the dev set's full-label spec (its keyword view for a
     folder view), else from ``dataset`` itself."""
@@ -104,10 +110,6 @@ def full_labels_by_path(dev: DevSet, classes: list[str], dataset: Any) -> dict[s
 
         dataset = load_dataset(dev.full_data)
     return labels_by_path(dataset, classes)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
 
 
 def measure(dev: DevSet, seed: int, batch_size: int, lrs: list[float], methods: list[str], out: Path,
@@ -191,8 +193,13 @@ def measure(dev: DevSet, seed: int, batch_size: int, lrs: list[float], methods: 
             k_an = _an_k(records, arrays)
             records["k_estimate_an"] = k_an
     records["seconds"] = round(time.perf_counter() - started, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / f"{tag}.npz", suffix=".npz") as tmp, open(tmp, "wb") as fh:
+    return write_measurement(target, records, arrays)
+
+
+def write_measurement(target: Path, records: dict[str, Any], arrays: dict[str, np.ndarray]) -> Path:
+    """``target`` (the JSON record) and the arrays beside it (``.npz``), each written whole or not at all."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(target.with_suffix(".npz"), suffix=".npz") as tmp, open(tmp, "wb") as fh:
         np.savez_compressed(fh, **arrays)
     atomic_write_text(target, json.dumps(records))
     return target
@@ -220,8 +227,7 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
     images (train/cross_fitting.py), batch 32: every label-free criterion on them, their mAP against the hidden
     full labels, and the best-bin k estimate; ``out/<dev>-seed<S>-crossfit.json`` (+ ``.npz`` with the logits)."""
     from models.evaluation.expected_positives import ExpectedPositives
-    from train.choose import out_of_fold_logits
-    from train.cross_fitting import labelled_pool
+    from train import labelled_pool, out_of_fold_logits
 
     tag = f"{dev.name}-seed{seed}-crossfit"
     target = out / f"{tag}.json"
@@ -236,10 +242,8 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
     pool = labelled_pool(data, features)
     full = full_labels_by_path(dev, list(data.splits.classes), data.dataset)
     pool_full = np.stack([full[str(p)] for p in pool.images.paths])
-    from train.selection import resolve_criterion
-
     records: dict[str, Any] = {"dev_set": dev.name, "seed": seed, "argv": argv, "pool": len(pool),
-                               "selection": resolve_criterion(cfg.select, False).name,
+                               "selection": cfg.select,
                                "true_k_pool": float(pool_full.sum(1).mean()), "candidates": {}}
     arrays: dict[str, np.ndarray] = {"pool_full": pool_full.astype(np.uint8),
                                      "pool_observed": pool.images.labels.astype(np.uint8), "folds": pool.folds}
@@ -268,51 +272,16 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
             if ks:
                 k = ExpectedPositives(min(ks), "estimated", "cross-fitted an heads")
     records["seconds"] = round(time.perf_counter() - started, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / f"{tag}.npz", suffix=".npz") as tmp, open(tmp, "wb") as fh:
-        np.savez_compressed(fh, **arrays)
-    atomic_write_text(target, json.dumps(records))
-    return target
-
-
-FINETUNE_RUNS = Path("runs/choices-finetune")
-
-
-def measure_finetune(dev_name: str, data: str, train_args: tuple[str, ...], seed: int, methods: list[str],
-                     settings: list[FineTuneSetting], out: Path) -> None:
-    """Fine-tune every method on a dev set once per setting with per-epoch test and hidden-label val mAP: run folders
-    ``out/<dev>/<method>-seed<S><suffix>``, reused when finished and resumed when interrupted."""
-    from bench.methods import run_one
-
-    for setting in settings:
-        for method in methods:
-            run_one(method, seed, data, out / dev_name, setting.args(train_args), setting.suffix,
-                    module="bench.tracked_training")
+    return write_measurement(target, records, arrays)
 
 
 def prepare_with_test(cfg: Any) -> tuple[Any, ...]:
-    """:func:`train.choose.prepare` with the test split's features too (to score every epoch)."""
-    from train.choose import extract_features
+    """:func:`train.prepare` with the test split's features too (to score every epoch)."""
+    from train import extract_features
 
     data, model, forward, features = prepare(cfg)
     features.update(extract_features(dataclasses.replace(cfg, trainable="head"), data, model, forward, ("test",)))
     return data, model, forward, features
-
-
-#: The fine-tune grid behind the results page's section, and what it leaves out.
-FINETUNE_COMMANDS = """\
-python -m bench.choices finetune --dev-sets dense-small --seeds 0 --lrs 1e-3,3e-4,1e-4,3e-5
-python -m bench.choices finetune --dev-sets tuxpaint --seeds 0 --lrs 3e-4,1e-4,3e-5
-python -m bench.choices finetune --dev-sets tuxpaint,dense-small --seeds 0 --lrs 3e-4,1e-4 --bn-stats train
-python -m bench.choices finetune --dev-sets dense-small --seeds 1,2 --lrs 3e-4,1e-4
-python -m bench.choices finetune --dev-sets tuxpaint --seeds 1,2 --lrs 3e-4
-python -m bench.choices finetune --dev-sets openclipart --seeds 0 --lrs 3e-4
-python -m bench.choices finetune --dev-sets dense-small --seeds 0 --lrs 3e-4 --methods wan,epr,pu-mlc,ll-r"""
-FINETUNE_NOTE = ("The learning-rate grid ran on the two smaller sets; the clip art (2,117 training images at 224 "
-                 "px, 5-12 minutes per end-to-end epoch on this machine's 2 cores with the tracked passes) checks the "
-                 "pick on one seed. lr 1e-3 was not run on the Tux Paint stamps: it fell on the dense shapes even "
-                 "with the statistics frozen. The rows with BatchNorm statistics `train` ran before `--bn-stats` "
-                 "existed, when the trainer always updated them; `--bn-stats train` reproduces them.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,63 +299,28 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--epochs", type=int, default=None)
     m.add_argument("--out", type=Path, default=RUNS)
     m.add_argument("--crossfit", action="store_true", help="cross-fitted scores over train+val instead (batch 32)")
-    f = sub.add_parser("finetune", help="fine-tune (the whole network) at a grid of settings, per-epoch val and "
-                       "test mAP recorded")
-    f.add_argument("--dev-sets", default="tuxpaint,dense-small")
-    f.add_argument("--seeds", default="0")
-    f.add_argument("--methods", default=BASELINE)
-    f.add_argument("--lrs", default="3e-4,1e-4,3e-5", help="end-to-end learning rates (default: %(default)s)")
-    f.add_argument("--linear-init", default="25", help="LinearInit epochs, a list (default: %(default)s)")
-    f.add_argument("--schedulers", default="none", help="a list (default: %(default)s)")
-    f.add_argument("--batch-sizes", default="32")
-    f.add_argument("--bn-stats", default="frozen", help="a list (default: %(default)s)")
-    f.add_argument("--epochs", type=int, default=10, help="end-to-end epochs at most (default: %(default)s)")
-    f.add_argument("--patience", type=int, default=3, help="default: %(default)s")
-    f.add_argument("--out", type=Path, default=FINETUNE_RUNS)
-    fr = sub.add_parser("finetune-report", help="write the results page's fine-tune section from the grid's runs")
-    fr.add_argument("--out", type=Path, default=FINETUNE_RUNS)
-    add_page_options(fr, "choices-finetune")
     r = sub.add_parser("report", help="write the results page's sections from the measurements")
     r.add_argument("--out", type=Path, default=RUNS)
-    r.add_argument("--rules", action="store_true", help="write only the section that compares the switching rules "
-                   "(slow: about an hour on 2 cores)")
-    add_page_options(r, "choices-summary and choices-<dev set>, or choices-rules")
+    r.add_argument("--criterion", default=CHOICE_CRITERION, choices=list(LABEL_FREE_CRITERIA),
+                   help="what --method auto compares the candidates' cross-fitted scores by (docs/choosing.md; "
+                   "default: %(default)s)")
+    add_page_options(r, "choices-summary and choices-<dev set>")
     args = p.parse_args(argv)
     if args.command == "report":
-        from bench.choices_report import dev_section, load, rules_section, summary_section
+        from bench.choices_report import dev_section, load, summary_section
 
-        devs = {name: dev for name in DEV_SETS if (dev := load(args.out).get(name)) is not None and dev.seeds}
+        devs = {name: dev for name in DEV_SETS if (dev := load(args.out, args.criterion).get(name)) is not None
+                and dev.seeds}
         machine = machine_line()
         command = ("python -m bench.choices measure --batch-sizes 32 --lrs 1e-2,2e-3,5e-4   # every epoch\n"
                    "python -m bench.choices measure --crossfit --lrs 1e-2,2e-3,5e-4   # the chooser's scores\n"
                    "python -m bench.choices report")
-        if args.rules:
-            publish("choices-rules", rules_section(devs, TITLES, command + " --rules", machine), args.page)
-            return 0
         publish("choices-summary", summary_section(devs, TITLES, command, machine, FITTED_ON), args.page)
         for name, dev in devs.items():
             publish(f"choices-{name}", dev_section(dev, TITLES[name], command, machine), args.page)
         return 0
-    if args.command == "finetune-report":
-        runs = load_runs(args.out)
-        titles = {name: TITLES[name] for name in DEV_SETS}
-        default = best_setting(runs, BASELINE)
-        command = FINETUNE_COMMANDS + "\npython -m bench.choices finetune-report"
-        publish("choices-finetune", finetune_section(runs, titles, default, command, machine_line(), FINETUNE_NOTE),
-                args.page)
-        return 0
-    if args.command == "finetune":
-        settings = [FineTuneSetting(lr, li, sched, batch, args.epochs, args.patience, bn)
-                    for bn in args.bn_stats.split(",") for sched in args.schedulers.split(",")
-                    for batch in args.batch_sizes.split(",") for li in args.linear_init.split(",")
-                    for lr in args.lrs.split(",")]
-        for name in args.dev_sets.split(","):
-            for seed in [int(s) for s in args.seeds.split(",")]:
-                dev = DEV_SETS[name]
-                measure_finetune(name, dev.data, dev.train_args, seed, args.methods.split(","), settings, args.out)
-        return 0
     if args.command == "measure":
-        from train.choose import candidate_methods
+        from train import candidate_methods
 
         methods = [x for x in args.methods.split(",") if x] or [BASELINE, *[
             m for m in candidate_methods(np.zeros((1, 1))) if m != BASELINE]]

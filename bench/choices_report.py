@@ -1,13 +1,10 @@
 """The figures of ``python -m bench.choices report``: what the package's choices give on every development set,
 read from the measurements of ``python -m bench.choices measure`` (per epoch and candidate) and ``measure --crossfit``
 (cross-fitted scores). Every figure applies the package's own rules (imported, not copied): the selection criterion
-of ``--select auto``, the chooser's criterion, candidates and tie margin, the k estimate and the threshold rule.
-Test labels (and the hidden full labels of train and val) only score.
-
-``finetune-report`` reads the fine-tune grid's run folders (``python -m bench.choices finetune``): per run the epoch
-the product's label-free criterion picked over LinearInit's head phase and the whole network, its test and
-hidden-label val mAP; the default is the setting with the best hidden-label val mAP at that epoch, averaged over the
-development sets.
+of ``--select auto``, the chooser's candidates and switching rule (:func:`train.choose_on_scores`), the k estimate
+and the threshold rule (:func:`export.calibrate`); the chooser's criterion comes from the command line
+(``report --criterion``) and its learning rates from the measurements (``measure --lrs``). Test labels (and the
+hidden full labels of train and val) only score.
 """
 
 from __future__ import annotations
@@ -22,27 +19,15 @@ from typing import Any
 import numpy as np
 
 from models.evaluation.criteria import LABEL_FREE_CRITERIA, LABEL_FREE_DEFAULT
-from models.files.run_folder import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
-from train.choose import (
-    AUDIT_CRITERION,
-    AUDIT_Z,
-    CANDIDATE_LRS,
-    CHOICE_CRITERION,
-    GUARD_CRITERION,
-    SWITCH_Z,
-    Candidate,
-    CandidateResult,
-    candidate_methods,
-    choose_on_scores,
-    pick,
-)
-from train.config import TrainConfig
-from train.methods import BASELINE
-from train.selection import CRITERIA
+from train import Candidate, CandidateResult, TrainConfig, candidate_methods, choose_on_scores
 
 FULL_VAL = "val_mAP_full"
+#: The run's defaults: the method every comparison starts from (``an``), the batch size and learning rate.
+BASELINE = TrainConfig().method
 DEFAULT_BATCH = TrainConfig().batch_size
 DEFAULT_LR = TrainConfig().lr
+#: What ``--method auto`` compares the candidates' cross-fitted scores by (docs/choosing.md; ``report --criterion``).
+CHOICE_CRITERION = "observed-rank"
 AUDIT_SIZE = 20
 
 
@@ -111,6 +96,7 @@ class DevData:
     """Everything measured on one dev set: per seed, the per-batch measurements and the cross-fitted record."""
 
     name: str
+    criterion: str = CHOICE_CRITERION  # the chooser's criterion
     by_seed: dict[int, dict[int, Measurement]] = field(default_factory=dict)
     crossfit: dict[int, Measurement] = field(default_factory=dict)
 
@@ -119,13 +105,19 @@ class DevData:
         """Seeds with a measurement at the default batch size."""
         return sorted(s for s, batches in self.by_seed.items() if DEFAULT_BATCH in batches)
 
+    @property
+    def lrs(self) -> tuple[float, ...]:
+        """The chooser's learning rates: those of the cross-fitted measurements."""
+        return tuple(sorted({lr for m in self.crossfit.values() for lr in m.lrs}, reverse=True))
 
-def load(folder: Path) -> dict[str, DevData]:
-    """Every measurement in ``folder`` (``<dev>-seed<S>-b<B>.json`` and ``<dev>-seed<S>-crossfit.json``)."""
+
+def load(folder: Path, criterion: str = CHOICE_CRITERION) -> dict[str, DevData]:
+    """Every measurement in ``folder`` (``<dev>-seed<S>-b<B>.json`` and ``<dev>-seed<S>-crossfit.json``); the chooser
+    compares candidates by ``criterion``."""
     out: dict[str, DevData] = {}
     for path in sorted(Path(folder).glob("*.json")):
         record = json.loads(path.read_text())
-        dev = out.setdefault(record["dev_set"], DevData(record["dev_set"]))
+        dev = out.setdefault(record["dev_set"], DevData(record["dev_set"], criterion))
         if path.stem.endswith("-crossfit"):
             dev.crossfit[int(record["seed"])] = Measurement(path, record)
         elif "-b" in path.stem and path.stem.split("-b")[-1].isdigit():
@@ -172,8 +164,7 @@ def default_rows(dev: DevData, lr: float = DEFAULT_LR, batch: int = DEFAULT_BATC
 # Selection of the epoch
 
 
-def selection_losses(dev: DevData, lrs: tuple[float, ...] = CANDIDATE_LRS,
-                     batch: int = DEFAULT_BATCH) -> dict[str, dict[str, float]]:
+def selection_losses(dev: DevData, lrs: tuple[float, ...], batch: int = DEFAULT_BATCH) -> dict[str, dict[str, float]]:
     """Per criterion (every label-free one, and the last epoch) and method: the test mAP lost against the epoch the
     val mAP on full labels picks (the papers' rule), mean over seeds and the chooser's learning rates."""
     out: dict[str, dict[str, list[float]]] = {}
@@ -207,23 +198,22 @@ class ChooserOutcome:
     an_test: float
 
 
-def crossfit_results(cf: Measurement, criterion: str = CHOICE_CRITERION,
-                     lrs: tuple[float, ...] = CANDIDATE_LRS) -> list[CandidateResult]:
-    """The candidates ``--method auto`` compares (the product's :func:`train.choose.candidate_methods` at the chooser's
-    learning rates and the default) with their cross-fitted scores of one measurement, scored by ``criterion``
-    against the observed labels."""
+def crossfit_results(cf: Measurement, criterion: str) -> list[CandidateResult]:
+    """The candidates ``--method auto`` compares (the product's :func:`train.candidate_methods` at the measured
+    learning rates) with their cross-fitted scores of one measurement, scored by ``criterion`` against the observed
+    labels."""
     labels = cf.arrays["pool_observed"]
     allowed = {BASELINE, *candidate_methods(labels)}
     results = []
     for name, entry in cf.record["candidates"].items():
         method, lr = name.rsplit("@", 1)
-        if method not in allowed or (float(lr) not in lrs and float(lr) != DEFAULT_LR):
+        if method not in allowed:
             continue
         result = CandidateResult(Candidate(method, float(lr)), failed=entry.get("failed", ""))
         if not result.failed:
             result.val_logits = cf.arrays[f"{name}/oof"].astype(np.float32)
             keep = ~np.isnan(result.val_logits).any(1)
-            result.score = float(CRITERIA[criterion](result.val_logits[keep], labels[keep]))
+            result.score = float(LABEL_FREE_CRITERIA[criterion](result.val_logits[keep], labels[keep]))
         results.append(result)
     return results
 
@@ -231,7 +221,7 @@ def crossfit_results(cf: Measurement, criterion: str = CHOICE_CRITERION,
 def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = None,
                     selection: str = LABEL_FREE_DEFAULT, label_free: str | None = None) -> ChooserOutcome | None:
     """What ``--method auto`` picks on one dev set and seed - the package's own rule
-    (:func:`train.choose.choose_on_scores`) on the measured cross-fitted scores, with the pool rows ``audit_rows``
+    (:func:`train.choose_on_scores`) on the measured cross-fitted scores, with the pool rows ``audit_rows``
     as the audit list (their hidden full labels) when given (``label_free``: the pick without it, when known) -
     and the test mAP of the head a ``--trainable head``
     run of the pick trains, against the best candidate by test and ``an`` at the default."""
@@ -239,11 +229,11 @@ def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = Non
     cf = dev.crossfit.get(seed)
     if m is None or cf is None:
         return None
-    results = crossfit_results(cf)
+    results = crossfit_results(cf, dev.criterion)
     audit = None if audit_rows is None else (audit_rows, cf.arrays["pool_full"][audit_rows])
     known = None if label_free is None else Candidate(label_free.rsplit("@", 1)[0], float(label_free.rsplit("@", 1)[1]))
     chosen, _ = choose_on_scores(results, Candidate(BASELINE, DEFAULT_LR), cf.arrays["pool_observed"], audit,
-                                 label_free=known)
+                                 dev.criterion, label_free=known)
     tests = {r.candidate.name: m.test_at(r.candidate.method, r.candidate.lr, selection) for r in results
              if not r.failed}
     per_method: dict[str, tuple[str, float]] = {}
@@ -322,47 +312,6 @@ def audit_table(devs: dict[str, DevData], titles: dict[str, str], fitted_on: tup
     return lines
 
 
-#: The switching rules compared for ``--method auto``: (criterion, guard); the package's is
-#: (:data:`CHOICE_CRITERION`, :data:`GUARD_CRITERION`).
-SWITCHING_RULES: tuple[tuple[str, str | None], ...] = (
-    ("observed-map", None), ("observed-rank", None), ("observed-auc", None), ("observed-rank", "observed-map"),
-    ("observed-rank", "observed-auc"), ("observed-auc", "observed-map"), ("observed-map", "observed-rank"))
-
-
-def rule_pick_on_hidden(dev: DevData, seed: int, criterion: str, guard: str | None) -> tuple[float, float] | None:
-    """What one switching rule's pick loses on the hidden labels of the training and validation images (the
-    cross-fitted scores' true mAP; never the test labels): (pick - best candidate, pick - ``an`` at the default)."""
-    cf = dev.crossfit.get(seed)
-    if cf is None:
-        return None
-    labels = cf.arrays["pool_observed"]
-    results = [r for r in crossfit_results(cf, criterion) if not r.failed]
-    true = {r.candidate.name: float(cf.record["candidates"][r.candidate.name]["true_mAP"]) for r in results}
-    baseline = Candidate(BASELINE, DEFAULT_LR)
-    chosen = pick(results, baseline, CRITERIA[criterion], labels, CRITERIA[guard] if guard else None)
-    return true[chosen.name] - max(true.values()), true[chosen.name] - true[baseline.name]
-
-
-def rule_table(devs: dict[str, DevData], titles: dict[str, str]) -> list[str]:
-    """Markdown lines: per switching rule and development set, the mean loss of its pick against the best candidate
-    and its worst seed against ``an``, on the hidden training and validation labels."""
-    names = [n for n, d in devs.items() if d.crossfit]
-    lines = ["| rule: switch by (guard) | " + " | ".join(titles.get(n, n) for n in names) + " |",
-             "|---|" + "---|" * len(names)]
-    for criterion, guard in SWITCHING_RULES:
-        cells = []
-        for name in names:
-            outcomes = [o for o in (rule_pick_on_hidden(devs[name], s, criterion, guard)
-                                    for s in sorted(devs[name].crossfit)) if o is not None]
-            cells.append(f"{statistics.fmean(o[0] for o in outcomes):+.2f} / {min(o[1] for o in outcomes):+.2f}"
-                         if outcomes else "n/a")
-        label = f"`{criterion}`" + (f" (`{guard}`)" if guard else "")
-        if (criterion, guard) == (CHOICE_CRITERION, GUARD_CRITERION):
-            label = f"**{label}, the package's**"
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # k and tags per image
 
@@ -387,7 +336,7 @@ def k_row(dev: DevData, seed: int) -> dict[str, Any] | None:
           if e["method"] == BASELINE and not e.get("failed")}
     if not an:
         return None
-    best = max(an, key=lambda n: an[n]["criteria"][CHOICE_CRITERION])
+    best = max(an, key=lambda n: an[n]["criteria"][dev.criterion])
     logits = cf.arrays[f"{best}/oof"].astype(np.float32)
     keep = ~np.isnan(logits).any(1)
     estimate = estimate_k(logits[keep], cf.arrays["pool_observed"][keep])
@@ -402,7 +351,7 @@ def tags_row(dev: DevData, seed: int, chosen: str, k: float, mode: str = "rate",
              selection: str = LABEL_FREE_DEFAULT) -> dict[str, float] | None:
     """Test tags per image and OF1 / CF1 of the chosen head at thresholds calibrated on its single-positive val
     scores with ``mode`` and K = ``k``, against the true tags per image of the test split."""
-    from export.threshold_calibration import calibrate
+    from export import calibrate
     from models.evaluation.metrics import f1_scores
 
     m = dev.by_seed.get(seed, {}).get(DEFAULT_BATCH)
@@ -454,8 +403,8 @@ def dev_section(dev: DevData, title: str, command: str, machine: str) -> str:
     outcomes = [o for o in (chooser_outcome(dev, s) for s in sorted(dev.crossfit)) if o is not None]
     if outcomes:
         lines += ["", f"`--method auto` without an audit (nested cross-fitting; among its candidates, a candidate "
-                  f"replaces `an@{DEFAULT_LR:g}` only when it beats it by {SWITCH_Z:g} standard errors of "
-                  f"{CHOICE_CRITERION} and is not below it by {GUARD_CRITERION}):",
+                  f"replaces `an@{DEFAULT_LR:g}` only when it beats it beyond the noise by {dev.criterion} and "
+                  "passes the guard: the rule of docs/choosing.md):",
                   "",
                   "| seed | chosen | its test mAP | best method by test (its mean over seeds) | an |",
                   "|---|---|---|---|---|"]
@@ -479,10 +428,11 @@ def dev_section(dev: DevData, title: str, command: str, machine: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def best_method_by_mean(dev: DevData, lrs: tuple[float, ...] = CANDIDATE_LRS) -> tuple[str, float]:
+def best_method_by_mean(dev: DevData) -> tuple[str, float]:
     """The candidate (method at a chooser learning rate) with the best mean test mAP over the seeds: "the best method
     by test" of the chooser's target."""
     means: dict[str, float] = {}
+    lrs = dev.lrs or dev.by_seed[dev.seeds[0]][DEFAULT_BATCH].lrs
     seeds = dev.seeds
     m0 = dev.by_seed[seeds[0]][DEFAULT_BATCH]
     for method in m0.methods:
@@ -498,7 +448,7 @@ def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: s
                     fitted_on: tuple[str, ...]) -> str:
     """The one table over every development set (those not in ``fitted_on`` marked out of sample: the rule was not
     fitted on them): the chooser's loss, k and tags per image, the worst selection loss; the chooser with audit lists
-    of each size; the switching rules compared."""
+    of each size."""
     lines = ["## Choices that hold: summary over the development sets", "", machine, "", "Commands:", "", "```",
              command, "```", "",
              "Each development set as a user holds it: one label per training and validation image, test fully "
@@ -537,174 +487,10 @@ def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: s
                      f"{', '.join(tags) or 'n/a'} | {worst_text} |")
     lines += ["", f"With an audit list (`--method auto --audit FILE`): {AUDIT_DRAWS} lists of each size drawn at "
               "random from the validation images of every seed, their hidden full labels as the user's answers. The "
-              f"label-free pick stands unless a candidate beats it by {AUDIT_Z:g} standard errors of "
-              f"{AUDIT_CRITERION} on the audited images (paired bootstrap), or `an` does (then `an`). Each cell: "
+              "label-free pick stands unless a candidate beats it beyond the noise by the val mAP of the audited "
+              "images (paired bootstrap; docs/choosing.md), or `an` does (then `an`). Each cell: "
               "choice - best method (mean over seeds and lists) / worst seed - `an` (mean over its lists) / lists "
               "more than 0.3 below `an`.", "", *audit_table(devs, titles, fitted_on)]
-    lines += ["", "How the switching rule was picked: `python -m bench.choices report --rules` compares the rules on "
-              "these measurements (section choices-rules; about an hour on 2 cores)."]
+    lines += ["", "How the switching rule was picked: `python -m bench.choices report --rules` compared seven rules on "
+              "these measurements (docs/choosing.md); that generator was removed at commit eafb47c."]
     return "\n".join(lines) + "\n"
-
-
-def rules_section(devs: dict[str, DevData], titles: dict[str, str], command: str, machine: str) -> str:
-    """The switching rules compared on every development set (slow: a bootstrap per rule, set and seed)."""
-    lines = ["## Choices that hold: the switching rules compared", "", machine, "", "Commands:", "", "```", command,
-             "```", "",
-             "How `--method auto` switches from `an` was picked: each rule below applied to the cross-fitted scores "
-             "of every seed (the chooser's candidates), its pick scored on the hidden labels of the training and "
-             "validation images (never on test): mean loss against the best candidate / worst seed against "
-             f"`an@{DEFAULT_LR:g}`.", "", *rule_table(devs, titles)]
-    return "\n".join(lines) + "\n"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The fine-tune grid (python -m bench.choices finetune): every run is a run folder of bench.tracked_training
-
-
-@dataclass(frozen=True)
-class FineTuneSetting:
-    """One fine-tune of the grid: the end-to-end learning rate, LinearInit epochs (the head first, on fixed features,
-    at the default head learning rate), schedule, batch and epoch limit (``--patience`` stops it earlier)."""
-
-    lr: str
-    linear_init: str
-    scheduler: str
-    batch_size: str
-    epochs: int
-    patience: int
-    bn_stats: str = "frozen"
-
-    @property
-    def suffix(self) -> str:
-        """The run folder's suffix after ``<method>-seed<S>``."""
-        return (f"-lr{self.lr}-li{self.linear_init}-{self.scheduler}-b{self.batch_size}-e{self.epochs}"
-                f"-p{self.patience}-bn{self.bn_stats}")
-
-    @property
-    def label(self) -> str:
-        """How the results page names the setting."""
-        head = f"LinearInit {self.linear_init}, " if self.linear_init != "0" else ""
-        return (f"{head}lr {float(self.lr):g} ({self.scheduler}), batch {self.batch_size}, {self.epochs} epochs"
-                + (f", patience {self.patience}" if self.patience else "") + f", BatchNorm statistics {self.bn_stats}")
-
-    def args(self, train_args: tuple[str, ...]) -> list[str]:
-        """Training arguments: ``train_args`` (a dev set's backbone and view) with the whole network trained and these
-        settings."""
-        base = [a for a in train_args if a not in ("--trainable", "head")]
-        return [*base, "--epochs", str(self.epochs), "--patience", str(self.patience), "--lr", self.lr,
-                "--linear-init", self.linear_init, "--scheduler", self.scheduler, "--batch-size", self.batch_size,
-                "--bn-stats", self.bn_stats]
-
-
-@dataclass
-class FineTuneRun:
-    """A finished run of the grid: what the user gets (the picked epoch) and what the head alone gave."""
-
-    dev: str
-    method: str
-    seed: int
-    setting: FineTuneSetting
-    picked_epoch: int
-    epochs_run: int
-    test: float  # test mAP at the picked epoch
-    val_full: float  # hidden-label val mAP at the picked epoch
-    head_test: float  # test mAP at the epoch the criterion picks within LinearInit's head phase (NaN: none)
-    end_to_end_picked: bool
-
-
-def read_run(folder: Path, dev: str) -> FineTuneRun | None:
-    """The figures of a finished run folder of the grid; None when it is not finished."""
-    summary_path = folder / SUMMARY_FILE
-    if not summary_path.is_file():
-        return None
-    summary = json.loads(summary_path.read_text())
-    cfg = json.loads((folder / CONFIG_FILE).read_text())["config"]
-    setting = FineTuneSetting(f"{cfg['lr']:g}", str(cfg["linear_init"]), cfg["scheduler"], str(cfg["batch_size"]),
-                              int(cfg["epochs"]), int(cfg["patience"]), cfg.get("bn_stats", "train"))
-    epochs = {}
-    for line in (folder / "epochs.jsonl").read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            epochs[int(record["epoch"])] = record
-    picked = int(summary["best_epoch"])
-    linear = int(cfg["linear_init"])
-    head_test = math.nan
-    if linear:
-        key = f"val_{summary['selection']}"
-        scores = [json.loads(line) for line in (folder / METRICS_FILE).read_text().splitlines() if line.strip()]
-        head = [(r[key], -r["epoch"]) for r in scores if r["epoch"] <= linear and r.get(key) is not None]
-        if head:
-            head_test = float(epochs[-max(head)[1]]["test_mAP"])
-    return FineTuneRun(dev, str(cfg["method"]), int(cfg["seed"]), setting, picked, int(summary["epochs_run"]),
-                       float(summary["test"]["mAP"]), float(epochs[picked].get("val_full_mAP", math.nan)),
-                       head_test, picked > linear)
-
-
-def load_runs(folder: Path) -> list[FineTuneRun]:
-    """Every finished run under ``folder/<dev>/``."""
-    runs = []
-    for dev_dir in sorted(p for p in Path(folder).iterdir() if p.is_dir()) if Path(folder).is_dir() else []:
-        for run_dir in sorted(p for p in dev_dir.iterdir() if p.is_dir()):
-            run = read_run(run_dir, dev_dir.name)
-            if run is not None:
-                runs.append(run)
-    return runs
-
-
-def best_setting(runs: list[FineTuneRun], method: str) -> FineTuneSetting | None:
-    """The setting of ``method`` with the best hidden-label val mAP at the picked epoch, averaged over the grid's
-    development sets (those where more than one setting was measured) and, on each, over the seeds every candidate
-    has; the candidates are the settings measured on all of them. A set measured at one setting only checks the
-    pick."""
-    val: dict[FineTuneSetting, dict[str, dict[int, float]]] = {}
-    for r in runs:
-        if r.method == method:
-            val.setdefault(r.setting, {}).setdefault(r.dev, {})[r.seed] = r.val_full
-    devs = {d for per_dev in val.values() for d in per_dev}
-    grid = {d for d in devs if sum(d in per_dev for per_dev in val.values()) > 1}
-    candidates = [s for s, per_dev in val.items() if grid and grid <= set(per_dev)]
-    if not candidates:
-        return None
-    seeds = {d: set.intersection(*(set(val[s][d]) for s in candidates)) for d in grid}
-    scored = {s: sum(mean_std([val[s][d][seed] for seed in seeds[d]])[0] for d in grid) / len(grid)
-              for s in candidates}
-    return max(scored, key=lambda s: scored[s])
-
-
-def finetune_section(runs: list[FineTuneRun], titles: dict[str, str], default: FineTuneSetting | None,
-                     command: str, machine: str, note: str = "") -> str:
-    """The results page's section: per dev set, setting and method the picked epoch's test and hidden-label val mAP,
-    the head phase's test mAP, and the picked epochs."""
-    devs = [d for d in titles if any(r.dev == d for r in runs)]
-    lines = ["## Choices that hold: fine-tuning the whole network", "", machine, "", "Commands:", "", "```", command,
-             "```", "",
-             "Each development set as a user holds it (one label per training and validation image, test fully "
-             "labelled); EfficientNet-Lite0 ImageNet, the whole network trained at each setting; the epoch the "
-             "package's label-free criterion picks over both phases (LinearInit's head on fixed features, then the "
-             "whole network) is what the user gets. Val mAP = on the hidden full val labels at that epoch (how the "
-             "default is picked: the best mean over the development sets); test only scores. Head alone = the test "
-             "mAP of the epoch the criterion picks within the head phase (what `--trainable head` would give).", "",
-             "| development set | setting | method | seeds | test mAP | head alone | fine-tune gain, same seed | "
-             "val mAP (hidden) | picked epoch / epochs run |", "|---|---|---|---|---|---|---|---|---|"]
-    groups: dict[tuple[str, FineTuneSetting, str], list[FineTuneRun]] = {}
-    for r in sorted(runs, key=lambda r: (devs.index(r.dev) if r.dev in devs else 99, -float(r.setting.lr),
-                                         r.setting.label, r.method, r.seed)):
-        groups.setdefault((r.dev, r.setting, r.method), []).append(r)
-    for (dev, setting, method), group in groups.items():
-        gains = [r.test - r.head_test for r in group]
-        mark = "**" if setting == default else ""
-        lines.append(
-            f"| {titles.get(dev, dev)} | {mark}{setting.label}{mark} | {method} | {len(group)} | "
-            f"{fmt(mean_std([r.test for r in group]))} | {fmt(mean_std([r.head_test for r in group]))} | "
-            + ("n/a" if all(math.isnan(g) for g in gains) else f"{mean_std(gains)[0]:+.2f} "
-               f"({sum(g > 0 for g in gains)}/{len(gains)} above)")
-            + f" | {fmt(mean_std([r.val_full for r in group]))} | "
-            + " ".join(f"{r.picked_epoch}/{r.epochs_run}" for r in group) + " |")
-    if default is not None:
-        lines += ["", f"The package's fine-tune default (in bold): {default.label}, the best hidden-label val mAP "
-                  f"averaged over the development sets measured at more than one setting, on the seeds every candidate "
-                  f"has (a setting measured on only some of them is shown, not a candidate; a set measured at one "
-                  f"setting checks the pick)."]
-    if note:
-        lines += ["", note]
-    return "\n".join(lines)

@@ -3,11 +3,12 @@
 For each configuration: PyTorch eager FP32 (the network as trained, LgConv unfolded), and ONNX Runtime (CPU
 execution provider) on the exported FP32 (folded), FP16 and INT8 (``cpu`` flavour) models - images/s at each
 batch size and, for a trained checkpoint (``--checkpoint``), the test-split mAP of each; with ``--int8-qat`` also
-the INT8 model of the export's quantization-aware distillation (:mod:`export.int8_qat`). Without a checkpoint
-the network is random-initialised (throughput only). Every runtime / precision / batch size of a configuration is
-timed in the same interleaved rounds (:func:`bench.timing.time_interleaved_spread`), so a change in the machine's
-load hits them alike: images/s is the median (min-max) over the rounds, and "x eager" the ratio of the medians. The
-table, the command and the machine (with its load average) go to section ``export-cpu`` of the results page.
+the INT8 model of the export's quantization-aware distillation (:func:`export.export_run`). Without a checkpoint
+the network is random-initialised (throughput only), its LgConv branches switched on as after training. Every
+runtime / precision / batch size of a configuration is timed in the same interleaved rounds
+(:func:`bench.timing.time_interleaved_spread`), so a change in the machine's load hits them alike: images/s is the
+median (min-max) over the rounds, and "x eager" the ratio of the medians. The table, the command and the machine
+(with its load average) go to section ``export-cpu`` of the results page.
 """
 
 from __future__ import annotations
@@ -21,22 +22,67 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.lgconv import make_variant
 from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.timing import time_interleaved_spread
-from export.converted_vs_fp32 import OrtModel
-from export.onnx_export import export_to_file, load_model
-from export.pipeline import load_train_sample
-from export.quantize import convert_fp16, quantize_int8
-from export.validation_data import load_inputs, rebuild_splits
-from models.checkpoint import ModelMeta
+from export import convert_fp16, export_run, export_to_file, quantize_int8
+from models.checkpoint import ModelMeta, load_checkpoint
 from models.evaluation.metrics import mean_average_precision
+from models.lgconv import global_branches
+from models.network import build_model, model_from_meta
+from models.preprocess import EvalTransform
 
 
 def _random_model(arch: str, size: int, num_classes: int = 20) -> tuple[torch.nn.Module, ModelMeta]:
-    model = make_variant("lgconv", arch, num_classes)  # the LgConv benchmark's network: branches switched on
+    """A random-init network with LgConv, its global branches switched on as after training (eval mode)."""
+    torch.manual_seed(0)
+    model = build_model(arch, num_classes, lgconv=True)
+    with torch.no_grad():
+        for g in global_branches(model):
+            g.bn.weight.normal_(0.0, 0.3)
     meta = ModelMeta(classes=[f"c{i}" for i in range(num_classes)], arch=arch, image_size=size, lgconv=True)
-    return model, meta
+    return model.eval(), meta
+
+
+def _load_model(checkpoint: Path) -> tuple[torch.nn.Module, ModelMeta]:
+    """A checkpoint's network (eval mode, float32 on the CPU) and its metadata."""
+    ckpt = load_checkpoint(checkpoint)
+    model = model_from_meta(ckpt.meta)
+    model.load_state_dict(ckpt.model)
+    return model.float().eval(), ckpt.meta
+
+
+def _splits(meta: ModelMeta) -> Any:
+    """The checkpoint's train / val / test splits, rebuilt from the dataset and protocol its metadata records."""
+    from models.data.protocol import PROTOCOL_SEED, build_protocol, parse_observed
+    from models.data.registry import load_dataset
+
+    data = meta.data or {}
+    return build_protocol(load_dataset(str(data["source"])), parse_observed(str(data.get("observed", "single"))),
+                          val_fraction=float(data.get("val_fraction", 0.2)),
+                          seed=int(data.get("protocol_seed", PROTOCOL_SEED)), labels=str(data.get("labels", "auto")))
+
+
+def _inputs(paths: list[Path], meta: ModelMeta) -> np.ndarray:
+    """The network inputs of ``paths`` (the model's evaluation preprocessing), float32 (N, 3, S, S)."""
+    transform = EvalTransform.for_meta(meta)
+    return np.stack([transform(path).numpy() for path in paths]).astype(np.float32, copy=False)
+
+
+class _Ort:
+    """An ONNX file open in ONNX Runtime on the CPU (its worker threads do not spin between runs)."""
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0].name
+
+    def logits(self, inputs: np.ndarray, batch_size: int = 32) -> np.ndarray:
+        """float32 logits (N, C) of ``inputs``."""
+        return np.concatenate([self.session.run(None, {self.input: inputs[s:s + batch_size]})[0]
+                               for s in range(0, len(inputs), batch_size)]).astype(np.float32, copy=False)
 
 
 def _smooth_images(n: int, size: int, seed: int) -> np.ndarray:
@@ -51,8 +97,8 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
                  calibration: np.ndarray, batches: list[int], budget: float,
                  distilled: Path | None = None) -> list[dict[str, Any]]:
     """Rows (one per runtime/precision) for one network: images/s per batch size (a :class:`bench.timing.Spread`
-    over the interleaved rounds) and test mAP. ``distilled``: the FP32 ONNX file of its quantization-aware
-    distillation, quantized for one more row."""
+    over the interleaved rounds) and test mAP. ``distilled``: the INT8 file the export pipeline makes with its
+    quantization-aware distillation, for one more row."""
     size = meta.image_size
     x = test[0] if test is not None else _smooth_images(max(batches), size, 1)
 
@@ -71,9 +117,8 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
         files = {"fp32": fp32, "fp16": convert_fp16(fp32, Path(tmp) / "model.fp16.onnx").path,
                  "int8 (cpu)": quantize_int8(fp32, Path(tmp) / "model.int8.onnx", calibration, target="cpu").path}
         if distilled is not None:
-            files["int8 (cpu, distilled)"] = quantize_int8(distilled, Path(tmp) / "model.int8-qat.onnx", calibration,
-                                                           target="cpu").path
-        ort_models = {precision: OrtModel(path) for precision, path in files.items()}
+            files["int8 (cpu, distilled)"] = distilled
+        ort_models = {precision: _Ort(path) for precision, path in files.items()}
         calls: dict[str, Any] = {}
         for b in batches:
             inputs = x[np.arange(b) % len(x)]
@@ -98,17 +143,12 @@ def bench_config(label: str, model: torch.nn.Module, meta: ModelMeta, test: tupl
     return rows
 
 
-def _distilled(checkpoint: Path, meta: ModelMeta, splits: Any, folder: Path) -> Path:
-    """The FP32 ONNX file of the export's quantization-aware distillation of ``checkpoint`` (uint8 activations),
-    in ``folder``."""
-    from export.int8_qat import DistilledExports
-    from export.onnx_export import export_onnx
-
-    distill = DistilledExports(
-        checkpoint, lambda n: load_train_sample(meta, splits, n, seed=0, progress=False),
-        lambda ck, out: export_onnx(ck, out).onnx_path, folder, progress=False,
-        say=lambda msg: print(msg, file=sys.stderr, flush=True))
-    return distill.onnx("cpu")[0]
+def _distilled(checkpoint: Path, folder: Path) -> Path:
+    """The INT8 (``cpu``) file ``python -m export --precision int8 --int8-qat on`` makes of ``checkpoint`` (the
+    export's quantization-aware distillation, then its calibration), in ``folder``."""
+    result = export_run(checkpoint, folder / "model.onnx", precisions=["fp32", "int8"], int8_qat="on",
+                        progress=False, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return next(a.path for a in result.artifacts if a.name == "int8-cpu")
 
 
 def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) -> str:
@@ -162,17 +202,19 @@ def main(argv: list[str] | None = None) -> int:
 
     for target in args.checkpoint:
         path = resolve_checkpoint(target)
-        model, meta = load_model(path)
-        splits = rebuild_splits(meta)
+        model, meta = _load_model(path)
+        splits = _splits(meta)
         if splits.test is None:
             parser.error(f"{path}: its dataset has no test split")
-        x, _ = load_inputs(list(splits.test.paths[: args.test_images]), meta)
+        x = _inputs(list(splits.test.paths[: args.test_images]), meta)
         labels = np.asarray(splits.test.labels[: args.test_images])
-        calibration = load_train_sample(meta, splits, 256, seed=0, progress=False)
+        train_paths = list(splits.train.paths)
+        sample = np.random.default_rng(0).permutation(len(train_paths))[:256]  # INT8 calibration images
+        calibration = _inputs([train_paths[i] for i in sorted(sample)], meta)
         arch = meta.arch + (" + LgConv" if meta.lgconv else "")
         label = f"{arch} @{meta.image_size}px, {meta.method} ({path.parent.name})"
         with tempfile.TemporaryDirectory() as tmp:
-            distilled = _distilled(path, meta, splits, Path(tmp)) if args.int8_qat else None
+            distilled = _distilled(path, Path(tmp)) if args.int8_qat else None
             rows += bench_config(label, model, meta, (x, labels), calibration, batches, args.budget, distilled)
     for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
         model, meta = _random_model(args.arch, size)

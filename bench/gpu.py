@@ -172,8 +172,7 @@ def bench_onnx(args: argparse.Namespace, folder: Path) -> list[tuple[str, float]
     """(precision, images/s) with ONNX Runtime's CUDA provider, or a note why it did not run."""
     import onnxruntime as ort
 
-    from export.onnx_export import export_to_file
-    from export.quantize import convert_fp16
+    from export import convert_fp16, export_to_file
     from models.checkpoint import ModelMeta
     from models.network import build_model
 

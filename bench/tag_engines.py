@@ -109,10 +109,7 @@ class FirstBatchClock:
 def run_child(args: argparse.Namespace) -> dict[str, Any]:
     """In a fresh process: tag ``args.one`` (one image) then ``args.folder`` with ``args.engine``; timings and
     peak memory."""
-    from serve.tagging import TagJob
-    from serve.tagging.engines import get_engine
-    from serve.tagging.plan import plan_tagging
-    from serve.tagging.run import run_plan
+    from serve import TagJob, get_engine, plan_tagging, run_plan
 
     def seconds(folder: str, output: Path) -> tuple[float, FirstBatchClock]:
         job = TagJob(folder, Path(args.model), output, engine=args.engine, batch_size=args.batch_size,
@@ -126,7 +123,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
     init = 0.0
     if args.engine == "local":
-        import serve.predictor  # noqa: F401 - imports (torch...) are this process's start-up, not the runs'
+        from serve import Predictor  # noqa: F401 - imports (torch...) are this process's start-up, not the runs'
     if args.engine == "ray":
         import ray
 

@@ -4,7 +4,7 @@ Writes a folder of JPEGs (``--images`` of ``--size`` px, made from the built-in 
 cached, else random textures), then for each model file (``.pt`` -> PyTorch, ``.onnx`` -> ONNX Runtime):
 
 - model only: the runtime's images/s on already-preprocessed batches of ``--batch-size``;
-- tagger: ``serve.tagging.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
+- tagger: ``serve.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
   written), images/s end to end.
 
 The ratio tagger / model-only is the share of the model's speed the tagger keeps (target: >= 90%). Both run
@@ -14,8 +14,8 @@ the machine (with its load average) go to section ``tag-cpu`` of the results pag
 
 ``--photos DIR`` (real JPEG photos, e.g. Debian's ``mate-backgrounds``: ``/usr/share/backgrounds/mate/nature``)
 times real photos instead, at each of ``--photo-sizes`` (default 800 x 600, 1920 x 1440, 4000 x 3000: a random 4:3
-crop of each photo, resized, JPEG quality 90), and adds a third run, the loader alone (the tagger's decode threads
-with no model): when the loader is slower than the model, decoding is what limits the tagger, and the table gives
+crop of each photo, resized, JPEG quality 90), and adds a third run, the loader alone (as many decode threads,
+no model): when the loader is slower than the model, decoding is what limits the tagger, and the table gives
 the share of the tagger's time the loader alone needs. Section ``tag-photos``.
 
 ``python -m bench.tag_speed decode``: image loading cost, full-size against reduced-scale JPEG decoding. For JPEGs
@@ -30,10 +30,12 @@ far apart the two resized images are (grey levels, 0-255). The table, the comman
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -43,11 +45,7 @@ from PIL import Image
 from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.timing import Spread, interleaved_order, time_interleaved
 from models.preprocess import DECODE_MARGIN, read_image, resize_uint8
-from serve.images import ImagePreprocessor
-from serve.predictor import Predictor
-from serve.tagging import tag_folder
-from serve.tagging.scoring import decode_ahead, decode_window, default_workers
-from serve.tagging.sources import Item
+from serve import Predictor, tag_folder
 
 #: Debian's mate-backgrounds photographs (``apt install mate-backgrounds``): the default ``--photos``.
 DEBIAN_PHOTOS = Path("/usr/share/backgrounds/mate/nature")
@@ -58,7 +56,7 @@ def make_jpegs(folder: Path, count: int, size: int, seed: int = 0, height: int |
     """``count`` JPEGs of ``size`` x ``height`` px (default: square) in ``folder`` (upscaled built-in images when
     cached, else random textures)."""
     height = height or size
-    from models.data.builtin import cache_root
+    from models.data.cache_folders import cache_root
 
     # the built-in dataset's training images when it is already generated (never generated here): random
     # textures otherwise; the tagger decodes either the same way
@@ -115,18 +113,26 @@ def photo_jpegs(photos: list[Path], folder: Path, count: int, width: int, height
     return paths
 
 
+def decode_threads() -> int:
+    """Decode threads of every tagger and loader run here: one per CPU (given to the tagger explicitly)."""
+    return os.cpu_count() or 1
+
+
 def loader_only(predictor: Predictor, paths: list[Path], batch_size: int) -> float:
-    """Images/s of the tagger's loader alone: the same decode threads and read-ahead window as the local engine
-    (:func:`serve.tagging.scoring.decode_ahead`), no model."""
-    preprocess = ImagePreprocessor(predictor.transform, predictor.max_pixels)
-    workers = default_workers()
-    items = [Item(str(path), str(path)) for path in paths]
+    """Images/s of a loader alone: :func:`decode_threads` threads running the predictor's preprocessing (reduced-scale
+    decoding, resize, normalisation) two batches ahead of the consumer, as the tagger reads, no model."""
+    workers = decode_threads()
+    window = max(2 * batch_size, 2 * workers)
     start = time.perf_counter()
     with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
-        for _, image, error in decode_ahead(items, preprocess, pool, decode_window(batch_size, workers)):
-            if image is None:
-                raise RuntimeError(f"could not decode an image: {error}")
-    return len(items) / (time.perf_counter() - start)
+        pending: deque[Future[np.ndarray]] = deque()
+        for path in paths:
+            pending.append(pool.submit(predictor.preprocess, path))
+            if len(pending) >= window:
+                pending.popleft().result()
+        for future in pending:
+            future.result()
+    return len(paths) / (time.perf_counter() - start)
 
 
 def model_only(predictor: Predictor, sample: list[Path], batch_size: int, seconds: float) -> float:
@@ -149,7 +155,8 @@ def measure(predictor: Predictor, folder: Path, paths: list[Path], output: Path,
 
     def tagger() -> float:
         start = time.perf_counter()
-        summary = tag_folder(folder, predictor, output, batch_size=batch_size, progress=False, existing="overwrite")
+        summary = tag_folder(folder, predictor, output, batch_size=batch_size, progress=False, existing="overwrite",
+                             workers=decode_threads())
         return summary.tagged / (time.perf_counter() - start)
 
     runs = {"model_only": lambda: model_only(predictor, paths, batch_size, seconds), "tagger": tagger}
@@ -177,7 +184,7 @@ def synthetic_section(args: argparse.Namespace, argv: list[str] | None, tmp: Pat
     paths = make_jpegs(folder, args.images, args.size)
     lines = ["## Tagger throughput vs model-only throughput (CPU)", "",
              f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
-             f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tagging.tag_folder` end "
+             f"{args.images} JPEGs of {args.size} px, batch {args.batch_size}. Tagger = `serve.tag_folder` end "
              "to end (discovery, decoding in a thread pool overlapping the model, JSONL written); model-only = the "
              f"same runtime on already-preprocessed batches. Both ran {args.repeats} time(s), interleaved: median "
              "(min-max) of the runs, and of each round's tagger / model-only share.", "",
@@ -203,9 +210,9 @@ def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, 
              f"{args.images} JPEGs per size, each a random 4:3 crop (70-100% of the largest) of one of {len(photos)} "
              f"photographs in `{args.photos}`, resized (Lanczos) and saved at quality 90; sizes above the "
              "photograph's own are upscaled. Batch "
-             f"{args.batch_size}, {default_workers()} decode threads. Model-only = the runtime on preprocessed "
-             "batches; loader-only = the tagger's decode threads with no model (reduced-scale JPEG decoding, resize, "
-             "read-ahead window); tagger = `serve.tagging.tag_folder` end to end. The three ran "
+             f"{args.batch_size}, {decode_threads()} decode threads. Model-only = the runtime on preprocessed "
+             "batches; loader-only = as many decode threads with no model (reduced-scale JPEG decoding, resize, "
+             "read-ahead window); tagger = `serve.tag_folder` end to end. The three ran "
              f"{args.repeats} time(s), interleaved: median (min-max). Decoding share = tagger img/s / loader-only "
              "img/s, the share of the tagger's time the loader alone needs (near 100%: decoding limits the tagger). "
              "Shared-core bound = 1 / (1 / model-only + 1 / loader-only): the rate when decoding and the model, "

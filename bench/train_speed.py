@@ -25,10 +25,6 @@ for, each as its own process with the state a new user has:
 Every run gets a fresh ``SPML_CACHE`` holding links to the real cache's rendered datasets (never its built-in images
 or its features), and a temporary runs folder. ``--repeats`` runs each step that many times, interleaved (quick start,
 fine-tune, head, then the reverse); the table gives the median (min-max). Section ``first-run``.
-
-``python -m bench.train_speed head-threads`` -- the thread count of training a head on cached features: the chooser's
-25-epoch ``an`` head on DATA's cached features, timed with one thread and with all of torch's, on the idle machine and
-with a busy process beside it (a Python loop on one core), interleaved; section ``head-threads``.
 """
 
 from __future__ import annotations
@@ -51,15 +47,14 @@ import torch
 
 from bench.results_page import add_page_options, command_line, machine_line, publish
 from bench.timing import Spread, interleaved_order
-from models.data.builtin import cache_root
+from models.data.cache_folders import cache_root
 
 VARIANTS = {"fp32": ("off", "off"), "amp+cl": ("auto", "on"), "amp": ("auto", "off"), "cl": ("off", "on")}
 
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one configuration in this process; returns images/s, seconds/step and peak memory."""
-    from train.config import TrainConfig
-    from train.trainer import Trainer
+    from train import TrainConfig, Trainer
 
     amp, cl = VARIANTS[spec["variant"]]
     with tempfile.TemporaryDirectory() as runs:
@@ -87,7 +82,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 start = time.perf_counter()
-            trainer.train_step(trainer._to_device(next(batches)))
+            trainer.train_step(to_device(next(batches), device, trainer.channels_last))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
@@ -97,6 +92,15 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         result["gpu"] = torch.cuda.get_device_name(device)
     return result
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device, channels_last: bool) -> dict[str, torch.Tensor]:
+    """A loader's batch on ``device``, its images channels-last when the run trains so (as the trainer's loop)."""
+    out = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    for key in out:
+        if channels_last and key.startswith("images"):
+            out[key] = out[key].contiguous(memory_format=torch.channels_last)
+    return out
 
 
 def _markdown(results: list[dict[str, Any]], command: str) -> str:
@@ -131,8 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["first-run"]:
         return first_run_main(argv[1:])
-    if argv[:1] == ["head-threads"]:
-        return head_threads_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench.train_speed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="first-run's options: python -m bench.train_speed first-run --help")
@@ -155,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_spec:
         print("RESULT " + json.dumps(run_one(json.loads(args.worker_spec))), flush=True)
         return 0
-    from train.config import default_workers
+    from train import TrainConfig
 
-    workers = default_workers() if args.workers is None else args.workers
+    workers = TrainConfig().workers if args.workers is None else args.workers
     results = []
     configurations = [(entry, int(size), variant) for entry in args.archs.split(",")
                       for size in args.image_sizes.split(",") for variant in args.variants.split(",")]
@@ -417,58 +419,6 @@ def first_run_main(argv: list[str]) -> int:
         shown = f"{args.data} (its first {args.sample:,} images, one label each)" if args.sample else args.data
         text = to_markdown(values, steps.notes, shown, args.repeats, command, args.train_options)
     publish(args.section or "first-run", text, args.page)
-    return 0
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# head-threads: the thread count of work on cached features
-
-
-def head_threads_main(argv: list[str]) -> int:
-    """``python -m bench.train_speed head-threads ARGS``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m bench.train_speed head-threads", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="tuxpaint", help="whose features (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds, interleaved (default: %(default)s)")
-    add_page_options(parser, "head-threads")
-    args = parser.parse_args(argv)
-    import train.fixed_features as fixed
-    from train.choose import Candidate, fit_candidate, head_config, prepare
-    from train.config import build_parser, config_from_args
-    from train.methods import BASELINE
-
-    cfg = head_config(config_from_args(build_parser().parse_args(
-        ["--data", args.data, "--trainable", "head", "--observed", "single?val=observed", "--no-progress"])))
-    data, model, forward, features = prepare(cfg)
-    everything = torch.get_num_threads()
-    counts = sorted({1, everything})
-    times: dict[tuple[str, int], list[float]] = {}
-    for round_ in range(args.repeats):
-        for load in interleaved_order(["idle", "busy"], round_):
-            neighbour = (subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None)
-            try:
-                for threads in interleaved_order(counts, round_):
-                    fixed.HEAD_THREADS = threads
-                    result = fit_candidate(Candidate(BASELINE, cfg.lr), cfg, data, model, forward, features, None)
-                    times.setdefault((load, threads), []).append(result.seconds / cfg.epochs)
-                    print(f"{load} {threads} thread(s): {result.seconds / cfg.epochs:.3f} s per epoch",
-                          file=sys.stderr, flush=True)
-            finally:
-                if neighbour is not None:
-                    neighbour.kill()
-                    neighbour.wait()
-    fixed.HEAD_THREADS = 1
-    lines = ["## Head training threads: one against all on cached features", "",
-             f"Command: `{command_line('bench.train_speed', ['head-threads', *argv])}`", "", machine_line(), "",
-             f"The chooser's `an` head (25 epochs, batch 32) on the cached EfficientNet-Lite0 features of "
-             f"`{args.data}` "
-             f"({len(data.splits.train):,} training images, {len(data.splits.classes)} classes), seconds per epoch, "
-             f"{args.repeats} interleaved rounds, median (min-max); busy: a Python loop on one core beside it.", "",
-             "| threads | idle | busy |", "|---|---|---|"]
-    for threads in counts:
-        idle, busy = (Spread.of(times[(load, threads)]) for load in ("idle", "busy"))
-        lines.append(f"| {threads} | {idle.text('.3f', ' s')} | {busy.text('.3f', ' s')} |")
-    publish(args.section or "head-threads", "\n".join(lines) + "\n", args.page)
     return 0
 
 

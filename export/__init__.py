@@ -6,9 +6,13 @@ Public API (imported lazily, so ``python -m export --help`` and usage errors do 
   returning an :class:`ExportResult`;
 - :func:`read_onnx_meta` (the :class:`~models.checkpoint.ModelMeta` stored in an exported file),
   :func:`read_sidecar`, :func:`sidecar_path`;
-- errors: :class:`ExportError` > :class:`VerificationDataError`, :class:`ParityError`.
+- errors: :class:`ExportError` > :class:`VerificationDataError`, :class:`ParityError`;
+- the pipeline of ``python -m export`` (:func:`export_run`: every precision, thresholds, card) and its steps on
+  files: :func:`export_to_file` (an in-memory network -> ONNX), :func:`convert_fp16`, :func:`quantize_int8`;
+  :func:`calibrate` (per-class thresholds from validation scores, the rules of ``--calibrate``).
 
-Layering (pipeline order): ``export`` imports ``train`` and ``models``, never ``serve``; ``serve`` may import it.
+Layering: ``export`` imports ``models`` only (never ``train`` or ``serve``, nor the dataset builders of
+``models.sources``); the stages are peers (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ _LAZY = {
     "ParityError": "export.errors",
     "VerificationDataError": "export.errors",
     "VerifyResult": "export.onnx_vs_pytorch",
+    "export_to_file": "export.onnx_export",
+    "export_run": "export.pipeline",
+    "convert_fp16": "export.quantize",
+    "quantize_int8": "export.quantize",
+    "calibrate": "export.threshold_calibration",
 }
 
 if TYPE_CHECKING:
@@ -61,7 +70,12 @@ __all__ = [
     "ParityError",
     "VerificationDataError",
     "VerifyResult",
+    "calibrate",
+    "convert_fp16",
     "export_onnx",
+    "export_run",
+    "export_to_file",
+    "quantize_int8",
     "read_onnx_meta",
     "read_sidecar",
     "sidecar_path",

@@ -3,7 +3,7 @@
 - ``commands/``: the command lines (``tag``, ``demo``, ``summary``): options, checks, exit codes;
 - ``tagging/``: the tagging pipeline, plan -> score -> journal -> outputs (:class:`~serve.tagging.job.TagJob`,
   :func:`~serve.tagging.run.tag`);
-- ``engines/``: where the scoring runs (``local``, ``ray``), one module each;
+- ``tagging/engines/``: where the scoring runs (``local``, ``ray``), one module each;
 - ``outputs/``: scores -> tags (thresholds, selection modes, caption rules) -> records, the run file and its
   manifest and summary, sidecars, tag folders;
 - ``demo/``: the Gradio web demo;
@@ -14,11 +14,20 @@ Runtimes live in the bottom layer, :mod:`models.runtimes` (ONNX Runtime for ``.o
 TensorRT engines); optional dependencies such as onnxruntime are imported only when a model of that kind is loaded.
 This module only holds the CLI defaults, so ``python -m serve --help`` and usage errors answer without torch.
 
-Layering (pipeline order): ``serve`` may import ``export``, ``train`` and ``models``; only ``bench`` and the tests
-import ``serve``.
+Public API (the names of ``__all__``, imported lazily so that ``import serve`` loads neither torch nor
+onnxruntime): the CLI defaults below, :class:`Predictor`, the tagging pipeline (:class:`TagJob`, :func:`tag`,
+:func:`tag_folder`, :func:`plan_tagging`, :func:`run_plan`, :class:`TagPlan`, :class:`TagSummary`) and
+:func:`get_engine` (an engine by name). Everything else is internal to the stage and may move.
+
+Layering: ``serve`` imports ``models`` only (never ``train`` or ``export``, nor the dataset builders of
+``models.sources``); only ``bench`` (its public API only: tests/test_bench_interfaces.py) and the tests import it.
 """
 
+from __future__ import annotations
+
+import importlib
 from pathlib import Path
+from typing import Any
 
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_THRESHOLD = 0.5
@@ -34,3 +43,42 @@ DEFAULT_MAX_PIXELS = 89_478_485
 #: ``--device`` help shared by ``tag`` and ``demo``.
 DEVICE_HELP = ("cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "
                "uses the CPU); a GPU that cannot be used is an error, never a silent CPU fallback")
+
+_LAZY = {
+    "Predictor": "serve.predictor",
+    "TagJob": "serve.tagging.job",
+    "TagPlan": "serve.tagging.plan",
+    "plan_tagging": "serve.tagging.plan",
+    "TagSummary": "serve.tagging.run",
+    "run_plan": "serve.tagging.run",
+    "tag": "serve.tagging.run",
+    "tag_folder": "serve.tagging.run",
+    "get_engine": "serve.tagging.engines",
+}
+
+def __getattr__(name: str) -> Any:
+    """Resolve the public API on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_MAX_PIXELS",
+    "DEFAULT_OUTPUT",
+    "DEFAULT_THRESHOLD",
+    "DEVICE_HELP",
+    "Predictor",
+    "TagJob",
+    "TagPlan",
+    "TagSummary",
+    "get_engine",
+    "plan_tagging",
+    "run_plan",
+    "tag",
+    "tag_folder",
+]

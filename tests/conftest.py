@@ -27,7 +27,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def builtin_cache(_isolated_cache: Path) -> Path:
     """The session cache folder, with the tiny built-in dataset generated in it (once)."""
-    from models.data.builtin import ensure_builtin
+    from models.sources.builtin import ensure_builtin
 
     ensure_builtin("tiny", seed=0, cache_dir=_isolated_cache, progress=False)
     return _isolated_cache

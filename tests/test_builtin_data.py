@@ -1,4 +1,4 @@
-"""Tests of the built-in procedural dataset (models.data.builtin, models.data.builtin_scenes, models.data.shapes)."""
+"""Tests of the built-in procedural dataset (models.sources.builtin, builtin_scenes, shapes)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from models.data import builtin
-from models.data.builtin import PRESETS, cache_root, ensure_builtin, label_statistics, read_label_matrix
-from models.data.builtin_scenes import (
+from models.data.types import DataError
+from models.sources import builtin
+from models.sources.builtin import (
+    GENERATOR_VERSION,
+    PRESETS,
+    cache_root,
+    ensure_builtin,
+    label_statistics,
+    read_label_matrix,
+)
+from models.sources.builtin_scenes import (
     CLASS_NAMES,
     COOCCURRING_PAIRS,
-    GENERATOR_VERSION,
     MAX_OBJECTS,
     SIZE_RANGE,
     generate_image,
@@ -24,7 +31,6 @@ from models.data.builtin_scenes import (
     sample_scene,
     visible_labels,
 )
-from models.data.types import DataError
 
 TINY = PRESETS["tiny"]
 
@@ -327,7 +333,7 @@ def test_command_line_prints_folder_and_statistics(tiny_dir: Path, capsys: pytes
 def test_dense_variant_same_images_with_attribute_labels(tiny_dir: Path, tmp_path: Path) -> None:
     """dense-tiny: the tiny images byte for byte, the same shape labels, plus 7 attributes checked against the
     scenes; about 6.4 positives per image (2.8 shapes + attributes)."""
-    from models.data.builtin_attributes import (
+    from models.sources.builtin_attributes import (
         ATTRIBUTE_NAMES,
         DENSE_CLASS_NAMES,
         generate_dense_image,
@@ -348,7 +354,7 @@ def test_dense_variant_same_images_with_attribute_labels(tiny_dir: Path, tmp_pat
         _img, vec = generate_dense_image(0, "train", index, TINY.image_size)
         np.testing.assert_array_equal(vec, labels[index])
     # hand-made scene: one large, unhidden square in the top-left quadrant, nothing else
-    from models.data.builtin_scenes import SceneObject
+    from models.sources.builtin_scenes import SceneObject
 
     scene = [SceneObject(CLASS_NAMES.index("square"), 0.3, 0.3, 0.52, 0.0)]
     assert dict(zip(ATTRIBUTE_NAMES, scene_attributes(scene, 128).tolist(), strict=True)) == {

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.data.icon_sets import icon_group, merge_synonyms, normalise_keyword
 from models.data.registry import load_dataset, spec_dataset_name
 from models.data.types import DataError
+from models.sources.icon_sets import icon_group, merge_synonyms, normalise_keyword
 
 pytest.importorskip("cairosvg")
 

@@ -10,6 +10,8 @@ sub-package, or top-level module, as one node; every import counts)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,9 @@ SHARED = "models"
 STAGES = ["train", "export", "serve"]  # peers: each imports the shared layer only
 LAYERS = [SHARED, *STAGES]
 FORBIDDEN = {"bench", "tests"}
+BUILDERS = "models.sources"  # the dataset builders: never reached by export or serve
+#: Sub-package edges that count at module level only: the dataset registry reaches a builder inside its kind's loader.
+LAZY_EDGES = {("models.data", BUILDERS)}
 
 
 def module_name(path: Path) -> str:
@@ -110,6 +115,8 @@ def test_no_circle_among_the_sub_packages(layer: str) -> None:
             continue
         node = sub_package(name)
         targets = {sub_package(t) for t, _ in imports_of(path, module_level_only=False) if t in PRODUCT}
+        targets -= {t for t in targets if (node, t) in LAZY_EDGES}
+        targets |= {sub_package(t) for t, _ in imports_of(path, module_level_only=True) if t in PRODUCT}
         graph.setdefault(node, set()).update(t for t in targets if t != node and t.split(".")[0] == layer)
     graph = {node: targets & graph.keys() for node, targets in graph.items()}
     cycle = find_cycle(graph)
@@ -129,3 +136,23 @@ def test_no_import_cycle_among_the_product_modules(layer: str) -> None:
     graph = {name: targets & graph.keys() for name, targets in graph.items()}
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def is_builders(target: str) -> bool:
+    return target == BUILDERS or target.startswith(f"{BUILDERS}.")
+
+
+def test_dataset_builders_stay_out_of_export_serve_and_the_data_layer() -> None:
+    """``export`` and ``serve`` never import :mod:`models.sources` (not even inside a function); ``models.data``
+    reaches a builder only lazily (the registry's loader of its kind), never at module level."""
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {target}" for name, path in PRODUCT.items()
+             if name.split(".")[0] in ("export", "serve")
+             for target, line in imports_of(path, module_level_only=False) if is_builders(target)]
+    wrong += [f"{path.relative_to(ROOT)}:{line} imports {target} at module level" for name, path in PRODUCT.items()
+              if name.startswith("models.data.") for target, line in imports_of(path, module_level_only=True)
+              if is_builders(target)]
+    assert wrong == []
+    assert (ROOT / "export" / "__main__.py").is_file() and (ROOT / "serve" / "__main__.py").is_file()
+    code = ("import export.__main__, serve.__main__, models.data.registry; import sys; "
+            f"loaded = [m for m in sys.modules if m.startswith({BUILDERS!r})]; assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import models.data
+import models.sources
 from models.data.coco import load_coco
 from models.data.csv_format import load_csv, read_classes_file, write_csv
 from models.data.registry import (
@@ -616,11 +616,11 @@ def _fake_builtin(tmp_path: Path, calls: list[tuple[str, int]]) -> Callable[...,
 def test_registry_builtin_plumbing_with_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """builtin specs call ensure_builtin(preset, seed) and set name/source."""
     calls: list[tuple[str, int]] = []
-    fake = types.ModuleType("models.data.builtin")
+    fake = types.ModuleType("models.sources.builtin")
     fake.PRESETS = {"tiny": None, "default": None, "large": None}  # type: ignore[attr-defined]
     fake.ensure_builtin = _fake_builtin(tmp_path, calls)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "models.data.builtin", fake)
-    monkeypatch.setattr(models.data, "builtin", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "models.sources.builtin", fake)
+    monkeypatch.setattr(models.sources, "builtin", fake, raising=False)
 
     splits = load_dataset("builtin:tiny@seed3")
     assert (splits.name, splits.source) == ("builtin-tiny", "builtin:tiny@seed3")
@@ -634,7 +634,7 @@ def test_registry_builtin_plumbing_with_stand_in(tmp_path: Path, monkeypatch: py
 
 def test_registry_builtin_real_module_interface(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real builtin module exposes the presets and signature the registry uses."""
-    builtin = pytest.importorskip("models.data.builtin")
+    builtin = pytest.importorskip("models.sources.builtin")
     assert {"tiny", "default", "large"} <= set(builtin.PRESETS)
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(builtin, "ensure_builtin", _fake_builtin(tmp_path, calls))
@@ -644,7 +644,7 @@ def test_registry_builtin_real_module_interface(tmp_path: Path, monkeypatch: pyt
 
 def test_registry_builtin_tiny_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """builtin:tiny generates (into tmp_path) and loads through load_csv."""
-    builtin = pytest.importorskip("models.data.builtin")
+    builtin = pytest.importorskip("models.sources.builtin")
     real = builtin.ensure_builtin
 
     def in_tmp(preset: str = "default", seed: int = 0, **_: object) -> Path:

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from models.data import openclipart as oc
 from models.data.csv_format import load_csv
 from models.data.folder import load_folder
 from models.data.registry import describe_kinds, load_dataset, spec_dataset_name
 from models.data.types import DataError, DatasetSplits
+from models.sources import openclipart as oc
 
 MIN = 2  # the miniature's minimum class count
 

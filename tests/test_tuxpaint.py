@@ -1,4 +1,4 @@
-"""The Tux Paint stamps dataset kind (models/data/tuxpaint.py) on a miniature of the Debian package's layout:
+"""The Tux Paint stamps dataset kind (models/sources/tuxpaint.py) on a miniature of the Debian package's layout:
 ``<category>/[<sub-folder>/]<name>.png`` with ``<name>.txt`` (English first line, then translations)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from models.data import tuxpaint as tp
 from models.data.registry import describe_kinds, load_dataset, spec_dataset_name
 from models.data.types import DataError
+from models.sources import tuxpaint as tp
 
 MIN = 2
 

@@ -3,5 +3,82 @@
 Importing this package is cheap and pulls in neither gradio nor onnxruntime, so training runs on a
 machine that has only torch and torchvision.
 
-Layering: ``train`` may import ``models`` only; ``serve``, ``export`` and ``bench`` may import it.
+Public API (the names of ``__all__``, imported lazily): the run's configuration (:class:`TrainConfig`,
+:func:`build_parser`, :func:`config_from_args`), the :class:`Trainer`, and the method chooser of ``--method auto``
+(:func:`choose`; its steps :func:`prepare`, :func:`extract_features`, :func:`fit_candidate`, :func:`labelled_pool`,
+:func:`out_of_fold_logits`, :func:`candidate_methods` and its rule :func:`choose_on_scores`). Everything else is
+internal to the stage and may move.
+
+Layering: ``train`` imports ``models`` only; ``export`` and ``serve`` are its peers and never import it; ``bench``
+imports its public API only (tests/test_bench_interfaces.py).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: The public API, imported lazily (PEP 562): ``import train`` stays cheap, torch loads on first use of a name.
+_LAZY = {
+    "TrainConfig": "train.config",
+    "build_parser": "train.config",
+    "config_from_args": "train.config",
+    "Trainer": "train.trainer",
+    "Candidate": "train.choose",
+    "CandidateResult": "train.choose",
+    "Choice": "train.choose",
+    "candidate_methods": "train.choose",
+    "choose": "train.choose",
+    "choose_on_scores": "train.choose",
+    "extract_features": "train.choose",
+    "fit_candidate": "train.choose",
+    "out_of_fold_logits": "train.choose",
+    "prepare": "train.choose",
+    "labelled_pool": "train.cross_fitting",
+}
+
+if TYPE_CHECKING:
+    from train.choose import (
+        Candidate,
+        CandidateResult,
+        Choice,
+        candidate_methods,
+        choose,
+        choose_on_scores,
+        extract_features,
+        fit_candidate,
+        out_of_fold_logits,
+        prepare,
+    )
+    from train.config import TrainConfig, build_parser, config_from_args
+    from train.cross_fitting import labelled_pool
+    from train.trainer import Trainer
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve the public API on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Candidate",
+    "CandidateResult",
+    "Choice",
+    "TrainConfig",
+    "Trainer",
+    "build_parser",
+    "candidate_methods",
+    "choose",
+    "choose_on_scores",
+    "config_from_args",
+    "extract_features",
+    "fit_candidate",
+    "labelled_pool",
+    "out_of_fold_logits",
+    "prepare",
+]

@@ -126,7 +126,7 @@ _FINE_TUNE_TEXT = "when fine-tuning pretrained weights"
 FINE_TUNE_DEFAULTS: dict[str, Any] = {"lr": 3e-4, "scheduler": "none", "epochs": 10, "patience": 3}
 
 # Settings that belong to the machine running a run, not to what the run is: --resume may change them, and
-# bench.methods ignores them when it checks that an existing run folder matches its command.
+# a comparison that reuses run folders ignores them when it checks that an existing run matches its command.
 MACHINE_FIELDS = ("device", "workers", "progress", "sync_bn", "clip_batch_size")
 
 # Presets: named bundles of defaults; explicit flags still win.

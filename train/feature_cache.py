@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.data.builtin import cache_root
+from models.data.cache_folders import cache_root
 from models.files.atomic_writes import atomic_path
 from train.distributed import broadcast_object, current_world
 from train.inference import Rows

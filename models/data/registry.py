@@ -17,22 +17,22 @@ from its contents.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from models.data.coco import find_coco_year, load_coco
 from models.data.csv_format import CSV_FILENAME, load_csv
 from models.data.cub import find_cub_dir, load_cub
+from models.data.drawing_cache import dataset_name as drawing_set_name
 from models.data.families import family_named
 from models.data.folder import is_class_tree, load_folder_spec
 from models.data.formatted import formatted_dataset_name, formatted_family, is_formatted_dir, load_formatted
-from models.data.icon_sets import icon_set_dataset_name, load_icon_set_spec
 from models.data.nus import is_nus_dir, load_nus_spec
-from models.data.openclipart import load_openclipart_spec, openclipart_dataset_name
 from models.data.spec_options import split_spec_options
-from models.data.tuxpaint import load_tuxpaint_spec, tuxpaint_dataset_name
 from models.data.types import ALL_SPLITS, DataError, DatasetSplits, ObjectTable
 from models.data.voc import find_voc_dirs, load_voc
 from models.registry import Row, Table, unknown_message
@@ -56,7 +56,7 @@ def parse_builtin_argument(argument: str) -> tuple[str, int]:
 def _load_builtin(argument: str) -> DatasetSplits:
     """``builtin:<preset>[@seed<N>]``: generate (or reuse) the procedural dataset and load its CSV."""
     preset, seed = parse_builtin_argument(argument)
-    from models.data.builtin import PRESETS, ensure_builtin  # lazy: only this kind needs the generator
+    from models.sources.builtin import PRESETS, ensure_builtin  # lazy: only this kind needs the generator
 
     if preset not in PRESETS:
         raise DataError(f"{unknown_message('builtin preset', preset, PRESETS)}; use builtin:<preset>[@seed<N>]")
@@ -67,14 +67,22 @@ def _load_builtin(argument: str) -> DatasetSplits:
     train = splits.train
 
     def objects() -> ObjectTable:
-        """The training images' shapes (models/data/builtin.py), for the label-bias protocols."""
-        from models.data.builtin import builtin_objects
+        """The training images' shapes (models/sources/builtin.py), for the label-bias protocols."""
+        from models.sources.builtin import builtin_objects
 
         return builtin_objects(preset, seed, train)
 
     splits.train_objects = objects
     splits.complete_splits = ALL_SPLITS  # procedural: every label is known
     return splits
+
+
+def _builder(name: str) -> Callable[[str], object]:
+    """``models.sources.<module>.<function>`` (``name``: ``module.function``), imported when called: the builders
+    are reached only by the loader of their kind, so that loading this table (and ``export``, ``serve``) never
+    imports :mod:`models.sources`."""
+    module, _, function = name.partition(".")
+    return lambda argument: getattr(importlib.import_module(f"models.sources.{module}"), function)(argument)
 
 
 def _csv_file(argument: str) -> Path:
@@ -195,14 +203,16 @@ DATASET_KINDS: Table[DatasetKind] = Table("dataset kind", [Row(kind.name, kind.f
     DatasetKind("folder", load_folder_spec, "folder:<root>[?skip-verify]       one folder per class: "
                 "root/<class>/<image> or root/{train,val,test}/<class>/<image>", _folder_name, detect=is_class_tree,
                 find_family=_folder_family),
-    DatasetKind("openclipart", load_openclipart_spec, "openclipart[:<svg dir>][?view=folders&min-count=N]  Open Clip "
-                "Art Library 0.18 (Debian openclipart-svg), uploader keywords as labels; view=folders: one label per "
-                "image, its folder", openclipart_dataset_name, standalone=True),
-    DatasetKind("tuxpaint", load_tuxpaint_spec, "tuxpaint[:<stamps dir>][?view=folders&min-count=N]  Tux Paint's "
-                "stamps (Debian tuxpaint-stamps-default), folders and description words as labels; view=folders: "
-                "one label per image, its folder", tuxpaint_dataset_name, standalone=True),
-    DatasetKind("icons", load_icon_set_spec, "icons:<npm package dir>[?min-count=N]  an npm icon set (Tabler, "
-                "Lucide), its keyword tags as labels", icon_set_dataset_name),
+    DatasetKind("openclipart", _builder("openclipart.load_openclipart_spec"), "openclipart[:<svg dir>][?view="
+                "folders&min-count=N]  Open Clip Art Library 0.18 (Debian openclipart-svg), uploader keywords as "
+                "labels; view=folders: one label per image, its folder", partial(drawing_set_name, "openclipart"),
+                standalone=True),
+    DatasetKind("tuxpaint", _builder("tuxpaint.load_tuxpaint_spec"), "tuxpaint[:<stamps dir>][?view=folders&"
+                "min-count=N]  Tux Paint's stamps (Debian tuxpaint-stamps-default), folders and description words "
+                "as labels; view=folders: one label per image, its folder", partial(drawing_set_name, "tuxpaint"),
+                standalone=True),
+    DatasetKind("icons", _builder("icon_sets.load_icon_set_spec"), "icons:<npm package dir>[?min-count=N]  an npm "
+                "icon set (Tabler, Lucide), its keyword tags as labels", _builder("icon_sets.icon_set_dataset_name")),
 )])
 
 

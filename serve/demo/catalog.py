@@ -84,7 +84,7 @@ def _pick_covering(rows: list[tuple[Path, list[str], str]], limit: int) -> list[
 
 def _builtin_folders(meta: ModelMeta | None) -> list[Path]:
     """Generated built-in dataset folders in the cache, the model's own dataset first; nothing is generated."""
-    from models.data.builtin import builtin_folder, generated_builtin_folders
+    from models.data.cache_folders import builtin_folder, generated_builtin_folders
     from models.data.registry import parse_builtin_argument
 
     folders = []
@@ -127,11 +127,11 @@ def find_examples(
         picked = _pick_covering(rows, limit)
         if picked:
             return _example_set(picked, f"test images of the built-in dataset ({dataset.name})")
-    from models.data.builtin import cache_root
+    from models.data.cache_folders import cache_root
 
     return ExampleSet(
         note=f"no example images: the built-in dataset is not generated under {cache_root()} "
-        "(`python -m models.data.builtin --preset default` makes it in about a minute), or pass --examples DIR"
+        "(`python -m models.sources.builtin --preset default` makes it in about a minute), or pass --examples DIR"
     )
 
 

@@ -1,67 +1,31 @@
-"""Icon sets from the npm registry, their keyword tags as labels: ``--data icons:DIR``.
+"""Icon sets from the npm registry, their keyword tags as labels: ``--data icons:DIR[?min-count=N]``.
 
-Icon sets on npm ship every icon as an SVG with the search keywords their designers and contributors gave it
-(``cat``: ``pet``, ``animal``, ``kitten``): a real, human-tagged multi-label set of drawings. Two layouts are read
-(:data:`LAYOUTS`, detected from the files in ``DIR``, the unpacked package):
-
-* Tabler (``@tabler/icons``): ``icons.json`` (``{name: {"tags": [...], "styles": {"outline": ...}}}``), the outline
-  style's ``icons/outline/<name>.svg``;
-* Lucide (``lucide-static``): ``tags.json`` (``{name: [...]}``), ``icons/<name>.svg``.
-
-Offline, from the registry: ``npm pack @tabler/icons && tar xzf tabler-icons-*.tgz`` gives ``package/``:
-``--data icons:package``.
-
-**The cleaning rule** (module constants and the layout's ``min_count``, all in the cache digest):
-
-1. A keyword is NFKC-normalised, lower-cased and stripped, runs of spaces and underscores as ``-``.
-2. Synonyms are one label: keywords are taken by how many icons carry them (most first, then by name), and a
-   keyword whose icons overlap those of an earlier kept keyword by a Jaccard index of at least
-   :data:`SYNONYM_JACCARD` is merged into it (Tabler: ``off`` into ``disabled``, ``logo`` into ``brand``).
-3. A label on at least ``min-count`` icons is a class (sorted by name); an icon with none is left out.
-4. Identical rasters (one drawing under two names) are ONE image, with the union of the labels.
-
-**Splits.** Grouped, 60/20/20: an icon's group is its name without trailing ``-off`` / ``-<number>`` parts
-(``a-b``, ``a-b-2`` and ``a-b-off`` are one group, so variants of one drawing never straddle two splits), groups
-filled by a hash of their name (:func:`models.data.drawing_cache.grouped_splits`). Every split carries the full
-labels; the package's protocol draws one positive per training image.
-
-**Cache.** ``<cache>/icons/<digest>/``: rasters (:mod:`models.data.drawings`, 256 px on white) and ``manifest.json``,
-as the other drawing sets. ``python -m models.data.icon_sets DIR`` builds it and prints the rule's counts.
+``DIR`` is an unpacked npm package of one of the :data:`LAYOUTS` (Tabler ``@tabler/icons``: ``icons.json`` and
+``icons/outline/<name>.svg``; Lucide ``lucide-static``: ``tags.json`` and ``icons/<name>.svg``), detected from its
+files. The keywords are cleaned by the rule below (normalised, synonyms merged by the overlap of their icons, rare
+labels dropped, identical rasters merged; all in the cache digest), the icons rasterised once into
+``<cache>/icons/<digest>/`` and split 60/20/20 by group (:func:`icon_group`). docs/datasets.md, section "icons",
+tells the rule, the splits and the measured packages.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sys
-import time
-import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from models.data.csv_format import emit_note
-from models.data.drawing_cache import (
-    MANIFEST_FORMAT,
-    cache_parent,
-    cached_manifest,
-    class_lines,
-    command_line_parser,
-    grouped_splits,
-    labelled,
-    pixels_digest,
-    view_splits,
-)
-from models.data.drawings import RASTER_SIZE, cairosvg_svg2png, raster_of_svg
+from models.data.drawing_cache import MANIFEST_FORMAT, split_parts, view_splits
 from models.data.spec_options import split_spec_options
 from models.data.types import DataError, DatasetSplits
-from models.files.atomic_writes import atomic_path
 from models.registry import Row, Table
+from models.sources import drawing_sets as ds
+from models.sources.drawings import RASTER_SIZE
 
 __all__ = ["LAYOUTS", "SYNONYM_JACCARD", "IconLayout", "ensure_icon_set", "icon_group", "load_icon_set",
            "load_icon_set_spec", "merge_synonyms", "normalise_keyword"]
@@ -110,7 +74,7 @@ def _layout_name(layout: IconLayout) -> str:
 
 def normalise_keyword(text: str) -> str:
     """Rule 1: NFKC, lower case, stripped, runs of spaces and underscores as ``-``."""
-    return _SPACES.sub("-", unicodedata.normalize("NFKC", text).strip().lower())
+    return ds.fold(text, _SPACES, "-")
 
 
 def icon_group(name: str) -> str:
@@ -139,9 +103,7 @@ def merge_synonyms(keywords: dict[str, set[str]], least: int) -> dict[str, str]:
 
 def resolve_layout(root: Path | str) -> tuple[Path, IconLayout]:
     """The package folder (``DIR`` or its ``package/``) and its layout; a :class:`DataError` saying how to get one."""
-    path = Path(str(root).strip()).expanduser().absolute()
-    if (path / "package").is_dir():
-        path = path / "package"
+    path = ds.source_folder(root, Path("."), "package")
     for layout in LAYOUTS.values():
         if (path / layout.catalogue).is_file():
             return path, layout
@@ -156,11 +118,6 @@ def rule_description(layout: IconLayout, min_count: int) -> dict[str, Any]:
             "min_count": int(min_count), "splits": [list(p) for p in SPLIT_FRACTIONS], "raster_size": RASTER_SIZE}
 
 
-def _raster_name(name: str) -> str:
-    identity = hashlib.blake2b(name.encode(), digest_size=6).hexdigest()
-    return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)[:60]}-{identity}.png"
-
-
 def _build_manifest(root: Path, layout: IconLayout, folder: Path, digest: str, min_count: int,
                     progress: bool | None) -> dict[str, Any]:
     """Read the catalogue, label by the rule, rasterise (resumable) and return the manifest."""
@@ -173,39 +130,30 @@ def _build_manifest(root: Path, layout: IconLayout, folder: Path, digest: str, m
     into = merge_synonyms(keywords, max(1, min_count // 2))
     labels = {name: sorted({into.get(w, w) for w in words}) for name, words in keywords.items()}
     counter = Counter(label for words in labels.values() for label in words)
-    classes = sorted(label for label, n in counter.items() if n >= min_count)
+    classes, _ = ds.frequent(counter, min_count)
     kept = set(classes)
     left_out: list[dict[str, str]] = []
     images_dir = folder / "images"
     images_dir.mkdir(parents=True, exist_ok=True)
-    svg2png = None
     merged: dict[str, dict[str, Any]] = {}
-    for name in tqdm(sorted(labels), desc="icons: rasterising (once)", unit="icon", file=sys.stderr,
-                     disable=None if progress is None else not progress):
+    for name in ds.progress_bar(sorted(labels), "icons: rasterising (once)", "icon", progress):
         own = [label for label in labels[name] if label in kept]
         if not own:
             left_out.append({"icon": name, "reason": "no frequent label"})
             continue
-        raster = images_dir / _raster_name(name)
-        if not raster.is_file():
-            try:
-                svg2png = svg2png or cairosvg_svg2png("icons")
-                image = raster_of_svg(svg2png, root / layout.svg.format(name=name))
-            except DataError:
-                raise
-            except Exception as exc:  # cairosvg and PIL raise many types on bad files
-                left_out.append({"icon": name, "reason": "not rasterised", "detail": f"{type(exc).__name__}: {exc}"})
-                continue
-            with atomic_path(raster, suffix=".png") as tmp:
-                image.save(tmp, format="PNG")
-        key = pixels_digest(raster)
+        raster = images_dir / ds.raster_name(name, name)
+        reason = "" if raster.is_file() else ds.write_raster(raster, root / layout.svg.format(name=name), "icons")
+        if reason:
+            left_out.append({"icon": name, "reason": "not rasterised", "detail": reason})
+            continue
+        key = ds.pixels_digest(raster)
         if key in merged:
             merged[key]["labels"] = sorted(set(merged[key]["labels"]) | set(own))
             left_out.append({"icon": name, "reason": "merged duplicate", "detail": merged[key]["icon"]})
             continue
         merged[key] = {"icon": name, "file": f"images/{raster.name}", "labels": own}
     images = list(merged.values())
-    for image, split in zip(images, grouped_splits([icon_group(i["icon"]) for i in images], "icons-split",
+    for image, split in zip(images, ds.grouped_splits([icon_group(i["icon"]) for i in images], "icons-split",
                                                    SPLIT_FRACTIONS), strict=True):
         image["split"] = split
     reasons = Counter(entry["reason"] for entry in left_out)
@@ -222,15 +170,13 @@ def ensure_icon_set(root: Path | str, min_count: int | None = None, cache_dir: P
     """``(cache folder, manifest)`` of the cleaned icon set in ``root``, built first when needed (``min_count``
     None: the layout's default)."""
     source, layout = resolve_layout(root)
-    least = layout.min_count if min_count is None else int(min_count)
-    if least < 1:
-        raise DataError(f"icons: min-count must be a positive integer, got {min_count!r}")
+    least = ds.check_min_count("icons", layout.min_count if min_count is None else min_count)
     catalogue = source / layout.catalogue
     stat = catalogue.stat()
     payload = {"rule": rule_description(layout, least), "root": str(source),
                "catalogue": [stat.st_size, stat.st_mtime_ns]}
-    digest = hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=8).hexdigest()
-    return cached_manifest("icons", source, cache_parent("icons", cache_dir), digest,
+    digest = ds.cache_key(payload)
+    return ds.cached_manifest("icons", source, cache_dir, digest,
                            lambda folder: _build_manifest(source, layout, folder, digest, least, progress))
 
 
@@ -240,16 +186,13 @@ def load_icon_set(root: Path | str, min_count: int | None = None, cache_dir: Pat
     split with its full labels."""
     folder, manifest = ensure_icon_set(root, min_count, cache_dir, progress)
     classes = list(manifest["classes"])
-    parts = {split: labelled([(folder / i["file"], i["labels"]) for i in manifest["images"] if i["split"] == split],
-                             classes) for split, _ in SPLIT_FRACTIONS}
+    parts = split_parts(folder, manifest["images"], classes)
     layout = next(lay for lay in LAYOUTS.values() if lay.catalogue == manifest["rule"]["layout"])
     splits = view_splits("icons", manifest["source"], "labels", "labels", manifest["rule"]["min_count"],
                          layout.min_count, classes, parts)
     splits.name = f"icons-{_layout_name(layout)}"
-    total = sum(len(p) for p in parts.values())
-    labels = sum(int(p.labels.sum()) for p in parts.values())
-    emit_note(splits.notes, f"{splits.name}: {total:,} icons (" + ", ".join(f"{s} {len(p):,}" for s, p in parts.items())
-              + f"), {len(classes)} classes, {labels / max(1, total):.2f} labels per image")
+    emit_note(splits.notes, f"{splits.name}: {ds.split_counts(parts, 'icons')}, {len(classes)} classes, "
+              f"{ds.labels_per_image(parts)} labels per image")
     return splits
 
 
@@ -282,27 +225,20 @@ def icon_set_dataset_name(argument: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Build the cache if needed and print the counts and classes; exit status 2 on a data error."""
-    parser = command_line_parser("python -m models.data.icon_sets", "An npm icon set (Tabler, Lucide) as a "
+    parser = ds.command_line_parser("python -m models.sources.icon_sets", "An npm icon set (Tabler, Lucide) as a "
                                  "multi-label dataset: label its icons by the rule, rasterise them once, print the "
                                  "counts.", "the unpacked npm package", 0, "keyword", "also print the merged keywords")
     args = parser.parse_args(argv)
-    try:
-        started = time.perf_counter()
-        folder, manifest = ensure_icon_set(args.root or ".", args.min_count or None, args.cache, not args.quiet)
-    except DataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    images = manifest["images"]
-    by_split = Counter(i["split"] for i in images)
-    print(f"ready in {time.perf_counter() - started:.1f} s\ncache: {folder}\nicons: {manifest['counts']['icons']:,}; "
-          f"left out: {manifest['counts']['left_out']}\nimages: {len(images):,} (train {by_split['train']}, val "
-          f"{by_split['val']}, test {by_split['test']}); classes: {len(manifest['classes'])} (min count "
-          f"{manifest['rule']['min_count']}); labels per image: "
-          f"{sum(len(i['labels']) for i in images) / max(1, len(images)):.2f}")
-    if args.rule:
-        print("merged: " + ", ".join(f"{w}->{t}" for w, t in manifest["merged_keywords"].items()))
-    print("\n".join(class_lines(manifest, 18)))
-    return 0
+
+    def show(folder: Path, manifest: dict[str, Any]) -> None:
+        print(f"cache: {folder}\nicons: {manifest['counts']['icons']:,}; left out: {manifest['counts']['left_out']}\n"
+              + ds.images_line(manifest))
+        if args.rule:
+            print("merged: " + ", ".join(f"{w}->{t}" for w, t in manifest["merged_keywords"].items()))
+        print("\n".join(ds.class_lines(manifest, 18)))
+
+    return ds.run_command(lambda: ensure_icon_set(args.root or ".", args.min_count or None, args.cache, not args.quiet),
+                       show)
 
 
 if __name__ == "__main__":

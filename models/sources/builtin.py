@@ -1,6 +1,6 @@
 """The built-in procedural multi-label dataset: generated on first use, nothing to download.
 
-The images and their labels come from :mod:`models.data.builtin_scenes` (shapes overlapping one another, partly
+The images and their labels come from :mod:`models.sources.builtin_scenes` (shapes overlapping one another, partly
 hidden, on textured backgrounds; long-tailed, with co-occurring class pairs); this module holds the presets,
 writes the dataset into the cache (in parallel, under a file lock), reads its label statistics back and is the
 command line. The generator's public names are importable from here too.
@@ -10,7 +10,7 @@ The dataset is written in the package's generic folder format (``classes.txt``, 
 its own RNG, seeded with ``(seed, split, index)``, so the files are byte-identical whatever the number of
 worker processes.
 
-Command line: ``python -m models.data.builtin --preset default --seed 0``.
+Command line: ``python -m models.sources.builtin --preset default --seed 0``.
 """
 
 from __future__ import annotations
@@ -32,10 +32,13 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from models.data.builtin_attributes import DENSE_CLASS_NAMES, generate_dense_image
-from models.data.builtin_scenes import (
+from models.data.cache_folders import GENERATOR_VERSION, builtin_folder, cache_root, generated_builtin_folders
+from models.data.types import DataError, LabelledImages, ObjectTable
+from models.files.file_lock import file_lock
+from models.registry import Row, Table, UnknownName
+from models.sources.builtin_attributes import DENSE_CLASS_NAMES, generate_dense_image
+from models.sources.builtin_scenes import (
     COOCCURRING_PAIRS,
-    GENERATOR_VERSION,
     MIN_VISIBLE_FRACTION,
     SPLITS,
     SUPERSAMPLE,
@@ -48,10 +51,7 @@ from models.data.builtin_scenes import (
     scene_masks,
     visible_labels,
 )
-from models.data.shapes import CLASS_NAMES
-from models.data.types import DataError, LabelledImages, ObjectTable
-from models.files.file_lock import file_lock
-from models.registry import Row, Table, UnknownName
+from models.sources.shapes import CLASS_NAMES
 
 __all__ = [
     "CLASS_NAMES",
@@ -61,10 +61,12 @@ __all__ = [
     "PRESETS",
     "BuiltinPreset",
     "SceneObject",
+    "builtin_folder",
     "builtin_objects",
     "cache_root",
     "ensure_builtin",
     "generate_image",
+    "generated_builtin_folders",
     "label_statistics",
     "read_label_matrix",
     "render_scene",
@@ -80,7 +82,7 @@ JPEG_QUALITY = 90
 @dataclass(frozen=True)
 class BuiltinPreset:
     """A named size of the built-in dataset; ``attributes``: the dense variant, labelled with the shapes and
-    their attributes (:mod:`models.data.builtin_attributes`)."""
+    their attributes (:mod:`models.sources.builtin_attributes`)."""
 
     name: str
     image_size: int
@@ -157,27 +159,6 @@ def read_label_matrix(folder: Path) -> tuple[list[str], np.ndarray, list[str]]:
 
 # --------------------------------------------------------------------------------------------------------
 # Generation into the cache
-
-
-def builtin_folder(preset: str, seed: int, cache_dir: str | Path | None = None) -> Path:
-    """Where the built-in dataset ``preset`` of ``seed`` is (or would be) generated: under ``cache_dir`` (default
-    :func:`cache_root`), ``builtin/<preset>-seed<seed>-v<generator version>``."""
-    parent = Path(cache_dir if cache_dir is not None else cache_root()).expanduser() / "builtin"
-    return parent / f"{preset}-seed{seed}-v{GENERATOR_VERSION}"
-
-
-def generated_builtin_folders(cache_dir: str | Path | None = None) -> list[Path]:
-    """The built-in datasets of this generator version already generated under ``cache_dir`` (default
-    :func:`cache_root`), the ``default`` preset first; nothing is generated."""
-    parent = builtin_folder("default", 0, cache_dir).parent
-    found = [p for p in parent.glob(f"*-v{GENERATOR_VERSION}") if (p / ".complete").is_file()]
-    return sorted(found, key=lambda p: (not p.name.startswith("default"), p.name))
-
-
-def cache_root() -> Path:
-    """The package's cache folder: ``$SPML_CACHE`` if set, else ``~/.cache/spml``."""
-    env = os.environ.get("SPML_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "spml"
 
 
 def _generate_chunk(folder: str, seed: int, split: str, start: int, stop: int, preset: BuiltinPreset) -> list[str]:
@@ -341,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: generate (if needed) a built-in dataset and print its folder and label
     statistics. Returns the process exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m models.data.builtin",
+        prog="python -m models.sources.builtin",
         description="Generate the built-in procedural multi-label shapes dataset (no download) into the "
         "cache, unless it is there already, then print its folder and label statistics.",
         epilog="Presets: " + "; ".join(

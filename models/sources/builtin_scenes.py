@@ -1,11 +1,11 @@
 """The procedural image generator of the built-in dataset: scenes of shapes, their visible labels, rendering.
 
-Each image shows 1 to 6 shapes (see :mod:`models.data.shapes`) in random colours, sizes, rotations and
+Each image shows 1 to 6 shapes (see :mod:`models.sources.shapes`) in random colours, sizes, rotations and
 positions, overlapping one another, partly hidden by occluder blobs, on a textured background with
 non-class clutter. Class frequencies are long-tailed and a few class pairs co-occur strongly. An image's
 labels are the classes that stay visible after rendering (an instance counts when at least
 ``MIN_VISIBLE_FRACTION`` of its pixels are not covered by anything drawn later). Every image comes from its own
-RNG, seeded with ``(seed, split, index)`` (:func:`generate_image`). :mod:`models.data.builtin` writes them into
+RNG, seeded with ``(seed, split, index)`` (:func:`generate_image`). :mod:`models.sources.builtin` writes them into
 the dataset cache.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from models.data.shapes import CLASS_NAMES, SHAPES, draw_footprint, draw_pattern
+from models.sources.shapes import CLASS_NAMES, SHAPES, draw_footprint, draw_pattern
 
 NUM_CLASSES = len(CLASS_NAMES)
 
@@ -30,8 +30,6 @@ MAX_OBJECTS = 6
 SIZE_RANGE = (0.28, 0.55)
 #: Shapes are drawn at this multiple of the image size and downsampled (anti-aliasing).
 SUPERSAMPLE = 2
-#: Bump whenever generation changes what is drawn or labelled: cached datasets of other versions are not reused.
-GENERATOR_VERSION = 2
 
 # Class order from most to least frequent (a fixed shuffle, so frequency is unrelated to the class index).
 _FREQUENCY_ORDER = [

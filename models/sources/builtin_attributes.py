@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from models.data.builtin_scenes import (
+from models.sources.builtin_scenes import (
     MIN_VISIBLE_FRACTION,
     SPLITS,
     SUPERSAMPLE,
@@ -30,7 +30,7 @@ from models.data.builtin_scenes import (
     sample_labelled_scene,
     scene_masks,
 )
-from models.data.shapes import CLASS_NAMES
+from models.sources.shapes import CLASS_NAMES
 
 __all__ = ["ATTRIBUTE_NAMES", "DENSE_CLASS_NAMES", "generate_dense_image", "scene_attributes"]
 
@@ -74,7 +74,7 @@ def scene_attributes(scene: list[SceneObject], canvas: int) -> np.ndarray:
 
 def generate_dense_image(seed: int, split: str, index: int, image_size: int) -> tuple[Image.Image, np.ndarray]:
     """Image ``index`` of ``split`` for ``seed`` (the same pixels as
-    :func:`models.data.builtin_scenes.generate_image`) and its labels over :data:`DENSE_CLASS_NAMES`."""
+    :func:`models.sources.builtin_scenes.generate_image`) and its labels over :data:`DENSE_CLASS_NAMES`."""
     rng = np.random.default_rng([seed, SPLITS[split], index])
     canvas = SUPERSAMPLE * image_size
     scene, shapes = sample_labelled_scene(rng, canvas)

@@ -1,97 +1,11 @@
-"""The Open Clip Art Library 0.18 as a real, human-tagged multi-label dataset: ``--data openclipart[:DIR]``.
+"""The Open Clip Art Library 0.18 (Debian ``openclipart-svg``) as a human-tagged multi-label dataset:
+``--data openclipart[:DIR][?view=folders][&min-count=N]``.
 
-Debian and Ubuntu package the library as ``openclipart-svg`` (``/usr/share/openclipart/svg``: 8,121 SVG files in 22
-category folders and their sub-folders, 663 of them symlinks) and ``openclipart-png`` (a PNG render of each,
-``/usr/share/openclipart/png``). Every SVG carries its uploader's keywords in its metadata
-(``<rdf:RDF><cc:Work><dc:subject><rdf:Bag><rdf:li>keyword</rdf:li>...``): a multi-label annotation made by
-people, with the noise people leave. This module cleans it with a fixed rule, rasterises the drawings once into
-the package cache and loads them as :class:`DatasetSplits`.
-
-Spec: ``openclipart[:DIR][?view=folders][&min-count=N]``. ``DIR`` (default ``/usr/share/openclipart/svg``) is the
-``svg`` folder of the package or of a copy with the same layout, or a folder holding ``svg/`` (and ``png/``); the
-PNG renders are looked up in the ``png`` folder beside ``svg``. ``min-count`` (default :data:`MIN_CLASS_COUNT`)
-is the least number of images a keyword needs to become a class. ``openclipart:?view=folders`` is the folder
-view (below).
-
-**Reading.** Every ``*.svg`` below ``DIR`` (files and symlinks; symlinked folders are not followed) is read once:
-files with identical bytes (a symlink, a copy) are ONE drawing whose keywords are the union of theirs and whose
-sources are all its paths. Keywords are parsed with :mod:`xml.etree.ElementTree` (expat: internal entities are
-expanded with its amplification limits, external ones are never fetched; ``defusedxml`` would refuse the
-entity declarations of Illustrator's SVGs, which are legitimate); a file that is not well-formed XML is
-``unreadable`` and left out. Both spellings of the keyword list are read: ``<dc:subject>`` with ``<rdf:li>``
-items (in a ``Bag``, ``Seq`` or ``Alt``), or with plain text. An item is split on ``,`` and ``;``, NFKC
-normalised, lower-cased, and its runs of spaces, ``-``, ``/`` and ``.`` become one ``_``
-(``"Mime-Types"`` -> ``mime_types``, ``"christmas tree"`` -> ``christmas_tree``).
-
-**The cleaning rule**, as data (module constants, all in the cache digest):
-
-1. :data:`DROPPED_FOLDERS`: drawings filed ONLY under ``special/gradients`` or ``special/patterns`` are left out:
-   colour swatches and tiling fills, not pictures of anything.
-2. :data:`BATCH_KEYWORDS`: a drawing carrying one of these keywords belongs to a machine-made batch whose
-   keywords label the batch, not the drawing, and is left out: ``magick`` (1,375 star polygons generated with
-   ImageMagick, all tagged ``stars shapes magick geometry``), ``theme`` and ``lemon_theme_icon`` (the icons of
-   the flat, lemon and etiquette desktop themes, about 1,420, tagged with their theme's words: ``computer icons
-   theme action application filesystem mimetypes``).
-3. Keywords that name no content are removed from every drawing: :data:`ARTIFACT_PATTERNS` (empty items, the
-   ``HASH(0x8a07724)`` and ``hash`` left by the library's import script, bare numbers),
-   :data:`DROPPED_KEYWORDS` (the library's own folder names, batch names: each with its reason) and
-   :data:`AUTHOR_KEYWORDS` (an author's name typed as a keyword).
-4. :data:`MERGED_KEYWORDS` maps plurals, spelling variants and synonyms onto one name (``icons`` -> ``icon``,
-   ``transportation`` -> ``transport``, ``xmas`` -> ``christmas``).
-5. A drawing left with no keyword is left out (``no keyword``); the others are rasterised (below); one that shows
-   nothing, or that neither cairosvg nor the PNG render can draw, is left out (``not rasterised``).
-6. Identical rasters from different files (the same picture saved twice with other metadata) are ONE image: the
-   first in sorted path order keeps its raster, the keywords and sources are the union (``merged duplicate``).
-7. A keyword on at least ``min-count`` images is a class (sorted by name); an image with none of the classes is
-   left out (``no frequent keyword``). An image's labels are its classes; the rarer keywords are kept in the
-   manifest for inspection.
-
-``python -m models.data.openclipart`` prints how many drawings each step leaves out and what remains;
-docs/datasets.md gives the figures of the Debian package.
-
-**Rasters.** Each drawing is rendered with cairosvg (imported only when something is rendered; ``pip install
-cairosvg``, which needs the system's cairo library, ``apt-get install libcairo2``) on white, cropped to the
-bounding box of its non-white pixels (any channel more than :data:`BACKGROUND_TOLERANCE` below 255) plus a
-margin of :data:`CROP_MARGIN` of the box's longest side, and resized to :data:`RASTER_SIZE` px on its longest
-side, so that 224 px training sees full resolution. It is first rendered with :data:`RENDER_SIZE` px on the
-page's longest side; a drawing smaller than :data:`RASTER_SIZE` px on that page (a small figure on a large page)
-is rendered again, larger (at most :data:`MAX_RENDER_SIZE` px), before cropping. An SVG without a size (or
-with a relative one) is drawn on a :data:`DEFAULT_PAGE` px page. Where cairosvg fails on the SVG, the package's
-PNG render is used, opened under PIL's decompression-bomb limit (a larger one counts as failed). A drawing that
-renders blank on white gets no fallback (its PNG render is blank too, or Inkscape's "Linked Image Not Found"
-placeholder, which would otherwise merge into one image with mixed labels); it is left out and counted.
-
-**Cache.** ``<cache>/openclipart/<digest>/`` (``<cache>``: ``$SPML_CACHE``, else ``~/.cache/spml``), where the
-digest covers the rule (every constant above, ``min-count``, the raster settings, :data:`RULE_VERSION`), the
-source folders and their listing (path, size, mtime of every entry): a changed rule or source is another folder,
-built afresh. It holds ``images/<name>-<id>.png`` with a ``.json`` record each (written atomically, temp file +
-rename, so an interrupted build resumes where it stopped; a progress bar shows the one-time rendering) and
-``manifest.json`` (written last): every image with its raster, split, labels, all its keywords, folder class,
-source paths and author, every left-out drawing with its reason, and the counts. A later load reads the manifest
-only (no SVG is parsed). A build runs under a file lock, so parallel processes (``torchrun``) build it once.
-
-**Splits.** Fixed, 60/20/20: the images are ranked by a hash of their identity (the BLAKE2b digest of the kept
-SVG's bytes) and the first 60% are train, the next 20% val, the rest test. An image's rank does not depend on
-the others, so a changed rule moves few images across splits. Train, val and test all carry the full keyword
-labels; the package's protocol draws one positive per training image for single-positive runs.
-
-**The folder view** (``openclipart[:DIR]?view=folders``, dataset name ``openclipart-folders``) is the same
-drawings as a user's own single-positive data: each train and val image gets exactly ONE positive, the class of
-its category folder: the deepest folder along its path whose name, normalised and merged like a keyword, is one
-of its classes (``animals/mammals/dogs/x.svg`` tagged ``dog mammal animal`` -> ``dog``; of an image's several
-paths, the first in sorted order that has one). Images with no such folder are left out of train and val
-(counted in a note). The view's classes are the folder classes of its training images; test images keep their
-full keyword labels over these classes (used only to score; test images with none of them are left out). On the
-Debian package: 2,636 of the 2,841 train and val images have a folder class (1,980 train, 656 val), 59 classes
-(``icon`` 142 training images ... ``navy`` 3); 205 have none (most are in ``signs_and_symbols/``, a folder name
-that is no class, tagged ``symbol`` or ``sign``; ``geography/`` maps tagged only ``map``, ...); 678 test images
-(32 have none of the 59 classes).
-
-:func:`export_folder_view` (``python -m models.data.openclipart --export-folders OUT``) writes the folder view as
-a real ``folder:`` tree: ``OUT/{train,val}/<class>/<image>`` (symlinks to the cached rasters, or hard links or
-copies) and ``OUT/test_labels.csv`` (``image,labels``, the ``csv:`` format: absolute paths, the test images'
-keyword labels), so ``--data folder:OUT`` trains as a user would and ``csv:OUT/test_labels.csv`` scores it. The
-full keyword labels of train and val stay out of ``OUT``.
+Reads every SVG's uploader keywords, cleans them by the rule below (module constants, each with its reason, all in
+the cache digest), rasterises the drawings once into ``<cache>/openclipart/<digest>/`` and loads them as
+:class:`DatasetSplits` (fixed 60/20/20 splits by hash; the folder view: one folder label per train/val image;
+:func:`export_folder_view` writes it as a ``folder:`` tree). docs/datasets.md, section "openclipart", tells the
+reading, the rule, the rasters, the cache, the splits and the folder view, with the Debian package's figures.
 """
 
 from __future__ import annotations
@@ -115,23 +29,21 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from models.data.csv_format import emit_note
 from models.data.drawing_cache import (
     MANIFEST_FORMAT,
     SPEC_OPTIONS,
-    cache_parent,
-    cached_manifest,
-    class_lines,
-    command_line_parser,
-    dataset_name,
-    labelled,
+    folder_view_parts,
     parse_spec,
-    rule_lines,
+    split_parts,
     view_splits,
 )
-from models.data.drawings import (
+from models.data.types import DataError, DatasetSplits, LabelledImages
+from models.files.atomic_writes import atomic_write_text
+from models.files.digest import file_blake2b
+from models.sources import drawing_sets as ds
+from models.sources.drawings import (
     BACKGROUND_TOLERANCE,
     CROP_MARGIN,
     MAX_RENDER_SIZE,
@@ -143,9 +55,6 @@ from models.data.drawings import (
     raster_of_bitmap,
     raster_of_svg,
 )
-from models.data.types import DataError, DatasetSplits, LabelledImages
-from models.files.atomic_writes import atomic_path, atomic_write_text
-from models.files.digest import file_blake2b
 
 __all__ = [
     "ARTIFACT_PATTERNS",
@@ -166,7 +75,6 @@ __all__ = [
     "load_openclipart",
     "load_openclipart_spec",
     "normalise_keyword",
-    "openclipart_dataset_name",
     "rasterise_drawing",
     "read_svg_metadata",
 ]
@@ -275,11 +183,8 @@ def normalise_keyword(text: str) -> list[str]:
     """Split one ``<rdf:li>`` (or plain ``<dc:subject>``) text on ``,`` and ``;`` and normalise each part: NFKC,
     lower case, surrounding spaces and quotes stripped, runs of spaces, ``-``, ``/`` and ``.`` turned into one
     ``_``. Empty parts are kept as ``""`` (the caller's rule drops them)."""
-    parts = []
-    for part in _ITEM_SPLIT.split(unicodedata.normalize("NFKC", text or "")):
-        word = _SEPARATORS.sub("_", part.strip().strip("\"'").lower()).strip("_")
-        parts.append(word)
-    return parts
+    return [ds.fold(part, _SEPARATORS, "_", "\"'").strip("_")
+            for part in _ITEM_SPLIT.split(unicodedata.normalize("NFKC", text or ""))]
 
 
 def drop_reason(keyword: str) -> str | None:
@@ -354,12 +259,6 @@ def _cairosvg_svg2png() -> Callable[..., bytes]:
     return cairosvg_svg2png("openclipart")
 
 
-def _failure(exc: BaseException) -> str:
-    """``Type: first line of the message`` (at most 200 characters) of an exception."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
-
-
 def rasterise_drawing(svg: Path, fallbacks: list[Path],
                       svg2png: Callable[..., bytes] | None = None) -> tuple[Image.Image | None, str, str]:
     """Rasterise one drawing: ``(image, "svg", "")`` from the SVG; when cairosvg fails on it, ``(image, "png",
@@ -372,14 +271,14 @@ def rasterise_drawing(svg: Path, fallbacks: list[Path],
     except BlankDrawing as exc:
         return None, "", f"svg: {exc}"
     except Exception as exc:  # cairosvg raises many types on bad SVGs
-        reason = f"svg: {_failure(exc)}"
+        reason = f"svg: {ds.failure(exc)}"
     for png in fallbacks:
         if not png.is_file():
             continue
         try:
             return raster_of_bitmap(png), "png", reason
         except Exception as exc:  # PIL raises many types; DecompressionBombError/Warning included
-            return None, "", f"{reason}; png render {png.name}: {_failure(exc)}"
+            return None, "", f"{reason}; png render {png.name}: {ds.failure(exc)}"
     return None, "", f"{reason}; no png render"
 
 
@@ -413,11 +312,7 @@ def resolve_source(root: Path | str | None) -> _Source:
     """The SVG folder (``root``, its ``svg/`` sub-folder when it has one, or :data:`DEFAULT_ROOT`) and the PNG
     renders' folder beside it (``png/``, None when absent). A missing folder raises :class:`DataError` naming the
     Debian package and the ``openclipart:DIR`` form."""
-    given = root is not None and str(root).strip() != ""
-    path = Path(str(root).strip()).expanduser() if given else DEFAULT_ROOT
-    path = path.absolute()
-    if (path / "svg").is_dir():
-        path = path / "svg"
+    path = ds.source_folder(root, DEFAULT_ROOT, "svg")
     if not path.is_dir():
         raise DataError(
             f"openclipart: {path}: no such folder. The Open Clip Art Library 0.18 is the Debian/Ubuntu package "
@@ -432,29 +327,18 @@ def resolve_source(root: Path | str | None) -> _Source:
 def _svg_entries(root: Path) -> list[tuple[str, os.stat_result, str]]:
     """``(relative POSIX path, lstat, link target or "")`` of every ``*.svg`` below ``root`` (files and symlinks;
     hidden entries skipped, symlinked folders not followed), sorted by path."""
-    found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            if name.startswith(".") or not name.lower().endswith(".svg"):
-                continue
-            path = os.path.join(folder, name)
-            try:
-                info = os.lstat(path)
-                target = os.readlink(path) if os.path.islink(path) else ""
-            except OSError:
-                continue
-            found.append((Path(path).relative_to(root).as_posix(), info, target))
-    return sorted(found, key=lambda entry: entry[0])
+    return [(rel, info, target) for rel, (info, target) in ds.files_below(root, (".svg",), _lstat_and_link)]
+
+
+def _lstat_and_link(path: str) -> tuple[os.stat_result, str]:
+    return os.lstat(path), os.readlink(path) if os.path.islink(path) else ""
 
 
 def source_fingerprint(source: _Source) -> str:
     """A digest of the SVG folder's listing (every ``*.svg``'s path, size, mtime and link target): a changed
     source is another cache folder. One ``lstat`` per entry, no file read."""
-    digest = hashlib.blake2b(digest_size=16)
-    for rel, info, target in _svg_entries(source.svg):
-        digest.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\0{target}\n".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
+    return ds.listing_digest((rel, info.st_size, info.st_mtime_ns, target)
+                          for rel, info, target in _svg_entries(source.svg))
 
 
 def _scan(source: _Source, left_out: list[dict[str, Any]]) -> tuple[list[_Drawing], dict[str, int]]:
@@ -535,8 +419,7 @@ def cache_digest(source: _Source, min_count: int) -> str:
     """The cache folder's name: a digest of :func:`rule_description`, the source folders and their listing."""
     payload = {"rule": rule_description(min_count), "svg": str(source.svg),
                "png": str(source.png) if source.png else None, "listing": source_fingerprint(source)}
-    text = json.dumps(payload, sort_keys=True, ensure_ascii=True)
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    return ds.cache_key(payload)
 
 
 def _raster_name(drawing: _Drawing) -> str:
@@ -565,9 +448,7 @@ def _rasterise_all(drawings: list[_Drawing], source: _Source, images: Path, prog
         return
     svg2png = _cairosvg_svg2png()
     images.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(todo, desc="openclipart: rendering (once)", unit="drawing", file=sys.stderr,
-               disable=None if progress is None else not progress)
-    for drawing in bar:
+    for drawing in ds.progress_bar(todo, "openclipart: rendering (once)", "drawing", progress):
         name = _raster_name(drawing)
         fallbacks = [source.png / PurePosixPath(s).with_suffix(".png") for s in drawing.sources] if source.png else []
         started = time.perf_counter()
@@ -576,8 +457,7 @@ def _rasterise_all(drawings: list[_Drawing], source: _Source, images: Path, prog
         if image is None:
             record.update(status="failed", reason=reason)
         else:
-            with atomic_path(images / f"{name}.png", suffix=".png") as tmp:
-                image.save(tmp, format="PNG")
+            ds.save_png(image, images / f"{name}.png")
             pixels = hashlib.blake2b(np.asarray(image).tobytes(), digest_size=16)
             pixels.update(f"{image.width}x{image.height}".encode())
             record.update(status="ok", raster=origin, svg_error=reason, pixels=pixels.hexdigest(),
@@ -654,7 +534,7 @@ def _build_manifest(source: _Source, folder: Path, digest: str, min_count: int,
             "size": record.get("size"),
         })
     counter = Counter(k for image in merged for k in image["keywords"])
-    classes = sorted(k for k, n in counter.items() if n >= min_count)
+    classes, keyword_counts = ds.frequent(counter, min_count)
     kept_classes = set(classes)
     images = []
     for image in merged:
@@ -671,7 +551,7 @@ def _build_manifest(source: _Source, folder: Path, digest: str, min_count: int,
         image["split"] = split
     left_out.sort(key=lambda entry: (LEFT_OUT_REASONS.index(entry["reason"]), entry["sources"][0]))
     counts.update({
-        "left_out": {reason: sum(1 for e in left_out if e["reason"] == reason) for reason in LEFT_OUT_REASONS},
+        "left_out": ds.reason_counts(left_out, LEFT_OUT_REASONS),
         "png_fallbacks": fallbacks,
         "render_seconds": round(render_seconds, 1),
         "images": len(images),
@@ -684,7 +564,7 @@ def _build_manifest(source: _Source, folder: Path, digest: str, min_count: int,
         "rule": rule_description(min_count),
         "counts": counts,
         "classes": classes,
-        "keyword_counts": dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "keyword_counts": keyword_counts,
         "images": images,
         "left_out": left_out,
     }
@@ -695,12 +575,11 @@ def ensure_openclipart(root: Path | str | None = None, min_count: int = MIN_CLAS
     """Return ``(cache folder, manifest)`` of the cleaned dataset, building it first when the folder
     ``<cache>/openclipart/<digest>/`` has no valid manifest (none yet, another format or digest, a raster
     missing); an interrupted build resumes. ``cache_dir`` defaults to ``$SPML_CACHE``, else ``~/.cache/spml``."""
-    if isinstance(min_count, bool) or int(min_count) < 1:
-        raise DataError(f"openclipart: min-count must be a positive integer, got {min_count!r}")
+    least = ds.check_min_count("openclipart", min_count)
     source = resolve_source(root)
-    digest = cache_digest(source, int(min_count))
-    return cached_manifest("openclipart", source.svg, cache_parent("openclipart", cache_dir), digest,
-                           lambda folder: _build_manifest(source, folder, digest, int(min_count), progress))
+    digest = cache_digest(source, least)
+    return ds.cached_manifest("openclipart", source.svg, cache_dir, digest,
+                           lambda folder: _build_manifest(source, folder, digest, least, progress))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -713,44 +592,21 @@ def _format_left_out(counts: dict[str, int]) -> str:
 
 def _keyword_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dict[str, LabelledImages], list[str]]:
     classes = list(manifest["classes"])
-    parts = {split: labelled([(folder / image["file"], image["labels"]) for image in manifest["images"]
-                               if image["split"] == split], classes) for split, _ in SPLIT_FRACTIONS}
+    parts = split_parts(folder, manifest["images"], classes)
     counts = manifest["counts"]
-    labels = sum(len(image["labels"]) for image in manifest["images"])
     notes = [
-        f"openclipart: {counts['images']:,} images ({', '.join(f'{s} {len(p):,}' for s, p in parts.items())}), "
-        f"{len(classes)} classes (keywords on >= {manifest['rule']['min_count']} images), "
-        f"{labels / max(1, counts['images']):.2f} labels per image, from {counts['drawings']:,} distinct drawings "
-        f"({counts['svg_paths']:,} SVG paths)",
+        f"openclipart: {ds.split_counts(parts)}, {len(classes)} classes (keywords on >= "
+        f"{manifest['rule']['min_count']} images), {ds.labels_per_image(parts)} labels per image, from "
+        f"{counts['drawings']:,} distinct drawings ({counts['svg_paths']:,} SVG paths)",
         f"openclipart: left out: {_format_left_out(counts['left_out'])} "
-        f"(python -m models.data.openclipart prints the rule and the counts)",
+        f"(python -m models.sources.openclipart prints the rule and the counts)",
     ]
     return classes, parts, notes
 
 
 def _folder_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dict[str, LabelledImages], list[str]]:
-    images = manifest["images"]
-    classes = sorted({image["folder_class"] for image in images
-                      if image["split"] == "train" and image["folder_class"] is not None})
-    known = set(classes)
-    rows: dict[str, list[tuple[Path, list[str]]]] = {"train": [], "val": [], "test": []}
-    no_folder = Counter()
-    unseen_val = 0
-    for image in images:
-        path = folder / image["file"]
-        if image["split"] == "test":
-            labels = [name for name in image["labels"] if name in known]
-            if labels:
-                rows["test"].append((path, labels))
-            else:
-                no_folder["test"] += 1
-        elif image["folder_class"] is None:
-            no_folder[image["split"]] += 1
-        elif image["folder_class"] not in known:
-            unseen_val += 1
-        else:
-            rows[image["split"]].append((path, [image["folder_class"]]))
-    parts = {split: labelled(part, classes) for split, part in rows.items()}
+    classes, parts, no_folder = folder_view_parts(folder, manifest["images"])
+    unseen_val = no_folder["unseen"]
     notes = [
         f"openclipart folders: one positive per train/val image, its category folder's class: "
         f"{len(parts['train']):,} train, {len(parts['val']):,} val images, {len(classes)} classes; test "
@@ -761,12 +617,6 @@ def _folder_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dic
         + f", {no_folder['test']:,} test images with none of the view's classes",
     ]
     return classes, parts, notes
-
-
-def openclipart_dataset_name(argument: str) -> str:
-    """The dataset name of an ``openclipart:`` argument, without loading: ``openclipart``, or
-    ``openclipart-folders`` for the folder view."""
-    return dataset_name("openclipart", argument)
 
 
 def load_openclipart(root: Path | str | None = None, view: str = "keywords", min_count: int = MIN_CLASS_COUNT,
@@ -864,12 +714,7 @@ def report(folder: Path, manifest: dict[str, Any]) -> str:
         f"rasterised from the PNG render (SVG failed): {counts['png_fallbacks']}; rendering time (sum over "
         f"drawings): {counts['render_seconds']:.0f} s",
     ]
-    by_split = Counter(image["split"] for image in images)
-    labels = sum(len(image["labels"]) for image in images)
-    lines.append(f"images: {len(images):,} (train {by_split['train']:,}, val {by_split['val']:,}, test "
-                 f"{by_split['test']:,}); classes: {len(manifest['classes'])} (min count "
-                 f"{manifest['rule']['min_count']}); labels per image: {labels / max(1, len(images)):.2f}")
-    lines += class_lines(manifest, 22)
+    lines += [ds.images_line(manifest), *ds.class_lines(manifest, 22)]
     train_val = [image for image in images if image["split"] != "test"]
     placed = Counter(image["split"] for image in train_val if image["folder_class"] is not None)
     folder_classes = Counter(image["folder_class"] for image in train_val
@@ -884,8 +729,8 @@ def report(folder: Path, manifest: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command line: build the cache if needed, print the cleaning report; ``--export-folders OUT`` writes the
     folder view as a ``folder:`` tree. Returns the exit status (2 on a data error)."""
-    parser = command_line_parser(
-        "python -m models.data.openclipart", "The Open Clip Art Library 0.18 (Debian package openclipart-svg) as a "
+    parser = ds.command_line_parser(
+        "python -m models.sources.openclipart", "The Open Clip Art Library 0.18 (Debian package openclipart-svg) as a "
         "multi-label dataset: clean its keywords, render the drawings once into the cache, print the cleaning report.",
         f"the svg folder (default: {DEFAULT_ROOT}), or a folder holding svg/ and png/", MIN_CLASS_COUNT, "keyword",
         "also print every dropped/merged keyword and why")
@@ -894,12 +739,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--link", choices=("symlink", "hardlink", "copy"), default="symlink",
                         help="how --export-folders places the images (default: %(default)s)")
     args = parser.parse_args(argv)
-    try:
-        started = time.perf_counter()
-        folder, manifest = ensure_openclipart(args.root, args.min_count, args.cache, progress=not args.quiet)
-        print(f"ready in {time.perf_counter() - started:.1f} s")
+
+    def show(folder: Path, manifest: dict[str, Any]) -> None:
         if args.rule:
-            print(rule_lines({"dropped folders": DROPPED_FOLDERS, "batch keywords": BATCH_KEYWORDS,
+            print(ds.rule_lines({"dropped folders": DROPPED_FOLDERS, "batch keywords": BATCH_KEYWORDS,
                               "artifacts": {f"/{p.pattern}/": v for p, v in ARTIFACT_PATTERNS},
                               "dropped keywords": {**DROPPED_KEYWORDS, **AUTHOR_KEYWORDS}}), end="")
             print("merged: " + ", ".join(f"{k}->{v}" for k, v in MERGED_KEYWORDS.items()))
@@ -910,10 +753,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"folder view written to {args.export_folders.absolute()}: train {written.get('train', 0)}, "
                   f"val {written.get('val', 0)}, test_labels.csv {written['test']} rows; train it with "
                   f"--data folder:{args.export_folders}")
-    except DataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+
+    return ds.run_command(lambda: ensure_openclipart(args.root, args.min_count, args.cache, progress=not args.quiet),
+                       show)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,6 @@
-"""Drawings as training images: flattened on white, cropped to what is drawn, resized to one raster size.
-
-Shared by the dataset kinds made of drawings (the Open Clip Art Library, the Tux Paint stamps): a drawing's page
-is mostly empty and its size arbitrary, so every drawing is put on a white background, cropped to the bounding box
-of its non-white pixels (any channel more than :data:`BACKGROUND_TOLERANCE` below 255) plus a margin of
-:data:`CROP_MARGIN` of the box's longest side, and resized to :data:`RASTER_SIZE` px on its longest side (224 px
-training sees full resolution). SVGs are rendered with cairosvg (imported only when something is rendered) with
-:data:`RENDER_SIZE` px on the page's longest side; a drawing smaller than :data:`RASTER_SIZE` px on that page (a
-small figure on a large page) is rendered again, closer (at most :data:`MAX_RENDER_SIZE` px), before cropping; an
-SVG without a size (or with a relative one) is drawn on a :data:`DEFAULT_PAGE` px page.
-"""
+"""Drawings as training images: flattened on white, cropped to what is drawn (plus a margin), resized to
+:data:`RASTER_SIZE` px on the longest side; SVGs rendered with cairosvg (imported only when something is rendered),
+again closer when the drawing is small on its page. Shared by the drawing sets (docs/datasets.md, "openclipart")."""
 
 from __future__ import annotations
 
@@ -25,7 +17,7 @@ from models.data.types import DataError
 
 __all__ = ["BACKGROUND_TOLERANCE", "CROP_MARGIN", "DEFAULT_PAGE", "MAX_RENDER_SIZE", "RASTER_SIZE", "RENDER_SIZE",
            "BlankDrawing", "cairosvg_svg2png", "content_box", "crop_to_content", "on_white", "open_checked",
-           "raster_of_bitmap", "raster_of_svg", "render_svg"]
+           "raster_of_bitmap", "raster_of_file", "raster_of_svg", "render_svg"]
 
 #: Longest side of the cached rasters (px).
 RASTER_SIZE = 256
@@ -140,3 +132,11 @@ def raster_of_svg(svg2png: Callable[..., bytes], path: Path) -> Image.Image:
         if closer_box is not None:
             page, box = closer, closer_box
     return crop_to_content(page, box)
+
+
+def raster_of_file(path: Path, dataset: str) -> Image.Image:
+    """The cropped raster of a drawing file: an SVG rendered with cairosvg (a :class:`DataError` naming ``dataset``
+    when it is missing), any other file read as a bitmap."""
+    if path.suffix.lower() == ".svg":
+        return raster_of_svg(cairosvg_svg2png(dataset), path)
+    return raster_of_bitmap(path)

@@ -1,95 +1,38 @@
-"""The Tux Paint stamps as a real, human-tagged multi-label dataset: ``--data tuxpaint[:DIR]``.
+"""The Tux Paint stamps (Debian ``tuxpaint-stamps-default``) as a human-tagged multi-label dataset:
+``--data tuxpaint[:DIR][?view=folders][&min-count=N]``.
 
-Debian and Ubuntu package Tux Paint's default stamp collection as ``tuxpaint-stamps-default``
-(``/usr/share/tuxpaint/stamps``): about a thousand drawings (PNG, and SVG for some) filed by their authors in a
-category tree (``animals/amphibians/frog.png``), most with a one-line English description beside them
-(``frog.txt``, first line ``A frog.``; the other lines are its translations). Two human annotations of each drawing,
-the folder it was filed in and the words it was described with, become its labels under a fixed rule; the drawings
-are rasterised once into the package cache (:mod:`models.data.drawings`: on white, cropped to what is drawn, 256 px)
-and loaded as :class:`DatasetSplits`.
-
-Spec: ``tuxpaint[:DIR][?view=folders][&min-count=N]``. ``DIR`` (default ``/usr/share/tuxpaint/stamps``) is the
-stamps folder or a copy with the same layout; ``min-count`` (default :data:`MIN_CLASS_COUNT`) is the least number
-of images a label needs to become a class.
-
-**Reading.** A stamp is every ``<name>.png`` / ``<name>.svg`` below ``DIR`` (hidden entries skipped); a stamp with
-both is drawn from its PNG (Tux Paint's bitmap), one with only an SVG is rendered with cairosvg. Its description is
-the first line of ``<name>.txt`` (none when there is no such file).
-
-**The cleaning rule**, as data (module constants, all in the cache digest):
-
-1. :data:`DROPPED_FOLDERS`: stamps below ``symbols/alphabets`` are left out (letters in several fonts and the
-   American Sign Language hand signs: glyphs whose folders name a font variant, not a picture).
-2. Folder labels: every folder along the stamp's path, lower-cased, ``-`` and spaces as ``_``, except
-   :data:`STYLE_FOLDERS` (folders that name how it is drawn or how the authors sorted it, not what it shows).
-3. Description labels: the words of the description (runs of letters, NFKC, lower-cased) of at least
-   :data:`MIN_WORD_LENGTH` letters that are not in :data:`STOP_WORDS` (function words and words that name no
-   visible content: ``called``, ``piece``, ``move``).
-4. :data:`MERGED_LABELS` maps plurals and variants onto one name, for folders and words alike (``mammals`` ->
-   ``mammal``, ``cents`` -> ``cent``).
-5. Identical rasters (the same picture filed twice) are ONE image: the first in sorted path order keeps its raster,
-   the labels are the union (``merged duplicate``). A stamp that cannot be rasterised, or shows nothing on white,
-   is left out (``not rasterised``).
-6. A label on at least ``min-count`` images is a class (sorted by name); an image with none of the classes is left
-   out (``no frequent label``).
-
-``python -m models.data.tuxpaint`` prints the counts of each step and the classes (docs/datasets.md gives them for
-the Debian package).
-
-**Splits.** Grouped, 60/20/20: a stamp's group is its folder and its name without a trailing number
-(``frog``, ``frog-1``, ``frog_2`` are one group: variants of one drawing never straddle two splits); groups are
-ranked by a hash of their name and filled into train until it holds 60% of the images, then val to 80%, the rest
-test. Every split carries the full labels; the package's protocol draws one positive per training image.
-
-**The folder view** (``tuxpaint?view=folders``, dataset name ``tuxpaint-folders``): the same images as a user's own
-single-positive data, each train and val image with ONE positive, the deepest folder along its path that is one of
-its classes (``animals/mammals/bovines/cow.png`` -> ``bovine``); images with no such folder are left out of train
-and val; test keeps the full labels over the view's classes (to score only).
-
-**Cache.** ``<cache>/tuxpaint/<digest>/`` (``<cache>``: ``$SPML_CACHE``, else ``~/.cache/spml``), the digest covering
-the rule, the raster settings, :data:`RULE_VERSION` and the source folder's listing: ``images/<name>-<id>.png``
-(each written atomically; an interrupted build resumes) and ``manifest.json`` (written last). A build runs under a
-file lock.
+A stamp's labels are its folders and the words of its one-line description, cleaned by the rule below (module
+constants, all in the cache digest); the stamps are rasterised once into ``<cache>/tuxpaint/<digest>/`` and loaded
+as :class:`DatasetSplits` (grouped 60/20/20 splits; the folder view: one folder label per train/val image).
+docs/datasets.md, section "tuxpaint", tells the reading, the rule, the cache, the splits and the folder view, with
+the Debian package's figures.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import sys
-import time
-import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tqdm import tqdm
-
 from models.data.csv_format import emit_note
 from models.data.drawing_cache import (
     MANIFEST_FORMAT,
-    cache_parent,
-    cached_manifest,
-    class_lines,
-    command_line_parser,
-    dataset_name,
-    grouped_splits,
-    labelled,
+    folder_view_parts,
     parse_spec,
-    pixels_digest,
-    rule_lines,
+    split_parts,
     view_splits,
 )
-from models.data.drawings import RASTER_SIZE, cairosvg_svg2png, raster_of_bitmap, raster_of_svg
 from models.data.types import DataError, DatasetSplits
-from models.files.atomic_writes import atomic_path
+from models.sources import drawing_sets as ds
+from models.sources.drawings import RASTER_SIZE
 
 __all__ = ["DEFAULT_ROOT", "DROPPED_FOLDERS", "MERGED_LABELS", "MIN_CLASS_COUNT", "STOP_WORDS", "STYLE_FOLDERS",
            "description_labels", "ensure_tuxpaint", "folder_labels", "load_tuxpaint", "load_tuxpaint_spec",
-           "stamp_group", "tuxpaint_dataset_name"]
+           "stamp_group"]
 
 DEFAULT_ROOT = Path("/usr/share/tuxpaint/stamps")
 DEBIAN_PACKAGE = "tuxpaint-stamps-default"
@@ -146,7 +89,7 @@ STOP_WORDS: frozenset[str] = frozenset((
 _LEFT_OUT_REASONS = ("dropped folder", "not rasterised", "merged duplicate", "no frequent label")
 _WORD = re.compile(r"[a-z]+")
 _TRAILING_NUMBER = re.compile(r"[-_ ]?\d+$")
-_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_FOLDER_RUNS = re.compile(r"[\s-]+")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -162,7 +105,7 @@ def folder_labels(relative: str) -> list[str]:
     merged, style folders left out; in path order, each once."""
     labels: list[str] = []
     for folder in PurePosixPath(relative).parent.parts:
-        name = re.sub(r"[\s-]+", "_", unicodedata.normalize("NFKC", folder).strip().lower())
+        name = ds.fold(folder, _FOLDER_RUNS, "_")
         if name and name not in STYLE_FOLDERS and _canonical(name) not in labels:
             labels.append(_canonical(name))
     return labels
@@ -171,7 +114,7 @@ def folder_labels(relative: str) -> list[str]:
 def description_labels(description: str) -> list[str]:
     """The labels of a description: its words (letters only, lower case) of at least :data:`MIN_WORD_LENGTH`
     letters that are not stop words, merged; sorted, each once."""
-    words = _WORD.findall(unicodedata.normalize("NFKC", description).lower())
+    words = _WORD.findall(ds.fold(description))
     return sorted({_canonical(w) for w in words if len(w) >= MIN_WORD_LENGTH and w not in STOP_WORDS})
 
 
@@ -208,10 +151,7 @@ class _Stamp:
 def resolve_root(root: Path | str | None) -> Path:
     """The stamps folder: ``root`` or :data:`DEFAULT_ROOT`; a :class:`DataError` naming the Debian package when it
     is missing."""
-    given = root is not None and str(root).strip() != ""
-    path = (Path(str(root).strip()).expanduser() if given else DEFAULT_ROOT).absolute()
-    if (path / "stamps").is_dir():
-        path = path / "stamps"
+    path = ds.source_folder(root, DEFAULT_ROOT, "stamps")
     if not path.is_dir():
         raise DataError(
             f"tuxpaint: {path}: no such folder. The Tux Paint stamps are the Debian/Ubuntu package "
@@ -224,18 +164,7 @@ def resolve_root(root: Path | str | None) -> Path:
 def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
     """``(relative POSIX path, stat)`` of every image and description file below ``root``, sorted by path (hidden
     entries skipped)."""
-    found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            if name.startswith(".") or not name.lower().endswith((*IMAGE_SUFFIXES, ".txt")):
-                continue
-            path = os.path.join(folder, name)
-            try:
-                found.append((Path(path).relative_to(root).as_posix(), os.stat(path)))
-            except OSError:
-                continue
-    return sorted(found, key=lambda entry: entry[0])
+    return ds.files_below(root, (*IMAGE_SUFFIXES, ".txt"), os.stat)
 
 
 def _read_description(path: Path) -> str:
@@ -286,16 +215,12 @@ def rule_description(min_count: int) -> dict[str, Any]:
 
 def cache_digest(root: Path, min_count: int) -> str:
     """The cache folder's name: a digest of the rule, the source folder and its listing (path, size, mtime)."""
-    listing = hashlib.blake2b(digest_size=16)
-    for rel, info in _entries(root):
-        listing.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
-    payload = {"rule": rule_description(min_count), "root": str(root), "listing": listing.hexdigest()}
-    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=8).hexdigest()
+    listing = ds.listing_digest((rel, info.st_size, info.st_mtime_ns) for rel, info in _entries(root))
+    return ds.cache_key({"rule": rule_description(min_count), "root": str(root), "listing": listing})
 
 
 def _raster_name(stamp: _Stamp) -> str:
-    identity = hashlib.blake2b(stamp.relative.encode(), digest_size=6).hexdigest()
-    return f"{_NAME_UNSAFE.sub('_', PurePosixPath(stamp.relative).name)[:60]}-{identity}.png"
+    return ds.raster_name(PurePosixPath(stamp.relative).name, stamp.relative)
 
 
 def _rasterise_all(stamps: list[_Stamp], images: Path, progress: bool | None) -> dict[str, str]:
@@ -306,23 +231,10 @@ def _rasterise_all(stamps: list[_Stamp], images: Path, progress: bool | None) ->
     if not todo:
         return failed
     images.mkdir(parents=True, exist_ok=True)
-    svg2png = None
-    for stamp in tqdm(todo, desc="tuxpaint: rasterising (once)", unit="stamp", file=sys.stderr,
-                      disable=None if progress is None else not progress):
-        try:
-            if stamp.image.suffix.lower() == ".svg":
-                svg2png = svg2png or cairosvg_svg2png("tuxpaint")
-                image = raster_of_svg(svg2png, stamp.image)
-            else:
-                image = raster_of_bitmap(stamp.image)
-        except DataError:
-            raise
-        except Exception as exc:  # PIL and cairosvg raise many types on bad files
-            message = str(exc).strip().splitlines()
-            failed[stamp.relative] = f"{type(exc).__name__}: {message[0][:200] if message else ''}"
-            continue
-        with atomic_path(images / _raster_name(stamp), suffix=".png") as tmp:
-            image.save(tmp, format="PNG")
+    for stamp in ds.progress_bar(todo, "tuxpaint: rasterising (once)", "stamp", progress):
+        reason = ds.write_raster(images / _raster_name(stamp), stamp.image, "tuxpaint")
+        if reason:
+            failed[stamp.relative] = reason
     return failed
 
 
@@ -346,7 +258,7 @@ def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progr
             left_out.append({"stamp": stamp.relative, "reason": "not rasterised",
                              "detail": failed.get(stamp.relative, "no raster")})
             continue
-        key = pixels_digest(raster)
+        key = ds.pixels_digest(raster)
         if key in merged:
             first = merged[key]
             first["labels"] = sorted(set(first["labels"]) | set(stamp.labels))
@@ -357,7 +269,7 @@ def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progr
         merged[key] = {"stamp": stamp.relative, "file": f"images/{raster.name}", "description": stamp.description,
                        "sources": [stamp.image.relative_to(root).as_posix()], "labels": stamp.labels}
     counter = Counter(label for image in merged.values() for label in image["labels"])
-    classes = sorted(label for label, n in counter.items() if n >= min_count)
+    classes, label_counts = ds.frequent(counter, min_count)
     kept = set(classes)
     images = []
     for image in merged.values():
@@ -369,15 +281,14 @@ def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progr
             continue
         image["folder_class"] = deepest_folder_class(image["stamp"], kept)
         images.append(image)
-    splits = grouped_splits([stamp_group(i["stamp"]) for i in images], "tuxpaint-split", SPLIT_FRACTIONS)
+    splits = ds.grouped_splits([stamp_group(i["stamp"]) for i in images], "tuxpaint-split", SPLIT_FRACTIONS)
     for image, split in zip(images, splits, strict=True):
         image["split"] = split
     return {
         "format": MANIFEST_FORMAT, "digest": digest, "source": str(root), "rule": rule_description(min_count),
         "counts": {"stamps": len(stamps), "images": len(images), "classes": len(classes),
-                   "left_out": {reason: sum(1 for e in left_out if e["reason"] == reason)
-                                for reason in _LEFT_OUT_REASONS}},
-        "classes": classes, "label_counts": dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))),
+                   "left_out": ds.reason_counts(left_out, _LEFT_OUT_REASONS)},
+        "classes": classes, "label_counts": label_counts,
         "images": images, "left_out": left_out,
     }
 
@@ -386,21 +297,15 @@ def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_C
                     progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
     """``(cache folder, manifest)`` of the cleaned stamps, building the cache first when it has no valid manifest
     (an interrupted build resumes). ``cache_dir`` defaults to ``$SPML_CACHE``, else ``~/.cache/spml``."""
-    if isinstance(min_count, bool) or int(min_count) < 1:
-        raise DataError(f"tuxpaint: min-count must be a positive integer, got {min_count!r}")
+    least = ds.check_min_count("tuxpaint", min_count)
     source = resolve_root(root)
-    digest = cache_digest(source, int(min_count))
-    return cached_manifest("tuxpaint", source, cache_parent("tuxpaint", cache_dir), digest,
-                           lambda folder: _build_manifest(source, folder, digest, int(min_count), progress))
+    digest = cache_digest(source, least)
+    return ds.cached_manifest("tuxpaint", source, cache_dir, digest,
+                           lambda folder: _build_manifest(source, folder, digest, least, progress))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
-
-
-def tuxpaint_dataset_name(argument: str) -> str:
-    """``tuxpaint``, or ``tuxpaint-folders`` for the folder view, without loading."""
-    return dataset_name("tuxpaint", argument)
 
 
 def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_count: int = MIN_CLASS_COUNT,
@@ -411,30 +316,14 @@ def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_coun
     if view not in VIEWS:
         raise DataError(f"tuxpaint: unknown view {view!r} (use view=folders, or no view for the full labels)")
     folder, manifest = ensure_tuxpaint(root, min_count, cache_dir, progress)
-    images = manifest["images"]
     if view == "folders":
-        classes = sorted({i["folder_class"] for i in images if i["split"] == "train" and i["folder_class"]})
-        known = set(classes)
-        rows: dict[str, list[tuple[Path, list[str]]]] = {"train": [], "val": [], "test": []}
-        for image in images:
-            path = folder / image["file"]
-            if image["split"] == "test":
-                labels = [name for name in image["labels"] if name in known]
-                if labels:
-                    rows["test"].append((path, labels))
-            elif image["folder_class"] in known:
-                rows[image["split"]].append((path, [image["folder_class"]]))
+        classes, parts, _ = folder_view_parts(folder, manifest["images"])
     else:
         classes = list(manifest["classes"])
-        rows = {split: [(folder / i["file"], i["labels"]) for i in images if i["split"] == split]
-                for split, _ in SPLIT_FRACTIONS}
-    parts = {split: labelled(part, classes) for split, part in rows.items()}
+        parts = split_parts(folder, manifest["images"], classes)
     splits = view_splits("tuxpaint", manifest["source"], view, VIEWS[0], min_count, MIN_CLASS_COUNT, classes, parts)
-    labels = sum(len(p.labels.nonzero()[0]) for p in parts.values())
-    total = sum(len(p) for p in parts.values())
-    emit_note(splits.notes, f"{splits.name}: {total:,} images ("
-              + ", ".join(f"{s} {len(p):,}" for s, p in parts.items()) + f"), {len(classes)} classes, "
-              f"{labels / max(1, total):.2f} labels per image (python -m models.data.tuxpaint prints the rule)")
+    emit_note(splits.notes, f"{splits.name}: {ds.split_counts(parts)}, {len(classes)} classes, "
+              f"{ds.labels_per_image(parts)} labels per image (python -m models.sources.tuxpaint prints the rule)")
     return splits
 
 
@@ -450,37 +339,29 @@ def load_tuxpaint_spec(argument: str) -> DatasetSplits:
 
 def report(folder: Path, manifest: dict[str, Any]) -> str:
     """The cleaning report of a built cache folder: counts per reason, labels per image, classes per split."""
-    counts, images = manifest["counts"], manifest["images"]
-    by_split = Counter(image["split"] for image in images)
-    labels = sum(len(image["labels"]) for image in images)
+    counts = manifest["counts"]
     lines = [f"cache: {folder}", f"source: {manifest['source']}", f"stamps: {counts['stamps']:,}",
              "left out / merged, by reason: " + ", ".join(f"{n} {r}" for r, n in counts["left_out"].items()),
-             f"images: {len(images):,} (train {by_split['train']}, val {by_split['val']}, test {by_split['test']}); "
-             f"classes: {len(manifest['classes'])} (min count {manifest['rule']['min_count']}); labels per image: "
-             f"{labels / max(1, len(images)):.2f}", *class_lines(manifest, 14)]
+             ds.images_line(manifest), *ds.class_lines(manifest, 14)]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Build the cache if needed and print the cleaning report; exit status 2 on a data error."""
-    parser = command_line_parser(
-        "python -m models.data.tuxpaint", f"The Tux Paint stamps (Debian package {DEBIAN_PACKAGE}) as a multi-label "
+    parser = ds.command_line_parser(
+        "python -m models.sources.tuxpaint", f"The Tux Paint stamps (Debian package {DEBIAN_PACKAGE}) as a multi-label "
         "dataset: label them by the rule, rasterise them once into the cache, print the report.",
         f"default: {DEFAULT_ROOT}", MIN_CLASS_COUNT, "label", "also print the rule's folders, merges and stop words")
     args = parser.parse_args(argv)
-    try:
-        started = time.perf_counter()
-        folder, manifest = ensure_tuxpaint(args.root, args.min_count, args.cache, progress=not args.quiet)
-        print(f"ready in {time.perf_counter() - started:.1f} s")
+
+    def show(folder: Path, manifest: dict[str, Any]) -> None:
         if args.rule:
-            print(rule_lines({"dropped folders": DROPPED_FOLDERS, "style folders": STYLE_FOLDERS}), end="")
+            print(ds.rule_lines({"dropped folders": DROPPED_FOLDERS, "style folders": STYLE_FOLDERS}), end="")
             print("merged: " + ", ".join(f"{k}->{v}" for k, v in MERGED_LABELS.items()))
             print("stop words: " + " ".join(sorted(STOP_WORDS)))
         print(report(folder, manifest))
-    except DataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+
+    return ds.run_command(lambda: ensure_tuxpaint(args.root, args.min_count, args.cache, progress=not args.quiet), show)
 
 
 if __name__ == "__main__":
