@@ -20,6 +20,7 @@ from models.network import MultiLabelNet
 from train.__main__ import main
 from train.config import TrainConfig
 from train.feature_cache import features_folder
+from train.fixed_features import FixedFeaturePhase
 from train.methods import METHODS
 from train.trainer import Trainer
 
@@ -152,3 +153,64 @@ def test_head_bias_starts_at_the_label_prior(squares_csv: Path, tmp_path: Path) 
     torch.testing.assert_close(partial.model.head.bias, torch.full((4,), logit(1 / 4)))  # observed per image
     default = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="default", head_bias="default"))
     assert default.model.head.bias.std() > 0.01  # PyTorch's uniform initialisation
+
+
+def _phases(method: str, rows: list[int], classes: int = 5, width: int = 12) -> list[FixedFeaturePhase]:
+    """Phases on random features, one per count of training rows (batches of 8, 2 epochs of onecycle Adam)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from models.data.types import LabelledImages
+    from train.fixed_features import HeadOptimisation
+    from train.inference import Rows
+    from train.methods import MethodContext, make_hparams
+
+    out = []
+    for i, n in enumerate(rows):
+        gen = torch.Generator().manual_seed(i)
+        labels = np.zeros((n + 6, classes), dtype=np.uint8)
+        labels[np.arange(n + 6), torch.randint(0, classes, (n + 6,), generator=gen).numpy()] = 1
+        images = LabelledImages([Path(f"{j}.png") for j in range(n + 6)], labels, [str(c) for c in range(classes)])
+        train, val = images.subset(np.arange(n)), images.subset(np.arange(n, n + 6))
+        features = {split: Rows(torch.rand(len(part), width, generator=gen), torch.ones(len(part), dtype=torch.bool))
+                    for split, part in (("train", train), ("val", val))}
+        observed = torch.from_numpy(train.labels.astype(np.float32))
+        ctx = MethodContext(classes, n, observed, expected_positives=1.0, epochs=2)
+        built = METHODS[method](ctx, make_hparams(METHODS[method], {}))
+        torch.manual_seed(i)
+        model = SimpleNamespace(head=torch.nn.Linear(width, classes))
+        predictor = SimpleNamespace(device=torch.device("cpu"))
+        out.append(FixedFeaturePhase(model, built, predictor, train, val, observed, torch.zeros_like(observed), None,
+                                     HeadOptimisation("adam", 1e-2, 2, scheduler="onecycle"), 8, 0,
+                                     features=features))
+    return out
+
+
+@pytest.mark.parametrize("method", ["an", "pu-mlc", "ll-cp", "role"])
+def test_phases_trained_together_take_the_steps_of_one_after_the_other(method: str) -> None:
+    """JointTraining (the cross-fitted heads of a candidate): the same heads and method state as training each phase
+    alone from the same random state, also for a method that draws random numbers (pu-mlc's mixup) or keeps
+    per-image state (ll-cp) or parameters of its own (role); phases of another pace train in a group of their own."""
+    from train.fixed_features import JointTraining, joint_groups
+
+    rows = [37, 39, 40, 41]  # 5, 5, 5 and 6 steps per epoch
+    alone = _phases(method, rows)
+    for phase in alone:
+        torch.manual_seed(1)
+        for epoch in (1, 2):
+            phase.train_epoch(epoch)
+    together = _phases(method, rows)
+    torch.manual_seed(1)
+    groups = joint_groups(together)
+    assert groups == [[0, 1, 2], [3]]
+    for joint in [JointTraining([together[i] for i in group]) for group in groups]:
+        for epoch in (1, 2):
+            joint.train_epoch(epoch)
+    for one, other in zip(alone, together, strict=True):
+        for key, value in {**one.head.state_dict(), **one.method.state_dict()}.items():
+            assert torch.equal(value, {**other.head.state_dict(), **other.method.state_dict()}[key]), key
+    broken = _phases("an", [37, 39])
+    broken[1].train_features[:] = math.nan
+    with pytest.raises(FloatingPointError, match="loss is nan at epoch 1, step 1; try a lower --lr"):
+        JointTraining(broken).train_epoch(1)

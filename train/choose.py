@@ -40,6 +40,7 @@ scores of the ``an`` heads and given to every candidate that needs it and to the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import multiprocessing as mp
@@ -63,7 +64,7 @@ from train.console import log
 from train.cross_fitting import Pool, fold_data, labelled_pool
 from train.distributed import current_world
 from train.feature_cache import FeatureCache, split_feature_key
-from train.fixed_features import FixedFeaturePhase, HeadOptimisation, head_threads
+from train.fixed_features import FixedFeaturePhase, HeadOptimisation, JointTraining, head_threads, joint_groups
 from train.inference import DatasetForward, Rows
 from train.methods import BASELINE, METHODS, EpochEndContext, get_method, make_hparams
 from train.run_setup import (
@@ -218,8 +219,53 @@ def fit_candidate(candidate: Candidate, cfg: TrainConfig, data: RunData, model: 
     schedule, batch size, epochs and seed) and keep the epoch the run's selection criterion picks on its validation
     split, with the validation logits there (and the logits of ``features["scored"]``, when given: rows of
     unreadable images NaN). ``observer`` is called after every epoch (benchmarks score more)."""
+    return _fit_heads(candidate, cfg, model, forward, [(data, features)], k, observer)[0]
+
+
+def _fit_heads(candidate: Candidate, cfg: TrainConfig, model: MultiLabelNet, forward: DatasetForward,
+               fits: list[tuple[RunData, dict[str, Rows]]], k: ExpectedPositives | None,
+               observer: EpochObserver | None = None) -> list[CandidateResult]:
+    """:func:`fit_candidate` of each (data, features) of ``fits``, with a head of its own (copies of ``model``'s
+    head, which the last one trains), trained together where they can (:func:`~train.fixed_features.joint_groups`)
+    with the same updates as one after the other. All fail when one cannot be built or one diverges."""
     started = time.perf_counter()
-    result = CandidateResult(candidate)
+    results = [CandidateResult(candidate) for _ in fits]
+    phases = []
+    for i, (data, features) in enumerate(fits):
+        made = _phase(candidate, cfg, data, model, forward, features, k, own_head=i < len(fits) - 1)
+        if isinstance(made, str):
+            for result in results:
+                result.failed = made
+            return results
+        phases.append(made)
+    for joint, members in [(JointTraining([phases[i] for i in group]), group) for group in joint_groups(phases)]:
+        try:
+            for epoch in range(1, cfg.epochs + 1):
+                joint.train_epoch(epoch)
+                for i in members:
+                    phase, result, features = phases[i], results[i], fits[i][1]
+                    phase.method.on_epoch_end(EpochEndContext(epoch=epoch, predict_train=phase.predict_train))
+                    assessment = phase.validate()
+                    if observer is not None:
+                        observer(candidate, epoch, model, phase, assessment)
+                    if assessment.score > result.selection_score:
+                        result.best_epoch, result.selection_score = epoch, assessment.score
+                        result.val_logits = assessment.logits
+                        if "scored" in features:
+                            result.scored_logits = _head_logits(phase.head, features["scored"])
+        except FloatingPointError as exc:
+            for result in results:
+                result.failed = f"diverged ({exc})"
+            break
+    for result in results:
+        result.seconds = time.perf_counter() - started
+    return results
+
+
+def _phase(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet, forward: DatasetForward,
+           features: dict[str, Rows], k: ExpectedPositives | None, own_head: bool) -> FixedFeaturePhase | str:
+    """The fixed-feature phase of ``candidate`` on ``data`` from ``cfg``'s seed: ``model``'s head reset and its bias
+    initialised (the phase trains a copy of it with ``own_head``), the method built; why not when it cannot be."""
     splits = data.splits
     method_cls = get_method(candidate.method)
     run_cfg = resolve_model_defaults(dataclasses.replace(cfg, method=candidate.method, lr=candidate.lr,
@@ -236,8 +282,7 @@ def fit_candidate(candidate: Candidate, cfg: TrainConfig, data: RunData, model: 
         method = build_method(method_cls, hparams, run_cfg, splits, data.dataset.name, cfg.epochs,
                               model.num_features, forward.device, expected)
     except ValueError as exc:
-        result.failed = str(exc)
-        return result
+        return str(exc)
     prior_k, source = prior_positives(run_cfg, splits, data.dataset.family, expected)
     initialise_head_bias(model, run_cfg, [], prior_k, source)
     observed = torch.from_numpy((splits.train_observed > 0).astype(np.float32))
@@ -245,34 +290,18 @@ def fit_candidate(candidate: Candidate, cfg: TrainConfig, data: RunData, model: 
     optimisation = HeadOptimisation(cfg.optimizer, candidate.lr, cfg.epochs, cfg.weight_decay, cfg.momentum,
                                     cfg.scheduler)
     rule = resolve_criterion(cfg.select, splits.has_full_labels("val"))
-    phase = FixedFeaturePhase(model, method, forward, splits.train, splits.val, observed, negatives, None,
-                              optimisation, cfg.batch_size, cfg.seed, rule.criterion,
-                              splits.has_full_labels("val"), features=features)
-    try:
-        for epoch in range(1, cfg.epochs + 1):
-            phase.train_epoch(epoch)
-            method.on_epoch_end(EpochEndContext(epoch=epoch, predict_train=phase.predict_train))
-            assessment = phase.validate()
-            if observer is not None:
-                observer(candidate, epoch, model, phase, assessment)
-            if assessment.score > result.selection_score:
-                result.best_epoch, result.selection_score = epoch, assessment.score
-                result.val_logits = assessment.logits
-                if "scored" in features:
-                    result.scored_logits = _head_logits(model, features["scored"])
-    except FloatingPointError as exc:
-        result.failed = f"diverged ({exc})"
-    result.seconds = time.perf_counter() - started
-    return result
+    return FixedFeaturePhase(model, method, forward, splits.train, splits.val, observed, negatives, None,
+                             optimisation, cfg.batch_size, cfg.seed, rule.criterion, splits.has_full_labels("val"),
+                             features=features, head=copy.deepcopy(model.head) if own_head else None)
 
 
-def _head_logits(model: MultiLabelNet, rows: Rows) -> np.ndarray:
+def _head_logits(head: torch.nn.Module, rows: Rows) -> np.ndarray:
     """The head's logits of cached feature ``rows`` (eval mode, one thread), NaN for unreadable images."""
-    was_training = model.head.training
-    model.head.eval()
+    was_training = head.training
+    head.eval()
     with torch.inference_mode(), head_threads():
-        logits = model.head(rows.values.to(next(model.head.parameters()).device)).float().cpu().numpy()
-    model.head.train(was_training)
+        logits = head(rows.values.to(next(head.parameters()).device)).float().cpu().numpy()
+    head.train(was_training)
     logits[~rows.present.numpy()] = np.nan
     return logits
 
@@ -281,11 +310,12 @@ def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, mo
                        forward: DatasetForward, pool: Pool, k: ExpectedPositives | None) -> tuple[np.ndarray, str]:
     """Cross-fitted logits of ``candidate`` for every image of ``pool`` (train/cross_fitting.py): one head per fold,
     trained on the other folds but the next, at the epoch the selection criterion picks on the next fold, scoring
-    the fold. Rows of unreadable images are NaN. Returns the logits and why a fold failed ("" when none did)."""
+    the fold (the folds' heads train together). Rows of unreadable images are NaN. Returns the logits and why a fold
+    failed ("" when none did)."""
     logits = np.full((len(pool), len(data.splits.classes)), np.nan, dtype=np.float32)
-    for fold in range(int(pool.folds.max()) + 1):
-        fold_run, fold_features = fold_data(data, pool, fold)
-        result = fit_candidate(candidate, cfg, fold_run, model, forward, fold_features, k)
+    folds = range(int(pool.folds.max()) + 1)
+    results = _fit_heads(candidate, cfg, model, forward, [fold_data(data, pool, fold) for fold in folds], k)
+    for fold, result in zip(folds, results, strict=True):
         if result.failed or result.scored_logits is None:
             return logits, result.failed or "no epoch could be scored"
         logits[pool.folds == fold] = result.scored_logits

@@ -25,6 +25,7 @@ from train.distributed import PerSampleSeeded, current_world, sum_over_ranks
 from train.methods import LossOutput
 
 HOST_SYNC_EVERY = 25  # steps between two reads of the running totals on the host
+DIVERGED_HINT = "try a lower --lr, --clip-grad 1.0, or --amp off"  # ends the error of a loss that was not finite
 
 
 @dataclass
@@ -110,7 +111,7 @@ class EpochTotals:
             return
         where = (f"loss is {float(self._bad_loss)} at epoch {self.epoch}, step {step}"  # type: ignore[arg-type]
                  if step >= 0 else f"the loss of another process is not finite in epoch {self.epoch}")
-        raise FloatingPointError(f"{where}; try a lower --lr, --clip-grad 1.0, or --amp off")
+        raise FloatingPointError(f"{where}; {DIVERGED_HINT}")
 
     def mean_loss(self) -> float:
         """This process's mean loss so far (a host sync)."""

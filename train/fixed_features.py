@@ -29,18 +29,20 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from models.data.dataset import FULL_LABELS, NEGATIVES
 from models.data.types import LabelledImages
 from models.network import MultiLabelNet
 from train.distributed import current_world
-from train.epoch_loop import EpochTotals
+from train.epoch_loop import DIVERGED_HINT, EpochTotals
 from train.feature_cache import FeatureCache
 from train.inference import DatasetForward, Rows
 from train.methods import Method
 from train.optimizer_factory import build_optimizer, build_scheduler
 from train.selection import CRITERIA, DEFAULT_CRITERION, Assessment, Criterion, assess
-from train.training_step import run_training_step, wrap_training_step
+from train.training_step import method_step, run_training_step, wrap_training_step
 
 #: Threads for work on cached features (a linear head on batches of feature vectors): too little work per operation
 #: to split, so one thread is fastest (bench/README.md, head training threads).
@@ -88,8 +90,9 @@ class FixedFeaturePhase:
                  criterion: Criterion = CRITERIA[DEFAULT_CRITERION], val_full_labels: bool = True,
                  cache: FeatureCache | None = None,
                  cache_key: Callable[[LabelledImages], dict[str, Any]] | None = None,
-                 features: dict[str, Rows] | None = None) -> None:
+                 features: dict[str, Rows] | None = None, head: nn.Module | None = None) -> None:
         self.model, self.method, self.predictor = model, method, predictor
+        self.head = model.head if head is None else head
         self.observed, self.negatives, self.annotated = observed, negatives, annotated
         self.batch_size, self.seed, self.criterion = batch_size, seed, criterion
         self.val_full_labels = val_full_labels
@@ -98,11 +101,11 @@ class FixedFeaturePhase:
         self.cache, self.cache_key = cache, cache_key
         self.cache_hits: list[bool] = []
         self.given = dict(features or {})
-        params = [{"params": list(model.head.parameters())}, *method.param_groups(optimisation.lr)]
-        self.optimizer = build_optimizer(optimisation.optimizer, params, optimisation.lr,
-                                         weight_decay=optimisation.weight_decay, momentum=optimisation.momentum)
-        steps = optimisation.epochs * self.steps_per_epoch(len(train))
-        self.scheduler = build_scheduler(optimisation.scheduler, self.optimizer, steps)
+        self.optimisation = optimisation
+        self.total_steps = optimisation.epochs * self.steps_per_epoch(len(train))
+        self.optimizer, self.scheduler = head_optimiser(
+            [{"params": list(self.head.parameters())}, *method.param_groups(optimisation.lr)], optimisation,
+            self.total_steps)
         # Extraction must not consume the global RNG (a DataLoader iterator draws a seed from it), or a run
         # resumed inside the phase - which extracts again - would augment differently afterwards.
         devices = [predictor.device] if predictor.device.type == "cuda" else []
@@ -162,7 +165,34 @@ class FixedFeaturePhase:
     def predict_train(self, augment: bool) -> torch.Tensor:
         """Probabilities of the current head on the cached training features (no augmentation exists)."""
         with torch.inference_mode(), head_threads():
-            return torch.sigmoid(self.model.head(self.train_features)).cpu()
+            return torch.sigmoid(self.head(self.train_features)).cpu()
+
+    @property
+    def pace(self) -> tuple[int, int]:
+        """Steps of the schedule and of an epoch: phases of one pace can train together (:class:`JointTraining`)."""
+        return self.total_steps, self.steps_per_epoch(int(self.train_present.sum()))
+
+    def batches(self, epoch: int) -> Iterator[tuple[int, int, dict[str, torch.Tensor]]]:
+        """The steps of an epoch over the cached training features in a seeded random order: the step's number, the
+        rows of its global batch and this rank's batch (rows r, r + W, ... of the global batch; a global batch with
+        fewer rows than ranks is skipped). The labels are put in the epoch's order once, the features gathered per
+        step; the observed negatives are left out when there are none and the method does not read them."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(self.train_features.shape[0], generator=generator)
+        if not self.train_present.all():
+            order = order[self.train_present[order]]
+        labels = {"observed": self.observed, NEGATIVES: self.negatives, FULL_LABELS: self.annotated}
+        if not (self.method.uses_observed_negatives or bool(self.negatives.any())):
+            del labels[NEGATIVES]
+        rows = {key: value.index_select(0, order).to(self.predictor.device) for key, value in labels.items()
+                if value is not None}
+        rows["index"] = order.to(self.predictor.device)
+        world = current_world()
+        for number, start in enumerate(range(0, len(order), self.batch_size), start=1):
+            size = min(self.batch_size, len(order) - start)
+            if size >= world.size:
+                batch = {key: value[start:start + size][world.rank::world.size] for key, value in rows.items()}
+                yield number, size, {"images": self.train_features.index_select(0, batch["index"]), **batch}
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch over the cached training features in a seeded random order."""
@@ -170,35 +200,23 @@ class FixedFeaturePhase:
             return self._train_epoch(epoch)
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
-        head, device = self.model.head, self.predictor.device
-        head.train()
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        order = torch.randperm(self.train_features.shape[0], generator=generator)
-        if not self.train_present.all():
-            order = order[self.train_present[order]]
+        self.head.train()
         totals = EpochTotals(epoch)
         world = current_world()
         started = time.perf_counter()
         # this epoch's step module (DDP under torchrun); dropped at the end of the epoch, so it never coexists
         # with the end-to-end wrapper of the same method parameters
-        step = wrap_training_step(head, self.method, device)
-        for number, start in enumerate(range(0, len(order), self.batch_size), start=1):
-            global_idx = order[start : start + self.batch_size]
-            if len(global_idx) < world.size:
-                continue
-            idx = global_idx[world.rank :: world.size]
-            batch = {"images": self.train_features[idx.to(device)], "observed": self.observed[idx].to(device),
-                     NEGATIVES: self.negatives[idx].to(device), "index": idx.to(device)}
-            if self.annotated is not None:
-                batch[FULL_LABELS] = self.annotated[idx].to(device)
+        step = wrap_training_step(self.head, self.method, self.predictor.device)
+        for number, size, batch in self.batches(epoch):
+            rows = len(batch["index"])
             out = run_training_step(step, batch)
             self.optimizer.zero_grad(set_to_none=True)
             # this rank's share of the global mean; DDP's average of the gradients then gives the one-process step
-            (out.loss * (len(idx) * world.size / len(global_idx))).backward()
+            (out.loss * (rows * world.size / size)).backward()
             self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
-            totals.add(out, len(idx), number)
+            totals.add(out, rows, number)
         totals.raise_if_diverged()
         stats, _ = totals.means()
         return {**stats, "phase": 1.0, "lr": float(self.optimizer.param_groups[0]["lr"]),
@@ -208,7 +226,7 @@ class FixedFeaturePhase:
         """The current head's val predictions (cached features) against the val labels, with the criterion."""
         present = self.val_present
         with torch.inference_mode(), head_threads():
-            logits = self.model.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
+            logits = self.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
         return assess(logits, self.val_labels[present.numpy()], self.classes, self.criterion,
                       full_labels=self.val_full_labels)
 
@@ -216,7 +234,7 @@ class FixedFeaturePhase:
         """Keep a copy of the head and the method state when ``score`` is the best of the phase."""
         if score > self.best_score:
             self.best_score = score
-            self.best_state = {"head": copy.deepcopy(self.model.head.state_dict()),
+            self.best_state = {"head": copy.deepcopy(self.head.state_dict()),
                                "method": copy.deepcopy(self.method.state_dict())}
             return True
         return False
@@ -224,5 +242,76 @@ class FixedFeaturePhase:
     def restore_best(self) -> None:
         """Load the best head and method state of the phase (before the end-to-end phase of LinearInit)."""
         if self.best_state is not None:
-            self.model.head.load_state_dict(self.best_state["head"])
+            self.head.load_state_dict(self.best_state["head"])
             self.method.load_state_dict(self.best_state["method"])
+
+
+def head_optimiser(groups: list[dict[str, Any]], optimisation: HeadOptimisation,
+                   total_steps: int) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
+    """The optimiser of the parameter ``groups`` and its per-step schedule over ``total_steps``, as ``optimisation``
+    says."""
+    optimizer = build_optimizer(optimisation.optimizer, groups, optimisation.lr,
+                                weight_decay=optimisation.weight_decay, momentum=optimisation.momentum)
+    return optimizer, build_scheduler(optimisation.scheduler, optimizer, total_steps)
+
+
+class JointTraining:
+    """Phases of the same :attr:`~FixedFeaturePhase.pace` and optimisation trained together in one process (the
+    cross-fitted heads of a candidate, one per fold): each step runs every phase's batch through its own head and
+    method, then one backward pass of the summed losses and one step of one optimiser over all their parameters (the
+    phases' own optimisers are left unused). The updates are those of training the phases one after the other, each
+    from the random state when the group is made (every phase draws from its own copy of the stream; the optimisers'
+    updates are per parameter), for a fraction of the per-step overhead."""
+
+    def __init__(self, phases: list[FixedFeaturePhase]) -> None:
+        self.phases = phases
+        self.random_states = [torch.get_rng_state() for _ in phases]
+        if len(phases) == 1:
+            return
+        first = phases[0]
+        if current_world().distributed or any(p.pace != first.pace or p.optimisation != first.optimisation
+                                              for p in phases):
+            raise ValueError("phases train together in one process only, at the same pace and optimisation")
+        heads = {"params": [p for phase in phases for p in phase.head.parameters()]}
+        groups = [heads, *(group for phase in phases for group in phase.method.param_groups(first.optimisation.lr))]
+        self.optimizer, self.scheduler = head_optimiser(groups, first.optimisation, first.total_steps)
+
+    def train_epoch(self, epoch: int) -> None:
+        """One epoch of every phase (a sole phase takes its own step: under torchrun too); ``FloatingPointError`` when
+        a loss was not finite."""
+        if len(self.phases) == 1:
+            torch.set_rng_state(self.random_states[0])
+            self.phases[0].train_epoch(epoch)
+            self.random_states[0] = torch.get_rng_state()
+            return
+        for phase in self.phases:
+            phase.head.train()
+        losses = []  # per step, of every phase: checked at the end of the epoch (no host sync per step)
+        with head_threads():
+            for steps in zip(*(phase.batches(epoch) for phase in self.phases), strict=True):
+                outs = []
+                for i, (phase, (_, _, batch)) in enumerate(zip(self.phases, steps, strict=True)):
+                    torch.set_rng_state(self.random_states[i])
+                    outs.append(method_step(phase.head, phase.method, batch).loss)
+                    self.random_states[i] = torch.get_rng_state()
+                stacked = torch.stack(outs)
+                self.optimizer.zero_grad(set_to_none=True)
+                stacked.sum().backward()
+                losses.append(stacked.detach())
+                self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
+        bad = torch.nonzero(~torch.isfinite(torch.stack(losses)))
+        if len(bad):
+            step, i = bad[0].tolist()
+            raise FloatingPointError(f"loss is {float(losses[step][i])} at epoch {epoch}, step {step + 1}; "
+                                     f"{DIVERGED_HINT}")
+
+
+def joint_groups(phases: list[FixedFeaturePhase]) -> list[list[int]]:
+    """The indices of ``phases`` in the groups that can train together (:class:`JointTraining`): those of the same
+    pace (each alone under torchrun)."""
+    groups: dict[Any, list[int]] = {}
+    for i, phase in enumerate(phases):
+        groups.setdefault(i if current_world().distributed else phase.pace, []).append(i)
+    return list(groups.values())

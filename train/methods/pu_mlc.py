@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from train.methods.base import LossOutput, Method, MethodHparams, register
+from train.methods.base import LossOutput, Method, MethodContext, MethodHparams, register
 
 PU_EPSILON = 1e-10
 MIXUP = "images_mixup"  # the mixed images, run through the model by the trainer (their logits: "logits_mixup")
@@ -96,6 +96,11 @@ class PuMlc(Method):
     description = ("variational PU loss (positives vs all images), adaptive temperature, re-balance factor, "
                    "mixup regulariser")
 
+    def __init__(self, ctx: MethodContext, hparams: PuMlcHparams) -> None:
+        super().__init__(ctx, hparams)
+        # made once: making a distribution checks its parameters, which takes longer than a draw
+        self.mixing = torch.distributions.Beta(hparams.mixup_alpha, hparams.mixup_alpha)
+
     def extra_model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The mixup images (the permuted first half of the batch mixed with the second half), the pairs and
         lambda; nothing when the regulariser is off."""
@@ -109,7 +114,7 @@ class PuMlc(Method):
         if half == 0:  # a batch of one: mix the sample with itself
             first = second = torch.zeros(1, dtype=torch.long, device=images.device)
         first = first[torch.randperm(first.numel()).to(images.device)]
-        lam = torch.distributions.Beta(self.hp.mixup_alpha, self.hp.mixup_alpha).sample()
+        lam = self.mixing.sample()
         return {MIXUP: lam * images[first] + (1.0 - lam) * images[second], "mixup_pairs": torch.stack([first, second]),
                 "mixup_lambda": lam}
 
