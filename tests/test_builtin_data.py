@@ -14,8 +14,8 @@ from PIL import Image
 from models.data.types import DataError
 from models.sources import builtin
 from models.sources.builtin import (
+    BUILTIN_PRESETS,
     GENERATOR_VERSION,
-    PRESETS,
     cache_root,
     ensure_builtin,
     label_statistics,
@@ -32,7 +32,7 @@ from models.sources.builtin_scenes import (
     visible_labels,
 )
 
-TINY = PRESETS["tiny"]
+TINY = BUILTIN_PRESETS["tiny"]
 
 
 def _digests(folder: Path) -> dict[str, str]:
@@ -68,13 +68,12 @@ def test_classes_and_pairs_are_well_formed() -> None:
     assert len(COOCCURRING_PAIRS) == 5
     for a, b in COOCCURRING_PAIRS:
         assert a in CLASS_NAMES and b in CLASS_NAMES and a != b
-    assert {"tiny", "small", "default", "large"} <= set(PRESETS)
+    assert {"tiny", "small", "default", "large"} <= set(BUILTIN_PRESETS)
     assert (TINY.image_size, TINY.n_train, TINY.n_test) == (64, 200, 80)
-    assert (PRESETS["default"].image_size, PRESETS["default"].n_train, PRESETS["default"].n_test) == (
-        96, 16000, 2000)
-    assert (PRESETS["large"].image_size, PRESETS["large"].n_train, PRESETS["large"].n_test) == (
-        448, 30000, 6000)
-    small, default = PRESETS["small"], PRESETS["default"]
+    for name, sizes in (("default", (96, 16000, 2000)), ("large", (448, 30000, 6000))):
+        preset = BUILTIN_PRESETS[name]
+        assert (preset.image_size, preset.n_train, preset.n_test) == sizes
+    small, default = BUILTIN_PRESETS["small"], BUILTIN_PRESETS["default"]
     assert (small.image_size, small.n_train, small.n_test) == (96, 2000, 2000)
     assert small.image_size == default.image_size and small.n_test == default.n_test  # see the prefix test
 
@@ -82,8 +81,8 @@ def test_classes_and_pairs_are_well_formed() -> None:
 def test_a_smaller_preset_is_a_prefix_of_a_larger_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What makes `small` the first 2,000 training images of `default` with its test set: two presets of one
     image size write byte-identical images and labels for the indices they share."""
-    monkeypatch.setitem(PRESETS, "few", builtin.BuiltinPreset("few", 32, 3, 2))
-    monkeypatch.setitem(PRESETS, "more", builtin.BuiltinPreset("more", 32, 6, 2))
+    monkeypatch.setitem(BUILTIN_PRESETS, "few", builtin.BuiltinPreset("few", 32, 3, 2))
+    monkeypatch.setitem(BUILTIN_PRESETS, "more", builtin.BuiltinPreset("more", 32, 6, 2))
     few = ensure_builtin("few", seed=0, cache_dir=tmp_path, workers=1, progress=False)
     more = ensure_builtin("more", seed=0, cache_dir=tmp_path, workers=2, progress=False)
     few_files = {k: v for k, v in _digests(few).items() if k.startswith("images/")}

@@ -617,7 +617,7 @@ def test_registry_builtin_plumbing_with_stand_in(tmp_path: Path, monkeypatch: py
     """builtin specs call ensure_builtin(preset, seed) and set name/source."""
     calls: list[tuple[str, int]] = []
     fake = types.ModuleType("models.sources.builtin")
-    fake.PRESETS = {"tiny": None, "default": None, "large": None}  # type: ignore[attr-defined]
+    fake.BUILTIN_PRESETS = {"tiny": None, "default": None, "large": None}  # type: ignore[attr-defined]
     fake.ensure_builtin = _fake_builtin(tmp_path, calls)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "models.sources.builtin", fake)
     monkeypatch.setattr(models.sources, "builtin", fake, raising=False)
@@ -635,7 +635,7 @@ def test_registry_builtin_plumbing_with_stand_in(tmp_path: Path, monkeypatch: py
 def test_registry_builtin_real_module_interface(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real builtin module exposes the presets and signature the registry uses."""
     builtin = pytest.importorskip("models.sources.builtin")
-    assert {"tiny", "default", "large"} <= set(builtin.PRESETS)
+    assert {"tiny", "default", "large"} <= set(builtin.BUILTIN_PRESETS)
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(builtin, "ensure_builtin", _fake_builtin(tmp_path, calls))
     assert load_dataset("builtin:tiny@seed2").source == "builtin:tiny@seed2"

@@ -130,7 +130,7 @@ FINE_TUNE_DEFAULTS: dict[str, Any] = {"lr": 3e-4, "scheduler": "none", "epochs":
 MACHINE_FIELDS = ("device", "workers", "progress", "sync_bn", "clip_batch_size")
 
 # Presets: named bundles of defaults; explicit flags still win.
-PRESETS: dict[str, dict[str, Any]] = {
+RUN_PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {},  # the defaults: a few minutes on a 2-core CPU on the built-in dataset
     "paper": {  # Cole et al. / EM / OPML: ResNet-50 ImageNet, 448 px, Adam, no schedule, 10 epochs
         "arch": "resnet50", "weights": "imagenet", "image_size": 448, "batch_size": 8, "eval_batch_size": 32,
@@ -319,7 +319,7 @@ def _model_options(g: Any, d: TrainConfig) -> None:
 def _optimisation_options(g: Any, d: TrainConfig) -> None:
     """The "optimisation" options of :func:`build_parser` (``d``: the defaults they name)."""
     published = ", ".join(name for name in method_names() if METHODS[name].paper_settings)
-    g.add_argument("--preset", choices=sorted(PRESETS), help="bundle of defaults: cpu (built-in data on a "
+    g.add_argument("--preset", choices=sorted(RUN_PRESETS), help="bundle of defaults: cpu (built-in data on a "
                    "laptop) or paper (ResNet-50, ImageNet weights, 448 px, batch 8, Adam 1e-5, 10 epochs, "
                    "then the method's published settings for the dataset, which the papers give for "
                    f"{published or 'no method'}; the run prints them)")
@@ -400,7 +400,7 @@ def paper_settings(method: str, data: str) -> dict[str, Any]:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Resolve defaults < preset < the method's published settings for the dataset (``--preset paper``
     only) < explicit flags into a validated :class:`TrainConfig`."""
-    values: dict[str, Any] = dict(PRESETS[args.preset]) if args.preset else {}
+    values: dict[str, Any] = dict(RUN_PRESETS[args.preset]) if args.preset else {}
     if args.preset == "paper":
         defaults = TrainConfig()
         values.update(paper_settings(args.method or defaults.method, args.data or defaults.data))

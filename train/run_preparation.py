@@ -27,7 +27,7 @@ from train.pseudo_label_stage import PseudoLabels, plan_pseudo_labels, prepare_p
 from train.pseudo_label_stage import describe as describe_pseudo_labels
 from train.run_folder_writer import RunFolderWriter
 from train.run_setup import (
-    Precision,
+    Autocast,
     RunData,
     build_method,
     build_run_model,
@@ -57,7 +57,7 @@ class PreparedRun:
     world: World
     device: torch.device
     progress: bool
-    precision: Precision
+    precision: Autocast
     channels_last: bool
     data: RunData
     dataset: DatasetSplits

@@ -37,7 +37,7 @@ def seed_everything(seed: int) -> None:
 
 
 @dataclass
-class Precision:
+class Autocast:
     """Autocast settings for the device."""
 
     dtype: torch.dtype | None  # None = no autocast
@@ -50,13 +50,13 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
-def resolve_precision(amp: str, device: torch.device) -> Precision:
+def resolve_precision(amp: str, device: torch.device) -> Autocast:
     """``auto``: bf16 on CUDA GPUs that support it, fp16 on older ones, none on CPU."""
     if amp == "off" or (amp == "auto" and device.type != "cuda"):
-        return Precision(None, device.type)
+        return Autocast(None, device.type)
     if amp == "auto":
-        return Precision(torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16, device.type)
-    return Precision(torch.bfloat16 if amp == "bf16" else torch.float16, device.type)
+        return Autocast(torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16, device.type)
+    return Autocast(torch.bfloat16 if amp == "bf16" else torch.float16, device.type)
 
 
 def use_channels_last(setting: str, device: torch.device, arch: str) -> bool:

@@ -94,7 +94,7 @@ def figure(value: float | None, spec: str = ".2f") -> str:
 
 
 @dataclass
-class Candidate:
+class AssessedWeights:
     """Weights that could be the epoch's pick: the trained ``model`` itself or its EMA (``name``), assessed."""
 
     name: str
@@ -102,7 +102,7 @@ class Candidate:
     assessment: Assessment
 
 
-def pick(candidates: list[Candidate]) -> Candidate:
+def best_weights(candidates: list[AssessedWeights]) -> AssessedWeights:
     """The candidate with the highest score (the first on a tie)."""
     return max(candidates, key=lambda c: c.assessment.score)
 

@@ -35,7 +35,7 @@ from train.inference import Rows
 from train.methods import EpochEndContext, LossOutput
 from train.run_preparation import PreparedRun, config_record, feature_phase, prepare_run
 from train.run_report import epoch_line, epoch_record, feature_phase_line, opening_lines, summary_line
-from train.selection import Assessment, BestSoFar, Candidate, assess, pick
+from train.selection import AssessedWeights, Assessment, BestSoFar, assess, best_weights
 from train.stage_optimisation import Optimisation
 from train.training_step import run_training_step, wrap_training_step
 
@@ -222,14 +222,14 @@ class Trainer:
                                                        "scores after each epoch", estimate))
         return {"k_estimate": estimate.k}
 
-    def _candidates(self, linear: FixedFeaturePhase | None) -> list[Candidate]:
+    def _candidates(self, linear: FixedFeaturePhase | None) -> list[AssessedWeights]:
         """The epoch's candidate weights with their val assessment: the model (its head on cached features in a
         phase on fixed features), plus its EMA when there is one."""
         if linear is not None:
-            return [Candidate("model", self.model, linear.validate())]
-        candidates = [Candidate("model", self.model, self.evaluate(self.model, self.val_loader, "val"))]
+            return [AssessedWeights("model", self.model, linear.validate())]
+        candidates = [AssessedWeights("model", self.model, self.evaluate(self.model, self.val_loader, "val"))]
         if self.ema is not None:
-            candidates.append(Candidate("ema", self.ema.module, self.evaluate(self.ema.module, self.val_loader,
+            candidates.append(AssessedWeights("ema", self.ema.module, self.evaluate(self.ema.module, self.val_loader,
                                                                               "val ema")))
         return candidates
 
@@ -285,7 +285,7 @@ class Trainer:
         candidates = self._candidates(linear)
         if linear is not None:
             linear.remember_if_best(candidates[0].assessment.score)
-        chosen = pick(candidates)
+        chosen = best_weights(candidates)
         stats.update(self._estimate_expected_positives(candidates[0].assessment))
         stage = self.stage_of(epoch)
         improved = self.best.offer(chosen.assessment.score, epoch)

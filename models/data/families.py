@@ -22,7 +22,7 @@ from models.data.known_classes import COCO_CLASSES, CUB_ATTRIBUTES, NUS_WIDE_CON
 from models.data.voc import VOC_CLASSES
 from models.registry import Row, Table
 
-__all__ = ["FAMILIES", "Family", "family_named"]
+__all__ = ["DATASET_FAMILIES", "Family", "family_named"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Family:
         return re.fullmatch(self.names, name.strip(), re.IGNORECASE) is not None
 
 
-FAMILIES: Table[Family] = Table("dataset family", [Row(f.name, help, f) for help, f in (
+DATASET_FAMILIES: Table[Family] = Table("dataset family", [Row(f.name, help, f) for help, f in (
     ("PASCAL VOC 2007/2012, 20 classes", Family("voc", VOC_CLASSES, r"voc(2007|2012)?|pascal([_-]?voc)?")),
     ("MS-COCO 2014/2017, 80 classes", Family("coco", COCO_CLASSES, r"coco(2014|2017)?")),
     ("NUS-WIDE, 81 concepts", Family("nus", NUS_WIDE_CONCEPTS, r"nus([_-]?wide)?")),
@@ -51,4 +51,4 @@ FAMILIES: Table[Family] = Table("dataset family", [Row(f.name, help, f) for help
 def family_named(name: str) -> str | None:
     """The family whose declared names include the dataset name ``name`` (``voc2012`` -> ``voc``, ``nuswide`` ->
     ``nus``), or None (``coconut``, ``mydata``)."""
-    return next((f.name for f in FAMILIES.values() if f.matches(name)), None)
+    return next((f.name for f in DATASET_FAMILIES.values() if f.matches(name)), None)

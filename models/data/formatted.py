@@ -36,7 +36,7 @@ import numpy as np
 
 from models.data.coco import coco_objects
 from models.data.csv_format import CLASSES_FILENAME, emit_note, read_classes_file
-from models.data.families import FAMILIES, family_named
+from models.data.families import DATASET_FAMILIES, family_named
 from models.data.spec_options import split_spec_options
 from models.data.types import ALL_SPLITS, DataError, DatasetSplits, LabelledImages, ObjectTable
 
@@ -95,7 +95,7 @@ def load_label_matrix(path: Path, rows: int, allowed: tuple[int, ...] = (0, 1)) 
 
 
 #: The families a formatted folder may hold: the seeds' four benchmarks (:mod:`models.data.families`).
-_KNOWN = {name: family for name, family in FAMILIES.items() if family.classes is not None}
+_KNOWN = {name: family for name, family in DATASET_FAMILIES.items() if family.classes is not None}
 
 
 def _family(root: Path, num_classes: int, override: str | None) -> str | None:

@@ -56,10 +56,10 @@ def parse_builtin_argument(argument: str) -> tuple[str, int]:
 def _load_builtin(argument: str) -> DatasetSplits:
     """``builtin:<preset>[@seed<N>]``: generate (or reuse) the procedural dataset and load its CSV."""
     preset, seed = parse_builtin_argument(argument)
-    from models.sources.builtin import PRESETS, ensure_builtin  # lazy: only this kind needs the generator
+    from models.sources.builtin import BUILTIN_PRESETS, ensure_builtin  # lazy: only this kind needs the generator
 
-    if preset not in PRESETS:
-        raise DataError(f"{unknown_message('builtin preset', preset, PRESETS)}; use builtin:<preset>[@seed<N>]")
+    if preset not in BUILTIN_PRESETS:
+        raise DataError(f"{unknown_message('builtin preset', preset, BUILTIN_PRESETS)}; use builtin:<preset>[@seed<N>]")
     folder = Path(ensure_builtin(preset=preset, seed=seed))
     splits = load_csv(folder / CSV_FILENAME)
     splits.name = f"builtin-{preset}"

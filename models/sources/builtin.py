@@ -54,11 +54,11 @@ from models.sources.builtin_scenes import (
 from models.sources.shapes import CLASS_NAMES
 
 __all__ = [
+    "BUILTIN_PRESETS",
     "CLASS_NAMES",
     "COOCCURRING_PAIRS",
     "GENERATOR_VERSION",
     "MIN_VISIBLE_FRACTION",
-    "PRESETS",
     "BuiltinPreset",
     "SceneObject",
     "builtin_folder",
@@ -100,9 +100,10 @@ class BuiltinPreset:
 #: ``default`` with the same 2,000 test images: the regime where a network memorises its assumed negatives within
 #: a CPU budget, measured on the same test set as ``default``. The ``dense-*`` presets are the same images (same
 #: seed) labelled with 7 attributes on top of the 20 shapes: about 6.4 positives per image instead of 2.8.
-PRESETS: Table[BuiltinPreset] = Table("builtin preset", [Row(p.name, f"{p.n_train:,} training, {p.n_test:,} test "
-                                       f"images of {p.image_size} px" + (", 7 attributes" if p.attributes else ""), p)
-                                       for p in (
+BUILTIN_PRESETS: Table[BuiltinPreset] = Table("builtin preset", [
+    Row(p.name, f"{p.n_train:,} training, {p.n_test:,} test images of {p.image_size} px"
+        + (", 7 attributes" if p.attributes else ""), p)
+    for p in (
     BuiltinPreset("tiny", 64, 200, 80),
     BuiltinPreset("small", 96, 2000, 2000),
     BuiltinPreset("default", 96, 16000, 2000),
@@ -222,7 +223,7 @@ def builtin_objects(preset: str, seed: int, train: LabelledImages) -> ObjectTabl
     instances that make each image's labels, with their visible pixels as area and their centres, on the canvas
     the labels are decided on. Regenerated from the images' seeds without painting (about 2 ms an image at 96 px,
     in parallel like the generation); a label that differs from ``train``'s is an error."""
-    spec = PRESETS[preset]
+    spec = BUILTIN_PRESETS[preset]
     indices = [int(path.stem) for path in train.paths]
     chunks = [indices[start:start + 200] for start in range(0, len(indices), 200)]
     workers = _default_workers(spec)
@@ -265,13 +266,13 @@ def ensure_builtin(
     ``min(cpu_count, 8)``, one process for tiny) is the number of generating processes and never changes
     the files. Raises :class:`DataError` for an unknown preset or a negative seed."""
     try:
-        PRESETS.row(preset)
+        BUILTIN_PRESETS.row(preset)
     except UnknownName as exc:
         raise DataError(str(exc)) from None
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise DataError(f"built-in dataset seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
-    spec = PRESETS[preset]
+    spec = BUILTIN_PRESETS[preset]
     folder = builtin_folder(preset, seed, cache_dir)
     parent = folder.parent
     if (folder / ".complete").is_file():
@@ -326,11 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Generate the built-in procedural multi-label shapes dataset (no download) into the "
         "cache, unless it is there already, then print its folder and label statistics.",
         epilog="Presets: " + "; ".join(
-            f"{p.name}: {p.image_size}px, {p.n_train} train + {p.n_test} test" for p in PRESETS.values()
+            f"{p.name}: {p.image_size}px, {p.n_train} train + {p.n_test} test" for p in BUILTIN_PRESETS.values()
         ),
     )
     parser.add_argument(
-        "--preset", default="default", choices=list(PRESETS), help="dataset size (default: %(default)s)"
+        "--preset", default="default", choices=list(BUILTIN_PRESETS), help="dataset size (default: %(default)s)"
     )
     parser.add_argument("--seed", type=int, default=0, help="generation seed, >= 0 (default: %(default)s)")
     parser.add_argument(
