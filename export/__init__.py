@@ -17,10 +17,10 @@ Layering: ``export`` imports ``models`` only (never ``train`` or ``serve``, nor 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from export.defaults import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_VERIFY_IMAGES, MAX_OPSET, MIN_OPSET
+from models.registry import lazy_exports
 
 _LAZY = {
     "META_KEY": "models.onnx_metadata",
@@ -48,14 +48,7 @@ if TYPE_CHECKING:
     from models.onnx_metadata import META_KEY
 
 
-def __getattr__(name: str) -> Any:
-    """Resolve the public API on first use (PEP 562)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'export' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports("export", _LAZY)
 
 
 __all__ = [

@@ -14,6 +14,7 @@ listing the known names otherwise), iteration over the names, ``name in table``,
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -124,3 +125,15 @@ class Registry(Listing[V]):
         if self.order is not None:
             self._rows = {row.name: row for row in sorted(self._rows.values(), key=self.order)}
         return value
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` (PEP 562): the public name ``name`` imported from the module
+    ``exports[name]`` on first use, so importing the package stays cheap."""
+
+    def resolve(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(exports[name]), name)
+
+    return resolve

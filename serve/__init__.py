@@ -25,9 +25,9 @@ Layering: ``serve`` imports ``models`` only (never ``train`` or ``export``, nor 
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any
+
+from models.registry import lazy_exports
 
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_THRESHOLD = 0.5
@@ -56,14 +56,7 @@ _LAZY = {
     "get_engine": "serve.tagging.engines",
 }
 
-def __getattr__(name: str) -> Any:
-    """Resolve the public API on first use (PEP 562)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'serve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports("serve", _LAZY)
 
 
 __all__ = [

@@ -15,8 +15,9 @@ imports its public API only (tests/test_bench_interfaces.py).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from models.registry import lazy_exports
 
 #: The public API, imported lazily (PEP 562): ``import train`` stays cheap, torch loads on first use of a name.
 _LAZY = {
@@ -55,14 +56,7 @@ if TYPE_CHECKING:
     from train.trainer import Trainer
 
 
-def __getattr__(name: str) -> Any:
-    """Resolve the public API on first use (PEP 562)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports("train", _LAZY)
 
 
 __all__ = [

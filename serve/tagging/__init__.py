@@ -16,8 +16,9 @@ Importing the package is light: the names below load their module on first use (
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from models.registry import lazy_exports
 
 _EXPORTS = {
     "TagJob": "serve.tagging.job",
@@ -37,8 +38,4 @@ if TYPE_CHECKING:
 __all__ = ["TagJob", "TagPlan", "TagSummary", "plan_tagging", "run_plan", "tag", "tag_folder"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module behind a public name on first use (PEP 562)."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'serve.tagging' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports("serve.tagging", _EXPORTS)
