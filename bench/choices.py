@@ -185,10 +185,11 @@ def measure(dev: DevSet, seed: int, batch_size: int, lrs: list[float], methods: 
                     arrays[f"{method}@{lr:g}/e{epoch + 1}/val"] = vals[epoch].astype(np.float16)
                     arrays[f"{method}@{lr:g}/e{epoch + 1}/test"] = tests[epoch].astype(np.float16)
             records["candidates"][candidate.name] = entry
-            print(f"{tag}: {candidate.name:<16} "
-                  + (f"failed {result.failed}" if result.failed else
-                     f"test mAP at observed-rank pick {entry['test_mAP'][entry['picks']['observed-rank'] - 1]:.2f}")
-                  + f" [{result.seconds:.1f} s]", flush=True)
+            outcome = f"failed {result.failed}"
+            if not result.failed:
+                picked = entry["test_mAP"][entry["picks"][CHOICE_CRITERION] - 1]
+                outcome = f"test mAP at {CHOICE_CRITERION} pick {picked:.2f}"
+            print(f"{tag}: {candidate.name:<16} {outcome} [{result.seconds:.1f} s]", flush=True)
         if method == BASELINE:
             k_an = _an_k(records, arrays)
             records["k_estimate_an"] = k_an
@@ -206,13 +207,13 @@ def write_measurement(target: Path, records: dict[str, Any], arrays: dict[str, n
 
 
 def _an_k(records: dict[str, Any], arrays: dict[str, np.ndarray]) -> float | None:
-    """k estimated from the val scores of the an head with the best observed-auc at its observed-rank pick (what the
+    """k estimated from the val scores of the an head with the best observed-auc at its CHOICE_CRITERION pick (what the
     chooser does), for the methods that need k."""
     best = None
     for name, entry in records["candidates"].items():
         if entry["method"] != BASELINE or entry["failed"]:
             continue
-        epoch = entry["picks"]["observed-rank"]
+        epoch = entry["picks"][CHOICE_CRITERION]
         score = entry["val"]["observed-auc"][epoch - 1]
         if best is None or score > best[0]:
             best = (score, name, epoch)

@@ -19,15 +19,13 @@ from typing import Any
 import numpy as np
 
 from models.evaluation.criteria import LABEL_FREE_CRITERIA, LABEL_FREE_DEFAULT
-from train import Candidate, CandidateResult, TrainConfig, candidate_methods, choose_on_scores
+from train import CHOICE_CRITERION, Candidate, CandidateResult, TrainConfig, candidate_methods, choose_on_scores
 
 FULL_VAL = "val_mAP_full"
 #: The run's defaults: the method every comparison starts from (``an``), the batch size and learning rate.
 BASELINE = TrainConfig().method
 DEFAULT_BATCH = TrainConfig().batch_size
 DEFAULT_LR = TrainConfig().lr
-#: What ``--method auto`` compares the candidates' cross-fitted scores by (docs/choosing.md; ``report --criterion``).
-CHOICE_CRITERION = "observed-rank"
 AUDIT_SIZE = 20
 
 

@@ -63,17 +63,17 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
                           device=spec["device"], amp=amp, channels_last=cl, runs_dir=runs, name="bench",
                           progress=False, epochs=1, scheduler="none", trainable=spec.get("trainable", "all"))
         trainer = Trainer(cfg)
-        device = trainer.device
+        device = trainer.run.device
         steps, warmup = spec["steps"], spec["warmup"]
         if spec["input"] == "synthetic":
-            c = len(trainer.classes)
+            c = len(trainer.run.classes)
             fixed = {"images": torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size),
                      "observed": torch.zeros(cfg.batch_size, c), "index": torch.arange(cfg.batch_size)}
             batches = iter(lambda: fixed, None)
         else:
             def endless() -> Any:
                 while True:
-                    yield from trainer.train.loader
+                    yield from trainer.run.train.loader
             batches = endless()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -82,7 +82,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 start = time.perf_counter()
-            trainer.train_step(to_device(next(batches), device, trainer.channels_last))
+            trainer.train_step(to_device(next(batches), device, trainer.run.channels_last))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start

@@ -10,6 +10,8 @@ own key>`` and ``head.<...>``, so torchvision and timm weight files load into th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,19 +29,55 @@ from models.weight_files import BACKBONE, HEAD, describe_mismatch, in_network_ke
 if TYPE_CHECKING:
     from models.checkpoint import ModelMeta
 
+
+@dataclass(frozen=True)
+class TrainableScope:
+    """What a ``--trainable`` value trains: ``frozen(family, backbone)`` lists the backbone modules it freezes
+    (LgConv's global branches inside them still train when ``branches_train``); ``fixed_features``: the whole
+    backbone is frozen, so its features are computed once and cached."""
+
+    frozen: Callable[[BackboneFamily, nn.Module], list[nn.Module]]
+    fixed_features: bool = False
+    branches_train: bool = False
+
+
 #: Which parameters train (``--trainable``).
-TRAINABLE_SCOPES: Table[None] = Table("trainable scope", [
-    Row("all", "every weight", None),
+TRAINABLE_SCOPES: Table[TrainableScope] = Table("trainable scope", [
+    Row("all", "every weight", TrainableScope(lambda family, backbone: [])),
     Row("layer4", "the ResNets' last stage (LgConv branches + layer4 + head); stem and layers 1-3 frozen, their "
-        "BatchNorms in eval mode so the frozen features really are fixed", None),
-    Row("head", "the head only, the backbone fixed: Cole et al.'s linear_fixed_features mode (features cached)", None),
+        "BatchNorms in eval mode so the frozen features really are fixed",
+        TrainableScope(lambda family, backbone: family.last_stage_frozen_below(backbone), branches_train=True)),
+    Row("head", "the head only, the backbone fixed: Cole et al.'s linear_fixed_features mode (features cached)",
+        TrainableScope(lambda family, backbone: [backbone], fixed_features=True)),
 ])
 
+
+def on_fixed_features(trainable: str) -> bool:
+    """Whether ``--trainable`` ``trainable`` trains on fixed (cached) backbone features: the head alone."""
+    return TRAINABLE_SCOPES[trainable].fixed_features
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """A classifier head: ``build(in_features, num_classes, head_config)``; ``on_feature_map``: it reads the last
+    feature map, not pooled features (so it cannot train on cached pooled features)."""
+
+    build: Callable[[int, int, LabelEmbeddingConfig | None], nn.Module]
+    on_feature_map: bool = False
+
+
 #: Classifier heads (``--head``).
-HEADS: Table[None] = Table("head", [
-    Row("linear", "global average pool + a linear layer (the papers' default)", None),
-    Row("lem", "LAC's label-wise embedding transformer on the last feature map (models.label_embedding)", None),
+HEADS: Table[HeadKind] = Table("head", [
+    Row("linear", "global average pool + a linear layer (the papers' default)",
+        HeadKind(lambda features, classes, config: nn.Linear(features, classes))),
+    Row("lem", "LAC's label-wise embedding transformer on the last feature map (models.label_embedding)",
+        HeadKind(LabelEmbeddingHead, on_feature_map=True)),
 ])
+
+
+def head_on_feature_map(head: str) -> bool:
+    """Whether ``--head`` ``head`` works on the last feature map (``auto`` and unknown names: False)."""
+    return head in HEADS and HEADS[head].on_feature_map
 
 BOOSTLU_ALPHA = 5.0  # Kim et al. 2023's published BoostLU factor
 
@@ -88,7 +126,7 @@ class MultiLabelNet(nn.Module):
                  head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
                  boostlu: float | None = None) -> None:
         super().__init__()
-        HEADS.row(head)  # an unknown head: the one message listing them
+        kind = HEADS[head]  # an unknown head: the one message listing them
         if boostlu is not None and head != "linear":
             raise ValueError(f"--boostlu boosts the class activation maps of the linear head; the {head!r} head "
                              "has none (it pools with per-class attention): use --head linear or drop --boostlu")
@@ -96,8 +134,8 @@ class MultiLabelNet(nn.Module):
         self.arch = arch
         self._family = (family,)  # a tuple: not a submodule, not in the state dict
         in_features = family.num_features(backbone)
-        if (head == "lem" or boostlu is not None) and family.feature_map_width(backbone) != in_features:
-            what = "--head lem" if head == "lem" else "--boostlu"
+        if (kind.on_feature_map or boostlu is not None) and family.feature_map_width(backbone) != in_features:
+            what = f"--head {head}" if kind.on_feature_map else "--boostlu"
             raise ValueError(f"{arch} widens its features after pooling ({family.feature_map_width(backbone)} "
                              f"channels in the last feature map, {in_features} pooled), so {what}, which works on "
                              "the feature map, cannot stand in for its linear head: use --head linear without "
@@ -105,12 +143,10 @@ class MultiLabelNet(nn.Module):
         self._num_features = int(in_features)
         self.head_kind = head
         self.head: nn.Module
-        if head == "lem":
-            self.head = LabelEmbeddingHead(in_features, num_classes, head_config)
-        elif boostlu is not None:
+        if boostlu is not None:
             self.head = BoostedCamHead(in_features, num_classes, boostlu)
         else:
-            self.head = nn.Linear(in_features, num_classes)
+            self.head = kind.build(in_features, num_classes, head_config)
         self._frozen: list[nn.Module] = []  # modules kept in eval mode by train() (see set_trainable_scope)
 
     @property
@@ -127,18 +163,14 @@ class MultiLabelNet(nn.Module):
         """``all``: every parameter trains. ``layer4`` (ResNets): only the LgConv global branches, layer4 and the
         head; the stem and layers 1-3 are frozen (``requires_grad=False``, BatchNorm statistics fixed). ``head``: the
         whole backbone is frozen, only the head trains."""
-        TRAINABLE_SCOPES.row(scope)  # an unknown scope: the one message listing them
+        rule = TRAINABLE_SCOPES[scope]  # an unknown scope: the one message listing them
         for p in self.parameters():
             p.requires_grad_(True)
         self._frozen = []
-        if scope == "all":
-            self.train(self.training)
-            return
-        stages = [self.backbone] if scope == "head" else self.family.last_stage_frozen_below(self.backbone)
         in_branch = self._global_branch_modules()
-        for stage in stages:
+        for stage in rule.frozen(self.family, self.backbone):
             for module in stage.modules():
-                if scope == "layer4" and id(module) in in_branch:
+                if rule.branches_train and id(module) in in_branch:
                     continue
                 for p in module.parameters(recurse=False):
                     p.requires_grad_(False)

@@ -19,9 +19,9 @@ def dump_rank_state_before_finish(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Trainer.finish
 
     def dump_then_finish(self: Trainer) -> dict[str, object]:
-        torch.save({"model": self.model.state_dict(), "ema": self.ema.state_dict() if self.ema else {},
+        torch.save({"model": self.run.model.state_dict(), "ema": self.ema.state_dict() if self.ema else {},
                     "ddp": isinstance(self.step_module, DistributedDataParallel)},
-                   self.run_dir / f"rank{self.world.rank}.pt")
+                   self.run.run_dir / f"rank{self.run.world.rank}.pt")
         return original(self)
 
     monkeypatch.setattr(Trainer, "finish", dump_then_finish)

@@ -14,7 +14,8 @@ from models import ModelMeta, build_model, load_checkpoint, model_from_meta, sav
 from models.lgconv import fold_resnet, global_branches
 from models.network import BoostedCamHead
 from train.__main__ import main as train_main
-from train.config import TrainConfig, build_parser, config_from_args
+from train.config import TrainConfig
+from train.options import build_parser, config_from_args
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "boostlu" / "forward.npz"
 

@@ -195,7 +195,8 @@ def test_candidates_train_at_the_head_defaults_when_the_run_fine_tunes() -> None
     """--method auto with a fine-tune: the run's --lr and schedule are the whole network's, so the candidate heads
     train at the head defaults (the baseline stays an at the default head learning rate)."""
     from train.choose import head_config
-    from train.config import FINE_TUNE_DEFAULTS, HEAD_EPOCHS, TrainConfig, build_parser, config_from_args
+    from train.config import FINE_TUNE_DEFAULTS, HEAD_EPOCHS, TrainConfig
+    from train.options import build_parser, config_from_args
 
     cfg = config_from_args(build_parser().parse_args(["--data", "folder:pets", "--method", "auto"]))
     head = head_config(cfg)

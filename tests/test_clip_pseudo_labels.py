@@ -154,7 +154,7 @@ def test_offline_without_cached_weights_stops_before_training(squares_csv: Path,
     monkeypatch.setattr(clip_scores, "_cached", lambda choice, cfg: False)
     monkeypatch.setattr(clip_scores, "hub_reachable", lambda host, timeout=3.0: False)
     built: list[str] = []
-    monkeypatch.setattr("train.run_preparation.build_run_model", lambda *a, **k: built.append("model"))
+    monkeypatch.setattr("train.prepared_run.build_run_model", lambda *a, **k: built.append("model"))
     for method in ("vlpl", "aevlp"):
         with pytest.raises(ValueError) as err:
             Trainer(_cfg(tmp_path, squares_csv, name=f"offline-{method}", method=method, clip=""))
@@ -179,23 +179,23 @@ def test_the_run_stores_reuses_and_checks_its_pseudo_labels(squares_csv: Path, t
     stored = read(tmp_path / "first" / FILE_NAME)
     assert stored.settings["kind"] == IMAGE_AND_GRID and stored.settings["prompt"] == "a photo of a {}."
     assert stored.settings["grid_size"] == 4 and stored.settings["threshold"] == 0.5
-    assert first.pseudo_labels is not None and first.pseudo_labels.file.extra["precision"] is not None
-    assert len(stored.paths) == len(first.splits.train) == stored.positives.shape[0]
-    np.testing.assert_array_equal(stored.positives, first.pseudo_labels.positives)
-    np.testing.assert_array_equal(first.method.pseudo_positives.numpy(), first.pseudo_labels.positives)
-    assert first._config_record()["resolved"]["pseudo_labels"]["kind"] == IMAGE_AND_GRID
+    assert first.run.pseudo_labels is not None and first.run.pseudo_labels.file.extra["precision"] is not None
+    assert len(stored.paths) == len(first.run.splits.train) == stored.positives.shape[0]
+    np.testing.assert_array_equal(stored.positives, first.run.pseudo_labels.positives)
+    np.testing.assert_array_equal(first.run.method.pseudo_positives.numpy(), first.run.pseudo_labels.positives)
+    assert first.run.config_record()["resolved"]["pseudo_labels"]["kind"] == IMAGE_AND_GRID
 
     # another run reads the file: no CLIP at all (the default ViT-B-16 would fail the availability check offline)
     second = Trainer(_cfg(tmp_path, squares_csv, name="second", clip="",
                           pseudo_labels=str(tmp_path / "first" / FILE_NAME)))
-    assert second.pseudo_labels is not None and "read from" in second.pseudo_labels.origin
-    np.testing.assert_array_equal(second.pseudo_labels.positives, first.pseudo_labels.positives)
+    assert second.run.pseudo_labels is not None and "read from" in second.run.pseudo_labels.origin
+    np.testing.assert_array_equal(second.run.pseudo_labels.positives, first.run.pseudo_labels.positives)
     assert (tmp_path / "second" / FILE_NAME).is_file()
     # the selection is applied again with the run's settings: a higher threshold keeps fewer
     third = Trainer(_cfg(tmp_path, squares_csv, name="third", clip="", hp={"threshold": "0.9"},
                          pseudo_labels=str(tmp_path / "first" / FILE_NAME)))
-    assert third.pseudo_labels is not None
-    assert third.pseudo_labels.positives.sum() < first.pseudo_labels.positives.sum()
+    assert third.run.pseudo_labels is not None
+    assert third.run.pseudo_labels.positives.sum() < first.run.pseudo_labels.positives.sum()
 
     # another split of the training pool: the file does not cover the new training images
     with pytest.raises(ValueError, match="does not cover this run's training images"):
@@ -222,12 +222,12 @@ def test_resume_reuses_the_stored_pseudo_labels(squares_csv: Path, tmp_path: Pat
     before = path.stat().st_mtime_ns
     monkeypatch.setattr(stage, "load_clip", lambda *a: pytest.fail("--resume ran CLIP again"))
     monkeypatch.setattr(stage, "check_available", lambda *a: pytest.fail("--resume checked CLIP's weights"))
-    plan = stage.plan_pseudo_labels(METHODS["vlpl"], first.hparams, cfg, tmp_path / "resumable", True)
+    plan = stage.plan_pseudo_labels(METHODS["vlpl"], first.run.hparams, cfg, tmp_path / "resumable", True)
     assert plan.source == stage.CACHE
-    again = stage.prepare_pseudo_labels(plan, first.splits, first.dataset, cfg, tmp_path / "resumable", CPU)
+    again = stage.prepare_pseudo_labels(plan, first.run.splits, first.run.dataset, cfg, tmp_path / "resumable", CPU)
     assert again.origin == "reused from the run folder" and path.stat().st_mtime_ns == before
-    assert first.pseudo_labels is not None
-    np.testing.assert_array_equal(again.positives, first.pseudo_labels.positives)
+    assert first.run.pseudo_labels is not None
+    np.testing.assert_array_equal(again.positives, first.run.pseudo_labels.positives)
 
 
 def test_without_full_training_labels_no_precision_is_printed(tmp_path: Path,
@@ -243,7 +243,7 @@ def test_without_full_training_labels_no_precision_is_printed(tmp_path: Path,
     (root / "labels.csv").write_text("\n".join(rows) + "\n")
     trainer = Trainer(_cfg(tmp_path, root / "labels.csv", name="sp-run", method="vlpl"))
     err = capsys.readouterr().err
-    assert trainer.pseudo_labels is not None and "precision" not in trainer.pseudo_labels.file.extra
+    assert trainer.run.pseudo_labels is not None and "precision" not in trainer.run.pseudo_labels.file.extra
     assert "per image" in err and "precision" not in err
 
 

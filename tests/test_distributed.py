@@ -154,8 +154,8 @@ def test_gathered_eval_equals_one_process_eval(runs: dict[str, Path], tmp_path: 
     cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
     trainer = Trainer(cfg, run_dir=run, resume=True)
     best = load_checkpoint(run / "best.pt")
-    trainer.model.load_state_dict(best.model)
-    val = trainer.evaluate(trainer.model, trainer.val_loader, "val").metrics
+    trainer.run.model.load_state_dict(best.model)
+    val = trainer.evaluate(trainer.run.model, trainer.run.val_loader, "val").metrics
     assert val["num_images"] == summary["val"]["num_images"] == 39
     assert abs(val["mAP"] - summary["val"]["mAP"]) < 1e-6
 

@@ -58,9 +58,9 @@ def test_head_mode_freezes_the_backbone_and_reuses_cached_features(squares_csv: 
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     before = _feature_files()
     first = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="h1", trainable="head", epochs=3, lr=1e-2))
-    backbone = {k: v.clone() for k, v in first.model.backbone.state_dict().items()}
+    backbone = {k: v.clone() for k, v in first.run.model.backbone.state_dict().items()}
     summary = first.fit()
-    for key, value in first.model.backbone.state_dict().items():  # weights and BN statistics untouched
+    for key, value in first.run.model.backbone.state_dict().items():  # weights and BN statistics untouched
         torch.testing.assert_close(value, backbone[key], rtol=0, atol=0, msg=key)
     created = _feature_files() - before
     assert len(created) == 3  # train, val, test
@@ -143,16 +143,16 @@ def test_head_bias_starts_at_the_label_prior(squares_csv: Path, tmp_path: Path) 
 
     given = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior", head_bias="prior", method="epr",
                          hp={"k": "1.5"}))  # the run's own k
-    torch.testing.assert_close(given.model.head.bias, torch.full((4,), logit(1.5 / 4)))
+    torch.testing.assert_close(given.run.model.head.bias, torch.full((4,), logit(1.5 / 4)))
     full = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior-an", head_bias="prior"))  # an: no k of its own
-    k = float(full.splits.train.labels.sum(1).mean())  # the training labels are full: their mean
+    k = float(full.run.splits.train.labels.sum(1).mean())  # the training labels are full: their mean
     assert 1.2 < k < 1.8
-    torch.testing.assert_close(full.model.head.bias, torch.full((4,), logit(k / 4)))
+    torch.testing.assert_close(full.run.model.head.bias, torch.full((4,), logit(k / 4)))
     partial = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="prior-partial", head_bias="prior", labels="partial",
                            observed="single"))
-    torch.testing.assert_close(partial.model.head.bias, torch.full((4,), logit(1 / 4)))  # observed per image
+    torch.testing.assert_close(partial.run.model.head.bias, torch.full((4,), logit(1 / 4)))  # observed per image
     default = Trainer(_cfg(tmp_path, f"csv:{squares_csv}", name="default", head_bias="default"))
-    assert default.model.head.bias.std() > 0.01  # PyTorch's uniform initialisation
+    assert default.run.model.head.bias.std() > 0.01  # PyTorch's uniform initialisation
 
 
 def _phases(method: str, rows: list[int], classes: int = 5, width: int = 12) -> list[FixedFeaturePhase]:
@@ -163,8 +163,8 @@ def _phases(method: str, rows: list[int], classes: int = 5, width: int = 12) -> 
 
     from models.data.types import LabelledImages
     from train.fixed_features import HeadOptimisation
-    from train.inference import Rows
     from train.methods import MethodContext, make_hparams
+    from train.selection import Rows
 
     out = []
     for i, n in enumerate(rows):

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from models import load_checkpoint
-from train.config import TrainConfig, build_parser, config_from_args
+from train.config import TrainConfig
 from train.fixed_features import FixedFeaturePhase
 from train.methods import METHODS, EpochEndContext, MethodContext, make_hparams
 from train.methods.base import _convert, paper_settings_for
 from train.methods.gr_loss import GeneralizedRobustLoss, GrLossHparams, gr_entry_loss, gr_schedule
+from train.options import build_parser, config_from_args
 from train.trainer import Trainer
 
 DATA = Path(__file__).resolve().parent / "data" / "gr_loss"

@@ -21,10 +21,10 @@ from models.lgconv import fold_resnet
 from models.network import build_model, model_from_meta
 from models.preprocess import EvalTransform
 from train.__main__ import main
+from train.epoch import method_step
 from train.methods import METHODS, MethodContext, get_method, make_hparams
 from train.methods.lac import class_embedding_similarity, plc_loss, supcon_loss
-from train.run_setup import lem_token_warning
-from train.training_step import method_step
+from train.prepared_run import lem_token_warning
 
 # plain ResNet: LgConv is not what these tests are about, and at 32 px its global branches cost about as much
 # as the rest of the network (tests/test_lgconv.py and test_train.py train and resume with it)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from train.config import build_parser, config_from_args
 from train.methods import METHODS, EpochEndContext, MethodContext, make_hparams
 from train.methods.large_loss import LargeLoss, large_loss_entries
+from train.options import build_parser, config_from_args
 
 DATA = Path(__file__).resolve().parent / "data" / "large_loss"
 SCHEMES = {"LL-R": "ll-r", "LL-Ct": "ll-ct", "LL-Cp": "ll-cp"}

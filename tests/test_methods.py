@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import FINE_TUNE_DEFAULTS, METHOD_AUTO, TrainConfig, build_parser, config_from_args, validate
+from train.config import FINE_TUNE_DEFAULTS, METHOD_AUTO, TrainConfig, validate
 from train.diagnostics import score_label_estimates
+from train.epoch import method_step
 from train.methods import METHODS, EpochEndContext, MethodContext, get_method, make_hparams
 from train.methods.base import dataset_family
-from train.training_step import method_step
+from train.options import build_parser, config_from_args
 
 LOGITS = [[2.0, -1.0, 0.0, 0.5], [0.5, 3.0, -2.0, -0.3]]
 OBSERVED = [[1, 0, 0, 0], [0, 1, 0, 0]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.optimizer_factory import OPTIMIZERS, build_optimizer, build_scheduler, fusable
+from train.epoch import OPTIMIZERS, build_optimizer, build_scheduler, fusable
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:
@@ -110,7 +110,7 @@ class _Wrapped(torch.nn.Module):  # what DistributedDataParallel looks like from
 
 
 def test_the_head_learns_at_its_multiple_of_the_learning_rate() -> None:
-    from train.stage_optimisation import model_param_groups
+    from train.epoch import model_param_groups
 
     torch.manual_seed(0)
     net = _Net()

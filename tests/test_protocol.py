@@ -261,7 +261,7 @@ def test_builtin_size_variant_prefers_the_large_objects(builtin_cache: Path) -> 
 
 
 def test_train_help_explains_the_observed_forms() -> None:
-    from train.config import build_parser
+    from train.options import build_parser
 
     text = " ".join(build_parser().format_help().split())
     for form in ("single?pos=N&neg=M", "single:size|location", "single:empirical?weights=FILE", "val=observed",

@@ -16,12 +16,12 @@ from interrupt import interrupt_after_saves
 from tiny_clip import save_tiny_clip
 
 from models import load_checkpoint
-from train import training_step
+from train import epoch as epoch_module
 from train.__main__ import main
 from train.config import TrainConfig
 from train.methods import METHODS, get_method, make_hparams
 from train.methods.an import assume_negative_loss
-from train.run_report import held_out_line
+from train.run_records import held_out_line
 from train.trainer import Trainer
 
 # Plain ResNet unless a test is about the default (LgConv) model: at 32 px the global branches halve training
@@ -156,8 +156,8 @@ def test_training_beats_the_untrained_model(squares_csv: Path, tmp_path: Path) -
     """A real learning signal: two epochs of AN lift the test mAP far above the untrained network's on the same
     test images (measured, seeds 0-7: +15.6 to +38.7 points; seed 0: 41.9 -> 76.9)."""
     trainer = Trainer(_cfg(tmp_path, data=f"csv:{squares_csv}", name="learns"))
-    test = trainer.predictor.eval_loader(trainer.splits.test)
-    untrained = trainer.evaluate(trainer.model, test, "test").metrics
+    test = trainer.run.predictor.eval_loader(trainer.run.splits.test)
+    untrained = trainer.evaluate(trainer.run.model, test, "test").metrics
     summary = trainer.fit()
     assert summary["test"]["num_images"] == untrained["num_images"] == 48
     assert summary["test"]["mAP"] >= untrained["mAP"] + 10.0
@@ -168,13 +168,13 @@ def test_every_method_trains_end_to_end(squares_csv: Path, tmp_path: Path, monke
                                         method: str) -> None:
     """Every method trains; only one that trains on the full labels (an oracle) finds them in its batches."""
     batch_keys: list[set[str]] = []
-    original = training_step.method_step
+    original = epoch_module.method_step
 
     def spy(model: torch.nn.Module, m: object, batch: dict[str, torch.Tensor]) -> object:
         batch_keys.append(set(batch))
         return original(model, m, batch)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(training_step, "method_step", spy)
+    monkeypatch.setattr(epoch_module, "method_step", spy)
     observed = "single?neg=3" if METHODS[method].uses_observed_negatives else "single"  # iu trains on negatives
     clip = save_tiny_clip(tmp_path / "clip") if METHODS[method].uses_pseudo_labels else ""  # vlpl, aevlp
     summary = Trainer(_cfg(tmp_path, data=f"csv:{squares_csv}", name=method, method=method, epochs=1,
@@ -295,14 +295,14 @@ def test_diverged_loss_stops_with_a_clear_error(builtin_cache: Path, tmp_path: P
 def test_linear_init_trains_only_the_head_first_then_end_to_end(builtin_cache: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     trainer = Trainer(_cfg(tmp_path, name="li", method="role", linear_init=2, epochs=1, linear_init_lr=1e-2))
-    backbone_before = {k: v.clone() for k, v in trainer.model.backbone.state_dict().items()}
-    head_before = trainer.model.head.weight.detach().clone()
+    backbone_before = {k: v.clone() for k, v in trainer.run.model.backbone.state_dict().items()}
+    head_before = trainer.run.model.head.weight.detach().clone()
     phase1_backbones = []
     original = Trainer.save_last
 
     def spy(self: Trainer, epoch: int) -> None:
         if epoch <= 2:
-            phase1_backbones.append({k: v.clone() for k, v in self.model.backbone.state_dict().items()})
+            phase1_backbones.append({k: v.clone() for k, v in self.run.model.backbone.state_dict().items()})
         original(self, epoch)
 
     monkeypatch.setattr(Trainer, "save_last", spy)
@@ -310,8 +310,8 @@ def test_linear_init_trains_only_the_head_first_then_end_to_end(builtin_cache: P
     for state in phase1_backbones:  # the backbone (weights and BN statistics) is frozen in phase 1
         for key, value in backbone_before.items():
             torch.testing.assert_close(state[key], value, rtol=0, atol=0, msg=key)
-    assert not torch.equal(trainer.model.head.weight, head_before)
-    moved = [k for k, v in trainer.model.backbone.state_dict().items() if not torch.equal(v, backbone_before[k])]
+    assert not torch.equal(trainer.run.model.head.weight, head_before)
+    moved = [k for k, v in trainer.run.model.backbone.state_dict().items() if not torch.equal(v, backbone_before[k])]
     assert moved  # phase 2 trains end to end
     lines = [json.loads(x) for x in (tmp_path / "li" / "metrics.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in lines] == [1, 2, 3] and [x.get("phase") for x in lines] == [1.0, 1.0, None]
@@ -321,9 +321,9 @@ def test_linear_init_trains_only_the_head_first_then_end_to_end(builtin_cache: P
 def test_linear_probe_keeps_the_backbone_and_reports_the_best_linear_epoch(builtin_cache: Path,
                                                                           tmp_path: Path) -> None:
     trainer = Trainer(_cfg(tmp_path, name="probe", method="role", linear_init=3, epochs=0, linear_init_lr=1e-2))
-    backbone_before = {k: v.clone() for k, v in trainer.model.backbone.state_dict().items()}
+    backbone_before = {k: v.clone() for k, v in trainer.run.model.backbone.state_dict().items()}
     summary = trainer.fit()
-    for key, value in trainer.model.backbone.state_dict().items():  # no end-to-end phase: never trained
+    for key, value in trainer.run.model.backbone.state_dict().items():  # no end-to-end phase: never trained
         torch.testing.assert_close(value, backbone_before[key], rtol=0, atol=0, msg=key)
     lines = [json.loads(x) for x in (tmp_path / "probe" / "metrics.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in lines] == [1, 2, 3] and all(x["phase"] == 1.0 for x in lines)
@@ -359,7 +359,8 @@ def test_fine_tuning_pretrained_weights_gets_the_fine_tune_defaults() -> None:
     """A pretrained backbone trained end to end gets LinearInit, the fine-tune learning rate, no schedule, patience
     and frozen BatchNorm statistics for every setting not given; random init, --trainable head and --preset paper keep
     theirs, and the runs that cannot have LinearInit's head phase are not given one."""
-    from train.config import FINE_TUNE_DEFAULTS, HEAD_EPOCHS, build_parser, config_from_args
+    from train.config import FINE_TUNE_DEFAULTS, HEAD_EPOCHS
+    from train.options import build_parser, config_from_args
 
     def resolve(*argv: str) -> TrainConfig:
         return config_from_args(build_parser().parse_args(["--data", "folder:pets", *argv]))
@@ -380,3 +381,40 @@ def test_fine_tuning_pretrained_weights_gets_the_fine_tune_defaults() -> None:
     assert (head.lr, head.epochs, head.linear_init, head.bn_stats) == (defaults.lr, HEAD_EPOCHS, 0, "frozen")
     paper = resolve("--preset", "paper")
     assert (paper.lr, paper.linear_init, paper.patience, paper.bn_stats) == (1e-5, 0, 0, "train")
+
+
+def test_every_setting_is_resolved_in_one_place_with_its_source(builtin_cache: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """resolve_settings names where each setting came from (given, --preset, the method's published settings,
+    --from-run, the regime, the data's auto); the run prints the line once and config.json keeps the sources; an old
+    config.json without them (nor bn_stats, head_bias, lgconv) still loads and starts a run."""
+    from train.config import GIVEN, describe_settings, resolve_settings, run_config
+    from train.options import build_parser, config_from_args
+
+    tuned = resolve_settings({"data": "folder:pets", "lr": 1e-3})
+    assert tuned.sources["data"] == tuned.sources["lr"] == GIVEN and tuned.lr == 1e-3
+    assert tuned.sources["epochs"] == tuned.sources["linear_init"] == "fine-tune"
+    assert tuned.sources["arch"] == "auto: real images" and tuned.sources["bn_stats"] == "auto: pretrained weights"
+    assert "lr" not in {k for k, v in tuned.sources.items() if v == "fine-tune"}
+    head = resolve_settings({"data": "folder:pets", "trainable": "head", "bn_stats": "train"})
+    assert (head.epochs, head.bn_stats) == (25, "frozen") and head.sources["bn_stats"] == "fixed features"
+    paper = resolve_settings({"method": "gr-loss", "data": "coco:/x"}, preset="paper")
+    assert paper.sources["arch"] == "--preset paper" and paper.sources["head_lr_mult"] == "gr-loss's published settings"
+    assert "sources" not in describe_settings(tuned) and "fine-tune: epochs=10" in describe_settings(tuned)
+
+    run = tmp_path / "runs" / "first"
+    assert main([*FAST, "--epochs", "1", "--workers", "0", "--runs-dir", str(tmp_path / "runs"), "--name", "first",
+                 "--method", "epr", "--hp", "k=2"]) == 0
+    printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("settings: ")]
+    assert len(printed) == 1 and "given: data=builtin:tiny" in printed[0] and "hp=k=2 " in printed[0]
+    saved = json.loads((run / "config.json").read_text())["config"]
+    assert saved["sources"]["epochs"] == GIVEN and saved["sources"]["arch"] == "auto: the built-in shapes"
+    again = config_from_args(build_parser().parse_args(["--from-run", str(run), "--epochs", "2", "--hp", "k=3"]))
+    assert again.sources["image_size"] == f"--from-run {run}" and again.sources["epochs"] == GIVEN
+    assert again.hp == {"k": "3"} and again.method == "epr"
+
+    old = {k: v for k, v in saved.items() if k not in ("sources", "bn_stats", "head_bias", "lgconv")}
+    (run / "config.json").write_text(json.dumps({"config": old}))
+    _, loaded = run_config(str(run))
+    assert (loaded.sources, loaded.bn_stats, loaded.head_bias) == ({}, "train", "default")
+    assert describe_settings(loaded).startswith("settings: given: ")

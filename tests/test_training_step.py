@@ -1,4 +1,4 @@
-"""The training step as one module (train.training_step): what it holds, that it computes the method's step
+"""The training step as one module (train.epoch): what it holds, that it computes the method's step
 unchanged in one process, and that under torchrun (two gloo processes, end to end with BatchNorm in training
 mode and EMA) DistributedDataParallel runs it and every rank ends with rank 0's weights, statistics and EMA."""
 
@@ -15,8 +15,8 @@ from torch import nn
 
 from models import load_checkpoint
 from models.network import build_model
+from train.epoch import TrainingStep, method_step, run_training_step, wrap_training_step
 from train.methods import MethodContext, get_method, make_hparams
-from train.training_step import TrainingStep, method_step, run_training_step, wrap_training_step
 
 REPO = Path(__file__).resolve().parent.parent
 NUM_TRAIN, NUM_CLASSES = 8, 5

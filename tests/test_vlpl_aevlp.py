@@ -137,11 +137,11 @@ def test_one_epoch_end_to_end(squares_csv: Path, tmp_path: Path, name: str) -> N
                       labels="full", observed="single",  # the squares are a benchmark: full labels, one observed
                       name=name, clip=save_tiny_clip(tmp_path / "clip", 32, 8, 0), hp={"threshold": "0.2"})
     trainer = Trainer(cfg)
-    assert trainer.pseudo_labels is not None
-    np.testing.assert_array_equal(trainer.method.pseudo_positives.numpy(), trainer.pseudo_labels.positives)
+    assert trainer.run.pseudo_labels is not None
+    np.testing.assert_array_equal(trainer.run.method.pseudo_positives.numpy(), trainer.run.pseudo_labels.positives)
     summary = trainer.fit()
     assert 0 < summary["test"]["mAP"] <= 100
     line = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
     assert line["loss"] > -10 and ("clip_positive_precision" in line) == bool(
-        (trainer.pseudo_labels.positives & (trainer.splits.train_observed == 0)).any())
+        (trainer.run.pseudo_labels.positives & (trainer.run.splits.train_observed == 0)).any())
     assert load_checkpoint(tmp_path / name / "best.pt").meta.method == name

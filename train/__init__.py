@@ -22,9 +22,10 @@ from models.registry import lazy_exports
 #: The public API, imported lazily (PEP 562): ``import train`` stays cheap, torch loads on first use of a name.
 _LAZY = {
     "TrainConfig": "train.config",
-    "build_parser": "train.config",
-    "config_from_args": "train.config",
+    "build_parser": "train.options",
+    "config_from_args": "train.options",
     "Trainer": "train.trainer",
+    "CHOICE_CRITERION": "train.choose",
     "Candidate": "train.choose",
     "CandidateResult": "train.choose",
     "Choice": "train.choose",
@@ -40,6 +41,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from train.choose import (
+        CHOICE_CRITERION,
         Candidate,
         CandidateResult,
         Choice,
@@ -51,8 +53,9 @@ if TYPE_CHECKING:
         out_of_fold_logits,
         prepare,
     )
-    from train.config import TrainConfig, build_parser, config_from_args
+    from train.config import TrainConfig
     from train.cross_fitting import labelled_pool
+    from train.options import build_parser, config_from_args
     from train.trainer import Trainer
 
 
@@ -60,6 +63,7 @@ __getattr__ = lazy_exports("train", _LAZY)
 
 
 __all__ = [
+    "CHOICE_CRITERION",
     "Candidate",
     "CandidateResult",
     "Choice",

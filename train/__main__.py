@@ -9,7 +9,8 @@ from typing import Any, TextIO
 
 from models.command_line import CommandFailed, ExitCode, UsageError, run_command
 from models.data.types import DataError
-from train.config import MACHINE_FIELDS, METHOD_AUTO, build_parser, config_from_args, paper_settings, run_config
+from train.config import MACHINE_FIELDS, METHOD_AUTO, run_config
+from train.options import build_parser, config_from_args
 
 
 def say(message: str, file: TextIO | None = None) -> None:
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> in
     started: list[Any] = []  # the trainer, once made: where an interrupted or failed run continues
 
     def interrupted() -> str:
-        return "interrupted" + (f"; continue with: python -m train --resume {started[0].run_dir}" if started else "")
+        where = f"; continue with: python -m train --resume {started[0].run.run_dir}" if started else ""
+        return "interrupted" + where
 
     try:
         return run_command("", lambda: _train(args, trainer_class, started), interrupted)
@@ -73,12 +75,7 @@ def _train(args: argparse.Namespace, trainer_class: type | None, started: list[A
                 started[0].finish()
                 return
         else:
-            cfg = config_from_args(args)
-            published = paper_settings(cfg.method, cfg.data) if args.preset == "paper" else {}
-            if published:
-                listed = ", ".join(f"{key}={value}" for key, value in published.items())
-                say(f"--preset paper: {cfg.method}'s published settings for this dataset: {listed} "
-                    "(explicit flags win)")
+            cfg = config_from_args(args)  # the run prints every setting and its source when it starts
             if cfg.method == METHOD_AUTO:
                 from train.choose import apply_choice, choice_table, choose, describe_choice
 
@@ -91,7 +88,7 @@ def _train(args: argparse.Namespace, trainer_class: type | None, started: list[A
     except (DataError, ValueError, FileExistsError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     except (FloatingPointError, OSError) as exc:  # diverged loss, unreadable image during training
-        hint = f" (the last good epoch is in {started[0].run_dir / 'last.pt'})" if started else ""
+        hint = f" (the last good epoch is in {started[0].run.run_dir / 'last.pt'})" if started else ""
         raise CommandFailed(f"{exc}{hint}") from exc
 
 

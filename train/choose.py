@@ -65,9 +65,8 @@ from train.cross_fitting import Pool, fold_data, labelled_pool
 from train.distributed import current_world
 from train.feature_cache import FeatureCache, split_feature_key
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation, JointTraining, head_threads, joint_groups
-from train.inference import DatasetForward, Rows
 from train.methods import BASELINE, METHODS, EpochEndContext, get_method, make_hparams
-from train.run_setup import (
+from train.prepared_run import (
     RunData,
     build_method,
     build_run_model,
@@ -80,7 +79,7 @@ from train.run_setup import (
     seed_everything,
     use_channels_last,
 )
-from train.selection import CRITERIA, Assessment, resolve_criterion
+from train.selection import CRITERIA, Assessment, DatasetForward, Rows, resolve_criterion
 
 __all__ = ["AUDIT_CRITERION", "AUDIT_Z", "CANDIDATE_LRS", "CHOICE_CRITERION", "CONTENDERS", "GUARD_CRITERION",
            "MIN_AUDITED", "SWITCH_Z", "Candidate", "CandidateResult", "Choice", "apply_choice", "audited_rows",
@@ -326,7 +325,7 @@ def head_config(cfg: TrainConfig) -> TrainConfig:
     """The settings the candidates train with: ``cfg`` on fixed features (with ``--trainable head`` its epochs,
     learning rate and schedule; else the head's defaults: :data:`HEAD_EPOCHS` epochs, the default learning rate and
     schedule, since the run's belong to the fine-tune), defaults resolved for the baseline."""
-    if cfg.trainable != "head":
+    if not cfg.fixed_features:
         head = TrainConfig()
         cfg = dataclasses.replace(cfg, epochs=HEAD_EPOCHS, lr=head.lr, scheduler=head.scheduler)
     method = BASELINE if cfg.method == METHOD_AUTO else cfg.method
@@ -575,7 +574,7 @@ def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
         return None
     known = expected_positives_for_run(probe, cfg, data.splits, data.dataset.family)
     usable = [r for r in an_results if r.val_logits is not None and not r.failed]
-    if (known is not None and known.source != "estimated") or pool is None or not usable:
+    if (known is not None and known.known) or pool is None or not usable:
         return known
     best = max(usable, key=lambda r: r.score)
     assert best.val_logits is not None
@@ -589,13 +588,14 @@ def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
 def apply_choice(cfg: TrainConfig, choice: Choice) -> TrainConfig:
     """``cfg`` set to train the choice: its method, and its learning rate for the head (``--lr`` with ``--trainable
     head``; else LinearInit's, :data:`HEAD_EPOCHS` epochs of the head before the whole network trains), with the
-    choice recorded in ``chosen`` (with k when it was estimated: the run uses it, train/run_setup.py)."""
+    choice recorded in ``chosen`` (with k when it was estimated: the run uses it, train/prepared_run.py)."""
     chosen = choice.chosen
-    if cfg.trainable == "head":
-        cfg = dataclasses.replace(cfg, method=chosen.method, lr=chosen.lr)
+    if cfg.fixed_features:
+        settings: dict[str, Any] = {"method": chosen.method, "lr": chosen.lr}
     else:
-        cfg = dataclasses.replace(cfg, method=chosen.method, linear_init=HEAD_EPOCHS, linear_init_lr=chosen.lr)
-    return resolve_model_defaults(dataclasses.replace(cfg, chosen=choice.record()))
+        settings = {"method": chosen.method, "linear_init": HEAD_EPOCHS, "linear_init_lr": chosen.lr}
+    sources = {**cfg.sources, **dict.fromkeys(settings, "--method auto")}
+    return resolve_model_defaults(dataclasses.replace(cfg, **settings, chosen=choice.record(), sources=sources))
 
 
 def choice_table(choice: Choice) -> str:

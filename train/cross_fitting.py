@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from models.data.types import LabelledImages
-from train.inference import Rows
-from train.run_setup import RunData
+from train.prepared_run import RunData
+from train.selection import Rows
 
 __all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool", "selection_fold", "training_pool"]
 

@@ -29,7 +29,7 @@ from torch import nn
 from models.data.cache_folders import cache_root
 from models.files.atomic_writes import atomic_path
 from train.distributed import broadcast_object, current_world
-from train.inference import Rows
+from train.selection import Rows
 
 FEATURE_FORMAT = 1
 

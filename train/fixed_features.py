@@ -13,7 +13,7 @@ LinearInit phase, as in the reference code.
 Under torchrun every rank extracts its shard of the features and gets them all back; each global batch is
 split over the ranks (rank r takes rows r, r + W, ...), each rank's loss is weighted by its share of the batch
 and DistributedDataParallel (wrapping the head and the method's parameters for the epoch, see
-``train.training_step``) averages the gradients, so every step equals the one-process step. A final batch with
+``train.epoch``) averages the gradients, so every step equals the one-process step. A final batch with
 fewer rows than ranks is skipped. Unreadable images have no features: the phase leaves their rows out of training
 and validation.
 """
@@ -36,13 +36,18 @@ from models.data.dataset import FULL_LABELS, NEGATIVES
 from models.data.types import LabelledImages
 from models.network import MultiLabelNet
 from train.distributed import current_world
-from train.epoch_loop import DIVERGED_HINT, EpochTotals
+from train.epoch import (
+    DIVERGED_HINT,
+    EpochTotals,
+    build_optimizer,
+    build_scheduler,
+    method_step,
+    run_training_step,
+    wrap_training_step,
+)
 from train.feature_cache import FeatureCache
-from train.inference import DatasetForward, Rows
 from train.methods import Method
-from train.optimizer_factory import build_optimizer, build_scheduler
-from train.selection import CRITERIA, DEFAULT_CRITERION, Assessment, Criterion, assess
-from train.training_step import method_step, run_training_step, wrap_training_step
+from train.selection import CRITERIA, DEFAULT_CRITERION, Assessment, Criterion, DatasetForward, Rows, assess
 
 #: Threads for work on cached features (a linear head on batches of feature vectors): too little work per operation
 #: to split, so one thread is fastest (bench/README.md, head training threads).

@@ -117,7 +117,7 @@ def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0,
     of ``audit`` validation images drawn at random (module docstring)."""
     started = time.perf_counter()
     head_cfg = dataclasses.replace(head_config(cfg), method=BASELINE)
-    if cfg.trainable != "head":
+    if not cfg.fixed_features:
         head_cfg = dataclasses.replace(head_cfg, lr=TrainConfig.lr)  # the run's lr is a fine-tune's
     data, model, forward, features = prepare(head_cfg)
     if audit and data.splits.has_full_labels("val"):

@@ -1,11 +1,9 @@
-"""The training run: epoch after epoch - train, evaluate and select, checkpoint - through the LinearInit phase and the
-method's stages, then the selected weights tested. What it trains with is prepared in one place
-(:func:`train.run_preparation.prepare_run`); the parts live in their own modules: the step loop
-(``train.epoch_loop``), one stage's optimisation (``train.stage_optimisation``), evaluation and selection
-(``train.selection``), what the checkpoints hold (``train.checkpoint_contents``), the run folder's files
-(``train.run_folder_writer``), what a run prints and records (``train.run_report``), the phase on fixed features
-(``train.fixed_features``) and the full-label diagnostics (``train.diagnostics``). :class:`Trainer` fits, resumes and
-finishes.
+"""The training run: epoch after epoch - train, evaluate and select, checkpoint - through the phase on fixed features
+(LinearInit, or the whole ``--trainable head`` run) and the method's end-to-end stages, then the selected weights
+tested. The run is built by :func:`train.prepared_run.prepare_run`; an end-to-end epoch's data, step and
+optimisation are in :mod:`train.epoch`, the method's loss in :mod:`train.methods`, evaluation and selection in
+:mod:`train.selection`, and what the run writes and prints in :mod:`train.run_records`. The phase on fixed features
+is :mod:`train.fixed_features`.
 """
 
 from __future__ import annotations
@@ -18,32 +16,36 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from models.checkpoint import ModelMeta, save_checkpoint
+from models.checkpoint import save_checkpoint
 from models.data.dataset import ImageLabelDataset
 from models.evaluation.expected_positives import CHOOSER_K, ExpectedPositives, estimate_k
 from models.files.atomic_writes import atomic_path
 from models.files.run_folder import BEST, LAST
 from models.network import model_from_meta
-from train.checkpoint_contents import capture_rng, load_shared, restore_rng, run_meta
 from train.config import TrainConfig
 from train.console import log
 from train.diagnostics import run_diagnostics
 from train.distributed import barrier, broadcast_buffers
-from train.epoch_loop import to_device, train_epoch
+from train.epoch import Optimisation, run_training_step, to_device, train_epoch, wrap_training_step
 from train.fixed_features import FixedFeaturePhase
-from train.inference import Rows
 from train.methods import EpochEndContext, LossOutput
-from train.run_preparation import PreparedRun, config_record, feature_phase, prepare_run
-from train.run_report import epoch_line, epoch_record, feature_phase_line, opening_lines, summary_line
-from train.selection import AssessedWeights, Assessment, BestSoFar, assess, best_weights
-from train.stage_optimisation import Optimisation
-from train.training_step import run_training_step, wrap_training_step
+from train.prepared_run import PreparedRun, prepare_run
+from train.run_records import (
+    capture_rng,
+    epoch_line,
+    epoch_record,
+    feature_phase_line,
+    load_shared,
+    opening_lines,
+    restore_rng,
+    summary_line,
+)
+from train.selection import AssessedWeights, Assessment, BestSoFar, Rows, assess, best_weights
 
 
 class Trainer:
-    """Trains (or resumes) the run of a :class:`TrainConfig` in ``run_dir``. The prepared parts
-    (:class:`~train.run_preparation.PreparedRun`: ``model``, ``method``, ``splits``, ``predictor``, ...) read as the
-    trainer's own attributes."""
+    """Trains (or resumes) the run of a :class:`TrainConfig` in ``run_dir``; what it trains with is ``self.run``
+    (:class:`~train.prepared_run.PreparedRun`: ``model``, ``method``, ``splits``, ``predictor``, ...)."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None, resume: bool = False) -> None:
         self.run: PreparedRun = prepare_run(cfg, run_dir, resume)
@@ -57,13 +59,6 @@ class Trainer:
         if resume:
             self._load_resume_state()
 
-    def __getattr__(self, name: str) -> Any:
-        """The prepared run's parts and helpers (``model``, ``splits``, ``stage_of``, ...) as attributes."""
-        run = self.__dict__.get("run")
-        if run is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(run, name)
-
     # ----------------------------------------------------------------- stages
     @property
     def ema(self) -> AveragedModel | None:
@@ -74,87 +69,84 @@ class Trainer:
         """A new optimiser, schedule (over ``stage``'s epochs), grad scaler and EMA; the step module (DDP under
         torchrun) is rebuilt at the next step, as the stage may train another set of parameters."""
         self.step_module: nn.Module | None = None  # the old DDP wrapper goes first: one reducer per parameter
-        self.optimisation = Optimisation(self.cfg, self.model, self.method, self.stage_plan[stage - 1] *
-                                         self.steps_per_epoch, self.precision.dtype, self.device)
+        run = self.run
+        self.optimisation = Optimisation(run.cfg, run.model, run.method, run.stage_plan[stage - 1] *
+                                         run.steps_per_epoch, run.precision.dtype, run.device)
 
     def _next_stage(self, stage: int) -> None:
         """End the current stage: keep its best checkpoint as ``best-stageK.pt``, load its best weights, then start
         ``stage`` with a fresh optimiser, schedule and EMA and its own best-epoch selection."""
-        finished, best_path = stage - 1, self.run_dir / BEST
-        if self.world.is_main:
-            with atomic_path(self.run_dir / f"best-stage{finished}.pt") as tmp:
+        run, finished = self.run, stage - 1
+        best_path = run.run_dir / BEST
+        if run.world.is_main:
+            with atomic_path(run.run_dir / f"best-stage{finished}.pt") as tmp:
                 shutil.copyfile(best_path, tmp)
-        best = load_shared(best_path, self.device)
-        self.model.load_state_dict(best.model)
+        best = load_shared(best_path, run.device)
+        run.model.load_state_dict(best.model)
         self.stage_history.append({"stage": finished, "best_epoch": self.best.epoch,
-                                   f"val_{self.selection.name}": self.best.score,
+                                   f"val_{run.selection.name}": self.best.score,
                                    "weights": best.meta.metrics.get("weights", "model")})
-        log(f"stage {finished} done (best val {self.selection.name} {self.best.score:.4g} at epoch {self.best.epoch}); "
+        log(f"stage {finished} done (best val {run.selection.name} {self.best.score:.4g} at epoch {self.best.epoch}); "
             f"stage {stage} starts from those weights")
-        self.method.start_stage(stage)
+        run.method.start_stage(stage)
         self._fresh_optimisation(stage)
         self.best.reset()
 
     # ----------------------------------------------------------------- checkpoints and resuming
-    def meta(self, epoch: int, metrics: dict[str, Any]) -> ModelMeta:
-        """The checkpoint metadata of the current model (:func:`train.checkpoint_contents.run_meta`)."""
-        return run_meta(self.run, epoch, metrics)
-
-    def _config_record(self) -> dict[str, Any]:
-        return config_record(self.run)
-
     def save_last(self, epoch: int) -> None:
         """Write last.pt with everything ``--resume`` needs (rank 0; the state is the same on every rank)."""
-        if not self.world.is_main:
+        run = self.run
+        if not run.world.is_main:
             return
-        k = self.run.expected_positives
+        k = run.expected_positives
         training = {"epoch": epoch, **self.best.state_dict(), **self.optimisation.state_dict(),
-                    "expected_positives": k.to_dict() if k else None, "method": self.method.state_dict(),
+                    "expected_positives": k.to_dict() if k else None, "method": run.method.state_dict(),
                     "rng": capture_rng(), "stage_history": self.stage_history}
         if self.linear is not None:
             training["linear"] = self.linear.state_dict()
-        save_checkpoint(self.run_dir / LAST, self.model.state_dict(), self.meta(epoch, {}), training)
+        save_checkpoint(run.run_dir / LAST, run.model.state_dict(), run.checkpoint_meta(epoch, {}), training)
 
     def _load_resume_state(self) -> None:
         """Restore model, method, optimisation, RNG, best epoch and k from ``last.pt``."""
-        path = self.run_dir / LAST
-        ckpt = load_shared(path, self.device)
+        run = self.run
+        path = run.run_dir / LAST
+        ckpt = load_shared(path, run.device)
         if ckpt.training is None:
             raise ValueError(f"{path} holds no training state; cannot resume")
-        if ckpt.meta.data.get("fingerprint") != self.splits.fingerprint:
+        if ckpt.meta.data.get("fingerprint") != run.splits.fingerprint:
             raise ValueError(f"{path}: the dataset changed since this run started (fingerprint "
-                             f"{ckpt.meta.data.get('fingerprint')} != {self.splits.fingerprint})")
+                             f"{ckpt.meta.data.get('fingerprint')} != {run.splits.fingerprint})")
         t = ckpt.training
         self.start_epoch = int(t["epoch"]) + 1
-        stage = self.stage_of(min(self.start_epoch, self.total_epochs))
+        stage = run.stage_of(min(self.start_epoch, run.total_epochs))
         if stage > 1:  # the saved optimiser, schedule and EMA belong to a later stage
             self._fresh_optimisation(stage)
         self.stage_history = list(t.get("stage_history", []))
-        self.model.load_state_dict(ckpt.model)
-        self.method.load_state_dict(t["method"])
+        run.model.load_state_dict(ckpt.model)
+        run.method.load_state_dict(t["method"])
         self.optimisation.load_state_dict(t)
         restore_rng(t["rng"])
         self._linear_resume = t.get("linear")
         self.best.load_state_dict(t)
-        if t.get("expected_positives") and self.run.expected_positives is not None:  # an estimate made before
+        if t.get("expected_positives") and run.expected_positives is not None:  # an estimate made before
             self._set_expected_positives(ExpectedPositives.from_dict(t["expected_positives"]))
         barrier()  # every rank has read last.pt
-        self.files.keep_metrics_before(self.start_epoch)  # those epochs run again
-        log(f"resuming {self.run_dir} at epoch {self.start_epoch}/{self.total_epochs} "
-            f"(best {self.selection.name} so far {self.best.score:.4g} at epoch {self.best.epoch})")
+        run.files.keep_metrics_before(self.start_epoch)  # those epochs run again
+        log(f"resuming {run.run_dir} at epoch {self.start_epoch}/{run.total_epochs} "
+            f"(best {run.selection.name} so far {self.best.score:.4g} at epoch {self.best.epoch})")
 
     # ----------------------------------------------------------------- training
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return to_device(batch, self.device, self.channels_last)
+        return to_device(batch, self.run.device, self.run.channels_last)
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Forward, backward, clip, optimiser/scheduler/EMA step on one batch already on the device. The forward
-        is the method's step (:mod:`train.training_step`), in ``DistributedDataParallel`` under torchrun. A
+        is the method's step (:mod:`train.epoch`), in ``DistributedDataParallel`` under torchrun. A
         non-finite loss is not checked here (that would wait for the device): the epoch loop does, every few
         steps."""
         if self.step_module is None:  # built on first use: LinearInit's wrapper is gone by then
-            self.step_module = wrap_training_step(self.model, self.method, self.device)
-        with self.precision.autocast():
+            self.step_module = wrap_training_step(self.run.model, self.run.method, self.run.device)
+        with self.run.precision.autocast():
             out = run_training_step(self.step_module, batch)
         self.optimisation.update(out.loss)
         return out
@@ -163,10 +155,10 @@ class Trainer:
         """One end-to-end pass over the training set; returns mean loss, method logs, throughput and lr. Under
         torchrun, rank 0's BatchNorm statistics go to every rank afterwards (DDP broadcasts them only at the start
         of a forward; the sharded evaluation, EMA selection and checkpoints need the one set rank 0 keeps)."""
-        self.model.train()
-        stats = train_epoch(self.train, epoch, self.train_step, self._to_device, f"epoch {epoch}/{self.total_epochs}",
-                            self.progress)
-        broadcast_buffers(self.model)
+        self.run.model.train()
+        stats = train_epoch(self.run.train, epoch, self.train_step, self._to_device,
+                            f"epoch {epoch}/{self.run.total_epochs}", self.run.progress)
+        broadcast_buffers(self.run.model)
         if self.ema is not None:
             broadcast_buffers(self.ema)
         stats["lr"] = self.optimisation.lr
@@ -177,16 +169,17 @@ class Trainer:
         """Logits of ``model`` (eval mode) for every row of ``loader``'s dataset (unreadable images missing)."""
         was_training = model.training
         model.eval()
-        rows = self.predictor.rows(model, loader, len(self.classes), desc)
+        rows = self.run.predictor.rows(model, loader, len(self.run.classes), desc)
         model.train(was_training)
         return rows
 
     def predict_train(self, augment: bool) -> torch.Tensor:
         """Probabilities (N_train, C) of the current model over the training set, in dataset order (an unreadable
         image's row holds its observed labels)."""
-        transform = self.train.dataset.transform if augment else self.predictor.eval_transform
-        dataset = ImageLabelDataset(self.splits.train, transform, self.splits.train_observed)
-        rows = self._predict(self.model, self.predictor.loader(dataset), "predict train")
+        run = self.run
+        transform = run.train.dataset.transform if augment else run.predictor.eval_transform
+        dataset = ImageLabelDataset(run.splits.train, transform, run.splits.train_observed)
+        rows = self._predict(run.model, run.predictor.loader(dataset), "predict train")
         probs = torch.sigmoid(rows.values)
         probs[~rows.present] = dataset.observed[~rows.present]
         return probs
@@ -195,26 +188,27 @@ class Trainer:
         """``model``'s predictions on ``loader``'s dataset (the ``split``) against its labels, with the selection
         criterion; the figures that need full labels are None when the split has none. With ``--trainable head``
         the backbone part comes from the feature cache (the same values, computed once)."""
-        if self.cfg.trainable == "head":
-            self.linear = self.linear or feature_phase(self.run)
-            rows = self.linear.head_rows(model, getattr(self.splits, split), split)
+        run = self.run
+        if run.cfg.fixed_features:
+            self.linear = self.linear or run.feature_phase()
+            rows = self.linear.head_rows(model, getattr(run.splits, split), split)
         else:
             rows = self._predict(model, loader, desc)
         if rows.missing:
             log(f"{desc}: {rows.missing} unreadable image(s) left out of the metrics")
         labels = loader.dataset.labels[rows.present]
-        return assess(rows.values[rows.present].numpy(), labels.numpy(), self.classes, self.criterion,
-                      full_labels=self.splits.has_full_labels(split))
+        return assess(rows.values[rows.present].numpy(), labels.numpy(), run.classes, run.criterion,
+                      full_labels=run.splits.has_full_labels(split))
 
     def _set_expected_positives(self, k: ExpectedPositives) -> None:
         self.run.expected_positives = k
-        self.method.set_expected_positives(k.k)
+        self.run.method.set_expected_positives(k.k)
 
     def _estimate_expected_positives(self, assessment: Assessment) -> dict[str, float]:
         """When k is estimated each epoch: a new estimate from this epoch's validation scores (the same on every
         rank), given to the method for the next epoch; returns it for the metrics line."""
         k = self.run.expected_positives
-        if (k is None or k.source != "estimated" or k.detail.startswith(CHOOSER_K) or assessment.logits is None
+        if (k is None or k.known or k.detail.startswith(CHOOSER_K) or assessment.logits is None
                 or assessment.labels is None):
             return {}
         estimate = estimate_k(assessment.logits, assessment.labels)
@@ -225,32 +219,33 @@ class Trainer:
     def _candidates(self, linear: FixedFeaturePhase | None) -> list[AssessedWeights]:
         """The epoch's candidate weights with their val assessment: the model (its head on cached features in a
         phase on fixed features), plus its EMA when there is one."""
+        model, val = self.run.model, self.run.val_loader
         if linear is not None:
-            return [AssessedWeights("model", self.model, linear.validate())]
-        candidates = [AssessedWeights("model", self.model, self.evaluate(self.model, self.val_loader, "val"))]
+            return [AssessedWeights("model", model, linear.validate())]
+        candidates = [AssessedWeights("model", model, self.evaluate(model, val, "val"))]
         if self.ema is not None:
-            candidates.append(AssessedWeights("ema", self.ema.module, self.evaluate(self.ema.module, self.val_loader,
-                                                                              "val ema")))
+            candidates.append(AssessedWeights("ema", self.ema.module, self.evaluate(self.ema.module, val, "val ema")))
         return candidates
 
     # ----------------------------------------------------------------- the run
     def fit(self) -> dict[str, Any]:
         """Train from ``start_epoch`` through the phase on fixed features (if any) and the end-to-end stages, then
         test the best checkpoint; returns the summary."""
-        cfg = self.cfg
-        self.files.write_protocol(self.data.protocol_bytes, self.resumed)
-        self.files.write_config(self._config_record())
-        log(f"global batch {cfg.batch_size} = {self.world.size} process(es) x {self.batch_per_process}"
-            + (" (torchrun, gradients averaged over the processes)" if self.world.distributed else ""))
+        run = self.run
+        cfg = run.cfg
+        run.files.write_protocol(run.data.protocol_bytes, run.resumed)
+        run.files.write_config(run.config_record())
+        log(f"global batch {cfg.batch_size} = {run.world.size} process(es) x {run.batch_per_process}"
+            + (" (torchrun, gradients averaged over the processes)" if run.world.distributed else ""))
         if self.start_epoch == 1:
             for line in opening_lines(self.run):
                 log(line)
-        if self.start_epoch <= self.feature_epochs:
+        if self.start_epoch <= run.feature_epochs:
             log(feature_phase_line(cfg))
-            self.linear = feature_phase(self.run)
+            self.linear = run.feature_phase()
             if self._linear_resume is not None:
                 self.linear.load_state_dict(self._linear_resume)
-        for epoch in range(self.start_epoch, self.total_epochs + 1):
+        for epoch in range(self.start_epoch, run.total_epochs + 1):
             if self.patience_exhausted(epoch - 1):
                 break
             self._run_epoch(epoch)
@@ -258,92 +253,95 @@ class Trainer:
 
     def patience_exhausted(self, epoch: int) -> bool:
         """Whether ``--patience`` stops the run after ``epoch`` (in the last stage, or with ``--trainable head``)."""
-        patience = self.cfg.patience
-        if patience <= 0 or epoch < 1 or epoch >= self.total_epochs:
+        run = self.run
+        patience = run.cfg.patience
+        if patience <= 0 or epoch < 1 or epoch >= run.total_epochs:
             return False
-        if self.cfg.trainable != "head" and epoch <= self.feature_epochs:
+        if not run.cfg.fixed_features and epoch <= run.feature_epochs:
             return False  # LinearInit's linear phase runs to its end
         # the last stage (the whole network after LinearInit) gets its ``patience`` epochs to beat the stages before
-        start = 0 if self.cfg.trainable == "head" else self.last_epoch_of_stage(len(self.stage_plan) - 1)
-        return self.stage_of(epoch) == len(self.stage_plan) and epoch - max(self.best.epoch, start) >= patience
+        start = 0 if run.cfg.fixed_features else run.last_epoch_of_stage(len(run.stage_plan) - 1)
+        return run.stage_of(epoch) == len(run.stage_plan) and epoch - max(self.best.epoch, start) >= patience
 
     @property
     def done_training(self) -> bool:
         """Whether every epoch ran, or ``--patience`` stopped the run (a resume then only finishes it)."""
-        return self.start_epoch > self.total_epochs or self.patience_exhausted(self.start_epoch - 1)
+        return self.start_epoch > self.run.total_epochs or self.patience_exhausted(self.start_epoch - 1)
 
     def _run_epoch(self, epoch: int) -> None:
         """Train ``epoch``, let the method act on it, evaluate and select, write its metrics line and checkpoints,
         and move to the next phase or stage when this one ends."""
-        cfg = self.cfg
+        run = self.run
+        cfg = run.cfg
         self.last_epoch = epoch
-        linear = self.linear if epoch <= self.feature_epochs else None
+        linear = self.linear if epoch <= run.feature_epochs else None
         stats = linear.train_epoch(epoch) if linear is not None else self.train_epoch(epoch)
         predict = linear.predict_train if linear is not None else self.predict_train
-        stats.update(self.method.on_epoch_end(EpochEndContext(epoch=epoch, predict_train=predict)))
-        stats.update(run_diagnostics(self.method, self.splits, self.world.is_main))
+        stats.update(run.method.on_epoch_end(EpochEndContext(epoch=epoch, predict_train=predict)))
+        stats.update(run_diagnostics(run.method, run.splits, run.world.is_main))
         candidates = self._candidates(linear)
         if linear is not None:
             linear.remember_if_best(candidates[0].assessment.score)
         chosen = best_weights(candidates)
         stats.update(self._estimate_expected_positives(candidates[0].assessment))
-        stage = self.stage_of(epoch)
+        stage = run.stage_of(epoch)
         improved = self.best.offer(chosen.assessment.score, epoch)
-        if improved and self.world.is_main:
+        if improved and run.world.is_main:
             val_summary = {k: v for k, v in chosen.assessment.metrics.items() if k != "per_class_AP"}
-            save_checkpoint(self.run_dir / BEST, chosen.module.state_dict(),
-                            self.meta(epoch, {"val": val_summary, "weights": chosen.name}))
-        record = epoch_record(epoch, stage if len(self.stage_plan) > 1 else None, stats, self.selection.name,
+            save_checkpoint(run.run_dir / BEST, chosen.module.state_dict(),
+                            run.checkpoint_meta(epoch, {"val": val_summary, "weights": chosen.name}))
+        record = epoch_record(epoch, stage if len(run.stage_plan) > 1 else None, stats, run.selection.name,
                               candidates, improved)
-        self.files.append_metrics(record)
-        if linear is not None and epoch == cfg.linear_init and cfg.trainable != "head":
+        run.files.append_metrics(record)
+        if linear is not None and epoch == cfg.linear_init and not cfg.fixed_features:
             linear.restore_best()  # LinearInit's phase 1 over: its best epoch starts phase 2
             self.linear = None
             self.optimisation.restart_ema()  # average from the restored weights, not from the random head
-        if stage < len(self.stage_plan) and epoch == self.last_epoch_of_stage(stage):
+        if stage < len(run.stage_plan) and epoch == run.last_epoch_of_stage(stage):
             self._next_stage(stage + 1)
         self.save_last(epoch)
-        phase = "" if linear is None else (" (head on features)" if cfg.trainable == "head" else " (linear)")
-        log(epoch_line(epoch, self.total_epochs, phase, stats, record, self.selection.name))
+        phase = "" if linear is None else (" (head on features)" if cfg.fixed_features else " (linear)")
+        log(epoch_line(epoch, run.total_epochs, phase, stats, record, run.selection.name))
 
     def finish(self) -> dict[str, Any]:
         """Evaluate the best checkpoint on val and test (and, where the training split has full labels, its label
         recovery on the training set), store the metrics in best.pt, write summary.json."""
-        best = load_shared(self.run_dir / BEST, self.device)
-        model = model_from_meta(best.meta).to(self.device)
+        run = self.run
+        best = load_shared(run.run_dir / BEST, run.device)
+        model = model_from_meta(best.meta).to(run.device)
         model.load_state_dict(best.model)
-        if self.channels_last:
+        if run.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        assessments = {"val": self.evaluate(model, self.val_loader, "val (best)")}
-        if self.splits.test is not None:
-            test_loader = self.predictor.eval_loader(self.splits.test)
+        assessments = {"val": self.evaluate(model, run.val_loader, "val (best)")}
+        if run.splits.test is not None:
+            test_loader = run.predictor.eval_loader(run.splits.test)
             assessments["test"] = self.evaluate(model, test_loader, "test (best)", "test")
         else:
             log("no test split in this dataset: reporting validation metrics only")
         metrics: dict[str, Any] = {split: a.metrics for split, a in assessments.items()}
-        self.files.write_scores({f"{split}_{kind}": value for split, a in assessments.items()
-                                 for kind, value in (("logits", a.logits), ("labels", a.labels)) if value is not None})
-        if self.splits.train_has_full_labels:  # Cole et al.'s label recovery: how the hidden labels rank
-            train_loader = self.predictor.eval_loader(self.splits.train)
+        run.files.write_scores({f"{split}_{kind}": value for split, a in assessments.items()
+                                for kind, value in (("logits", a.logits), ("labels", a.labels)) if value is not None})
+        if run.splits.train_has_full_labels:  # Cole et al.'s label recovery: how the hidden labels rank
+            train_loader = run.predictor.eval_loader(run.splits.train)
             metrics["train_recovery"] = self.evaluate(model, train_loader, "train (label recovery)", "train").metrics
         best.meta.metrics = {**{k: {m: v for m, v in d.items() if m != "per_class_AP"} for k, d in metrics.items()},
                              "weights": best.meta.metrics.get("weights", "model")}
-        if self.world.is_main:
-            save_checkpoint(self.run_dir / BEST, best.model, best.meta)
+        if run.world.is_main:
+            save_checkpoint(run.run_dir / BEST, best.model, best.meta)
         last = self.start_epoch - 1 if self.last_epoch is None else self.last_epoch
-        k = self.run.expected_positives
+        k = run.expected_positives
         summary = {
-            "run": str(self.run_dir), "method": self.cfg.method, "dataset": self.dataset.name,
-            "observed": str(self.splits.observed), "arch": self.cfg.arch, "image_size": self.cfg.image_size,
-            "epochs": self.cfg.epochs, "epochs_run": last, "stopped_early": last < self.total_epochs,
-            "best_epoch": self.best.epoch, "selection": self.selection.name, "best_score": self.best.score,
-            "labels": {split: regime.kind for split, regime in self.splits.regimes.items()},
+            "run": str(run.run_dir), "method": run.cfg.method, "dataset": run.dataset.name,
+            "observed": str(run.splits.observed), "arch": run.cfg.arch, "image_size": run.cfg.image_size,
+            "epochs": run.cfg.epochs, "epochs_run": last, "stopped_early": last < run.total_epochs,
+            "best_epoch": self.best.epoch, "selection": run.selection.name, "best_score": self.best.score,
+            "labels": {split: regime.kind for split, regime in run.splits.regimes.items()},
             "expected_positives": k.to_dict() if k else None, **metrics,
         }
         if self.stage_history:
-            summary["stages"] = [*self.stage_history, {"stage": len(self.stage_plan), "best_epoch": self.best.epoch,
-                                                       f"val_{self.selection.name}": self.best.score}]
-        self.files.write_summary(summary)
-        log(summary_line(self.best.epoch, self.selection.name, metrics, assessments, len(self.classes)))
-        log(f"saved {self.run_dir / BEST}  (export it with: python -m export {self.run_dir})")
+            summary["stages"] = [*self.stage_history, {"stage": len(run.stage_plan), "best_epoch": self.best.epoch,
+                                                        f"val_{run.selection.name}": self.best.score}]
+        run.files.write_summary(summary)
+        log(summary_line(self.best.epoch, run.selection.name, metrics, assessments, len(run.classes)))
+        log(f"saved {run.run_dir / BEST}  (export it with: python -m export {run.run_dir})")
         return summary

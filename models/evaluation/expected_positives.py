@@ -66,12 +66,14 @@ __all__ = [
     "resolve_expected_positives",
 ]
 
-K_SOURCES: Table[None] = Table("source of k", [
-    Row("given", "--hp k", None),
-    Row("published", "the papers' value for a known dataset", None),
-    Row("labels", "the mean of full training (else validation) labels", None),
-    Row("audit", "the mean of a few fully labelled images (--audit)", None),
-    Row("estimated", "estimated from one label per image (estimate_k)", None),
+#: Where k came from, first source first; a row's value: whether k is known (given, published or counted on
+#: labelled images) rather than estimated from one label per image.
+K_SOURCES: Table[bool] = Table("source of k", [
+    Row("given", "--hp k", True),
+    Row("published", "the papers' value for a known dataset", True),
+    Row("labels", "the mean of full training (else validation) labels", True),
+    Row("audit", "the mean of a few fully labelled images (--audit)", True),
+    Row("estimated", "estimated from one label per image (estimate_k)", False),
 ])
 #: the detail of an estimate that ``--method auto`` made from cross-fitted scores (a run keeps it, not re-estimated)
 CHOOSER_K = "--method auto"
@@ -139,6 +141,11 @@ class ExpectedPositives:
     def __post_init__(self) -> None:
         K_SOURCES.row(self.source)  # an unknown source: the one message listing them
 
+    @property
+    def known(self) -> bool:
+        """Whether k is given, published or counted on labelled images, not estimated (:data:`K_SOURCES`)."""
+        return K_SOURCES[self.source]
+
     def describe(self) -> str:
         """``k = 2.83 (estimated: ...)``."""
         return f"k = {self.k:.2f} ({self.source}" + (f": {self.detail})" if self.detail else ")")
@@ -150,7 +157,7 @@ class ExpectedPositives:
 
     def caveat(self) -> str | None:
         """For an estimate: how far it may be from the truth and what brings it closer (None for other sources)."""
-        if self.source != "estimated":
+        if self.known:
             return None
         e = self.estimate
         if e is None:

@@ -12,7 +12,7 @@ The loss (override this):
   It never holds ground-truth labels, with one documented exception (:attr:`Method.trains_on_full_labels`).
   :class:`LossOutput` carries values to log; give them as detached tensors (a Python float forces the device to
   finish the step before the next one starts). Under torchrun the loss runs inside one
-  DistributedDataParallel forward (``train.training_step``); collectives it issues itself (EPR's global mean,
+  DistributedDataParallel forward (``train.epoch``); collectives it issues itself (EPR's global mean,
   LAC's gathers) must run in the same order on every rank.
 
 What the trainer feeds the model (optional):
