@@ -272,7 +272,7 @@ def test_existing_policies_skip_append_overwrite(model: tuple[Path, Path, ModelM
     plain = tmp_path / "plain.jsonl"
     assert tag_folder(folder, runtime, plain, progress=False).tagged == 4
     again = tag_folder(folder, runtime, plain, progress=False)
-    assert (again.tagged, again.skipped) == (0, 4) and again.ok
+    assert (again.tagged, again.skipped) == (0, 4) and not again.failed
     assert {r["path"] for r in map(json.loads, plain.read_text().splitlines())} == set(records)
 
 

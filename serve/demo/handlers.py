@@ -1,8 +1,5 @@
-"""What the demo page does, one method per event: score an image, re-filter its kept scores with the controls,
-answer ``/predict``, tag a batch and re-filter it, change the model.
-
-The model runs once per image: its scores are kept in ``gr.State`` and moving a control only re-filters them (no
-queue, no model call). Imported by :func:`serve.demo.app.build_demo` only: it imports gradio.
+"""What the demo page does, one method per event: score an image, re-filter its kept scores with the controls
+(no model call), answer ``/predict``, tag a batch and re-filter it, change the model. It imports gradio.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The demo page's parts, laid out inside a ``gr.Blocks`` in this order: the model picker with the model's facts,
-the controls shared by every tab (thresholds, tag selection, caption rules), the *Image* tab, the *Batch* tab and
-the *API* tab; then the events that connect them to :class:`serve.demo.handlers.DemoHandlers`.
-
-Imported by :func:`serve.demo.app.build_demo` only: it imports gradio.
+"""The demo page's parts, in order (the model picker, the shared controls, the *Image*, *Batch* and *API* tabs),
+and the events that connect them to :class:`serve.demo.handlers.DemoHandlers`. It imports gradio.
 """
 
 from __future__ import annotations

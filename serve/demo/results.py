@@ -1,7 +1,5 @@
-"""The demo's pure helpers: threshold and tag choice, the result document, the score HTML, batch table and
-downloads (CSV, JSONL, a zip of captions).
-
-No gradio here: :mod:`serve.demo.app` lays these out in its Gradio app.
+"""The demo's pure helpers (no gradio): the tag choice of the controls, the result document, the score HTML and
+the batch table and downloads.
 """
 
 from __future__ import annotations

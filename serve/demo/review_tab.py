@@ -1,10 +1,7 @@
 """The *Review* tab (``python -m serve demo --review FILE``): one suggested label at a time, answered Yes / No,
-skipped or taken back, with the keys ``y`` ``n`` ``s`` ``u``; its layout, its handlers and their events.
-
-The state lives on the server (:class:`serve.demo.review.ReviewQueue`, one for every browser tab); each answer is
-in the answer log before its handler returns. The page's events are also an API (``/review_show``,
-``/review_yes``, ``/review_no``, ``/review_skip`` take the pair shown, ``/review_undo``). Imported by
-:func:`serve.demo.app.build_demo` only: it imports gradio.
+skipped or taken back (keys ``y`` ``n`` ``s`` ``u``), over the server's :class:`serve.demo.review.ReviewQueue`.
+Its events are also an API (``/review_show``, ``/review_yes``, ``/review_no``, ``/review_skip``,
+``/review_undo``). It imports gradio.
 """
 
 from __future__ import annotations

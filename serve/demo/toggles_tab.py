@@ -1,15 +1,8 @@
-"""A tab that answers a whole image at a time (``python -m serve demo --audit FILE``): the image with its labels
-as toggles, the most likely first, the labels it was given ticked; a filter box narrows a long list; Save answers
-every label of the image at once (ticked: present, unticked: absent), Skip leaves the image for later, Undo takes
-the last saved image back. Keys: Enter saves, ``1``-``9`` toggle the first nine labels shown, ``s`` skips, ``u``
-undoes (when the cursor is not in a text field).
-
-An audit file (``python -m train suggest RUN --audit N``) lists every class of N validation images, so the answers
-label those images completely: ``python -m train --method auto --audit LOG`` scores the candidate methods on them.
-The state is the server's :class:`serve.demo.review.ReviewQueue`; each image's answers are in its answer log (one
-synced write) before Save returns, so a restarted demo continues where it stopped. The events are also an API
-(``/{name}_show``, ``/{name}_save`` with the image shown and the labels ticked, ``/{name}_skip``, ``/{name}_undo``).
-Imported by :mod:`serve.demo.app` only: it imports gradio.
+"""A tab that answers a whole image at a time (``python -m serve demo --audit FILE``): the image with its pending
+labels as toggles (the most likely first, the given ones ticked) and a filter box; Save answers them all
+(ticked: present), Skip leaves the image for later, Undo takes the last saved image back (keys: Enter, ``1``-``9``,
+``s``, ``u``). The state is the server's :class:`serve.demo.review.ReviewQueue`; the events are also an API
+(``/{name}_show``, ``/{name}_save``, ``/{name}_skip``, ``/{name}_undo``). It imports gradio.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The summary of a tagging run: images per tag, tags per image, classes never predicted.
-
-Made from a run file's records (``python -m serve summary RUNFILE``, or at the end of ``serve tag``): a short
-table for the terminal, a Markdown and a JSON report, and a bar plot of the most frequent tags (with the
-matplotlib extra). "Never predicted" is per class: a class no image selected. Images per tag count the tags as
-written (the run file's ``tags``), or, when the selection is known (the run file's manifest), the tag *names*:
-the selected classes after exclude, replace and spaces, without trigger words, escaping or weights, so that
-``(cat:0.83)`` and ``(cat:0.91)`` count as one tag ``cat`` and a trigger word on every image is not a tag.
+"""The summary of a tagging run (``python -m serve summary RUNFILE``, or at the end of ``serve tag``): images per tag,
+tags per image and the classes never predicted, as a terminal table, Markdown and JSON reports and a bar plot
+(with matplotlib). With the selection known (the manifest), tags are counted by name and "never predicted" is
+per class (docs/tagging-at-scale.md, *The manifest and the summary*).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Sidecar files: one file per image and format (``txt``, ``json``, ``xmp``), next to it or in a mirrored tree.
-
-What each format holds: :mod:`serve.outputs.sidecar_formats`. Names: ``a.jpg`` -> ``a.txt`` (``txt``, or the
-``--sidecar-ext``), ``a.json`` (``json``), ``a.jpg.xmp`` (``xmp``: ``<image name>.xmp``, as darktable and
-digiKam name them). Images that would share a ``txt`` or ``json`` sidecar (``a.jpg`` and ``a.png``) keep their
-suffix: ``a.jpg.txt`` and ``a.png.txt``.
+"""Sidecar files, one per image and format, next to it or in a mirrored tree: ``a.jpg`` -> ``a.txt`` (or the
+``--sidecar-ext``), ``a.json``, ``a.jpg.xmp``; images sharing a stem keep their suffix (``a.jpg.txt``).
 """
 
 from __future__ import annotations

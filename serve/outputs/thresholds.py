@@ -1,6 +1,5 @@
-"""Per-class thresholds: the model's calibrated ones (else 0.5), one global value, per-class overrides from a file.
-
-The one home of threshold resolution, used by the tagger (every engine), the predictor and the demo.
+"""Per-class thresholds, the one home of their resolution (tagger, predictor, demo): the model's calibrated ones
+(else 0.5), one global value, per-class overrides from a file.
 """
 
 from __future__ import annotations

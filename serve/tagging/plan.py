@@ -1,9 +1,6 @@
-"""Step 1 of the tagging pipeline, the plan (:func:`plan_tagging`, once, before any model is loaded): the items of
-the SOURCE (:mod:`serve.tagging.sources`), which are already done under the ``existing`` policy (sidecars, the
-run file, the journal of an interrupted run), the model's metadata and thresholds, read from the model file without
-loading it (:func:`models.runtimes.read_model_meta`: no torch, no onnxruntime), and the sidecar paths.
-
-Memory: the plan holds the keys (paths) of the source, never the records or the images.
+"""Step 1 of the tagging pipeline, :func:`plan_tagging`: once, before any model is loaded, the SOURCE's items,
+those already done under ``existing``, the model's metadata and thresholds (read from the file: no torch) and
+the sidecar paths. The plan holds the source's keys, never records or images.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
-"""The tagging pipeline, one for every engine, for ``python -m serve tag`` and for Python callers:
-plan -> score -> journal -> outputs.
-
-1. **Plan** (:func:`serve.tagging.plan.plan_tagging`, once, before any model is loaded): the items to tag, what is
-   already done, the model's metadata and thresholds, read without loading the model.
-2. **Score**: an engine (:mod:`serve.tagging.engines`: ``local``, ``ray``) turns the plan's to-do items into batches of
-   scores or errors; that is all an engine does.
-3. **Journal** (:mod:`serve.tagging.journal`): each batch's records are appended to ``<output>.partial`` and
-   flushed as it arrives, so a run killed at any point (SIGKILL included) resumes with ``existing="skip"`` and
-   re-tags at most the batches that were in flight.
-4. **Outputs** (:mod:`serve.outputs`): a selection function turns scores into tags (a selection mode,
-   :mod:`serve.outputs.selection_modes`, then the caption rules, :mod:`serve.outputs.caption_rules`), writers take
-   the records: sidecars and tag-folder links as each batch finishes; the run file (sorted by path, from the
-   journal) with its manifest, and the errors file at the end, atomically. The journal is then removed.
-5. **Summary** (:mod:`serve.outputs.run_summary`): images per tag, tags per image and the classes never
-   predicted, counted from the run file and written as reports beside it.
+"""The tagging pipeline, one for every engine, for ``python -m serve tag`` and for Python callers: plan
+(:func:`~serve.tagging.plan.plan_tagging`) -> score (an engine of :mod:`serve.tagging.engines`) -> journal
+(:mod:`serve.tagging.journal`) -> outputs (:mod:`serve.outputs`) -> summary (:mod:`serve.outputs.run_summary`);
+docs/tagging-at-scale.md describes each step.
 
 >>> summary = tag(TagJob("photos", "model.onnx", Path("tags.jsonl")))      # doctest: +SKIP
 >>> summary = tag_folder("photos", "model.onnx", "tags.csv", threshold=0.3)  # doctest: +SKIP
->>> rules = make_rules(first=["sks"], exclude_re=["^rating_"], spaces=True)   # doctest: +SKIP
->>> summary = tag(TagJob("photos", "model.onnx", selection="mcut", max_tags=20, rules=rules,
-...                      sidecar=SidecarSpec(formats=("txt", "json"))))        # doctest: +SKIP
-
-Memory: decoded images are bounded by the engine's batches (:mod:`serve.tagging.scoring`).
 """
 
 from __future__ import annotations
@@ -68,11 +51,6 @@ class TagSummary:
     errors_file: Path | None = None  # where the failures were listed
     counts: RunSummary | None = None  # the run file's tags counted (with ``summary``)
     reports: list[Path] = field(default_factory=list)  # the summary reports written
-
-    @property
-    def ok(self) -> bool:
-        """True when every image file was tagged (now or, under ``skip``, before)."""
-        return not self.failed and self.tagged + self.skipped > 0
 
     def line(self) -> str:
         """One-line human summary."""

@@ -1,17 +1,8 @@
-"""What ``python -m serve tag SOURCE`` reads, for every engine: a folder, a list file, or WebDataset shards.
-
-- a folder: every image file below it, by the one folder walk's rule (:mod:`models.files.folder_walk`: hidden
-  entries skipped, symlinked files followed, symlinked folders not entered); an item's key is its path relative
-  to the folder, with ``/`` separators.
-- a list file (any existing file that is not a ``.tar``): one image path or URI per line (blank lines and
-  ``#`` comments ignored); relative paths are relative to the list file's folder; ``file://``, ``http(s)://``
-  and (with fsspec) any fsspec URI. The key is the line as written.
-- WebDataset shards: a ``.tar`` file, a glob (``shards/*.tar``) or a brace pattern (``shards/{000..099}.tar``).
-  Each sample's first member with an image extension is the image; its key is ``<shard name>/<sample key>.<ext>``.
-
-Items stream: a folder is listed up front (paths only), list files and shards are read as they are consumed.
-:class:`Partition` (``--shard K/N``) keeps a deterministic subset: by a CRC-32 of the key (folders, list files)
-or of the shard file name (shards, so a shard is read by one job only), the same on every machine and run.
+"""What ``python -m serve tag SOURCE`` reads, for every engine: a folder (the one folder walk's rule,
+:mod:`models.files.folder_walk`; keys relative to it), a list file (one path or URI per line, relative to the
+list file; ``#`` comments) or WebDataset ``.tar`` shards (a file, a glob or a brace pattern; keys
+``<shard name>/<sample key>.<ext>``). List files and shards stream. :class:`Partition` (``--shard K/N``) keeps a
+deterministic subset by a CRC-32 of the key, or of the shard file's name.
 """
 
 from __future__ import annotations
