@@ -150,16 +150,8 @@ class DemoHandlers:
     # ---- batch
 
     def predict_batch(
-        self,
-        payloads: Any,
-        use_calibrated: bool,
-        threshold: float,
-        model: str,
-        mode: str = "thresholds",
-        k: float | None = None,
-        max_tags: float | None = None,
-        min_score: float | None = None,
-        rules: str = "",
+        self, payloads: Any, use_calibrated: bool, threshold: float, model: str, mode: str = "thresholds",
+        k: float | None = None, max_tags: float | None = None, min_score: float | None = None, rules: str = "",
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio's way to ask for a progress tracker
     ) -> tuple[Any, Any, Any, Any, Any]:
         """Score several images: table, CSV file, JSONL file, captions zip (+ state kept for re-filtering)."""
