@@ -45,16 +45,9 @@ def parse_size(text: str | int) -> int:
     return max(1, int(float(match.group(1)) * _UNITS[match.group(2) or ""]))
 
 
-def build_demo(
-    store: ModelStore | None,
-    default_model: str | None,
-    examples: ExampleSet | None = None,
-    *,
-    max_batch_files: int = DEFAULT_MAX_BATCH_FILES,
-    title: str = "spml multi-label tagger",
-    review: ReviewQueue | None = None,
-    audit: ReviewQueue | None = None,
-) -> gr.Blocks:
+def build_demo(store: ModelStore | None, default_model: str | None, examples: ExampleSet | None = None, *,
+               max_batch_files: int = DEFAULT_MAX_BATCH_FILES, title: str = "spml multi-label tagger",
+               review: ReviewQueue | None = None, audit: ReviewQueue | None = None) -> gr.Blocks:
     """Build the Blocks app (not launched) over ``store``, showing ``default_model`` first: the page's parts
     (:func:`serve.demo.layout.lay_out`) connected to their handlers (:class:`serve.demo.handlers.DemoHandlers`).
     With ``review`` (suggested labels to answer) the page has a *Review* tab too, shown first, and with ``audit``
@@ -96,18 +89,10 @@ def build_review_demo(review: ReviewQueue | None, audit: ReviewQueue | None = No
     return demo
 
 
-def launch_demo(
-    demo: gr.Blocks,
-    *,
-    host: str = DEFAULT_HOST,
-    port: int | None = None,
-    share: bool = False,
-    max_file_size: str | int | None = DEFAULT_MAX_FILE_SIZE,
-    queue_size: int = DEFAULT_QUEUE_SIZE,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    prevent_thread_lock: bool = False,
-    quiet: bool = False,
-) -> tuple[Any, str, str | None]:
+def launch_demo(demo: gr.Blocks, *, host: str = DEFAULT_HOST, port: int | None = None, share: bool = False,
+                max_file_size: str | int | None = DEFAULT_MAX_FILE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE,
+                concurrency: int = DEFAULT_CONCURRENCY, prevent_thread_lock: bool = False,
+                quiet: bool = False) -> tuple[Any, str, str | None]:
     """Queue (``max_size=queue_size``, ``default_concurrency_limit=concurrency``) and launch on ``host:port``
     (loopback by default; ``port=None`` scans from 7860), uploads bounded by ``max_file_size``; returns
     ``(app, local_url, share_url)``."""

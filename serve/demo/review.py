@@ -262,12 +262,8 @@ class ReviewQueue:
             given = next((self.items[p].given for p in pairs if self.items[p].given), ())
             return ImageView(image, tuple(self._image_pairs(image)), given, answered, done, len(self.by_image), note)
 
-    def image_pairs(self, image: str) -> list[ReviewItem]:
-        """The pending pairs of ``image``, the most likely first (by score; file order among equal scores)."""
-        with self.lock:
-            return self._image_pairs(image)
-
     def _image_pairs(self, image: str) -> list[ReviewItem]:
+        """The pending pairs of ``image``, the most likely first (by score; file order among equal scores)."""
         waiting = set(self.pending)
         pairs = [self.items[p] for p in self.by_image.get(image, []) if p in waiting]
         return sorted(pairs, key=lambda item: -(item.score if item.score is not None else -1.0))

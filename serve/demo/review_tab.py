@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from serve.demo.review import ReviewQueue, ReviewView, display_image
+from serve.demo.review import ImageView, ReviewQueue, ReviewView, display_image
 
 #: Answers a key press when focus is not in a text field and the Review tab is shown (its buttons visible).
 KEYS_JS = """
@@ -62,7 +62,8 @@ class ReviewTab:
         return [self.image, self.card, self.progress, self.pair]
 
 
-def _labels(names: list[str] | tuple[str, ...], empty: str = "none listed") -> str:
+def labels_html(names: list[str] | tuple[str, ...], empty: str = "none listed") -> str:
+    """``names`` joined for a card, or ``empty`` greyed out."""
     return html.escape(", ".join(names)) if names else f'<span class="muted">{empty}</span>'
 
 
@@ -91,17 +92,17 @@ def card_html(view: ReviewView, log_path: str, image_note: str = "", review_path
     lines = [
         f'<div class="question">{html.escape(item.label)}?</div>',
         f'<div class="muted">{score}{html.escape(item.image)}</div>',
-        f"<div>has: {_labels(item.given)}</div>",
-        f"<div>answered: {_labels(answered, 'none yet')}</div>" if answered else "",
-        f"<div>also suggested: {_labels(others, 'nothing else')}</div>",
+        f"<div>has: {labels_html(item.given)}</div>",
+        f"<div>answered: {labels_html(answered, 'none yet')}</div>" if answered else "",
+        f"<div>also suggested: {labels_html(others, 'nothing else')}</div>",
         f'<div style="color:rgb(200,60,60)">{html.escape(image_note)}</div>' if image_note else "",
         note,
     ]
     return '<div class="spml-review">' + "".join(lines) + "</div>"
 
 
-def progress_html(view: ReviewView, log_path: str) -> str:
-    """The progress line (``N of M answered (Y yes, X no)``) and where the answers go."""
+def progress_html(view: ReviewView | ImageView, log_path: str) -> str:
+    """The progress line (``view.progress()``) and where the answers go."""
     return (f'<div class="spml-review"><b>{view.progress()}</b> <span class="muted">· answers in '
             f"{html.escape(log_path)}</span></div>")
 

@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from serve.demo.review import ImageView, ReviewQueue, display_image
-from serve.demo.review_tab import CSS
+from serve.demo.review_tab import CSS, labels_html, progress_html
 
 KEYS_JS = """
 if (!window.spmlTogglesKeys) {
@@ -87,9 +87,8 @@ def done_html(total: int, log_path: str, command: str) -> str:
 def card_html(view: ImageView, image_note: str = "") -> str:
     """The card: the question, the image's name, the labels it has and the note."""
     assert view.image is not None
-    given = html.escape(", ".join(view.given)) if view.given else '<span class="muted">none listed</span>'
     lines = ['<div class="question">Which labels are in the image?</div>',
-             f'<div class="muted">{html.escape(view.image)}</div>', f"<div>has: {given}</div>",
+             f'<div class="muted">{html.escape(view.image)}</div>', f"<div>has: {labels_html(view.given)}</div>",
              f'<div style="color:rgb(200,60,60)">{html.escape(image_note)}</div>' if image_note else "",
              f'<div class="muted">{html.escape(view.note)}</div>' if view.note else ""]
     return '<div class="spml-review">' + "".join(lines) + "</div>"
@@ -111,8 +110,7 @@ class TogglesHandlers:
 
     def render(self, view: ImageView) -> tuple[Any, ...]:
         """(image, card, filter, toggles, progress, image shown) of a view."""
-        progress = (f'<div class="spml-review"><b>{view.progress()}</b> <span class="muted">· answers in '
-                    f"{html.escape(self.log_path)}</span></div>")
+        progress = progress_html(view, self.log_path)
         if view.image is None:
             return (None, done_html(view.images_total, self.log_path, self.command), "",
                     gr.CheckboxGroup(choices=[], value=[]), progress, "")

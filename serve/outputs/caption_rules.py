@@ -56,11 +56,6 @@ class CaptionRules:
             if not word.strip():
                 raise CaptionRuleError("caption rule 'first': the word must not be empty")
 
-    @property
-    def active(self) -> bool:
-        """True when any rule changes the tags."""
-        return self != CaptionRules()
-
     def check_classes(self, classes: Sequence[str]) -> None:
         """Raise :class:`CaptionRuleError` for a rule naming a class the model does not have."""
         known = set(classes)

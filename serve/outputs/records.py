@@ -32,14 +32,8 @@ class Result:
     error: str | None = None
 
 
-def tag_record(
-    rel_path: str,
-    probs: np.ndarray,
-    classes: list[str],
-    thresholds: np.ndarray | None = None,
-    selection: Selection | None = None,
-    rules: CaptionRules | None = None,
-) -> dict[str, Any]:
+def tag_record(rel_path: str, probs: np.ndarray, classes: list[str], thresholds: np.ndarray | None = None,
+               selection: Selection | None = None, rules: CaptionRules | None = None) -> dict[str, Any]:
     """One output record from a probability row ``(C,)``: the scores of all classes, rounded as stored, and the
     tags: the classes ``selection`` chooses from the rounded scores (default: at or above their ``thresholds``),
     highest first, written with the caption ``rules`` (default: the class names)."""
@@ -53,7 +47,6 @@ def tag_record(
     }
 
 
-# --------------------------------------------------------------------------------------------------------
 class OutputConflictError(ValueError):
     """An existing output cannot be reused as asked (e.g. the run file was written for other classes)."""
 

@@ -11,10 +11,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from serve.outputs.records import iter_run_file
+
+if TYPE_CHECKING:
+    from serve.outputs.stage import TagSelector
 
 #: Tags shown in the terminal table and the bar plot (the reports list every tag).
 TOP_TAGS = 20
@@ -78,14 +81,12 @@ def summarize(
     )
 
 
-def summarize_run_file(
-    run_file: Path,
-    separator: str,
-    chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None,
-    names: Callable[[Sequence[str]], Sequence[str]] | None = None,
-) -> RunSummary:
-    """:func:`summarize` of the records of a run file (JSONL or CSV), streamed."""
-    return summarize(iter_run_file(run_file, separator), chosen=chosen, names=names)
+def summarize_run_file(run_file: Path, separator: str, select: TagSelector | None = None) -> RunSummary:
+    """:func:`summarize` of the records of a run file (JSONL or CSV), streamed; with ``select`` (the run's
+    selection, from its manifest) the tags are counted by name and "never predicted" is per class."""
+    if select is None:
+        return summarize(iter_run_file(run_file, separator))
+    return summarize(iter_run_file(run_file, separator), chosen=select.chosen, names=select.rules.labels)
 
 
 def summary_table(summary: RunSummary, top: int = TOP_TAGS) -> str:

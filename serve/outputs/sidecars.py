@@ -14,7 +14,7 @@ from typing import Any
 from models.files.atomic_writes import atomic_write_text
 from models.files.image_extensions import IMAGE_EXTENSIONS
 from serve.outputs.records import DEFAULT_SEPARATOR
-from serve.outputs.sidecar_formats import SIDECAR_FORMATS, merge_tags
+from serve.outputs.sidecar_formats import SIDECAR_FORMATS
 
 DEFAULT_SIDECAR_EXT = ".txt"
 DEFAULT_FORMATS = ("txt",)
@@ -74,14 +74,8 @@ def image_rel_with_ext(folder: Path, image: Path, ext: str) -> Path:
     return rel.with_name(rel.name + ext)
 
 
-def write_sidecars(
-    paths: Mapping[str, Path],
-    tags: Sequence[str],
-    scores: Mapping[str, float],
-    extra: Mapping[str, Any],
-    spec: SidecarSpec,
-    append: bool,
-) -> None:
+def write_sidecars(paths: Mapping[str, Path], tags: Sequence[str], scores: Mapping[str, float],
+                   extra: Mapping[str, Any], spec: SidecarSpec, append: bool) -> None:
     """Write one image's sidecars, ``paths`` by format, atomically. ``txt``: the ``tags``; ``json``: the tags,
     every score and the ``extra`` fields; ``xmp``: the tags as keywords. An existing ``json`` or ``xmp`` file
     is updated, its other contents kept (its tags replaced, or merged with ``append``); an existing ``txt``
@@ -94,7 +88,3 @@ def write_sidecars(
         except ValueError as exc:
             raise ValueError(f"existing sidecar {path} cannot be updated: {exc}") from None
         atomic_write_text(path, text)
-
-
-__all__ = ["DEFAULT_FORMATS", "DEFAULT_SIDECAR_EXT", "SidecarSpec", "image_rel_with_ext", "merge_tags", "sidecar_paths",
-           "write_sidecars"]

@@ -171,15 +171,8 @@ class RunFileWriter:
     ``select``), sorted by path, written atomically at the end from the ``journal`` (which holds them all, so no
     record is kept in memory); then its manifest (:mod:`serve.outputs.run_manifest`): ``manifest`` plus the count."""
 
-    def __init__(
-        self,
-        path: Path,
-        journal: StoredRecords,
-        select: TagSelector,
-        separator: str,
-        kept: Iterable[str],
-        manifest: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, path: Path, journal: StoredRecords, select: TagSelector, separator: str, kept: Iterable[str],
+                 manifest: Mapping[str, Any] | None = None) -> None:
         self.path, self.journal, self.select, self.separator = path, journal, select, separator
         self.kept = set(kept)
         self.keys = set(self.kept)

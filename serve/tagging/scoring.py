@@ -87,14 +87,8 @@ def decode_ahead(
             fut.cancel()
 
 
-def score_items(
-    items: Iterable[Item],
-    scorer: Scorer,
-    preprocess: ImagePreprocessor,
-    batch_size: int,
-    workers: int | None = None,
-    pool: Executor | None = None,
-) -> Iterator[list[Result]]:
+def score_items(items: Iterable[Item], scorer: Scorer, preprocess: ImagePreprocessor, batch_size: int,
+                workers: int | None = None, pool: Executor | None = None) -> Iterator[list[Result]]:
     """Score ``items``: one list of results per model batch (with the failures met while filling it), in input
     order. Decoding runs on ``pool``, or on ``workers`` threads (default :func:`default_workers`) of a pool made
     for this call."""

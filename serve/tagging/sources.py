@@ -56,18 +56,6 @@ class Partition:
         return self.count == 1 or zlib.crc32(name.encode("utf-8")) % self.count == self.index - 1
 
 
-def scan_folder(folder: str | Path, errors: list[tuple[str, str]] | None = None) -> tuple[list[Path], int]:
-    """The image files below ``folder`` with the one folder walk's rule (:mod:`models.files.folder_walk`: hidden
-    entries skipped, symlinked files listed, symlinked folders not entered), sorted by their relative POSIX path,
-    and the number of other files (ignored: not an image by their extension, or hidden). Folders that cannot be
-    listed are appended to ``errors`` as (relative path, reason) when it is given."""
-    listing = walk_folder(folder)
-    if errors is not None:
-        errors += [(listing.relative(where) + "/", f"folder cannot be listed ({reason})")
-                   for where, reason in listing.unreadable]
-    return listing.images(), len(listing.ignored())
-
-
 def expand_shards(pattern: str) -> list[str]:
     """Shard files of a ``.tar`` path, glob or brace pattern (``a/{000..009}.tar``), sorted; missing ones dropped."""
     from braceexpand import braceexpand  # a webdataset dependency
@@ -113,9 +101,13 @@ class Source:
         return Path(self.spec)
 
     def folder_images(self) -> list[Path]:
-        """A folder source's image files in this partition, sorted by key (records scan errors, ignored files)."""
-        paths, self.ignored = scan_folder(self.spec, self.scan_errors)
-        return [p for p in paths if self.partition.keeps(p.relative_to(self.spec).as_posix())]
+        """A folder source's image files in this partition, sorted by key; folders that cannot be listed go to
+        ``scan_errors``, the count of other files (not images, or hidden) to ``ignored``."""
+        listing = walk_folder(self.spec)
+        self.scan_errors += [(listing.relative(where) + "/", f"folder cannot be listed ({reason})")
+                             for where, reason in listing.unreadable]
+        self.ignored = len(listing.ignored())
+        return [p for p in listing.images() if self.partition.keeps(p.relative_to(self.spec).as_posix())]
 
     def shard_files(self) -> list[str]:
         """A shard source's ``.tar`` files in this partition."""

@@ -33,14 +33,14 @@ class Engine:
     name: str
     description: str
     score: Score
-    check_available: Callable[[], None] = _always_available
+    check_available: Callable[[], Any] = _always_available
 
 
 #: The tagging engines by name.
 ENGINES: Registry[Engine] = Registry("engine")
 
 
-def engine(name: str, description: str, check_available: Callable[[], None] | None = None) -> Callable[[Any], Any]:
+def engine(name: str, description: str, check_available: Callable[[], Any] | None = None) -> Callable[[Any], Any]:
     """Decorator registering a scoring function as the engine ``name`` (returns the function unchanged)."""
 
     def register(score: Score) -> Score:

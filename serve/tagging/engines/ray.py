@@ -45,17 +45,6 @@ def import_ray() -> Any:
     return ray
 
 
-def check_available() -> None:
-    """Raise :class:`EngineUnavailableError` (with the install hint) when Ray is not installed."""
-    import_ray()
-
-
-def connect(ray: Any, address: str | None) -> None:
-    """Join the cluster at ``address``, or start a local Ray instance; reuse an instance this process already has."""
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-
-
 def actor_layout(nodes: Sequence[dict[str, Any]], job: TagJob) -> tuple[int, int]:
     """``(actors, CPUs per actor)`` for the cluster's alive ``nodes`` (``ray.nodes()``) and the job's
     ``workers``, ``gpus_per_worker`` and ``cpus_per_worker`` (each used as given when set)."""
@@ -141,7 +130,7 @@ def work_units(plan: TagPlan) -> list[Unit]:
 
 
 @engine("ray", "a Ray cluster: a pool of model actors, tar shards or image lists split into work units",
-        check_available=check_available)
+        check_available=import_ray)
 def score(
     job: TagJob, plan: TagPlan, report: Callable[[str], None], actor_cls: type = TagActor
 ) -> Iterator[list[Result]]:
@@ -157,17 +146,14 @@ def score(
     units = work_units(plan)
     if not units:
         return
-    connect(ray, job.cluster.address)
+    if not ray.is_initialized():  # join the cluster, or start a local instance; reuse one this process has
+        ray.init(address=job.cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     workers, cpus = actor_layout(ray.nodes(), job)
     gpus = f" and {job.cluster.gpus_per_worker:g} GPU(s)" if job.cluster.gpus_per_worker else ""
     report(f"engine ray: {workers} model actor(s), {cpus} CPU(s){gpus} each")
-    remote = ray.remote(actor_cls).options(
-        num_cpus=cpus,
-        num_gpus=job.cluster.gpus_per_worker or None,
-        max_concurrency=CALLS_PER_ACTOR,
-        max_restarts=MAX_ACTOR_RESTARTS,
-        max_task_retries=MAX_ACTOR_RESTARTS,
-    )
+    remote = ray.remote(actor_cls).options(num_cpus=cpus, num_gpus=job.cluster.gpus_per_worker or None,
+                                           max_concurrency=CALLS_PER_ACTOR, max_restarts=MAX_ACTOR_RESTARTS,
+                                           max_task_retries=MAX_ACTOR_RESTARTS)
     device = job.run.device or ("cuda" if job.cluster.gpus_per_worker else None)
     actors = [remote.remote(str(job.model), job.run.backend, device, job.run.max_pixels, job.run.batch_size, cpus)
               for _ in range(workers)]  # fmt: skip
