@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.registry import lazy_exports
-from serve.tagging import TAGGING_EXPORTS
 
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_THRESHOLD = 0.5
@@ -30,7 +29,17 @@ DEFAULT_MAX_PIXELS = 89_478_485
 DEVICE_HELP = ("cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "
                "uses the CPU); a GPU that cannot be used is an error, never a silent CPU fallback")
 
-_LAZY = {"Predictor": "serve.predictor", **TAGGING_EXPORTS, "get_engine": "serve.tagging.engines"}
+_LAZY = {
+    "Predictor": "serve.predictor",
+    "TagJob": "serve.tagging.job",
+    "TagPlan": "serve.tagging.plan",
+    "plan_tagging": "serve.tagging.plan",
+    "TagSummary": "serve.tagging.run",
+    "run_plan": "serve.tagging.run",
+    "tag": "serve.tagging.run",
+    "tag_folder": "serve.tagging.run",
+    "get_engine": "serve.tagging.engines",
+}
 
 __getattr__ = lazy_exports("serve", _LAZY)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from models.registry import lazy_exports
 
-TAGGING_EXPORTS = {
+_EXPORTS = {
     "TagJob": "serve.tagging.job",
     "TagPlan": "serve.tagging.plan",
     "plan_tagging": "serve.tagging.plan",
@@ -30,4 +30,4 @@ if TYPE_CHECKING:
 __all__ = ["TagJob", "TagPlan", "TagSummary", "plan_tagging", "run_plan", "tag", "tag_folder"]
 
 
-__getattr__ = lazy_exports("serve.tagging", TAGGING_EXPORTS)
+__getattr__ = lazy_exports("serve.tagging", _EXPORTS)
