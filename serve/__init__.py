@@ -1,26 +1,11 @@
-"""Serving trained models (``python -m serve``), the last stage of the pipeline; one sub-package per job:
+"""Serving trained models (``python -m serve``), the last stage of the pipeline: ``commands/`` (the command lines),
+``tagging/`` (the tagging pipeline and its engines), ``outputs/`` (scores -> tags -> the files a run leaves),
+``demo/`` (the Gradio web demo), :mod:`serve.predictor`, :mod:`serve.images` and :mod:`serve.model_files`.
 
-- ``commands/``: the command lines (``tag``, ``demo``, ``summary``): options, checks, exit codes;
-- ``tagging/``: the tagging pipeline, plan -> score -> journal -> outputs (:class:`~serve.tagging.job.TagJob`,
-  :func:`~serve.tagging.run.tag`);
-- ``tagging/engines/``: where the scoring runs (``local``, ``ray``), one module each;
-- ``outputs/``: scores -> tags (thresholds, selection modes, caption rules) -> records, the run file and its
-  manifest and summary, sidecars, tag folders;
-- ``demo/``: the Gradio web demo;
-- :mod:`serve.predictor` (one loaded model for Python code), :mod:`serve.images` (any image input -> the model's
-  input), :mod:`serve.model_files` (which file a ``--model`` names).
-
-Runtimes live in the bottom layer, :mod:`models.runtimes` (ONNX Runtime for ``.onnx``, PyTorch for ``.pt``,
-TensorRT engines); optional dependencies such as onnxruntime are imported only when a model of that kind is loaded.
-This module only holds the CLI defaults, so ``python -m serve --help`` and usage errors answer without torch.
-
-Public API (the names of ``__all__``, imported lazily so that ``import serve`` loads neither torch nor
-onnxruntime): the CLI defaults below, :class:`Predictor`, the tagging pipeline (:class:`TagJob`, :func:`tag`,
-:func:`tag_folder`, :func:`plan_tagging`, :func:`run_plan`, :class:`TagPlan`, :class:`TagSummary`) and
-:func:`get_engine` (an engine by name). Everything else is internal to the stage and may move.
-
-Layering: ``serve`` imports ``models`` only (never ``train`` or ``export``, nor the dataset builders of
-``models.sources``); only ``bench`` (its public API only: tests/test_bench_interfaces.py) and the tests import it.
+Public API (``__all__``, imported lazily so that ``import serve`` loads neither torch nor onnxruntime and
+``python -m serve --help`` answers at once): the CLI defaults below, :class:`Predictor`, the tagging pipeline and
+:func:`get_engine`; everything else is internal to the stage and may move. ``serve`` imports ``models`` only
+(never ``train`` or ``export``, nor ``models.sources``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""``Predictor``: one loaded model with the shared preprocessing and thresholds, for Python code and the demo.
-
-The model file goes through the runtime registry (:mod:`models.runtimes`: ``.pt`` -> PyTorch, ``.onnx`` ->
-ONNX Runtime, any backend added there later); images go through :mod:`serve.images` and :mod:`models.preprocess`,
-the one preprocessing that training evaluation and ``python -m serve tag`` use; thresholds come from
-:func:`serve.outputs.thresholds.resolve_thresholds` (the model's calibrated per-class thresholds, else 0.5), optionally
-overridden by one global value or per class. So a file gets the same scores and tags here, in the tagger and
-in evaluation, whatever the other images of its batch are.
+"""``Predictor``: one loaded model (any runtime of :mod:`models.runtimes`) with the preprocessing of
+:mod:`serve.images` and the thresholds of :mod:`serve.outputs.thresholds`, for Python code and the demo; a file
+gets the same scores and tags here, in the tagger and in evaluation, whatever the other images of its batch are.
 
 >>> p = Predictor.load("runs/my-run/export/model.onnx")           # doctest: +SKIP
 >>> p.predict("cat.jpg").tags                                      # doctest: +SKIP
@@ -30,23 +25,13 @@ from PIL import Image
 from models.checkpoint import ModelMeta
 from models.logits import sigmoid
 from models.preprocess import EvalTransform
-from models.runtimes import (
-    BackendUnavailableError,
-    ModelLoadError,
-    Runtime,
-    open_runtime,
-    parse_device,
-    runtime_class,
-)
+from models.runtimes import BackendUnavailableError, ModelLoadError, Runtime, open_runtime, parse_device, runtime_class
 from serve import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PIXELS
 from serve.images import ImageInput, ImagePreprocessor
 from serve.model_files import resolve_model_path
 from serve.outputs.records import tag_record
 from serve.outputs.selection_modes import Selection, make_selection
 from serve.outputs.thresholds import resolve_thresholds
-
-# --------------------------------------------------------------------------------------------------------
-# Results
 
 
 @dataclass(frozen=True)
@@ -76,36 +61,16 @@ class Prediction:
             tags=tags,
         )
 
-    def with_thresholds(self, thresholds: Sequence[float] | np.ndarray) -> Prediction:
-        """The same scores re-filtered with other thresholds ``(C,)`` in class order."""
-        classes = list(self.scores)
-        probs = np.array([self.scores[c] for c in classes], dtype=np.float32)
-        return Prediction.from_probabilities(classes, probs, np.asarray(thresholds))
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready ``{"scores": {...}, "thresholds": {...}, "tags": [...]}``."""
         return {"scores": dict(self.scores), "thresholds": dict(self.thresholds), "tags": list(self.tags)}
 
 
-# --------------------------------------------------------------------------------------------------------
-# Images
-
-
-# --------------------------------------------------------------------------------------------------------
-# The predictor
-
-
 class Predictor:
     """A loaded model plus its preprocessing and thresholds; thread-safe for concurrent ``scores`` calls."""
 
-    def __init__(
-        self,
-        runtime: Runtime,
-        *,
-        path: Path | None = None,
-        device_description: str = "",
-        max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    ) -> None:
+    def __init__(self, runtime: Runtime, *, path: Path | None = None, device_description: str = "",
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
         meta = runtime.meta
         if meta.output != "logits":
             raise ModelLoadError(f"model output is {meta.output!r}; the predictor expects logits")
@@ -121,16 +86,9 @@ class Predictor:
         self._calls = 0
 
     @classmethod
-    def load(
-        cls,
-        path: str | Path | None,
-        backend: str | None = None,
-        device: str | None = None,
-        *,
-        runs_dir: Path | None = None,
-        max_pixels: int | None = DEFAULT_MAX_PIXELS,
-        threads: int | None = None,
-    ) -> Predictor:
+    def load(cls, path: str | Path | None, backend: str | None = None, device: str | None = None, *,
+             runs_dir: Path | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+             threads: int | None = None) -> Predictor:
         """Load a model file (``.pt`` checkpoint, ``.onnx`` export, any registered suffix), a run folder, a run name
         under ``runs_dir``, or the latest run (``path=None``).
 
@@ -196,13 +154,8 @@ class Predictor:
         chunks = [self.scores_from_inputs(np.stack(inputs[i : i + batch_size])) for i in starts]
         return np.concatenate(chunks)
 
-    def predict(
-        self,
-        image: ImageInput,
-        threshold: float | None = None,
-        per_class: Mapping[str, float] | None = None,
-        selection: Selection | str | None = None,
-    ) -> Prediction:
+    def predict(self, image: ImageInput, threshold: float | None = None, per_class: Mapping[str, float] | None = None,
+                selection: Selection | str | None = None) -> Prediction:
         """Score one image and choose its tags: ``selection`` (a :class:`serve.outputs.selection_modes.Selection` or its
         text, ``"mcut"``, ``"top-k:5"``; default: the thresholds, see :meth:`thresholds`)."""
         thresholds = self.thresholds(threshold, per_class)

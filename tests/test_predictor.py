@@ -209,7 +209,8 @@ def test_thresholds_calibrated_global_and_per_class(files: dict[str, Path], torc
             if "per_class" in kwargs:
                 assert "cat" in result.tags and "dog" not in result.tags
         # re-filtering a result needs no model
-        relaxed = result.with_thresholds([0.0] * len(CLASSES))
+        probs = np.array([result.scores[c] for c in CLASSES])
+        relaxed = Prediction.from_probabilities(CLASSES, probs, np.zeros(len(CLASSES)))
         assert relaxed.scores == result.scores and set(relaxed.tags) == set(CLASSES)
         assert result.to_dict() == {"scores": result.scores, "thresholds": result.thresholds, "tags": result.tags}
     plain = Predictor.load(make_checkpoint(files["root"] / "plain" / "best.pt", thresholds=None), device="cpu")

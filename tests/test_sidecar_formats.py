@@ -10,12 +10,12 @@ import pytest
 from serve.outputs.sidecar_formats import (
     json_sidecar,
     json_updated,
+    merge_tags,
     parse_formats,
     xmp_keywords,
     xmp_sidecar,
     xmp_updated,
 )
-from serve.outputs.sidecars import merge_tags
 
 TAGS = ["cat", "red car", "a&b <x>", "café"]
 

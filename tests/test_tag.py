@@ -20,7 +20,7 @@ from models import ModelMeta, build_model, load_checkpoint, save_checkpoint
 from models.files.folder_walk import find_images
 from models.runtimes import OnnxRuntimeBackend, TorchBackend, runtime_for
 from serve.outputs.records import tag_record
-from serve.outputs.thresholds import class_thresholds
+from serve.outputs.thresholds import resolve_thresholds
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "car", "tree", "boat"]
@@ -144,10 +144,10 @@ def test_runtimes_agree_and_registry(model: tuple[Path, Path, ModelMeta], tmp_pa
 
 def test_thresholds_and_record() -> None:
     meta = ModelMeta(classes=["a", "b", "c"], arch="resnet18", image_size=32, thresholds=[0.2, 0.5, 0.9])
-    assert class_thresholds(meta).tolist() == [0.2, 0.5, 0.9]
-    assert class_thresholds(meta, 0.4).tolist() == [0.4] * 3
+    assert resolve_thresholds(meta).tolist() == [0.2, 0.5, 0.9]
+    assert resolve_thresholds(meta, 0.4).tolist() == [0.4] * 3
     meta.thresholds = None
-    assert class_thresholds(meta).tolist() == [0.5] * 3
+    assert resolve_thresholds(meta).tolist() == [0.5] * 3
     rec = tag_record("x.jpg", np.array([0.3, 0.95, 0.5000004]), ["a", "b", "c"], np.array([0.2, 0.5, 0.5]))
     assert rec == {"path": "x.jpg", "scores": {"a": 0.3, "b": 0.95, "c": 0.5}, "tags": ["b", "c", "a"]}
 
@@ -272,7 +272,7 @@ def test_existing_policies_skip_append_overwrite(model: tuple[Path, Path, ModelM
     plain = tmp_path / "plain.jsonl"
     assert tag_folder(folder, runtime, plain, progress=False).tagged == 4
     again = tag_folder(folder, runtime, plain, progress=False)
-    assert (again.tagged, again.skipped) == (0, 4) and again.ok
+    assert (again.tagged, again.skipped) == (0, 4) and not again.failed
     assert {r["path"] for r in map(json.loads, plain.read_text().splitlines())} == set(records)
 
 

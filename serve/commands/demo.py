@@ -74,84 +74,41 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         epilog=DEMO_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument(
-        "--model",
-        "-m",
-        metavar="MODEL",
-        help="model file (.pt checkpoint, .onnx export, ...), run folder, or run name under --runs-dir "
-        "(default: the newest model found under --runs-dir)",
-    )
-    demo.add_argument(
-        "--runs-dir", type=Path, metavar="DIR", help="where to look for runs (default: $SPML_RUNS, else ./runs)"
-    )
-    demo.add_argument(
-        "--backend", metavar="NAME", help="runtime to use, e.g. torch or onnxruntime (default: from the file suffix)"
-    )
+    demo.add_argument("--model", "-m", metavar="MODEL",
+                      help="model file (.pt checkpoint, .onnx export, ...), run folder, or run name under --runs-dir "
+                      "(default: the newest model found under --runs-dir)")
+    demo.add_argument("--runs-dir", type=Path, metavar="DIR",
+                      help="where to look for runs (default: $SPML_RUNS, else ./runs)")
+    demo.add_argument("--backend", metavar="NAME",
+                      help="runtime to use, e.g. torch or onnxruntime (default: from the file suffix)")
     demo.add_argument("--device", metavar="DEV", help=DEVICE_HELP)
-    demo.add_argument(
-        "--examples", type=Path, metavar="DIR", help="folder of example images (default: built-in dataset test images)"
-    )
+    demo.add_argument("--examples", type=Path, metavar="DIR",
+                      help="folder of example images (default: built-in dataset test images)")
     demo.add_argument("--host", default=d.DEFAULT_HOST, help="address to listen on (default: %(default)s)")
-    demo.add_argument(
-        "--port", type=int, metavar="N", help="port (default: the first free one from 7860, or $GRADIO_SERVER_PORT)"
-    )
+    demo.add_argument("--port", type=int, metavar="N",
+                      help="port (default: the first free one from 7860, or $GRADIO_SERVER_PORT)")
     demo.add_argument("--share", action="store_true", help="also create a public gradio.live link (default: off)")
-    demo.add_argument(
-        "--max-file-size",
-        default=d.DEFAULT_MAX_FILE_SIZE,
-        metavar="SIZE",
-        help="largest upload accepted, e.g. 5mb, 500kb or 1gb (default: %(default)s)",
-    )
-    demo.add_argument(
-        "--max-pixels",
-        type=int,
-        default=d.DEFAULT_MAX_PIXELS,
-        metavar="N",
-        help="largest image accepted, in pixels (width x height), checked before decoding (default: %(default)s, "
-        "Pillow's; 0 turns the check off)",
-    )
-    demo.add_argument(
-        "--queue-size",
-        type=int,
-        default=d.DEFAULT_QUEUE_SIZE,
-        metavar="N",
-        help="requests that may wait in the queue; more are refused (default: %(default)s)",
-    )
-    demo.add_argument(
-        "--concurrency",
-        type=int,
-        default=d.DEFAULT_CONCURRENCY,
-        metavar="N",
-        help="model calls run at the same time (default: %(default)s)",
-    )
-    demo.add_argument(
-        "--max-batch-files",
-        type=int,
-        default=d.DEFAULT_MAX_BATCH_FILES,
-        metavar="N",
-        help="files tagged per batch request (default: %(default)s)",
-    )
-    demo.add_argument(
-        "--review",
-        type=Path,
-        metavar="FILE",
-        help="add a Review tab to answer the suggested labels of FILE (CSV or .jsonl, from `python -m train "
-        "suggest`) one at a time, yes or no; works without a model",
-    )
-    demo.add_argument(
-        "--answers",
-        type=Path,
-        metavar="LOG",
-        help="the .jsonl file the review answers are appended to, and read back on start to continue "
-        "(default: FILE with the suffix .answers.jsonl); pass it to training as --review LOG",
-    )
-    demo.add_argument(
-        "--audit",
-        type=Path,
-        metavar="FILE",
-        help="add an Audit tab to label the images of FILE (from `python -m train suggest RUN --audit N`) "
-        "completely, an image at a time; answers go to FILE with the suffix .answers.jsonl; works without a model",
-    )
+    demo.add_argument("--max-file-size", default=d.DEFAULT_MAX_FILE_SIZE, metavar="SIZE",
+                      help="largest upload accepted, e.g. 5mb, 500kb or 1gb (default: %(default)s)")
+    demo.add_argument("--max-pixels", type=int, default=d.DEFAULT_MAX_PIXELS, metavar="N",
+                      help="largest image accepted, in pixels (width x height), checked before decoding (default: "
+                      "%(default)s, Pillow's; 0 turns the check off)")
+    demo.add_argument("--queue-size", type=int, default=d.DEFAULT_QUEUE_SIZE, metavar="N",
+                      help="requests that may wait in the queue; more are refused (default: %(default)s)")
+    demo.add_argument("--concurrency", type=int, default=d.DEFAULT_CONCURRENCY, metavar="N",
+                      help="model calls run at the same time (default: %(default)s)")
+    demo.add_argument("--max-batch-files", type=int, default=d.DEFAULT_MAX_BATCH_FILES, metavar="N",
+                      help="files tagged per batch request (default: %(default)s)")
+    demo.add_argument("--review", type=Path, metavar="FILE",
+                      help="add a Review tab to answer the suggested labels of FILE (CSV or .jsonl, from `python -m "
+                      "train suggest`) one at a time, yes or no; works without a model")
+    demo.add_argument("--answers", type=Path, metavar="LOG",
+                      help="the .jsonl file the review answers are appended to, and read back on start to continue "
+                      "(default: FILE with the suffix .answers.jsonl); pass it to training as --review LOG")
+    demo.add_argument("--audit", type=Path, metavar="FILE",
+                      help="add an Audit tab to label the images of FILE (from `python -m train suggest RUN --audit "
+                      "N`) completely, an image at a time; answers go to FILE with the suffix .answers.jsonl; works "
+                      "without a model")
 
 
 def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -255,13 +212,8 @@ def _load_models(args: argparse.Namespace, runs_dir: Path) -> tuple[ModelStore, 
         raise UsageError(str(exc)) from None
     except Exception as exc:  # ModelLoadError and anything a runtime raises: one line, no traceback
         raise CommandFailed(f"cannot load model: {exc}") from None
-    store = ModelStore(
-        {key: path, **choices},
-        backend=args.backend,
-        device=args.device,
-        max_pixels=args.max_pixels,
-        loaded={key: predictor},
-    )
+    store = ModelStore({key: path, **choices}, backend=args.backend, device=args.device, max_pixels=args.max_pixels,
+                       loaded={key: predictor})
     examples = find_examples(predictor.meta, args.examples)
     print(f"model {key}: {predictor.device_description}; examples: {examples.note}", file=sys.stderr)
     return store, key, examples
@@ -272,15 +224,8 @@ def _serve(args: argparse.Namespace, demo: gr.Blocks) -> None:
     from serve.demo.app import launch_demo
 
     try:
-        launch_demo(
-            demo,
-            host=args.host,
-            port=args.port,
-            share=args.share,
-            max_file_size=args.max_file_size,
-            queue_size=args.queue_size,
-            concurrency=args.concurrency,
-        )
+        launch_demo(demo, host=args.host, port=args.port, share=args.share, max_file_size=args.max_file_size,
+                    queue_size=args.queue_size, concurrency=args.concurrency)
     except OSError as exc:
         raise CommandFailed(f"cannot start the server: {exc}") from None
     except KeyboardInterrupt:

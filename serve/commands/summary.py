@@ -5,12 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from models.command_line import UsageError, run_command
-
-if TYPE_CHECKING:
-    from serve.outputs.stage import TagSelector
 
 SUMMARY_EPILOG = """\
 With the run file's manifest (<stem>.manifest.json, written by `serve tag` beside it) each record's selected
@@ -46,15 +42,6 @@ def add_summary_parser(sub: argparse._SubParsersAction) -> None:
                          f"records, else {DEFAULT_SEPARATOR!r})")
 
 
-def manifest_selection(manifest: dict[str, Any] | None) -> TagSelector | None:
-    """The :class:`~serve.outputs.stage.TagSelector` a run file's manifest records, or ``None`` without one."""
-    from serve.outputs.stage import TagSelector
-
-    if manifest is None or not isinstance(manifest.get("tagging"), dict):
-        return None
-    return TagSelector.from_dict(manifest["tagging"], manifest["model"]["classes"])
-
-
 def run_summary(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Execute ``summary``: read the run file, print the table, write the reports; returns the exit status."""
     return run_command(f"{parser.prog} summary", lambda: _summary(args))
@@ -65,15 +52,17 @@ def _summary(args: argparse.Namespace) -> None:
     from serve.outputs.records import DEFAULT_SEPARATOR, OutputConflictError
     from serve.outputs.run_manifest import read_manifest
     from serve.outputs.run_summary import summarize_run_file, summary_table, write_summary_reports
+    from serve.outputs.stage import TagSelector
 
     if not args.run_file.is_file():
         raise UsageError(f"run file not found: {args.run_file}")
     manifest = read_manifest(args.run_file)
     separator = args.separator or (manifest or {}).get("separator") or DEFAULT_SEPARATOR
     try:
-        select = manifest_selection(manifest)
-        summary = summarize_run_file(args.run_file, separator, select.chosen if select is not None else None,
-                                     select.rules.labels if select is not None else None)
+        select = None  # without a manifest, the tags are counted as written
+        if manifest is not None and isinstance(manifest.get("tagging"), dict):
+            select = TagSelector.from_dict(manifest["tagging"], manifest["model"]["classes"])
+        summary = summarize_run_file(args.run_file, separator, select)
     except (OutputConflictError, ValueError, KeyError) as exc:
         raise UsageError(str(exc)) from None
     print(summary_table(summary))

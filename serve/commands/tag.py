@@ -277,33 +277,19 @@ def _tag_job(args: argparse.Namespace) -> TagJob:
         sidecar = SidecarSpec(ext=ext, separator=args.separator, folder=args.sidecar_dir, formats=formats)
     sort_into = TagFolders(args.sort_into, args.sort_mode, args.untagged) if args.sort_into is not None else None
     mode, k = args.select
+    per_class = read_thresholds_file(args.thresholds) if args.thresholds is not None else None
     return TagJob(
-        source=args.source,
-        model=args.model,
-        output=args.output,
-        engine=args.engine,
-        backend=args.backend,
-        device=args.device,
-        errors=args.errors,
-        threshold=args.threshold,
-        per_class=read_thresholds_file(args.thresholds) if args.thresholds is not None else None,
-        selection=Selection(mode, k),
-        max_tags=args.max_tags,
-        top_k=args.top_k,
-        min_score=args.min_score,
-        rules=args.rules,
-        sidecar=sidecar,
-        tag_separator=args.separator,
-        sort_into=sort_into,
-        summary=not args.no_summary,
-        existing=args.existing,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        max_pixels=args.max_pixels or None,
-        progress=not args.no_progress,
-        partition=args.partition,
-        address=args.address,
-        gpus_per_worker=args.gpus_per_worker,
+        args.source, args.model, args.output,
+        # how tags are chosen and written
+        threshold=args.threshold, per_class=per_class, selection=Selection(mode, k), max_tags=args.max_tags,
+        top_k=args.top_k, min_score=args.min_score, rules=args.rules,
+        # the output files
+        errors=args.errors, sidecar=sidecar, tag_separator=args.separator, sort_into=sort_into,
+        summary=not args.no_summary, existing=args.existing,
+        # how it runs, and the Ray cluster
+        engine=args.engine, backend=args.backend, device=args.device, batch_size=args.batch_size,
+        workers=args.workers, max_pixels=args.max_pixels or None, progress=not args.no_progress,
+        partition=args.partition, address=args.address, gpus_per_worker=args.gpus_per_worker,
         cpus_per_worker=args.cpus_per_worker,
     )
 
@@ -320,7 +306,7 @@ def _print_dry_run(plan: TagPlan) -> None:
     journaled = f" ({len(plan.journal.offsets)} in the journal of an interrupted run)" if plan.journal.offsets else ""
     print(
         f"dry run: {found} images found, {len(plan.done)} already done{journaled} (--existing "
-        f"{plan.job.outputs.existing}), {todo} would be tagged; {plan.ignored} non-image files ignored; "
+        f"{plan.job.outputs.existing}), {todo} would be tagged; {plan.source.ignored} non-image files ignored; "
         "no model loaded",
         file=sys.stderr,
     )

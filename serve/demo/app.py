@@ -1,26 +1,7 @@
-"""``python -m serve demo``: a Gradio web demo over a :class:`~serve.predictor.Predictor`.
-
-Layout: a model picker (runs and exports found under the runs folder, or ``--model``) with the model's facts;
-controls shared by every tab: thresholds (calibrated per-class thresholds, or one global slider), the tag
-selection mode (thresholds, MCut, top-k) with its cap and floor, and caption rules (as in a rules file of
-``serve tag --caption-rules``); an *Image* tab (upload / webcam / clipboard, examples from the built-in dataset
-with their true labels) showing every class's score against its own threshold and the caption as written; a
-*Batch* tab (several files -> table, CSV, JSONL and a zip of caption files, scored by the tagging pipeline's loop,
-:func:`serve.tagging.scoring.score_items`, with its selection of tags, :class:`serve.outputs.stage.TagSelector`);
-an *API* tab; with ``--review FILE``, a *Review* tab (:mod:`serve.demo.review_tab`) to answer suggested labels
-one at a time, and with ``--audit FILE`` an *Audit* tab (:mod:`serve.demo.toggles_tab`) to label images
-completely, also without a model (:func:`build_review_demo`).
-
-The model runs once per image: its scores are kept in ``gr.State`` and moving a control only re-filters them
-(no queue, no model call). ``/predict`` returns every class score as JSON, with the thresholds
-used and the tags. Images are decoded by the same code as ``python -m serve tag`` (the original uploaded file,
-EXIF orientation applied, alpha composited onto white), so the demo, the tagger and evaluation agree.
-
-The page is built from small named parts: the models (:mod:`serve.demo.model_store`), the layout
-(:mod:`serve.demo.layout`), the event handlers (:mod:`serve.demo.handlers`), the catalogue of models and examples
-(:mod:`serve.demo.catalog`) and the pure helpers (:mod:`serve.demo.results`); this module puts them together.
-Importing this module is cheap: gradio and torch are imported inside the functions that need them, so
-``python -m serve --help`` and usage errors answer at once.
+"""``python -m serve demo``: the Gradio web demo over a :class:`~serve.predictor.Predictor`, put together from
+:mod:`serve.demo.layout` and :mod:`serve.demo.handlers`, and launched. The model runs once per image; moving a
+control only re-filters the scores kept in ``gr.State``. Importing this module is cheap: gradio and torch are
+imported inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -64,16 +45,9 @@ def parse_size(text: str | int) -> int:
     return max(1, int(float(match.group(1)) * _UNITS[match.group(2) or ""]))
 
 
-def build_demo(
-    store: ModelStore | None,
-    default_model: str | None,
-    examples: ExampleSet | None = None,
-    *,
-    max_batch_files: int = DEFAULT_MAX_BATCH_FILES,
-    title: str = "spml multi-label tagger",
-    review: ReviewQueue | None = None,
-    audit: ReviewQueue | None = None,
-) -> gr.Blocks:
+def build_demo(store: ModelStore | None, default_model: str | None, examples: ExampleSet | None = None, *,
+               max_batch_files: int = DEFAULT_MAX_BATCH_FILES, title: str = "spml multi-label tagger",
+               review: ReviewQueue | None = None, audit: ReviewQueue | None = None) -> gr.Blocks:
     """Build the Blocks app (not launched) over ``store``, showing ``default_model`` first: the page's parts
     (:func:`serve.demo.layout.lay_out`) connected to their handlers (:class:`serve.demo.handlers.DemoHandlers`).
     With ``review`` (suggested labels to answer) the page has a *Review* tab too, shown first, and with ``audit``
@@ -115,18 +89,10 @@ def build_review_demo(review: ReviewQueue | None, audit: ReviewQueue | None = No
     return demo
 
 
-def launch_demo(
-    demo: gr.Blocks,
-    *,
-    host: str = DEFAULT_HOST,
-    port: int | None = None,
-    share: bool = False,
-    max_file_size: str | int | None = DEFAULT_MAX_FILE_SIZE,
-    queue_size: int = DEFAULT_QUEUE_SIZE,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    prevent_thread_lock: bool = False,
-    quiet: bool = False,
-) -> tuple[Any, str, str | None]:
+def launch_demo(demo: gr.Blocks, *, host: str = DEFAULT_HOST, port: int | None = None, share: bool = False,
+                max_file_size: str | int | None = DEFAULT_MAX_FILE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE,
+                concurrency: int = DEFAULT_CONCURRENCY, prevent_thread_lock: bool = False,
+                quiet: bool = False) -> tuple[Any, str, str | None]:
     """Queue (``max_size=queue_size``, ``default_concurrency_limit=concurrency``) and launch on ``host:port``
     (loopback by default; ``port=None`` scans from 7860), uploads bounded by ``max_file_size``; returns
     ``(app, local_url, share_url)``."""

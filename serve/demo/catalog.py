@@ -1,7 +1,5 @@
-"""The demo's catalogue: model files under the runs folder and example images with their true labels.
-
-Needs neither gradio nor torch.
-"""
+"""The demo's catalogue (no gradio, no torch): model files under the runs folder, example images with their true
+labels."""
 
 from __future__ import annotations
 

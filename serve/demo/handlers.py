@@ -1,8 +1,5 @@
-"""What the demo page does, one method per event: score an image, re-filter its kept scores with the controls,
-answer ``/predict``, tag a batch and re-filter it, change the model.
-
-The model runs once per image: its scores are kept in ``gr.State`` and moving a control only re-filters them (no
-queue, no model call). Imported by :func:`serve.demo.app.build_demo` only: it imports gradio.
+"""What the demo page does, one method per event: score an image, re-filter its kept scores with the controls
+(no model call), answer ``/predict``, tag a batch and re-filter it, change the model. It imports gradio.
 """
 
 from __future__ import annotations
@@ -153,16 +150,8 @@ class DemoHandlers:
     # ---- batch
 
     def predict_batch(
-        self,
-        payloads: Any,
-        use_calibrated: bool,
-        threshold: float,
-        model: str,
-        mode: str = "thresholds",
-        k: float | None = None,
-        max_tags: float | None = None,
-        min_score: float | None = None,
-        rules: str = "",
+        self, payloads: Any, use_calibrated: bool, threshold: float, model: str, mode: str = "thresholds",
+        k: float | None = None, max_tags: float | None = None, min_score: float | None = None, rules: str = "",
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio's way to ask for a progress tracker
     ) -> tuple[Any, Any, Any, Any, Any]:
         """Score several images: table, CSV file, JSONL file, captions zip (+ state kept for re-filtering)."""

@@ -1,8 +1,5 @@
-"""The demo page's parts, laid out inside a ``gr.Blocks`` in this order: the model picker with the model's facts,
-the controls shared by every tab (thresholds, tag selection, caption rules), the *Image* tab, the *Batch* tab and
-the *API* tab; then the events that connect them to :class:`serve.demo.handlers.DemoHandlers`.
-
-Imported by :func:`serve.demo.app.build_demo` only: it imports gradio.
+"""The demo page's parts, in order (the model picker, the shared controls, the *Image*, *Batch* and *API* tabs),
+and the events that connect them to :class:`serve.demo.handlers.DemoHandlers`. It imports gradio.
 """
 
 from __future__ import annotations
@@ -113,56 +110,30 @@ class Page:
     api_result: gr.JSON
 
 
-def model_picker(choices: list[str], default_model: str, default: Predictor) -> tuple[gr.Dropdown, gr.Markdown]:
-    """The model picker and the picked model's facts."""
+def shared_controls(choices: list[str], default_model: str, default: Predictor) -> Controls:
+    """The model picker with the model's facts, the thresholds (calibrated box, global slider), the tag selection
+    and the caption rules."""
     with gr.Row(equal_height=True):
         model_box = gr.Dropdown(choices=choices, value=default_model, label="Model", scale=1, elem_id="spml-model")
         model_info = gr.Markdown(model_markdown(default_model, default))
-    return model_box, model_info
-
-
-def shared_controls(choices: list[str], default_model: str, default: Predictor) -> Controls:
-    """The picker, the thresholds (calibrated box, global slider), the tag selection and the caption rules."""
-    model_box, model_info = model_picker(choices, default_model, default)
     with gr.Row():
-        use_calibrated = gr.Checkbox(
-            value=True,
-            label="Use calibrated per-class thresholds",
-            info=calibrated_info(default.meta),
-            elem_id="spml-calibrated",
-        )
-        threshold = gr.Slider(
-            0.0,
-            1.0,
-            value=DEFAULT_THRESHOLD,
-            step=0.01,
-            label="Global threshold",
-            info="applies to every class when the box on the left is unticked; re-filters instantly",
-            elem_id="spml-threshold",
-        )
+        use_calibrated = gr.Checkbox(value=True, label="Use calibrated per-class thresholds",
+                                     info=calibrated_info(default.meta), elem_id="spml-calibrated")
+        threshold = gr.Slider(0.0, 1.0, value=DEFAULT_THRESHOLD, step=0.01, label="Global threshold",
+                              info="applies to every class when the box on the left is unticked; re-filters instantly",
+                              elem_id="spml-threshold")
     with gr.Row():
-        mode_box = gr.Dropdown(
-            MODES.names(),
-            value="thresholds",
-            label="Tag selection",
-            info="thresholds: per class (above); mcut: above the largest gap between scores; top-k: the K best",
-            elem_id="spml-mode",
-        )
+        mode_box = gr.Dropdown(MODES.names(), value="thresholds", label="Tag selection", elem_id="spml-mode",
+                               info="thresholds: per class (above); mcut: above the largest gap between scores; "
+                               "top-k: the K best")
         k_box = gr.Number(5, precision=0, minimum=1, label="K (top-k)", elem_id="spml-k")
         max_tags_box = gr.Number(0, precision=0, minimum=0, label="At most N tags (0: no cap)", elem_id="spml-max")
-        min_score_box = gr.Slider(
-            0.0, 1.0, value=0.0, step=0.01, label="Minimum score", info="a floor, with any mode",
-            elem_id="spml-min-score",
-        )
-    rules_box = gr.Textbox(
-        "",
-        lines=2,
-        label="Caption rules",
-        placeholder="first sks\nexclude-re ^rating_\nreplace cat=kitty\nspaces",
-        info="one per line, as in `serve tag --caption-rules FILE`: exclude NAME, exclude-re REGEX, "
-        "replace OLD=NEW, first WORD, spaces, escape, weights",
-        elem_id="spml-rules",
-    )
+        min_score_box = gr.Slider(0.0, 1.0, value=0.0, step=0.01, label="Minimum score", info="a floor, with any mode",
+                                  elem_id="spml-min-score")
+    rules_box = gr.Textbox("", lines=2, label="Caption rules", elem_id="spml-rules",
+                           placeholder="first sks\nexclude-re ^rating_\nreplace cat=kitty\nspaces",
+                           info="one per line, as in `serve tag --caption-rules FILE`: exclude NAME, exclude-re REGEX, "
+                           "replace OLD=NEW, first WORD, spaces, escape, weights")
     return Controls(model_box, model_info, use_calibrated, threshold, mode_box, k_box, max_tags_box, min_score_box,
                     rules_box)
 
@@ -171,25 +142,14 @@ def image_tab(examples: ExampleSet) -> ImageTab:
     """The *Image* tab: upload / webcam / clipboard, the examples, the result panel and its JSON."""
     with gr.Tab("Image"), gr.Row():
         with gr.Column(scale=2):
-            image = gr.Image(
-                type="filepath",
-                image_mode=None,
-                sources=["upload", "webcam", "clipboard"],
-                label="Image",
-                height=320,
-                elem_id="spml-image",
-            )
+            image = gr.Image(type="filepath", image_mode=None, sources=["upload", "webcam", "clipboard"], label="Image",
+                             height=320, elem_id="spml-image")
             with gr.Row():
                 tag_button = gr.Button("Tag", variant="primary", elem_id="spml-tag")
                 clear_button = gr.ClearButton(value="Clear")
             if examples.images:
-                gr.Examples(
-                    examples=[[str(p)] for p in examples.images],
-                    inputs=[image],
-                    label="Examples",
-                    cache_examples=False,
-                    examples_per_page=len(examples.images),
-                )
+                gr.Examples(examples=[[str(p)] for p in examples.images], inputs=[image], label="Examples",
+                            cache_examples=False, examples_per_page=len(examples.images))
             gr.Markdown(f"<small>Examples: {html.escape(examples.note)}</small>")
         with gr.Column(scale=3):
             result_html = gr.HTML(EMPTY_HTML, elem_id="spml-result", apply_default_css=False)
@@ -211,12 +171,6 @@ def batch_tab() -> BatchTab:
     return BatchTab(files, batch_button, batch_table, csv_file, jsonl_file, zip_file)
 
 
-def api_tab(default_model: str) -> None:
-    """The *API* tab: how to call ``/predict`` and ``/predict_batch``."""
-    with gr.Tab("API"):
-        gr.Markdown(API_HELP.format(model=default_model))
-
-
 def lay_out(title: str, choices: list[str], default_model: str, default: Predictor, examples: ExampleSet,
             review: ReviewQueue | None = None, audit: ReviewQueue | None = None) -> Page:
     """Every part of the page, in order, inside the current ``gr.Blocks``; with ``review`` and ``audit``, their
@@ -228,7 +182,8 @@ def lay_out(title: str, choices: list[str], default_model: str, default: Predict
     with gr.Tabs(selected="review" if review is not None else ("audit" if audit is not None else None)):
         images = image_tab(examples)
         batch = batch_tab()
-        api_tab(default_model)
+        with gr.Tab("API"):
+            gr.Markdown(API_HELP.format(model=default_model))
         from serve.demo.review_tab import answer_tabs
 
         answer_tabs(review, audit)
@@ -251,40 +206,20 @@ def connect(page: Page, handlers: DemoHandlers) -> None:
     for trigger in (single.tag_button.click, single.image.change):
         trigger(handlers.predict_ui, [single.image, c.model_box], [page.single_state], api_visibility="private",
                 **run).then(**show, api_visibility="private", queue=False)
-    page.api_button.click(
-        handlers.predict,
-        [single.image, *inputs, c.model_box, *tagging],
-        [page.api_result, page.single_state],
-        api_name="predict",
-        api_description="Score one image: every class's sigmoid score, the thresholds used, the tags and the "
-        "caption.",
-        **run,
-    )
-    batch.batch_button.click(
-        handlers.predict_batch,
-        [batch.files, *inputs, c.model_box, *tagging],
-        [*batch.outputs, page.batch_state],
-        api_name="predict_batch",
-        api_description="Score several images: a table, and the same results as CSV and JSONL files and a zip "
-        "of caption files.",
-        **run,
-    )
+    page.api_button.click(handlers.predict, [single.image, *inputs, c.model_box, *tagging],
+                          [page.api_result, page.single_state], api_name="predict",
+                          api_description="Score one image: every class's sigmoid score, the thresholds used, the tags "
+                          "and the caption.", **run)
+    batch.batch_button.click(handlers.predict_batch, [batch.files, *inputs, c.model_box, *tagging],
+                             [*batch.outputs, page.batch_state], api_name="predict_batch",
+                             api_description="Score several images: a table, and the same results as CSV and JSONL "
+                             "files and a zip of caption files.", **run)
     for control in (*inputs, *tagging):
-        control.change(
-            **show,
-            api_name="refilter" if control is c.threshold else None,
-            api_visibility="undocumented" if control is c.threshold else "private",
-            queue=False,
-            trigger_mode="always_last",
-        )
-        control.change(
-            handlers.refilter_batch,
-            [page.batch_state, *inputs, *tagging],
-            batch.outputs,
-            api_visibility="private",
-            queue=False,
-            trigger_mode="always_last",
-        )
+        control.change(**show, api_name="refilter" if control is c.threshold else None,
+                       api_visibility="undocumented" if control is c.threshold else "private", queue=False,
+                       trigger_mode="always_last")
+        control.change(handlers.refilter_batch, [page.batch_state, *inputs, *tagging], batch.outputs,
+                       api_visibility="private", queue=False, trigger_mode="always_last")
     # moving the slider means "use this global value": untick the calibrated box (which then re-filters)
     c.threshold.input(lambda: False, None, [c.use_calibrated], api_visibility="private", queue=False)
     c.model_box.change(

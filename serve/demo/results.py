@@ -1,7 +1,5 @@
-"""The demo's pure helpers: threshold and tag choice, the result document, the score HTML, batch table and
-downloads (CSV, JSONL, a zip of captions).
-
-No gradio here: :mod:`serve.demo.app` lays these out in its Gradio app.
+"""The demo's pure helpers (no gradio): the tag choice of the controls, the result document, the score HTML and
+the batch table and downloads.
 """
 
 from __future__ import annotations
@@ -34,27 +32,17 @@ def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) ->
     if use_calibrated:
         if meta.thresholds is not None:
             return resolve_thresholds(meta), "calibrated", "calibrated per-class thresholds"
-        return (
-            resolve_thresholds(meta),
-            "default",
-            f"{DEFAULT_THRESHOLD} for every class (this model has no calibrated thresholds)",
-        )
+        note = f"{DEFAULT_THRESHOLD} for every class (this model has no calibrated thresholds)"
+        return resolve_thresholds(meta), "default", note
     value = float(threshold)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"threshold must be in [0, 1], got {threshold}")
     return resolve_thresholds(meta, value), "global", f"global threshold {value:.2f}"
 
 
-def tag_choice(
-    meta: ModelMeta,
-    use_calibrated: bool,
-    threshold: float,
-    mode: str = "thresholds",
-    k: float | None = None,
-    max_tags: float | None = None,
-    min_score: float | None = None,
-    rules: str = "",
-) -> tuple[TagSelector, str, str]:
+def tag_choice(meta: ModelMeta, use_calibrated: bool, threshold: float, mode: str = "thresholds",
+               k: float | None = None, max_tags: float | None = None, min_score: float | None = None,
+               rules: str = "") -> tuple[TagSelector, str, str]:
     """The demo's controls -> ``(selection, threshold mode, description)``: the tagging pipeline's
     :class:`~serve.outputs.stage.TagSelector` with the thresholds of :func:`threshold_choice`, the selection ``mode``
     (``top-k`` with ``k``), ``max_tags`` (0 or empty: no cap), ``min_score`` and the caption ``rules`` (the text
@@ -125,14 +113,8 @@ CSS = """
 """
 
 
-def scores_html(
-    prediction: Prediction,
-    *,
-    description: str,
-    truth: Sequence[str] | None = None,
-    caption: str = "",
-    written: str | None = None,
-) -> str:
+def scores_html(prediction: Prediction, *, description: str, truth: Sequence[str] | None = None, caption: str = "",
+                written: str | None = None) -> str:
     """Every class as a row: a bar for the score with its own threshold marked, score, threshold, margin and
     status (tag / near miss), highest score first; true labels marked when known; ``written``: the caption as a
     sidecar holds it (caption rules applied)."""
@@ -145,10 +127,8 @@ def scores_html(
         summary = f"<b>{len(tags)} tag{'s' if len(tags) != 1 else ''}:</b> {chips}"
     else:
         top = max(scores, key=lambda c: scores[c] - thresholds[c])
-        summary = (
-            f"<b>No tag:</b> no class reaches its threshold (closest: {esc(top)} {scores[top]:.3f} "
-            f"vs {thresholds[top]:.3f})"
-        )
+        summary = (f"<b>No tag:</b> no class reaches its threshold (closest: {esc(top)} {scores[top]:.3f} "
+                   f"vs {thresholds[top]:.3f})")
     if written is not None:
         summary += f'<div class="spml-cap"><b>caption:</b> <code>{esc(written) or "(empty)"}</code></div>'
     sub = [esc(description)]
@@ -178,16 +158,12 @@ def scores_html(
             f'<td class="num">{s:.3f}</td><td class="num">{t:.3f}</td><td class="num">{s - t:+.3f}</td>'
             f"<td>{status}</td>{true_cell}</tr>"
         )
-    return (
-        f'{CSS}<div class="spml-res"><div class="spml-sum">{summary}</div>'
-        f'<div class="spml-sub">{" · ".join(sub)}</div>'
-        f"<table>{header}{''.join(rows)}</table></div>"
-    )
+    return (f'{CSS}<div class="spml-res"><div class="spml-sum">{summary}</div><div class="spml-sub">{" · ".join(sub)}'
+            f"</div><table>{header}{''.join(rows)}</table></div>")
 
 
-EMPTY_HTML = (
-    '<div class="spml-res" style="opacity:.7">Upload an image, take a webcam shot, paste one, or pick an example.</div>'
-)
+EMPTY_HTML = ('<div class="spml-res" style="opacity:.7">Upload an image, take a webcam shot, paste one, or pick an '
+              "example.</div>")
 
 
 @dataclass

@@ -1,14 +1,8 @@
-"""The *Review* tab's state, without gradio: the suggested labels of a review file (``python -m train suggest``),
-the answers given so far, and what the reviewer sees next.
-
-:class:`ReviewQueue` holds the unique (image, label) pairs of the file in file order (ranked best first), the
-answers (the file's own, then the answer log's: the last word wins) and the pending pairs in the order they are
-shown: Skip moves a pair to the back, Undo puts the pair it takes back in front. Every answer is appended to the
-log (:class:`models.data.review_file.AnswerLog`, synced to disk) before the call returns, so a restarted demo
-continues where the reviewer stopped. One queue serves every browser tab of the server, under a lock; a second
-demo on the same log is refused (:func:`claim_log`).
-
-Needs neither gradio nor torch: the image is shown with Pillow.
+"""The answer tabs' state, without gradio: :class:`ReviewQueue` holds the unique (image, label) pairs of a review
+file (``python -m train suggest``), their answers (the file's, then the answer log's: the last word wins) and
+the pairs still to show (Skip moves one to the back, Undo puts it in front). Every answer is in the log
+(:class:`models.data.review_file.AnswerLog`) before the call returns; one queue serves every browser tab, under a
+lock, and a second demo on the same log is refused (:func:`claim_log`).
 """
 
 from __future__ import annotations
@@ -268,12 +262,8 @@ class ReviewQueue:
             given = next((self.items[p].given for p in pairs if self.items[p].given), ())
             return ImageView(image, tuple(self._image_pairs(image)), given, answered, done, len(self.by_image), note)
 
-    def image_pairs(self, image: str) -> list[ReviewItem]:
-        """The pending pairs of ``image``, the most likely first (by score; file order among equal scores)."""
-        with self.lock:
-            return self._image_pairs(image)
-
     def _image_pairs(self, image: str) -> list[ReviewItem]:
+        """The pending pairs of ``image``, the most likely first (by score; file order among equal scores)."""
         waiting = set(self.pending)
         pairs = [self.items[p] for p in self.by_image.get(image, []) if p in waiting]
         return sorted(pairs, key=lambda item: -(item.score if item.score is not None else -1.0))

@@ -1,10 +1,7 @@
 """The *Review* tab (``python -m serve demo --review FILE``): one suggested label at a time, answered Yes / No,
-skipped or taken back, with the keys ``y`` ``n`` ``s`` ``u``; its layout, its handlers and their events.
-
-The state lives on the server (:class:`serve.demo.review.ReviewQueue`, one for every browser tab); each answer is
-in the answer log before its handler returns. The page's events are also an API (``/review_show``,
-``/review_yes``, ``/review_no``, ``/review_skip`` take the pair shown, ``/review_undo``). Imported by
-:func:`serve.demo.app.build_demo` only: it imports gradio.
+skipped or taken back (keys ``y`` ``n`` ``s`` ``u``), over the server's :class:`serve.demo.review.ReviewQueue`.
+Its events are also an API (``/review_show``, ``/review_yes``, ``/review_no``, ``/review_skip``,
+``/review_undo``). It imports gradio.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from serve.demo.review import ReviewQueue, ReviewView, display_image
+from serve.demo.review import ImageView, ReviewQueue, ReviewView, display_image
 
 #: Answers a key press when focus is not in a text field and the Review tab is shown (its buttons visible).
 KEYS_JS = """
@@ -65,7 +62,8 @@ class ReviewTab:
         return [self.image, self.card, self.progress, self.pair]
 
 
-def _labels(names: list[str] | tuple[str, ...], empty: str = "none listed") -> str:
+def labels_html(names: list[str] | tuple[str, ...], empty: str = "none listed") -> str:
+    """``names`` joined for a card, or ``empty`` greyed out."""
     return html.escape(", ".join(names)) if names else f'<span class="muted">{empty}</span>'
 
 
@@ -94,17 +92,17 @@ def card_html(view: ReviewView, log_path: str, image_note: str = "", review_path
     lines = [
         f'<div class="question">{html.escape(item.label)}?</div>',
         f'<div class="muted">{score}{html.escape(item.image)}</div>',
-        f"<div>has: {_labels(item.given)}</div>",
-        f"<div>answered: {_labels(answered, 'none yet')}</div>" if answered else "",
-        f"<div>also suggested: {_labels(others, 'nothing else')}</div>",
+        f"<div>has: {labels_html(item.given)}</div>",
+        f"<div>answered: {labels_html(answered, 'none yet')}</div>" if answered else "",
+        f"<div>also suggested: {labels_html(others, 'nothing else')}</div>",
         f'<div style="color:rgb(200,60,60)">{html.escape(image_note)}</div>' if image_note else "",
         note,
     ]
     return '<div class="spml-review">' + "".join(lines) + "</div>"
 
 
-def progress_html(view: ReviewView, log_path: str) -> str:
-    """The progress line (``N of M answered (Y yes, X no)``) and where the answers go."""
+def progress_html(view: ReviewView | ImageView, log_path: str) -> str:
+    """The progress line (``view.progress()``) and where the answers go."""
     return (f'<div class="spml-review"><b>{view.progress()}</b> <span class="muted">· answers in '
             f"{html.escape(log_path)}</span></div>")
 

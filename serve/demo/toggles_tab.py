@@ -1,15 +1,8 @@
-"""A tab that answers a whole image at a time (``python -m serve demo --audit FILE``): the image with its labels
-as toggles, the most likely first, the labels it was given ticked; a filter box narrows a long list; Save answers
-every label of the image at once (ticked: present, unticked: absent), Skip leaves the image for later, Undo takes
-the last saved image back. Keys: Enter saves, ``1``-``9`` toggle the first nine labels shown, ``s`` skips, ``u``
-undoes (when the cursor is not in a text field).
-
-An audit file (``python -m train suggest RUN --audit N``) lists every class of N validation images, so the answers
-label those images completely: ``python -m train --method auto --audit LOG`` scores the candidate methods on them.
-The state is the server's :class:`serve.demo.review.ReviewQueue`; each image's answers are in its answer log (one
-synced write) before Save returns, so a restarted demo continues where it stopped. The events are also an API
-(``/{name}_show``, ``/{name}_save`` with the image shown and the labels ticked, ``/{name}_skip``, ``/{name}_undo``).
-Imported by :mod:`serve.demo.app` only: it imports gradio.
+"""A tab that answers a whole image at a time (``python -m serve demo --audit FILE``): the image with its pending
+labels as toggles (the most likely first, the given ones ticked) and a filter box; Save answers them all
+(ticked: present), Skip leaves the image for later, Undo takes the last saved image back (keys: Enter, ``1``-``9``,
+``s``, ``u``). The state is the server's :class:`serve.demo.review.ReviewQueue`; the events are also an API
+(``/{name}_show``, ``/{name}_save``, ``/{name}_skip``, ``/{name}_undo``). It imports gradio.
 """
 
 from __future__ import annotations
@@ -21,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from serve.demo.review import ImageView, ReviewQueue, display_image
-from serve.demo.review_tab import CSS
+from serve.demo.review_tab import CSS, labels_html, progress_html
 
 KEYS_JS = """
 if (!window.spmlTogglesKeys) {
@@ -94,9 +87,8 @@ def done_html(total: int, log_path: str, command: str) -> str:
 def card_html(view: ImageView, image_note: str = "") -> str:
     """The card: the question, the image's name, the labels it has and the note."""
     assert view.image is not None
-    given = html.escape(", ".join(view.given)) if view.given else '<span class="muted">none listed</span>'
     lines = ['<div class="question">Which labels are in the image?</div>',
-             f'<div class="muted">{html.escape(view.image)}</div>', f"<div>has: {given}</div>",
+             f'<div class="muted">{html.escape(view.image)}</div>', f"<div>has: {labels_html(view.given)}</div>",
              f'<div style="color:rgb(200,60,60)">{html.escape(image_note)}</div>' if image_note else "",
              f'<div class="muted">{html.escape(view.note)}</div>' if view.note else ""]
     return '<div class="spml-review">' + "".join(lines) + "</div>"
@@ -118,8 +110,7 @@ class TogglesHandlers:
 
     def render(self, view: ImageView) -> tuple[Any, ...]:
         """(image, card, filter, toggles, progress, image shown) of a view."""
-        progress = (f'<div class="spml-review"><b>{view.progress()}</b> <span class="muted">· answers in '
-                    f"{html.escape(self.log_path)}</span></div>")
+        progress = progress_html(view, self.log_path)
         if view.image is None:
             return (None, done_html(view.images_total, self.log_path, self.command), "",
                     gr.CheckboxGroup(choices=[], value=[]), progress, "")

@@ -1,19 +1,7 @@
-"""Caption editing: how selected classes become the tag text of sidecars and run files.
-
-Rules, applied in this order to an image's selected classes (highest score first):
-
-1. ``exclude NAME`` drops a class by name; ``exclude-re PATTERN`` drops every class whose name the regular
-   expression matches anywhere (``re.search``; anchor it with ``^...$`` for whole names);
-2. ``replace OLD=NEW`` writes class OLD as NEW (OLD must be a class of the model);
-3. ``spaces``: underscores become spaces, except in tags of at most 3 characters (``^_^`` and other kaomoji);
-4. ``escape``: parentheses are escaped, ``\\(`` and ``\\)``, as prompt-weighting tools expect;
-5. ``weights``: each tag is written with its score, ``(tag:0.83)``;
-6. ``first WORD`` (repeatable, in order): WORD placed before every other tag, written as given (a trigger word
-   for training another model); a tag equal to it is not repeated.
-
-A tag produced twice (two classes replaced by one word) is written once. The same rules come as command-line
-flags (``serve tag``), as a rules file (one rule per line, the flag name without its dashes, then the value:
-``exclude-re ^rating_``; ``#`` starts a comment), as fields of the demo and as :class:`CaptionRules` in Python.
+"""Caption rules: how selected classes become the tag text of sidecars and run files, applied in the order
+exclude / exclude-re, replace, spaces, escape, weights, first (docs/tagging-at-scale.md, *Writing the tags*); a
+tag produced twice is written once. The same rules come as flags, as a rules file (a rule per line, the flag
+without its dashes; ``#`` comments), as fields of the demo and as :class:`CaptionRules` in Python.
 """
 
 from __future__ import annotations
@@ -67,11 +55,6 @@ class CaptionRules:
         for word in self.first:
             if not word.strip():
                 raise CaptionRuleError("caption rule 'first': the word must not be empty")
-
-    @property
-    def active(self) -> bool:
-        """True when any rule changes the tags."""
-        return self != CaptionRules()
 
     def check_classes(self, classes: Sequence[str]) -> None:
         """Raise :class:`CaptionRuleError` for a rule naming a class the model does not have."""

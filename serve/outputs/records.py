@@ -1,14 +1,7 @@
-"""Output records: scores -> one record per image, and the files they go to (run file JSONL/CSV, errors file).
-
-The one home of record formatting, shared by every tagging engine (through :mod:`serve.outputs.stage`) and the demo's
-batch downloads. Files are written atomically with :mod:`models.files.atomic_writes`.
-
-Run file line (JSONL): ``{"path": "sub/a.jpg", "scores": {class: p, ...}, "tags": [tag, ...]}``: every
-class's probability rounded to 6 decimals, and the tags: the classes chosen by the tag selection
-(:mod:`serve.outputs.selection_modes`; by default those whose rounded probability is >= their threshold), highest score
-first, written with the caption rules (:mod:`serve.outputs.caption_rules`; by default the class names). CSV: columns
-``path, tags, <one per class>``, tags joined with the separator. Images that cannot be used go to the errors
-file (``path<TAB>reason``).
+"""Output records, shared by every engine (through :mod:`serve.outputs.stage`) and the demo: scores -> one record
+``{"path", "scores": {class: p rounded to 6 decimals}, "tags"}`` per image, and the files they go to, written
+atomically: the run file (JSON Lines, or CSV ``path, tags, <one column per class>``) and the errors file
+(``path<TAB>reason``).
 """
 
 from __future__ import annotations
@@ -39,14 +32,8 @@ class Result:
     error: str | None = None
 
 
-def tag_record(
-    rel_path: str,
-    probs: np.ndarray,
-    classes: list[str],
-    thresholds: np.ndarray | None = None,
-    selection: Selection | None = None,
-    rules: CaptionRules | None = None,
-) -> dict[str, Any]:
+def tag_record(rel_path: str, probs: np.ndarray, classes: list[str], thresholds: np.ndarray | None = None,
+               selection: Selection | None = None, rules: CaptionRules | None = None) -> dict[str, Any]:
     """One output record from a probability row ``(C,)``: the scores of all classes, rounded as stored, and the
     tags: the classes ``selection`` chooses from the rounded scores (default: at or above their ``thresholds``),
     highest first, written with the caption ``rules`` (default: the class names)."""
@@ -60,7 +47,6 @@ def tag_record(
     }
 
 
-# --------------------------------------------------------------------------------------------------------
 class OutputConflictError(ValueError):
     """An existing output cannot be reused as asked (e.g. the run file was written for other classes)."""
 

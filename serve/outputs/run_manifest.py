@@ -1,9 +1,6 @@
-"""The manifest of a run file: which model, tag selection, thresholds and caption rules produced its tags.
-
-``tags.jsonl`` -> ``tags.manifest.json`` beside it (the same name for a CSV run file), written atomically with
-the run file at the end of every completed run, so the run file itself stays plain JSON Lines or CSV that any
-reader takes as is. ``python -m serve summary`` reads it to know which classes each record selected, and a
-resumed run reads it to tell whether its sidecars would match those written before.
+"""The manifest of a run file (``tags.jsonl`` -> ``tags.manifest.json``): the model, tag selection, thresholds and
+caption rules that produced its tags, written with the run file at the end of every completed run; read by
+``python -m serve summary`` and by a resumed run.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The summary of a tagging run: images per tag, tags per image, classes never predicted.
-
-Made from a run file's records (``python -m serve summary RUNFILE``, or at the end of ``serve tag``): a short
-table for the terminal, a Markdown and a JSON report, and a bar plot of the most frequent tags (with the
-matplotlib extra). "Never predicted" is per class: a class no image selected. Images per tag count the tags as
-written (the run file's ``tags``), or, when the selection is known (the run file's manifest), the tag *names*:
-the selected classes after exclude, replace and spaces, without trigger words, escaping or weights, so that
-``(cat:0.83)`` and ``(cat:0.91)`` count as one tag ``cat`` and a trigger word on every image is not a tag.
+"""The summary of a tagging run (``python -m serve summary RUNFILE``, or at the end of ``serve tag``): images per tag,
+tags per image and the classes never predicted, as a terminal table, Markdown and JSON reports and a bar plot
+(with matplotlib). With the selection known (the manifest), tags are counted by name and "never predicted" is
+per class (docs/tagging-at-scale.md, *The manifest and the summary*).
 """
 
 from __future__ import annotations
@@ -15,10 +11,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from serve.outputs.records import iter_run_file
+
+if TYPE_CHECKING:
+    from serve.outputs.stage import TagSelector
 
 #: Tags shown in the terminal table and the bar plot (the reports list every tag).
 TOP_TAGS = 20
@@ -82,14 +81,12 @@ def summarize(
     )
 
 
-def summarize_run_file(
-    run_file: Path,
-    separator: str,
-    chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None,
-    names: Callable[[Sequence[str]], Sequence[str]] | None = None,
-) -> RunSummary:
-    """:func:`summarize` of the records of a run file (JSONL or CSV), streamed."""
-    return summarize(iter_run_file(run_file, separator), chosen=chosen, names=names)
+def summarize_run_file(run_file: Path, separator: str, select: TagSelector | None = None) -> RunSummary:
+    """:func:`summarize` of the records of a run file (JSONL or CSV), streamed; with ``select`` (the run's
+    selection, from its manifest) the tags are counted by name and "never predicted" is per class."""
+    if select is None:
+        return summarize(iter_run_file(run_file, separator))
+    return summarize(iter_run_file(run_file, separator), chosen=select.chosen, names=select.rules.labels)
 
 
 def summary_table(summary: RunSummary, top: int = TOP_TAGS) -> str:

@@ -1,15 +1,7 @@
-"""Which classes become an image's tags: the selection modes of ``serve tag``, the demo and the Python API.
-
-- ``thresholds`` (default): every class whose probability reaches its threshold (the model's calibrated
-  per-class thresholds, a global ``--threshold`` or a ``--thresholds`` file: :mod:`serve.outputs.thresholds`).
-- ``mcut``: MCut (Largeron, Moulin & Géry 2012), instance-adaptive: sort the image's scores, find the largest
-  gap between two neighbours and keep every class above it. Needs no threshold.
-- ``top-k:K``: the K highest scores.
-
-Two limits combine with any mode: ``max_tags`` keeps at most that many (highest first) and ``min_score`` drops
-every class scoring below it (a floor; MCut in particular can cut very low on an image with no confident class).
-Tags always come highest score first (ties: class order). Scores are compared as the run file stores them,
-rounded to 6 decimals, so the tags of a record can be recomputed from its scores.
+"""Which classes become an image's tags (``serve tag``, the demo, the Python API): the modes of :data:`MODES`
+(``thresholds``, ``mcut``: MCut, Largeron, Moulin & Géry 2012, ``top-k:K``), each with a cap (``max_tags``) and
+a floor (``min_score``). Tags come highest score first (ties: class order); scores are compared as the run file
+stores them, rounded to 6 decimals, so a record's tags can be recomputed from its scores.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""What a sidecar file holds, per format: ``txt`` (the tags joined by the separator), ``json`` (every score and
-the selected tags) and ``xmp`` (the tags as XMP keywords, ``dc:subject``, in an Adobe XMP sidecar that
-darktable, digiKam and other photo managers read as ``<image name>.xmp``; the images themselves are never
-modified).
-
-An existing sidecar is updated, per format, as :func:`json_updated` and :func:`xmp_updated` say: the tags are
-replaced, or merged with those already there (``--existing append``); what else the file holds (another tool's
-fields, a photo manager's XMP metadata) is kept.
+"""What a sidecar holds, per format of :data:`SIDECAR_FORMATS`: ``txt`` (the tags), ``json`` (the tags and every
+score) and ``xmp`` (the tags as XMP keywords, ``dc:subject``). An existing sidecar is updated: its tags are
+replaced, or merged (``--existing append``), and whatever else it holds is kept.
 """
 
 from __future__ import annotations

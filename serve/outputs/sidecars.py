@@ -1,9 +1,5 @@
-"""Sidecar files: one file per image and format (``txt``, ``json``, ``xmp``), next to it or in a mirrored tree.
-
-What each format holds: :mod:`serve.outputs.sidecar_formats`. Names: ``a.jpg`` -> ``a.txt`` (``txt``, or the
-``--sidecar-ext``), ``a.json`` (``json``), ``a.jpg.xmp`` (``xmp``: ``<image name>.xmp``, as darktable and
-digiKam name them). Images that would share a ``txt`` or ``json`` sidecar (``a.jpg`` and ``a.png``) keep their
-suffix: ``a.jpg.txt`` and ``a.png.txt``.
+"""Sidecar files, one per image and format, next to it or in a mirrored tree: ``a.jpg`` -> ``a.txt`` (or the
+``--sidecar-ext``), ``a.json``, ``a.jpg.xmp``; images sharing a stem keep their suffix (``a.jpg.txt``).
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from typing import Any
 from models.files.atomic_writes import atomic_write_text
 from models.files.image_extensions import IMAGE_EXTENSIONS
 from serve.outputs.records import DEFAULT_SEPARATOR
-from serve.outputs.sidecar_formats import SIDECAR_FORMATS, merge_tags
+from serve.outputs.sidecar_formats import SIDECAR_FORMATS
 
 DEFAULT_SIDECAR_EXT = ".txt"
 DEFAULT_FORMATS = ("txt",)
@@ -78,14 +74,8 @@ def image_rel_with_ext(folder: Path, image: Path, ext: str) -> Path:
     return rel.with_name(rel.name + ext)
 
 
-def write_sidecars(
-    paths: Mapping[str, Path],
-    tags: Sequence[str],
-    scores: Mapping[str, float],
-    extra: Mapping[str, Any],
-    spec: SidecarSpec,
-    append: bool,
-) -> None:
+def write_sidecars(paths: Mapping[str, Path], tags: Sequence[str], scores: Mapping[str, float],
+                   extra: Mapping[str, Any], spec: SidecarSpec, append: bool) -> None:
     """Write one image's sidecars, ``paths`` by format, atomically. ``txt``: the ``tags``; ``json``: the tags,
     every score and the ``extra`` fields; ``xmp``: the tags as keywords. An existing ``json`` or ``xmp`` file
     is updated, its other contents kept (its tags replaced, or merged with ``append``); an existing ``txt``
@@ -98,7 +88,3 @@ def write_sidecars(
         except ValueError as exc:
             raise ValueError(f"existing sidecar {path} cannot be updated: {exc}") from None
         atomic_write_text(path, text)
-
-
-__all__ = ["DEFAULT_FORMATS", "DEFAULT_SIDECAR_EXT", "SidecarSpec", "image_rel_with_ext", "merge_tags", "sidecar_paths",
-           "write_sidecars"]

@@ -1,23 +1,8 @@
-"""The output stage of the tagging pipeline: scores -> selected tags -> records -> output writers.
-
-The only step between an engine's results and the files a run leaves, with a small interface:
-
-- a *selection* function ``(key, scores (C,)) -> record`` (:class:`TagSelector`: the classes chosen by a tag
-  selection mode, :mod:`serve.outputs.selection_modes`, written with the caption rules,
-  :mod:`serve.outputs.caption_rules`); a record is ``{"path", "scores", "tags"}`` (see :mod:`serve.outputs.records`);
-- a list of *writers* (:class:`OutputWriter`): each receives every finished batch's records and failures, in
-  the order batches finish, and is told when the run has completed (:meth:`OutputWriter.finish`).
-
-The default writers (:func:`serve.tagging.run.default_outputs`): :class:`SidecarWriter` (txt / json / xmp files per
-image, as each batch finishes), :class:`TagFolderWriter` (links in tag folders), :class:`RunFileWriter` (the run file,
-sorted by path, written from the journal at the end, with its manifest) and :class:`ErrorsWriter`. Another
-output is one more writer; another way to choose tags is another selection function; engines are not involved.
-Records of images tagged by an earlier, interrupted run reach the run file through the journal, not through the
-writers (their sidecars were written by that run).
-
-TagSelector works on the scores as stored (rounded to 6 decimals), so a stored record's tags can be chosen again
-exactly (:meth:`TagSelector.reselect`): the run file's records of earlier runs are re-selected with this run's
-options, and a record's selected classes are known without storing them (:meth:`TagSelector.chosen`).
+"""The output stage of the tagging pipeline: a *selection* function (:class:`TagSelector`: scores -> record,
+with the selection mode and the caption rules) and a list of *writers* (:class:`OutputWriter`) that take every
+finished batch and are told when the run has completed; another output is one more writer
+(:func:`serve.tagging.run.default_outputs`). TagSelector works on the scores as stored (6 decimals), so a stored
+record's tags can be chosen again exactly (:meth:`TagSelector.reselect`, :meth:`TagSelector.chosen`).
 """
 
 from __future__ import annotations
@@ -186,15 +171,8 @@ class RunFileWriter:
     ``select``), sorted by path, written atomically at the end from the ``journal`` (which holds them all, so no
     record is kept in memory); then its manifest (:mod:`serve.outputs.run_manifest`): ``manifest`` plus the count."""
 
-    def __init__(
-        self,
-        path: Path,
-        journal: StoredRecords,
-        select: TagSelector,
-        separator: str,
-        kept: Iterable[str],
-        manifest: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, path: Path, journal: StoredRecords, select: TagSelector, separator: str, kept: Iterable[str],
+                 manifest: Mapping[str, Any] | None = None) -> None:
         self.path, self.journal, self.select, self.separator = path, journal, select, separator
         self.kept = set(kept)
         self.keys = set(self.kept)

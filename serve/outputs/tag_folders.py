@@ -1,11 +1,6 @@
-"""Sorting images into folders by tag: each image linked into ``DIR/<tag>/`` for each of its tags.
-
-An image ``sub/a.jpg`` of the source with tags ``cat, dog`` appears as ``DIR/cat/sub/a.jpg`` and
-``DIR/dog/sub/a.jpg`` (its path below the source is kept, so images with the same name in different folders never
-collide); an image without tags goes to ``DIR/<untagged>/sub/a.jpg``. How: a symbolic link to the image (default;
-absolute target, costs no space), a hard link (same file system only) or a copy. A re-run adds what is new and
-leaves what is already there: an existing entry that is the same image is kept, so nothing is duplicated; an
-entry that is another file is an error, never overwritten.
+"""Sorting images into folders by tag (``--sort-into DIR``): ``sub/a.jpg`` tagged ``cat`` -> ``DIR/cat/sub/a.jpg``
+(untagged: ``DIR/<untagged>/``), by a symbolic link, a hard link or a copy (:data:`LINK_MODES`). A re-run adds
+what is missing; an entry that is another file is an error, never overwritten.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Per-class thresholds: the model's calibrated ones (else 0.5), one global value, per-class overrides from a file.
-
-The one home of threshold resolution, used by the tagger (every engine), the predictor and the demo.
+"""Per-class thresholds, the one home of their resolution (tagger, predictor, demo): the model's calibrated ones
+(else 0.5), one global value, per-class overrides from a file.
 """
 
 from __future__ import annotations
@@ -14,23 +13,6 @@ import numpy as np
 
 from models.checkpoint import ModelMeta
 from serve import DEFAULT_THRESHOLD
-
-
-def class_thresholds(meta: ModelMeta, threshold: float | None = None) -> np.ndarray:
-    """Per-class thresholds ``(C,)``: ``threshold`` for all if given, else ``meta.thresholds``, else 0.5.
-
-    The base of :func:`resolve_thresholds`, which adds per-class overrides; use that one.
-    """
-    n = len(meta.classes)
-    if threshold is not None:
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
-        return np.full(n, float(threshold))
-    if meta.thresholds is not None:
-        if len(meta.thresholds) != n:
-            raise ValueError(f"model metadata has {len(meta.thresholds)} thresholds for {n} classes")
-        return np.asarray(meta.thresholds, dtype=np.float64)
-    return np.full(n, DEFAULT_THRESHOLD)
 
 
 def read_thresholds_file(path: str | Path) -> dict[str, float]:
@@ -79,12 +61,20 @@ def thresholds_source(meta: ModelMeta, threshold: float | None, per_class: Mappi
 def resolve_thresholds(
     meta: ModelMeta, threshold: float | None = None, per_class: Mapping[str, float] | None = None
 ) -> np.ndarray:
-    """Per-class thresholds ``(C,)`` float64: :func:`class_thresholds` (``threshold`` for every class if
-    given, else the model's calibrated thresholds, else 0.5), then ``per_class`` overrides by class name.
-
-    Raises ``ValueError`` for values outside [0, 1] or unknown class names.
-    """
-    out = class_thresholds(meta, threshold).astype(np.float64, copy=True)
+    """Per-class thresholds ``(C,)`` float64: ``threshold`` for every class if given, else the model's calibrated
+    thresholds, else 0.5; then ``per_class`` overrides by class name. Raises ``ValueError`` for values outside
+    [0, 1], unknown class names or metadata with a threshold count that is not the class count."""
+    n = len(meta.classes)
+    if threshold is not None:
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+        out = np.full(n, float(threshold))
+    elif meta.thresholds is not None:
+        if len(meta.thresholds) != n:
+            raise ValueError(f"model metadata has {len(meta.thresholds)} thresholds for {n} classes")
+        out = np.array(meta.thresholds, dtype=np.float64)
+    else:
+        out = np.full(n, DEFAULT_THRESHOLD)
     if per_class:
         index = {name: i for i, name in enumerate(meta.classes)}
         unknown = sorted(set(per_class) - set(index))

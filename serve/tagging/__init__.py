@@ -1,17 +1,9 @@
-"""The tagging pipeline of ``python -m serve tag`` and of Python callers: plan -> score -> journal -> outputs.
+"""The tagging pipeline of ``python -m serve tag`` and of Python callers: :mod:`~serve.tagging.plan` ->
+:mod:`~serve.tagging.scoring` (run by :mod:`~serve.tagging.engines`) -> :mod:`~serve.tagging.journal` ->
+:mod:`serve.outputs`, put together in :mod:`~serve.tagging.run`; a run's options are
+:class:`~serve.tagging.job.TagJob` and what it reads is :mod:`~serve.tagging.sources` (docs/tagging-at-scale.md).
 
-- :mod:`~serve.tagging.job`: :class:`TagJob`, a run's options in small groups;
-- :mod:`~serve.tagging.sources`: what a SOURCE holds (a folder, a list file, tar shards);
-- :mod:`~serve.tagging.plan`: step 1, :func:`plan_tagging` (what to tag, what is done, the model's metadata);
-- :mod:`~serve.tagging.scoring`: step 2, the one scoring loop the engines (:mod:`serve.tagging.engines`) run;
-- :mod:`~serve.tagging.journal`: step 3, every result appended as its batch finishes (kill-safe resuming);
-- :mod:`~serve.tagging.run`: the pipeline itself, :func:`run_plan`, :func:`tag`, :func:`tag_folder`; step 4, the
-  outputs, lives in :mod:`serve.outputs`.
-
->>> from serve.tagging import TagJob, tag                                  # doctest: +SKIP
->>> tag(TagJob("photos", "model.onnx", "tags.jsonl", selection="mcut"))     # doctest: +SKIP
-
-Importing the package is light: the names below load their module on first use (PEP 562).
+The names below load their module on first use (PEP 562).
 """
 
 from __future__ import annotations

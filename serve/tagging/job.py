@@ -1,12 +1,7 @@
-"""A tagging run's options, :class:`TagJob`: what to read, the model, where to write, in four small groups (how tags
-are chosen, the output files, how it runs, the Ray cluster); the one set of options of ``python -m serve tag`` and
-of Python callers.
-
->>> TagJob("photos", "model.onnx", Path("tags.jsonl"), selection="mcut", max_tags=20, batch_size=32)  # doctest: +SKIP
-
-Options are given by the name the command line gives them (``batch_size`` is ``--batch-size``); the job sorts them
-into its groups, and every option reads back by its name too (``job.batch_size`` is ``job.run.batch_size``).
-Invalid values raise ``ValueError`` naming the option.
+"""A tagging run's options, :class:`TagJob`, in four small groups (how tags are chosen, the output files, how it
+runs, the Ray cluster): those of ``python -m serve tag``, given and read back by their command-line name
+(``batch_size`` is ``--batch-size`` and ``job.run.batch_size``). Invalid values raise ``ValueError`` naming the
+option.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The journal of a tagging run (``<output>.partial``): every result is appended, and flushed, as its batch finishes.
+"""The journal of a tagging run (``<output>.partial``), where every engine's results are appended and flushed as
+each batch finishes, so that a killed run resumes (``--existing skip``) losing at most the batches in flight.
 
-Every engine writes it through :func:`serve.tagging.run.run_plan`, so a run killed at any point (even by SIGKILL) loses
-at most the batches in flight: the next run with ``--existing skip`` reads the journal, skips what it holds
-and writes the run file from it. Format: JSON Lines; the first line is the :class:`JournalHeader` (which model
-wrote the results, and the tag options it chose them with), then one run-file record ``{"path", "scores",
-"tags"}`` or one failure ``{"path", "error"}`` per image. A line cut short by a kill is dropped (its image is
-tagged again). Resuming costs one pass over the file: the journal keeps, per image, the byte offset of its last
-record, not the record itself.
-
-A journal written by another model (another file content, or other classes) is refused, never merged.
+JSON Lines: the :class:`JournalHeader` (the model, the tag options), then one run-file record or one failure
+``{"path", "error"}`` per image; a line cut short by a kill is dropped. Resuming keeps, per image, the byte
+offset of its last record, not the record. A journal of another model is refused, never merged.
 """
 
 from __future__ import annotations

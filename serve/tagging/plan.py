@@ -1,9 +1,6 @@
-"""Step 1 of the tagging pipeline, the plan (:func:`plan_tagging`, once, before any model is loaded): the items of
-the SOURCE (:mod:`serve.tagging.sources`), which are already done under the ``existing`` policy (sidecars, the
-run file, the journal of an interrupted run), the model's metadata and thresholds, read from the model file without
-loading it (:func:`models.runtimes.read_model_meta`: no torch, no onnxruntime), and the sidecar paths.
-
-Memory: the plan holds the keys (paths) of the source, never the records or the images.
+"""Step 1 of the tagging pipeline, :func:`plan_tagging`: once, before any model is loaded, the SOURCE's items,
+those already done under ``existing``, the model's metadata and thresholds (read from the file: no torch) and
+the sidecar paths. The plan holds the source's keys, never records or images.
 """
 
 from __future__ import annotations
@@ -49,11 +46,6 @@ class TagPlan:
     scan_errors: list[tuple[str, str]] = field(default_factory=list)
     reselected: bool = False  # earlier records were tagged with other options: their tags are chosen again
 
-    @property
-    def ignored(self) -> int:
-        """Files without an image extension (folder sources)."""
-        return self.source.ignored
-
 
 def model_header(job: TagJob, meta: ModelMeta, tagging: dict[str, Any] | None = None) -> JournalHeader:
     """The journal header of ``job``'s model: its file's SHA-256 (of its metadata for a model given in memory),
@@ -65,16 +57,11 @@ def model_header(job: TagJob, meta: ModelMeta, tagging: dict[str, Any] | None = 
 
 
 def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
-    """Plan ``job``: list the source, decide what is done, and (``read_model``) read the model's metadata,
-    resolve its thresholds and check the caption rules against its classes. Reads, never writes. Raises
-    ``FileNotFoundError`` (no source), ``ValueError`` (bad option, unknown class in ``per_class``,
-    :class:`~serve.outputs.caption_rules.CaptionRuleError` for a rule naming an unknown class,
-    :class:`~serve.outputs.records.OutputConflictError` for a run file or journal of another model, or for sidecars
-    kept that were written with other tag options) and :class:`~models.runtimes.ModelLoadError` (model metadata
-    unreadable).
-
-    Without ``read_model`` (a dry run) the model file is not opened and a journal is not checked against it.
-    """
+    """Plan ``job``: list the source, decide what is done and, with ``read_model`` (not for a dry run), read the
+    model's metadata, resolve its thresholds and check the caption rules against its classes. Reads, never
+    writes. Raises ``FileNotFoundError`` (no source), ``ValueError`` (a bad option or rule;
+    :class:`~serve.outputs.records.OutputConflictError`: outputs of another model, or sidecars kept that were
+    written with other tag options) and :class:`~models.runtimes.ModelLoadError` (metadata unreadable)."""
     src = job.source if isinstance(job.source, Source) else Source.open(job.source, job.run.partition)
     if job.outputs.sidecar is not None and src.kind != "folder":
         raise ValueError(f"sidecars need a folder SOURCE; {src.spec} is a {src.kind} source")

@@ -1,27 +1,10 @@
-"""The tagging pipeline, one for every engine, for ``python -m serve tag`` and for Python callers:
-plan -> score -> journal -> outputs.
-
-1. **Plan** (:func:`serve.tagging.plan.plan_tagging`, once, before any model is loaded): the items to tag, what is
-   already done, the model's metadata and thresholds, read without loading the model.
-2. **Score**: an engine (:mod:`serve.tagging.engines`: ``local``, ``ray``) turns the plan's to-do items into batches of
-   scores or errors; that is all an engine does.
-3. **Journal** (:mod:`serve.tagging.journal`): each batch's records are appended to ``<output>.partial`` and
-   flushed as it arrives, so a run killed at any point (SIGKILL included) resumes with ``existing="skip"`` and
-   re-tags at most the batches that were in flight.
-4. **Outputs** (:mod:`serve.outputs`): a selection function turns scores into tags (a selection mode,
-   :mod:`serve.outputs.selection_modes`, then the caption rules, :mod:`serve.outputs.caption_rules`), writers take
-   the records: sidecars and tag-folder links as each batch finishes; the run file (sorted by path, from the
-   journal) with its manifest, and the errors file at the end, atomically. The journal is then removed.
-5. **Summary** (:mod:`serve.outputs.run_summary`): images per tag, tags per image and the classes never
-   predicted, counted from the run file and written as reports beside it.
+"""The tagging pipeline, one for every engine, for ``python -m serve tag`` and for Python callers: plan
+(:func:`~serve.tagging.plan.plan_tagging`) -> score (an engine of :mod:`serve.tagging.engines`) -> journal
+(:mod:`serve.tagging.journal`) -> outputs (:mod:`serve.outputs`) -> summary (:mod:`serve.outputs.run_summary`);
+docs/tagging-at-scale.md describes each step.
 
 >>> summary = tag(TagJob("photos", "model.onnx", Path("tags.jsonl")))      # doctest: +SKIP
 >>> summary = tag_folder("photos", "model.onnx", "tags.csv", threshold=0.3)  # doctest: +SKIP
->>> rules = make_rules(first=["sks"], exclude_re=["^rating_"], spaces=True)   # doctest: +SKIP
->>> summary = tag(TagJob("photos", "model.onnx", selection="mcut", max_tags=20, rules=rules,
-...                      sidecar=SidecarSpec(formats=("txt", "json"))))        # doctest: +SKIP
-
-Memory: decoded images are bounded by the engine's batches (:mod:`serve.tagging.scoring`).
 """
 
 from __future__ import annotations
@@ -69,11 +52,6 @@ class TagSummary:
     counts: RunSummary | None = None  # the run file's tags counted (with ``summary``)
     reports: list[Path] = field(default_factory=list)  # the summary reports written
 
-    @property
-    def ok(self) -> bool:
-        """True when every image file was tagged (now or, under ``skip``, before)."""
-        return not self.failed and self.tagged + self.skipped > 0
-
     def line(self) -> str:
         """One-line human summary."""
         rate = self.tagged / self.seconds if self.seconds > 0 else 0.0
@@ -96,9 +74,8 @@ def default_outputs(plan: TagPlan, journal: Journal) -> OutputStage:
     files = job.outputs
     if files.sidecar is not None:
         writers.append(SidecarWriter(files.sidecar, plan.sidecars, plan.select, append=files.existing == "append"))
-    if job.outputs.sort_into is not None:
-        assert plan.source.folder is not None
-        writers.append(TagFolderWriter(job.outputs.sort_into, plan.source.folder, plan.select, journal, plan.kept))
+    if files.sort_into is not None:
+        writers.append(TagFolderWriter(files.sort_into, plan.source.folder, plan.select, journal, plan.kept))
     writers.append(RunFileWriter(job.output, journal, plan.select, job.separator, plan.kept, run_manifest(plan)))
     writers.append(ErrorsWriter(job.errors_file, plan.scan_errors))
     return OutputStage(plan.select, writers)
@@ -123,30 +100,20 @@ def run_manifest(plan: TagPlan) -> dict[str, Any]:
     }
 
 
-def run_plan(
-    plan: TagPlan,
-    *,
-    outputs: Callable[[TagPlan, Journal], OutputStage] = default_outputs,
-    warn: Callable[[str], None] | None = None,
-    engine: Any = None,
-) -> TagSummary:
-    """Run a plan made with the model (:func:`plan_tagging`): the job's engine scores the to-do items, each batch
-    is journaled then given to the output stage (``outputs(plan, journal)``); when every item is done the
-    writers finish and the journal is removed. Failures and start-up lines go to ``warn`` (default: stderr).
-    ``engine``: anything with an engine's ``score`` function (default: the module of ``job.run.engine``).
-
-    An interruption (exception, Ctrl-C, kill) leaves the journal and the files written so far; the run file is
-    not rewritten. Raises what the engine raises (``RuntimeError`` for a failed Ray job,
-    :class:`~models.runtimes.ModelLoadError` when the model does not load) and ``OSError``.
-    """
+def run_plan(plan: TagPlan, *, outputs: Callable[[TagPlan, Journal], OutputStage] = default_outputs,
+             warn: Callable[[str], None] | None = None, engine: Any = None) -> TagSummary:
+    """Run a plan made with the model (:func:`plan_tagging`): ``engine`` (default: ``job.run.engine``'s) scores
+    the to-do items, each batch is journaled then given to ``outputs(plan, journal)``; at the end the writers
+    finish and the journal is removed (an interruption leaves it, and the files written so far). Failures and
+    start-up lines go to ``warn`` (default: stderr). Raises what the engine raises and ``OSError``."""
     job = plan.job
     if plan.meta is None or plan.header is None:
         raise ValueError("this plan was made without the model (a dry run): plan again with read_model=True")
     start = time.perf_counter()
     report = warn or (lambda msg: tqdm.write(msg, file=sys.stderr))
     engine = engine or get_engine(job.run.engine)
-    summary = TagSummary(plan.source.spec, job.output, 0, list(plan.scan_errors), plan.ignored, skipped=len(plan.done))
-    summary.errors_file = job.errors_file
+    summary = TagSummary(plan.source.spec, job.output, 0, list(plan.scan_errors), plan.source.ignored,
+                         skipped=len(plan.done), errors_file=job.errors_file)
     for key, reason in plan.scan_errors:
         report(f"skipped {key}: {reason}")
     journal = Journal(journal_path(job.output), plan.header, plan.journal if job.outputs.existing == "skip" else None)
@@ -172,8 +139,7 @@ def run_plan(
         journal.close(remove=completed)
     if job.outputs.summary and job.output.is_file():
         select = stage.select if isinstance(stage.select, TagSelector) else None
-        summary.counts = summarize_run_file(job.output, job.separator, select.chosen if select else None,
-                                            select.rules.labels if select else None)
+        summary.counts = summarize_run_file(job.output, job.separator, select)
         summary.reports = write_summary_reports(summary.counts, job.output)
     summary.seconds = time.perf_counter() - start
     return summary
@@ -199,20 +165,10 @@ def tag(job: TagJob, *, warn: Callable[[str], None] | None = None) -> TagSummary
     return run_plan(plan_tagging(job), warn=warn)
 
 
-def tag_folder(
-    folder: str | Path | Source,
-    model: Predictor | Runtime | str | Path,
-    output: str | Path = DEFAULT_OUTPUT,
-    *,
-    warn: Callable[[str], None] | None = None,
-    **options: Any,
-) -> TagSummary:
-    """Tag every image of ``folder`` (a folder, list file, shard pattern or :class:`~serve.tagging.sources.Source`) with
-    ``model`` (a model file, a loaded Predictor or runtime) into the run file ``output``: :func:`tag` of
-    ``TagJob(folder, model, output, **options)`` (see :class:`TagJob` for the options and their defaults).
-
-    Raises ``FileNotFoundError`` (no source), ``ValueError`` (bad option, model output not logits,
-    :class:`~serve.outputs.records.OutputConflictError`) and whatever the engine raises. Without image files nothing
-    is written.
-    """
+def tag_folder(folder: str | Path | Source, model: Predictor | Runtime | str | Path,
+               output: str | Path = DEFAULT_OUTPUT, *, warn: Callable[[str], None] | None = None,
+               **options: Any) -> TagSummary:
+    """:func:`tag` of ``TagJob(folder, model, output, **options)``: every image of ``folder`` (a folder, list file,
+    shard pattern or :class:`~serve.tagging.sources.Source`) tagged with ``model`` (a model file, a loaded Predictor
+    or runtime). Raises as :func:`plan_tagging` and :func:`run_plan` do; without image files nothing is written."""
     return tag(TagJob(folder, model, Path(output), **options), warn=warn)

@@ -1,15 +1,7 @@
-"""Step 2 of the tagging pipeline, the one scoring loop: image items -> :class:`~serve.tagging.engines.Result` batches,
-decoding ahead of the model.
-
-Used by the local engine, by each model actor of the Ray engine and by the demo's batch tab, so every path decodes,
-batches and scores images the same way: a pool of ``workers`` threads decodes a bounded window of items ahead of
-the model (:func:`decode_ahead`; decoded images are kept as resized ``uint8``, 4x smaller than the model's floats),
-batches of ``batch_size`` are normalised and scored in one runtime call while the next ones decode.
-
-Memory is bounded by ``batch_size`` and ``workers``, never by the number of images: at most
-:func:`decode_window` items are decoded or decoding ahead of the batch being filled (each held as a resized
-``uint8 (3, S, S)``, plus one full-size decode in progress per worker thread), the batch being filled holds at most
-``batch_size`` of them, and one normalised ``float32 (batch_size, 3, S, S)`` batch is in the model at a time.
+"""Step 2 of the tagging pipeline, the one scoring loop (local engine, Ray actors, the demo's batch tab): image
+items -> :class:`~serve.outputs.records.Result` batches, ``workers`` threads decoding a bounded window of items
+ahead of the model (as resized ``uint8``), so memory follows ``batch_size`` and ``workers``, never the number of
+images (docs/tagging-at-scale.md, *Memory and speed*).
 """
 
 from __future__ import annotations
@@ -95,14 +87,8 @@ def decode_ahead(
             fut.cancel()
 
 
-def score_items(
-    items: Iterable[Item],
-    scorer: Scorer,
-    preprocess: ImagePreprocessor,
-    batch_size: int,
-    workers: int | None = None,
-    pool: Executor | None = None,
-) -> Iterator[list[Result]]:
+def score_items(items: Iterable[Item], scorer: Scorer, preprocess: ImagePreprocessor, batch_size: int,
+                workers: int | None = None, pool: Executor | None = None) -> Iterator[list[Result]]:
     """Score ``items``: one list of results per model batch (with the failures met while filling it), in input
     order. Decoding runs on ``pool``, or on ``workers`` threads (default :func:`default_workers`) of a pool made
     for this call."""

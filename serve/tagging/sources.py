@@ -1,17 +1,8 @@
-"""What ``python -m serve tag SOURCE`` reads, for every engine: a folder, a list file, or WebDataset shards.
-
-- a folder: every image file below it, by the one folder walk's rule (:mod:`models.files.folder_walk`: hidden
-  entries skipped, symlinked files followed, symlinked folders not entered); an item's key is its path relative
-  to the folder, with ``/`` separators.
-- a list file (any existing file that is not a ``.tar``): one image path or URI per line (blank lines and
-  ``#`` comments ignored); relative paths are relative to the list file's folder; ``file://``, ``http(s)://``
-  and (with fsspec) any fsspec URI. The key is the line as written.
-- WebDataset shards: a ``.tar`` file, a glob (``shards/*.tar``) or a brace pattern (``shards/{000..099}.tar``).
-  Each sample's first member with an image extension is the image; its key is ``<shard name>/<sample key>.<ext>``.
-
-Items stream: a folder is listed up front (paths only), list files and shards are read as they are consumed.
-:class:`Partition` (``--shard K/N``) keeps a deterministic subset: by a CRC-32 of the key (folders, list files)
-or of the shard file name (shards, so a shard is read by one job only), the same on every machine and run.
+"""What ``python -m serve tag SOURCE`` reads, for every engine: a folder (the one folder walk's rule,
+:mod:`models.files.folder_walk`; keys relative to it), a list file (one path or URI per line, relative to the
+list file; ``#`` comments) or WebDataset ``.tar`` shards (a file, a glob or a brace pattern; keys
+``<shard name>/<sample key>.<ext>``). List files and shards stream. :class:`Partition` (``--shard K/N``) keeps a
+deterministic subset by a CRC-32 of the key, or of the shard file's name.
 """
 
 from __future__ import annotations
@@ -65,18 +56,6 @@ class Partition:
         return self.count == 1 or zlib.crc32(name.encode("utf-8")) % self.count == self.index - 1
 
 
-def scan_folder(folder: str | Path, errors: list[tuple[str, str]] | None = None) -> tuple[list[Path], int]:
-    """The image files below ``folder`` with the one folder walk's rule (:mod:`models.files.folder_walk`: hidden
-    entries skipped, symlinked files listed, symlinked folders not entered), sorted by their relative POSIX path,
-    and the number of other files (ignored: not an image by their extension, or hidden). Folders that cannot be
-    listed are appended to ``errors`` as (relative path, reason) when it is given."""
-    listing = walk_folder(folder)
-    if errors is not None:
-        errors += [(listing.relative(where) + "/", f"folder cannot be listed ({reason})")
-                   for where, reason in listing.unreadable]
-    return listing.images(), len(listing.ignored())
-
-
 def expand_shards(pattern: str) -> list[str]:
     """Shard files of a ``.tar`` path, glob or brace pattern (``a/{000..009}.tar``), sorted; missing ones dropped."""
     from braceexpand import braceexpand  # a webdataset dependency
@@ -122,9 +101,13 @@ class Source:
         return Path(self.spec)
 
     def folder_images(self) -> list[Path]:
-        """A folder source's image files in this partition, sorted by key (records scan errors, ignored files)."""
-        paths, self.ignored = scan_folder(self.spec, self.scan_errors)
-        return [p for p in paths if self.partition.keeps(p.relative_to(self.spec).as_posix())]
+        """A folder source's image files in this partition, sorted by key; folders that cannot be listed go to
+        ``scan_errors``, the count of other files (not images, or hidden) to ``ignored``."""
+        listing = walk_folder(self.spec)
+        self.scan_errors += [(listing.relative(where) + "/", f"folder cannot be listed ({reason})")
+                             for where, reason in listing.unreadable]
+        self.ignored = len(listing.ignored())
+        return [p for p in listing.images() if self.partition.keeps(p.relative_to(self.spec).as_posix())]
 
     def shard_files(self) -> list[str]:
         """A shard source's ``.tar`` files in this partition."""

@@ -1,7 +1,5 @@
-"""Tagging engines: where a plan's images are turned into scores, one module each, registered with the
-:func:`~serve.tagging.engines.base.engine` decorator (adding an engine is adding one file);
-:data:`DEFAULT_ENGINE` is used when none is named. Every engine module is imported here to register; none imports
-its heavy package (Ray) before it is used.
+"""Tagging engines, one module each, registered with :func:`~serve.tagging.engines.base.engine` (every module
+here is imported to register; none imports its heavy package before it is used).
 """
 
 from __future__ import annotations

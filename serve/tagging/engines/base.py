@@ -1,16 +1,7 @@
-"""What a tagging engine is, and their registry: :data:`ENGINES`, filled by the :func:`engine` decorator.
-
-An engine only turns image keys into scores or errors. Everything else (what to tag, thresholds, the journal,
-sidecars, the run file, resuming) is :mod:`serve.tagging`'s pipeline, the same for every engine. An engine is a
-scoring function decorated with :func:`engine`::
-
-    @engine("local", "this machine ...")
-    def score(job: TagJob, plan: TagPlan, report: Callable[[str], None]) -> Iterator[list[Result]]
-
-yielding one list of :class:`~serve.outputs.records.Result` per finished batch (each key of ``plan.todo`` exactly
-once, in any order). ``check_available`` (optional) raises :class:`EngineUnavailableError` when its package is
-missing. Engines load the model themselves (``job.model`` on ``job.run.device``), or use ``job.predictor`` when one is
-given; ``report`` prints a line for the user (start-up, warnings).
+"""What a tagging engine is, and their registry :data:`ENGINES`: a scoring function
+``score(job, plan, report) -> Iterator[list[Result]]`` registered with :func:`engine`, yielding the results of each
+finished batch (each key of ``plan.todo`` once, in any order); it loads ``job.model`` itself, or uses
+``job.predictor``. Everything else is the pipeline's (:mod:`serve.tagging.run`).
 """
 
 from __future__ import annotations
@@ -42,14 +33,14 @@ class Engine:
     name: str
     description: str
     score: Score
-    check_available: Callable[[], None] = _always_available
+    check_available: Callable[[], Any] = _always_available
 
 
 #: The tagging engines by name.
 ENGINES: Registry[Engine] = Registry("engine")
 
 
-def engine(name: str, description: str, check_available: Callable[[], None] | None = None) -> Callable[[Any], Any]:
+def engine(name: str, description: str, check_available: Callable[[], Any] | None = None) -> Callable[[Any], Any]:
     """Decorator registering a scoring function as the engine ``name`` (returns the function unchanged)."""
 
     def register(score: Score) -> Score:

@@ -1,24 +1,7 @@
-"""The ``ray`` engine: score a plan on a Ray cluster (or a local Ray instance), on a pool of model actors.
-
-The driver (this process) handles metadata only: the plan's keys and locations, and the results coming back. It
-never imports torch or ONNX Runtime and needs no GPU, so the head node of a GPU cluster may be CPU-only.
-
-Work units: chunks of :data:`CHUNK_IMAGES` images (folders, list files: keys and locations), or one ``.tar``
-shard each (with the keys already done inside it). A pool of model actors (:class:`TagActor`: ``--workers`` of
-them, ``--gpus-per-worker`` GPUs and ``--cpus-per-worker`` CPUs each; ``ray.util.ActorPool``) takes them as they
-free up, :data:`CALLS_PER_ACTOR` at a time per actor. Each actor loads the model once, on its own device, and runs
-the local engine's loop (:func:`serve.tagging.scoring.score_items`) on each unit: its CPUs decode images in threads
-ahead of the model, as uint8, so decoding is fused with inference: only paths (or a shard's name) travel to the
-actors and only scores travel back. The driver receives the results unit by unit; the pipeline journals them.
-
-CPU budget: by default one actor per node (CPU models) with all of the node's CPUs, or one actor per GPU share
-(``--gpus-per-worker``) with the node's CPUs split between its actors; each actor uses its CPUs both for
-decoding and for the model's threads, as the local engine does on one machine.
-
-Faults: a model call that raises is retried in the actor with the model reloaded (:data:`MAX_BATCH_RETRIES`
-times). An actor that dies (killed, out of memory, node lost) is restarted by Ray and its units are run again
-(:data:`MAX_ACTOR_RESTARTS` times), so no image is lost or returned twice. The actors' constructor arguments are
-a few small values, so Ray keeps them inline (not in its object store) and logs nothing about them.
+"""The ``ray`` engine: a pool of model actors (:class:`TagActor`) on a Ray cluster or a local Ray instance, each
+running the local engine's loop on work units (:data:`CHUNK_IMAGES` images, or one ``.tar`` shard); the driver
+handles metadata only and never imports torch or ONNX Runtime. Layout, CPU budget and faults:
+docs/tagging-at-scale.md, *A Ray cluster*.
 """
 
 from __future__ import annotations
@@ -60,17 +43,6 @@ def import_ray() -> Any:
     except ImportError:
         raise EngineUnavailableError('the ray engine needs Ray: pip install "spml[ray]" (or pip install ray)') from None
     return ray
-
-
-def check_available() -> None:
-    """Raise :class:`EngineUnavailableError` (with the install hint) when Ray is not installed."""
-    import_ray()
-
-
-def connect(ray: Any, address: str | None) -> None:
-    """Join the cluster at ``address``, or start a local Ray instance; reuse an instance this process already has."""
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
 def actor_layout(nodes: Sequence[dict[str, Any]], job: TagJob) -> tuple[int, int]:
@@ -158,7 +130,7 @@ def work_units(plan: TagPlan) -> list[Unit]:
 
 
 @engine("ray", "a Ray cluster: a pool of model actors, tar shards or image lists split into work units",
-        check_available=check_available)
+        check_available=import_ray)
 def score(
     job: TagJob, plan: TagPlan, report: Callable[[str], None], actor_cls: type = TagActor
 ) -> Iterator[list[Result]]:
@@ -174,17 +146,14 @@ def score(
     units = work_units(plan)
     if not units:
         return
-    connect(ray, job.cluster.address)
+    if not ray.is_initialized():  # join the cluster, or start a local instance; reuse one this process has
+        ray.init(address=job.cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     workers, cpus = actor_layout(ray.nodes(), job)
     gpus = f" and {job.cluster.gpus_per_worker:g} GPU(s)" if job.cluster.gpus_per_worker else ""
     report(f"engine ray: {workers} model actor(s), {cpus} CPU(s){gpus} each")
-    remote = ray.remote(actor_cls).options(
-        num_cpus=cpus,
-        num_gpus=job.cluster.gpus_per_worker or None,
-        max_concurrency=CALLS_PER_ACTOR,
-        max_restarts=MAX_ACTOR_RESTARTS,
-        max_task_retries=MAX_ACTOR_RESTARTS,
-    )
+    remote = ray.remote(actor_cls).options(num_cpus=cpus, num_gpus=job.cluster.gpus_per_worker or None,
+                                           max_concurrency=CALLS_PER_ACTOR, max_restarts=MAX_ACTOR_RESTARTS,
+                                           max_task_retries=MAX_ACTOR_RESTARTS)
     device = job.run.device or ("cuda" if job.cluster.gpus_per_worker else None)
     actors = [remote.remote(str(job.model), job.run.backend, device, job.run.max_pixels, job.run.batch_size, cpus)
               for _ in range(workers)]  # fmt: skip
