@@ -1,5 +1,5 @@
-"""Tagging engines, one module each, registered with :func:`~serve.tagging.engines.base.engine` (every module
-here is imported to register; none imports its heavy package before it is used).
+"""Tagging engines, one module each, registered with ``@ENGINES.register`` (every module here is imported to
+register; none imports its heavy package before it is used).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def engine_names() -> list[str]:
     return ENGINES.names()
 
 
-def get_engine(name: str) -> Engine:
+def get_engine(name: str) -> type[Engine]:
     """The engine registered as ``name``, checked usable (its ``check_available``). Raises ``ValueError`` for an
     unknown name, :class:`EngineUnavailableError` when its package is missing."""
     chosen = ENGINES[name]

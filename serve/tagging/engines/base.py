@@ -1,50 +1,38 @@
-"""What a tagging engine is, and their registry :data:`ENGINES`: a scoring function
-``score(job, plan, report) -> Iterator[list[Result]]`` registered with :func:`engine`, yielding the results of each
-finished batch (each key of ``plan.todo`` once, in any order); it loads ``job.model`` itself, or uses
-``job.predictor``. Everything else is the pipeline's (:mod:`serve.tagging.run`).
-"""
+"""What a tagging engine is, and their registry :data:`ENGINES`: a subclass of :class:`Engine` registered with
+``@ENGINES.register`` (the package's one plug-in decorator), whose ``score(job, plan, report)`` yields the results
+of each finished batch (each key of ``plan.todo`` once, in any order); it loads ``job.model`` itself, or uses
+``job.predictor``. Everything else is the pipeline's (:mod:`serve.tagging.run`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from models.registry import Registry
 from serve.outputs.records import Result
 
-__all__ = ["ENGINES", "Engine", "EngineUnavailableError", "engine"]
-
-Score = Callable[..., Iterator[list[Result]]]
+__all__ = ["ENGINES", "Engine", "EngineUnavailableError"]
 
 
 class EngineUnavailableError(RuntimeError):
     """The engine's package is not installed (the message says what to install)."""
 
 
-def _always_available() -> None:
-    """An engine that needs nothing beyond the package."""
-
-
-@dataclass(frozen=True)
 class Engine:
-    """A registered engine: its ``name``, a line of ``description``, its scoring function and its availability check."""
+    """A tagging engine: its ``name``, a line of ``description``, :meth:`score` and :meth:`check_available`."""
 
-    name: str
-    description: str
-    score: Score
-    check_available: Callable[[], Any] = _always_available
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    @staticmethod
+    def score(job: Any, plan: Any, report: Callable[[str], None]) -> Iterator[list[Result]]:
+        """Score ``plan.todo`` (see the module docstring)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def check_available() -> Any:
+        """Raise :class:`EngineUnavailableError` when the engine's package is missing (default: nothing needed)."""
 
 
 #: The tagging engines by name.
-ENGINES: Registry[Engine] = Registry("engine")
-
-
-def engine(name: str, description: str, check_available: Callable[[], Any] | None = None) -> Callable[[Any], Any]:
-    """Decorator registering a scoring function as the engine ``name`` (returns the function unchanged)."""
-
-    def register(score: Score) -> Score:
-        ENGINES.register(Engine(name, description, score, check_available or _always_available))
-        return score
-
-    return register
+ENGINES: Registry[type[Engine]] = Registry("engine")

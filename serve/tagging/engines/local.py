@@ -8,7 +8,7 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 from serve.outputs.records import Result
-from serve.tagging.engines.base import engine
+from serve.tagging.engines.base import ENGINES, Engine
 from serve.tagging.scoring import default_workers, score_items
 
 if TYPE_CHECKING:
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from serve.tagging.plan import TagPlan
 
 
-@engine("local", "this machine: threads decode images ahead of one model (default)")
 def score(job: TagJob, plan: TagPlan, report: Callable[[str], None]) -> Iterator[list[Result]]:
     """Score ``plan.todo`` in batches of ``job.run.batch_size`` with ``job.predictor``, else ``job.model`` loaded on
     ``job.run.device`` (only when there is something to tag)."""
@@ -33,3 +32,12 @@ def score(job: TagJob, plan: TagPlan, report: Callable[[str], None]) -> Iterator
     report(f"engine local: {predictor.device_description}, {workers} decode threads")
     preprocess = ImagePreprocessor(predictor.transform, job.run.max_pixels)
     yield from score_items(chain([first], items), predictor.scores_from_inputs, preprocess, job.run.batch_size, workers)
+
+
+@ENGINES.register
+class LocalEngine(Engine):
+    """The ``local`` engine (module docstring)."""
+
+    name = "local"
+    description = "this machine: threads decode images ahead of one model (default)"
+    score = staticmethod(score)

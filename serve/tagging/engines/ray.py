@@ -15,7 +15,7 @@ import numpy as np
 
 from models.runtimes import parse_device
 from serve.outputs.records import Result
-from serve.tagging.engines.base import EngineUnavailableError, engine
+from serve.tagging.engines.base import ENGINES, Engine, EngineUnavailableError
 from serve.tagging.scoring import score_items
 from serve.tagging.sources import Item, shard_items
 
@@ -129,8 +129,6 @@ def work_units(plan: TagPlan) -> list[Unit]:
     return [("shard", (u.location, by_shard.get(u.key, []))) for u in plan.source.locations()]
 
 
-@engine("ray", "a Ray cluster: a pool of model actors, tar shards or image lists split into work units",
-        check_available=import_ray)
 def score(
     job: TagJob, plan: TagPlan, report: Callable[[str], None], actor_cls: type = TagActor
 ) -> Iterator[list[Result]]:
@@ -175,3 +173,13 @@ def _one_line(exc: BaseException) -> str:
     if not lines:
         return type(exc).__name__
     return f"{type(exc).__name__}: {lines[0]}" if "Actor" in type(exc).__name__ else lines[-1]
+
+
+@ENGINES.register
+class RayEngine(Engine):
+    """The ``ray`` engine (module docstring)."""
+
+    name = "ray"
+    description = "a Ray cluster: a pool of model actors, tar shards or image lists split into work units"
+    score = staticmethod(score)
+    check_available = staticmethod(import_ray)
