@@ -1,14 +1,7 @@
-"""Checkpoints: weights + self-describing metadata, saved atomically, loaded without unpickling objects.
-
-File layout (one ``torch.save`` dict, readable with ``torch.load(weights_only=True)``):
-
-- ``format``: the string ``"spml-checkpoint"``
-- ``meta``: :class:`ModelMeta` serialised as a JSON string (so it can never carry code)
-- ``model``: the network's state dict
-- ``training`` (optional): resume state - optimizer, scheduler, scaler, EMA, RNG, method state
-
-torch is imported only by the functions that save or load weights: :class:`ModelMeta` and
-:func:`read_checkpoint_meta` serve drivers and command lines that never load a network.
+"""Checkpoints: one ``torch.save`` dict readable with ``torch.load(weights_only=True)``: ``format``
+(``"spml-checkpoint"``), ``meta`` (:class:`ModelMeta` as a JSON string, so it can never carry code), ``model`` (the
+state dict) and optionally ``training`` (the resume state). torch is imported only to save or load weights:
+:class:`ModelMeta` and :func:`read_checkpoint_meta` serve command lines without it.
 """
 
 from __future__ import annotations
@@ -133,10 +126,8 @@ class Checkpoint:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Load a checkpoint written by :func:`save_checkpoint` with ``weights_only=True`` (no arbitrary code).
-
-    Raises ``ValueError`` for files that are not checkpoints of this package.
-    """
+    """Load a checkpoint written by :func:`save_checkpoint` with ``weights_only=True``; ``ValueError`` for files that
+    are not checkpoints of this package."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -185,11 +176,8 @@ class _MetaUnpickler(pickle.Unpickler):
 
 
 def read_checkpoint_meta(path: Path) -> ModelMeta:
-    """The :class:`ModelMeta` of a checkpoint written by :func:`save_checkpoint`, read without torch and without
-    loading the weights (only the archive's small pickle of the structure is read; no code runs).
-
-    Raises ``FileNotFoundError``, or ``ValueError`` for files that are not checkpoints of this package.
-    """
+    """The :class:`ModelMeta` of a checkpoint, read without torch and without loading the weights (only the archive's
+    small pickle of the structure; no code runs)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")

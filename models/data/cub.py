@@ -1,22 +1,8 @@
-"""CUB-200-2011 with its 312 binary attributes as the labels (``--data cub:DIR``), as the seeds use it.
-
-Layout (the official ``CUB_200_2011.tgz`` extracted): ``DIR`` is the ``CUB_200_2011/`` folder, or its parent
-(the archive puts ``attributes.txt`` beside ``CUB_200_2011/``). Read from it:
-
-* ``images.txt`` (``image_id path``, paths under ``images/``) and ``train_test_split.txt`` (``image_id
-  is_train``);
-* ``attributes/image_attribute_labels.txt`` (``image_id attribute_id is_present certainty_id time``). Some
-  official lines carry an extra field, so every line is read by its first three fields only. An attribute is
-  positive when ``is_present`` is 1; certainty is ignored (Cole et al., ``preproc/format_cub.py``). Every image
-  must have exactly one row per attribute;
-* ``attributes.txt`` (``attribute_id name``), beside ``CUB_200_2011/``, inside it, or in ``attributes/``.
-
-Classes: the attribute names in id order (312 in the release). Images are in id order (the file order of the
-official ``images.txt``, which the seeds keep). ``image_class_labels.txt`` (the 200 species) is
-not used. Splits, as in Cole et al.'s ``preproc/format_cub.py`` + ``datasets.py`` (followed by EM and LAC): the
-official train split (``is_train`` = 1, 5,994 images) is the training pool, from which the protocol holds out
-20% as val (4,795 / 1,199); the official test split (5,794 images) is the test set. Every image is kept, also
-one with no present attribute (its observed labels are all zero, as in the seeds' formatted files).
+"""CUB-200-2011 with its 312 binary attributes as the labels (``--data cub:DIR``), as the seeds use it
+(docs/datasets.md, "cub"). ``DIR`` is ``CUB_200_2011/`` or its parent. An attribute is positive when ``is_present`` is
+1, certainty ignored; some official lines carry an extra field, so every line is read by its first three fields. Images
+in id order; the official train split is the training pool (the protocol holds out 20% as val), the official test split
+the test set; images with no present attribute are kept.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""One table of dataset kinds (:data:`DATASET_KINDS`), and ``load_dataset(spec)`` that turns a spec string into
-``DatasetSplits``.
-
-Each kind is one row (:class:`DatasetKind`): its loader, its detector (how a bare path is recognised), its family
-(the benchmark the methods' presets are keyed by, ``models.data.families``: fixed for a benchmark's kind, found
-from the spec for ``formatted``, ``csv`` and ``folder`` - the family whose declared names include the folder's
-name, whole: ``cub_200`` is CUB, ``coconut`` is nothing), its help line and the dataset name a spec loads under.
-Adding a kind is one loader module and one row.
-
-Spec forms: ``kind:argument`` with kind in ``DATASET_KINDS`` (``builtin:tiny``, ``builtin:default@seed3``,
-``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``, ``cub:/data/CUB_200_2011``,
-``nus:/data/nus?images=/mnt/flickr&keep-unlabelled``, ``formatted:/data/voc?image-root=/mnt/voc``,
-``folder:/data/pets``, ``openclipart:/usr/share/openclipart/svg?view=folders``), ``builtin`` alone
-(= ``builtin:default``), ``openclipart`` alone (the Debian package's folder), or a bare path whose kind is detected
-from its contents.
+"""One table of dataset kinds (:data:`DATASET_KINDS`) and :func:`load_dataset`, which turns a spec into
+``DatasetSplits``: ``kind:argument`` (``builtin:tiny``, ``csv:path/labels.csv``, ``voc:/data/VOCdevkit``,
+``nus:/data/nus?images=/mnt/flickr``, ...), ``builtin`` or ``openclipart`` alone, or a bare path whose kind is detected.
+Each kind is one row (:class:`DatasetKind`); adding a kind is one loader module and one row.
 """
 
 from __future__ import annotations
@@ -78,9 +67,8 @@ def _load_builtin(argument: str) -> DatasetSplits:
 
 
 def _builder(name: str) -> Callable[[str], object]:
-    """``models.sources.<module>.<function>`` (``name``: ``module.function``), imported when called: the builders
-    are reached only by the loader of their kind, so that loading this table (and ``export``, ``serve``) never
-    imports :mod:`models.sources`."""
+    """``models.sources.<module>.<function>``, imported when called, so that this table (and ``export``, ``serve``)
+    never imports :mod:`models.sources`."""
     module, _, function = name.partition(".")
     return lambda argument: getattr(importlib.import_module(f"models.sources.{module}"), function)(argument)
 
@@ -162,11 +150,9 @@ def _is_coco(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class DatasetKind:
-    """One kind of dataset spec: ``name`` (the ``name:`` of its specs), ``load(argument)``, ``form`` (its line of
-    the help), ``detect(path)`` (True when an existing bare path is of this kind; None: never detected),
-    ``family`` (the family of every dataset of this kind, ``""`` for none) or ``find_family(argument)`` (for kinds
-    whose datasets may be of a family: read from the spec without loading), ``dataset_name(argument)`` (the name a
-    spec loads under, without loading) and ``standalone`` (the name alone is a spec: ``name:`` with no argument)."""
+    """One kind of dataset spec: its ``name``, ``load(argument)``, help ``form``, ``detect(path)`` for bare paths,
+    its ``family`` or ``find_family(argument)``, ``dataset_name(argument)`` and ``standalone`` (the name alone is a
+    spec)."""
 
     name: str
     load: Callable[[str], DatasetSplits]
@@ -251,9 +237,8 @@ def _spec_kind(spec: str) -> tuple[DatasetKind | None, str]:
 
 
 def spec_dataset_name(spec: str) -> str:
-    """The dataset name a spec will load under, without loading it: ``builtin-<preset>``, ``voc``, ``coco``,
-    ``cub``, ``nus``, ``openclipart`` (``openclipart-folders`` for its folder view), a formatted folder's family or
-    name, a CSV's or a class tree's folder name; ``""`` if unknown."""
+    """The dataset name a spec will load under, without loading it (``builtin-<preset>``, ``voc``,
+    ``openclipart-folders``, a folder's name, ...); ``""`` if unknown."""
     kind, argument = _spec_kind(spec)
     return kind.dataset_name(argument) if kind is not None else ""
 
@@ -266,11 +251,8 @@ def spec_family(spec: str) -> str:
 
 
 def load_dataset(spec: str) -> DatasetSplits:
-    """Load the dataset named by ``spec`` (``kind:argument``, ``builtin``, or a bare path) as DatasetSplits, its
-    ``family`` declared by its kind (or by its loader).
-
-    An unknown kind or a path whose kind cannot be detected raises ``DataError`` listing the accepted forms.
-    """
+    """Load the dataset named by ``spec`` as DatasetSplits, its ``family`` declared by its kind; an unknown kind or
+    undetectable path raises ``DataError`` listing the accepted forms."""
     spec = spec.strip()
     if not spec:
         raise DataError(f"empty dataset spec\n{describe_kinds()}")
