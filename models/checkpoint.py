@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from models.files.atomic_writes import atomic_path
 
 if TYPE_CHECKING:
     import torch
@@ -83,36 +83,16 @@ class ModelMeta:
         return cls(**kwargs)
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` into a temp file beside ``path`` and rename it into place (no half-written files)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+def save_checkpoint(path: Path, model_state: dict[str, torch.Tensor], meta: ModelMeta,
+                    training: dict[str, Any] | None = None) -> None:
+    """Write weights + metadata (+ optional resume state) to ``path`` atomically."""
     import torch
 
-    try:
-        torch.save(obj, tmp)
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def save_checkpoint(
-    path: Path,
-    model_state: dict[str, torch.Tensor],
-    meta: ModelMeta,
-    training: dict[str, Any] | None = None,
-) -> None:
-    """Write weights + metadata (+ optional resume state) to ``path`` atomically."""
     payload: dict[str, Any] = {"format": FORMAT, "meta": meta.to_json(), "model": model_state}
     if training is not None:
         payload["training"] = training
-    atomic_torch_save(payload, path)
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
 
 
 @dataclass
@@ -139,12 +119,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
         raise ValueError(f"{path}: not a loadable checkpoint ({type(exc).__name__}: {exc})") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not an spml checkpoint (no '{FORMAT}' format marker)")
-    return Checkpoint(
-        meta=ModelMeta.from_json(payload["meta"]),
-        model=payload["model"],
-        training=payload.get("training"),
-        path=path,
-    )
+    return Checkpoint(meta=ModelMeta.from_json(payload["meta"]), model=payload["model"],
+                      training=payload.get("training"), path=path)
 
 
 class _Opaque(dict):

@@ -106,11 +106,6 @@ class MultiLabelNet(nn.Module):
         """The backbone's family (torchvision ResNets, timm)."""
         return self._family[0]
 
-    @property
-    def has_lgconv(self) -> bool:
-        """Whether the backbone's 3x3 convolutions carry LgConv global branches."""
-        return any(isinstance(m, GlobalBranch) for m in self.backbone.modules())
-
     def set_trainable_scope(self, scope: str) -> None:
         """``all``: every parameter trains; ``layer4`` (ResNets): the LgConv branches, layer4 and the head; ``head``:
         the head only. Frozen parts keep their BatchNorm statistics."""
@@ -221,23 +216,23 @@ def input_config(arch: str) -> InputConfig:
 
 
 def _resolve_weights(family: BackboneFamily, arch: str, weights: str,
-                     image_size: int | None) -> tuple[dict[str, torch.Tensor] | None, str, Path | None]:
-    """(state dict in network keys or None, what the weights are, the file they came from)."""
+                     image_size: int | None) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """(state dict in network keys or None, what the weights are)."""
     name = weights.strip()
     if name.lower() == "none":
-        return None, "none", None
+        return None, "none"
     candidate = Path(name).expanduser()
     if candidate.suffix in {".pt", ".pth", ".bin", ".safetensors", ".ckpt"} or candidate.exists():
         if not candidate.is_file():
             raise FileNotFoundError(f"weights file not found: {candidate}")
-        return _file_state(family, arch, candidate), str(candidate), candidate
+        return _file_state(family, arch, candidate), str(candidate)
     if name.lower() == "imagenet":
         state, source = family.imagenet_state(arch, image_size)
-        return {BACKBONE + k: v for k, v in state.items()}, f"imagenet: {source}", None
+        return {BACKBONE + k: v for k, v in state.items()}, f"imagenet: {source}"
     named = family.named_weights(arch, name)
     if named is None:
         raise ValueError(f"unknown weights {name!r} for {arch}; use none, imagenet, or a weights FILE")
-    return {BACKBONE + k: v for k, v in named[0].items()}, f"{name}: {named[1]}", None
+    return {BACKBONE + k: v for k, v in named[0].items()}, f"{name}: {named[1]}"
 
 
 def _file_state(family: BackboneFamily, arch: str, path: Path) -> dict[str, torch.Tensor]:
@@ -296,7 +291,7 @@ def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool
     if lgconv and not family.supports_lgconv:
         raise ValueError(f"LgConv (PU-MLC's local-global convolution) is an option of the torchvision ResNets; "
                          f"{arch} is a {family.name} backbone: drop --lgconv (use --no-lgconv)")
-    state, source, _ = _resolve_weights(family, arch, weights, image_size)
+    state, source = _resolve_weights(family, arch, weights, image_size)
     model = MultiLabelNet(family.create(arch, image_size), family, arch, num_classes, head, head_config, boostlu)
     if lgconv:
         convert_to_lgconv(model.backbone)

@@ -213,14 +213,7 @@ def load_coco(root: Path, reference: bool = False) -> DatasetSplits:
         raise DataError(f"{val_path}: categories differ from those in {train_path.name}")
     test, _ = _load_split(root, "val", year, val_path, val_data, train_cats, notes)
     classes = [name for _, name in train_cats]
-    return DatasetSplits(
-        name=f"coco{year}",
-        source=f"coco:{root}" + ("?reference" if reference else ""),
-        classes=classes,
-        train=train,
-        test=test,
-        val=None,
-        notes=notes,
-        train_objects=lambda: coco_objects(train_path, train_ids, train_cats),
-        complete_splits=ALL_SPLITS,
-    )
+    return DatasetSplits(name=f"coco{year}", source=f"coco:{root}" + ("?reference" if reference else ""),
+                         classes=classes, train=train, test=test, notes=notes,
+                         train_objects=lambda: coco_objects(train_path, train_ids, train_cats),
+                         complete_splits=ALL_SPLITS)

@@ -57,9 +57,7 @@ def _decode(path: Path) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise DataError(
-            f"{path}:{line}: undecodable bytes (the file must be UTF-8 text): {exc.reason}"
-        ) from exc
+        raise DataError(f"{path}:{line}: undecodable bytes (the file must be UTF-8 text): {exc.reason}") from exc
 
 
 def read_classes_file(path: Path) -> list[str]:
@@ -271,15 +269,9 @@ def load_csv(
         emit_note(notes, f"csv: warning: {len(untrained)} class(es) have no training image ({shown}): no method can "
                   "learn them, their scores carry no information, and they count in val/test mAP wherever they "
                   "have a positive; give them training images or drop them from the labels")
-    return DatasetSplits(
-        name=csv_path.parent.name,
-        source=f"csv:{csv_path}",
-        classes=list(classes),
-        train=build(by_split["train"]),
-        test=build(by_split["test"]) if by_split["test"] else None,
-        val=build(by_split["val"]) if by_split["val"] else None,
-        notes=notes,
-    )
+    return DatasetSplits(name=csv_path.parent.name, source=f"csv:{csv_path}", classes=list(classes),
+                         train=build(by_split["train"]), test=build(by_split["test"]) if by_split["test"] else None,
+                         val=build(by_split["val"]) if by_split["val"] else None, notes=notes)
 
 
 def write_csv(folder: Path, splits: dict[str, LabelledImages]) -> Path:

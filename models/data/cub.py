@@ -133,7 +133,7 @@ def _label_matrix(path: Path, image_ids: list[int], attribute_ids: list[int]) ->
     return labels
 
 
-def load_cub(root: Path) -> DatasetSplits:
+def load_cub(root: Path | str) -> DatasetSplits:
     """Load CUB-200-2011 from its ``CUB_200_2011/`` folder (or that folder's parent) as train/test splits
     over the 312 attributes; see the module docstring. Name ``cub``; source ``cub:<absolute folder>``."""
     root = Path(root).expanduser().resolve()
@@ -184,13 +184,6 @@ def load_cub(root: Path) -> DatasetSplits:
     if not train_rows:
         raise DataError(f"{split_path}: no image has is_train = 1")
     everything = LabelledImages(paths, labels, classes)
-    return DatasetSplits(
-        name="cub",
-        source=f"cub:{cub_dir}",
-        classes=classes,
-        train=everything.subset(train_rows),
-        test=everything.subset(test_rows) if test_rows else None,
-        val=None,
-        notes=notes,
-        complete_splits=ALL_SPLITS,
-    )
+    return DatasetSplits(name="cub", source=f"cub:{cub_dir}", classes=classes, train=everything.subset(train_rows),
+                         test=everything.subset(test_rows) if test_rows else None, notes=notes,
+                         complete_splits=ALL_SPLITS)

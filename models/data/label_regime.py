@@ -13,16 +13,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "DECLARABLE",
-    "NOT_AVAILABLE",
-    "REGIMES",
-    "SPLITS",
-    "LabelRegime",
-    "describe_regimes",
-    "detect_regime",
-    "detect_regimes",
-    "parse_declarations",
-    "parse_declared",
+    "DECLARABLE", "NOT_AVAILABLE", "REGIMES", "SPLITS", "LabelRegime", "describe_regimes", "detect_regime",
+    "detect_regimes", "parse_declarations", "parse_declared",
 ]
 
 FULL, SINGLE, PARTIAL = "full", "single-positive", "partial"

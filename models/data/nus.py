@@ -140,16 +140,9 @@ def load_nus(root: Path, image_root: Path | None = None, keep_unlabelled: bool =
                         "nus:DIR?images=PATH")
     options = [f"images={images_dir}"] if image_root is not None else []
     options += ["keep-unlabelled"] if keep_unlabelled else []
-    return DatasetSplits(
-        name="nus",
-        source=f"nus:{root}" + (f"?{'&'.join(options)}" if options else ""),
-        classes=list(concepts),
-        train=train,
-        test=test if len(test) else None,
-        val=None,
-        notes=notes,
-        complete_splits=ALL_SPLITS,
-    )
+    return DatasetSplits(name="nus", source=f"nus:{root}" + (f"?{'&'.join(options)}" if options else ""),
+                         classes=list(concepts), train=train, test=test if len(test) else None, notes=notes,
+                         complete_splits=ALL_SPLITS)
 
 
 def load_nus_spec(argument: str) -> DatasetSplits:

@@ -119,10 +119,8 @@ class ProtocolSplits:
         test = len(self.test) if self.test is not None else 0
         negatives = f" and {neg:.2f} negatives" if neg else ""
         val_labels = " (observed labels)" if self.observed.val == "observed" else ""
-        return (
-            f"train {len(self.train)} (observed {self.observed}: {pos:.2f} labels/image of {full:.2f}"
-            f"{negatives}), val {len(self.val)}{val_labels}, test {test}, {len(self.classes)} classes"
-        )
+        return (f"train {len(self.train)} (observed {self.observed}: {pos:.2f} labels/image of {full:.2f}"
+                f"{negatives}), val {len(self.val)}{val_labels}, test {test}, {len(self.classes)} classes")
 
 
 def dataset_fingerprint(splits: DatasetSplits) -> str:

@@ -136,7 +136,7 @@ def _load_list(year_dir: Path, list_name: str, notes: list[str]) -> LabelledImag
     return LabelledImages(paths, np.stack(rows), list(VOC_CLASSES))
 
 
-def load_voc(root: Path) -> DatasetSplits:
+def load_voc(root: Path | str) -> DatasetSplits:
     """Load PASCAL VOC from ``VOCdevkit/`` or ``VOCdevkit/VOC20xx`` (module docstring) as train/test splits named
     ``voc2007``/``voc2012``."""
     root = Path(root).expanduser().resolve()
@@ -177,13 +177,5 @@ def load_voc(root: Path) -> DatasetSplits:
     else:
         train = _load_list(year_dir, "train.txt", notes)
         test = _load_list(year_dir, "val.txt", notes)
-    return DatasetSplits(
-        name=name,
-        source=f"voc:{root}",
-        classes=list(VOC_CLASSES),
-        train=train,
-        test=test,
-        val=None,
-        notes=notes,
-        complete_splits=ALL_SPLITS,
-    )
+    return DatasetSplits(name=name, source=f"voc:{root}", classes=list(VOC_CLASSES), train=train, test=test,
+                         notes=notes, complete_splits=ALL_SPLITS)

@@ -23,16 +23,8 @@ import numpy as np
 from models.registry import Row, Table
 
 __all__ = [
-    "BRACKET_RATIO",
-    "CHOOSER_K",
-    "K_SOURCES",
-    "ExpectedPositives",
-    "KEstimate",
-    "estimate_class_priors",
-    "estimate_expected_positives",
-    "estimate_k",
-    "mean_positives",
-    "resolve_expected_positives",
+    "BRACKET_RATIO", "CHOOSER_K", "K_SOURCES", "ExpectedPositives", "KEstimate", "estimate_class_priors",
+    "estimate_expected_positives", "estimate_k", "mean_positives", "resolve_expected_positives",
 ]
 
 K_SOURCES: Table[None] = Table("source of k", [

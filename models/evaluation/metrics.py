@@ -10,25 +10,6 @@ from typing import Any
 import numpy as np
 
 
-def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
-    """AP of one class: ``scores`` (N,) any real values, ``labels`` (N,) 0/1. NaN if there is no positive."""
-    scores = np.asarray(scores, dtype=np.float64).ravel()
-    labels = np.asarray(labels).ravel().astype(bool)
-    n_pos = int(labels.sum())
-    if n_pos == 0:
-        return float("nan")
-    order = np.argsort(-scores, kind="mergesort")
-    s, y = scores[order], labels[order]
-    tp = np.cumsum(y)
-    # The last index of each group of tied scores is one threshold.
-    last = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]
-    tp_at = tp[last].astype(np.float64)
-    precision = tp_at / (last + 1)
-    recall = tp_at / n_pos
-    delta = np.diff(np.r_[0.0, recall])
-    return float(np.sum(delta * precision))
-
-
 def per_class_ap(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """AP for each column of ``scores``/``labels`` (N, C), NaN without positives: each run of tied scores is one
     threshold at its last row, AP the sum of recall gained times precision there."""

@@ -76,23 +76,17 @@ def runtime_class(path: Path, backend: str | None) -> type:
     if backend is not None:
         cls = runtime_named(backend)
         if suffix not in cls.suffixes:
-            raise ModelSpecError(
-                f"backend {backend} cannot load {path.name}: it reads {', '.join(cls.suffixes)} files"
-            )
+            raise ModelSpecError(f"backend {backend} cannot load {path.name}: it reads {', '.join(cls.suffixes)} files")
         return cls
     try:
         return runtime_for(path)
     except ValueError:
         kind = _KNOWN_SUFFIXES.get(suffix)
         if kind:
-            raise ModelSpecError(
-                f"{path} is a {kind}, but no installed runtime reads {suffix} files (runtimes: "
-                f"{', '.join(RUNTIMES)}; they read {', '.join(supported_suffixes())})"
-            ) from None
-        raise ModelSpecError(
-            f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())} "
-            "(or a run folder / run name)"
-        ) from None
+            raise ModelSpecError(f"{path} is a {kind}, but no installed runtime reads {suffix} files (runtimes: "
+                                 f"{', '.join(RUNTIMES)}; they read {', '.join(supported_suffixes())})") from None
+        raise ModelSpecError(f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())} "
+                             "(or a run folder / run name)") from None
 
 
 def read_model_meta(path: str | Path, backend: str | None = None) -> ModelMeta:
@@ -118,26 +112,8 @@ def open_runtime(path: Path, backend: str | None = None, device: str | None = No
     return runtime_class(path, backend).open(path, device, threads)
 
 
-def load_runtime(path: str | Path, runtime: str | None = None) -> Runtime:
-    """Load ``path`` with the runtime named ``runtime`` (default: chosen from the suffix)."""
-    cls = runtime_for(path) if runtime is None else RUNTIMES[runtime]
-    return cls.load(path)
-
-
 __all__ = [
-    "RUNTIMES",
-    "BackendUnavailableError",
-    "ModelLoadError",
-    "ModelSpecError",
-    "OnnxRuntimeBackend",
-    "Runtime",
-    "TensorRTBackend",
-    "TorchBackend",
-    "load_runtime",
-    "open_runtime",
-    "parse_device",
-    "read_model_meta",
-    "runtime_class",
-    "runtime_for",
-    "runtime_named",
+    "RUNTIMES", "BackendUnavailableError", "ModelLoadError", "ModelSpecError", "OnnxRuntimeBackend", "Runtime",
+    "TensorRTBackend", "TorchBackend", "open_runtime", "parse_device", "read_model_meta",
+    "runtime_class", "runtime_for", "runtime_named",
 ]

@@ -33,10 +33,9 @@ def ort_providers(device: str | None, available: Sequence[str]) -> list[Any]:
     for name in wanted:
         provider = _ORT_PROVIDER[name]
         if provider not in available:
-            raise BackendUnavailableError(
-                f"device {device!r} needs ONNX Runtime's {provider}, but this onnxruntime only has "
-                f"{', '.join(available)}; install onnxruntime-gpu built for your CUDA version"
-            )
+            raise BackendUnavailableError(f"device {device!r} needs ONNX Runtime's {provider}, but this onnxruntime "
+                                          f"only has {', '.join(available)}; install onnxruntime-gpu built for your "
+                                          "CUDA version")
         providers.append((provider, {"device_id": index}) if index is not None else provider)
     return [*providers, "CPUExecutionProvider"]
 

@@ -24,9 +24,8 @@ def import_onnxruntime() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise ModuleNotFoundError(
-            f"the onnxruntime runtime needs the onnxruntime package ({exc}); install it with: {INSTALL_HINT}"
-        ) from exc
+        raise ModuleNotFoundError(f"the onnxruntime runtime needs the onnxruntime package ({exc}); install it with: "
+                                  f"{INSTALL_HINT}") from exc
     return onnxruntime
 
 
@@ -93,11 +92,9 @@ class OnnxRuntimeBackend:
         active = list(runtime.session.get_providers())
         missing = [provider_name(p) for p in providers if provider_name(p) not in active]
         if missing:
-            raise BackendUnavailableError(
-                f"device {device!r}: ONNX Runtime could not start {', '.join(missing)} (active: {', '.join(active)});"
-                " check that the CUDA, cuDNN (and TensorRT) libraries matching onnxruntime-gpu are installed, "
-                "or use --device cpu"
-            )
+            raise BackendUnavailableError(f"device {device!r}: ONNX Runtime could not start {', '.join(missing)} "
+                                          f"(active: {', '.join(active)}); check that the CUDA, cuDNN (and TensorRT) "
+                                          "libraries matching onnxruntime-gpu are installed, or use --device cpu")
         return runtime, f"onnxruntime ({', '.join(active)})"
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:

@@ -53,26 +53,10 @@ from models.sources.drawings import (
 )
 
 __all__ = [
-    "ARTIFACT_PATTERNS",
-    "AUTHOR_KEYWORDS",
-    "BATCH_KEYWORDS",
-    "DEFAULT_ROOT",
-    "DROPPED_FOLDERS",
-    "DROPPED_KEYWORDS",
-    "MERGED_KEYWORDS",
-    "MIN_CLASS_COUNT",
-    "OPENCLIPART_OPTIONS",
-    "RASTER_SIZE",
-    "canonical_keyword",
-    "content_box",
-    "ensure_openclipart",
-    "export_folder_view",
-    "folder_class",
-    "load_openclipart",
-    "load_openclipart_spec",
-    "normalise_keyword",
-    "rasterise_drawing",
-    "read_svg_metadata",
+    "ARTIFACT_PATTERNS", "AUTHOR_KEYWORDS", "BATCH_KEYWORDS", "DEFAULT_ROOT", "DROPPED_FOLDERS", "DROPPED_KEYWORDS",
+    "MERGED_KEYWORDS", "MIN_CLASS_COUNT", "OPENCLIPART_OPTIONS", "RASTER_SIZE", "canonical_keyword", "content_box",
+    "ensure_openclipart", "export_folder_view", "folder_class", "load_openclipart", "load_openclipart_spec",
+    "normalise_keyword", "rasterise_drawing", "read_svg_metadata",
 ]
 
 DEFAULT_ROOT = Path("/usr/share/openclipart/svg")
