@@ -1,25 +1,11 @@
-"""The bottom layer, shared by every stage (train, export, serve): the data, the model, its files and how it runs.
+"""The bottom layer, shared by every stage (train, export, serve): the data (``data/``; the dataset builders in
+``sources/``, which ``export`` and ``serve`` never import), the network (``backbones/``, ``network``, ``lgconv``,
+``label_embedding``, ``weight_files``), its metadata and files (``checkpoint``, ``onnx_metadata``, ``files/``),
+``preprocess``, ``evaluation/``, the inference ``runtimes/``, ``registry`` and ``command_line``. docs/layout.md maps
+them.
 
-- ``data/``: the datasets every stage reads: types, the single-positive protocol, the loaders of the standard
-  formats (csv, folder, voc, coco, cub, nus, formatted), the registry of dataset kinds (``data.registry``), label
-  regimes and review files, the read side of the built datasets' caches and where they live (``data.cache_folders``);
-- ``sources/``: the dataset builders that generate or render images into the cache (the built-in procedural set,
-  the Open Clip Art Library, the Tux Paint stamps, npm icon sets); imported by ``train``, ``bench``, the tests and,
-  lazily, by the registry's loader of their kind; never by ``export`` or ``serve``;
-- ``evaluation/``: metrics, the label-free selection criteria, expected positives;
-- the network: ``backbones/`` (torchvision ResNets and timm models, a registry of families), ``network`` (backbone
-  + head), ``lgconv``, ``label_embedding``, ``weight_files`` (``--weights FILE``);
-- its metadata and files: ``checkpoint`` (:class:`~models.checkpoint.ModelMeta`, the checkpoint format),
-  ``onnx_metadata`` (the metadata inside ONNX files), ``logits`` (what the network outputs);
-- ``preprocess``: the one image preprocessing used everywhere;
-- ``runtimes/``: the registry of inference runtimes (ONNX Runtime, PyTorch, TensorRT) and device names;
-- ``files/``: atomic writes, SHA-256 digests, image extensions, the one folder walk, the run folder layout;
-- ``registry`` (tables of named rows, registries by decorator), ``command_line`` (errors, exit codes).
-
-Layering: ``models`` imports no other package of this project; every other package may import it.
-
-Importing the package is free: the names below load their module (and torch) on first use, so light modules
-(:mod:`models.files`, :class:`~models.checkpoint.ModelMeta`) serve command lines and drivers without torch.
+``models`` imports no other package of this project. Importing it is free: the names below load their module (and torch)
+on first use.
 """
 
 from __future__ import annotations

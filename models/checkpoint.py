@@ -1,28 +1,21 @@
-"""Checkpoints: weights + self-describing metadata, saved atomically, loaded without unpickling objects.
-
-File layout (one ``torch.save`` dict, readable with ``torch.load(weights_only=True)``):
-
-- ``format``: the string ``"spml-checkpoint"``
-- ``meta``: :class:`ModelMeta` serialised as a JSON string (so it can never carry code)
-- ``model``: the network's state dict
-- ``training`` (optional): resume state - optimizer, scheduler, scaler, EMA, RNG, method state
-
-torch is imported only by the functions that save or load weights: :class:`ModelMeta` and
-:func:`read_checkpoint_meta` serve drivers and command lines that never load a network.
+"""Checkpoints: one ``torch.save`` dict readable with ``torch.load(weights_only=True)``: ``format``
+(``"spml-checkpoint"``), ``meta`` (:class:`ModelMeta` as a JSON string, so it can never carry code), ``model`` (the
+state dict) and optionally ``training`` (the resume state). torch is imported only to save or load weights:
+:class:`ModelMeta` and :func:`read_checkpoint_meta` serve command lines without it.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from models.files.atomic_writes import atomic_path
 
 if TYPE_CHECKING:
     import torch
@@ -90,36 +83,16 @@ class ModelMeta:
         return cls(**kwargs)
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` into a temp file beside ``path`` and rename it into place (no half-written files)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+def save_checkpoint(path: Path, model_state: dict[str, torch.Tensor], meta: ModelMeta,
+                    training: dict[str, Any] | None = None) -> None:
+    """Write weights + metadata (+ optional resume state) to ``path`` atomically."""
     import torch
 
-    try:
-        torch.save(obj, tmp)
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def save_checkpoint(
-    path: Path,
-    model_state: dict[str, torch.Tensor],
-    meta: ModelMeta,
-    training: dict[str, Any] | None = None,
-) -> None:
-    """Write weights + metadata (+ optional resume state) to ``path`` atomically."""
     payload: dict[str, Any] = {"format": FORMAT, "meta": meta.to_json(), "model": model_state}
     if training is not None:
         payload["training"] = training
-    atomic_torch_save(payload, path)
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
 
 
 @dataclass
@@ -133,10 +106,8 @@ class Checkpoint:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Load a checkpoint written by :func:`save_checkpoint` with ``weights_only=True`` (no arbitrary code).
-
-    Raises ``ValueError`` for files that are not checkpoints of this package.
-    """
+    """Load a checkpoint written by :func:`save_checkpoint` with ``weights_only=True``; ``ValueError`` for files that
+    are not checkpoints of this package."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -148,12 +119,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
         raise ValueError(f"{path}: not a loadable checkpoint ({type(exc).__name__}: {exc})") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not an spml checkpoint (no '{FORMAT}' format marker)")
-    return Checkpoint(
-        meta=ModelMeta.from_json(payload["meta"]),
-        model=payload["model"],
-        training=payload.get("training"),
-        path=path,
-    )
+    return Checkpoint(meta=ModelMeta.from_json(payload["meta"]), model=payload["model"],
+                      training=payload.get("training"), path=path)
 
 
 class _Opaque(dict):
@@ -185,11 +152,8 @@ class _MetaUnpickler(pickle.Unpickler):
 
 
 def read_checkpoint_meta(path: Path) -> ModelMeta:
-    """The :class:`ModelMeta` of a checkpoint written by :func:`save_checkpoint`, read without torch and without
-    loading the weights (only the archive's small pickle of the structure is read; no code runs).
-
-    Raises ``FileNotFoundError``, or ``ValueError`` for files that are not checkpoints of this package.
-    """
+    """The :class:`ModelMeta` of a checkpoint, read without torch and without loading the weights (only the archive's
+    small pickle of the structure; no code runs)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")

@@ -1,7 +1,7 @@
-"""The one command-line shape of ``python -m train``, ``python -m export`` and ``python -m serve``: their exit codes,
-their two error types and :func:`run_command`, which turns either error (and Ctrl-C) into one line on stderr and its
-exit code. Each command parses into an options object whose checks raise :class:`UsageError`; what fails later
-raises :class:`CommandFailed` (or an error the command maps to it)."""
+"""The one command-line shape of ``python -m train``, ``export`` and ``serve``: exit codes, :class:`UsageError` (bad
+options) and :class:`CommandFailed` (what fails later), and :func:`run_command`, which turns either (and Ctrl-C) into
+one line on stderr and its exit code.
+"""
 
 from __future__ import annotations
 
@@ -29,10 +29,9 @@ class CommandFailed(RuntimeError):
 
 def run_command(prog: str, body: Callable[[], int | None],
                 interrupted: str | Callable[[], str] = "interrupted") -> int:
-    """Run ``body`` (which returns an exit code, None for OK) and return its exit code: a :class:`UsageError` or
-    :class:`CommandFailed` prints ``PROG: error: MESSAGE`` and returns 2 or 1; Ctrl-C prints ``PROG: INTERRUPTED``
-    (what was kept; a callable is asked then) and returns 130. An empty ``prog`` leaves the ``PROG: `` out (train's
-    lines, which every torchrun process may print)."""
+    """Run ``body`` and return its exit code (None is OK): a :class:`UsageError` or :class:`CommandFailed` prints
+    ``PROG: error: MESSAGE`` and returns 2 or 1, Ctrl-C prints ``PROG: INTERRUPTED`` and returns 130. An empty ``prog``
+    leaves the ``PROG: `` out."""
     lead = f"{prog}: " if prog else ""
     try:
         code = body()

@@ -1,13 +1,8 @@
 """LAC's label-wise embedding head, a Query2Label-style transformer decoder (Xie, Xiao, Huang, NeurIPS 2022;
-docs/methods.md, "LAC").
-
-The backbone's last feature map ``(N, D, H, W)`` becomes ``H*W`` tokens with a fixed 2-D sine position
-encoding. One self-attention encoder layer mixes them; then decoder layers WITHOUT self-attention (cross-
-attention + feed-forward only) let ``C`` learned class queries attend to the tokens; a final LayerNorm gives one
-``D``-dimensional embedding per class, ``f_c``. The classifier is group-wise: ``logit_c = <W_c, f_c> + b_c``.
-
-Post-norm layers with dropout, position added to queries and keys only (DETR style), Xavier-uniform init of
-every matrix; ``d_model`` is the backbone width (no input projection), as in the reference.
+docs/methods.md, "LAC"): the last feature map's positions, with a 2-D sine encoding, pass one encoder layer, then
+decoder layers WITHOUT self-attention let ``C`` class queries attend to them; ``logit_c = <W_c, f_c> + b_c``. As the
+reference: post-norm with dropout, position added to queries and keys only, Xavier-uniform init, ``d_model`` the
+backbone width.
 """
 
 from __future__ import annotations

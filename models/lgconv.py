@@ -10,19 +10,11 @@ Training form (Yuan, Zhang, Huang, ICME 2024; docs/methods.md, "PU-MLC and LgCon
     g_h  = sum_pos A_h(pos) V_h x(pos)                 V: 1x1, C_in -> C_in, split in 8 heads
     GB   = BN(P(x + concat_h g_h G_h))                 P: 1x1, C_in -> C_out, the conv's stride
 
-:class:`LgConv2d` *is* an ``nn.Conv2d`` (the original 3x3 weights keep their state-dict names), with the branch
-as its ``global_branch`` child, so plain / ImageNet ResNet weights load into it unchanged.
-
-Inference form (:func:`fold_resnet`): all BatchNorms are folded into their convolutions; in each LgConv the
-branch's linear path ``a * P x`` is added to the 3x3 kernel's centre tap (exact for padding 1, any stride,
-because a strided 1x1 conv samples the centre positions of the strided 3x3 windows), and the global term is
-computed on 8 attention-pooled vectors instead of full-resolution maps:
-``x_bar_h = sum_pos A_h(pos) x(pos)``, ``u_h = P_h (V_h x_bar_h + b_h)``, output ``+= sum_h u_h G_h``.
-Only ``R`` and one 24-channel 1x1 conv (attention logits, the gates' local and context parts) still run at full
-resolution; the attention's context share and bias drop out, since a softmax over positions ignores them. In
-eager PyTorch the global term is added into the conv output in place; in an ONNX export it passes through an
-identity depthwise conv instead, so that ONNX Runtime keeps the sum in its blocked layout (see
-:meth:`FoldedLgConv2d.forward`).
+:class:`LgConv2d` *is* an ``nn.Conv2d`` with the branch as its ``global_branch`` child, so plain ResNet weights
+load into it unchanged. Inference form (:func:`fold_resnet`): BatchNorms folded; the branch's linear path ``a * P x``
+added to the 3x3 kernel's centre tap (exact for padding 1, any stride: a strided 1x1 conv samples the centres of the
+strided 3x3 windows); the global term computed on 8 attention-pooled vectors, ``u_h = P_h (V_h x_bar_h + b_h)``,
+output ``+= sum_h u_h G_h`` (the attention's context share and bias drop out: a softmax over positions ignores them).
 """
 
 from __future__ import annotations
@@ -125,9 +117,8 @@ def _bn_affine(bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class FoldedLgConv2d(nn.Module):
-    """Inference form of ``BN(LgConv(x))`` (the BatchNorm that follows the LgConv in the ResNet block folded in).
-
-    Numerically equivalent to the training form in eval mode; built by :meth:`from_lgconv`."""
+    """Inference form of ``BN(LgConv(x))`` (the following BatchNorm folded in), equivalent to the training form in eval
+    mode; built by :meth:`from_lgconv`."""
 
     def __init__(self, conv: nn.Conv2d, reduce: nn.Conv2d, mix: nn.Conv2d, value_weight: torch.Tensor,
                  value_bias: torch.Tensor, proj_weight: torch.Tensor, stride: int) -> None:
@@ -242,9 +233,8 @@ def _fold_children(module: nn.Module) -> None:
 
 
 def fold_resnet(model: nn.Module) -> nn.Module:
-    """An inference copy of ``model`` (a torchvision-ResNet-based network, with or without LgConv): every
-    BatchNorm folded into its convolution and every LgConv in its folded form. ``model`` is not modified; the
-    copy is in eval mode, has no gradients, and computes the same function as ``model.eval()``."""
+    """An inference copy of ``model`` (a ResNet-based network, with or without LgConv): every BatchNorm and LgConv
+    folded, eval mode, no gradients, the same function as ``model.eval()``."""
     folded = copy.deepcopy(model).eval()
     _fold_children(folded)
     leftover = [n for n, m in folded.named_modules() if isinstance(m, (nn.BatchNorm2d, LgConv2d, GlobalBranch))]

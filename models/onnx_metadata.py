@@ -1,15 +1,6 @@
-"""The schema of the model metadata inside exported ONNX files: ModelMeta <-> ``metadata_props``, both ways.
-
-Keys written into an exported ONNX model's ``metadata_props``:
-
-- ``spml_meta``: the full :class:`~models.checkpoint.ModelMeta` as JSON (the authoritative copy);
-- convenience copies for other tools: ``classes`` (JSON list), ``image_size`` (decimal string),
-  ``mean`` / ``std`` (JSON lists, for pixel values scaled to 0..1), ``interpolation`` (``bilinear`` /
-  ``bicubic``), ``crop`` (the share kept around the centre, ``1.0`` = the whole image, squashed to a square) and
-  ``output`` (``"logits"``).
-
-ONNX Runtime exposes the same map as ``session.get_modelmeta().custom_metadata_map``. Plain string mappings
-only: this module needs neither onnx nor onnxruntime.
+"""The model metadata inside exported ONNX files (``metadata_props``, ORT's ``custom_metadata_map``): ``spml_meta``, the
+full :class:`~models.checkpoint.ModelMeta` as JSON, and convenience copies for other tools (``classes``, ``image_size``,
+``mean``, ``std``, ``interpolation``, ``crop``, ``output``). Plain string maps: needs neither onnx nor onnxruntime.
 """
 
 from __future__ import annotations
@@ -38,10 +29,8 @@ def meta_to_props(meta: ModelMeta) -> dict[str, str]:
 
 
 def meta_from_props(props: Mapping[str, str], source: str | Path = "model") -> ModelMeta:
-    """``metadata_props`` mapping (or ORT's ``custom_metadata_map``) -> ModelMeta.
-
-    Raises ``ValueError`` naming ``source`` when the ``spml_meta`` key is missing or not valid JSON.
-    """
+    """``metadata_props`` (or ORT's ``custom_metadata_map``) -> ModelMeta; ``ValueError`` naming ``source`` without
+    valid ``spml_meta``."""
     text = props.get(META_KEY)
     if text is None:
         raise ValueError(f"{source}: no '{META_KEY}' metadata; was it exported with `python -m export`?")

@@ -1,15 +1,8 @@
-"""The one image preprocessing used by training evaluation, export checks, the tagger and the demo.
-
-Decoding goes through PIL rather than ``torchvision.io.decode_image``: torchvision returns palette PNGs as
-raw palette indices and CMYK JPEGs as four raw channels in its "unchanged" mode, while PIL converts both
-correctly and also covers BMP/TIFF. Everything after decoding is torchvision tensor ops.
-
-Large JPEGs are decoded at a reduced scale (libjpeg's DCT scaling, 1/2, 1/4 or 1/8, through PIL's ``draft``)
-whenever the reduced image still has at least :data:`DECODE_MARGIN` times the network's input size on each
-side; the antialiased resize that follows then sees almost the same pixels (a few grey levels at most) at a
-fraction of the cost (bench/README.md measures it). Training, evaluation,
-export checks, the tagger and the demo all go through :class:`EvalTransform` (or :func:`read_image` with its
-``decode_side``), so they all see the same pixels.
+"""The one image preprocessing of training, evaluation, export checks, the tagger and the demo (:class:`EvalTransform`,
+:func:`read_image`), so they all see the same pixels. Decoding goes through PIL, not ``torchvision.io.decode_image``,
+which returns palette PNGs as indices and CMYK JPEGs as raw channels. Large JPEGs are decoded at 1/2, 1/4 or 1/8 scale
+(PIL's ``draft``) when still :data:`DECODE_MARGIN` times the input size: the antialiased resize then sees almost the
+same pixels, much faster.
 """
 
 from __future__ import annotations
@@ -51,9 +44,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def decode_scaled(image: Image.Image, decode_side: int | None) -> Image.Image:
-    """Load an opened, not yet loaded PIL ``image``; a JPEG at least twice ``decode_side`` on both sides is
-    decoded at the largest 1/2, 1/4 or 1/8 scale that keeps both sides >= ``decode_side`` (other formats, and
-    ``decode_side=None``, decode at full size). Returns ``image`` itself, loaded."""
+    """Load an opened PIL ``image``; a JPEG at least twice ``decode_side`` is decoded at the smallest 1/2, 1/4 or 1/8
+    scale keeping both sides >= ``decode_side``. Returns ``image``, loaded."""
     if decode_side is not None and isinstance(image, JpegImageFile):  # also MPO, the camera JPEG variant
         image.draft(None, (decode_side, decode_side))
     image.load()
@@ -61,12 +53,8 @@ def decode_scaled(image: Image.Image, decode_side: int | None) -> Image.Image:
 
 
 def read_image(path: str | Path, decode_side: int | None = None) -> torch.Tensor:
-    """Decode an image file to a ``uint8`` RGB tensor ``(3, H, W)`` (see :func:`to_rgb` for conversions).
-
-    ``decode_side``: large JPEGs may be decoded at reduced scale down to this many pixels per side
-    (:func:`decode_scaled`); ``None`` decodes every file at full size. Raises ``OSError`` (or PIL's
-    ``DecompressionBombError``) for unreadable files.
-    """
+    """Decode an image file to a ``uint8`` RGB tensor ``(3, H, W)``, large JPEGs at reduced scale down to
+    ``decode_side`` (None: full size); ``OSError`` for unreadable files."""
     with Image.open(path) as img:
         rgb = to_rgb(decode_scaled(img, decode_side))
     return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1).contiguous()
@@ -81,9 +69,8 @@ INTERPOLATIONS: Table[F.InterpolationMode] = Table("interpolation", [
 
 def resize_uint8(image: torch.Tensor, image_size: int, interpolation: str = "bilinear",
                  crop: float = 1.0) -> torch.Tensor:
-    """Resize a ``uint8 (3, H, W)`` image to ``image_size x image_size`` (antialiased; ``interpolation``
-    bilinear or bicubic), aspect ratio not kept. ``crop`` < 1 resizes to ``image_size / crop`` first and keeps the
-    central ``image_size`` square (timm's ``crop_pct``); 1 keeps the whole image."""
+    """Resize a ``uint8 (3, H, W)`` image to ``image_size`` square (antialiased, aspect not kept); ``crop`` < 1 resizes
+    to ``image_size / crop`` and keeps the centre (timm's ``crop_pct``)."""
     mode = INTERPOLATIONS[interpolation]
     if not 0.0 < crop <= 1.0:
         raise ValueError(f"crop must be in (0, 1], got {crop}")
@@ -99,11 +86,8 @@ def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) 
 
 
 class EvalTransform:
-    """Path or uint8 image -> model input ``float32 (3, S, S)``; exactly what evaluation and serving use.
-
-    ``image_size``, ``mean``/``std`` (for the 0..1 range), ``interpolation`` and ``crop`` are the model's
-    preprocessing (:class:`~models.checkpoint.ModelMeta` carries them; :meth:`for_meta` builds the transform of a
-    model)."""
+    """Path or uint8 image -> model input ``float32 (3, S, S)``, exactly what evaluation and serving use, with the
+    model's preprocessing (:meth:`for_meta`)."""
 
     def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float], interpolation: str = "bilinear",
                  crop: float = 1.0) -> None:

@@ -1,15 +1,7 @@
-"""The two ways something is registered in this package.
-
-- A **table** (:class:`Table`) for a closed list: rows of a name, a line of help and a value (a function, a class,
-  a settings record), written in one place. Command-line choices, ``--help`` texts and the one
-  "unknown X" message all come from the rows.
-- A **registry** (:class:`Registry`) for open plug-ins: methods, backbone families, tagging engines. A plug-in is a
-  class that names and describes itself (``name``, ``description``) and registers with the registry's decorator;
-  adding one is adding one file.
-
-Both are read-only mappings of name -> value (:class:`Listing`): ``table[name]`` (an :class:`UnknownName` error
-listing the known names otherwise), iteration over the names, ``name in table``, ``names()``, ``rows()``,
-``help_text()``, ``cli_help()``.
+"""The two ways something is registered: a :class:`Table` for a closed list (rows of name, help line and value, from
+which command-line choices, help and the one "unknown X" message come) and a :class:`Registry` for open plug-ins
+(methods, backbone families, tagging engines) that register with a decorator. Both are read-only name -> value mappings
+(:class:`Listing`).
 """
 
 from __future__ import annotations

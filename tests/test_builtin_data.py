@@ -11,16 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from models.data.cache_folders import GENERATOR_VERSION, cache_root
 from models.data.types import DataError
 from models.sources import builtin
-from models.sources.builtin import (
-    BUILTIN_PRESETS,
-    GENERATOR_VERSION,
-    cache_root,
-    ensure_builtin,
-    label_statistics,
-    read_label_matrix,
-)
+from models.sources.builtin import BUILTIN_PRESETS, ensure_builtin, label_statistics, read_label_matrix
 from models.sources.builtin_scenes import (
     CLASS_NAMES,
     COOCCURRING_PAIRS,

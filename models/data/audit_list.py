@@ -1,18 +1,7 @@
-"""The audit list: a few images the user labelled completely (``--audit SPEC`` of ``python -m train`` and
-``python -m export``).
-
-With single-positive validation labels nothing measures F1 or says how many positives an image has. A small
-list of fully labelled images answers both: its mean number of positives per image is k, the expected number of
-tags per image of the positive-only calibration (20 images put it within 25% of the truth 99% of the time on the
-built-in data; training uses it as EPR/ROLE's k, :mod:`models.evaluation.expected_positives`), and the export reports
-its F1 figures on it ("against the audit list").
-
-The list is any dataset the ``--data`` option of ``python -m train`` reads (a ``labels.csv`` with one row per
-image and all its labels, a folder of class folders where an image sits in each of its classes' folders, ...);
-every split of it is used. Its class names must be among the model's; classes it never names are taken as absent.
-It may also be a review file or answer log (models/data/review_file.py: the demo's Audit tab writes one): an image
-is audited when every one of the model's classes has an answer there (yes: present, no: absent); images answered
-in part are left out, and counted.
+"""The audit list (``--audit SPEC``): a few images the user labelled completely. Its mean number of positives per image
+gives k (:mod:`models.evaluation.expected_positives`) and the export reports its F1 figures on it. It is any dataset
+``--data`` reads (every split used, classes among the model's, classes it never names absent), or a review file or
+answer log, where an image counts when every class has an answer (images answered in part are left out, and counted).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Training-only augmentations beyond the papers' flip: LAC's strong view (docs/methods.md, "LAC").
-
-All steps work on ``uint8 (3, H, W)`` tensors with torchvision's v2 transforms, then the image is normalised
-like every other model input. The reference uses pypi ``randaugment`` (a random pair of 15 ops, each applied
-with probability 0.5 at a random magnitude level 1-9); here torchvision's RandAugment op set is drawn the same
-way (two draws, each applied with p = 0.5, each with its own random level 1-9 of 10), which avoids the extra
-dependency. Unlike the public LAC code, inputs are normalised with the model's mean/std so the strong view
-matches what evaluation and serving feed the network, and the strong view is resized to S x S like the weak
-one (the reference's strong view resizes only the shorter side, which cannot be batched with the weak view
-for non-square images).
+"""Training-only augmentations beyond the papers' flip: LAC's strong view (docs/methods.md, "LAC"), on ``uint8 (3, H,
+W)`` tensors with torchvision's v2 transforms. torchvision's RandAugment ops stand in for pypi ``randaugment`` (a random
+pair, each applied with p = 0.5 at a random level 1-9); unlike the reference, the strong view is normalised with the
+model's mean/std and resized to S x S like the weak one, so the two can be batched.
 """
 
 from __future__ import annotations
@@ -49,8 +43,7 @@ class RandomPairAugment:
 
 
 class StrongTransform:
-    """LAC's strong view: resize, random flip, cutout (0.5, random colour), random-pair RandAugment,
-    ColorJitter(0.4, 0.4, 0.4, 0.1) with p = 0.8, RandomGrayscale(0.2), then normalise.
+    """LAC's strong view: resize, flip, cutout, random-pair RandAugment, ColorJitter, RandomGrayscale, normalise;
     ``uint8 (3, H, W)`` in, ``float32 (3, S, S)`` out."""
 
     def __init__(self, preprocessing: EvalTransform) -> None:

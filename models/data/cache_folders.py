@@ -1,7 +1,5 @@
-"""Where built datasets live: the cache root, the built-in dataset's folders, a drawing set's cache parent.
-
-Shared by every stage (``serve``'s demo looks for generated built-in data; ``train`` caches features there) without
-importing the builders of :mod:`models.sources`, which write these folders.
+"""Where built datasets live: the cache root, the built-in dataset's folders, a drawing set's cache parent; importable
+without the builders of :mod:`models.sources`, which write these folders.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Restrict a CSV dataset to some of its classes, for transfer experiments.
-
-``python -m models.data.class_subset SRC/labels.csv --keep a,b,c --out DIR`` reads a dataset in the package's CSV
-format (a generated built-in dataset folder is one), drops every label not in ``--keep``, drops the images left
-without a label, and writes ``DIR/labels.csv`` + ``DIR/classes.txt`` (absolute image paths, the splits kept;
-``--train-only`` leaves out val and test). ``docs/methods-investigation.md`` uses it to pretrain a
-backbone on half of the built-in classes, so that fine-tuning on all of them starts from features that have
-not seen the other half.
+"""Restrict a CSV dataset to some of its classes, for transfer experiments: ``python -m models.data.class_subset
+SRC/labels.csv --keep a,b,c --out DIR`` drops every other label and the images left without one, and writes
+``DIR/labels.csv`` + ``DIR/classes.txt`` (absolute image paths; ``--train-only`` leaves out val and test).
+docs/methods-investigation.md uses it.
 """
 
 from __future__ import annotations
@@ -36,9 +32,8 @@ def keep_classes(images: LabelledImages, keep: list[str]) -> LabelledImages:
 
 
 def subset_splits(data: DatasetSplits, keep: list[str], train_only: bool = False) -> dict[str, LabelledImages]:
-    """The splits of ``data`` (the training split only, with ``train_only``) restricted to the classes ``keep``,
-    by split name; val and test are left out when nothing of them is left. Raises ``DataError`` when no training
-    image is left (the result would not be a dataset)."""
+    """The splits of ``data`` (only train with ``train_only``) restricted to the classes ``keep``; empty val and test
+    are left out, and ``DataError`` when no training image is left."""
     chosen = {"train": data.train} if train_only else {"train": data.train, "val": data.val, "test": data.test}
     out = {name: keep_classes(images, keep) for name, images in chosen.items() if images is not None}
     if not len(out["train"]):

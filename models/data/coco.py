@@ -1,16 +1,10 @@
-"""MS-COCO (2014 / 2017) instance annotations as a multi-label classification dataset.
+"""MS-COCO (2014, else 2017) instance annotations as a multi-label dataset (docs/datasets.md, "coco"): train = the train
+json, test = the val json, an image positive for every category with an instance on it (images without one skipped, with
+a note).
 
-Layout: ``root/annotations/instances_{train,val}<year>.json`` with images in ``root/train<year>/`` and
-``root/val<year>/``. 2014 is preferred when present (the papers' protocol), else 2017. Train = the train
-json, test = the val json. Classes: the 80 category names ordered by category id. An image is positive for
-every category that has at least one instance annotation on it (crowd annotations included). Images with no
-instance annotation are skipped, with a note per split (82,081 of 82,783 train2014 images are kept).
-
-As the seeds' ``preproc/format_coco.py``, the images are ordered by their id sorted as a string (``"100"`` before
-``"9"``), so the split and the observed labels drawn by row are the published ones. That script orders the classes
-as the json lists its categories, which for the official files is id order; ``coco:DIR?reference`` takes the json
-order for any file. The instance annotations (areas, boxes, image sizes) are read again only for the label-bias
-protocols (``train_objects``).
+As the seeds' ``preproc/format_coco.py``, images are ordered by their id sorted as a string (``"100"`` before ``"9"``),
+so the split and the observed labels drawn by row are the published ones; classes in category-id order (the json's order
+with ``coco:DIR?reference``).
 """
 
 from __future__ import annotations
@@ -165,10 +159,8 @@ def _number(path: Path, record: dict[str, Any], key: str, what: str) -> float:
 
 
 def coco_objects(path: Path, image_ids: list[int], categories: list[tuple[int, str]] | None = None) -> ObjectTable:
-    """The :class:`ObjectTable` of the images ``image_ids`` (rows, in that order) from the instance json ``path``:
-    each annotation's category column (``categories`` order; default the json's, as the seeds' format script),
-    ``area`` and box centre (``x + w / 2``, ``y + h / 2``), in the json's annotation order, and each image's
-    ``width`` and ``height``."""
+    """The :class:`ObjectTable` of the images ``image_ids`` (rows, in that order) from the instance json ``path``: each
+    annotation's category column, area and box centre, and each image's size."""
     data = _read_json(path)
     if categories is None:
         categories = _categories(path, data, json_order=True)
@@ -196,11 +188,7 @@ def coco_objects(path: Path, image_ids: list[int], categories: list[tuple[int, s
 
 
 def load_coco(root: Path, reference: bool = False) -> DatasetSplits:
-    """Load MS-COCO from ``root`` (with ``annotations/instances_*.json``) and return train/test splits.
-
-    See the module docstring for the year choice, class order (the json's with ``reference``), image order and
-    skip rule. Name: ``coco2014`` or ``coco2017``; source: ``coco:<absolute root>[?reference]``.
-    """
+    """Load MS-COCO from ``root`` (module docstring) as train/test splits named ``coco2014`` or ``coco2017``."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise DataError(f"{root}: COCO root folder not found")
@@ -225,14 +213,7 @@ def load_coco(root: Path, reference: bool = False) -> DatasetSplits:
         raise DataError(f"{val_path}: categories differ from those in {train_path.name}")
     test, _ = _load_split(root, "val", year, val_path, val_data, train_cats, notes)
     classes = [name for _, name in train_cats]
-    return DatasetSplits(
-        name=f"coco{year}",
-        source=f"coco:{root}" + ("?reference" if reference else ""),
-        classes=classes,
-        train=train,
-        test=test,
-        val=None,
-        notes=notes,
-        train_objects=lambda: coco_objects(train_path, train_ids, train_cats),
-        complete_splits=ALL_SPLITS,
-    )
+    return DatasetSplits(name=f"coco{year}", source=f"coco:{root}" + ("?reference" if reference else ""),
+                         classes=classes, train=train, test=test, notes=notes,
+                         train_objects=lambda: coco_objects(train_path, train_ids, train_cats),
+                         complete_splits=ALL_SPLITS)

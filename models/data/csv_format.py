@@ -1,26 +1,8 @@
 """The generic CSV dataset format: ``labels.csv`` (+ optional ``classes.txt``), read and written strictly.
-
-Format rules (``load_csv``):
-
-* UTF-8 text (a BOM is accepted), parsed with the ``csv`` module (comma separated, ``"`` quoting).
-* The first non-blank line is the header. Columns are matched by name (case-insensitive, surrounding
-  whitespace ignored, any order): ``image`` and ``labels`` are required, ``split`` is optional, any other
-  column is ignored. Blank lines are skipped. Every other row must have as many fields as the header.
-* ``image``: a path relative to ``images_root`` (default: the CSV's folder) or an absolute path. The file
-  must exist.
-* ``labels``: class names separated by ``;``, surrounding whitespace stripped, case-sensitive. An empty
-  field or an empty name between separators is an error. A single name per row is single-positive data. A name
-  written ``-name`` is a label known to be ABSENT from the image (a known negative, e.g. ``cat;-dog``: a cat, and
-  certainly no dog); the same class present and absent on one image is an error. Class names cannot begin with
-  ``-``.
-* ``split``: ``train``, ``val`` or ``test`` (case-insensitive); empty or absent means ``train``.
-* The same image (same resolved path) on several rows is merged into one image with the union of the
-  labels (a note gives the count); the same image with two different splits is an error.
-* Class list and order: ``classes_file`` if given, else ``classes.txt`` next to the CSV if it exists (one
-  name per line, blank lines ignored, duplicates are an error); every label must be in it. Without a class
-  file the classes are the sorted unique names seen in the labels (a note says so).
-
-Every problem raises ``DataError`` with ``file:line: message`` (1-based line numbers as an editor shows).
+docs/datasets.md ("csv") states the rules: UTF-8 (a BOM accepted), columns matched by name (case-insensitive) ``image``
+(must exist), ``labels`` (``;``-separated names, ``-name`` a known negative) and an optional ``split``; one image on
+several rows is merged (in two splits, an error); the class list from ``classes.txt`` or the sorted names seen. Every
+problem raises ``DataError`` with ``file:line: message``.
 """
 
 from __future__ import annotations
@@ -75,16 +57,12 @@ def _decode(path: Path) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise DataError(
-            f"{path}:{line}: undecodable bytes (the file must be UTF-8 text): {exc.reason}"
-        ) from exc
+        raise DataError(f"{path}:{line}: undecodable bytes (the file must be UTF-8 text): {exc.reason}") from exc
 
 
 def read_classes_file(path: Path) -> list[str]:
-    """Read a class list (one name per line, blank lines ignored) and return the names in file order.
-
-    Duplicates, names containing ``;`` and an empty file raise ``DataError`` naming the file (and line).
-    """
+    """Read a class list (one name per line, blank lines ignored) in file order; duplicates, names containing ``;`` and
+    an empty file raise ``DataError``."""
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise DataError(f"{path}: class file not found")
@@ -187,12 +165,8 @@ def _read_rows(csv_path: Path) -> tuple[dict[str, int], int, list[tuple[int, lis
 def load_csv(
     csv_path: Path, classes_file: Path | None = None, images_root: Path | None = None
 ) -> DatasetSplits:
-    """Load a dataset in the generic CSV format (see the module docstring) and return its splits.
-
-    ``csv_path``: the ``labels.csv`` file; ``classes_file``: explicit class list (default ``classes.txt``
-    next to the CSV when present); ``images_root``: base of relative image paths (default: CSV folder).
-    Returns ``DatasetSplits`` with name = the CSV's folder name and source = ``csv:<absolute csv path>``.
-    """
+    """Load a dataset in the generic CSV format (module docstring) from the ``labels.csv`` ``csv_path``; named after the
+    CSV's folder, source ``csv:<absolute csv path>``."""
     csv_path = Path(csv_path).expanduser().resolve()
     if not csv_path.is_file():
         raise DataError(f"{csv_path}: CSV file not found")
@@ -295,23 +269,14 @@ def load_csv(
         emit_note(notes, f"csv: warning: {len(untrained)} class(es) have no training image ({shown}): no method can "
                   "learn them, their scores carry no information, and they count in val/test mAP wherever they "
                   "have a positive; give them training images or drop them from the labels")
-    return DatasetSplits(
-        name=csv_path.parent.name,
-        source=f"csv:{csv_path}",
-        classes=list(classes),
-        train=build(by_split["train"]),
-        test=build(by_split["test"]) if by_split["test"] else None,
-        val=build(by_split["val"]) if by_split["val"] else None,
-        notes=notes,
-    )
+    return DatasetSplits(name=csv_path.parent.name, source=f"csv:{csv_path}", classes=list(classes),
+                         train=build(by_split["train"]), test=build(by_split["test"]) if by_split["test"] else None,
+                         val=build(by_split["val"]) if by_split["val"] else None, notes=notes)
 
 
 def write_csv(folder: Path, splits: dict[str, LabelledImages]) -> Path:
-    """Write ``classes.txt`` and ``labels.csv`` for ``splits`` (keys among train/val/test) into ``folder``.
-
-    Image paths under ``folder`` are written relative to it (POSIX style), others absolute. Every image
-    needs at least one positive label and all splits must share one class list. Returns the CSV path.
-    """
+    """Write ``classes.txt`` and ``labels.csv`` for ``splits`` into ``folder`` (paths under it relative, others
+    absolute) and return the CSV path; every image needs a positive and all splits one class list."""
     folder = Path(folder).expanduser().resolve()
     unknown = sorted(set(splits) - set(SPLITS))
     if unknown:

@@ -1,22 +1,8 @@
-"""CUB-200-2011 with its 312 binary attributes as the labels (``--data cub:DIR``), as the seeds use it.
-
-Layout (the official ``CUB_200_2011.tgz`` extracted): ``DIR`` is the ``CUB_200_2011/`` folder, or its parent
-(the archive puts ``attributes.txt`` beside ``CUB_200_2011/``). Read from it:
-
-* ``images.txt`` (``image_id path``, paths under ``images/``) and ``train_test_split.txt`` (``image_id
-  is_train``);
-* ``attributes/image_attribute_labels.txt`` (``image_id attribute_id is_present certainty_id time``). Some
-  official lines carry an extra field, so every line is read by its first three fields only. An attribute is
-  positive when ``is_present`` is 1; certainty is ignored (Cole et al., ``preproc/format_cub.py``). Every image
-  must have exactly one row per attribute;
-* ``attributes.txt`` (``attribute_id name``), beside ``CUB_200_2011/``, inside it, or in ``attributes/``.
-
-Classes: the attribute names in id order (312 in the release). Images are in id order (the file order of the
-official ``images.txt``, which the seeds keep). ``image_class_labels.txt`` (the 200 species) is
-not used. Splits, as in Cole et al.'s ``preproc/format_cub.py`` + ``datasets.py`` (followed by EM and LAC): the
-official train split (``is_train`` = 1, 5,994 images) is the training pool, from which the protocol holds out
-20% as val (4,795 / 1,199); the official test split (5,794 images) is the test set. Every image is kept, also
-one with no present attribute (its observed labels are all zero, as in the seeds' formatted files).
+"""CUB-200-2011 with its 312 binary attributes as the labels (``--data cub:DIR``), as the seeds use it
+(docs/datasets.md, "cub"). ``DIR`` is ``CUB_200_2011/`` or its parent. An attribute is positive when ``is_present`` is
+1, certainty ignored; some official lines carry an extra field, so every line is read by its first three fields. Images
+in id order; the official train split is the training pool (the protocol holds out 20% as val), the official test split
+the test set; images with no present attribute are kept.
 """
 
 from __future__ import annotations
@@ -147,7 +133,7 @@ def _label_matrix(path: Path, image_ids: list[int], attribute_ids: list[int]) ->
     return labels
 
 
-def load_cub(root: Path) -> DatasetSplits:
+def load_cub(root: Path | str) -> DatasetSplits:
     """Load CUB-200-2011 from its ``CUB_200_2011/`` folder (or that folder's parent) as train/test splits
     over the 312 attributes; see the module docstring. Name ``cub``; source ``cub:<absolute folder>``."""
     root = Path(root).expanduser().resolve()
@@ -198,13 +184,6 @@ def load_cub(root: Path) -> DatasetSplits:
     if not train_rows:
         raise DataError(f"{split_path}: no image has is_train = 1")
     everything = LabelledImages(paths, labels, classes)
-    return DatasetSplits(
-        name="cub",
-        source=f"cub:{cub_dir}",
-        classes=classes,
-        train=everything.subset(train_rows),
-        test=everything.subset(test_rows) if test_rows else None,
-        val=None,
-        notes=notes,
-        complete_splits=ALL_SPLITS,
-    )
+    return DatasetSplits(name="cub", source=f"cub:{cub_dir}", classes=classes, train=everything.subset(train_rows),
+                         test=everything.subset(test_rows) if test_rows else None, notes=notes,
+                         complete_splits=ALL_SPLITS)

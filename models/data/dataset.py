@@ -1,8 +1,6 @@
-"""The torch ``Dataset`` over a :class:`LabelledImages`: decoded, transformed images plus label rows.
-
-An image that cannot be read yields an item holding only its row number under ``SKIPPED``;
-:func:`collate_readable` keeps those out of the batch and lists them under ``SKIPPED``, so the training process
-reports each file once (:class:`SkipReporter`) and evaluation leaves its row out of the metrics.
+"""The torch ``Dataset`` over a :class:`LabelledImages`. An unreadable image yields an item holding only its row under
+``SKIPPED``; :func:`collate_readable` keeps it out of the batch, so training reports each file once
+(:class:`SkipReporter`) and evaluation leaves its row out.
 """
 
 from __future__ import annotations
@@ -24,13 +22,9 @@ FULL_LABELS = "full"  # batch key of the annotated labels: only in the batches o
 
 
 class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
-    """Items are dicts: ``images`` (transformed float tensor), ``observed`` (float (C,): 1 at the observed
-    positives; the annotated labels when no observed matrix is given), ``observed_negatives`` (float (C,): 1 at the
-    observed negatives, the -1 entries of the observed matrix) and ``index`` (the row number), plus one entry per
-    extra view (``views``: key -> transform of the same decoded image, e.g. LAC's strong view). The annotated
-    labels are in ``labels`` for scoring; items carry them (under ``FULL_LABELS``) only with ``annotated_in_items``
-    (the trainer's oracle capability). An image that cannot be read gives an item holding only ``SKIPPED`` (its row
-    number)."""
+    """Items are dicts: ``images``, ``observed`` (1 at the observed positives), ``observed_negatives``, ``index`` (the
+    row) and one entry per extra view (``views``), plus the annotated labels under ``FULL_LABELS`` only with
+    ``annotated_in_items``. An unreadable image gives an item holding only ``SKIPPED``."""
 
     def __init__(
         self,

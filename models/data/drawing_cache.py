@@ -1,7 +1,7 @@
-"""The read side of a dataset built once from drawings (the Open Clip Art Library, the Tux Paint stamps, the icon
-sets): a cache folder per digest of the source and the rule, its rasters and a ``manifest.json`` written last; its
-spec options, its views and its :class:`DatasetSplits`. The builders (:mod:`models.sources`) write the folders
-(:mod:`models.sources.drawing_sets`: under a lock; an interrupted build resumes)."""
+"""The read side of a dataset built once from drawings (the clip art, the Tux Paint stamps, the icon sets): a cache
+folder per digest with its rasters and ``manifest.json``, its spec options, views and :class:`DatasetSplits`. The
+builders in :mod:`models.sources` write the folders.
+"""
 
 from __future__ import annotations
 
@@ -41,10 +41,9 @@ def split_parts(folder: Path, images: Sequence[dict[str, Any]], classes: Sequenc
 
 def folder_view_parts(folder: Path, images: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, LabelledImages],
                                                                                Counter[str]]:
-    """The folder view of manifest ``images``: its classes (the training images' ``folder_class``), the parts
-    (train and val: one positive each, the folder class; test: its labels among the classes) and the counts left
-    out (``train``/``val``/``test``: no folder class, or no label among the classes; ``unseen``: val images of a
-    class with no training image)."""
+    """The folder view of manifest ``images``: its classes (the training images' ``folder_class``), the parts (train and
+    val with their folder class, test with its labels among the classes) and the counts left out per split (``unseen``:
+    val images of a class with no training image)."""
     classes = sorted({i["folder_class"] for i in images if i["split"] == "train" and i["folder_class"] is not None})
     known = set(classes)
     rows: dict[str, list[tuple[Path, list[str]]]] = {"train": [], "val": [], "test": []}
@@ -105,9 +104,8 @@ def dataset_name(kind: str, argument: str) -> str:
 
 def view_splits(kind: str, source: str, view: str, full_view: str, min_count: int, default_min_count: int,
                 classes: list[str], parts: dict[str, LabelledImages]) -> DatasetSplits:
-    """The :class:`DatasetSplits` of one view of a drawing dataset: named as :func:`dataset_name`, its ``source``
-    the normalised spec; every split complete in the full-label view, only test in the folder view (its train and
-    val labels are one folder each, as a user's own data)."""
+    """The :class:`DatasetSplits` of one view of a drawing dataset; every split is complete in the full-label view, only
+    test in the folder view."""
     if not len(parts["train"]):
         raise DataError(f"{kind}: {source}: the {view} view has no training image")
     options = [f"view={view}"] if view != full_view else []

@@ -1,16 +1,7 @@
-"""The dataset families: the benchmarks the methods' published presets and ``--preset paper`` settings are keyed
-by (``voc``, ``coco``, ``nus``, ``cub``, and the procedural ``builtin``).
-
-A dataset's family is declared by its kind's row of the registry (:data:`models.data.registry.DATASET_KINDS`: every
-``voc:`` dataset is ``voc``); the kinds whose datasets may be a benchmark's (the seeds' ``formatted`` folders, a
-``csv`` or ``folder`` export of one) declare the family whose names include the folder's name, whole (formatted
-folders: with the family's class count). A folder called ``coconut`` is no family: it does not get COCO's
-presets.
-
-Each family declares its classes (in the order of its label matrices) and its ``names``: the dataset names its
-loader gives (``voc2012``, ``coco2014``, ``builtin-small``) and the names of the seeds' folders (``pascal``,
-``nuswide``), matched whole and case-insensitively (:func:`family_named`) - the one rule by which a name says a
-family.
+"""The dataset families the methods' presets are keyed by (``voc``, ``coco``, ``nus``, ``cub``, ``builtin``). A kind's
+row of :data:`models.data.registry.DATASET_KINDS` declares its family; the kinds that may hold a benchmark's data
+(``formatted``, ``csv``, ``folder``) take the family whose ``names`` include the folder's name, whole and
+case-insensitive (:func:`family_named`): ``coconut`` is no family.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
-"""Class-per-folder image trees: ``folder:ROOT`` (the layout of torchvision's ``ImageFolder``).
+"""Class-per-folder image trees: ``folder:ROOT`` as ``ROOT/<class>/<image>`` or
+``ROOT/{train,val,test}/<class>/<image>`` (docs/datasets.md, "folder"), read with the one folder walk's rule
+(:mod:`models.files.folder_walk`); ``ROOT/classes.txt`` fixes the class order.
 
-Layouts:
-
-* ``ROOT/<class>/<image>``: every image is in the training pool (the protocol holds out val; no test split);
-* ``ROOT/{train,val,test}/<class>/<image>``: explicit splits; ``train`` is required, a missing ``val`` is held
-  out from train by the protocol, a missing ``test`` means no test split.
-
-Images may sit in sub-folders of their class folder (every image below ``cat/`` is a ``cat``). The tree is read
-with the one folder walk's rule (:mod:`models.files.folder_walk`, the same as ``python -m serve tag``'s): a file is
-an image when its extension is in :data:`models.files.image_extensions.IMAGE_EXTENSIONS` (case-insensitive);
-other files and hidden entries (``.DS_Store``, ``.git/``) are ignored and counted in a note; symbolic links to
-image files are followed, symbolic links to folders (class folders included) are not, and are counted in a note.
-``ROOT/classes.txt`` (one name per line), when present, fixes the class list and order; otherwise the folder
-names are sorted.
-
-**One image, several classes.** The same image filed under several class folders is ONE image with several
-positives. "The same image" means identical bytes: a copy, a hard link or a symlink. Different files that
-merely share a name (``cat/001.jpg``, ``dog/001.jpg``) stay distinct images. To stay fast on large trees only
-files of equal size are compared: files are grouped by size (one ``stat`` each), and only the members of a
-group with more than one file are hashed (BLAKE2b of the whole file; hard links and symlinks to one file are
-recognised by their inode and hashed once). The merged image keeps the first of its paths in sorted order.
-
-**Checks before anything trains.** Every problem of the tree is collected and reported in ONE
-:class:`DataError` (exit status 2 from ``python -m train``): an empty class folder, a class without a training
-image, an image file directly in ``ROOT`` or in a split folder (outside any class), a class folder missing
-from ``classes.txt``, the same image in two splits, and every unreadable or corrupt image (each distinct
-image is opened and checked with PIL's ``verify``; ``?skip-verify`` leaves that out for very large trees, and
-training then skips unreadable images with a warning instead).
+The same image (identical bytes: a copy, hard link or symlink) under several class folders is ONE image with several
+positives; to stay fast only files of equal size are hashed. Every problem of the tree (empty or unlisted class folders,
+images outside a class, one image in two splits, unreadable images unless ``?skip-verify``) is reported at once in one
+:class:`DataError`.
 """
 
 from __future__ import annotations
@@ -139,9 +118,8 @@ def is_class_tree(path: Path) -> bool:
 
 
 def _walk_images(folder: Path, ignored: list[Path], linked: list[Path], unreadable: list[str]) -> list[Path]:
-    """Every image file below ``folder`` by the one folder walk's rule (:mod:`models.files.folder_walk`), sorted;
-    non-image and hidden files go to ``ignored``, symlinked folders (not entered) to ``linked``, folders that
-    cannot be listed to ``unreadable``."""
+    """Every image file below ``folder`` by the one folder walk's rule, sorted; skipped files go to ``ignored``,
+    symlinked folders to ``linked``, unlistable folders to ``unreadable``."""
     listing = walk_folder(folder)
     ignored += listing.ignored()
     linked += listing.linked_folders
@@ -221,9 +199,8 @@ def _describe_problems(root: Path, problems: list[str]) -> str:
 
 
 def load_folder(root: Path, verify: bool = True, progress: bool | None = None) -> DatasetSplits:
-    """Load a class-per-folder tree (module docstring) as :class:`DatasetSplits`: name = the folder's name,
-    source = ``folder:<absolute root>``. ``verify``: open every distinct image with PIL first (the default).
-    Raises :class:`DataError` listing every problem of the tree at once."""
+    """Load a class-per-folder tree (module docstring) as :class:`DatasetSplits`; ``verify`` opens every distinct image
+    with PIL first. A :class:`DataError` lists every problem at once."""
     root = Path(root).expanduser().absolute()
     if not root.is_dir():
         raise DataError(f"{root}: no such folder")

@@ -1,30 +1,11 @@
-"""The "formatted .npy" layout of the seeds' reference repositories (Cole et al. 2021 and the methods that reuse
-their data preparation), as ``formatted:DIR``.
+"""The "formatted .npy" layout of the seeds' reference repositories (Cole et al. 2021), as ``formatted:DIR``:
+``formatted_{train,val}_{images,labels}.npy``, optional ``formatted_train_labels_obs.npy`` (the shipped observed labels,
+used for ``--observed single`` unless ``?resample``) and ``classes.txt``. docs/datasets.md ("formatted") tells the rest.
 
-Files in DIR (written by the seeds' ``preproc/format_{pascal,coco,nuswide,cub}.py``):
-
-- ``formatted_train_images.npy`` / ``formatted_val_images.npy``: arrays of image path strings;
-- ``formatted_train_labels.npy`` / ``formatted_val_labels.npy``: (N, C) 0/1 full label matrices;
-- optional ``formatted_train_labels_obs.npy``: (N_train, C) observed labels (1 = observed positive, -1 = observed
-  negative, written by the seeds' ``--num-neg``), used for the published ``--observed single`` when present
-  (``?resample`` ignores it);
-- optional ``classes.txt``: the class names, one per line.
-
-A COCO folder laid out as the seeds' ``data/coco`` (``annotations/instances_train2014.json`` beside the formatted
-files) also gives the images' objects to the label-bias protocols (``--observed single:size``).
-
-As in the seeds' ``datasets.py``, the "val" files are the TEST split, and the validation split is carved out of
-the train files (``--val-fraction``, ``--protocol-seed``). Image paths are relative to each dataset's image
-folder in the seeds' ``get_metadata`` (VOC: ``VOCdevkit/VOC2012/JPEGImages``, COCO: the folder itself, NUS-WIDE:
-``Flickr``, CUB: ``CUB_200_2011/images``); those folders under DIR are tried in turn, or ``?image-root=PATH`` names
-it. Absolute paths that do not exist are re-rooted under the image root: their leading folders are dropped until
-the first image is found there, and the same number is dropped from every path.
-
-Family and class names: the family is VOC/COCO/NUS-WIDE/CUB when ``?dataset=voc|coco|nus|cub`` says so, or when
-the folder's name is one of the family's names (:mod:`models.data.families`: ``pascal``, ``voc2012``, ``coco``,
-``nuswide``, ``cub``..., the whole name) and the class count is the family's; the loaded dataset declares it
-(``DatasetSplits.family``). Class names: ``classes.txt`` when present; else the family's real names; else
-``class_000``, ``class_001``, ...
+As in the seeds' ``datasets.py``, the "val" files are the TEST split; val is carved out of train. Image paths are
+relative to the seeds' image folder of each dataset (tried in turn under DIR, or ``?image-root=PATH``); absolute paths
+that do not exist are re-rooted there. The family comes from ``?dataset=`` or the folder's name with the family's class
+count.
 """
 
 from __future__ import annotations
@@ -99,9 +80,8 @@ _KNOWN = {name: family for name, family in DATASET_FAMILIES.items() if family.cl
 
 
 def _family(root: Path, num_classes: int, override: str | None) -> str | None:
-    """The known dataset of ``root``: ``override`` (checked against the class count), else the family whose names
-    include the folder's name (:func:`models.data.families.family_named`: ``pascal``, ``nuswide``...) when its class
-    count is the label files'."""
+    """The family of ``root``: ``override`` (checked against the class count), else the family named by the folder's
+    name whose class count is the label files'."""
     if override is None:
         family = _KNOWN.get(family_named(root.name) or "")
         return family.name if family is not None and len(family.classes or ()) == num_classes else None

@@ -1,12 +1,5 @@
-"""Class names of the four datasets the seeds' papers report on, in the order of their label matrices.
-
-- VOC: the 20 classes in alphabetical order (``models.data.voc.VOC_CLASSES``).
-- COCO: the 80 category names ordered by category id (as ``instances_*.json`` lists them and the seeds'
-  ``format_coco.py`` orders its columns).
-- NUS-WIDE: the 81 concepts in ``Concepts81.txt`` order (alphabetical), as the seeds' formatted files use.
-- CUB-200-2011: the 312 attributes in ``attributes.txt`` order (``has_bill_shape::curved_(up_or_down)``, ...).
-
-Which family a dataset belongs to is :mod:`models.data.families`'s business.
+"""Class names of the four datasets the seeds' papers report on, in the order of their label matrices: VOC alphabetical,
+COCO by category id, NUS-WIDE in ``Concepts81.txt`` order, CUB's 312 attributes in ``attributes.txt`` order.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The label-bias protocols (Arroyo, Perona & Cole 2023, the reference's ``spml-bias`` branch,
-``preproc/biased_labels.py``): the kept positive of each image drawn with a probability that depends on its objects.
-
-- ``size``: proportional to the summed area of the class's objects in the image (areas over the image's total);
-- ``location``: proportional to the summed inverse distance of the class's box centres from the image centre
-  (a distance of 0 counts as 0.0005). The reference multiplies each image's weights by a constant computed with
-  the image's (width, height) corner in place of its centre, a distance of 0 counting as 1 there; it does not
-  change the distribution, but it changes the float weights, so it is kept for bit-equality;
-- ``empirical``: proportional to a per-class weight (the reference's ``semantic`` bias, whose weights it derives
-  from crowdsourced clicks that it does not distribute), read from a file; an image whose positives all weigh 0
-  keeps one drawn uniformly.
-
-The weights are computed in the reference's order of float operations, and drawn with ``random.Random(seed)``
-(models/data/sampling.py: :func:`observe_weighted`), so COCO with seed 1200 gives the reference's files.
-``size`` and ``location`` need the dataset's objects (:class:`ObjectTable`): COCO's instance annotations, or
-the built-in data's shapes (their visible pixels and centres: an annotator biased towards large objects).
+"""The label-bias protocols (Arroyo, Perona & Cole 2023, the reference's ``spml-bias`` branch; docs/datasets.md): each
+image's kept positive drawn with a probability from its objects (``size``: their area; ``location``: inverse distance of
+their centres from the image centre) or from per-class weights (``empirical``). Weights are computed in the reference's
+order of float operations (the location weights' constant factor included) and drawn as
+:func:`models.data.sampling.observe_weighted` does, so COCO with seed 1200 gives the reference's files.
 """
 
 from __future__ import annotations

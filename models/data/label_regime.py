@@ -1,24 +1,8 @@
-"""The label regime of each split: full, single-positive or partial, detected from the label matrix or declared.
-
-The package's benchmarks know every label and hide most of them; a user's own data (a CSV, one folder per class)
-has one or a few labels per image, as someone gave them, in every split. What can be computed depends on which:
-the figures that need full labels (F1 at a threshold, label recovery, mAP as a measure of quality) are only
-meaningful on a split whose labels are full.
-
-Rule (:func:`detect_regime`), per split:
-
-* ``single-positive``: no image of the split has more than one positive (images with none are allowed, as
-  unlabelled images). A one-label-per-image matrix cannot tell a single-positive annotation from a complete
-  multi-class one; the package's premise is the former, so it is the default. Declare ``full`` when every image
-  really has exactly one class.
-* ``full``: some image has two or more positives AND the dataset says its labels are complete: a benchmark whose
-  loader declares the split complete (``DatasetSplits.complete_splits``: the built-in data, VOC, COCO, CUB,
-  NUS-WIDE, the seeds' formatted files, the clip art's keywords), or the user's declaration.
-* ``partial``: several positives on some image, but nothing says all of them are there: a user's own data (a
-  class-per-folder tree with some images in two folders, a CSV) unless declared ``full``; or declared.
-
-``declared`` is ``auto`` (detect) or one of the regimes, for every split or per split (``--labels test=full``); a
-declaration that the matrix contradicts (``single-positive`` with an image of two positives) is a ``ValueError``.
+"""The label regime of each split (docs/your-data.md): ``single-positive`` (no image with two positives; the default for
+one label per image), ``full`` (several positives and the dataset declares the split complete, or the user does) or
+``partial`` (several positives, nothing says all are there). Figures that need full labels are only computed on full
+splits. ``declared`` is ``auto`` or a regime, for every split or per split (``--labels test=full``); a declaration the
+matrix contradicts is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -29,16 +13,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "DECLARABLE",
-    "NOT_AVAILABLE",
-    "REGIMES",
-    "SPLITS",
-    "LabelRegime",
-    "describe_regimes",
-    "detect_regime",
-    "detect_regimes",
-    "parse_declarations",
-    "parse_declared",
+    "DECLARABLE", "NOT_AVAILABLE", "REGIMES", "SPLITS", "LabelRegime", "describe_regimes", "detect_regime",
+    "detect_regimes", "parse_declarations", "parse_declared",
 ]
 
 FULL, SINGLE, PARTIAL = "full", "single-positive", "partial"
@@ -51,9 +27,8 @@ _ALIASES = {"single": SINGLE, "single-positive": SINGLE, "full": FULL, "partial"
 
 @dataclass(frozen=True)
 class LabelRegime:
-    """The labels of one split: ``kind`` (one of :data:`REGIMES`), how it was decided (``detected`` or
-    ``declared``), the number of images, the mean and largest number of positives per image, and the labels known
-    to be absent (observed negatives)."""
+    """The labels of one split: its regime ``kind``, how it was decided, image count, positives per image and the known
+    negatives."""
 
     split: str
     kind: str
@@ -94,9 +69,8 @@ SPLITS = ("train", "val", "test")
 
 
 def parse_declarations(text: str) -> dict[str, str]:
-    """``--labels``: one regime for every split (``full``), or ``SPLIT=REGIME`` pairs separated by commas
-    (``test=full`` or ``train=partial,test=full``; the splits not named: ``auto``) -> the declared regime of each
-    of train, val and test. A bad word or split is a ``ValueError``."""
+    """``--labels``: one regime for every split, or ``SPLIT=REGIME`` pairs (``train=partial,test=full``; others
+    ``auto``) -> the declared regime of train, val and test; ``ValueError`` on a bad word."""
     text = text.strip()
     if "=" not in text:
         word = parse_declared(text)
@@ -112,9 +86,8 @@ def parse_declarations(text: str) -> dict[str, str]:
 
 
 def detect_regime(labels: np.ndarray, split: str, declared: str = "auto", complete: bool = True) -> LabelRegime:
-    """The :class:`LabelRegime` of one split's 0/1 label matrix ``labels`` (N, C) (module docstring rule);
-    ``complete``: the dataset says the split's labels are its complete annotation (else several labels on an image
-    make it ``partial``, not ``full``)."""
+    """The :class:`LabelRegime` of one split's 0/1 labels (N, C) by the module docstring's rule; ``complete``: the
+    dataset says the split's labels are complete."""
     matrix = np.asarray(labels)
     if matrix.ndim != 2:
         raise ValueError(f"{split} labels must be a 2-D (N, C) matrix, got shape {matrix.shape}")
@@ -133,11 +106,8 @@ def detect_regime(labels: np.ndarray, split: str, declared: str = "auto", comple
 
 def detect_regimes(labels_by_split: dict[str, np.ndarray | None], declared: str = "auto",
                    complete: tuple[str, ...] = SPLITS) -> dict[str, LabelRegime]:
-    """:func:`detect_regime` of every split present (``None`` or empty splits are left out), in the given order;
-    ``declared`` as ``--labels`` takes it (:func:`parse_declarations`), ``complete`` the splits the dataset says
-    are complete. Give each split's labels as the dataset provides them (``ProtocolSplits.train.labels``,
-    ``val.labels``, ``test.labels``), not the observed labels the protocol sampled from them. This is what a run
-    prints at its start (:func:`describe_regimes`) and saves in config.json (``{split: regime.to_dict()}``)."""
+    """:func:`detect_regime` of every split present, in order, with their annotated labels (not the sampled observed
+    ones); ``declared`` as ``--labels`` takes it, ``complete`` the splits the dataset declares complete."""
     words = parse_declarations(declared)
     return {split: detect_regime(labels, split, words.get(split, "auto"), split in complete)
             for split, labels in labels_by_split.items() if labels is not None and len(labels) > 0}

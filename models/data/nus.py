@@ -1,21 +1,8 @@
-"""NUS-WIDE with its 81 concepts (``--data nus:DIR``), from the official annotation layout.
-
-Layout under ``DIR`` (the official ``ConceptsList``, ``ImageList`` and ``Groundtruth`` downloads unpacked):
-``Concepts81.txt`` (or ``ConceptsList/Concepts81.txt``: the concept names, one per line, in label order),
-``ImageList/TrainImagelist.txt`` and ``ImageList/TestImagelist.txt`` (Windows paths such as
-``actor\\0001_2124494179.jpg``, relative to the image folder; a full ``C:\\...\\Flickr\\actor\\...`` path is cut
-after ``Flickr``), and ``Groundtruth/TrainTestLabels/Labels_<concept>_{Train,Test}.txt`` (one 0/1 per line, in
-image-list order). Images: ``DIR/Flickr/`` or the folder given with ``nus:DIR?images=PATH``.
-
-Many NUS-WIDE images can no longer be downloaded: listed images that are not on disk are dropped, with the
-count in a note ("using 161,789 of 269,648 images; 107,859 missing"). Images with no positive concept cannot
-carry a single positive label and are dropped too (a note gives the count per split); ``?keep-unlabelled``
-keeps them as all-negative rows, as the seeds' formatted files do.
-
-Splits: the official train list is the training pool (the protocol holds out 20% as val), the official test
-list is the test set. Cole et al. instead trained and tested on their own re-crawl (150,000 train / 60,260 test
-images drawn from the images they could download; lists published only as formatted .npy files), and EM used
-the official lists; for the seeds' exact images use their files with ``--data formatted:DIR``.
+"""NUS-WIDE with its 81 concepts (``--data nus:DIR``) from the official ``ConceptsList``, ``ImageList`` and
+``Groundtruth`` downloads (docs/datasets.md, "nus"); images in ``DIR/Flickr/`` or ``?images=PATH``. Listed images
+missing on disk are dropped with a note, as are images with no positive concept unless ``?keep-unlabelled``. The
+official train list is the training pool, the official test list the test set; for the seeds' own re-crawl use their
+files with ``--data formatted:DIR``.
 """
 
 from __future__ import annotations
@@ -153,16 +140,9 @@ def load_nus(root: Path, image_root: Path | None = None, keep_unlabelled: bool =
                         "nus:DIR?images=PATH")
     options = [f"images={images_dir}"] if image_root is not None else []
     options += ["keep-unlabelled"] if keep_unlabelled else []
-    return DatasetSplits(
-        name="nus",
-        source=f"nus:{root}" + (f"?{'&'.join(options)}" if options else ""),
-        classes=list(concepts),
-        train=train,
-        test=test if len(test) else None,
-        val=None,
-        notes=notes,
-        complete_splits=ALL_SPLITS,
-    )
+    return DatasetSplits(name="nus", source=f"nus:{root}" + (f"?{'&'.join(options)}" if options else ""),
+                         classes=list(concepts), train=train, test=test if len(test) else None, notes=notes,
+                         complete_splits=ALL_SPLITS)
 
 
 def load_nus_spec(argument: str) -> DatasetSplits:

@@ -1,23 +1,7 @@
-"""The protocol file of a run (``observed.npz``): the observed training labels and the train/val split, so that
-a later run (``--observed FILE``) trains on exactly the same labels and split.
-
-An ``.npz`` archive (``np.load(path)`` reads it; no pickles) with these arrays:
-
-- ``format``: ``"spml-observed/2"`` (version 1 files, without ``val_observed`` and with 0/1 ``train_observed``,
-  are still read);
-- ``dataset``: the dataset name (``voc``, ``builtin-tiny``, ...); ``fingerprint``: its annotation fingerprint;
-- ``classes``: (C,) class names;
-- ``train_paths``: (N_train,) training image paths, relative to the dataset's image root (the deepest folder
-  holding every image of the dataset), ``/``-separated; ``train_observed``: (N_train, C) int8 observed labels
-  (1 observed positive, -1 observed negative, 0 unobserved);
-- ``val_paths``: (N_val,) the validation images, the same way; ``val_observed``: (N_val, C) int8, their observed
-  labels (what ``val=observed`` scores them with; all 0 where the protocol does not know them);
-- ``observed``: how the labels were made, in ``--observed`` syntax (``single``, ``single:size``,
-  ``single?neg=3&val=observed``, ``full``, ``partial:R``, ``given:<file>``, ...); ``protocol_seed``: the seed that
-  sampled them and drew the split.
-
-The bytes depend only on these values (fixed member order, timestamps and compression), so two runs with the same
-protocol write byte-identical files and the file's sha256 identifies the protocol.
+"""The protocol file of a run (``observed.npz``): the observed training labels, the train/val split and the val labels,
+so that a later run (``--observed FILE``) trains on exactly the same (docs/datasets.md lists its arrays). Version 1
+files are still read. The bytes depend only on the values (fixed member order, timestamps and compression), so the
+file's sha256 identifies the protocol.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""The ``--observed`` syntax: how the training labels (and optionally the validation labels) are observed.
-
-    auto                               (the default: single on a benchmark, all on your own data)
-    single[:uniform|size|location|empirical][?pos=N&neg=M&weights=FILE&val=clean|observed]
-    all                                (every label the data gives; "full" is accepted for it)
-    partial:R[?val=clean|observed]
-    FILE[?val=clean|observed]          (a .npy matrix; a run's observed.npz carries its own val labels)
-
-``auto`` is resolved once the dataset is loaded (models/data/protocol.py, :func:`resolve_observed`): a benchmark
-whose loader declares its training labels complete gets the papers' ``single``; a user's own data (``csv:``,
-``folder:``) gets ``all``: its labels, one or several per image as someone gave them, are the observed labels, and
-nothing is drawn unless asked with ``single``.
-
-Options use the dataset specs' syntax (models/data/spec_options.py). ``single`` alone is what every published run
-uses: one positive per image drawn uniformly, no negative (the seeds' ``generate_observed_labels.py`` defaults).
-``pos`` / ``neg`` are that script's ``--num-pos`` / ``--num-neg`` (``all`` = its -1); ``size``, ``location`` and
-``empirical`` are the label-bias variants of its ``spml-bias`` branch (``loc`` and ``semantic`` are accepted as
-its names for the last two); ``empirical`` takes its per-class weights from ``weights=FILE``. ``val=observed``
-scores the validation split with its observed positives instead of its clean labels (the reference's
-``val_set_variant='observed'``).
+"""The ``--observed`` syntax (docs/datasets.md, "The protocol and its saved file"): ``auto``,
+``single[:uniform|size|location|empirical][?pos=N&neg=M&weights=FILE&val=clean|observed]``, ``all`` (or ``full``),
+``partial:R`` or ``FILE``. ``auto`` is resolved with the dataset: ``single`` on a benchmark, ``all`` on the user's own
+data. ``single`` alone is every published run's setting (the seeds' ``generate_observed_labels.py`` defaults).
 """
 
 from __future__ import annotations
@@ -40,15 +24,9 @@ _USAGE = ("use auto, single[:uniform|size|location|empirical][?pos=N&neg=M&weigh
 
 @dataclass(frozen=True)
 class ObservedSpec:
-    """How labels are observed.
-
-    ``kind``: ``auto`` (resolved with the dataset), ``single`` (``variant`` draws the kept positive; ``num_pos`` /
-    ``num_neg`` positives / negatives per image for ``uniform``, -1 = all; ``weights`` the class-weights file of
-    ``empirical``), ``all`` (every label as given; on a benchmark, the clean-training oracle),
-    ``partial`` (each positive kept with probability ``rate``), ``file`` (read from ``path``: a protocol file or
-    a pool-aligned .npy) or ``given`` (shipped with the data; ``path`` names the file). ``val``: ``clean`` or
-    ``observed`` validation labels.
-    """
+    """How labels are observed: ``kind`` (``auto``, ``single`` with its ``variant``, ``num_pos`` / ``num_neg`` and
+    ``weights``, ``all``, ``partial`` with its ``rate``, ``file`` or ``given`` with their ``path``) and the ``val``
+    labels (``clean`` or ``observed``)."""
 
     kind: str
     rate: float = 1.0
@@ -133,9 +111,8 @@ def _with_options(spec: ObservedSpec, options: dict[str, str], original: str, ch
 
 
 def parse_observed(text: str, check_files: bool = True) -> ObservedSpec:
-    """Parse an ``--observed`` value (see the module docstring) into an :class:`ObservedSpec`; a bad value raises
-    ``ValueError`` with the accepted forms. ``check_files=False`` (a value read back from a protocol file) takes
-    a weights path as it is, existing or not."""
+    """Parse an ``--observed`` value into an :class:`ObservedSpec` (``ValueError`` listing the accepted forms);
+    ``check_files=False`` takes a weights path as it is."""
     stripped = text.strip()
     if Path(stripped).expanduser().is_file():
         return ObservedSpec("file", path=str(Path(stripped).expanduser().resolve()))

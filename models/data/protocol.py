@@ -1,16 +1,7 @@
-"""The SPML protocol of Cole et al. (CVPR 2021; docs/methods.md, "The SPML protocol"): observed labels and the
-train/val split.
-
-- Observed labels are sampled ONCE from the annotated labels of the whole training pool with a fixed seed (1200
-  by default), before the split and independently of the method, so every method sees the same positives; the
-  sampling equals the reference's ``preproc/generate_observed_labels.py`` (and its label-bias branch) bit for bit
-  (models/data/sampling.py, models/data/label_bias.py; ``--observed`` syntax: models/data/observed_spec.py).
-- 20% of the training pool is held out as the validation split (unless the source has an explicit val split),
-  scored with its clean labels, or with its observed positives (``?val=observed``); the test split is always
-  fully labelled.
-- A dataset that ships its observed labels (the seeds' ``formatted_train_labels_obs.npy``) uses them instead of
-  sampling the published setting (``given``); ``--observed FILE`` takes them from a saved protocol file
-  (models/data/observed_file.py: labels AND split) or from a ``.npy`` matrix with one row per image of the pool.
+"""The SPML protocol of Cole et al. (CVPR 2021; docs/methods.md, "The SPML protocol"): observed labels sampled ONCE from
+the whole training pool with a fixed seed, before the split and whatever the method, bit for bit as the reference's
+``generate_observed_labels.py`` (or taken from the dataset or a protocol file); then 20% of the pool held out as val,
+scored with clean or observed labels. The test split is always fully labelled.
 """
 
 from __future__ import annotations
@@ -40,14 +31,9 @@ PROTOCOL_SEED = 1200
 
 def sample_observed(labels: np.ndarray, spec: ObservedSpec, seed: int = PROTOCOL_SEED,
                     splits: DatasetSplits | None = None) -> np.ndarray:
-    """Observed int8 matrix (1 observed positive, -1 observed negative, 0 unobserved) from the full ``labels``
-    (N, C) of the training pool.
-
-    ``single``: ``spec.num_pos`` positives and ``spec.num_neg`` negatives per image drawn uniformly as the
-    reference does (``observe_uniform``), or one positive drawn by a label-bias ``spec.variant`` from the
-    dataset ``splits`` (its objects or class weights; ``labels`` must then be ``splits.train.labels``).
-    ``partial``: each positive kept with probability ``rate`` (PU-MLC's setting). ``all``: the labels.
-    """
+    """Observed int8 matrix (1 positive, -1 negative, 0 unobserved) from the training pool's full ``labels`` by
+    ``spec``: ``single`` (uniform as the reference, or a label-bias variant drawn from ``splits``), ``partial`` or
+    ``all``."""
     labels = np.asarray(labels)
     if spec.kind == "all":
         return (labels == 1).astype(np.int8)
@@ -121,9 +107,8 @@ class ProtocolSplits:
 
     @property
     def train_has_full_labels(self) -> bool:
-        """Whether the training split has full labels that training does not observe: then (and only then) the
-        trainer scores full-label diagnostics (label recovery, the precision of a method's pseudo-labels). False for
-        single-positive or partial labels as given, and for ``--observed full`` (nothing hidden to recover)."""
+        """Whether the training split has full labels that training does not observe (then the trainer scores label
+        recovery and pseudo-label precision)."""
         return self.train_labels_full and not np.array_equal(self.train_observed, self.train.labels)
 
     def summary(self) -> str:
@@ -134,17 +119,13 @@ class ProtocolSplits:
         test = len(self.test) if self.test is not None else 0
         negatives = f" and {neg:.2f} negatives" if neg else ""
         val_labels = " (observed labels)" if self.observed.val == "observed" else ""
-        return (
-            f"train {len(self.train)} (observed {self.observed}: {pos:.2f} labels/image of {full:.2f}"
-            f"{negatives}), val {len(self.val)}{val_labels}, test {test}, {len(self.classes)} classes"
-        )
+        return (f"train {len(self.train)} (observed {self.observed}: {pos:.2f} labels/image of {full:.2f}"
+                f"{negatives}), val {len(self.val)}{val_labels}, test {test}, {len(self.classes)} classes")
 
 
 def dataset_fingerprint(splits: DatasetSplits) -> str:
-    """A short sha256 over class names, image paths (relative to their common root) and label matrices.
-
-    Image bytes are not hashed (too slow for COCO-sized data); the fingerprint identifies the annotation.
-    """
+    """A short sha256 over class names, relative image paths and label matrices (not image bytes): it identifies the
+    annotation."""
     h = hashlib.sha256()
     h.update("\n".join(splits.classes).encode())
     for part_name in ("train", "val", "test"):
@@ -260,11 +241,9 @@ def build_protocol(
     seed: int = PROTOCOL_SEED,
     labels: str = "auto",
 ) -> ProtocolSplits:
-    """Apply the protocol to a loaded dataset: the observed labels of the training pool (sampled, shipped with
-    the dataset for the published ``single``, or read from ``observed.path``), then ``val_fraction`` of the pool
-    held out as val (unless the dataset has an explicit val split). A protocol file fixes labels, split and val
-    labels together. ``labels`` declares the label regime of every split (``auto``: detected per split;
-    models/data/label_regime.py); a declaration the labels contradict is a ``ValueError``."""
+    """Apply the protocol to a loaded dataset: the training pool's observed labels (sampled, shipped, or read from
+    ``observed.path``), then ``val_fraction`` held out as val unless the dataset has a val split. ``labels`` declares
+    the label regimes (``auto``: detected)."""
     parse_declarations(labels)  # a bad --labels value fails here
     protocol = replace(_with_known_negatives(_build_protocol(splits, resolve_observed(observed, splits),
                                                              val_fraction, seed)),

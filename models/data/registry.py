@@ -1,18 +1,7 @@
-"""One table of dataset kinds (:data:`DATASET_KINDS`), and ``load_dataset(spec)`` that turns a spec string into
-``DatasetSplits``.
-
-Each kind is one row (:class:`DatasetKind`): its loader, its detector (how a bare path is recognised), its family
-(the benchmark the methods' presets are keyed by, ``models.data.families``: fixed for a benchmark's kind, found
-from the spec for ``formatted``, ``csv`` and ``folder`` - the family whose declared names include the folder's
-name, whole: ``cub_200`` is CUB, ``coconut`` is nothing), its help line and the dataset name a spec loads under.
-Adding a kind is one loader module and one row.
-
-Spec forms: ``kind:argument`` with kind in ``DATASET_KINDS`` (``builtin:tiny``, ``builtin:default@seed3``,
-``csv:path/labels.csv``, ``csv:folder``, ``voc:/data/VOCdevkit``, ``coco:/data/coco``, ``cub:/data/CUB_200_2011``,
-``nus:/data/nus?images=/mnt/flickr&keep-unlabelled``, ``formatted:/data/voc?image-root=/mnt/voc``,
-``folder:/data/pets``, ``openclipart:/usr/share/openclipart/svg?view=folders``), ``builtin`` alone
-(= ``builtin:default``), ``openclipart`` alone (the Debian package's folder), or a bare path whose kind is detected
-from its contents.
+"""One table of dataset kinds (:data:`DATASET_KINDS`) and :func:`load_dataset`, which turns a spec into
+``DatasetSplits``: ``kind:argument`` (``builtin:tiny``, ``csv:path/labels.csv``, ``voc:/data/VOCdevkit``,
+``nus:/data/nus?images=/mnt/flickr``, ...), ``builtin`` or ``openclipart`` alone, or a bare path whose kind is detected.
+Each kind is one row (:class:`DatasetKind`); adding a kind is one loader module and one row.
 """
 
 from __future__ import annotations
@@ -78,9 +67,8 @@ def _load_builtin(argument: str) -> DatasetSplits:
 
 
 def _builder(name: str) -> Callable[[str], object]:
-    """``models.sources.<module>.<function>`` (``name``: ``module.function``), imported when called: the builders
-    are reached only by the loader of their kind, so that loading this table (and ``export``, ``serve``) never
-    imports :mod:`models.sources`."""
+    """``models.sources.<module>.<function>``, imported when called, so that this table (and ``export``, ``serve``)
+    never imports :mod:`models.sources`."""
     module, _, function = name.partition(".")
     return lambda argument: getattr(importlib.import_module(f"models.sources.{module}"), function)(argument)
 
@@ -98,26 +86,11 @@ def _csv_file(argument: str) -> Path:
     return path
 
 
-def _load_csv_spec(argument: str) -> DatasetSplits:
-    """``csv:<labels.csv or folder>``: load the generic CSV format."""
-    return load_csv(_csv_file(argument))
-
-
-def _load_voc_spec(argument: str) -> DatasetSplits:
-    """``voc:<VOCdevkit or VOCdevkit/VOC20xx>``: load PASCAL VOC."""
-    return load_voc(Path(argument))
-
-
 def _load_coco_spec(argument: str) -> DatasetSplits:
     """``coco:<root with annotations/instances_*.json>[?reference]``: load MS-COCO (``reference``: the classes in
     the json's category order, as the seeds' format script)."""
     path, options = split_spec_options(argument, ("reference",), "coco")
     return load_coco(Path(path), reference="reference" in options)
-
-
-def _load_cub_spec(argument: str) -> DatasetSplits:
-    """``cub:<CUB_200_2011 folder or its parent>``: CUB-200-2011 with its 312 attributes as labels."""
-    return load_cub(Path(argument))
 
 
 def _builtin_name(argument: str) -> str:
@@ -139,15 +112,10 @@ def _folder_name(argument: str) -> str:
     return Path(argument.partition("?")[0]).expanduser().absolute().name
 
 
-def _csv_family(argument: str) -> str:
-    """The family whose declared names include the CSV's folder name, whole (``cub_200``: ``cub``; ``coconut``:
-    none): :func:`models.data.families.family_named`."""
-    return family_named(_csv_name(argument)) or ""
-
-
-def _folder_family(argument: str) -> str:
-    """The family whose declared names include the class tree's folder name, whole (see :func:`_csv_family`)."""
-    return family_named(_folder_name(argument)) or ""
+def _family_by_name(name_of: Callable[[str], str]) -> Callable[[str], str]:
+    """The family whose declared names include the folder name ``name_of(argument)``, whole (``cub_200``: ``cub``;
+    ``coconut``: none): :func:`models.data.families.family_named`."""
+    return lambda argument: family_named(name_of(argument)) or ""
 
 
 def _is_csv(path: Path) -> bool:
@@ -162,11 +130,9 @@ def _is_coco(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class DatasetKind:
-    """One kind of dataset spec: ``name`` (the ``name:`` of its specs), ``load(argument)``, ``form`` (its line of
-    the help), ``detect(path)`` (True when an existing bare path is of this kind; None: never detected),
-    ``family`` (the family of every dataset of this kind, ``""`` for none) or ``find_family(argument)`` (for kinds
-    whose datasets may be of a family: read from the spec without loading), ``dataset_name(argument)`` (the name a
-    spec loads under, without loading) and ``standalone`` (the name alone is a spec: ``name:`` with no argument)."""
+    """One kind of dataset spec: its ``name``, ``load(argument)``, help ``form``, ``detect(path)`` for bare paths,
+    its ``family`` or ``find_family(argument)``, ``dataset_name(argument)`` and ``standalone`` (the name alone is a
+    spec)."""
 
     name: str
     load: Callable[[str], DatasetSplits]
@@ -187,22 +153,23 @@ DATASET_KINDS: Table[DatasetKind] = Table("dataset kind", [Row(kind.name, kind.f
     DatasetKind("builtin", _load_builtin, "builtin[:<preset>[@seed<N>]]   procedural dataset (presets: tiny, small, "
                 "default, large; dense-tiny, dense-small, dense: with 7 attribute labels)", _builtin_name,
                 family="builtin", standalone=True),
-    DatasetKind("csv", _load_csv_spec, "csv:<labels.csv | folder>         generic CSV (image,labels[,split]; "
-                "classes.txt optional)", _csv_name, detect=_is_csv, find_family=_csv_family),
+    DatasetKind("csv", lambda argument: load_csv(_csv_file(argument)), "csv:<labels.csv | folder>         generic "
+                "CSV (image,labels[,split]; classes.txt optional)", _csv_name, detect=_is_csv,
+                find_family=_family_by_name(_csv_name)),
     DatasetKind("formatted", load_formatted, "formatted:<dir>[?image-root=P&dataset=voc|coco|nus|cub&resample]  the "
                 "seeds' formatted_*.npy", formatted_dataset_name, detect=is_formatted_dir,
                 find_family=formatted_family),
-    DatasetKind("voc", _load_voc_spec, "voc:<VOCdevkit | VOC20xx folder>  PASCAL VOC 2007/2012", lambda _: "voc",
+    DatasetKind("voc", load_voc, "voc:<VOCdevkit | VOC20xx folder>  PASCAL VOC 2007/2012", lambda _: "voc",
                 detect=lambda path: bool(find_voc_dirs(path)), family="voc"),
     DatasetKind("coco", _load_coco_spec, "coco:<root>[?reference]           MS-COCO 2014/2017 "
                 "(annotations/instances_*.json)", lambda _: "coco", detect=_is_coco, family="coco"),
-    DatasetKind("cub", _load_cub_spec, "cub:<CUB_200_2011 | its parent>    CUB-200-2011, 312 attributes as labels",
+    DatasetKind("cub", load_cub, "cub:<CUB_200_2011 | its parent>    CUB-200-2011, 312 attributes as labels",
                 lambda _: "cub", detect=lambda path: find_cub_dir(path) is not None, family="cub"),
     DatasetKind("nus", load_nus_spec, "nus:<root>[?images=DIR][&keep-unlabelled]  NUS-WIDE, 81 concepts (images "
                 "under root/Flickr)", lambda _: "nus", detect=is_nus_dir, family="nus"),
     DatasetKind("folder", load_folder_spec, "folder:<root>[?skip-verify]       one folder per class: "
                 "root/<class>/<image> or root/{train,val,test}/<class>/<image>", _folder_name, detect=is_class_tree,
-                find_family=_folder_family),
+                find_family=_family_by_name(_folder_name)),
     DatasetKind("openclipart", _builder("openclipart.load_openclipart_spec"), "openclipart[:<svg dir>][?view="
                 "folders&min-count=N]  Open Clip Art Library 0.18 (Debian openclipart-svg), uploader keywords as "
                 "labels; view=folders: one label per image, its folder", partial(drawing_set_name, "openclipart"),
@@ -220,11 +187,9 @@ def describe_kinds() -> str:
     """Return a multi-line help text listing the accepted dataset spec forms (for the CLI ``--help``)."""
     lines = ["Dataset specs:"]
     lines += [f"  {kind.form}" for kind in DATASET_KINDS.values()]
-    lines.append(
-        "  <path>                            auto-detected: a .csv file or a folder with labels.csv, a VOC "
-        "folder, a COCO root, a CUB_200_2011 folder, a NUS-WIDE root, a folder of formatted_*.npy files or a "
-        "folder of class folders"
-    )
+    lines.append("  <path>                            auto-detected: a .csv file or a folder with labels.csv, a VOC "
+                 "folder, a COCO root, a CUB_200_2011 folder, a NUS-WIDE root, a folder of formatted_*.npy files or a "
+                 "folder of class folders")
     return "\n".join(lines)
 
 
@@ -251,9 +216,8 @@ def _spec_kind(spec: str) -> tuple[DatasetKind | None, str]:
 
 
 def spec_dataset_name(spec: str) -> str:
-    """The dataset name a spec will load under, without loading it: ``builtin-<preset>``, ``voc``, ``coco``,
-    ``cub``, ``nus``, ``openclipart`` (``openclipart-folders`` for its folder view), a formatted folder's family or
-    name, a CSV's or a class tree's folder name; ``""`` if unknown."""
+    """The dataset name a spec will load under, without loading it (``builtin-<preset>``, ``voc``,
+    ``openclipart-folders``, a folder's name, ...); ``""`` if unknown."""
     kind, argument = _spec_kind(spec)
     return kind.dataset_name(argument) if kind is not None else ""
 
@@ -266,11 +230,8 @@ def spec_family(spec: str) -> str:
 
 
 def load_dataset(spec: str) -> DatasetSplits:
-    """Load the dataset named by ``spec`` (``kind:argument``, ``builtin``, or a bare path) as DatasetSplits, its
-    ``family`` declared by its kind (or by its loader).
-
-    An unknown kind or a path whose kind cannot be detected raises ``DataError`` listing the accepted forms.
-    """
+    """Load the dataset named by ``spec`` as DatasetSplits, its ``family`` declared by its kind; an unknown kind or
+    undetectable path raises ``DataError`` listing the accepted forms."""
     spec = spec.strip()
     if not spec:
         raise DataError(f"empty dataset spec\n{describe_kinds()}")
@@ -292,10 +253,8 @@ def load_dataset(spec: str) -> DatasetSplits:
             raise DataError(f"{path.resolve()}: cannot tell what kind of dataset this is\n{describe_kinds()}")
         return _load(DATASET_KINDS[kind], str(path))
     if match is not None:
-        raise DataError(
-            f"unknown dataset kind {match.group('kind')!r} in {spec!r} "
-            f"(known: {', '.join(DATASET_KINDS)})\n{describe_kinds()}"
-        )
+        raise DataError(f"unknown dataset kind {match.group('kind')!r} in {spec!r} (known: {', '.join(DATASET_KINDS)})"
+                        f"\n{describe_kinds()}")
     raise DataError(f"{path.resolve()}: no such file or folder\n{describe_kinds()}")
 
 

@@ -1,21 +1,8 @@
-"""Label review files: suggested labels, the user's answers, and what the answers do to the observed labels.
-
-A review file is a table of (image, label) pairs, one per row, as ``python -m train suggest`` writes it:
-
-* CSV (any suffix but ``.jsonl``): a header with ``image`` and ``label`` (``score``, ``given`` and ``answer``
-  optional; columns matched by name, case-insensitive, any order, others ignored), parsed with the ``csv`` module;
-* JSONL (``.jsonl``): one object per line with the keys ``image``, ``label`` and optionally ``score``, ``given``,
-  ``answer``.
-
-``image`` is the image's path as the dataset gives it (absolute), ``label`` a class name, ``score`` the suggestion's
-score, ``given`` the labels the image already has (``;``-separated, for the reviewer's eyes). ``answer`` is ``yes``
-(the label is present: a confirmed positive) or ``no`` (absent: a known negative); ``y``/``n``, ``1``/``0``,
-``true``/``false``, ``accept``/``reject`` are read too, case-insensitive; empty (or JSON ``null``) means not answered
-yet. The same pair may appear several times: the last row wins, so an answer log that only ever appends (the
-demo's review tab: :class:`AnswerLog`) records an undo as a row with an empty answer.
-
-Problems raise ``DataError`` with ``file:line: message``. What the answers do to a run's labels:
-models/data/reviewed_labels.py.
+"""Label review files (docs/label-review.md): (image, label) pairs as ``python -m train suggest`` writes them, in CSV
+(columns ``image``, ``label`` and optional ``score``, ``given``, ``answer``) or JSONL. An ``answer`` is ``yes`` (a
+confirmed positive) or ``no`` (a known negative), with the usual spellings read too; empty means not answered. The last
+row of a pair wins, so an append-only answer log records an undo as an empty answer. Problems raise ``DataError`` with
+``file:line: message``.
 """
 
 from __future__ import annotations
@@ -177,10 +164,8 @@ def final_answers(items: Iterable[ReviewItem]) -> dict[tuple[str, str], bool]:
 
 
 class AnswerLog:
-    """An append-only JSONL answer log (a review file): each answer is one line, flushed and synced to disk before
-    :meth:`record` returns, so that a killed browser or server loses no answer given. Opening the log drops a last
-    line cut short by a kill in the middle of a write (the answer it held was never confirmed), so that the next
-    answer starts a line of its own."""
+    """An append-only JSONL answer log: each answer is flushed and synced before :meth:`record` returns, and opening
+    drops a last line cut short by a kill, so no confirmed answer is lost."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

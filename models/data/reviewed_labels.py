@@ -1,12 +1,7 @@
-"""A run's labels with the user's review answers (``python -m train ... --review FILE``).
-
-An answer ``yes`` makes the pair a confirmed positive (observed 1), ``no`` a known negative (observed -1, also
-where the label was given: the answer corrects it), on the training and the validation images. On a user's own
-data the labels as given change too (a confirmed label is a given label: the label regime, the observed-label
-criteria and the validation labels see it); on a benchmark, whose labels are the hidden complete ones, only the
-observed labels change (and the validation labels where they are the observed ones, ``val=observed``). Pairs of
-other images (test, or not in the data), of unknown classes, or that repeat what the labels already say are counted
-and left out.
+"""A run's labels with the user's review answers (``--review FILE``; docs/label-review.md): ``yes`` makes the pair an
+observed positive, ``no`` a known negative, on training and validation images. On a user's own data the given labels
+change too; on a benchmark only the observed ones. Pairs of other images, unknown classes or that repeat the labels are
+counted and left out.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Observation processes: which labels of a full label matrix training may see, drawn as the reference draws them.
-
-Every function returns an int8 matrix: 1 = observed positive, -1 = observed negative, 0 = unobserved, and
-consumes random numbers exactly as the reference code does, so the same seed gives the same matrix bit for bit:
-
-- :func:`observe_uniform` - ``preproc/generate_observed_labels.py`` (``observe_uniform``): per image, shuffle the
-  positive indices with ``np.random.RandomState(seed)`` and keep the first ``num_pos``, then shuffle the negative
-  indices with the same generator and keep the first ``num_neg``. The negatives are shuffled even when none is
-  kept (``num_neg = 0``), so every image consumes random numbers for both;
-- :func:`observe_weighted` - the ``spml-bias`` branch's ``make_biased_matrix`` / ``make_semantic_bias_matrix``:
-  per image, one ``random.Random(seed).choices`` draw over the class columns with the image's weights (or
-  ``choice`` among its positives when every weight is zero);
-- :func:`observe_partial` - each positive kept independently with probability ``rate`` (PU-MLC's setting).
+"""Observation processes: which labels of a full label matrix training may see, as int8 (1 observed positive, -1
+observed negative, 0 unobserved), drawn consuming random numbers exactly as the reference does, so a seed gives the same
+matrix bit for bit: :func:`observe_uniform` (``generate_observed_labels.py``: the negatives are shuffled even when none
+is kept), :func:`observe_weighted` (the ``spml-bias`` branch) and :func:`observe_partial` (PU-MLC's setting).
 """
 
 from __future__ import annotations
@@ -45,10 +36,9 @@ def observe_uniform(labels: np.ndarray, num_pos: int = 1, num_neg: int = 0, seed
 
 def observe_weighted(labels: np.ndarray, weights_of: Callable[[int], Sequence[float]], seed: int,
                      uniform_if_equal: bool = False) -> np.ndarray:
-    """One positive per image drawn with probability proportional to ``weights_of(i)`` (one weight per class
-    column, zero outside the image's positives), with one ``random.Random(seed)`` in row order. With
-    ``uniform_if_equal`` (the empirical variant), an image whose weights are all equal (all zero) keeps a positive
-    drawn with ``choice`` instead. An image without a positive stays empty and draws nothing."""
+    """One positive per image drawn in proportion to ``weights_of(i)`` with one ``random.Random(seed)`` in row order;
+    with ``uniform_if_equal``, an image whose weights are all equal draws with ``choice``. Images without a positive
+    stay empty."""
     labels = np.asarray(labels)
     rng = random.Random(seed)
     observed = np.zeros(labels.shape, dtype=np.int8)

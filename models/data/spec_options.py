@@ -1,6 +1,5 @@
-"""Options inside a dataset spec: ``kind:PATH?key=value&flag`` (e.g. ``nus:/data/nus?images=/mnt/flickr``).
-
-One parser for every loader that takes options, so that every ``--data`` kind spells them the same way.
+"""Options inside a dataset spec, ``kind:PATH?key=value&flag``: one parser, so every ``--data`` kind spells them the
+same way.
 """
 
 from __future__ import annotations
@@ -11,10 +10,8 @@ from models.data.types import DataError
 
 
 def split_spec_options(argument: str, known: Collection[str], kind: str) -> tuple[str, dict[str, str]]:
-    """Split ``PATH?key=value&flag`` into ``(PATH, {key: value, flag: ""})``.
-
-    Every key must be in ``known``; an unknown one raises :class:`DataError` naming the accepted keys. A path
-    without ``?`` has no options."""
+    """Split ``PATH?key=value&flag`` into ``(PATH, {key: value, flag: ""})``; a key not in ``known`` raises
+    :class:`DataError` naming the accepted keys."""
     path, _, query = argument.partition("?")
     options: dict[str, str] = {}
     for part in filter(None, query.split("&")):

@@ -18,12 +18,8 @@ class DataError(ValueError):
 
 @dataclass
 class LabelledImages:
-    """Images with their annotated label matrix.
-
-    ``paths[i]`` is an absolute image path and ``labels[i]`` its 0/1 row over ``classes`` (uint8, shape
-    ``(N, C)``). For single-positive sources the matrix simply has one 1 per row. ``negatives``: the labels known
-    to be absent (0/1, same shape; a user's ``-dog`` in labels.csv), or None when the source gives none.
-    """
+    """Images with their annotated 0/1 label matrix: absolute ``paths``, ``labels`` (uint8 ``(N, C)`` over ``classes``)
+    and the known-absent ``negatives`` (same shape) or None."""
 
     paths: list[Path]
     labels: np.ndarray
@@ -59,9 +55,8 @@ AnnotatedObject = tuple[int, float, float, float]  # class column, area (px), bo
 
 @dataclass
 class ObjectTable:
-    """The annotated objects of a list of images (rows), as the label-bias protocols need them
-    (models/data/label_bias.py): for every object its class column, area and box centre, for every image its
-    width and height, all in pixels. Row ``i``'s objects are ``starts[i]:starts[i + 1]``, in annotation order."""
+    """The annotated objects of a list of images, for the label-bias protocols: each object's class column, area and box
+    centre, each image's size, in pixels; row ``i``'s objects are ``starts[i]:starts[i + 1]``."""
 
     starts: np.ndarray  # (N + 1,) int64
     classes: np.ndarray  # (M,) int64
@@ -93,16 +88,9 @@ class ObjectTable:
 
 @dataclass
 class DatasetSplits:
-    """What a loader returns: the official train pool, an optional explicit val split, an optional test split.
-
-    ``name`` is a short human label ("builtin-tiny", "voc2012", ...); ``source`` is the spec that was loaded
-    (it is recorded in checkpoints so export can find the validation images again). ``train_observed``: the
-    observed labels the dataset ships (the seeds' ``formatted_train_labels_obs.npy``), used instead of sampling.
-    ``train_objects``: for datasets that know their objects (COCO instances, the built-in scenes), a function
-    returning the :class:`ObjectTable` of ``train``'s rows (called only by the label-bias protocols).
-    ``complete_splits``: the splits whose labels are complete (declared by the loader, see below). ``family``: the
-    benchmark family (declared, never guessed from the name; see below).
-    """
+    """What a loader returns: the train pool, optional val and test splits, a short ``name`` and the ``source`` spec
+    (recorded in checkpoints); optionally the shipped observed labels (``train_observed``), the objects of ``train``
+    (``train_objects``), the ``complete_splits`` and the benchmark ``family``, all declared by the loader."""
 
     name: str
     source: str

@@ -1,17 +1,7 @@
-"""PASCAL VOC (2007 / 2012) as a multi-label classification dataset.
-
-Labels: an image is positive for a class when it has at least one object of that class that is not marked
-``difficult`` (difficult objects count as absent, as in Cole et al. 2021). Images with no non-difficult
-object at all are skipped (a note gives the count). Classes: the 20 standard names in alphabetical order
-(``VOC_CLASSES``).
-
-Splits: when ``ImageSets/Main/test.txt`` exists and every image it lists has an annotation (VOC2007 with the
-test set extracted), train = ``trainval.txt`` and test = ``test.txt``; otherwise (VOC2012) train =
-``train.txt`` and test = ``val.txt`` (the papers use the official val split as the test set).
-
-Images are sorted by file name (the official lists are sorted already). On VOC2012 this gives the seeds'
-``preproc/format_pascal.py`` output (which reads the per-class ``<class>_{train,val}.txt`` lists, built from the
-same XML files: 1 for a non-difficult object) row for row.
+"""PASCAL VOC (2007 / 2012) as a multi-label dataset (docs/datasets.md, "voc"): an image is positive for a class with a
+non-difficult object of it (images without one skipped); the 20 classes in alphabetical order. Splits: trainval/test
+when a complete ``test.txt`` exists (VOC2007), else train/val (VOC2012, the papers' test set). Images sorted by file
+name, which gives the seeds' ``format_pascal.py`` output row for row.
 """
 
 from __future__ import annotations
@@ -55,10 +45,7 @@ def find_voc_dirs(root: Path) -> list[Path]:
 
 
 def find_voc_dir(root: Path) -> Path | None:
-    """Return the VOC year folder (with ``Annotations/`` etc.) found at or under ``root``, or None.
-
-    With several year folders (e.g. VOC2007 and VOC2012 side by side) it returns None: that is ambiguous.
-    """
+    """The VOC year folder found at or under ``root``, or None (also when several years make it ambiguous)."""
     found = find_voc_dirs(Path(root).expanduser().resolve())
     return found[0] if len(found) == 1 else None
 
@@ -149,12 +136,9 @@ def _load_list(year_dir: Path, list_name: str, notes: list[str]) -> LabelledImag
     return LabelledImages(paths, np.stack(rows), list(VOC_CLASSES))
 
 
-def load_voc(root: Path) -> DatasetSplits:
-    """Load PASCAL VOC from ``VOCdevkit/`` or ``VOCdevkit/VOC20xx`` and return train/test splits.
-
-    See the module docstring for labels, class order and the split rule. Name: ``voc2007``/``voc2012``
-    (``voc`` for an unrecognised folder name); source: ``voc:<absolute root>``.
-    """
+def load_voc(root: Path | str) -> DatasetSplits:
+    """Load PASCAL VOC from ``VOCdevkit/`` or ``VOCdevkit/VOC20xx`` (module docstring) as train/test splits named
+    ``voc2007``/``voc2012``."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise DataError(f"{root}: VOC root folder not found")
@@ -193,13 +177,5 @@ def load_voc(root: Path) -> DatasetSplits:
     else:
         train = _load_list(year_dir, "train.txt", notes)
         test = _load_list(year_dir, "val.txt", notes)
-    return DatasetSplits(
-        name=name,
-        source=f"voc:{root}",
-        classes=list(VOC_CLASSES),
-        train=train,
-        test=test,
-        val=None,
-        notes=notes,
-        complete_splits=ALL_SPLITS,
-    )
+    return DatasetSplits(name=name, source=f"voc:{root}", classes=list(VOC_CLASSES), train=train, test=test,
+                         notes=notes, complete_splits=ALL_SPLITS)

@@ -1,30 +1,8 @@
-"""Model-selection criteria for single-positive validation labels, for the trainer's selection seam.
-
-A criterion is a pure function ``(val_logits (N, C), val_labels (N, C) 0/1) -> score``, higher being better (NaN
-when it cannot be computed): the signature of :data:`train.selection.CRITERIA`, where the papers' criterion is
-the validation mAP (``val_mAP``). mAP needs full validation labels to mean what it says; these need only one
-observed positive per image, every other label unknown:
-
-* ``an-loss``: minus the "assume negative" binary cross-entropy of the validation labels (the validation loss of
-  the ``an`` method: every unobserved label counted as negative).
-* ``observed-auc``: mean over classes of the ROC AUC of the observed positives against all other images. When
-  positives are observed at random (SCAR), the AUC on positive-vs-unlabelled data is an increasing affine
-  function of the true AUC (Menon et al. 2015), so it ranks models as the true AUC would. Scale-free: only each
-  class's ranking counts.
-* ``observed-rank``: mean reciprocal rank of each image's observed positive among its classes (by logit). A model
-  that raises the scores of unobserved positives loses nothing by it as long as the observed one stays near the
-  top of its image, unlike ``an-loss``, which punishes every confident unobserved positive (an EPR run selected
-  its first epoch by it).
-* ``observed-map``: the validation mAP against the observed labels (every unobserved label counted as negative):
-  per class, how high the observed positives rank among all images.
-
-:data:`LABEL_FREE_DEFAULT` is ``observed-map``: over every method at the package's defaults on every development
-set of ``python -m bench.choices`` (the clip art and the Tux Paint stamps, each with a random label per image and with
-the label of its folder, and the dense built-in shapes), it lost the least test mAP against selection on full
-labels (bench/README.md, choices that hold). ``observed-rank``, the earlier default, lost up to 2.6 for ``an`` itself
-on the dense shapes: a per-image ranking does not see a head that ranks one class high on every image.
-:func:`default_criterion` names the criterion for a
-validation split with or without full labels.
+"""Model-selection criteria for single-positive validation labels (docs/choosing.md): pure functions ``(val_logits (N,
+C), val_labels (N, C) 0/1) -> score``, higher better, NaN when not computable; the validation mAP needs full labels,
+these only the observed positives. ``observed-auc`` rests on the positive-vs-unlabelled AUC being an increasing affine
+function of the true AUC under SCAR (Menon et al. 2015). :data:`LABEL_FREE_DEFAULT`, ``observed-map``, lost the least
+test mAP against full-label selection on every development set (bench/README.md).
 """
 
 from __future__ import annotations
@@ -37,17 +15,8 @@ from models.evaluation.metrics import mean_average_precision
 from models.registry import Row, Table
 
 __all__ = [
-    "CRITERIA",
-    "DESCRIPTIONS",
-    "FULL_LABEL_DEFAULT",
-    "LABEL_FREE_CRITERIA",
-    "LABEL_FREE_DEFAULT",
-    "an_loss_score",
-    "default_criterion",
-    "observed_auc",
-    "observed_map",
-    "observed_rank",
-    "validation_map",
+    "CRITERIA", "DESCRIPTIONS", "FULL_LABEL_DEFAULT", "LABEL_FREE_CRITERIA", "LABEL_FREE_DEFAULT", "an_loss_score",
+    "default_criterion", "observed_auc", "observed_map", "observed_rank", "validation_map",
 ]
 
 Criterion = Callable[[np.ndarray, np.ndarray], float]

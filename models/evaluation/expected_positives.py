@@ -1,46 +1,15 @@
-"""The expected number of positives per image, k, and the class priors, without full labels.
+"""The expected number of positives per image, k, and the class priors, without full labels (docs/choosing.md). k comes
+from, in order (:func:`resolve_expected_positives`): the user's ``--hp k=``, the papers' value for a known
+dataset, full labels, an audit list, or an estimate from a model's logits (:func:`estimate_k`).
 
-EPR and ROLE pull the predicted number of positives per image towards k, and positive-only threshold
-calibration needs to know how many tags an image should get. Where k comes from, in order of preference
-(:func:`resolve_expected_positives`):
-
-* ``given``: the user's ``--hp k=...``;
-* ``published``: the papers' value for a known dataset (VOC 1.5, COCO 2.9, NUS 1.9, CUB 31.4);
-* ``labels``: the mean number of positives of full labels (the training split's, else the validation split's);
-* ``audit``: the mean over a small list of images the user labelled completely (:func:`mean_positives`);
-* ``estimated``: from a model's logits on images with one observed positive each (:func:`estimate_k`).
-
-**Why k cannot simply be measured.** One label per image cannot tell a data set whose images each carry one label
-from one whose images carry several that a model cannot tell apart: the observed labels look the same. Any estimate
-rests on the model separating the classes it scores, and says how well it does.
-
-**The estimate** (``estimated``): two best-bin estimates (in the manner of Garg et al., "Mixture Proportion
-Estimation and PU Learning: A Modern Approach", NeurIPS 2021) over ALL (image, class) entries pooled into one
-positive-unlabelled problem - the observed positives against every entry, at the cut where the ratio of the share of
-all entries above it to the share of the observed ones is least (among cuts keeping at least
-:data:`MIN_OBSERVED_SHARE` of the observed ones) gives the share of positive entries, k / C:
-
-- ``low``, on the logits as they are. A model trained on one label per image gives an image with n labels about
-  1/n for each: the observed positives, drawn more often from images with few labels, score higher than the
-  positives as a whole, which pulls the estimate down (to 1 for an ideal model).
-- ``high``, on each entry's log-probability minus its image's highest: every positive of an ideal model's image
-  then scores 0 whatever n is, so the estimate is exact for an ideal model and pushed up by the negatives a real
-  model ranks above an image's positives; for a real model it is about 1 / P(the observed label is the image's top
-  class).
-
-k is their geometric mean. Neither is a bound in general: with a weak model both are pushed up by the negatives it
-ranks high. So the same estimate is also made with the observed labels shuffled across images (``uninformed``: what
-scores that know nothing of the labels give), and the estimate counts as informative when it lies at least
-:data:`MIN_INFORMATIVE` of the way from that value down to 1 (on a log scale). The run says k is within 25% when the
-estimate is informative and ``high / low`` is at most :data:`BRACKET_RATIO` (1.5: the geometric mean is then within
-22.5% of both ends, which leaves room for a truth a little outside them); otherwise it says it cannot tell and asks
-for an audit list of 20 fully labelled images (:data:`AUDIT_ADVICE`). How the rule held on every development set
-(where the given label is not a random one of the image's labels, as in a folder view, the truth can lie outside
-the bracket, and the rule says it cannot tell): bench/README.md, choices that hold; docs/choosing.md. Pooling
-every class into one problem is what makes it usable: per class, the best-bin estimate of a class with one or two
-observed positives is noise.
-
-The per-class best-bin priors (:func:`estimate_class_priors`) remain for diagnostics.
+One label per image cannot tell images with one label from images with several that a model cannot tell apart, so any
+estimate rests on the model. Two best-bin estimates (after Garg et al., NeurIPS 2021) pool every (image, class) entry
+into one positive-unlabelled problem (per class, one or two observed positives are noise): ``low`` on the logits (pulled
+down: observed positives come more often from images with few labels) and ``high`` on each entry's log-probability minus
+its image's highest (exact for an ideal model, pushed up by negatives ranked above positives); k is their geometric
+mean. The same estimate with the labels shuffled across images (``uninformed``) says whether it is informative
+(:data:`MIN_INFORMATIVE`); k is claimed within 25% when it is and ``high / low`` is at most :data:`BRACKET_RATIO`, else
+the run asks for an audit list (:data:`AUDIT_ADVICE`).
 """
 
 from __future__ import annotations
@@ -54,16 +23,8 @@ import numpy as np
 from models.registry import Row, Table
 
 __all__ = [
-    "BRACKET_RATIO",
-    "CHOOSER_K",
-    "K_SOURCES",
-    "ExpectedPositives",
-    "KEstimate",
-    "estimate_class_priors",
-    "estimate_expected_positives",
-    "estimate_k",
-    "mean_positives",
-    "resolve_expected_positives",
+    "BRACKET_RATIO", "CHOOSER_K", "K_SOURCES", "ExpectedPositives", "KEstimate", "estimate_class_priors",
+    "estimate_expected_positives", "estimate_k", "mean_positives", "resolve_expected_positives",
 ]
 
 #: Where k came from, first source first; a row's value: whether k is known (given, published or counted on
@@ -200,9 +161,8 @@ def _best_bin_prior(scores: np.ndarray, observed: np.ndarray) -> float:
 
 
 def estimate_class_priors(scores: np.ndarray, observed: np.ndarray) -> np.ndarray:
-    """Per-class prior estimates pi_c (C,) from held-out ``scores`` (N, C, any monotone scale: logits or
-    probabilities) and their observed single-positive (or partial) 0/1 labels ``observed`` (N, C). A class with no
-    observed positive gets 0 (nothing says it occurs)."""
+    """Per-class prior estimates (C,) from held-out ``scores`` (any monotone scale) and their observed 0/1 labels; a
+    class with no observed positive gets 0."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(observed) > 0
     if s.ndim != 2 or s.shape != y.shape or len(s) == 0:
@@ -251,9 +211,8 @@ def resolve_expected_positives(
     estimate: float | KEstimate | None = None,
     estimate_detail: str = "",
 ) -> ExpectedPositives:
-    """k from the first available source, in the order of :data:`K_SOURCES` (module docstring):
-    ``full_labels`` the training (or validation) labels when they are full; ``audit_labels`` the audit list's;
-    ``estimate`` a :class:`KEstimate` (or a bare value). ``ValueError`` when nothing is given."""
+    """k from the first available source, in the order of :data:`K_SOURCES`: the full labels, the audit labels, then
+    ``estimate``; ``ValueError`` when nothing is given."""
     if given is not None:
         return ExpectedPositives(float(given), "given", "--hp k")
     if published is not None:

@@ -1,12 +1,6 @@
-"""Multi-label metrics: per-class AP, mAP, overall/per-class F1 (OF1, CF1).
-
-Average precision is the step-wise (non-interpolated) AP that scikit-learn's ``average_precision_score``
-computes, tied scores grouped into one threshold.
-
-Classes without any positive: their AP is undefined and returned as NaN. ``mean_average_precision``
-EXCLUDES them from the mean by default (``empty="exclude"``) and the count is reported by
-:func:`evaluate`; the papers' code instead counts them as AP = 0 (``empty="zero"``), which only matters
-on small or odd splits (every class has positives on the VOC/COCO/NUS/CUB val and test sets).
+"""Multi-label metrics: per-class AP (the step-wise AP of scikit-learn's ``average_precision_score``, tied scores one
+threshold), mAP, OF1 and CF1. A class without positives has AP NaN: excluded from the mean by default, counted as 0 by
+the papers' code (``empty="zero"``).
 """
 
 from __future__ import annotations
@@ -16,29 +10,9 @@ from typing import Any
 import numpy as np
 
 
-def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
-    """AP of one class: ``scores`` (N,) any real values, ``labels`` (N,) 0/1. NaN if there is no positive."""
-    scores = np.asarray(scores, dtype=np.float64).ravel()
-    labels = np.asarray(labels).ravel().astype(bool)
-    n_pos = int(labels.sum())
-    if n_pos == 0:
-        return float("nan")
-    order = np.argsort(-scores, kind="mergesort")
-    s, y = scores[order], labels[order]
-    tp = np.cumsum(y)
-    # The last index of each group of tied scores is one threshold.
-    last = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]
-    tp_at = tp[last].astype(np.float64)
-    precision = tp_at / (last + 1)
-    recall = tp_at / n_pos
-    delta = np.diff(np.r_[0.0, recall])
-    return float(np.sum(delta * precision))
-
-
 def per_class_ap(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """AP for each column of ``scores``/``labels`` (N, C); NaN for classes without positives. Every column at once
-    (the same steps as :func:`average_precision`): sorted by descending score, each run of tied scores one threshold
-    at its last row, AP = sum over thresholds of the recall gained there times the precision there."""
+    """AP for each column of ``scores``/``labels`` (N, C), NaN without positives: each run of tied scores is one
+    threshold at its last row, AP the sum of recall gained times precision there."""
     scores = np.asarray(scores, dtype=np.float64)
     labels = np.asarray(labels)
     if scores.shape != labels.shape or scores.ndim != 2:
@@ -73,9 +47,8 @@ def mean_average_precision(scores: np.ndarray, labels: np.ndarray, empty: str = 
 
 
 def f1_scores(probs: np.ndarray, labels: np.ndarray, thresholds: float | np.ndarray = 0.5) -> dict[str, float]:
-    """Overall (micro) and per-class (macro) precision/recall/F1 in percent at ``thresholds``
-    (a scalar or one value per class). CF1 = harmonic mean of the per-class-averaged P and R (ML-GCN's
-    definition); a class with no prediction has precision 0, with no positive recall 0."""
+    """Overall (micro) and per-class (macro) precision/recall/F1 in percent at ``thresholds`` (a scalar or one per
+    class); CF1 is ML-GCN's (harmonic mean of the averaged P and R)."""
     probs = np.asarray(probs, dtype=np.float64)
     labels = np.asarray(labels).astype(bool)
     pred = probs >= np.asarray(thresholds, dtype=np.float64)

@@ -17,11 +17,8 @@ def _current_umask() -> int:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on normal exit it is renamed onto ``path`` (``os.replace``),
-    on an exception it is deleted and ``path`` is left untouched.
-
-    ``suffix`` is the temp file's suffix (e.g. ``".onnx"`` for tools that look at it).
-    """
+    """Yield a temporary path (with ``suffix``) beside ``path``; on normal exit it replaces ``path``, on an exception it
+    is deleted and ``path`` left untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)

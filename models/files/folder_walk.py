@@ -1,19 +1,8 @@
-"""The one walk of a folder tree, with one rule, for every stage that lists files below a folder: ``--data
-folder:DIR`` (class folders), the ``nus:`` / ``cub:`` existence checks, ``python -m serve tag DIR``, ``python -m
-export --images DIR`` and the demo's ``--examples DIR``, so they all see the same files.
-
-The rule:
-
-- everything below ROOT is walked, in every sub-folder (ROOT itself may be a symbolic link to a folder);
-- hidden entries, whose name starts with ``.``, are skipped: hidden files (``.DS_Store``, the ``._IMG.jpg``
-  resource forks macOS writes on shared drives, the ``.<name>.tmp`` files of atomic writes) are counted as
-  skipped, hidden folders (``.git``, ``.thumbnails``) are not entered;
-- a symbolic link to a file is listed under the link's own path; a symbolic link to a folder is not entered
-  (each file is then reached by one path only, and a link loop cannot recurse): it is counted as skipped;
-- a folder that cannot be listed is reported with the reason, and the walk goes on.
-
-Files are returned sorted by their path relative to ROOT in POSIX form (``a/b.jpg``), the order every stage
-uses for keys. Only the standard library is imported.
+"""The one walk of a folder tree, so that every stage that lists files (``folder:DIR``, the ``nus:``/``cub:`` checks,
+``serve tag DIR``, ``export --images DIR``, the demo's ``--examples``) sees the same files. Rule: every sub-folder
+walked; hidden entries skipped (hidden files counted); a symbolic link to a file listed under its own path, one to a
+folder not entered (no loops, one path per file) and counted; an unlistable folder reported, the walk going on. Files
+sorted by their relative POSIX path.
 """
 
 from __future__ import annotations

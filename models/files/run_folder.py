@@ -35,10 +35,8 @@ def latest_run(runs_dir: Path | None = None) -> Path:
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     runs = list_runs(runs_dir)
     if not runs:
-        raise FileNotFoundError(
-            f"no trained run found under {runs_dir.resolve()} (train one with `python -m train`, "
-            "or pass a run folder or checkpoint path)"
-        )
+        raise FileNotFoundError(f"no trained run found under {runs_dir.resolve()} (train one with `python -m train`, "
+                                "or pass a run folder or checkpoint path)")
     return runs[-1]
 
 

@@ -1,13 +1,7 @@
-"""The one table of inference runtimes (:data:`RUNTIMES`: name -> class), picked from the model file's suffix;
-used by export (its checks) and serve (the tagger, the predictor, the demo).
-
-Every runtime class has ``name``, ``suffixes``, a classmethod ``load(path)``, a classmethod ``open(path, device,
-threads)`` (loaded for a ``--device``, with a description of where it runs), a classmethod ``read_meta(path)``
-(the model's :class:`~models.checkpoint.ModelMeta` without loading the model: no torch, no onnxruntime), the
-attribute ``meta: ModelMeta`` and ``predict_logits(batch float32 (N,3,S,S)) -> float32 (N,C)``. Adding a runtime
-is one module in this package and one row of :data:`RUNTIMES`. Heavy optional dependencies (torch, onnxruntime,
-TensorRT) are imported inside ``load`` only, so this module, the device names (:mod:`models.runtimes.devices`)
-and :func:`read_model_meta` are light: a Ray driver or a command line's checks use them without torch.
+"""The one table of inference runtimes (:data:`RUNTIMES`), picked from the model file's suffix, for export and serve. A
+runtime class has ``name``, ``suffixes``, classmethods ``load``, ``open`` and ``read_meta``, ``meta`` and
+``predict_logits(float32 (N,3,S,S)) -> float32 (N,C)``. Heavy dependencies are imported in ``load`` only, so this
+module, :mod:`models.runtimes.devices` and :func:`read_model_meta` are light.
 """
 
 from __future__ import annotations
@@ -82,32 +76,22 @@ def runtime_class(path: Path, backend: str | None) -> type:
     if backend is not None:
         cls = runtime_named(backend)
         if suffix not in cls.suffixes:
-            raise ModelSpecError(
-                f"backend {backend} cannot load {path.name}: it reads {', '.join(cls.suffixes)} files"
-            )
+            raise ModelSpecError(f"backend {backend} cannot load {path.name}: it reads {', '.join(cls.suffixes)} files")
         return cls
     try:
         return runtime_for(path)
     except ValueError:
         kind = _KNOWN_SUFFIXES.get(suffix)
         if kind:
-            raise ModelSpecError(
-                f"{path} is a {kind}, but no installed runtime reads {suffix} files (runtimes: "
-                f"{', '.join(RUNTIMES)}; they read {', '.join(supported_suffixes())})"
-            ) from None
-        raise ModelSpecError(
-            f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())} "
-            "(or a run folder / run name)"
-        ) from None
+            raise ModelSpecError(f"{path} is a {kind}, but no installed runtime reads {suffix} files (runtimes: "
+                                 f"{', '.join(RUNTIMES)}; they read {', '.join(supported_suffixes())})") from None
+        raise ModelSpecError(f"unsupported model file {path}: expected one of {', '.join(supported_suffixes())} "
+                             "(or a run folder / run name)") from None
 
 
 def read_model_meta(path: str | Path, backend: str | None = None) -> ModelMeta:
-    """The metadata (classes, input size, normalisation, thresholds...) of model file ``path`` without loading
-    the model, importing torch or starting a runtime: what a driver that never runs the model needs.
-
-    Raises :class:`ModelSpecError` (no such file, unsupported suffix, unknown backend) or :class:`ModelLoadError`
-    (the file holds no readable metadata of this package, or its output is not logits).
-    """
+    """The metadata of model file ``path`` without loading the model or importing torch; :class:`ModelSpecError` for a
+    bad path or backend, :class:`ModelLoadError` when it holds no metadata of this package."""
     path = Path(path)
     if not path.is_file():
         raise ModelSpecError(f"model not found: {path}")
@@ -123,33 +107,13 @@ def read_model_meta(path: str | Path, backend: str | None = None) -> ModelMeta:
 
 def open_runtime(path: Path, backend: str | None = None, device: str | None = None,
                  threads: int | None = None) -> tuple[Runtime, str]:
-    """Load model file ``path`` with its runtime (``backend`` forces one: :func:`runtime_class`) for ``device`` with
-    ``threads`` CPU threads; returns the runtime and a description of where it runs. Raises
-    :class:`ModelSpecError` (bad request), :class:`BackendUnavailableError` (runtime or GPU provider missing) and
-    whatever the runtime's ``load`` raises for a file it cannot read."""
+    """Load model file ``path`` with its runtime (or ``backend``) for ``device`` and ``threads``; returns the runtime
+    and where it runs. :class:`BackendUnavailableError` when the runtime or GPU provider is missing."""
     return runtime_class(path, backend).open(path, device, threads)
 
 
-def load_runtime(path: str | Path, runtime: str | None = None) -> Runtime:
-    """Load ``path`` with the runtime named ``runtime`` (default: chosen from the suffix)."""
-    cls = runtime_for(path) if runtime is None else RUNTIMES[runtime]
-    return cls.load(path)
-
-
 __all__ = [
-    "RUNTIMES",
-    "BackendUnavailableError",
-    "ModelLoadError",
-    "ModelSpecError",
-    "OnnxRuntimeBackend",
-    "Runtime",
-    "TensorRTBackend",
-    "TorchBackend",
-    "load_runtime",
-    "open_runtime",
-    "parse_device",
-    "read_model_meta",
-    "runtime_class",
-    "runtime_for",
-    "runtime_named",
+    "RUNTIMES", "BackendUnavailableError", "ModelLoadError", "ModelSpecError", "OnnxRuntimeBackend", "Runtime",
+    "TensorRTBackend", "TorchBackend", "open_runtime", "parse_device", "read_model_meta",
+    "runtime_class", "runtime_for", "runtime_named",
 ]

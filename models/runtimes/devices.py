@@ -12,10 +12,8 @@ _ORT_PROVIDER = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecution
 
 
 def parse_device(device: str | None) -> tuple[str, int | None]:
-    """``"cpu"`` / ``"cuda"`` / ``"cuda:1"`` / ``"tensorrt"`` / ``"tensorrt:0"`` -> ``(kind, index or None)``.
-
-    ``None`` gives ``("default", None)``: the backend's own default. Raises :class:`ModelSpecError`.
-    """
+    """``"cpu"`` / ``"cuda[:N]"`` / ``"tensorrt[:N]"`` -> ``(kind, index or None)``; None gives ``("default",
+    None)``."""
     if device is None:
         return "default", None
     kind, _, index = str(device).strip().lower().partition(":")
@@ -25,11 +23,8 @@ def parse_device(device: str | None) -> tuple[str, int | None]:
 
 
 def ort_providers(device: str | None, available: Sequence[str]) -> list[Any]:
-    """ONNX Runtime providers for ``device``: CPU always (last); CUDA for ``cuda[:N]``; TensorRT, then CUDA,
-    for ``tensorrt[:N]``. ``available`` is ``onnxruntime.get_available_providers()``.
-
-    Raises :class:`BackendUnavailableError` when this onnxruntime build lacks a requested provider.
-    """
+    """ONNX Runtime providers for ``device`` (CPU always last; TensorRT then CUDA for ``tensorrt``);
+    :class:`BackendUnavailableError` when this build lacks one."""
     kind, index = parse_device(device)
     if kind in ("default", "cpu"):
         return ["CPUExecutionProvider"]
@@ -38,10 +33,9 @@ def ort_providers(device: str | None, available: Sequence[str]) -> list[Any]:
     for name in wanted:
         provider = _ORT_PROVIDER[name]
         if provider not in available:
-            raise BackendUnavailableError(
-                f"device {device!r} needs ONNX Runtime's {provider}, but this onnxruntime only has "
-                f"{', '.join(available)}; install onnxruntime-gpu built for your CUDA version"
-            )
+            raise BackendUnavailableError(f"device {device!r} needs ONNX Runtime's {provider}, but this onnxruntime "
+                                          f"only has {', '.join(available)}; install onnxruntime-gpu built for your "
+                                          "CUDA version")
         providers.append((provider, {"device_id": index}) if index is not None else provider)
     return [*providers, "CPUExecutionProvider"]
 

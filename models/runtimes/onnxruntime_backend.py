@@ -1,7 +1,5 @@
-"""ONNX Runtime backend for exported ``.onnx`` models (metadata read from the file's metadata_props).
-
-``onnxruntime`` is imported only when a model is loaded, so importing this module is free; the metadata alone is
-read with ``onnx`` (:meth:`OnnxRuntimeBackend.read_meta`), without onnxruntime.
+"""ONNX Runtime backend for exported ``.onnx`` models; onnxruntime is imported only to load one, the metadata is read
+with ``onnx``.
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ def import_onnxruntime() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise ModuleNotFoundError(
-            f"the onnxruntime runtime needs the onnxruntime package ({exc}); install it with: {INSTALL_HINT}"
-        ) from exc
+        raise ModuleNotFoundError(f"the onnxruntime runtime needs the onnxruntime package ({exc}); install it with: "
+                                  f"{INSTALL_HINT}") from exc
     return onnxruntime
 
 
@@ -64,12 +61,8 @@ class OnnxRuntimeBackend:
     def load(
         cls, path: str | Path, providers: Sequence[str] = DEFAULT_PROVIDERS, threads: int | None = None
     ) -> OnnxRuntimeBackend:
-        """Open ``path`` with the given execution providers (default: CPU only) and ``threads`` intra-op threads
-        (default: ONNX Runtime's, one per physical core).
-
-        Raises ``FileNotFoundError``, ``ModuleNotFoundError`` (onnxruntime missing) or ``ValueError``
-        (not a loadable ONNX model, or no ``spml_meta`` metadata).
-        """
+        """Open ``path`` with ``providers`` (default: CPU) and ``threads`` intra-op threads; ``ValueError`` for a file
+        that is no ONNX model of this package."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"model not found: {path}")
@@ -91,20 +84,17 @@ class OnnxRuntimeBackend:
     @classmethod
     def open(cls, path: str | Path, device: str | None = None,
              threads: int | None = None) -> tuple[OnnxRuntimeBackend, str]:
-        """Load ``path`` for ``device`` (:func:`~models.runtimes.devices.ort_providers`) with ``threads``; returns
-        the runtime and a description of where it runs. Raises :class:`BackendUnavailableError` when ONNX Runtime
-        would fall back to the CPU (it does so silently when the CUDA / cuDNN / TensorRT libraries are absent)."""
+        """Load ``path`` for ``device`` with ``threads``; returns the runtime and where it runs.
+        :class:`BackendUnavailableError` where ONNX Runtime would silently fall back to the CPU."""
         ort = import_onnxruntime()
         providers = ort_providers(device, ort.get_available_providers())
         runtime = cls.load(path, providers=providers, threads=threads)
         active = list(runtime.session.get_providers())
         missing = [provider_name(p) for p in providers if provider_name(p) not in active]
         if missing:
-            raise BackendUnavailableError(
-                f"device {device!r}: ONNX Runtime could not start {', '.join(missing)} (active: {', '.join(active)});"
-                " check that the CUDA, cuDNN (and TensorRT) libraries matching onnxruntime-gpu are installed, "
-                "or use --device cpu"
-            )
+            raise BackendUnavailableError(f"device {device!r}: ONNX Runtime could not start {', '.join(missing)} "
+                                          f"(active: {', '.join(active)}); check that the CUDA, cuDNN (and TensorRT) "
+                                          "libraries matching onnxruntime-gpu are installed, or use --device cpu")
         return runtime, f"onnxruntime ({', '.join(active)})"
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:

@@ -1,18 +1,9 @@
 """TensorRT backend for engines built by ``export.tensorrt_build`` (``.engine`` / ``.plan`` + ``<engine>.json``).
 
-Two TensorRT flavours exist and their engines are not interchangeable:
-
-- ``tensorrt``: full TensorRT (Python module ``tensorrt``); an engine runs on the GPU model it was built on,
-  with the TensorRT version that built it.
-- ``tensorrt-rtx``: TensorRT for RTX (module ``tensorrt_rtx_bindings`` from the PyPI wheels
-  ``tensorrt-rtx-cu13-libs`` + ``tensorrt-rtx-cu13-bindings``, or ``tensorrt_rtx`` from the metapackage); engines
-  are built ahead of time, also on machines without a GPU, for chosen compute capabilities (sm75 ... sm121, no
-  Hopper) and finished just in time on the GPU they run on.
-
-The sidecar JSON written next to the engine names the flavour, its version, the targets and the model metadata
-(classes, preprocessing, thresholds), so the engine needs nothing else. This module also holds the helpers the
-builder shares (module import, logger, sidecar path); TensorRT, CUDA and torch are imported only by the
-functions that run an engine, so reading an engine's metadata (:meth:`TensorRTBackend.read_meta`) is light.
+Two flavours, whose engines are not interchangeable: full ``tensorrt`` (an engine runs on the GPU model and TensorRT
+version that built it) and ``tensorrt-rtx`` (built ahead of time, also without a GPU, for chosen compute
+capabilities; finished just in time on the GPU). The sidecar JSON names the flavour, version, targets and the model
+metadata. TensorRT, CUDA and torch are imported only to run an engine, so reading its metadata is light.
 """
 
 from __future__ import annotations
@@ -62,30 +53,19 @@ ENGINE_SUFFIXES: tuple[str, ...] = (".engine", ".plan")
 
 # TensorRT DataType member name -> torch dtype name (names are shared by both flavours)
 _TORCH_DTYPES: dict[str, str] = {
-    "FLOAT": "float32",
-    "HALF": "float16",
-    "BF16": "bfloat16",
-    "INT8": "int8",
-    "UINT8": "uint8",
-    "INT32": "int32",
-    "INT64": "int64",
-    "BOOL": "bool",
+    "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "UINT8": "uint8", "INT32": "int32",
+    "INT64": "int64", "BOOL": "bool",
 }
 
 
 class TensorRTRuntimeError(RuntimeError, OSError):
-    """No usable GPU / TensorRT runtime for this engine, or the engine failed to run; one readable line.
-
-    Also an ``OSError`` so command-line callers that report ``OSError`` as a one-line error handle it.
-    """
+    """No usable GPU / TensorRT runtime for this engine, or the engine failed to run; one readable line (also an
+    ``OSError``, which command-line callers report as a one-line error)."""
 
 
 def import_tensorrt(flavour: str) -> ModuleType:
-    """Import the Python module of ``flavour`` (``"tensorrt"`` or ``"tensorrt-rtx"``).
-
-    Raises ``ValueError`` for an unknown flavour and ``ModuleNotFoundError`` naming the install command when
-    the module is missing or its native libraries cannot be loaded.
-    """
+    """Import the Python module of ``flavour``; ``ModuleNotFoundError`` naming the install command when it is missing
+    or its native libraries cannot be loaded."""
     spec = TENSORRT_FLAVOURS[flavour]  # an unknown flavour: UnknownName (a ValueError) listing them
     problems: list[str] = []
     for name in spec.modules:
@@ -93,10 +73,8 @@ def import_tensorrt(flavour: str) -> ModuleType:
             return importlib.import_module(name)
         except (ImportError, OSError) as exc:  # OSError: the module is there but a shared library is not
             problems.append(f"{name}: {type(exc).__name__}: {exc}")
-    raise ModuleNotFoundError(
-        f"{flavour} is not installed ({'; '.join(problems)}); {spec.install}",
-        name=spec.modules[0],
-    )
+    raise ModuleNotFoundError(f"{flavour} is not installed ({'; '.join(problems)}); {spec.install}",
+                              name=spec.modules[0])
 
 
 def tensorrt_importable(flavour: str) -> bool:
@@ -109,11 +87,8 @@ def tensorrt_importable(flavour: str) -> bool:
 
 
 def make_logger(trt: ModuleType, echo: bool = False, keep: int = 200) -> Any:
-    """A TensorRT ``ILogger`` of module ``trt`` that keeps the last ``keep`` warnings and errors in ``.messages``.
-
-    ``.errors()`` returns the kept error texts (for exception messages); ``echo=True`` also prints warnings and
-    errors. Keep a reference to the logger as long as the builder / runtime that uses it lives.
-    """
+    """A TensorRT ``ILogger`` that keeps the last ``keep`` warnings and errors (``.errors()``: the error texts);
+    ``echo`` also prints them. Keep a reference as long as the builder / runtime that uses it lives."""
 
     class CollectingLogger(trt.ILogger):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
@@ -143,11 +118,8 @@ def cuda_target() -> str | None:
 
 
 def engine_sidecar_path(engine_path: str | Path) -> Path:
-    """The sidecar of an engine: the engine's file name + ``.json`` (``model.engine`` -> ``model.engine.json``).
-
-    The name is appended rather than substituted so that an engine beside ``model.onnx`` never overwrites the
-    ONNX export's own ``model.json``.
-    """
+    """The sidecar of an engine: ``model.engine`` -> ``model.engine.json`` (appended, not substituted, so that an
+    engine beside ``model.onnx`` never overwrites the ONNX export's own ``model.json``)."""
     engine_path = Path(engine_path)
     return engine_path.with_name(engine_path.name + ".json")
 
@@ -156,9 +128,8 @@ def read_engine_sidecar(engine_path: str | Path) -> dict[str, Any]:
     """Load and check the sidecar of ``engine_path`` (``FileNotFoundError`` / ``ValueError`` naming the file)."""
     side = engine_sidecar_path(engine_path)
     if not side.is_file():
-        raise FileNotFoundError(
-            f"{side} not found: a TensorRT engine needs the sidecar written next to it by `python -m export --trt`"
-        )
+        raise FileNotFoundError(f"{side} not found: a TensorRT engine needs the sidecar written next to it by "
+                                "`python -m export --trt`")
     try:
         doc = json.loads(side.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -172,11 +143,8 @@ def read_engine_sidecar(engine_path: str | Path) -> dict[str, Any]:
 
 
 def batch_chunks(n: int, min_batch: int, max_batch: int) -> list[tuple[int, int, int]]:
-    """Split ``n`` rows into engine calls: ``[(start, stop, run_size)]`` with ``min_batch <= run_size <= max_batch``.
-
-    A call's ``run_size`` exceeds ``stop - start`` only for a last chunk smaller than the profile's minimum; it
-    is then padded (by repeating rows) up to ``min_batch`` and the extra outputs dropped.
-    """
+    """Split ``n`` rows into engine calls ``[(start, stop, run_size)]``, ``min_batch <= run_size <= max_batch``; a last
+    chunk below the minimum is padded up to ``min_batch`` (``run_size > stop - start``)."""
     if not 1 <= min_batch <= max_batch:
         raise ValueError(f"invalid batch range {min_batch}..{max_batch}")
     chunks = []
@@ -225,42 +193,24 @@ def _cuda_device(device: int | str | torch.device | None) -> torch.device:
 
 
 def _rtx_invalid_reasons(trt: ModuleType, diagnostics: int) -> list[str]:
-    return [
-        name.lower().replace("_", " ")
-        for name, flag in trt.EngineInvalidityDiagnostics.__members__.items()
-        if diagnostics & int(flag)
-    ]
+    return [name.lower().replace("_", " ") for name, flag in trt.EngineInvalidityDiagnostics.__members__.items()
+            if diagnostics & int(flag)]
 
 
 class TensorRTBackend:
-    """A deserialized TensorRT(-RTX) engine on one CUDA GPU: float32 ``(N,3,S,S)`` -> logits ``(N,C)``.
-
-    Runs through the tensor-address API on torch CUDA tensors and a dedicated ``torch.cuda.Stream``; batches
-    larger than the engine profile's maximum are split, batches smaller than its minimum padded.
-    """
+    """A deserialized TensorRT(-RTX) engine on one CUDA GPU: float32 ``(N,3,S,S)`` -> logits ``(N,C)``, through the
+    tensor-address API on torch CUDA tensors and its own ``torch.cuda.Stream``."""
 
     name: ClassVar[str] = "tensorrt"
     suffixes: ClassVar[tuple[str, ...]] = ENGINE_SUFFIXES
 
-    def __init__(
-        self,
-        *,
-        path: Path,
-        meta: ModelMeta,
-        info: dict[str, Any],
-        trt: ModuleType,
-        logger: Any,
-        runtime: Any,
-        engine: Any,
-        context: Any,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, *, path: Path, meta: ModelMeta, info: dict[str, Any], trt: ModuleType, logger: Any,
+                 runtime: Any, engine: Any, context: Any, device: torch.device) -> None:
         self.path = path
         self.meta = meta
         self.info = info
         self.flavour: str = info["tensorrt"]["flavour"]
         self.device = device
-        self._trt = trt
         self._logger = logger
         self._runtime = runtime  # the engine must not outlive its runtime
         self._engine = engine
@@ -277,13 +227,8 @@ class TensorRTBackend:
 
     @classmethod
     def load(cls, path: str | Path, device: int | str | torch.device | None = None) -> TensorRTBackend:
-        """Deserialize the engine ``path`` (with its ``<engine>.json`` sidecar) on CUDA ``device`` (default: current).
-
-        Raises ``FileNotFoundError`` (engine or sidecar missing), ``ValueError`` (bad sidecar / not an engine of
-        this package), ``ModuleNotFoundError`` (the engine's TensorRT flavour is not installed; names the install
-        command) or :class:`TensorRTRuntimeError` (no CUDA GPU, another TensorRT version, an engine built for a
-        different GPU, deserialization failed).
-        """
+        """Deserialize the engine ``path`` (with its sidecar) on CUDA ``device`` (default: current); raises
+        :class:`TensorRTRuntimeError` when this GPU or TensorRT install cannot run it."""
         import torch
 
         path = Path(path)
@@ -297,16 +242,14 @@ class TensorRTBackend:
             raise ValueError(f"{engine_sidecar_path(path)}: unknown TensorRT flavour {flavour!r}")
         built_with = f"{flavour} {info['tensorrt'].get('version')}"
         if not torch.cuda.is_available():
-            raise TensorRTRuntimeError(
-                f"{path}: TensorRT engines run only on an NVIDIA CUDA GPU and torch sees none here "
-                f"(engine built with {built_with} for {', '.join(info['targets'])}); use the .onnx model instead"
-            )
+            raise TensorRTRuntimeError(f"{path}: TensorRT engines run only on an NVIDIA CUDA GPU and torch sees none "
+                                       f"here (engine built with {built_with} for {', '.join(info['targets'])}); use "
+                                       "the .onnx model instead")
         trt = import_tensorrt(flavour)
         if str(trt.__version__) != str(info["tensorrt"].get("version")):
-            raise TensorRTRuntimeError(
-                f"{path}: engine built with {built_with}, but {trt.__name__} {trt.__version__} is installed; "
-                "engines only load with the exact version that built them: rebuild it with `python -m export --trt`"
-            )
+            raise TensorRTRuntimeError(f"{path}: engine built with {built_with}, but {trt.__name__} {trt.__version__} "
+                                       "is installed; engines only load with the exact version that built them: "
+                                       "rebuild it with `python -m export --trt`")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         if dev.index >= torch.cuda.device_count():
@@ -318,10 +261,8 @@ class TensorRTBackend:
             explicit = [t for t in targets if t.startswith("sm")]
             if explicit and here not in explicit:
                 how = f"--trt-target {here}" if flavour == FLAVOUR_RTX else "on this machine"
-                raise TensorRTRuntimeError(
-                    f"{path}: engine built for {', '.join(explicit)}, but this GPU ({gpu}) is {here}; "
-                    f"rebuild it for this GPU (`python -m export --trt` {how})"
-                )
+                raise TensorRTRuntimeError(f"{path}: engine built for {', '.join(explicit)}, but this GPU ({gpu}) is "
+                                           f"{here}; rebuild it for this GPU (`python -m export --trt` {how})")
             data = path.read_bytes()
             logger = make_logger(trt)
             runtime = trt.Runtime(logger)
@@ -329,41 +270,28 @@ class TensorRTBackend:
                 validity, diagnostics = runtime.get_engine_validity(data)
                 if validity == trt.EngineValidity.INVALID:
                     reasons = ", ".join(_rtx_invalid_reasons(trt, int(diagnostics))) or "no reason given"
-                    raise TensorRTRuntimeError(
-                        f"{path}: TensorRT-RTX cannot run this engine on {gpu} ({here}): {reasons}"
-                        + (f" ({logger.errors()[-1]})" if logger.errors() else "")
-                    )
+                    raise TensorRTRuntimeError(f"{path}: TensorRT-RTX cannot run this engine on {gpu} ({here}): "
+                                               f"{reasons}" + (f" ({logger.errors()[-1]})" if logger.errors() else ""))
             engine = runtime.deserialize_cuda_engine(data)
             if engine is None:
                 detail = logger.errors()[-1] if logger.errors() else "no message"
-                raise TensorRTRuntimeError(
-                    f"{path}: {trt.__name__} {trt.__version__} could not deserialize the engine on {gpu} ({here}); "
-                    f"engines are tied to the GPU and TensorRT version that built them ({detail})"
-                )
+                raise TensorRTRuntimeError(f"{path}: {trt.__name__} {trt.__version__} could not deserialize the engine "
+                                           f"on {gpu} ({here}); engines are tied to the GPU and TensorRT version that "
+                                           f"built them ({detail})")
             context = engine.create_execution_context()
             if context is None:
                 detail = logger.errors()[-1] if logger.errors() else "out of GPU memory?"
                 raise TensorRTRuntimeError(f"{path}: could not create an execution context ({detail})")
             try:
-                backend = cls(
-                    path=path,
-                    meta=meta,
-                    info=info,
-                    trt=trt,
-                    logger=logger,
-                    runtime=runtime,
-                    engine=engine,
-                    context=context,
-                    device=dev,
-                )
+                backend = cls(path=path, meta=meta, info=info, trt=trt, logger=logger, runtime=runtime,
+                              engine=engine, context=context, device=dev)
             except ValueError as exc:
                 raise ValueError(f"{path}: {exc}") from exc
         size = int(meta.image_size)
         shape = tuple(engine.get_tensor_shape(backend.input_name))
         if len(shape) != 4 or tuple(shape[1:]) != (3, size, size):
-            raise ValueError(
-                f"{path}: engine input {backend.input_name} has shape {shape}, expected (-1, 3, {size}, {size})"
-            )
+            raise ValueError(f"{path}: engine input {backend.input_name} has shape {shape}, expected "
+                             f"(-1, 3, {size}, {size})")
         return backend
 
     @classmethod
@@ -375,19 +303,12 @@ class TensorRTBackend:
 
     @classmethod
     def read_meta(cls, path: str | Path) -> ModelMeta:
-        """The model metadata of engine ``path``, from its sidecar (no TensorRT, CUDA or torch needed).
-
-        Raises ``FileNotFoundError`` (sidecar missing) or ``ValueError`` (bad sidecar)."""
+        """The model metadata of engine ``path``, from its sidecar (no TensorRT, CUDA or torch needed)."""
         info = read_engine_sidecar(path)
         try:
             return ModelMeta.from_json(json.dumps(info["meta"]))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{engine_sidecar_path(path)}: invalid model metadata ({exc})") from exc
-
-    @property
-    def profile(self) -> tuple[int, int]:
-        """The engine's batch range ``(min, max)`` for one call."""
-        return self.min_batch, self.max_batch
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
         """float32 ``(N, 3, S, S)`` preprocessed batch -> float32 logits ``(N, C)`` (any ``N``; split as needed)."""
@@ -415,9 +336,8 @@ class TensorRTBackend:
         ctx = self._context
         x = torch.from_numpy(chunk).to(self.device).to(self.input_dtype).contiguous()
         if not ctx.set_input_shape(self.input_name, tuple(x.shape)):
-            raise TensorRTRuntimeError(
-                f"input shape {tuple(x.shape)} is outside the engine profile (batch {self.min_batch}..{self.max_batch})"
-            )
+            raise TensorRTRuntimeError(f"input shape {tuple(x.shape)} is outside the engine profile "
+                                       f"(batch {self.min_batch}..{self.max_batch})")
         out_shape = tuple(ctx.get_tensor_shape(self.output_name))
         if any(d < 0 for d in out_shape):
             raise TensorRTRuntimeError(f"TensorRT could not infer the output shape (got {out_shape})")
@@ -430,10 +350,8 @@ class TensorRTBackend:
         self.stream.synchronize()
         logits = y.float().cpu().numpy()
         if logits.shape != (len(chunk), len(self.meta.classes)):
-            raise TensorRTRuntimeError(
-                f"engine returned logits of shape {logits.shape} for a batch of {len(chunk)} "
-                f"and {len(self.meta.classes)} classes"
-            )
+            raise TensorRTRuntimeError(f"engine returned logits of shape {logits.shape} for a batch of {len(chunk)} "
+                                       f"and {len(self.meta.classes)} classes")
         return logits
 
 
@@ -446,19 +364,7 @@ def supported_targets(trt: ModuleType) -> list[str]:
 
 
 __all__ = [
-    "ENGINE_SIDECAR_FORMAT",
-    "ENGINE_SUFFIXES",
-    "FLAVOURS",
-    "FLAVOUR_RTX",
-    "FLAVOUR_TENSORRT",
-    "TensorRTBackend",
-    "TensorRTRuntimeError",
-    "batch_chunks",
-    "cuda_target",
-    "engine_sidecar_path",
-    "import_tensorrt",
-    "make_logger",
-    "read_engine_sidecar",
-    "supported_targets",
-    "tensorrt_importable",
+    "ENGINE_SIDECAR_FORMAT", "ENGINE_SUFFIXES", "FLAVOURS", "FLAVOUR_RTX", "FLAVOUR_TENSORRT", "TensorRTBackend",
+    "TensorRTRuntimeError", "batch_chunks", "cuda_target", "engine_sidecar_path", "import_tensorrt", "make_logger",
+    "read_engine_sidecar", "supported_targets", "tensorrt_importable",
 ]

@@ -1,7 +1,5 @@
-"""PyTorch backend for training checkpoints (``.pt``): the reference the exported runtimes must match.
-
-torch is imported by :meth:`TorchBackend.load` only: :meth:`TorchBackend.read_meta` reads a checkpoint's
-metadata without it.
+"""PyTorch backend for training checkpoints (``.pt``), the reference the exported runtimes must match; torch is imported
+by :meth:`TorchBackend.load` only.
 """
 
 from __future__ import annotations
@@ -33,10 +31,7 @@ class TorchBackend:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None) -> TorchBackend:
-        """Load a checkpoint written by the trainer (weights only); ``device`` defaults to cuda, else cpu.
-
-        Raises ``FileNotFoundError`` or ``ValueError`` (not a checkpoint of this package).
-        """
+        """Load a checkpoint written by the trainer (weights only); ``device`` defaults to cuda, else cpu."""
         import torch
 
         from models.network import model_from_meta
@@ -53,9 +48,8 @@ class TorchBackend:
 
     @classmethod
     def open(cls, path: str | Path, device: str | None = None, threads: int | None = None) -> tuple[TorchBackend, str]:
-        """Load ``path`` for ``device`` (``None``: CUDA when available, else the CPU) with ``threads`` CPU threads
-        (PyTorch's, process-wide); returns the runtime and a description of where it runs. Raises
-        :class:`ModelSpecError` for a TensorRT device, :class:`BackendUnavailableError` for CUDA without a GPU."""
+        """Load ``path`` for ``device`` (default CUDA when available) with ``threads`` (process-wide); returns the
+        runtime and where it runs."""
         import torch
 
         kind, _ = parse_device(device)

@@ -1,16 +1,7 @@
-"""The built-in procedural multi-label dataset: generated on first use, nothing to download.
-
-The images and their labels come from :mod:`models.sources.builtin_scenes` (shapes overlapping one another, partly
-hidden, on textured backgrounds; long-tailed, with co-occurring class pairs); this module holds the presets,
-writes the dataset into the cache (in parallel, under a file lock), reads its label statistics back and is the
-command line. The generator's public names are importable from here too.
-
-The dataset is written in the package's generic folder format (``classes.txt``, ``labels.csv``,
-``images/{train,test}/NNNNNN.jpg``) under ``<cache>/builtin/<preset>-seed<seed>-v<version>/``. Every image comes from
-its own RNG, seeded with ``(seed, split, index)``, so the files are byte-identical whatever the number of
-worker processes.
-
-Command line: ``python -m models.sources.builtin --preset default --seed 0``.
+"""The built-in procedural multi-label dataset (images from :mod:`models.sources.builtin_scenes`): its presets, its
+generation into ``<cache>/builtin/<preset>-seed<seed>-v<version>/`` (``classes.txt``, ``labels.csv``,
+``images/{train,test}/NNNNNN.jpg``; in parallel, byte-identical whatever the number of workers) and the command line
+``python -m models.sources.builtin --preset default --seed 0``.
 """
 
 from __future__ import annotations
@@ -32,49 +23,16 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from models.data.cache_folders import GENERATOR_VERSION, builtin_folder, cache_root, generated_builtin_folders
+from models.data.cache_folders import builtin_folder
 from models.data.types import DataError, LabelledImages, ObjectTable
 from models.files.file_lock import file_lock
 from models.registry import Row, Table, UnknownName
 from models.sources.builtin_attributes import DENSE_CLASS_NAMES, generate_dense_image
-from models.sources.builtin_scenes import (
-    COOCCURRING_PAIRS,
-    MIN_VISIBLE_FRACTION,
-    SPLITS,
-    SUPERSAMPLE,
-    SceneObject,
-    generate_image,
-    labelled_objects,
-    render_scene,
-    sample_labelled_scene,
-    sample_scene,
-    scene_masks,
-    visible_labels,
-)
+from models.sources.builtin_scenes import SPLITS, SUPERSAMPLE, generate_image, labelled_objects
 from models.sources.shapes import CLASS_NAMES
 
-__all__ = [
-    "BUILTIN_PRESETS",
-    "CLASS_NAMES",
-    "COOCCURRING_PAIRS",
-    "GENERATOR_VERSION",
-    "MIN_VISIBLE_FRACTION",
-    "BuiltinPreset",
-    "SceneObject",
-    "builtin_folder",
-    "builtin_objects",
-    "cache_root",
-    "ensure_builtin",
-    "generate_image",
-    "generated_builtin_folders",
-    "label_statistics",
-    "read_label_matrix",
-    "render_scene",
-    "sample_labelled_scene",
-    "sample_scene",
-    "scene_masks",
-    "visible_labels",
-]
+__all__ = ["BUILTIN_PRESETS", "BuiltinPreset", "builtin_objects", "ensure_builtin", "label_statistics",
+           "read_label_matrix"]
 
 JPEG_QUALITY = 90
 
@@ -114,16 +72,13 @@ BUILTIN_PRESETS: Table[BuiltinPreset] = Table("builtin preset", [
 )])
 
 
-
-
 # --------------------------------------------------------------------------------------------------------
 # Statistics
 
 
 def label_statistics(labels: np.ndarray) -> dict[str, Any]:
-    """Summarise an ``(N, C)`` 0/1 label matrix: ``n_images``, ``mean_labels`` (per image),
-    ``min_labels``/``max_labels``, ``class_frequency`` (fraction of images with each class, list of C
-    floats) and ``max_min_ratio`` (most over least frequent class; inf if a class never occurs)."""
+    """Summarise an ``(N, C)`` 0/1 label matrix: image count, labels per image, each class's frequency and the most
+    over least frequent class's ratio (inf if a class never occurs)."""
     labels = np.asarray(labels)
     if labels.ndim != 2:
         raise ValueError(f"labels must be a 2-D (N, C) matrix, got shape {labels.shape}")
@@ -190,11 +145,8 @@ def _write_dataset(folder: Path, preset: BuiltinPreset, seed: int, workers: int,
         else:
             pool = ProcessPoolExecutor(max_workers=workers)
             try:
-                futures = {
-                    pool.submit(_generate_chunk, str(folder), seed, split, start, stop, preset):
-                        (split, start, stop)
-                    for split, start, stop in tasks
-                }
+                futures = {pool.submit(_generate_chunk, str(folder), seed, split, start, stop, preset):
+                           (split, start, stop) for split, start, stop in tasks}
                 for fut in as_completed(futures):
                     split, start, stop = futures[fut]
                     results[split, start] = fut.result()
@@ -219,10 +171,9 @@ def _objects_chunk(seed: int, indices: list[int], image_size: int) -> list[tuple
 
 
 def builtin_objects(preset: str, seed: int, train: LabelledImages) -> ObjectTable:
-    """The :class:`ObjectTable` of the built-in training images ``train`` (``images/train/NNNNNN.jpg``): the
-    instances that make each image's labels, with their visible pixels as area and their centres, on the canvas
-    the labels are decided on. Regenerated from the images' seeds without painting (about 2 ms an image at 96 px,
-    in parallel like the generation); a label that differs from ``train``'s is an error."""
+    """The :class:`ObjectTable` of the built-in training images ``train``: the instances behind each image's labels
+    (visible area, centre), regenerated from the images' seeds without painting; a label differing from ``train``'s
+    is an error."""
     spec = BUILTIN_PRESETS[preset]
     indices = [int(path.stem) for path in train.paths]
     chunks = [indices[start:start + 200] for start in range(0, len(indices), 200)]
@@ -254,17 +205,10 @@ def _default_workers(preset: BuiltinPreset) -> int:
     return max(1, min(cpus, 8))
 
 
-def ensure_builtin(
-    preset: str = "default",
-    seed: int = 0,
-    cache_dir: Path | None = None,
-    workers: int | None = None,
-    progress: bool = True,
-) -> Path:
-    """Return the folder ``<cache>/builtin/<preset>-seed<seed>-v<version>/`` of the built-in dataset, generating it
-    first if it is missing or incomplete. ``cache_dir`` defaults to :func:`cache_root`; ``workers`` (default
-    ``min(cpu_count, 8)``, one process for tiny) is the number of generating processes and never changes
-    the files. Raises :class:`DataError` for an unknown preset or a negative seed."""
+def ensure_builtin(preset: str = "default", seed: int = 0, cache_dir: Path | None = None, workers: int | None = None,
+                   progress: bool = True) -> Path:
+    """Return the folder of the built-in dataset, generating it first if it is missing or incomplete; ``workers``
+    (default ``min(cpu_count, 8)``, one for tiny) never changes the files."""
     try:
         BUILTIN_PRESETS.row(preset)
     except UnknownName as exc:
@@ -330,15 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{p.name}: {p.image_size}px, {p.n_train} train + {p.n_test} test" for p in BUILTIN_PRESETS.values()
         ),
     )
-    parser.add_argument(
-        "--preset", default="default", choices=list(BUILTIN_PRESETS), help="dataset size (default: %(default)s)"
-    )
+    parser.add_argument("--preset", default="default", choices=list(BUILTIN_PRESETS),
+                        help="dataset size (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="generation seed, >= 0 (default: %(default)s)")
-    parser.add_argument(
-        "--out", type=Path, default=None, metavar="DIR",
-        help="cache root; the dataset goes to DIR/builtin/<preset>-seed<seed>-v<version>/ "
-        "(default: $SPML_CACHE, else ~/.cache/spml)",
-    )
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="cache root; the dataset goes to DIR/builtin/<preset>-seed<seed>-v<version>/ "
+                        "(default: $SPML_CACHE, else ~/.cache/spml)")
     parser.add_argument("--workers", type=int, default=None,
                         help="generating processes (default: min(cpu count, 8); 1 for tiny)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

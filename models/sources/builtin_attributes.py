@@ -1,19 +1,6 @@
-"""Attribute labels for the built-in scenes: the dense, attribute-style variant (``builtin:dense-*``).
-
-Besides its 20 shape classes, an image of the dense variant is labelled with attributes of where and how its
-visible objects (those that count as present for the shape labels) appear, in the
-manner of CUB-200's bird attributes: about 6.5 positives per image over 27 classes instead of about 2.8 over
-20, for measuring what depends on the number of positives per image (the expected positives k, thresholds).
-
-Attributes (an image has one when at least one visible object does):
-
-* ``top_left``, ``top_right``, ``bottom_left``, ``bottom_right``: the object's centre lies in that quadrant;
-* ``large``: the object's size (diameter, as a fraction of the image side) is at least :data:`LARGE_SIZE`;
-* ``partly_hidden``: less than :data:`PARTLY_HIDDEN_FRACTION` of the object's pixels are visible;
-* ``crowded``: the image has at least :data:`CROWDED_OBJECTS` visible objects.
-
-The images are exactly those of the plain variant with the same seed (same scene, same pixels); only the
-label set grows.
+"""Attribute labels of the dense built-in variant (``builtin:dense-*``): the same images, labelled besides their 20
+shapes with where and how their visible objects appear (quadrants, ``large``, ``partly_hidden``, ``crowded``), in the
+manner of CUB's attributes: about 6.5 positives per image instead of 2.8.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The procedural image generator of the built-in dataset: scenes of shapes, their visible labels, rendering.
-
-Each image shows 1 to 6 shapes (see :mod:`models.sources.shapes`) in random colours, sizes, rotations and
-positions, overlapping one another, partly hidden by occluder blobs, on a textured background with
-non-class clutter. Class frequencies are long-tailed and a few class pairs co-occur strongly. An image's
-labels are the classes that stay visible after rendering (an instance counts when at least
-``MIN_VISIBLE_FRACTION`` of its pixels are not covered by anything drawn later). Every image comes from its own
-RNG, seeded with ``(seed, split, index)`` (:func:`generate_image`). :mod:`models.sources.builtin` writes them into
-the dataset cache.
+"""The procedural image generator of the built-in dataset: 1 to 6 overlapping shapes (:mod:`models.sources.shapes`),
+partly hidden by occluder blobs, on a textured, cluttered background; long-tailed, with co-occurring class pairs. An
+image's labels are the classes that stay visible (at least ``MIN_VISIBLE_FRACTION`` of an instance's pixels not
+covered by anything drawn later). Every image has its own RNG, seeded with ``(seed, split, index)``.
 """
 
 from __future__ import annotations
@@ -41,10 +36,7 @@ _ZIPF_EXPONENT = 0.85
 
 #: When the first class of a pair is drawn, the second is added too with probability ``_PAIR_PROBABILITY``.
 COOCCURRING_PAIRS: list[tuple[str, str]] = [
-    ("star", "crescent"),
-    ("heart", "arrow"),
-    ("ellipse", "hourglass"),
-    ("diamond", "pentagon"),
+    ("star", "crescent"), ("heart", "arrow"), ("ellipse", "hourglass"), ("diamond", "pentagon"),
     ("l_shape", "square_frame"),
 ]
 _PAIR_PROBABILITY = 0.85
@@ -72,12 +64,8 @@ _PARTNER = {CLASS_NAMES.index(a): CLASS_NAMES.index(b) for a, b in COOCCURRING_P
 
 @dataclass(frozen=True)
 class SceneObject:
-    """One thing drawn in a scene, in drawing order.
-
-    ``cls`` is the class index, or -1 for an occluder blob (``blob`` then holds its shape parameters:
-    aspect ratio, then three (amplitude, phase) harmonic pairs). ``cx``/``cy`` are the centre and ``size``
-    the diameter, as fractions of the image side; ``angle`` is the rotation in radians.
-    """
+    """One thing drawn in a scene: class index (-1 for an occluder, whose shape is ``blob``: aspect ratio, then three
+    (amplitude, phase) pairs), centre and diameter as fractions of the image side, rotation in radians."""
 
     cls: int
     cx: float
@@ -97,10 +85,7 @@ class SceneObject:
 
 
 def sample_scene(rng: np.random.Generator) -> list[SceneObject]:
-    """Sample which objects (class, position, size, rotation) and occluders a scene has, in drawing order.
-
-    Nothing is rendered here; the final labels come from :func:`visible_labels` (occlusion).
-    """
+    """Sample a scene's objects (class, position, size, rotation) and occluders in drawing order, without pixels."""
     classes: list[int] = []
     n_primary = int(rng.choice(_N_PRIMARY, p=_N_PRIMARY_P))
     for _ in range(n_primary):
@@ -124,19 +109,24 @@ def sample_scene(rng: np.random.Generator) -> list[SceneObject]:
     for _ in range(n_occluders):
         size = float(rng.uniform(0.15, 0.35))
         cx, cy = rng.uniform(0.1, 0.9, size=2)
-        blob = [float(rng.uniform(0.55, 1.0))]
-        for _k in range(3):
-            blob += [float(rng.uniform(0.0, 0.16)), float(rng.uniform(0, 2 * math.pi))]
-        angle = float(rng.uniform(0, 2 * math.pi))
-        occluder = SceneObject(-1, float(cx), float(cy), size, angle, tuple(blob))
+        blob = _blob_shape(rng, (0.55, 1.0), (0.0, 0.16))
+        occluder = SceneObject(-1, float(cx), float(cy), size, float(rng.uniform(0, 2 * math.pi)), blob)
         # Never first: an occluder drawn before every object would hide nothing.
         scene.insert(int(rng.integers(1, len(scene) + 1)), occluder)
     return scene
 
 
-def _blob_polygon(
-    params: tuple[float, ...], cx: float, cy: float, radius: float, angle: float, n: int = 40
-) -> list[tuple[float, float]]:
+def _blob_shape(rng: np.random.Generator, aspect: tuple[float, float],
+                amplitude: tuple[float, float]) -> tuple[float, ...]:
+    """A random blob: its aspect ratio, then three (amplitude, phase) harmonic pairs."""
+    params = [float(rng.uniform(*aspect))]
+    for _k in range(3):
+        params += [float(rng.uniform(*amplitude)), float(rng.uniform(0, 2 * math.pi))]
+    return tuple(params)
+
+
+def _blob_polygon(params: tuple[float, ...], cx: float, cy: float, radius: float, angle: float,
+                  n: int = 40) -> list[tuple[float, float]]:
     """Pixel-space outline of an irregular blob (occluder or clutter): a wobbly, squashed circle."""
     t = np.linspace(0, 2 * math.pi, n, endpoint=False)
     r = np.ones_like(t)
@@ -173,9 +163,8 @@ def scene_masks(scene: list[SceneObject], canvas: int) -> list[np.ndarray]:
     return _masks_and_boxes(scene, canvas)[0]
 
 
-def _counting_instances(
-    scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None]
-) -> list[tuple[SceneObject, int]]:
+def _counting_instances(scene: list[SceneObject], masks: list[np.ndarray],
+                        boxes: list[Box | None]) -> list[tuple[SceneObject, int]]:
     """The class instances that count (visible fraction >= ``MIN_VISIBLE_FRACTION``) with their visible pixels,
     from the last-drawn back: walk the scene tracking the union of everything drawn later."""
     counting: list[tuple[SceneObject, int]] = []
@@ -196,9 +185,7 @@ def _counting_instances(
     return counting
 
 
-def _labels_from_masks(
-    scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None]
-) -> np.ndarray:
+def _labels_from_masks(scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None]) -> np.ndarray:
     """Multi-hot labels of the classes with at least one counting instance."""
     labels = np.zeros(NUM_CLASSES, dtype=np.uint8)
     for obj, _visible in _counting_instances(scene, masks, boxes):
@@ -212,9 +199,8 @@ def visible_labels(scene: list[SceneObject], canvas: int = 64) -> np.ndarray:
     return _labels_from_masks(scene, *_masks_and_boxes(scene, canvas))
 
 
-def _sample_rasterised(
-    rng: np.random.Generator, canvas: int
-) -> tuple[list[SceneObject], list[np.ndarray], list[Box | None], np.ndarray]:
+def _sample_rasterised(rng: np.random.Generator,
+                       canvas: int) -> tuple[list[SceneObject], list[np.ndarray], list[Box | None], np.ndarray]:
     while True:
         scene = sample_scene(rng)
         masks, boxes = _masks_and_boxes(scene, canvas)
@@ -224,9 +210,8 @@ def _sample_rasterised(
 
 
 def sample_labelled_scene(rng: np.random.Generator, canvas: int = 64) -> tuple[list[SceneObject], np.ndarray]:
-    """Sample scenes (:func:`sample_scene`) until at least one class stays visible when rasterised at
-    ``canvas`` px; returns ``(scene, labels)`` with multi-hot uint8 ``(C,)`` labels. This is exactly what
-    :func:`generate_image` does before painting (which rasterises at ``SUPERSAMPLE * image_size``)."""
+    """Sample scenes until at least one class stays visible when rasterised at ``canvas`` px (as
+    :func:`generate_image` does before painting); returns ``(scene, labels)``."""
     scene, _masks, _boxes, labels = _sample_rasterised(rng, canvas)
     return scene, labels
 
@@ -291,17 +276,14 @@ def _draw_clutter(rng: np.random.Generator, img: Image.Image, canvas: int) -> No
         r = rng.uniform(0.4, 1.4) * unit
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour())
     for _ in range(int(rng.integers(0, 4))):
-        params = [float(rng.uniform(0.3, 0.8))]
-        for _k in range(3):
-            params += [float(rng.uniform(0.05, 0.25)), float(rng.uniform(0, 2 * math.pi))]
+        params = _blob_shape(rng, (0.3, 0.8), (0.05, 0.25))
         cx, cy = rng.uniform(0, 1, size=2) * canvas
-        draw.polygon(_blob_polygon(tuple(params), cx, cy, rng.uniform(1.5, 4.5) * unit,
+        draw.polygon(_blob_polygon(params, cx, cy, rng.uniform(1.5, 4.5) * unit,
                                    float(rng.uniform(0, 2 * math.pi)), n=24), fill=colour())
 
 
-def _paint_object(
-    rng: np.random.Generator, img: np.ndarray, obj: SceneObject, mask: np.ndarray, box: Box, canvas: int
-) -> None:
+def _paint_object(rng: np.random.Generator, img: np.ndarray, obj: SceneObject, mask: np.ndarray, box: Box,
+                  canvas: int) -> None:
     """Composite one object (solid colour with soft shading, plus its pattern) or occluder (a tinted
     noise texture) into the uint8 ``img``, inside the mask's bounding ``box``."""
     x0, y0, x1, y1 = box
@@ -333,13 +315,8 @@ def _paint_object(
     region[m] = (np.clip(fill, 0.0, 1.0) * 255 + 0.5).astype(np.uint8)[m]
 
 
-def _render(
-    rng: np.random.Generator,
-    scene: list[SceneObject],
-    masks: list[np.ndarray],
-    boxes: list[Box | None],
-    image_size: int,
-) -> Image.Image:
+def _render(rng: np.random.Generator, scene: list[SceneObject], masks: list[np.ndarray], boxes: list[Box | None],
+            image_size: int) -> Image.Image:
     canvas = SUPERSAMPLE * image_size
     bg = _background(rng, canvas)
     _draw_clutter(rng, bg, canvas)
@@ -361,9 +338,8 @@ def render_scene(rng: np.random.Generator, scene: list[SceneObject], image_size:
 
 def labelled_objects(seed: int, split: str, index: int,
                      image_size: int) -> tuple[np.ndarray, list[tuple[int, float, float, float]]]:
-    """The labels of image ``index`` of ``split`` (as :func:`generate_image` gives them, without painting) and the
-    instances that make them, in drawing order: ``(class, visible pixels, centre x, centre y)`` on the
-    ``SUPERSAMPLE * image_size`` px canvas the labels are decided on (what an annotator sees of each object)."""
+    """The labels of image ``index`` of ``split`` (without painting) and the instances behind them, in drawing order:
+    ``(class, visible pixels, centre x, centre y)`` on the canvas the labels are decided on."""
     rng = np.random.default_rng([seed, SPLITS[split], index])
     canvas = SUPERSAMPLE * image_size
     scene, masks, boxes, labels = _sample_rasterised(rng, canvas)

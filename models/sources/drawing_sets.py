@@ -1,7 +1,7 @@
-"""The build side shared by the drawing sets (:mod:`~models.sources.openclipart`, :mod:`~models.sources.tuxpaint`,
-:mod:`~models.sources.icon_sets`): keyword folding, the source listing and the cache digest, the rasters written once
-(resumable) and their pixel digests, grouped splits, the cache folder built under a lock, the notes, the report and
-the command line. The read side (spec options, views, manifests) is :mod:`models.data.drawing_cache`."""
+"""The build side shared by the drawing sets: keyword folding, source listing and cache digest, resumable rasters and
+their digests, grouped splits, the cache built under a lock, notes, report and command line. The read side is
+:mod:`models.data.drawing_cache`.
+"""
 
 from __future__ import annotations
 
@@ -40,9 +40,8 @@ def fold(text: str, runs: re.Pattern[str] | None = None, joiner: str = "", quote
 
 
 def files_below(root: Path, suffixes: tuple[str, ...], info: Callable[[str], T]) -> list[tuple[str, T]]:
-    """``(relative POSIX path, info(path))`` of every file below ``root`` whose name ends with one of ``suffixes``
-    (any case), sorted by path; hidden entries are skipped, symlinked folders not followed, and a file whose
-    ``info`` raises :class:`OSError` is left out."""
+    """``(relative POSIX path, info(path))`` of every file below ``root`` ending with one of ``suffixes`` (any case),
+    sorted; hidden entries and files whose ``info`` raises are left out."""
     found = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -122,10 +121,8 @@ def progress_bar(items: Sequence[T], desc: str, unit: str, progress: bool | None
 
 def cached_manifest(kind: str, source: object, cache_dir: Path | None, digest: str,
                     build: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
-    """``(<cache_dir>/<kind>/<digest>, manifest)`` (:func:`~models.data.cache_folders.cache_parent`), calling
-    ``build(folder)`` (which writes the rasters and returns the manifest, with ``format`` ``MANIFEST_FORMAT`` and
-    ``digest``) under a lock when the folder has no valid manifest; a :class:`DataError` naming ``kind`` and
-    ``source`` when nothing is left."""
+    """``(<cache_dir>/<kind>/<digest>, manifest)``, calling ``build(folder)`` under a lock when the folder has no valid
+    manifest."""
     parent = cache_parent(kind, cache_dir)
     folder = parent / digest
     manifest = read_manifest(folder, digest)
@@ -155,9 +152,8 @@ def pixels_digest(path: Path) -> str:
 
 
 def grouped_splits(groups: Sequence[str], salt: str, fractions: Sequence[tuple[str, float]]) -> list[str]:
-    """The split of each image with the given ``groups`` (images of a group never straddle two splits): groups
-    ranked by a hash of ``salt:group``, filled into the first split until it holds its fraction of the images, then
-    the next; the last split takes the rest."""
+    """The split of each image of ``groups`` (a group never straddles two splits): groups ranked by a hash of
+    ``salt:group`` fill each split to its fraction in turn."""
     sizes = Counter(groups)
     order = sorted(sizes, key=lambda g: hashlib.blake2b(f"{salt}:{g}".encode(), digest_size=16).hexdigest())
     split_of: dict[str, str] = {}

@@ -1,11 +1,6 @@
-"""Icon sets from the npm registry, their keyword tags as labels: ``--data icons:DIR[?min-count=N]``.
-
-``DIR`` is an unpacked npm package of one of the :data:`LAYOUTS` (Tabler ``@tabler/icons``: ``icons.json`` and
-``icons/outline/<name>.svg``; Lucide ``lucide-static``: ``tags.json`` and ``icons/<name>.svg``), detected from its
-files. The keywords are cleaned by the rule below (normalised, synonyms merged by the overlap of their icons, rare
-labels dropped, identical rasters merged; all in the cache digest), the icons rasterised once into
-``<cache>/icons/<digest>/`` and split 60/20/20 by group (:func:`icon_group`). docs/datasets.md, section "icons",
-tells the rule, the splits and the measured packages.
+"""Icon sets from the npm registry, their keyword tags as labels: ``--data icons:DIR[?min-count=N]``, ``DIR`` an
+unpacked package of one of the :data:`LAYOUTS` (Tabler, Lucide). The keywords are cleaned by the rule below (all in the
+cache digest), the icons rasterised once into the cache and split 60/20/20 by group; docs/datasets.md, "icons".
 """
 
 from __future__ import annotations

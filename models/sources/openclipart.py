@@ -1,11 +1,7 @@
-"""The Open Clip Art Library 0.18 (Debian ``openclipart-svg``) as a human-tagged multi-label dataset:
-``--data openclipart[:DIR][?view=folders][&min-count=N]``.
-
-Reads every SVG's uploader keywords, cleans them by the rule below (module constants, each with its reason, all in
-the cache digest), rasterises the drawings once into ``<cache>/openclipart/<digest>/`` and loads them as
-:class:`DatasetSplits` (fixed 60/20/20 splits by hash; the folder view: one folder label per train/val image;
-:func:`export_folder_view` writes it as a ``folder:`` tree). docs/datasets.md, section "openclipart", tells the
-reading, the rule, the rasters, the cache, the splits and the folder view, with the Debian package's figures.
+"""The Open Clip Art Library 0.18 (Debian ``openclipart-svg``) as a human-tagged multi-label dataset: ``--data
+openclipart[:DIR][?view=folders][&min-count=N]``. Its keywords are cleaned by the rule below (module constants with
+their reasons, all in the cache digest), the drawings rasterised once into the cache; docs/datasets.md, "openclipart",
+tells the rest.
 """
 
 from __future__ import annotations
@@ -57,26 +53,10 @@ from models.sources.drawings import (
 )
 
 __all__ = [
-    "ARTIFACT_PATTERNS",
-    "AUTHOR_KEYWORDS",
-    "BATCH_KEYWORDS",
-    "DEFAULT_ROOT",
-    "DROPPED_FOLDERS",
-    "DROPPED_KEYWORDS",
-    "MERGED_KEYWORDS",
-    "MIN_CLASS_COUNT",
-    "OPENCLIPART_OPTIONS",
-    "RASTER_SIZE",
-    "canonical_keyword",
-    "content_box",
-    "ensure_openclipart",
-    "export_folder_view",
-    "folder_class",
-    "load_openclipart",
-    "load_openclipart_spec",
-    "normalise_keyword",
-    "rasterise_drawing",
-    "read_svg_metadata",
+    "ARTIFACT_PATTERNS", "AUTHOR_KEYWORDS", "BATCH_KEYWORDS", "DEFAULT_ROOT", "DROPPED_FOLDERS", "DROPPED_KEYWORDS",
+    "MERGED_KEYWORDS", "MIN_CLASS_COUNT", "OPENCLIPART_OPTIONS", "RASTER_SIZE", "canonical_keyword", "content_box",
+    "ensure_openclipart", "export_folder_view", "folder_class", "load_openclipart", "load_openclipart_spec",
+    "normalise_keyword", "rasterise_drawing", "read_svg_metadata",
 ]
 
 DEFAULT_ROOT = Path("/usr/share/openclipart/svg")
@@ -180,9 +160,8 @@ LEFT_OUT_REASONS = ("unreadable", "dropped folder", "batch drawing", "no keyword
 
 
 def normalise_keyword(text: str) -> list[str]:
-    """Split one ``<rdf:li>`` (or plain ``<dc:subject>``) text on ``,`` and ``;`` and normalise each part: NFKC,
-    lower case, surrounding spaces and quotes stripped, runs of spaces, ``-``, ``/`` and ``.`` turned into one
-    ``_``. Empty parts are kept as ``""`` (the caller's rule drops them)."""
+    """Split one keyword text on ``,`` and ``;`` and normalise each part (NFKC, lower case, quotes stripped, runs of
+    spaces, ``-``, ``/`` and ``.`` one ``_``); empty parts are kept as ``""``."""
     return [ds.fold(part, _SEPARATORS, "_", "\"'").strip("_")
             for part in _ITEM_SPLIT.split(unicodedata.normalize("NFKC", text or ""))]
 
@@ -261,10 +240,8 @@ def _cairosvg_svg2png() -> Callable[..., bytes]:
 
 def rasterise_drawing(svg: Path, fallbacks: list[Path],
                       svg2png: Callable[..., bytes] | None = None) -> tuple[Image.Image | None, str, str]:
-    """Rasterise one drawing: ``(image, "svg", "")`` from the SVG; when cairosvg fails on it, ``(image, "png",
-    why)`` from the first PNG render of ``fallbacks`` that exists; else ``(None, "", reason)``. A blank SVG gets
-    no fallback (its PNG render is blank too, or Inkscape's "Linked Image Not Found" placeholder). ``svg2png``
-    defaults to cairosvg's."""
+    """Rasterise one drawing: ``(image, "svg", "")``; when cairosvg fails, ``(image, "png", why)`` from the first PNG
+    render of ``fallbacks``; else ``(None, "", reason)``. A blank SVG gets no fallback (its render is blank too)."""
     renderer = svg2png if svg2png is not None else _cairosvg_svg2png()
     try:
         return raster_of_svg(renderer, svg), "svg", ""
@@ -309,9 +286,8 @@ class _Source:
 
 
 def resolve_source(root: Path | str | None) -> _Source:
-    """The SVG folder (``root``, its ``svg/`` sub-folder when it has one, or :data:`DEFAULT_ROOT`) and the PNG
-    renders' folder beside it (``png/``, None when absent). A missing folder raises :class:`DataError` naming the
-    Debian package and the ``openclipart:DIR`` form."""
+    """The SVG folder (``root``, its ``svg/``, or :data:`DEFAULT_ROOT`) and the PNG renders' folder beside it (None when
+    absent); a :class:`DataError` naming the Debian package when missing."""
     path = ds.source_folder(root, DEFAULT_ROOT, "svg")
     if not path.is_dir():
         raise DataError(
@@ -342,9 +318,8 @@ def source_fingerprint(source: _Source) -> str:
 
 
 def _scan(source: _Source, left_out: list[dict[str, Any]]) -> tuple[list[_Drawing], dict[str, int]]:
-    """Read every SVG below the source once: group identical files (by inode, then by content) into drawings
-    and parse each drawing's metadata. Unreadable files go to ``left_out``. Returns the drawings (sorted by
-    first source) and counts of what was found."""
+    """Read every SVG once: identical files (by inode, then content) grouped into drawings with their metadata,
+    unreadable ones to ``left_out``; returns the drawings and counts."""
     entries = _svg_entries(source.svg)
     if not entries:
         raise DataError(f"openclipart: {source.svg}: no .svg file below this folder (expected the layout of the "
@@ -572,9 +547,8 @@ def _build_manifest(source: _Source, folder: Path, digest: str, min_count: int,
 
 def ensure_openclipart(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
                        cache_dir: Path | None = None, progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
-    """Return ``(cache folder, manifest)`` of the cleaned dataset, building it first when the folder
-    ``<cache>/openclipart/<digest>/`` has no valid manifest (none yet, another format or digest, a raster
-    missing); an interrupted build resumes. ``cache_dir`` defaults to ``$SPML_CACHE``, else ``~/.cache/spml``."""
+    """``(cache folder, manifest)`` of the cleaned dataset, building it first when it has no valid manifest (an
+    interrupted build resumes)."""
     least = ds.check_min_count("openclipart", min_count)
     source = resolve_source(root)
     digest = cache_digest(source, least)
@@ -621,10 +595,8 @@ def _folder_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dic
 
 def load_openclipart(root: Path | str | None = None, view: str = "keywords", min_count: int = MIN_CLASS_COUNT,
                      cache_dir: Path | None = None, progress: bool | None = None) -> DatasetSplits:
-    """Load the cleaned Open Clip Art Library (module docstring) as :class:`DatasetSplits`, building the cache
-    first if needed. ``view``: ``keywords`` (every split with the full keyword labels; name ``openclipart``) or
-    ``folders`` (one positive per train/val image, its category folder's class; name ``openclipart-folders``).
-    ``source`` is the normalised spec."""
+    """Load the cleaned Open Clip Art Library as :class:`DatasetSplits`: ``view`` ``keywords`` (full keyword labels) or
+    ``folders`` (one category-folder positive per train/val image)."""
     if view not in VIEWS:
         raise DataError(f"openclipart: unknown view {view!r} (use {' or '.join(VIEWS)})")
     folder, manifest = ensure_openclipart(root, min_count, cache_dir, progress)
@@ -660,10 +632,9 @@ def _place(target: Path, link: Path, how: str) -> None:
 def export_folder_view(out: Path, root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
                        link: str = "symlink", cache_dir: Path | None = None,
                        progress: bool | None = None) -> dict[str, int]:
-    """Write the folder view as a ``folder:`` tree: ``out/{train,val}/<class>/<image>.png`` (a ``symlink``, a
-    ``hardlink`` or a ``copy`` of each cached raster; ``out/test`` is left out) and ``out/test_labels.csv``
-    (``image,labels``: absolute raster paths and the test images' keyword labels over the view's classes, the
-    ``csv:`` format). ``out`` must not exist or be empty. Returns the number of images written per split."""
+    """Write the folder view as a ``folder:`` tree, ``out/{train,val}/<class>/<image>.png`` (``link``: symlink, hardlink
+    or copy), with ``out/test_labels.csv`` in the ``csv:`` format; ``out`` must be new or empty. Returns the images
+    written per split."""
     if link not in ("symlink", "hardlink", "copy"):
         raise DataError(f"openclipart: unknown link kind {link!r} (use symlink, hardlink or copy)")
     out = Path(out).expanduser().absolute()

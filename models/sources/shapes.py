@@ -1,12 +1,6 @@
-"""Geometry of the built-in dataset's object classes.
-
-Every class is a set of polygons in unit coordinates, centred on the origin and scaled so that the shape
-fits in the unit circle. A shape has a *footprint* (polygons that add to the mask, and holes that are
-cut out again, drawn in order) and an optional *pattern* (polygons, inside the footprint, painted in a
-second colour: the stripes of ``striped_square``, the dark cells of ``checkerboard``).
-
-Classes are told apart by shape only; colour is random at render time. No two classes are rotations of
-one another, since objects are drawn at any angle.
+"""Geometry of the built-in dataset's classes: polygons in unit coordinates within the unit circle, a *footprint* (added
+polygons, then holes) and an optional *pattern* painted in a second colour. Classes differ by shape only, and none is a
+rotation of another, since objects are drawn at any angle.
 """
 
 from __future__ import annotations

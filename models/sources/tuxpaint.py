@@ -1,11 +1,6 @@
-"""The Tux Paint stamps (Debian ``tuxpaint-stamps-default``) as a human-tagged multi-label dataset:
-``--data tuxpaint[:DIR][?view=folders][&min-count=N]``.
-
-A stamp's labels are its folders and the words of its one-line description, cleaned by the rule below (module
-constants, all in the cache digest); the stamps are rasterised once into ``<cache>/tuxpaint/<digest>/`` and loaded
-as :class:`DatasetSplits` (grouped 60/20/20 splits; the folder view: one folder label per train/val image).
-docs/datasets.md, section "tuxpaint", tells the reading, the rule, the cache, the splits and the folder view, with
-the Debian package's figures.
+"""The Tux Paint stamps (Debian ``tuxpaint-stamps-default``) as a human-tagged multi-label dataset: ``--data
+tuxpaint[:DIR][?view=folders][&min-count=N]``. A stamp's labels are its folders and the words of its description,
+cleaned by the rule below (all in the cache digest); docs/datasets.md, "tuxpaint", tells the rest.
 """
 
 from __future__ import annotations
@@ -310,9 +305,8 @@ def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_C
 
 def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_count: int = MIN_CLASS_COUNT,
                   cache_dir: Path | None = None, progress: bool | None = None) -> DatasetSplits:
-    """Load the cleaned Tux Paint stamps (module docstring) as :class:`DatasetSplits`, building the cache first if
-    needed. ``view``: ``labels`` (every split with its full labels; name ``tuxpaint``) or ``folders`` (one positive
-    per train/val image, its deepest folder class; name ``tuxpaint-folders``)."""
+    """Load the cleaned Tux Paint stamps as :class:`DatasetSplits`: ``view`` ``labels`` (full labels) or ``folders``
+    (one deepest-folder positive per train/val image)."""
     if view not in VIEWS:
         raise DataError(f"tuxpaint: unknown view {view!r} (use view=folders, or no view for the full labels)")
     folder, manifest = ensure_tuxpaint(root, min_count, cache_dir, progress)
