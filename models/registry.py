@@ -105,18 +105,22 @@ class Table(Listing[V]):
 
 class Registry(Listing[V]):
     """Open plug-ins: ``@REGISTRY.register`` on a class that has ``name`` and ``description`` (class attributes)
-    adds it under its name; the registry's order is the order of registration unless ``order`` sorts it."""
+    adds it under its name (the class itself, or one instance of it when ``instances``); the registry's order is the
+    order of registration unless ``order`` sorts it."""
 
-    def __init__(self, what: str, order: Callable[[Row[V]], Any] | None = None) -> None:
+    def __init__(self, what: str, order: Callable[[Row[V]], Any] | None = None, instances: bool = False) -> None:
         super().__init__(what)
         self.order = order
+        self.instances = instances
 
-    def register(self, value: V) -> V:
-        """Class decorator: add ``value`` under ``value.name`` with ``value.description`` as its help."""
-        self._add(Row(str(getattr(value, "name", "")), str(getattr(value, "description", "")), value))
+    def register(self, cls: Any) -> Any:
+        """Class decorator: add ``cls`` (or ``cls()``) under ``cls.name`` with ``cls.description`` as its help;
+        returns ``cls``."""
+        value = cls() if self.instances else cls
+        self._add(Row(str(getattr(cls, "name", "")), str(getattr(cls, "description", "")), value))
         if self.order is not None:
             self._rows = {row.name: row for row in sorted(self._rows.values(), key=self.order)}
-        return value
+        return cls
 
 
 def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:

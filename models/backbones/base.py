@@ -32,7 +32,7 @@ class InputConfig:
 
 
 class BackboneFamily:
-    """One family of backbones, registered with :func:`register_family`. Subclasses implement every method."""
+    """One family of backbones, registered with ``@BACKBONE_FAMILIES.register``. Subclasses implement every method."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -92,12 +92,7 @@ class BackboneFamily:
         return model
 
 
-#: The backbone families, in the order they are asked whether they build a name (the first that accepts it does).
-BACKBONE_FAMILIES: Registry[BackboneFamily] = Registry("backbone family",
+#: The backbone families, in the order they are asked whether they build a name (the first that accepts it does);
+#: ``@BACKBONE_FAMILIES.register`` on a :class:`BackboneFamily` subclass registers one instance of it.
+BACKBONE_FAMILIES: Registry[BackboneFamily] = Registry("backbone family", instances=True,
                                                       order=lambda row: (row.value.priority, row.name))
-
-
-def register_family(cls: type[BackboneFamily]) -> type[BackboneFamily]:
-    """Class decorator: register one instance of the family ``cls`` (adding a family is one module with it)."""
-    BACKBONE_FAMILIES.register(cls())
-    return cls

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from models.backbones.base import BackboneFamily, InputConfig, WeightsUnavailableError, register_family
+from models.backbones.base import BACKBONE_FAMILIES, BackboneFamily, InputConfig, WeightsUnavailableError
 from models.backbones.efficientnet_lite_wheels import WHEELS, pip_name, wheel_state
 
 HUB_HOST = "huggingface.co"
@@ -43,7 +43,7 @@ def base_name(arch: str) -> str:
     return arch.split(".", 1)[0]
 
 
-@register_family
+@BACKBONE_FAMILIES.register
 class TimmModels(BackboneFamily):
     """Every model timm knows, under timm's name (torchvision's ResNet names belong to the torchvision family)."""
 

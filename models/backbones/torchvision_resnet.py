@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torchvision import models as tvm
 
-from models.backbones.base import BackboneFamily, InputConfig, WeightsUnavailableError, register_family
+from models.backbones.base import BACKBONE_FAMILIES, BackboneFamily, InputConfig, WeightsUnavailableError
 from models.checkpoint import IMAGENET_MEAN, IMAGENET_STD
 
 RESNETS: dict[str, Callable[..., tvm.ResNet]] = {
@@ -25,7 +25,7 @@ RESNETS: dict[str, Callable[..., tvm.ResNet]] = {
 PAPER_WEIGHTS = "IMAGENET1K_V1"  # what "imagenet" means for these: the weights the papers used
 
 
-@register_family
+@BACKBONE_FAMILIES.register
 class TorchvisionResNets(BackboneFamily):
     """torchvision's ResNets under their torchvision names (``resnet18`` ... ``resnet101``)."""
 
