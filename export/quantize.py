@@ -1,27 +1,11 @@
 """FP16 and INT8 (Q/DQ) ONNX models converted from the canonical FP32 export, metadata carried along.
 
-Both conversions start from the verified FP32 file that :func:`export.onnx_export.export_onnx` writes
-(``images`` float32 in, ``logits`` float32 out, ``spml_meta`` in ``metadata_props``) and keep that
-interface: callers, the tagger and the sidecar never see another dtype. The ``spml_meta`` of the result
-is the source's with ``precision`` ("fp16" / "int8") and ``quantization`` (how it was made) filled in; it
-is written again after the last conversion step, whatever the tools did to ``metadata_props``.
-
-- **FP16** (:func:`convert_fp16`): ONNX Runtime's ``convert_float_to_float16(keep_io_types=True)``, the graph
-  re-sorted topologically (the tool appends its output ``Cast`` at the end of the node list). A GPU artifact.
-- **INT8** (:func:`quantize_int8`): ONNX Runtime static quantization (``quantize_static``, QDQ format,
-  per-channel weights) after ``quant_pre_process``, in one of two flavours (``target``, :data:`INT8_FLAVOURS`):
-  ``"cpu"`` (u8 asymmetric activations, s8 symmetric weights, int32 bias: ONNX Runtime's fast x86 kernels;
-  ``reduce_range`` for CPUs without VNNI) and ``"tensorrt"`` (symmetric s8 activations and weights, float bias:
-  what TensorRT's explicit quantization accepts). Calibration: MinMax (:data:`DEFAULT_CALIBRATION_METHOD`), the
-  classifier head kept in float (:data:`DEFAULT_KEEP_HEAD_FLOAT`).
-
-Calibration memory: ONNX Runtime's calibrators hold every quantized tensor of the batches they are given;
-the batches are therefore fed in chunks of about 32 images of 224 px (:mod:`export.int8_calibration_data`;
-fewer larger images, more smaller ones) and the ranges (or histograms) merged, so the memory needed does not
-grow with the number of calibration images.
-
-Why these tools and defaults (the alternatives, the versions they pin, the measurements behind MinMax and the
-float head): docs/export.md.
+Both conversions start from the verified FP32 file of :func:`export.onnx_export.export_onnx` and keep its interface
+(``images`` float32 in, ``logits`` float32 out). The result's ``spml_meta`` is the source's with ``precision`` and
+``quantization`` (how it was made) filled in, written again after the last step whatever the tools did to
+``metadata_props``. :func:`convert_fp16` uses ONNX Runtime's float16 converter; :func:`quantize_int8` its static
+quantization in one of two flavours (:data:`INT8_FLAVOURS`). The tools, the flavours, the defaults and the
+measurements behind them: docs/export.md.
 """
 
 from __future__ import annotations
@@ -44,7 +28,7 @@ import onnx
 
 from export.errors import ConversionError, KeepFloatError, NotFP32Error
 from export.int8_calibration_data import CALIBRATION_BATCH, BatchReader, calibration_batches, chunk_stride
-from export.onnx_files import load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
+from export.onnx_files import load_onnx_file, onnx_meta, set_onnx_meta
 from models.checkpoint import ModelMeta
 from models.files.atomic_writes import atomic_path
 from models.files.digest import file_sha256
@@ -87,10 +71,6 @@ class Int8Flavour:
     weight_symmetric: bool
     quantize_bias: bool  # False: bias stays float (TensorRT)
     runtime: str
-
-    def describe(self) -> dict[str, Any]:
-        """Plain dict for the metadata."""
-        return dataclasses.asdict(self)
 
 
 #: The INT8 targets (``quantize_int8(target=...)``: the ``int8`` precision is ``cpu``, TensorRT engines use
@@ -135,19 +115,6 @@ class ConversionResult:
             "op_counts": dict(self.op_counts),
             "quantization": self.meta.quantization,
         }
-
-    def summary(self) -> str:
-        """One human-readable line."""
-        q = self.meta.quantization
-        what = self.precision
-        if self.precision == "int8":
-            cal = q.get("calibration", {})
-            what += (
-                f" ({q.get('target')}: activations {q.get('activation_type')}, weights {q.get('weight_type')}, "
-                f"{cal.get('method')} calibration on {cal.get('images')} images, "
-                f"{len(q.get('nodes_kept_float', []))} node(s) kept in float)"
-            )
-        return f"wrote {self.path} ({self.size_bytes / 1e6:.1f} MB, {what}) in {self.seconds:.1f} s"
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -590,7 +557,7 @@ def quantize_int8(
             "tool": f"onnxruntime.quantization.quantize_static ({_onnxruntime_version()})",
             "preprocess": "onnxruntime.quantization.shape_inference.quant_pre_process",
             "format": "QDQ",
-            **flavour.describe(),
+            **dataclasses.asdict(flavour),
             "bias": "int32" if flavour.quantize_bias else "float32",
             "per_channel": per_channel,
             "reduce_range": reduce_range,
@@ -606,12 +573,3 @@ def quantize_int8(
         },
     )
     return _finish(quantized, model, int8_meta, src, dst, t0)
-
-
-def read_precision(path: str | Path) -> tuple[str, dict[str, Any]]:
-    """``(precision, quantization)`` recorded in the ``spml_meta`` of an ONNX file.
-
-    Raises ``FileNotFoundError`` or ``ValueError`` (unreadable, no ``spml_meta``).
-    """
-    meta = read_onnx_meta(path)
-    return meta.precision, meta.quantization
