@@ -1,21 +1,12 @@
 """Quantization-aware distillation for INT8 (``--int8-qat``): the network fine-tuned, with INT8 rounding simulated,
 to reproduce its own FP32 outputs on training images; ONNX Runtime's static quantization then quantizes the result.
 
-Post-training quantization rounds every activation to 256 levels of one range per tensor; a fine-tuned
-EfficientNet-Lite loses more accuracy to it than the INT8 gate allows (docs/export.md). Here the weights learn to
-live with that rounding: a copy of the network (the *student*) runs with fake quantization where ONNX Runtime's
-Q/DQ graph rounds,
-
-- every Conv2d / Linear weight of the backbone: int8, symmetric, one scale per output channel (the classifier head
-  stays float, as in the INT8 export);
-- the network input, the output of every batch norm (with its activation, where timm fuses one) and of every
-  residual block: uint8 over the range the FP32 network shows on the first calibration batches (symmetric int8
-  for the TensorRT flavour);
-
-batch norms frozen (the export folds them), and is trained for a few epochs with Adam to match the FP32 network's
-probabilities (binary cross-entropy against the teacher's sigmoid outputs): no labels, no method loss, only
-training images. The gradients pass the rounding straight through (PyTorch's ``fake_quantize_*`` operators).
-The result is a float state dict of the same network; :mod:`export.pipeline` exports it to ONNX and quantizes that.
+A copy of the network (the *student*) runs with fake quantization where ONNX Runtime's Q/DQ graph rounds (per-channel
+int8 weights of every backbone Conv2d / Linear, the head staying float; uint8 activations, symmetric int8 for the
+TensorRT flavour, at the input and after every batch norm and residual block, over the ranges the FP32 network shows
+on the first calibration batches), batch norms frozen (the export folds them), and is trained with Adam against the
+teacher's sigmoid outputs: no labels, no method loss. Gradients pass the rounding straight through (PyTorch's
+``fake_quantize_*``). Why, and what it gained: docs/export.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
-"""The whole export of a run: FP32 ONNX, per-class thresholds, FP16 / INT8 ONNX, TensorRT engines, summary.
+"""The whole export of a run (:func:`export_run`): FP32 ONNX, per-class thresholds, FP16 / INT8 ONNX, TensorRT
+engines, summary and model card; docs/export.md describes every file and check.
 
-:func:`export_run` drives the pieces, each of which lives in its own module:
-
-1. :func:`export.onnx_export.export_onnx`: the canonical FP32 ONNX (folded, verified against PyTorch).
-2. The validation split is rebuilt from the checkpoint's metadata and scored by every artifact
-   (ONNX Runtime, CPU); the artifact's own per-class thresholds are calibrated on its own scores
-   (:mod:`export.threshold_calibration`; INT8 squeezes scores, so thresholds are never shared between precisions), then
-   written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot. The labels of the
-   validation split are full or single-positive (:mod:`models.data.label_regime`); every figure says which, and
-   F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)``, or is measured on the audit
-   list (:mod:`models.data.audit_list`) when one is given. The positive-only calibration (pu-f1) needs the
-   expected number of tags per image K: the audit list's, else estimated from the validation scores
-   (:mod:`models.evaluation.expected_positives`), unless given as ``pu-f1:K``.
-3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
-   the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
-   when engines are asked for. Each is checked against FP32 (:mod:`export.converted_vs_fp32`): the export fails
-   when a bound is broken.
-4. TensorRT engines (:mod:`export.tensorrt_build`) from the FP32 / FP16 / INT8-tensorrt ONNX files.
-5. ``summary.md`` / ``summary.json`` in the export folder: one row per artifact (size, val mAP, decision
-   agreement with FP32, throughput on this machine) and the thresholds per precision.
+The validation split is rebuilt from the checkpoint's metadata and scored by every artifact, which gets its own
+thresholds calibrated on its own scores (INT8 squeezes scores, so thresholds are never shared between precisions).
+F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)`` unless an audit list
+(:mod:`models.data.audit_list`) is given, and the positive-only modes take K from the audit list, the run, or an
+estimate from the validation scores (:func:`expected_tags`). A converted model that breaks a bound against FP32
+fails the export.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Exported ONNX (FP32, FP16 or INT8 Q/DQ) -> strongly typed TensorRT engine + ``<engine>.json`` sidecar.
 
-One function, :func:`build_engine`, two flavours:
-
-- ``tensorrt`` (full TensorRT, module ``tensorrt``): builds on and for the CUDA GPU of this machine;
-- ``tensorrt-rtx`` (TensorRT for RTX, PyPI wheels ``tensorrt-rtx-cu13-libs`` + ``tensorrt-rtx-cu13-bindings``):
-  builds ahead of time without needing a GPU, for chosen compute targets (``sm75`` ... ``sm121``; no Hopper).
-
-``flavour="auto"`` takes full TensorRT when it is installed, a GPU is present and the targets (if any) are that
-GPU; otherwise TensorRT-RTX. Networks are strongly typed: precision comes from the ONNX graph (FP16 weights and
-casts, or symmetric int8 QuantizeLinear/DequantizeLinear pairs), never from builder flags (TensorRT 11 and
-TensorRT-RTX have none). One optimization profile covers the batch range ``min_batch..max_batch`` of the input
-``images`` ``[batch, 3, S, S]``; the output is ``logits`` ``[batch, C]``. The engine and its sidecar (flavour,
-version, targets, source precision, profile, model metadata with thresholds) are written atomically.
+:func:`build_engine` has two flavours: ``tensorrt`` (full TensorRT) builds on and for this machine's GPU;
+``tensorrt-rtx`` (TensorRT for RTX) builds ahead of time, without a GPU, for chosen compute targets (no Hopper).
+``auto`` takes full TensorRT when it is installed, a GPU is present and the targets (if any) are that GPU. Precision
+comes from the ONNX graph (FP16 weights, int8 Q/DQ pairs), never from builder flags (TensorRT 11 and TensorRT-RTX
+have none). One optimization profile covers the batch range of the input ``images``; the engine and its sidecar are
+written atomically.
 """
 
 from __future__ import annotations
