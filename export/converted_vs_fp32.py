@@ -93,12 +93,8 @@ class OrtModel:
         return done / (time.perf_counter() - start)
 
 
-def compare_outputs(
-    reference_logits: np.ndarray,
-    candidate_logits: np.ndarray,
-    thresholds: np.ndarray,
-    labels: np.ndarray | None = None,
-) -> dict[str, Any]:
+def compare_outputs(reference_logits: np.ndarray, candidate_logits: np.ndarray, thresholds: np.ndarray,
+                    labels: np.ndarray | None = None) -> dict[str, Any]:
     """Metrics of :class:`PrecisionReport` from two logit arrays ``(N, C)`` (and optional 0/1 labels)."""
     ref = np.asarray(reference_logits, dtype=np.float64)
     cand = np.asarray(candidate_logits, dtype=np.float64)

@@ -103,18 +103,10 @@ def _batches(n: int, size: int, order: torch.Tensor | None = None) -> Iterator[t
         yield index[start:start + size]
 
 
-def quantization_aware_distillation(
-    model: nn.Module,
-    images: np.ndarray,
-    *,
-    epochs: int = DEFAULT_QAT_EPOCHS,
-    lr: float = DEFAULT_QAT_LR,
-    batch_size: int = QAT_BATCH,
-    symmetric: bool = False,
-    seed: int = 0,
-    progress: bool = True,
-    log: Callable[[str], None] | None = None,
-) -> tuple[dict[str, torch.Tensor], QatRecord]:
+def quantization_aware_distillation(model: nn.Module, images: np.ndarray, *, epochs: int = DEFAULT_QAT_EPOCHS,
+                                    lr: float = DEFAULT_QAT_LR, batch_size: int = QAT_BATCH, symmetric: bool = False,
+                                    seed: int = 0, progress: bool = True, log: Callable[[str], None] | None = None,
+                                    ) -> tuple[dict[str, torch.Tensor], QatRecord]:
     """Fine-tune a copy of ``model`` (a :class:`models.network.MultiLabelNet`; left untouched) with INT8 rounding
     simulated (see the module docstring) to reproduce ``model``'s probabilities on ``images`` (preprocessed float32
     ``(N, 3, S, S)`` training images); returns the copy's float state dict (same keys as ``model``'s) and a
@@ -212,10 +204,10 @@ class DistilledExports:
 
     def onnx(self, target: str) -> tuple[Path, dict[str, Any]]:
         """The distilled FP32 ONNX file for INT8 ``target`` (``cpu``, ``tensorrt``) and its record."""
+        from export.onnx_export import load_model
         from export.quantize import INT8_FLAVOURS
-        from models.checkpoint import load_checkpoint, save_checkpoint
+        from models.checkpoint import save_checkpoint
         from models.files.digest import file_sha256
-        from models.network import model_from_meta
 
         symmetric = INT8_FLAVOURS[target].activation_symmetric
         if symmetric not in self._made:
@@ -224,16 +216,14 @@ class DistilledExports:
                 self._data = self.read_images(self.images)
             if self._tmp is None:
                 self._tmp = Path(tempfile.mkdtemp(prefix=".int8-qat-", dir=self.folder))
-            ckpt = load_checkpoint(self.checkpoint)
-            model = model_from_meta(ckpt.meta)
-            model.load_state_dict(ckpt.model)
+            model, meta = load_model(self.checkpoint)
             self.say(f"quantization-aware distillation for {target}: {self.epochs} epoch(s) on {len(self._data)} "
                      f"training images ({'int8 symmetric' if symmetric else 'uint8'} activations) ...")
             state, record = quantization_aware_distillation(model, self._data, epochs=self.epochs,
                                                             symmetric=symmetric, progress=self.progress, log=self.say)
             work = self._tmp / ("symmetric" if symmetric else "asymmetric")
             work.mkdir()
-            save_checkpoint(work / "best.pt", state, ckpt.meta)
+            save_checkpoint(work / "best.pt", state, meta)
             path = self.export(work / "best.pt", work / "model.onnx")
             self._made[symmetric] = (path, {**record.to_dict(), "activations": "int8" if symmetric else "uint8",
                                             "checkpoint_sha256": file_sha256(self.checkpoint)})

@@ -255,14 +255,12 @@ def format_report(rows: Sequence[NodeSensitivity], top: int = DEFAULT_REPORT_ROW
     return "\n".join(lines)
 
 
-def quantize_keeping_worst(fp32: str | Path, dst: str | Path, calibration: np.ndarray, count: int, *,
-                           report_images: np.ndarray | None = None, **quantize_options: Any,
-                           ) -> tuple[ConversionResult, list[NodeSensitivity]]:
+def quantize_keeping_worst(fp32: str | Path, dst: str | Path, calibration: np.ndarray, count: int,
+                           **quantize_options: Any) -> tuple[ConversionResult, list[NodeSensitivity]]:
     """``--int8-keep-float worst:N``: quantize ``fp32`` (:func:`export.quantize.quantize_int8` with
-    ``quantize_options``), rank its nodes on ``report_images`` (default: the calibration images), then quantize
-    again into ``dst`` with the ``count`` nodes that add the most noise (:attr:`NodeSensitivity.added_noise`) left
-    in float. ``calibration`` is read twice (an array,
-    not a one-shot iterator). Returns the result and the ranking of the first pass. Raises
+    ``quantize_options``), rank its nodes on the calibration images, then quantize again into ``dst`` with the
+    ``count`` nodes that add the most noise (:attr:`NodeSensitivity.added_noise`) left in float. ``calibration`` is
+    read twice (an array, not a one-shot iterator). Returns the result and the ranking of the first pass. Raises
     :class:`~export.errors.KeepFloatError` when ``count`` is more than the nodes quantized."""
     from export.errors import KeepFloatError
     from export.quantize import quantize_int8
@@ -270,7 +268,7 @@ def quantize_keeping_worst(fp32: str | Path, dst: str | Path, calibration: np.nd
     dst = Path(dst)
     with tempfile.TemporaryDirectory(prefix="spml-worst-") as tmp:
         first = quantize_int8(fp32, Path(tmp) / "first.int8.onnx", calibration, **quantize_options)
-        ranking = sensitivity_report(fp32, first.path, calibration if report_images is None else report_images)
+        ranking = sensitivity_report(fp32, first.path, calibration)
     if count > len(ranking):
         raise KeepFloatError(f"--int8-keep-float worst:{count}: only {len(ranking)} node(s) were quantized")
     names = [row.name for row in sorted(ranking, key=lambda row: -row.added_noise)[:count]]

@@ -193,15 +193,9 @@ def _check_result(model: onnx.ModelProto, reference: onnx.ModelProto, path: Path
         raise ConversionError(f"onnx.checker rejected the converted model for {path}: {exc}") from exc
 
     def iface(m: onnx.ModelProto) -> list[tuple[str, str, list[int | str]]]:
-        values = [*m.graph.input, *m.graph.output]
-        return [
-            (
-                v.name,
-                _elem_name(v.type.tensor_type.elem_type),
-                [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
-            )
-            for v in values
-        ]
+        return [(v.name, _elem_name(v.type.tensor_type.elem_type),
+                 [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+                for v in [*m.graph.input, *m.graph.output]]
 
     got, want = iface(model), iface(reference)
     if got != want:
@@ -268,12 +262,7 @@ def _check_dst(src: Path, dst: Path) -> None:
 # ----------------------------------------------------------------------------------------------- FP16
 
 
-def convert_fp16(
-    src: str | Path,
-    dst: str | Path,
-    *,
-    op_block_list: Sequence[str] | None = None,
-) -> ConversionResult:
+def convert_fp16(src: str | Path, dst: str | Path, *, op_block_list: Sequence[str] | None = None) -> ConversionResult:
     """Convert the FP32 export ``src`` to an FP16 graph at ``dst`` with float32 inputs/outputs kept.
 
     Uses ONNX Runtime's float16 converter (``keep_io_types=True``: a ``Cast`` at each boundary).
@@ -292,10 +281,7 @@ def convert_fp16(
     try:
         with contextlib.redirect_stdout(chatter), _quiet_logging():
             converted = convert_float_to_float16(
-                model,
-                keep_io_types=True,
-                op_block_list=list(op_block_list) if op_block_list is not None else None,
-            )
+                model, keep_io_types=True, op_block_list=list(op_block_list) if op_block_list is not None else None)
     except Exception as exc:
         raise ConversionError(f"FP16 conversion of {src} failed: {type(exc).__name__}: {exc}") from exc
     fp16_meta = dataclasses.replace(
@@ -437,23 +423,12 @@ def _quiet_logging() -> Iterator[None]:
         root.setLevel(level)
 
 
-def quantize_int8(
-    src: str | Path,
-    dst: str | Path,
-    calibration: np.ndarray | Iterable[Any],
-    *,
-    target: Target = "cpu",
-    method: CalibrationMethodName = DEFAULT_CALIBRATION_METHOD,
-    keep_head_float: bool = DEFAULT_KEEP_HEAD_FLOAT,
-    per_channel: bool = True,
-    reduce_range: bool = False,
-    max_images: int | None = None,
-    percentile: float = DEFAULT_PERCENTILE,
-    batch_size: int = CALIBRATION_BATCH,
-    keep_float: Sequence[str] = (),
-    keep_float_spec: str | None = None,
-    record: dict[str, Any] | None = None,
-) -> ConversionResult:
+def quantize_int8(src: str | Path, dst: str | Path, calibration: np.ndarray | Iterable[Any], *, target: Target = "cpu",
+                  method: CalibrationMethodName = DEFAULT_CALIBRATION_METHOD,
+                  keep_head_float: bool = DEFAULT_KEEP_HEAD_FLOAT, per_channel: bool = True,
+                  reduce_range: bool = False, max_images: int | None = None, percentile: float = DEFAULT_PERCENTILE,
+                  batch_size: int = CALIBRATION_BATCH, keep_float: Sequence[str] = (),
+                  keep_float_spec: str | None = None, record: dict[str, Any] | None = None) -> ConversionResult:
     """Quantize the FP32 export ``src`` to an INT8 Q/DQ model at ``dst`` (float32 inputs/outputs kept).
 
     ``calibration``: preprocessed float32 images ``(N, 3, S, S)`` (an array or an iterable of batches),
@@ -525,20 +500,11 @@ def quantize_int8(
         excluded += [n for n in dict.fromkeys(keep_float) if n not in excluded]
         try:
             with contextlib.redirect_stdout(chatter), _quiet_logging():
-                quantize_static(
-                    str(pre_path),
-                    str(out_path),
-                    reader,
-                    quant_format=QuantFormat.QDQ,
-                    per_channel=per_channel,
-                    reduce_range=reduce_range,
-                    activation_type=qtype[flavour.activation_type],
-                    weight_type=qtype[flavour.weight_type],
-                    nodes_to_exclude=excluded,
-                    calibrate_method=ort_method,
-                    calibration_providers=["CPUExecutionProvider"],
-                    extra_options=extra,
-                )
+                quantize_static(str(pre_path), str(out_path), reader, quant_format=QuantFormat.QDQ,
+                                per_channel=per_channel, reduce_range=reduce_range,
+                                activation_type=qtype[flavour.activation_type], weight_type=qtype[flavour.weight_type],
+                                nodes_to_exclude=excluded, calibrate_method=ort_method,
+                                calibration_providers=["CPUExecutionProvider"], extra_options=extra)
         except Exception as exc:
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ConversionError(f"INT8 quantization of {src} failed: {type(exc).__name__}: {detail}") from exc

@@ -168,10 +168,8 @@ def _check_inputs(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
         i, c = np.argwhere(bad)[0]
         raise ValueError(f"probs contain {int(bad.sum())} NaN/inf value(s), first at image {i}, class {c}")
     if p.min() < 0.0 or p.max() > 1.0:
-        raise ValueError(
-            f"probs must be probabilities in [0, 1] (apply a sigmoid to logits first); "
-            f"got values in [{p.min():g}, {p.max():g}]"
-        )
+        raise ValueError(f"probs must be probabilities in [0, 1] (apply a sigmoid to logits first); "
+                         f"got values in [{p.min():g}, {p.max():g}]")
     if y.dtype != np.bool_:
         if not (np.issubdtype(y.dtype, np.number)):
             raise ValueError(f"labels must be 0/1 numbers or booleans, got dtype {y.dtype}")
@@ -264,14 +262,8 @@ def _best_threshold(scores: np.ndarray, positives: np.ndarray, mode: Calibration
     return _threshold_below(distinct, j)
 
 
-def calibrate(
-    probs: Any,
-    labels: Any,
-    mode: str | float | CalibrationMode = "f1",
-    *,
-    min_positives: int = DEFAULT_MIN_POSITIVES,
-    expected_positives: float | None = None,
-) -> Calibration:
+def calibrate(probs: Any, labels: Any, mode: str | float | CalibrationMode = "f1", *,
+              min_positives: int = DEFAULT_MIN_POSITIVES, expected_positives: float | None = None) -> Calibration:
     """Per-class thresholds from validation ``probs`` (N, C) sigmoid scores and 0/1 ``labels`` (N, C).
 
     ``mode`` is a string for :func:`parse_mode`, a number X (= ``threshold:X``) or a :class:`CalibrationMode`.
@@ -357,16 +349,9 @@ def _per_class_prf(probs: np.ndarray, labels: np.ndarray, thresholds: np.ndarray
     return {"precision": 100 * precision, "recall": 100 * recall, "f1": 100 * f1}
 
 
-def calibration_report(
-    probs: Any,
-    labels: Any,
-    thresholds: Sequence[float] | np.ndarray,
-    classes: Sequence[str],
-    *,
-    mode: str | None = None,
-    rules: Sequence[str] | None = None,
-    labels_name: str | None = None,
-) -> dict[str, Any]:
+def calibration_report(probs: Any, labels: Any, thresholds: Sequence[float] | np.ndarray, classes: Sequence[str], *,
+                       mode: str | None = None, rules: Sequence[str] | None = None,
+                       labels_name: str | None = None) -> dict[str, Any]:
     """Compare the default 0.5 threshold with calibrated ``thresholds`` (one per class) on ``probs`` (N, C)
     against 0/1 ``labels`` (N, C).
 
@@ -450,13 +435,8 @@ def write_report(report: dict[str, Any], path_md: str | Path, path_json: str | P
     js.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def plot_pr_curves(
-    probs: Any,
-    labels: Any,
-    thresholds: Sequence[float] | np.ndarray,
-    classes: Sequence[str],
-    path_png: str | Path,
-) -> bool:
+def plot_pr_curves(probs: Any, labels: Any, thresholds: Sequence[float] | np.ndarray, classes: Sequence[str],
+                   path_png: str | Path) -> bool:
     """Draw one small precision-recall panel per class (a grid) into ``path_png``, marking the calibrated
     operating point and the 0.5 point. Returns True when written; False, with a message on stderr, when
     matplotlib is not installed (it is an optional dependency)."""
@@ -467,10 +447,8 @@ def plot_pr_curves(
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        print(
-            f"calibration: PR-curve plot {path_png} skipped: matplotlib is not installed (pip install matplotlib)",
-            file=sys.stderr,
-        )
+        print(f"calibration: PR-curve plot {path_png} skipped: matplotlib is not installed (pip install matplotlib)",
+              file=sys.stderr)
         return False
 
     ncols = min(num_classes, 5) if num_classes <= 25 else math.ceil(math.sqrt(num_classes))
