@@ -44,53 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "target",
-        nargs="?",
-        metavar="RUN_OR_CHECKPOINT",
-        help="run folder, run name under --runs-dir, or checkpoint .pt file (default: the latest run's best.pt)",
-    )
-    parser.add_argument(
-        "--runs-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="where runs live (default: $SPML_RUNS if set, else ./runs)",
-    )
-    parser.add_argument(
-        "--output",
-        "-o",
-        type=Path,
-        metavar="PATH",
-        help="ONNX file to write (default: <run>/export/model.onnx); the sidecar is PATH with .json",
-    )
-    parser.add_argument(
-        "--opset",
-        type=int,
-        default=DEFAULT_OPSET,
-        metavar="N",
-        help=f"ONNX opset, {MIN_OPSET}..{MAX_OPSET} (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--images",
-        type=Path,
-        metavar="FOLDER",
-        help="verify on the images of this folder (recursive) instead of the run's validation split",
-    )
-    parser.add_argument(
-        "--verify-images",
-        type=int,
-        default=DEFAULT_VERIFY_IMAGES,
-        metavar="N",
-        help="number of images to compare ONNX Runtime and PyTorch on (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--atol",
-        type=float,
-        default=DEFAULT_ATOL,
-        metavar="X",
-        help="maximum allowed absolute logit difference (default: %(default)g)",
-    )
+    parser.add_argument("target", nargs="?", metavar="RUN_OR_CHECKPOINT",
+                        help="run folder, run name under --runs-dir, or checkpoint .pt file (default: the latest "
+                        "run's best.pt)")
+    parser.add_argument("--runs-dir", type=Path, default=None, metavar="DIR",
+                        help="where runs live (default: $SPML_RUNS if set, else ./runs)")
+    parser.add_argument("--output", "-o", type=Path, metavar="PATH",
+                        help="ONNX file to write (default: <run>/export/model.onnx); the sidecar is PATH with .json")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N",
+                        help=f"ONNX opset, {MIN_OPSET}..{MAX_OPSET} (default: %(default)s)")
+    parser.add_argument("--images", type=Path, metavar="FOLDER",
+                        help="verify on the images of this folder (recursive) instead of the run's validation split")
+    parser.add_argument("--verify-images", type=int, default=DEFAULT_VERIFY_IMAGES, metavar="N",
+                        help="number of images to compare ONNX Runtime and PyTorch on (default: %(default)s)")
+    parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, metavar="X",
+                        help="maximum allowed absolute logit difference (default: %(default)g)")
     _precision_options(parser.add_argument_group("precisions, thresholds and TensorRT"))
     return parser
 

@@ -1,22 +1,14 @@
-"""Check a converted (FP16 / INT8) ONNX model against its FP32 reference on the same inputs. (The FP32 file itself is
-checked against PyTorch by :mod:`export.onnx_vs_pytorch`.)
+"""Check a converted (FP16 / INT8) ONNX model against its FP32 reference on the same inputs (the FP32 file itself
+is checked against PyTorch by :mod:`export.onnx_vs_pytorch`).
 
-Both models run in ONNX Runtime on ``CPUExecutionProvider`` over the same preprocessed batch; the report
-gives the largest and mean absolute probability difference (sigmoid of the logits), the fraction of
-identical thresholded decisions (image x class, at the model's per-class thresholds or 0.5), the fraction
-of images whose whole tag set is unchanged, and, when labels are given, both models' mAP
-(``models.evaluation.metrics.mean_average_precision`` on the logits) and the drop.
-
-Bounds (:class:`~export.precisions.PrecisionBounds`): each precision's row of the registry,
-:data:`export.precisions.PRECISIONS`.
-
-:func:`check_precision` raises :class:`PrecisionError` (an ``ExportError``) naming every broken bound.
+:func:`compare_outputs` measures the probability differences, the identical thresholded decisions (per element and
+per image) and, with labels, the mAP drop; :func:`check_precision` raises :class:`PrecisionError` naming every bound
+(:class:`~export.precisions.PrecisionBounds`) that is broken.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,18 +16,14 @@ from typing import Any
 import numpy as np
 
 from export.errors import ExportError, PrecisionError
-from export.onnx_files import read_onnx_meta
 from export.precisions import PrecisionBounds
-from models.checkpoint import ModelMeta
 from models.evaluation.metrics import mean_average_precision
 from models.logits import sigmoid
-
-DEFAULT_THRESHOLD = 0.5
 
 
 @dataclass
 class PrecisionReport:
-    """Outcome of :func:`compare_models` (mAP fields are None without labels)."""
+    """A converted model against FP32: :func:`compare_outputs`'s figures (mAP fields None without labels)."""
 
     reference: str
     candidate: str
@@ -76,14 +64,6 @@ class PrecisionReport:
         return text
 
 
-def read_meta(path: str | Path) -> ModelMeta:
-    """The ``spml_meta`` of an ONNX file (``FileNotFoundError`` / :class:`ExportError`)."""
-    try:
-        return read_onnx_meta(path)
-    except ValueError as exc:
-        raise ExportError(str(exc)) from exc
-
-
 class OrtModel:
     """An ONNX file open in ONNX Runtime (CPU): logits and throughput."""
 
@@ -113,37 +93,8 @@ class OrtModel:
         return done / (time.perf_counter() - start)
 
 
-def run_onnx_cpu(path: str | Path, inputs: np.ndarray, batch_size: int = 32) -> np.ndarray:
-    """Run ``inputs`` (float32 ``(N, 3, S, S)``) through ``path`` with ONNX Runtime CPU; logits ``(N, C)``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ONNX model not found: {path}")
-    try:
-        return OrtModel(path).logits(inputs, batch_size)
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise ExportError(f"running {path} in ONNX Runtime (CPU) failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _thresholds(thresholds: float | Sequence[float] | np.ndarray | None, meta: ModelMeta) -> tuple[np.ndarray, str]:
-    n = len(meta.classes)
-    if thresholds is None:
-        if meta.thresholds:
-            return np.asarray(meta.thresholds, dtype=np.float64), "model metadata"
-        return np.full(n, DEFAULT_THRESHOLD), f"default {DEFAULT_THRESHOLD:g}"
-    arr = np.asarray(thresholds, dtype=np.float64)
-    if arr.ndim == 0:
-        return np.full(n, float(arr)), f"{float(arr):g} for every class"
-    if arr.shape != (n,):
-        raise ExportError(f"expected {n} per-class thresholds, got shape {arr.shape}")
-    return arr, "given per class"
-
-
-def compare_outputs(
-    reference_logits: np.ndarray,
-    candidate_logits: np.ndarray,
-    thresholds: np.ndarray,
-    labels: np.ndarray | None = None,
-) -> dict[str, Any]:
+def compare_outputs(reference_logits: np.ndarray, candidate_logits: np.ndarray, thresholds: np.ndarray,
+                    labels: np.ndarray | None = None) -> dict[str, Any]:
     """Metrics of :class:`PrecisionReport` from two logit arrays ``(N, C)`` (and optional 0/1 labels)."""
     ref = np.asarray(reference_logits, dtype=np.float64)
     cand = np.asarray(candidate_logits, dtype=np.float64)
@@ -200,59 +151,3 @@ def check_precision(report: PrecisionReport, bounds: PrecisionBounds | None = No
             f"images: " + "; ".join(failures), failures
         )
     return report
-
-
-def compare_models(
-    reference: str | Path,
-    candidate: str | Path,
-    inputs: np.ndarray,
-    *,
-    labels: np.ndarray | None = None,
-    thresholds: float | Sequence[float] | np.ndarray | None = None,
-    batch_size: int = 32,
-) -> PrecisionReport:
-    """Run the FP32 ``reference`` and the converted ``candidate`` on ``inputs``; return the comparison.
-
-    ``inputs``: preprocessed float32 ``(N, 3, S, S)``. ``thresholds``: per-class (or one) probability
-    thresholds; default the candidate's ``meta.thresholds`` or 0.5. ``labels``: optional 0/1 ``(N, C)``
-    for mAP. Raises ``FileNotFoundError`` or :class:`ExportError` (unreadable model, reference not FP32,
-    different classes, ORT failure); never checks bounds (see :func:`check_precision`).
-    """
-    t0 = time.perf_counter()
-    ref_meta, cand_meta = read_meta(reference), read_meta(candidate)
-    if ref_meta.precision != "fp32":
-        raise ExportError(f"the reference {reference} is {ref_meta.precision}, not the FP32 model")
-    if list(ref_meta.classes) != list(cand_meta.classes):
-        raise ExportError(f"{candidate} and {reference} have different classes")
-    inputs = np.asarray(inputs)
-    size = int(ref_meta.image_size)
-    if inputs.ndim != 4 or tuple(inputs.shape[1:]) != (3, size, size) or len(inputs) == 0:
-        raise ExportError(f"inputs must be (N>0, 3, {size}, {size}) float32, got {inputs.shape}")
-    inputs = inputs.astype(np.float32, copy=False)
-    thr, source = _thresholds(thresholds, cand_meta)
-    ref_logits = run_onnx_cpu(reference, inputs, batch_size)
-    cand_logits = run_onnx_cpu(candidate, inputs, batch_size)
-    metrics = compare_outputs(ref_logits, cand_logits, thr, labels)
-    return PrecisionReport(
-        reference=str(reference),
-        candidate=str(candidate),
-        precision=cand_meta.precision,
-        thresholds_source=source,
-        seconds=time.perf_counter() - t0,
-        **metrics,
-    )
-
-
-def verify_precision(
-    reference: str | Path,
-    candidate: str | Path,
-    inputs: np.ndarray,
-    *,
-    labels: np.ndarray | None = None,
-    thresholds: float | Sequence[float] | np.ndarray | None = None,
-    bounds: PrecisionBounds | None = None,
-    batch_size: int = 32,
-) -> PrecisionReport:
-    """:func:`compare_models` then :func:`check_precision` (bounds default per the candidate's precision)."""
-    report = compare_models(reference, candidate, inputs, labels=labels, thresholds=thresholds, batch_size=batch_size)
-    return check_precision(report, bounds)

@@ -14,13 +14,8 @@ CALIBRATION_BATCH = 16
 CALIBRATION_CHUNK_IMAGES = 32  # per chunk, counted at 224 x 224 (scaled by pixel count for other sizes)
 
 
-def calibration_batches(
-    data: np.ndarray | Iterable[Any],
-    image_size: int,
-    *,
-    max_images: int | None = None,
-    batch_size: int = CALIBRATION_BATCH,
-) -> list[np.ndarray]:
+def calibration_batches(data: np.ndarray | Iterable[Any], image_size: int, *, max_images: int | None = None,
+                        batch_size: int = CALIBRATION_BATCH) -> list[np.ndarray]:
     """Validate preprocessed calibration images and re-batch them to ``batch_size``.
 
     ``data``: one float array ``(N, 3, S, S)`` or an iterable of such batches (numpy arrays or CPU tensors),

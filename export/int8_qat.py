@@ -1,21 +1,12 @@
 """Quantization-aware distillation for INT8 (``--int8-qat``): the network fine-tuned, with INT8 rounding simulated,
 to reproduce its own FP32 outputs on training images; ONNX Runtime's static quantization then quantizes the result.
 
-Post-training quantization rounds every activation to 256 levels of one range per tensor; a fine-tuned
-EfficientNet-Lite loses more accuracy to it than the INT8 gate allows (docs/export.md). Here the weights learn to
-live with that rounding: a copy of the network (the *student*) runs with fake quantization where ONNX Runtime's
-Q/DQ graph rounds,
-
-- every Conv2d / Linear weight of the backbone: int8, symmetric, one scale per output channel (the classifier head
-  stays float, as in the INT8 export);
-- the network input, the output of every batch norm (with its activation, where timm fuses one) and of every
-  residual block: uint8 over the range the FP32 network shows on the first calibration batches (symmetric int8
-  for the TensorRT flavour);
-
-batch norms frozen (the export folds them), and is trained for a few epochs with Adam to match the FP32 network's
-probabilities (binary cross-entropy against the teacher's sigmoid outputs): no labels, no method loss, only
-training images. The gradients pass the rounding straight through (PyTorch's ``fake_quantize_*`` operators).
-The result is a float state dict of the same network; :mod:`export.pipeline` exports it to ONNX and quantizes that.
+A copy of the network (the *student*) runs with fake quantization where ONNX Runtime's Q/DQ graph rounds (per-channel
+int8 weights of every backbone Conv2d / Linear, the head staying float; uint8 activations, symmetric int8 for the
+TensorRT flavour, at the input and after every batch norm and residual block, over the ranges the FP32 network shows
+on the first calibration batches), batch norms frozen (the export folds them), and is trained with Adam against the
+teacher's sigmoid outputs: no labels, no method loss. Gradients pass the rounding straight through (PyTorch's
+``fake_quantize_*``). Why, and what it gained: docs/export.md.
 """
 
 from __future__ import annotations
@@ -112,18 +103,10 @@ def _batches(n: int, size: int, order: torch.Tensor | None = None) -> Iterator[t
         yield index[start:start + size]
 
 
-def quantization_aware_distillation(
-    model: nn.Module,
-    images: np.ndarray,
-    *,
-    epochs: int = DEFAULT_QAT_EPOCHS,
-    lr: float = DEFAULT_QAT_LR,
-    batch_size: int = QAT_BATCH,
-    symmetric: bool = False,
-    seed: int = 0,
-    progress: bool = True,
-    log: Callable[[str], None] | None = None,
-) -> tuple[dict[str, torch.Tensor], QatRecord]:
+def quantization_aware_distillation(model: nn.Module, images: np.ndarray, *, epochs: int = DEFAULT_QAT_EPOCHS,
+                                    lr: float = DEFAULT_QAT_LR, batch_size: int = QAT_BATCH, symmetric: bool = False,
+                                    seed: int = 0, progress: bool = True, log: Callable[[str], None] | None = None,
+                                    ) -> tuple[dict[str, torch.Tensor], QatRecord]:
     """Fine-tune a copy of ``model`` (a :class:`models.network.MultiLabelNet`; left untouched) with INT8 rounding
     simulated (see the module docstring) to reproduce ``model``'s probabilities on ``images`` (preprocessed float32
     ``(N, 3, S, S)`` training images); returns the copy's float state dict (same keys as ``model``'s) and a
@@ -221,10 +204,10 @@ class DistilledExports:
 
     def onnx(self, target: str) -> tuple[Path, dict[str, Any]]:
         """The distilled FP32 ONNX file for INT8 ``target`` (``cpu``, ``tensorrt``) and its record."""
+        from export.onnx_export import load_model
         from export.quantize import INT8_FLAVOURS
-        from models.checkpoint import load_checkpoint, save_checkpoint
+        from models.checkpoint import save_checkpoint
         from models.files.digest import file_sha256
-        from models.network import model_from_meta
 
         symmetric = INT8_FLAVOURS[target].activation_symmetric
         if symmetric not in self._made:
@@ -233,16 +216,14 @@ class DistilledExports:
                 self._data = self.read_images(self.images)
             if self._tmp is None:
                 self._tmp = Path(tempfile.mkdtemp(prefix=".int8-qat-", dir=self.folder))
-            ckpt = load_checkpoint(self.checkpoint)
-            model = model_from_meta(ckpt.meta)
-            model.load_state_dict(ckpt.model)
+            model, meta = load_model(self.checkpoint)
             self.say(f"quantization-aware distillation for {target}: {self.epochs} epoch(s) on {len(self._data)} "
                      f"training images ({'int8 symmetric' if symmetric else 'uint8'} activations) ...")
             state, record = quantization_aware_distillation(model, self._data, epochs=self.epochs,
                                                             symmetric=symmetric, progress=self.progress, log=self.say)
             work = self._tmp / ("symmetric" if symmetric else "asymmetric")
             work.mkdir()
-            save_checkpoint(work / "best.pt", state, ckpt.meta)
+            save_checkpoint(work / "best.pt", state, meta)
             path = self.export(work / "best.pt", work / "model.onnx")
             self._made[symmetric] = (path, {**record.to_dict(), "activations": "int8" if symmetric else "uint8",
                                             "checkpoint_sha256": file_sha256(self.checkpoint)})

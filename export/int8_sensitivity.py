@@ -1,24 +1,12 @@
 """Which nodes of an INT8 model lose the accuracy: a per-node SQNR report, and ``--int8-keep-float``'s ``worst:N``.
 
-:func:`sensitivity_report` runs the FP32 graph that was quantized (the export after ``quant_pre_process``, whose
-node and tensor names the Q/DQ model keeps) and the INT8 Q/DQ model in ONNX Runtime (CPU, graph optimisations
-off, as ``onnxruntime.quantization.qdq_loss_debug.collect_activations`` does) on the same images, with the output
-and the activation input of every quantized Conv/Gemm/MatMul added as graph outputs, and compares them with ONNX
-Runtime's signal-to-quantization-noise ratio (``qdq_loss_debug.compute_signal_to_quantization_noice_ratio``,
-``20 log10(||float|| / ||float - int8||)``, dB, higher is better). ORT's ``collect_activations`` keeps every
-tensor of every batch; here the two sums of squares are accumulated batch by batch instead, so the memory does not
-grow with the number of images (same figure as ORT's function on the concatenated tensors).
-
-Per node: ``sqnr_db`` at its output (the error accumulated up to and including it), ``input_sqnr_db`` at its
-activation input as the node sees it (dequantized), and ``added_db`` = ``input_sqnr_db - sqnr_db``: what the node
-itself (its int8 weights and the rounding of its input) took away. Rows are sorted by ``sqnr_db``, worst first.
-The error accumulates along the network, so the lowest ``sqnr_db`` sit in the last blocks whether or not they
-cause it; what a node causes is the noise it adds: ``added_noise``, its output's noise-to-signal power minus its
-input's (``10^(-sqnr/10)``; quantization noises of independent sources add in power), the whole output noise for a
-node whose input is float.
-
-:func:`quantize_keeping_worst` is ``worst:N``: quantize once, rank by ``added_noise``, quantize again with the N
-nodes that add the most left in float. :func:`parse_keep_float` reads the option (light: no onnx import).
+:func:`sensitivity_report` runs the float graph that was quantized (the export after ``quant_pre_process``, whose
+node and tensor names the Q/DQ model keeps) and the INT8 model in ONNX Runtime (CPU, graph optimisations off, as
+``onnxruntime.quantization.qdq_loss_debug`` does), with every quantized Conv/Gemm/MatMul's output and activation
+input added as graph outputs, and compares them with ORT's SQNR formula. Unlike ORT's ``collect_activations``,
+which keeps every tensor of every batch, the sums of squares are accumulated batch by batch, so the memory does not
+grow with the number of images. The columns (``sqnr_db``, ``input_sqnr_db``, ``added_db``, ``added_noise``) and
+why ``added_noise`` ranks the nodes: docs/export.md.
 """
 
 from __future__ import annotations
@@ -267,14 +255,12 @@ def format_report(rows: Sequence[NodeSensitivity], top: int = DEFAULT_REPORT_ROW
     return "\n".join(lines)
 
 
-def quantize_keeping_worst(fp32: str | Path, dst: str | Path, calibration: np.ndarray, count: int, *,
-                           report_images: np.ndarray | None = None, **quantize_options: Any,
-                           ) -> tuple[ConversionResult, list[NodeSensitivity]]:
+def quantize_keeping_worst(fp32: str | Path, dst: str | Path, calibration: np.ndarray, count: int,
+                           **quantize_options: Any) -> tuple[ConversionResult, list[NodeSensitivity]]:
     """``--int8-keep-float worst:N``: quantize ``fp32`` (:func:`export.quantize.quantize_int8` with
-    ``quantize_options``), rank its nodes on ``report_images`` (default: the calibration images), then quantize
-    again into ``dst`` with the ``count`` nodes that add the most noise (:attr:`NodeSensitivity.added_noise`) left
-    in float. ``calibration`` is read twice (an array,
-    not a one-shot iterator). Returns the result and the ranking of the first pass. Raises
+    ``quantize_options``), rank its nodes on the calibration images, then quantize again into ``dst`` with the
+    ``count`` nodes that add the most noise (:attr:`NodeSensitivity.added_noise`) left in float. ``calibration`` is
+    read twice (an array, not a one-shot iterator). Returns the result and the ranking of the first pass. Raises
     :class:`~export.errors.KeepFloatError` when ``count`` is more than the nodes quantized."""
     from export.errors import KeepFloatError
     from export.quantize import quantize_int8
@@ -282,7 +268,7 @@ def quantize_keeping_worst(fp32: str | Path, dst: str | Path, calibration: np.nd
     dst = Path(dst)
     with tempfile.TemporaryDirectory(prefix="spml-worst-") as tmp:
         first = quantize_int8(fp32, Path(tmp) / "first.int8.onnx", calibration, **quantize_options)
-        ranking = sensitivity_report(fp32, first.path, calibration if report_images is None else report_images)
+        ranking = sensitivity_report(fp32, first.path, calibration)
     if count > len(ranking):
         raise KeepFloatError(f"--int8-keep-float worst:{count}: only {len(ranking)} node(s) were quantized")
     names = [row.name for row in sorted(ranking, key=lambda row: -row.added_noise)[:count]]

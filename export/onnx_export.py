@@ -64,17 +64,15 @@ class ExportResult:
         v = self.verification
         sizes = "/".join(str(s) for s in v.batch_sizes_checked)
         skipped = f", {len(v.images_skipped)} unreadable skipped" if v.images_skipped else ""
-        return "\n".join(
-            [
-                f"exported {self.onnx_path} ({self.size_bytes / 1e6:.1f} MB, opset {self.opset}, "
-                f"{len(self.meta.classes)} classes, input {INPUT_NAME} [{BATCH_AXIS},3,{self.meta.image_size},"
-                f"{self.meta.image_size}])",
-                f"parity ORT vs PyTorch: max |diff| {v.max_abs_diff:.3g} (atol {v.atol:g}) on {v.images_used} "
-                f"images ({v.source}{skipped}); batch sizes {sizes} ok",
-                f"metadata: {self.sidecar_path}",
-                f"time: export {self.export_seconds:.1f} s, verify {v.seconds:.1f} s, total {self.total_seconds:.1f} s",
-            ]
-        )
+        return "\n".join([
+            f"exported {self.onnx_path} ({self.size_bytes / 1e6:.1f} MB, opset {self.opset}, "
+            f"{len(self.meta.classes)} classes, input {INPUT_NAME} [{BATCH_AXIS},3,{self.meta.image_size},"
+            f"{self.meta.image_size}])",
+            f"parity ORT vs PyTorch: max |diff| {v.max_abs_diff:.3g} (atol {v.atol:g}) on {v.images_used} "
+            f"images ({v.source}{skipped}); batch sizes {sizes} ok",
+            f"metadata: {self.sidecar_path}",
+            f"time: export {self.export_seconds:.1f} s, verify {v.seconds:.1f} s, total {self.total_seconds:.1f} s",
+        ])
 
 
 def default_output(checkpoint: Path) -> Path:
@@ -113,18 +111,9 @@ def export_to_file(model: torch.nn.Module, meta: ModelMeta, path: Path, opset: i
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                model,
-                (example,),
-                None,
-                dynamo=True,
-                external_data=False,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_shapes=({0: BATCH_AXIS},),
-                opset_version=opset,
-                verbose=False,
-            )
+            program = torch.onnx.export(model, (example,), None, dynamo=True, external_data=False,
+                                        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                                        dynamic_shapes=({0: BATCH_AXIS},), opset_version=opset, verbose=False)
     except Exception as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ExportError(f"torch.onnx.export failed: {type(exc).__name__}: {detail}") from exc
@@ -178,17 +167,10 @@ def choose_images(meta: ModelMeta, images: Path | None, limit: int) -> VerifyIma
     return validation_images(meta, limit)
 
 
-def export_onnx(
-    checkpoint: str | Path,
-    output: str | Path | None = None,
-    *,
-    opset: int = DEFAULT_OPSET,
-    images: str | Path | None = None,
-    verify_images: int = DEFAULT_VERIFY_IMAGES,
-    atol: float = DEFAULT_ATOL,
-    runs_dir: Path | None = None,
-    log: Callable[[str], None] | None = None,
-) -> ExportResult:
+def export_onnx(checkpoint: str | Path, output: str | Path | None = None, *, opset: int = DEFAULT_OPSET,
+                images: str | Path | None = None, verify_images: int = DEFAULT_VERIFY_IMAGES,
+                atol: float = DEFAULT_ATOL, runs_dir: Path | None = None,
+                log: Callable[[str], None] | None = None) -> ExportResult:
     """Export a checkpoint (``.pt`` file, run folder, or run name under ``runs_dir``) to a verified ONNX file.
 
     ``output`` defaults to ``<run>/export/model.onnx``; the sidecar is ``<output stem>.json``. Verification
@@ -249,15 +231,6 @@ def export_onnx(
     side = sidecar_path(out_path)
     doc = sidecar_document(out_path, meta, export_info, result.to_dict(), sha256=digest)
     atomic_write_text(side, json.dumps(doc, indent=2, sort_keys=False) + "\n")
-    return ExportResult(
-        onnx_path=out_path,
-        sidecar_path=side,
-        checkpoint=ckpt_path,
-        meta=meta,
-        opset=opset,
-        size_bytes=size_bytes,
-        sha256=digest,
-        verification=result,
-        export_seconds=export_seconds,
-        total_seconds=time.perf_counter() - t0,
-    )
+    return ExportResult(onnx_path=out_path, sidecar_path=side, checkpoint=ckpt_path, meta=meta, opset=opset,
+                        size_bytes=size_bytes, sha256=digest, verification=result, export_seconds=export_seconds,
+                        total_seconds=time.perf_counter() - t0)

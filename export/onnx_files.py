@@ -54,13 +54,8 @@ def sidecar_path(onnx_path: str | Path) -> Path:
     return Path(onnx_path).with_suffix(".json")
 
 
-def sidecar_document(
-    onnx_path: Path,
-    meta: ModelMeta,
-    export_info: Mapping[str, Any],
-    verification: Mapping[str, Any],
-    sha256: str | None = None,
-) -> dict[str, Any]:
+def sidecar_document(onnx_path: Path, meta: ModelMeta, export_info: Mapping[str, Any],
+                     verification: Mapping[str, Any], sha256: str | None = None) -> dict[str, Any]:
     """Build the sidecar dict: format marker, file name + sha256 + size, meta, export info, verification.
 
     ``sha256`` may be passed when already known (it must be the file's); otherwise it is computed.

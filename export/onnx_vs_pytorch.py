@@ -72,14 +72,8 @@ def _ort_logits(runtime: OnnxRuntimeBackend, inputs: np.ndarray, batch_size: int
     return np.concatenate(outs)
 
 
-def verify_parity(
-    onnx_path: str | Path,
-    model: torch.nn.Module,
-    images: VerifyImages,
-    meta: ModelMeta,
-    atol: float = 1e-4,
-    batch_size: int = 16,
-) -> VerifyResult:
+def verify_parity(onnx_path: str | Path, model: torch.nn.Module, images: VerifyImages, meta: ModelMeta,
+                  atol: float = 1e-4, batch_size: int = 16) -> VerifyResult:
     """Run ``images`` through ONNX Runtime (CPU) and the eval-mode PyTorch ``model``; compare logits.
 
     Also runs batches of 1 and 3 through ORT. Returns a :class:`VerifyResult` with ``passed`` set; raises
@@ -116,15 +110,7 @@ def verify_parity(
     except Exception as exc:  # onnxruntime raises its own exception types
         raise ExportError(f"running the exported model failed ({type(exc).__name__}: {exc})") from exc
     passed = bool(np.isfinite(max_diff) and max_diff <= atol)
-    return VerifyResult(
-        source=images.source,
-        images_used=len(inputs),
-        images_skipped=skipped,
-        max_abs_diff=max_diff,
-        mean_abs_diff=float(diff.mean()),
-        atol=float(atol),
-        batch_sizes_checked=sorted({min(batch_size, len(inputs)), *DYNAMIC_BATCH_SIZES}),
-        passed=passed,
-        seconds=time.perf_counter() - start,
-        per_batch_size_max_diff=per_size,
-    )
+    return VerifyResult(source=images.source, images_used=len(inputs), images_skipped=skipped, max_abs_diff=max_diff,
+                        mean_abs_diff=float(diff.mean()), atol=float(atol),
+                        batch_sizes_checked=sorted({min(batch_size, len(inputs)), *DYNAMIC_BATCH_SIZES}),
+                        passed=passed, seconds=time.perf_counter() - start, per_batch_size_max_diff=per_size)

@@ -28,16 +28,9 @@ KEEP_MODES = ("auto", "none")
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """An export's options (the command line's names, ``--trt-batch`` is ``trt_batch``): the ``precisions`` to make,
-    the threshold ``calibrate_mode`` (``auto``, ``none`` or a mode of :mod:`export.threshold_calibration`), at most
-    ``val_images`` validation images, ``calibration_images`` training images for INT8 and how they are used
-    (``int8_calibration``; None: :mod:`export.quantize`'s default), the INT8 per-node sensitivity report
-    (``int8_report``), the nodes kept in float (``int8_keep_float``: names or ``worst:N``), quantization-aware
-    distillation (``int8_qat``: auto, on, off; ``int8_qat_epochs``; :mod:`export.int8_qat`), TensorRT engines
-    (``trt``, ``trt_targets``, ``trt_batch`` = min, opt, max), the converted models' acceptance ``bounds`` (None:
-    each precision's own), the ONNX ``opset``, the parity check (on ``images`` or the validation split,
-    ``verify_images`` images, ``atol``), ``runs_dir``, the ``seed`` of the INT8 sample, progress bars and an ``audit``
-    list of fully labelled images."""
+    """An export's options, by the command line's names (``--trt-batch`` is ``trt_batch`` = min, opt, max), each
+    checked on creation. ``int8_calibration`` None: :mod:`export.quantize`'s default; ``bounds`` None: each
+    precision's own; ``seed``: of the INT8 calibration sample."""
 
     precisions: Sequence[str] = ("fp32",)
     calibrate_mode: str = "auto"

@@ -1,24 +1,12 @@
-"""The whole export of a run: FP32 ONNX, per-class thresholds, FP16 / INT8 ONNX, TensorRT engines, summary.
+"""The whole export of a run (:func:`export_run`): FP32 ONNX, per-class thresholds, FP16 / INT8 ONNX, TensorRT
+engines, summary and model card; docs/export.md describes every file and check.
 
-:func:`export_run` drives the pieces, each of which lives in its own module:
-
-1. :func:`export.onnx_export.export_onnx`: the canonical FP32 ONNX (folded, verified against PyTorch).
-2. The validation split is rebuilt from the checkpoint's metadata and scored by every artifact
-   (ONNX Runtime, CPU); the artifact's own per-class thresholds are calibrated on its own scores
-   (:mod:`export.threshold_calibration`; INT8 squeezes scores, so thresholds are never shared between precisions), then
-   written into the file's ``spml_meta`` and its sidecar, with a report and a PR-curve plot. The labels of the
-   validation split are full or single-positive (:mod:`models.data.label_regime`); every figure says which, and
-   F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)``, or is measured on the audit
-   list (:mod:`models.data.audit_list`) when one is given. The positive-only calibration (pu-f1) needs the
-   expected number of tags per image K: the audit list's, else estimated from the validation scores
-   (:mod:`models.evaluation.expected_positives`), unless given as ``pu-f1:K``.
-3. FP16 and INT8 conversions (:mod:`export.quantize`): INT8 is calibrated on a few hundred training images;
-   the ``cpu`` flavour (u8/s8) is made for ONNX Runtime, the ``tensorrt`` flavour (symmetric s8, float bias)
-   when engines are asked for. Each is checked against FP32 (:mod:`export.converted_vs_fp32`): the export fails
-   when a bound is broken.
-4. TensorRT engines (:mod:`export.tensorrt_build`) from the FP32 / FP16 / INT8-tensorrt ONNX files.
-5. ``summary.md`` / ``summary.json`` in the export folder: one row per artifact (size, val mAP, decision
-   agreement with FP32, throughput on this machine) and the thresholds per precision.
+The validation split is rebuilt from the checkpoint's metadata and scored by every artifact, which gets its own
+thresholds calibrated on its own scores (INT8 squeezes scores, so thresholds are never shared between precisions).
+F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)`` unless an audit list
+(:mod:`models.data.audit_list`) is given, and the positive-only modes take K from the audit list, the run, or an
+estimate from the validation scores (:func:`expected_tags`). A converted model that breaks a bound against FP32
+fails the export.
 """
 
 from __future__ import annotations
@@ -102,20 +90,22 @@ class Artifact:
 
 @dataclass
 class ValData:
-    """Preprocessed validation images with their labels (None when verifying on an unlabelled folder) and the
-    regime of those labels."""
+    """Preprocessed validation images with their labels and the regime of those labels."""
 
     inputs: np.ndarray
-    labels: np.ndarray | None
+    labels: np.ndarray
     source: str
-    fully_labelled: bool
-    regime: LabelRegime | None = None
+    regime: LabelRegime
+
+    @property
+    def fully_labelled(self) -> bool:
+        """Whether the labels are complete (F1 can be measured on them)."""
+        return self.regime.full
 
     @property
     def labels_name(self) -> str:
         """``full val labels`` or ``single-positive val labels`` (what a figure was measured against)."""
-        kind = "full" if self.regime is None else self.regime.kind
-        return f"{kind} val labels"
+        return f"{self.regime.kind} val labels"
 
 
 @dataclass
@@ -139,7 +129,6 @@ class RunExport:
     fp32: ExportResult
     artifacts: list[Artifact] = field(default_factory=list)
     summary_path: Path | None = None
-    card_path: Path | None = None
     val_labels: str = ""  # what the val mAP column was measured against
 
     def table(self) -> str:
@@ -174,9 +163,8 @@ def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, lo
     log(f"reading {len(paths)} validation images ...")
     inputs, keep = _load(paths, meta, progress)
     # single-positive val labels (no image with two positives) cannot give F1: positive-only calibration then
-    regime = detect_regime(labels[keep], "val")
     return ValData(inputs, labels[keep], f"val split of {meta.data.get('source')} ({len(keep)} images)",
-                   regime.full, regime)
+                   detect_regime(labels[keep], "val"))
 
 
 def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], progress: bool) -> AuditData:
@@ -202,7 +190,6 @@ def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None 
     for record in (data.get("expected_positives"), data.get("k_estimate")):
         if record and (record.get("source") != "estimated" or record.get("detail", "").startswith(CHOOSER_K)):
             return ExpectedPositives.from_dict(record)
-    assert val.labels is not None
     estimate = estimate_k(val_logits, val.labels)
     return ExpectedPositives(estimate.k, "estimated", f"from the scores of the {val.labels_name}",
                              estimate)
@@ -256,11 +243,9 @@ def write_thresholds(path: Path, thresholds: list[float] | None, calibration: di
 
 def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mode_text: str, classes: list[str],
                         folder: Path, log: Callable[[str], None], k: ExpectedPositives | None = None,
-                        audit: AuditData | None = None, audit_logits: np.ndarray | None = None) -> ModelMeta | None:
+                        audit: AuditData | None = None, audit_logits: np.ndarray | None = None) -> ModelMeta:
     """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot. F1
     figures come from full val labels, else from the audit list (its own report), else read n/a."""
-    if val.labels is None:
-        return None
     probs = sigmoid(logits)
     mode = parse_mode(mode_text if mode_text != "auto" else default_mode(val.fully_labelled))
     cal = calibrate(probs, val.labels, mode, expected_positives=k.k if k is not None else None)
@@ -331,7 +316,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
         return result
 
     result.val_labels = val.labels_name
-    say(f"validation labels: {val.regime.describe() if val.regime is not None else val.labels_name}")
+    say(f"validation labels: {val.regime.describe()}")
     audit_data = load_audit_data(audit, meta, say, progress) if audit is not None else None
     ref = OrtModel(fp32.onnx_path)
     ref_logits = ref.logits(val.inputs)
@@ -343,7 +328,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
         if k.caveat():
             say(f"  note: {k.caveat()}")
 
-    def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> ModelMeta | None:
+    def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> ModelMeta:
         audit_logits = model.logits(audit_data.inputs) if audit_data is not None else None
         calibrated = _calibrate_artifact(art, logits, val, calibrate_mode, list(meta.classes), folder, say, k,
                                          audit_data, audit_logits)
@@ -354,7 +339,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
     _measure(fp32_art, ref, ref_logits, None, val)
     card_meta = meta
     if calibrate_mode != "none":
-        card_meta = calibrate_on(fp32_art, ref, ref_logits) or meta
+        card_meta = calibrate_on(fp32_art, ref, ref_logits)
     ref_thresholds = np.asarray(fp32_art.thresholds or [0.5] * len(meta.classes))
     result.artifacts.append(fp32_art)
 
@@ -421,8 +406,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
     if opts.trt:
         _build_engines(result, precisions, opts.trt_targets, opts.trt_batch, say)
     _write_summary(result, say)
-    _write_card(result, card_meta, per_class_ap(ref_logits, val.labels) if val.labels is not None else None,
-                _labels_note(val))
+    _write_card(result, card_meta, per_class_ap(ref_logits, val.labels), _labels_note(val))
     return result
 
 
@@ -449,7 +433,7 @@ def _measure(art: Artifact, model: OrtModel, logits: np.ndarray, report: Precisi
 
     if report is not None and report.map_candidate is not None:
         art.val_mAP = report.map_candidate
-    elif val.labels is not None:
+    else:
         art.val_mAP = mean_average_precision(logits, val.labels)
     if art.runtime == "onnxruntime":
         art.images_per_s = model.images_per_second(val.inputs, THROUGHPUT_BATCH, THROUGHPUT_SECONDS)
@@ -490,7 +474,7 @@ def _labels_note(val: ValData) -> str:
 def _write_card(result: RunExport, meta: ModelMeta, ap: np.ndarray | None, labels_note: str) -> None:
     """The export folder's model card (``README.md``) and ``tags.csv``."""
     files = [CardFile(a.path.name, a.precision, a.runtime, a.size_bytes, a.val_mAP) for a in result.artifacts]
-    result.card_path, _ = write_model_card(result.folder, meta, files, result.fp32.onnx_path, labels_note, ap)
+    write_model_card(result.folder, meta, files, result.fp32.onnx_path, labels_note, ap)
 
 
 def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:

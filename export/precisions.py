@@ -1,15 +1,8 @@
 """The export precisions, one registry (:data:`PRECISIONS`): what ``--precision NAME`` makes from the FP32 export,
 the bounds each artifact is checked against (:mod:`export.converted_vs_fp32`) and the artifact a TensorRT engine of
-that precision is built from.
-
-Adding a precision is one row of :data:`PRECISIONS`: its conversions (artifact name, runtime it is made for, the
-function that writes it from the FP32 file, whether it is made only for TensorRT engines), its bounds and its engine
-source. The rows, in order, are the order the artifacts are made. Nothing heavy is imported here (the conversions
-import :mod:`export.quantize` when they run), so ``python -m export --help`` lists the names at once.
-
-Bounds: FP16 keeps max |probability difference| <= 5e-3 and >= 99.5% identical decisions (mAP drop <= 0.5 point
-when labels are given); INT8 keeps the mAP drop <= 0.5 point (needs labels) and >= 99% identical decisions, with
-no element-wise bound: quantization noise is judged on the task metric.
+that precision is built from. Adding a precision is one row; the rows, in order, are the order the artifacts are
+made. Nothing heavy is imported here (the conversions import :mod:`export.quantize` when they run), so
+``python -m export --help`` lists the names at once.
 """
 
 from __future__ import annotations
@@ -48,13 +41,10 @@ class PrecisionBounds:
 
 @dataclass
 class ConversionInputs:
-    """What a conversion may need besides the FP32 file: ``say`` for progress lines, ``calibration_images``, the
-    preprocessed INT8 calibration images (read on the first call, then kept), ``int8_method``, the INT8
-    calibration method (``minmax``, ``percentile``, ``entropy``; None: :mod:`export.quantize`'s default),
-    ``int8_report`` (print the worst nodes by SQNR, write ``int8-sensitivity.csv``), ``int8_keep_float`` (node
-    names or ``worst:N`` left in float: :mod:`export.int8_sensitivity`) and ``distilled``: None to quantize the FP32
-    export itself, or a function of the INT8 target that returns the FP32 ONNX file of the quantization-aware
-    distillation (:mod:`export.int8_qat`) to quantize instead, with its record."""
+    """What a conversion may need besides the FP32 file: ``say`` for progress lines, ``calibration_images`` (read on
+    the first call, then kept), the INT8 options of :class:`~export.options.ExportOptions` and ``distilled``: None to
+    quantize the FP32 export itself, or a function of the INT8 target that returns the FP32 file of the
+    quantization-aware distillation (:mod:`export.int8_qat`) to quantize instead, with its record."""
 
     say: Callable[[str], None]
     calibration_images: Callable[[], np.ndarray]

@@ -1,27 +1,11 @@
 """FP16 and INT8 (Q/DQ) ONNX models converted from the canonical FP32 export, metadata carried along.
 
-Both conversions start from the verified FP32 file that :func:`export.onnx_export.export_onnx` writes
-(``images`` float32 in, ``logits`` float32 out, ``spml_meta`` in ``metadata_props``) and keep that
-interface: callers, the tagger and the sidecar never see another dtype. The ``spml_meta`` of the result
-is the source's with ``precision`` ("fp16" / "int8") and ``quantization`` (how it was made) filled in; it
-is written again after the last conversion step, whatever the tools did to ``metadata_props``.
-
-- **FP16** (:func:`convert_fp16`): ONNX Runtime's ``convert_float_to_float16(keep_io_types=True)``, the graph
-  re-sorted topologically (the tool appends its output ``Cast`` at the end of the node list). A GPU artifact.
-- **INT8** (:func:`quantize_int8`): ONNX Runtime static quantization (``quantize_static``, QDQ format,
-  per-channel weights) after ``quant_pre_process``, in one of two flavours (``target``, :data:`INT8_FLAVOURS`):
-  ``"cpu"`` (u8 asymmetric activations, s8 symmetric weights, int32 bias: ONNX Runtime's fast x86 kernels;
-  ``reduce_range`` for CPUs without VNNI) and ``"tensorrt"`` (symmetric s8 activations and weights, float bias:
-  what TensorRT's explicit quantization accepts). Calibration: MinMax (:data:`DEFAULT_CALIBRATION_METHOD`), the
-  classifier head kept in float (:data:`DEFAULT_KEEP_HEAD_FLOAT`).
-
-Calibration memory: ONNX Runtime's calibrators hold every quantized tensor of the batches they are given;
-the batches are therefore fed in chunks of about 32 images of 224 px (:mod:`export.int8_calibration_data`;
-fewer larger images, more smaller ones) and the ranges (or histograms) merged, so the memory needed does not
-grow with the number of calibration images.
-
-Why these tools and defaults (the alternatives, the versions they pin, the measurements behind MinMax and the
-float head): docs/export.md.
+Both conversions start from the verified FP32 file of :func:`export.onnx_export.export_onnx` and keep its interface
+(``images`` float32 in, ``logits`` float32 out). The result's ``spml_meta`` is the source's with ``precision`` and
+``quantization`` (how it was made) filled in, written again after the last step whatever the tools did to
+``metadata_props``. :func:`convert_fp16` uses ONNX Runtime's float16 converter; :func:`quantize_int8` its static
+quantization in one of two flavours (:data:`INT8_FLAVOURS`). The tools, the flavours, the defaults and the
+measurements behind them: docs/export.md.
 """
 
 from __future__ import annotations
@@ -44,7 +28,7 @@ import onnx
 
 from export.errors import ConversionError, KeepFloatError, NotFP32Error
 from export.int8_calibration_data import CALIBRATION_BATCH, BatchReader, calibration_batches, chunk_stride
-from export.onnx_files import load_onnx_file, onnx_meta, read_onnx_meta, set_onnx_meta
+from export.onnx_files import load_onnx_file, onnx_meta, set_onnx_meta
 from models.checkpoint import ModelMeta
 from models.files.atomic_writes import atomic_path
 from models.files.digest import file_sha256
@@ -87,10 +71,6 @@ class Int8Flavour:
     weight_symmetric: bool
     quantize_bias: bool  # False: bias stays float (TensorRT)
     runtime: str
-
-    def describe(self) -> dict[str, Any]:
-        """Plain dict for the metadata."""
-        return dataclasses.asdict(self)
 
 
 #: The INT8 targets (``quantize_int8(target=...)``: the ``int8`` precision is ``cpu``, TensorRT engines use
@@ -135,19 +115,6 @@ class ConversionResult:
             "op_counts": dict(self.op_counts),
             "quantization": self.meta.quantization,
         }
-
-    def summary(self) -> str:
-        """One human-readable line."""
-        q = self.meta.quantization
-        what = self.precision
-        if self.precision == "int8":
-            cal = q.get("calibration", {})
-            what += (
-                f" ({q.get('target')}: activations {q.get('activation_type')}, weights {q.get('weight_type')}, "
-                f"{cal.get('method')} calibration on {cal.get('images')} images, "
-                f"{len(q.get('nodes_kept_float', []))} node(s) kept in float)"
-            )
-        return f"wrote {self.path} ({self.size_bytes / 1e6:.1f} MB, {what}) in {self.seconds:.1f} s"
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -226,15 +193,9 @@ def _check_result(model: onnx.ModelProto, reference: onnx.ModelProto, path: Path
         raise ConversionError(f"onnx.checker rejected the converted model for {path}: {exc}") from exc
 
     def iface(m: onnx.ModelProto) -> list[tuple[str, str, list[int | str]]]:
-        values = [*m.graph.input, *m.graph.output]
-        return [
-            (
-                v.name,
-                _elem_name(v.type.tensor_type.elem_type),
-                [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
-            )
-            for v in values
-        ]
+        return [(v.name, _elem_name(v.type.tensor_type.elem_type),
+                 [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+                for v in [*m.graph.input, *m.graph.output]]
 
     got, want = iface(model), iface(reference)
     if got != want:
@@ -301,12 +262,7 @@ def _check_dst(src: Path, dst: Path) -> None:
 # ----------------------------------------------------------------------------------------------- FP16
 
 
-def convert_fp16(
-    src: str | Path,
-    dst: str | Path,
-    *,
-    op_block_list: Sequence[str] | None = None,
-) -> ConversionResult:
+def convert_fp16(src: str | Path, dst: str | Path, *, op_block_list: Sequence[str] | None = None) -> ConversionResult:
     """Convert the FP32 export ``src`` to an FP16 graph at ``dst`` with float32 inputs/outputs kept.
 
     Uses ONNX Runtime's float16 converter (``keep_io_types=True``: a ``Cast`` at each boundary).
@@ -325,10 +281,7 @@ def convert_fp16(
     try:
         with contextlib.redirect_stdout(chatter), _quiet_logging():
             converted = convert_float_to_float16(
-                model,
-                keep_io_types=True,
-                op_block_list=list(op_block_list) if op_block_list is not None else None,
-            )
+                model, keep_io_types=True, op_block_list=list(op_block_list) if op_block_list is not None else None)
     except Exception as exc:
         raise ConversionError(f"FP16 conversion of {src} failed: {type(exc).__name__}: {exc}") from exc
     fp16_meta = dataclasses.replace(
@@ -470,23 +423,12 @@ def _quiet_logging() -> Iterator[None]:
         root.setLevel(level)
 
 
-def quantize_int8(
-    src: str | Path,
-    dst: str | Path,
-    calibration: np.ndarray | Iterable[Any],
-    *,
-    target: Target = "cpu",
-    method: CalibrationMethodName = DEFAULT_CALIBRATION_METHOD,
-    keep_head_float: bool = DEFAULT_KEEP_HEAD_FLOAT,
-    per_channel: bool = True,
-    reduce_range: bool = False,
-    max_images: int | None = None,
-    percentile: float = DEFAULT_PERCENTILE,
-    batch_size: int = CALIBRATION_BATCH,
-    keep_float: Sequence[str] = (),
-    keep_float_spec: str | None = None,
-    record: dict[str, Any] | None = None,
-) -> ConversionResult:
+def quantize_int8(src: str | Path, dst: str | Path, calibration: np.ndarray | Iterable[Any], *, target: Target = "cpu",
+                  method: CalibrationMethodName = DEFAULT_CALIBRATION_METHOD,
+                  keep_head_float: bool = DEFAULT_KEEP_HEAD_FLOAT, per_channel: bool = True,
+                  reduce_range: bool = False, max_images: int | None = None, percentile: float = DEFAULT_PERCENTILE,
+                  batch_size: int = CALIBRATION_BATCH, keep_float: Sequence[str] = (),
+                  keep_float_spec: str | None = None, record: dict[str, Any] | None = None) -> ConversionResult:
     """Quantize the FP32 export ``src`` to an INT8 Q/DQ model at ``dst`` (float32 inputs/outputs kept).
 
     ``calibration``: preprocessed float32 images ``(N, 3, S, S)`` (an array or an iterable of batches),
@@ -558,20 +500,11 @@ def quantize_int8(
         excluded += [n for n in dict.fromkeys(keep_float) if n not in excluded]
         try:
             with contextlib.redirect_stdout(chatter), _quiet_logging():
-                quantize_static(
-                    str(pre_path),
-                    str(out_path),
-                    reader,
-                    quant_format=QuantFormat.QDQ,
-                    per_channel=per_channel,
-                    reduce_range=reduce_range,
-                    activation_type=qtype[flavour.activation_type],
-                    weight_type=qtype[flavour.weight_type],
-                    nodes_to_exclude=excluded,
-                    calibrate_method=ort_method,
-                    calibration_providers=["CPUExecutionProvider"],
-                    extra_options=extra,
-                )
+                quantize_static(str(pre_path), str(out_path), reader, quant_format=QuantFormat.QDQ,
+                                per_channel=per_channel, reduce_range=reduce_range,
+                                activation_type=qtype[flavour.activation_type], weight_type=qtype[flavour.weight_type],
+                                nodes_to_exclude=excluded, calibrate_method=ort_method,
+                                calibration_providers=["CPUExecutionProvider"], extra_options=extra)
         except Exception as exc:
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ConversionError(f"INT8 quantization of {src} failed: {type(exc).__name__}: {detail}") from exc
@@ -590,7 +523,7 @@ def quantize_int8(
             "tool": f"onnxruntime.quantization.quantize_static ({_onnxruntime_version()})",
             "preprocess": "onnxruntime.quantization.shape_inference.quant_pre_process",
             "format": "QDQ",
-            **flavour.describe(),
+            **dataclasses.asdict(flavour),
             "bias": "int32" if flavour.quantize_bias else "float32",
             "per_channel": per_channel,
             "reduce_range": reduce_range,
@@ -606,12 +539,3 @@ def quantize_int8(
         },
     )
     return _finish(quantized, model, int8_meta, src, dst, t0)
-
-
-def read_precision(path: str | Path) -> tuple[str, dict[str, Any]]:
-    """``(precision, quantization)`` recorded in the ``spml_meta`` of an ONNX file.
-
-    Raises ``FileNotFoundError`` or ``ValueError`` (unreadable, no ``spml_meta``).
-    """
-    meta = read_onnx_meta(path)
-    return meta.precision, meta.quantization

@@ -1,17 +1,11 @@
 """Exported ONNX (FP32, FP16 or INT8 Q/DQ) -> strongly typed TensorRT engine + ``<engine>.json`` sidecar.
 
-One function, :func:`build_engine`, two flavours:
-
-- ``tensorrt`` (full TensorRT, module ``tensorrt``): builds on and for the CUDA GPU of this machine;
-- ``tensorrt-rtx`` (TensorRT for RTX, PyPI wheels ``tensorrt-rtx-cu13-libs`` + ``tensorrt-rtx-cu13-bindings``):
-  builds ahead of time without needing a GPU, for chosen compute targets (``sm75`` ... ``sm121``; no Hopper).
-
-``flavour="auto"`` takes full TensorRT when it is installed, a GPU is present and the targets (if any) are that
-GPU; otherwise TensorRT-RTX. Networks are strongly typed: precision comes from the ONNX graph (FP16 weights and
-casts, or symmetric int8 QuantizeLinear/DequantizeLinear pairs), never from builder flags (TensorRT 11 and
-TensorRT-RTX have none). One optimization profile covers the batch range ``min_batch..max_batch`` of the input
-``images`` ``[batch, 3, S, S]``; the output is ``logits`` ``[batch, C]``. The engine and its sidecar (flavour,
-version, targets, source precision, profile, model metadata with thresholds) are written atomically.
+:func:`build_engine` has two flavours: ``tensorrt`` (full TensorRT) builds on and for this machine's GPU;
+``tensorrt-rtx`` (TensorRT for RTX) builds ahead of time, without a GPU, for chosen compute targets (no Hopper).
+``auto`` takes full TensorRT when it is installed, a GPU is present and the targets (if any) are that GPU. Precision
+comes from the ONNX graph (FP16 weights, int8 Q/DQ pairs), never from builder flags (TensorRT 11 and TensorRT-RTX
+have none). One optimization profile covers the batch range of the input ``images``; the engine and its sidecar are
+written atomically.
 """
 
 from __future__ import annotations
@@ -99,16 +93,14 @@ class EngineBuildResult:
     def summary(self) -> str:
         """A few human-readable lines: engine, flavour, targets, precision, profile, time."""
         p = self.profile
-        return "\n".join(
-            [
-                f"built {self.engine_path} ({self.size_bytes / 1e6:.1f} MB) from {self.onnx_path.name} "
-                f"({self.precision}, {len(self.meta.classes)} classes)",
-                f"{self.flavour} {self.tensorrt_version}, targets {', '.join(self.targets)}, batch profile "
-                f"min {p['min'][0]} / opt {p['opt'][0]} / max {p['max'][0]}, image size {self.meta.image_size}",
-                f"metadata: {self.sidecar_path}",
-                f"time: build {self.build_seconds:.1f} s",
-            ]
-        )
+        return "\n".join([
+            f"built {self.engine_path} ({self.size_bytes / 1e6:.1f} MB) from {self.onnx_path.name} "
+            f"({self.precision}, {len(self.meta.classes)} classes)",
+            f"{self.flavour} {self.tensorrt_version}, targets {', '.join(self.targets)}, batch profile "
+            f"min {p['min'][0]} / opt {p['opt'][0]} / max {p['max'][0]}, image size {self.meta.image_size}",
+            f"metadata: {self.sidecar_path}",
+            f"time: build {self.build_seconds:.1f} s",
+        ])
 
 
 def parse_targets(targets: Sequence[str] | str | None) -> list[str]:
@@ -140,13 +132,6 @@ def parse_targets(targets: Sequence[str] | str | None) -> list[str]:
     if "current" in out and len(out) > 1:
         raise TensorRTBuildError("the TensorRT target 'current' cannot be combined with other targets")
     return out
-
-
-def _check_profile(min_batch: int, opt_batch: int, max_batch: int) -> None:
-    if not 1 <= min_batch <= opt_batch <= max_batch:
-        raise TensorRTBuildError(
-            f"invalid batch profile min {min_batch} / opt {opt_batch} / max {max_batch}: need 1 <= min <= opt <= max"
-        )
 
 
 def onnx_precision(model: onnx.ModelProto) -> str:
@@ -211,10 +196,8 @@ def quantization_problems(model: onnx.ModelProto) -> list[str]:
         if zp.data_type == onnx.TensorProto.UINT8 or np.any(onnx.numpy_helper.to_array(zp) != 0):
             asym.append(node.name or node.output[0])
     if asym:
-        problems.append(
-            f"{len(asym)} Q/DQ node(s) with uint8 or non-zero zero points (e.g. {asym[0]}); "
-            "TensorRT needs symmetric int8 (activations and weights QInt8, symmetric)"
-        )
+        problems.append(f"{len(asym)} Q/DQ node(s) with uint8 or non-zero zero points (e.g. {asym[0]}); "
+                        "TensorRT needs symmetric int8 (activations and weights QInt8, symmetric)")
     return problems
 
 
@@ -229,10 +212,8 @@ def _load_source(onnx_path: Path) -> tuple[ModelMeta, str]:
     proto = onnx.load(str(onnx_path), load_external_data=False)
     problems = quantization_problems(proto)
     if problems:
-        raise TensorRTBuildError(
-            f"{onnx_path}: TensorRT cannot build this quantized model: {'; '.join(problems)} "
-            "(quantize with target 'tensorrt' in export.quantize.quantize_int8)"
-        )
+        raise TensorRTBuildError(f"{onnx_path}: TensorRT cannot build this quantized model: {'; '.join(problems)} "
+                                 "(quantize with target 'tensorrt' in export.quantize.quantize_int8)")
     return meta, onnx_precision(proto)
 
 
@@ -252,11 +233,9 @@ def _resolve_flavour(flavour: str, targets: list[str]) -> str:
                 f"full TensorRT builds only for this machine's GPU ({here}); targets {', '.join(targets)} need "
                 f"TensorRT for RTX: {TENSORRT_FLAVOURS[FLAVOUR_RTX].install}"
             )
-        raise TensorRTBuildError(
-            "no TensorRT found: install TensorRT for RTX (builds on any machine, GPU or not): "
-            f"{TENSORRT_FLAVOURS[FLAVOUR_RTX].install}; or, on a GPU machine, "
-            f"{TENSORRT_FLAVOURS[FLAVOUR_TENSORRT].install}"
-        )
+        raise TensorRTBuildError("no TensorRT found: install TensorRT for RTX (builds on any machine, GPU or not): "
+                                 f"{TENSORRT_FLAVOURS[FLAVOUR_RTX].install}; or, on a GPU machine, "
+                                 f"{TENSORRT_FLAVOURS[FLAVOUR_TENSORRT].install}")
     if flavour == FLAVOUR_TENSORRT:
         if here is None:
             raise TensorRTBuildError(
@@ -283,10 +262,8 @@ def _rtx_targets(trt: ModuleType, config: Any, targets: list[str]) -> list[str]:
             hint = ""
             if t in ("sm90", "sm100", "sm103"):
                 hint = " (datacenter Hopper/Blackwell GPUs such as H100/H200/B200 need full TensorRT, built on the GPU)"
-            raise TensorRTBuildError(
-                f"TensorRT-RTX {trt.__version__} cannot build for {t}{hint}; its targets are "
-                f"{', '.join(available)} or current"
-            )
+            raise TensorRTBuildError(f"TensorRT-RTX {trt.__version__} cannot build for {t}{hint}; its targets are "
+                                     f"{', '.join(available)} or current")
     if targets == ["current"] and cuda_target() is None:
         raise TensorRTBuildError("TensorRT target 'current' needs a CUDA GPU on this machine; name the targets instead")
     config.num_compute_capabilities = len(targets)
@@ -321,20 +298,11 @@ def default_engine_path(onnx_path: str | Path) -> Path:
     return Path(onnx_path).with_suffix(".engine")
 
 
-def build_engine(
-    onnx_path: str | Path,
-    engine_path: str | Path | None = None,
-    *,
-    min_batch: int = DEFAULT_MIN_BATCH,
-    opt_batch: int = DEFAULT_OPT_BATCH,
-    max_batch: int = DEFAULT_MAX_BATCH,
-    targets: Sequence[str] | str | None = None,
-    flavour: str = "auto",
-    workspace_mib: int | None = None,
-    tf32: bool = True,
-    optimization_level: int | None = None,
-    log: Callable[[str], None] | None = None,
-) -> EngineBuildResult:
+def build_engine(onnx_path: str | Path, engine_path: str | Path | None = None, *, min_batch: int = DEFAULT_MIN_BATCH,
+                 opt_batch: int = DEFAULT_OPT_BATCH, max_batch: int = DEFAULT_MAX_BATCH,
+                 targets: Sequence[str] | str | None = None, flavour: str = "auto", workspace_mib: int | None = None,
+                 tf32: bool = True, optimization_level: int | None = None,
+                 log: Callable[[str], None] | None = None) -> EngineBuildResult:
     """Build a strongly typed TensorRT engine from an exported ONNX file; write it and ``<engine>.json``.
 
     ``onnx_path``: FP32, FP16 or symmetric-int8 Q/DQ ONNX carrying the ``spml_meta`` metadata. ``engine_path``
@@ -351,7 +319,10 @@ def build_engine(
     out = Path(engine_path) if engine_path is not None else default_engine_path(onnx_path)
     if out.suffix.lower() not in ENGINE_SUFFIXES:
         raise TensorRTBuildError(f"engine file must end in {' or '.join(ENGINE_SUFFIXES)}: {out}")
-    _check_profile(min_batch, opt_batch, max_batch)
+    if not 1 <= min_batch <= opt_batch <= max_batch:
+        raise TensorRTBuildError(
+            f"invalid batch profile min {min_batch} / opt {opt_batch} / max {max_batch}: need 1 <= min <= opt <= max"
+        )
     if optimization_level is not None and not 0 <= optimization_level <= 5:
         raise TensorRTBuildError(f"optimization level {optimization_level} not in 0..5")
     if workspace_mib is not None and workspace_mib < 1:
@@ -423,18 +394,10 @@ def build_engine(
         "profile": {"input": INPUT_NAME, **shapes},
         "input": {"name": INPUT_NAME, "dtype": _io_dtype(in_t), "shape": ["batch", 3, size, size]},
         "output": {"name": OUTPUT_NAME, "dtype": _io_dtype(out_t), "shape": ["batch", len(meta.classes)]},
-        "builder": {
-            "strongly_typed": True,
-            "tf32": bool(tf32),
-            "workspace_mib": workspace_mib,
-            "optimization_level": optimization_level,
-        },
-        "source_onnx": {
-            "file": onnx_path.name,
-            "path": str(onnx_path.resolve()),
-            "sha256": file_sha256(onnx_path),
-            "size_bytes": onnx_path.stat().st_size,
-        },
+        "builder": {"strongly_typed": True, "tf32": bool(tf32), "workspace_mib": workspace_mib,
+                    "optimization_level": optimization_level},
+        "source_onnx": {"file": onnx_path.name, "path": str(onnx_path.resolve()), "sha256": file_sha256(onnx_path),
+                        "size_bytes": onnx_path.stat().st_size},
         "meta": asdict(meta),
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "build_seconds": round(build_seconds, 3),
@@ -447,20 +410,10 @@ def build_engine(
         raise
     total = time.perf_counter() - t0
     say(f"engine {out} ({size_bytes / 1e6:.1f} MB) in {build_seconds:.1f} s (total {total:.1f} s)")
-    return EngineBuildResult(
-        engine_path=out,
-        sidecar_path=side,
-        onnx_path=onnx_path,
-        flavour=chosen,
-        tensorrt_version=str(trt.__version__),
-        targets=recorded_targets,
-        precision=precision,
-        profile={k: list(v) for k, v in shapes.items()},
-        size_bytes=size_bytes,
-        sha256=digest,
-        build_seconds=build_seconds,
-        meta=meta,
-    )
+    return EngineBuildResult(engine_path=out, sidecar_path=side, onnx_path=onnx_path, flavour=chosen,
+                             tensorrt_version=str(trt.__version__), targets=recorded_targets, precision=precision,
+                             profile={k: list(v) for k, v in shapes.items()}, size_bytes=size_bytes, sha256=digest,
+                             build_seconds=build_seconds, meta=meta)
 
 
 __all__ = [

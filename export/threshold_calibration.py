@@ -1,54 +1,28 @@
 """Per-class decision thresholds calibrated on validation scores, and a report of what they change.
 
 A class is predicted (tagged) when its sigmoid probability is ``>= threshold``: the rule of
-:func:`models.evaluation.metrics.f1_scores` and of ``python -m serve``. Modes (:func:`parse_mode`):
+:func:`models.evaluation.metrics.f1_scores` and of ``python -m serve``. The modes (:func:`parse_mode`: ``f1``,
+``pu``, ``pu-f1[:K]``, ``rate[:K]``, ``recall:R``, ``threshold:X``) are described in docs/export.md and
+:func:`calibrate`; ``rate``'s prior is ``pi_c = K x (n_c + 1) / (sum(n) + C)``, one pseudo-count per class so that a
+class seen once or never still gets one.
 
-- ``f1``: per class, the threshold that maximises F1 on a fully labelled validation split (the default when
-  the validation labels are complete).
-- ``pu``: for single-positive (or otherwise incomplete) validation labels, where only observed positives are
-  known and everything else is unknown, not negative: per class, the threshold that maximises
-  ``recall^2 / P(predicted positive)`` (Lee & Liu 2003), see :func:`calibrate`.
-- ``pu-f1`` or ``pu-f1:K``: for the same labels, per class the threshold that maximises the F1 estimated from
-  the observed positives and the class prior ``pi_c``, ``2 pi_c r / (pi_c + P(predicted positive))``; the priors
-  come from K, the expected number of positives per image: ``pi_c = K x`` (class c's share of the observed
-  labels). K is given in the mode or passed as ``expected_positives`` (an audit list, the run's k, or an
-  estimate), see :func:`calibrate`.
-- ``rate`` or ``rate:K``: for the same labels, per class the threshold at which the share of validation images
-  tagged equals the class prior ``pi_c = K x (n_c + 1) / (sum(n) + C)`` (class c's share of the observed labels,
-  with one pseudo-count per class, so a class seen once or never still gets a prior): the images tagged per image
-  then match K, whatever the scores' scale. K as for ``pu-f1``. Measured closer to the true tags per image than
-  ``pu-f1`` on every development set (bench/README.md, choices that hold).
-- ``recall:R``: per class, the highest threshold whose recall on the validation positives is at least R.
-- ``threshold:X`` or a bare number ``X``: the same fixed threshold for every class.
+Placement. Every distinct validation score of a class is a candidate cut ("predict the items scoring at least
+this"); tied scores fall on the same side. The threshold goes at the MIDPOINT between the chosen score and the next
+lower distinct score (0 below the lowest), so a score has to move by half the gap before a decision flips and the
+differences between runtimes (the export allows 1e-4 on logits, at most 2.5e-5 in probability) cannot flip one
+unless two validation scores were closer than twice that; for adjacent floats the chosen score itself is used.
+Among cuts that tie on the criterion (within 1e-12 relative) the highest threshold wins.
 
-How a threshold is placed. Every distinct validation score of a class is a candidate cut ("predict the items
-scoring at least this"); tied scores always fall on the same side of a cut. The chosen cut's threshold is put
-at the MIDPOINT between the chosen score and the next lower distinct score (0 below the lowest score), not
-at the score itself: the decisions on the validation set are exactly those of the cut, and a score has to
-move by half the gap before a decision flips, so the numeric differences between runtimes (the export
-check allows 1e-4 on logits, i.e. at most 2.5e-5 in probability) cannot flip a decision unless the two
-validation scores were closer than twice that. When the two scores are adjacent floats the midpoint rounds
-onto one of them and the chosen score itself is used.
-Among cuts that tie on the criterion (within 1e-12 relative), the highest threshold wins (fewer predicted
-positives).
+Clamping: thresholds are clamped to ``[THRESHOLD_MIN, THRESHOLD_MAX]`` = ``[1e-6, 1 - 1e-6]``: ``python -m serve``
+compares probabilities rounded to 6 decimals, and a threshold of exactly 0 or 1 would tag every image or only
+saturated scores.
 
-Clamping: every threshold is finally clamped to ``[THRESHOLD_MIN, THRESHOLD_MAX]`` = ``[1e-6, 1 - 1e-6]``.
-``python -m serve`` compares probabilities rounded to 6 decimals, so finer thresholds cannot be resolved;
-a threshold of exactly 0 would tag every image and one of exactly 1 only saturated scores. The clamp only
-changes validation decisions for scores within 1e-6 of 0 or 1.
-
-Fallback. A class with fewer than ``min_positives`` (default :data:`DEFAULT_MIN_POSITIVES` = 5) validation
-positives (observed positives in ``pu`` and ``pu-f1`` modes) does not get a threshold of its own: with fewer
-than 5 positives recall moves in steps of 20% or more and the optimal cut is decided by one or two images, so the
-threshold mostly fits noise (and with no positive at all every threshold is equally bad on validation). It gets the
-threshold that the SAME criterion selects when all classes are pooled into one set of N x C (score, label)
-pairs: for ``f1`` the threshold maximising micro-F1 (the OF1 of :mod:`models.evaluation.metrics`), for ``pu`` the pooled
-Lee & Liu criterion (its recall then weights classes by their number of observed positives), for ``recall:R``
-the pooled recall, for ``pu-f1`` the pooled F1 estimate with the prior K / C. This is preferred to a fixed 0.5
-because it is measured on this model's own score scale: single-positive training (e.g. "assume negative") pushes
-probabilities far below 0.5, so 0.5 is usually a poor operating point and is exactly what calibration is
-meant to replace. Only when the whole validation set has no positive at all is 0.5 used. The rule used for
-every class is recorded in :attr:`Calibration.rules`.
+Fallback. A class with fewer than ``min_positives`` (:data:`DEFAULT_MIN_POSITIVES` = 5) validation positives has a
+recall that moves in steps of 20% or more, so its own optimum mostly fits noise. It gets the threshold the SAME
+criterion selects on all classes pooled into one set of N x C (score, label) pairs (micro-F1 for ``f1``, the prior
+K / C for ``pu-f1``): measured on this model's own score scale, unlike 0.5, which single-positive training usually
+makes a poor operating point. Only when the validation set has no positive at all is 0.5 used. The rule of every
+class is recorded in :attr:`Calibration.rules`.
 """
 
 from __future__ import annotations
@@ -194,10 +168,8 @@ def _check_inputs(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
         i, c = np.argwhere(bad)[0]
         raise ValueError(f"probs contain {int(bad.sum())} NaN/inf value(s), first at image {i}, class {c}")
     if p.min() < 0.0 or p.max() > 1.0:
-        raise ValueError(
-            f"probs must be probabilities in [0, 1] (apply a sigmoid to logits first); "
-            f"got values in [{p.min():g}, {p.max():g}]"
-        )
+        raise ValueError(f"probs must be probabilities in [0, 1] (apply a sigmoid to logits first); "
+                         f"got values in [{p.min():g}, {p.max():g}]")
     if y.dtype != np.bool_:
         if not (np.issubdtype(y.dtype, np.number)):
             raise ValueError(f"labels must be 0/1 numbers or booleans, got dtype {y.dtype}")
@@ -290,42 +262,24 @@ def _best_threshold(scores: np.ndarray, positives: np.ndarray, mode: Calibration
     return _threshold_below(distinct, j)
 
 
-def calibrate(
-    probs: Any,
-    labels: Any,
-    mode: str | float | CalibrationMode = "f1",
-    *,
-    min_positives: int = DEFAULT_MIN_POSITIVES,
-    expected_positives: float | None = None,
-) -> Calibration:
+def calibrate(probs: Any, labels: Any, mode: str | float | CalibrationMode = "f1", *,
+              min_positives: int = DEFAULT_MIN_POSITIVES, expected_positives: float | None = None) -> Calibration:
     """Per-class thresholds from validation ``probs`` (N, C) sigmoid scores and 0/1 ``labels`` (N, C).
 
     ``mode`` is a string for :func:`parse_mode`, a number X (= ``threshold:X``) or a :class:`CalibrationMode`.
-    Classes with fewer than
-    ``min_positives`` positives get the pooled fallback threshold (module docstring). Returns a
-    :class:`Calibration`. Raises ``ValueError`` on bad shapes, labels other than 0/1, NaN/inf or out-of-range
-    scores, a bad mode, or ``min_positives < 1``.
+    Classes with fewer than ``min_positives`` positives get the pooled fallback threshold (module docstring).
+    Raises ``ValueError`` on bad shapes, labels other than 0/1, NaN/inf or out-of-range scores, a bad mode, or
+    ``min_positives < 1``.
 
-    ``f1`` and ``recall:R`` need fully labelled validation data: an unlabelled positive counts as a negative.
-
-    ``pu`` is for validation labels that are themselves incomplete (single-positive or partial): ``labels``
-    then holds the OBSERVED positives only, and a 0 means "unknown", not "negative". Per class it maximises
-    ``r^2 / P(yhat = 1)`` (Lee & Liu, ICML 2003), with the recall r measured on the observed positives and
-    ``P(yhat = 1)`` the fraction of ALL validation images predicted positive. Assumption: positives are
-    labelled completely at random (SCAR): every true positive of a class is observed with the same
-    probability whatever the image, so the recall on observed positives estimates the true recall. Then
-    ``r^2 / P(yhat = 1) = precision * recall / P(y = 1)``, and since ``P(y = 1)`` does not depend on the
-    threshold, the criterion picks the cut with the largest precision x recall, a close relative of the F1
-    optimum, without ever needing a negative label. Under the single-positive protocol SCAR holds only
-    approximately (a positive in an image with k labels is observed with probability 1/k, so crowded images
-    are under-observed); the criterion stays a good proxy. ``positives`` then counts observed positives.
-
-    ``pu-f1`` (same labels, same assumption) estimates F1 itself: with the class prior ``pi = P(y = 1)``,
-    ``precision = pi r / P(yhat = 1)``, so ``F1 = 2 pi r / (pi + P(yhat = 1))``. The priors come from K, the
-    expected number of positives per image (``pu-f1:K``, else ``expected_positives``; one of the two is
-    required): ``pi_c = min(1, K n_c / sum(n))`` with ``n_c`` the observed positives of class c (with one label
-    per image, K times the share of images labelled c). Knowing the priors is what ``pu`` lacks: its product
-    ``precision x recall`` does not say how many images a class should get, and it over-tags.
+    ``f1`` and ``recall:R`` need fully labelled validation data. ``pu``, ``pu-f1`` and ``rate`` are for incomplete
+    (single-positive) labels, where a 0 means "unknown", not "negative". ``pu`` maximises ``r^2 / P(yhat = 1)``
+    (Lee & Liu, ICML 2003), r the recall on the observed positives: when positives are labelled completely at
+    random (SCAR; only approximately true for single-positive labels, which under-observe crowded images) it
+    equals ``precision x recall / P(y = 1)``, a close relative of the F1 optimum that needs no negative label.
+    ``pu-f1`` estimates F1 itself, ``2 pi r / (pi + P(yhat = 1))``, with the class prior
+    ``pi_c = min(1, K n_c / sum(n))`` from K, the expected positives per image (``pu-f1:K``, else
+    ``expected_positives``; one is required); ``pu`` lacks the priors and over-tags. ``rate`` tags the share of
+    images its prior says (same K).
     """
     if isinstance(mode, CalibrationMode):
         spec = mode
@@ -345,22 +299,18 @@ def calibrate(
         return Calibration(str(spec), [t] * num_classes, ["fixed"] * num_classes, positives, int(min_positives), None)
     priors = np.zeros(num_classes)
     pooled_prior = 0.0
-    if spec.kind == "rate":
+    if spec.kind in ("rate", "pu-f1"):
         k = spec.value if spec.value is not None else expected_positives
         if k is None or not math.isfinite(k) or k <= 0:
-            raise ValueError("rate needs the expected number of positives per image K > 0: use rate:K or pass "
-                             "expected_positives (an audit list, the run's k or an estimate)")
-        spec = CalibrationMode("rate", float(k))
+            raise ValueError(f"{spec.kind} needs the expected number of positives per image K > 0: use "
+                             f"{spec.kind}:K or pass expected_positives (an audit list, the run's k or an estimate)")
+        spec = CalibrationMode(spec.kind, float(k))
+    if spec.kind == "rate":
         shares = (np.asarray(positives, dtype=np.float64) + 1.0) / (sum(positives) + num_classes)
         rates = np.minimum(1.0, k * shares)
         thresholds = [_rate_threshold(p[:, c], float(rates[c])) for c in range(num_classes)]
         return Calibration(str(spec), thresholds, [str(spec)] * num_classes, positives, int(min_positives), None)
     if spec.kind == "pu-f1":
-        k = spec.value if spec.value is not None else expected_positives
-        if k is None or not math.isfinite(k) or k <= 0:
-            raise ValueError("pu-f1 needs the expected number of positives per image K > 0: use pu-f1:K or pass "
-                             "expected_positives (an audit list, the run's k or an estimate)")
-        spec = CalibrationMode("pu-f1", float(k))
         total = max(sum(positives), 1)
         priors = np.minimum(1.0, k * np.asarray(positives, dtype=np.float64) / total)
         pooled_prior = min(1.0, k / num_classes)
@@ -399,16 +349,9 @@ def _per_class_prf(probs: np.ndarray, labels: np.ndarray, thresholds: np.ndarray
     return {"precision": 100 * precision, "recall": 100 * recall, "f1": 100 * f1}
 
 
-def calibration_report(
-    probs: Any,
-    labels: Any,
-    thresholds: Sequence[float] | np.ndarray,
-    classes: Sequence[str],
-    *,
-    mode: str | None = None,
-    rules: Sequence[str] | None = None,
-    labels_name: str | None = None,
-) -> dict[str, Any]:
+def calibration_report(probs: Any, labels: Any, thresholds: Sequence[float] | np.ndarray, classes: Sequence[str], *,
+                       mode: str | None = None, rules: Sequence[str] | None = None,
+                       labels_name: str | None = None) -> dict[str, Any]:
     """Compare the default 0.5 threshold with calibrated ``thresholds`` (one per class) on ``probs`` (N, C)
     against 0/1 ``labels`` (N, C).
 
@@ -492,13 +435,8 @@ def write_report(report: dict[str, Any], path_md: str | Path, path_json: str | P
     js.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def plot_pr_curves(
-    probs: Any,
-    labels: Any,
-    thresholds: Sequence[float] | np.ndarray,
-    classes: Sequence[str],
-    path_png: str | Path,
-) -> bool:
+def plot_pr_curves(probs: Any, labels: Any, thresholds: Sequence[float] | np.ndarray, classes: Sequence[str],
+                   path_png: str | Path) -> bool:
     """Draw one small precision-recall panel per class (a grid) into ``path_png``, marking the calibrated
     operating point and the 0.5 point. Returns True when written; False, with a message on stderr, when
     matplotlib is not installed (it is an optional dependency)."""
@@ -509,10 +447,8 @@ def plot_pr_curves(
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        print(
-            f"calibration: PR-curve plot {path_png} skipped: matplotlib is not installed (pip install matplotlib)",
-            file=sys.stderr,
-        )
+        print(f"calibration: PR-curve plot {path_png} skipped: matplotlib is not installed (pip install matplotlib)",
+              file=sys.stderr)
         return False
 
     ncols = min(num_classes, 5) if num_classes <= 25 else math.ceil(math.sqrt(num_classes))

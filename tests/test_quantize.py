@@ -19,11 +19,7 @@ from onnx import numpy_helper
 
 from export import ExportError, read_onnx_meta
 from export.__main__ import main as export_main
-from export.converted_vs_fp32 import (
-    check_precision,
-    compare_models,
-    verify_precision,
-)
+from export.converted_vs_fp32 import OrtModel, PrecisionReport, check_precision, compare_outputs
 from export.errors import CalibrationDataError, ConversionError, KeepFloatError, NotFP32Error, PrecisionError
 from export.int8_calibration_data import calibration_batches
 from export.int8_sensitivity import KeepFloat, format_report, parse_keep_float, sensitivity_report, write_csv
@@ -38,7 +34,6 @@ from export.quantize import (
     head_node_names,
     load_fp32_model,
     quantize_int8,
-    read_precision,
 )
 from models import ModelMeta, build_model
 from models.command_line import UsageError
@@ -102,6 +97,16 @@ def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
 
 
+def compare(reference: Path, candidate: Path, inputs: np.ndarray, labels: np.ndarray | None = None,
+            thresholds: float | list[float] = 0.5) -> PrecisionReport:
+    """The export pipeline's comparison of a converted model with FP32 (both in ONNX Runtime CPU)."""
+    thr = np.broadcast_to(np.asarray(thresholds, dtype=np.float64), (len(CLASSES),))
+    return PrecisionReport(reference=str(reference), candidate=str(candidate),
+                           precision=read_onnx_meta(candidate).precision, thresholds_source="test",
+                           **compare_outputs(OrtModel(reference).logits(inputs), OrtModel(candidate).logits(inputs),
+                                             thr, labels))
+
+
 def assert_close_to_fp32(models: dict[str, Path], key: str, inputs: np.ndarray, min_corr: float = 0.97) -> None:
     """INT8 on a random-init network is noisier than on a trained one (the test-split mAP of a trained
     resnet18 moved by < 0.3 point): only check that it tracks FP32 closely (logit correlation > ``min_corr``)."""
@@ -109,7 +114,7 @@ def assert_close_to_fp32(models: dict[str, Path], key: str, inputs: np.ndarray, 
     logits = _session(models[key]).run(None, {"images": inputs})[0]
     assert logits.dtype == np.float32 and np.isfinite(logits).all()
     assert np.corrcoef(ref.ravel(), logits.ravel())[0, 1] > min_corr
-    report = compare_models(models["fp32"], models[key], inputs)
+    report = compare(models["fp32"], models[key], inputs)
     assert report.precision == "int8" and report.decision_agreement >= 0.9
 
 
@@ -129,7 +134,7 @@ def test_fp16_runs_on_cpu_with_float32_io_within_bounds(models: dict[str, Path],
     proto = onnx.load(str(models["fp16"]))
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
     assert sum(n.op_type == "Cast" for n in proto.graph.node) >= 2  # casts at the boundaries
-    report = verify_precision(models["fp32"], models["fp16"], inputs)  # default fp16 bounds: 5e-3, 99.5%
+    report = check_precision(compare(models["fp32"], models["fp16"], inputs))  # default fp16 bounds: 5e-3, 99.5%
     assert report.passed and report.precision == "fp16"
     assert report.max_prob_diff <= 5e-3 and report.decision_agreement >= 0.995
     assert report.max_logit_diff > 0  # really computed in float16
@@ -190,8 +195,6 @@ def test_head_kept_in_float_only_when_asked(models: dict[str, Path]) -> None:
 def test_metadata_survives_with_precision_updated(models: dict[str, Path]) -> None:
     original = read_onnx_meta(models["fp32"])
     assert original.precision == "fp32" and original.quantization == {}
-    assert read_precision(models["fp16"])[0] == "fp16"
-    assert read_precision(models["tensorrt"])[1]["target"] == "tensorrt"
     expected = {
         "fp16": ("fp16", None),
         "cpu": ("int8", ("uint8", False, "int32")),
@@ -221,10 +224,9 @@ def test_metadata_survives_with_precision_updated(models: dict[str, Path]) -> No
 
 def test_verification_raises_when_a_bound_is_impossible(models: dict[str, Path], inputs: np.ndarray) -> None:
     labels = (np.random.default_rng(0).random((len(inputs), len(CLASSES))) < 0.3).astype(np.uint8)
-    report = compare_models(models["fp32"], models["cpu"], inputs, labels=labels, thresholds=[0.4, 0.5, 0.5, 0.6, 0.5])
+    report = compare(models["fp32"], models["cpu"], inputs, labels=labels, thresholds=[0.4, 0.5, 0.5, 0.6, 0.5])
     assert report.map_reference is not None and report.map_candidate is not None
     assert report.map_drop == pytest.approx(report.map_reference - report.map_candidate)
-    assert report.thresholds_source == "given per class"
     with pytest.raises(PrecisionError, match="probability difference") as info:
         check_precision(report, PrecisionBounds(max_prob_diff=0.0, min_agreement=None, max_map_drop=None))
     assert isinstance(info.value, ExportError)
@@ -233,7 +235,7 @@ def test_verification_raises_when_a_bound_is_impossible(models: dict[str, Path],
     with pytest.raises(PrecisionError, match="mAP drop"):
         check_precision(report, PrecisionBounds(max_prob_diff=None, min_agreement=None, max_map_drop=-100.0))
     with pytest.raises(PrecisionError):
-        verify_precision(models["fp32"], models["fp16"], inputs[:8], bounds=PrecisionBounds(max_prob_diff=0.0))
+        check_precision(compare(models["fp32"], models["fp16"], inputs[:8]), PrecisionBounds(max_prob_diff=0.0))
     # loose bounds pass and leave no failures
     assert check_precision(report, PrecisionBounds(max_prob_diff=1.0, min_agreement=0.0, max_map_drop=100.0)).passed
 
