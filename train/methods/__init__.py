@@ -21,7 +21,7 @@ from train.methods.base import (
     register,
 )
 
-__all__ = ["BASELINE", "METHODS", "UPPER_BOUND", "EpochEndContext", "LabelEstimate", "LossOutput", "Method",
+__all__ = ["BASELINE", "METHODS", "EpochEndContext", "LabelEstimate", "LossOutput", "Method",
            "MethodContext", "get_method", "make_hparams", "method_names", "methods_table", "register"]
 
 #: Modules of this folder that are not methods.
@@ -38,7 +38,6 @@ def import_method_modules() -> None:
 import_method_modules()
 
 BASELINE = METHODS["an"].name  # what comparisons measure every method against (Cole et al.'s AN, an.py)
-UPPER_BOUND = METHODS["bce"].name  # the full-label oracle that bounds them from above (bce.py)
 
 
 def get_method(name: str) -> type[Method]:
