@@ -20,7 +20,7 @@ from models.data.types import LabelledImages
 from train.prepared_run import RunData
 from train.selection import Rows
 
-__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool", "selection_fold", "training_pool"]
+__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool", "training_pool"]
 
 #: Folds of the pooled training and validation images.
 FOLDS = 5
@@ -77,16 +77,11 @@ def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) 
     return Pool(images, observed, features["train"], fold_of(len(images), folds))
 
 
-def selection_fold(fold: int, folds: int) -> int:
-    """The fold whose images pick the epoch of the head that scores ``fold``: the next one."""
-    return (fold + 1) % folds
-
-
 def fold_data(data: RunData, pool: Pool, fold: int) -> tuple[RunData, dict[str, Rows]]:
     """The run data and features that score one fold: train on the folds other than it and its selection fold
-    (:func:`selection_fold`), validate (single-positive or partial labels, as given) on the selection fold; the
+    (the next fold), validate (single-positive or partial labels, as given) on the selection fold; the
     features of the scored fold as ``scored``."""
-    pick = selection_fold(fold, int(pool.folds.max()) + 1)
+    pick = (fold + 1) % (int(pool.folds.max()) + 1)  # the fold whose images pick the epoch: the next one
     train_rows = np.flatnonzero((pool.folds != fold) & (pool.folds != pick))
     val_rows = np.flatnonzero(pool.folds == pick)
     scored_rows = np.flatnonzero(pool.folds == fold)

@@ -87,8 +87,7 @@ class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
                 "reg": 0.01, "k": EXPECTED_POSITIVES["cub"], "temperature": 0.1, "eta": 0.005, "threshold": 0.005,
                 "grid_size": 5, "negative_ratio": 0.2, "top_k": 32},
     }
-    # configs/*.json: Adam at 1e-5 without schedule, the head at 10x (--head-lr-mult); batch 8 VOC and CUB, 16 COCO
-    # and NUS-WIDE; 8 epochs VOC and COCO, 10 NUS-WIDE and CUB
+    # configs/*.json: Adam at 1e-5 without schedule, the head at 10x (--head-lr-mult)
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
         "*": {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8, "optimizer": "adam",
               "scheduler": "none"},

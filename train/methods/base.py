@@ -79,8 +79,8 @@ class MethodContext:
 
 @dataclass
 class LossOutput:
-    """A training step's loss and values to log (batch-size weighted means per epoch). Log values may be floats
-    or (preferably) detached scalar tensors, which the trainer sums on the device."""
+    """A training step's loss and values to log (batch-size weighted means per epoch; preferably detached scalar
+    tensors, which the trainer sums on the device, else floats)."""
 
     loss: torch.Tensor
     logs: dict[str, torch.Tensor | float] = dataclasses.field(default_factory=dict)
@@ -280,10 +280,9 @@ def _convert(value: str, annotation: Any) -> Any:
 
 
 def dataset_family(dataset: str) -> str:
-    """The preset family of a dataset: a family as its kind declares it (``DatasetSplits.family``: ``voc``, ``coco``,
-    ``nus``, ``cub``, ``builtin``), or a name that family declares (``voc2012`` -> ``voc``, ``builtin-default`` ->
-    ``builtin``: :func:`models.data.families.family_named`, the whole name); any other name is returned unchanged and
-    has no preset (a folder called ``coconut`` is not COCO)."""
+    """The preset family of a dataset (``voc``, ``coco``, ``nus``, ``cub``, ``builtin``), or of a name a family
+    declares whole (``voc2012`` -> ``voc``: :func:`models.data.families.family_named`); any other name is returned
+    unchanged and has no preset (a folder called ``coconut`` is not COCO)."""
     return family_named(dataset) or dataset
 
 

@@ -91,10 +91,7 @@ def gr_entry_loss(logits: torch.Tensor, observed: torch.Tensor, schedule: Quad, 
     return torch.where(observed == 1, positive, torch.where(observed == 0, unobserved, zero))
 
 
-# The GRLoss repository's config.py defaults (one set, no per-dataset values: Adam at 1e-5 with the classifier
-# at 10x (--head-lr-mult), batch 8, 8 epochs, 448 px images; --preset paper adds ResNet-50, ImageNet
-# weights, 448 px and no schedule). AEVLP's configs, made for its own loss, differ: batch 16 for COCO and
-# NUS-WIDE, 10 epochs for NUS-WIDE and CUB.
+# The GRLoss repository's config.py defaults, one set for every dataset (docs/methods.md, "GR-Loss")
 PAPER_SETTINGS: dict[str, dict[str, Any]] = {
     "*": {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8, "optimizer": "adam", "scheduler": "none"},
 }
@@ -107,9 +104,7 @@ class GeneralizedRobustLoss(Method):
     name = "gr-loss"
     left_out_of_auto = "5.9 to 13.2 test mAP below an on the Tux Paint stamps"
     Hparams = GrLossHparams
-    # voc: the GRLoss repository's defaults, also AEVLP's configs/pascal.json; coco, nus: AEVLP's
-    # configs/coco.json and configs/nuswide.json; cub: AEVLP's configs/cub.json (q3 = 1.5). alpha and q2 are the
-    # defaults in every file.
+    # voc: the GRLoss repository's defaults (also AEVLP's configs/pascal.json); coco, nus, cub: AEVLP's configs
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "voc": {"beta": (0.0, 2.0, -2.0, -2.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.0},
         "coco": {"beta": (0.0, 10.0, -2.0, -8.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.0},

@@ -32,6 +32,5 @@ class IgnoreUnobserved(Method):
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         p = torch.sigmoid(logits)
         positive, negative = batch["observed"] > 0.5, batch[NEGATIVES] > 0.5
-        zero = torch.zeros_like(p)
-        loss = torch.where(positive, neg_log(p), torch.where(negative, neg_log(1.0 - p), zero))
+        loss = torch.where(positive, neg_log(p), torch.where(negative, neg_log(1.0 - p), torch.zeros_like(p)))
         return LossOutput(loss.mean())

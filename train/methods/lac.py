@@ -134,7 +134,6 @@ class LabelAwareConsistency(Method):
     def _read_stage(self) -> None:
         self._stage = int(self.stage)
 
-    # ----------------------------------------------------------------- hooks
     def extra_views(self, preprocessing: EvalTransform) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
         return {STRONG: StrongTransform(preprocessing)}
 
@@ -156,7 +155,6 @@ class LabelAwareConsistency(Method):
     def param_groups(self, lr: float) -> list[dict[str, Any]]:
         return [{"params": list(self.projector.parameters())}]
 
-    # ----------------------------------------------------------------- loss
     @property
     def threshold(self) -> float:
         """PLC's delta in the current stage."""

@@ -34,9 +34,8 @@ def weighted_log_sum_exp(log_const: float, x: torch.Tensor, weights: torch.Tenso
     return torch.logsumexp(torch.cat([const, x + log_w], dim=1), dim=1)
 
 
-def opml_loss(
-    logits: torch.Tensor, pos_weight: torch.Tensor, neg_weight: torch.Tensor, a: float, b: float
-) -> torch.Tensor:
+def opml_loss(logits: torch.Tensor, pos_weight: torch.Tensor, neg_weight: torch.Tensor, a: float,
+              b: float) -> torch.Tensor:
     """Batch mean of ``log(a + sum w+ e^-s) + log(b + sum w- e^s)``; weights are constants (no gradient)."""
     pos = weighted_log_sum_exp(math.log(a), -logits, pos_weight.detach())
     neg = weighted_log_sum_exp(math.log(b), logits, neg_weight.detach())

@@ -27,9 +27,8 @@ def adaptive_temperature(logits: torch.Tensor, alpha: float) -> torch.Tensor:
     return torch.where(std > 1e-6, tau, torch.ones_like(tau))
 
 
-def variational_pu_loss(
-    logits: torch.Tensor, positives: torch.Tensor, gamma: float, alpha: float | None
-) -> torch.Tensor:
+def variational_pu_loss(logits: torch.Tensor, positives: torch.Tensor, gamma: float,
+                        alpha: float | None) -> torch.Tensor:
     """PU-MLC's L_var (summed over classes); ``alpha=None`` means no temperature, ``gamma=0`` no re-balance."""
     if alpha is not None:
         logits = logits / adaptive_temperature(logits, alpha)
