@@ -532,8 +532,13 @@ def test_method_lists_come_from_the_registry(tmp_path: Path, capsys: pytest.Capt
     import ast
 
     from train.methods import method_names, methods_table
+    from train.methods.__main__ import BEGIN, END
     from train.methods.__main__ import main as methods_main
-    from train.methods.__main__ import table_block
+
+    def table_block(text: str) -> str | None:
+        """The text between the methods-table markers of ``text`` (None when it has none)."""
+        i, j = text.find(BEGIN), text.find(END)
+        return text[i + len(BEGIN):j].strip("\n") + "\n" if 0 <= i < j else None
 
     root = Path(__file__).resolve().parent.parent
     for page in ("README.md", "docs/methods.md"):

@@ -1,41 +1,14 @@
 """Choosing the method and its learning rate on the user's own labels: ``python -m train --method auto``.
 
-Which single-positive method works best depends on the data: the rankings of the package's development sets
-differ (bench/README.md, choices that hold), so no fixed recommendation holds. The chooser measures them on the data
-at hand, from the labels the user has (docs/choosing.md):
-
-1. the backbone's features of the training and validation images are computed once (the feature cache of
-   ``--trainable head``);
-2. for every candidate method (:func:`candidate_methods`: those of :func:`left_out` are not tried) at every
-   learning rate of :data:`CANDIDATE_LRS`, linear heads are trained on them - the fixed-feature phase of
-   ``python -m train --trainable head``, seconds each, one process per CPU core (:func:`choice_processes`);
-3. without full validation labels (the user's case), the heads are cross-fitted over the training and validation
-   images together (train/cross_fitting.py: every image scored by a head that never saw its label, at the epoch
-   picked on other images) and each candidate is scored by :data:`CHOICE_CRITERION` on those scores against the
-   observed labels; with full validation labels, by the validation mAP (the papers' criterion);
-4. the baseline (``an`` at the run's learning rate) stays the choice unless another candidate beats it beyond the
-   noise: of the :data:`CONTENDERS` best-scoring candidates, those whose score exceeds the baseline's by at least
-   :data:`SWITCH_Z` standard errors of the paired difference (a bootstrap over the scored images, the same images
-   and folds for both) and that score no lower than the baseline by :data:`GUARD_CRITERION` qualify, and the one
-   with the largest difference is chosen. On one label per image every score is noisy; the rule keeps a candidate
-   that only looks better by chance from replacing the baseline. The two criteria look at the observed labels from
-   both sides: per image (does the given label rank near the top of the image's classes) and per class (do the
-   images given a class rank high among all images); a candidate must win on the first and not lose on the second.
-   The rule was picked among seven by what their picks lost on the hidden labels of the development sets' training
-   and validation images, never their test labels (bench/README.md, choices that hold; docs/choosing.md);
-5. with an audit list (``--audit``: images labelled completely) of which at least :data:`MIN_AUDITED` are training
-   or validation images, the candidates' cross-fitted scores of those images are compared by
-   :data:`AUDIT_CRITERION` against their full labels, and a candidate (the baseline too) that beats the label-free
-   pick by :data:`AUDIT_Z` standard errors replaces it (:func:`choose_on_scores`): the audit sees the hidden
-   labels the label-free scores cannot.
-
-The table is printed, and ``python -m train`` then trains the choice: the head alone with ``--trainable head``; else
-its head first (LinearInit at the chosen learning rate), then the whole network, the best epoch of both phases kept
-by the selection criterion - so a fine-tune that does not help leaves the head-only model as the result.
-
-k (the expected positives per image) for the candidates that need it comes from the usual sources
-(models/evaluation/expected_positives.py); when it would be estimated, it is estimated once from the cross-fitted
-scores of the ``an`` heads and given to every candidate that needs it and to the final run.
+No fixed recommendation holds (the development sets rank the methods differently: bench/README.md, choices that
+hold), so the chooser measures them on the data at hand (docs/choosing.md, "What --method auto does"): linear heads
+of every candidate method (:func:`candidate_methods`) at every learning rate of :data:`CANDIDATE_LRS` train on the
+backbone's cached features, one process per CPU core (:func:`choice_processes`); without full validation labels
+they are cross-fitted over the training and validation images (train/cross_fitting.py) and scored by
+:data:`CHOICE_CRITERION` against the observed labels, else by the validation mAP. The baseline (``an`` at the run's
+learning rate) stays the choice unless a candidate beats it beyond the noise (:func:`pick`); an audit list
+(``--audit``) can overrule that pick (:func:`choose_on_scores`). ``python -m train`` then trains the choice. k, when
+it would be estimated, is estimated once from the cross-fitted scores of the ``an`` heads.
 """
 
 from __future__ import annotations
@@ -533,9 +506,11 @@ def paired_difference(criterion: Callable[[np.ndarray, np.ndarray], float], a: n
 def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callable[[np.ndarray, np.ndarray], float],
          labels: np.ndarray, guard: Callable[[np.ndarray, np.ndarray], float] | None = None,
          z: float | None = None) -> Candidate:
-    """The choice (module docstring, step 4): the baseline unless one of the :data:`CONTENDERS` best-scoring
-    candidates beats it by ``z`` (default :data:`SWITCH_Z`) standard errors of ``criterion`` (and, with ``guard``,
-    scores at least the baseline's by ``guard``); records each contender's ``versus_baseline``."""
+    """The choice (docs/choosing.md, step 4): the baseline unless one of the :data:`CONTENDERS` best-scoring
+    candidates beats it by ``z`` (default :data:`SWITCH_Z`) standard errors of the paired difference of ``criterion``
+    (a bootstrap over the scored images) and, with ``guard``, scores at least the baseline's by ``guard``: on one
+    label per image every score is noisy, and the rule keeps a candidate that only looks better by chance from
+    replacing the baseline. Records each contender's ``versus_baseline``."""
     z = SWITCH_Z if z is None else z
     scored = [r for r in results if not r.failed and math.isfinite(r.score) and r.val_logits is not None]
     if not scored:

@@ -1,19 +1,11 @@
 """Out-of-fold scores for every labelled image: heads trained on fixed features in K folds over the training and
 validation images together, each image scored by a head that did not see it and whose epoch was not picked on it.
 
-One label per image leaves little to measure with: a validation split of 700 images holds 9 observed positives per
-class on average. The training images carry labels of the same kind, so pooling them with the validation images
-and cross-fitting scores every labelled image without its own label ever reaching the head that scores it. Each
-scored fold's head trains on K-2 folds and keeps the epoch the selection criterion picks on the next fold
-(:func:`fold_data`), as a run trains on its training split, picks on its validation split and is tested on a
-third: picking the epoch on the scored images themselves would favour heads whose scores swing from epoch to epoch
-(an epoch that happens to suit those images is kept), and a head that fits its missing labels after a few epochs
-would be scored at an epoch a run never keeps. The method chooser compares methods on these scores
-(train/choose.py) and k is estimated from them (models/evaluation/expected_positives.py); each fold's head is the same
-fixed-feature phase a ``--trainable head`` run trains (seconds per head once the features are cached).
-
-Only for labels as a user holds them (single-positive or partial validation labels): with full validation labels
-there is nothing to pool, the validation split scores models directly.
+One label per image leaves little to measure with, so the training images are pooled with the validation images.
+Each scored fold's head trains on K-2 folds and keeps the epoch picked on the next fold (:func:`fold_data`): picking
+it on the scored images themselves would favour heads whose scores swing from epoch to epoch. The method chooser
+(train/choose.py) and k's estimate (models/evaluation/expected_positives.py) use these scores; with full validation
+labels there is nothing to pool.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from models.data.types import LabelledImages
 from train.prepared_run import RunData
 from train.selection import Rows
 
-__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool", "selection_fold", "training_pool"]
+__all__ = ["FOLDS", "FOLD_SEED", "Pool", "fold_data", "fold_of", "labelled_pool", "training_pool"]
 
 #: Folds of the pooled training and validation images.
 FOLDS = 5
@@ -85,16 +77,11 @@ def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) 
     return Pool(images, observed, features["train"], fold_of(len(images), folds))
 
 
-def selection_fold(fold: int, folds: int) -> int:
-    """The fold whose images pick the epoch of the head that scores ``fold``: the next one."""
-    return (fold + 1) % folds
-
-
 def fold_data(data: RunData, pool: Pool, fold: int) -> tuple[RunData, dict[str, Rows]]:
     """The run data and features that score one fold: train on the folds other than it and its selection fold
-    (:func:`selection_fold`), validate (single-positive or partial labels, as given) on the selection fold; the
+    (the next fold), validate (single-positive or partial labels, as given) on the selection fold; the
     features of the scored fold as ``scored``."""
-    pick = selection_fold(fold, int(pool.folds.max()) + 1)
+    pick = (fold + 1) % (int(pool.folds.max()) + 1)  # the fold whose images pick the epoch: the next one
     train_rows = np.flatnonzero((pool.folds != fold) & (pool.folds != pick))
     val_rows = np.flatnonzero(pool.folds == pick)
     scored_rows = np.flatnonzero(pool.folds == fold)

@@ -1,7 +1,6 @@
-"""Full-label diagnostics, computed by the trainer (never by a method) and only where the training split has full
-labels (:attr:`models.data.protocol.ProtocolSplits.train_has_full_labels`): how well what a method believes about
-the hidden training labels (:meth:`train.methods.base.Method.label_estimates`) matches them. The scores are
-logged; nothing of them reaches the method."""
+"""Full-label diagnostics, computed by the trainer (never by a method) where the training split has full labels: how
+well a method's :meth:`~train.methods.base.Method.label_estimates` match them. Nothing of them reaches the method.
+"""
 
 from __future__ import annotations
 

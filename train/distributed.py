@@ -1,9 +1,6 @@
-"""Multi-process training on torch.distributed: init from torchrun's environment, rank helpers, buffer
-broadcast, gathers of predictions (padding removed) and of variable-size tensors, per-sample augmentation seeds.
-Gradients are averaged by DistributedDataParallel around the training step (``train.epoch``).
-
-Outside torchrun (no ``WORLD_SIZE`` in the environment) every helper is a no-op for one process, so
-``python -m train`` computes exactly what it computed before. See docs/distributed.md.
+"""Multi-process training on torch.distributed (docs/distributed.md): init from torchrun's environment, rank helpers,
+broadcasts, gathers and per-sample augmentation seeds; DistributedDataParallel averages the gradients around the
+training step (``train.epoch``). Outside torchrun every helper is a no-op for one process.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Backbone features computed once per image and kept on disk, for training heads on fixed features (``--trainable
-head``, LinearInit).
+head``, LinearInit, the method chooser).
 
-A cache file holds the pooled features of one list of images (a split) and the mask of the readable ones. Its name
-is a digest of everything the features depend on:
-
-- the images: their paths in order, with each file's size and modification time (a changed, added, removed or
-  reordered image is another entry);
-- the backbone: its architecture and a digest of its weights (pretrained, a file, or a seeded random init alike);
-- the preprocessing: input size, mean/std, interpolation, crop; and the numeric precision of the forward.
-
-So ``--resume`` and any later run on the same data, backbone and preprocessing reuse the file, and any change
-computes new features. Files live in ``$SPML_CACHE/features`` (default ``~/.cache/spml/features``), written
-atomically, read with ``weights_only=True``; deleting the folder is always safe.
+A file holds the pooled features of one split and the mask of the readable images; its name is a digest of
+everything they depend on (:func:`feature_key`: the images' paths, sizes and modification times, the backbone's
+architecture and weights, the preprocessing and the numeric precision), so any change computes new features. Files
+live in ``$SPML_CACHE/features`` (default ``~/.cache/spml/features``), written atomically and read with
+``weights_only=True``; deleting the folder is always safe.
 """
 
 from __future__ import annotations
@@ -83,11 +77,6 @@ def split_feature_key(arch: str, model: nn.Module, transform: Any,
     return key
 
 
-def key_name(key: dict[str, Any]) -> str:
-    """The cache file name of a key."""
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".pt"
-
-
 class FeatureCache:
     """A folder of feature files (:func:`features_folder` by default). Under torchrun rank 0 reads and writes it
     and every rank gets the same rows."""
@@ -96,8 +85,8 @@ class FeatureCache:
         self.folder = Path(folder) if folder is not None else features_folder()
 
     def path(self, key: dict[str, Any]) -> Path:
-        """The file of ``key``."""
-        return self.folder / key_name(key)
+        """The file of ``key``, named by its digest."""
+        return self.folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".pt")
 
     def load(self, key: dict[str, Any]) -> Rows | None:
         """The rows stored under ``key``, or None (no file, another key inside, or an unreadable file)."""

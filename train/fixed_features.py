@@ -1,21 +1,11 @@
-"""Training the head on FIXED backbone features: the seeds' fixed-feature mode (``--trainable head``, Cole et al.'s
+"""Training the head on FIXED backbone features: the fixed-feature mode (``--trainable head``, Cole et al.'s
 ``linear_fixed_features``) and the first phase of LinearInit (``--linear-init N``: then end to end).
 
-The phase takes the backbone features of the training and validation images from the feature cache
-(:mod:`train.feature_cache`: computed once, eval transform, eval mode), then trains only the head - and the
-method's own parameters, e.g. ROLE's label matrix - on them: LinearInit for ``linear_init`` epochs with Adam at
-``linear_init_lr`` and no schedule (the reference's), ``--trainable head`` for ``--epochs`` with the run's
-optimiser, learning rate and per-step schedule. The method's step gets the head as its model and the feature
-batch as its images, so every method that only needs logits works unchanged; PU-MLC's mixup then mixes feature
-vectors instead of images. The best epoch (by the run's selection criterion on val) is restored at the end of a
-LinearInit phase, as in the reference code.
-
-Under torchrun every rank extracts its shard of the features and gets them all back; each global batch is
-split over the ranks (rank r takes rows r, r + W, ...), each rank's loss is weighted by its share of the batch
-and DistributedDataParallel (wrapping the head and the method's parameters for the epoch, see
-``train.epoch``) averages the gradients, so every step equals the one-process step. A final batch with
-fewer rows than ranks is skipped. Unreadable images have no features: the phase leaves their rows out of training
-and validation.
+The features of the training and validation images come from :mod:`train.feature_cache`; only the head and the
+method's own parameters train on them, the feature batch standing in for the images (PU-MLC's mixup mixes feature
+vectors). A LinearInit phase restores its best epoch at the end, as the reference code does. Under torchrun each
+global batch is split over the ranks with loss weights by share, so every step equals the one-process step
+(docs/distributed.md). Unreadable images have no features and are left out.
 """
 
 from __future__ import annotations
@@ -202,30 +192,27 @@ class FixedFeaturePhase:
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch over the cached training features in a seeded random order."""
         with head_threads():
-            return self._train_epoch(epoch)
-
-    def _train_epoch(self, epoch: int) -> dict[str, float]:
-        self.head.train()
-        totals = EpochTotals(epoch)
-        world = current_world()
-        started = time.perf_counter()
-        # this epoch's step module (DDP under torchrun); dropped at the end of the epoch, so it never coexists
-        # with the end-to-end wrapper of the same method parameters
-        step = wrap_training_step(self.head, self.method, self.predictor.device)
-        for number, size, batch in self.batches(epoch):
-            rows = len(batch["index"])
-            out = run_training_step(step, batch)
-            self.optimizer.zero_grad(set_to_none=True)
-            # this rank's share of the global mean; DDP's average of the gradients then gives the one-process step
-            (out.loss * (rows * world.size / size)).backward()
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
-            totals.add(out, rows, number)
-        totals.raise_if_diverged()
-        stats, _ = totals.means()
-        return {**stats, "phase": 1.0, "lr": float(self.optimizer.param_groups[0]["lr"]),
-                "train_seconds": time.perf_counter() - started}
+            self.head.train()
+            totals = EpochTotals(epoch)
+            world = current_world()
+            started = time.perf_counter()
+            # this epoch's step module (DDP under torchrun); dropped at the end of the epoch, so it never coexists
+            # with the end-to-end wrapper of the same method parameters
+            step = wrap_training_step(self.head, self.method, self.predictor.device)
+            for number, size, batch in self.batches(epoch):
+                rows = len(batch["index"])
+                out = run_training_step(step, batch)
+                self.optimizer.zero_grad(set_to_none=True)
+                # this rank's share of the global mean; DDP's average of the gradients then gives the one-process step
+                (out.loss * (rows * world.size / size)).backward()
+                self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                totals.add(out, rows, number)
+            totals.raise_if_diverged()
+            stats, _ = totals.means()
+            return {**stats, "phase": 1.0, "lr": float(self.optimizer.param_groups[0]["lr"]),
+                    "train_seconds": time.perf_counter() - started}
 
     def validate(self) -> Assessment:
         """The current head's val predictions (cached features) against the val labels, with the criterion."""

@@ -1,21 +1,11 @@
 """The pseudo-label stage of a run, for a method with :attr:`~train.methods.base.Method.uses_pseudo_labels`.
 
-Two steps, so that whatever can fail fast fails before anything trains:
-
-1. :func:`plan_pseudo_labels` (before the run folder is made): where the pseudo-labels will come from - the run's
-   own ``pseudo_labels.npz`` (``--resume``), a ``--pseudo-labels FILE``, or a CLIP pass - and, for a CLIP pass,
-   whether the weights can be had (cached, or downloadable now: :func:`~train.pseudo_labels.clip_scores.
-   check_available`; checked on rank 0, the answer shared, so every rank stops with the same error);
-2. :func:`prepare_pseudo_labels` (before the method is built): read the file's scores for the run's training images
-   or score every training image with CLIP (in one process, or each rank a share and all of them gathered, so
-   every rank holds the same values), select the pseudo-positives with the method's settings and the run's
-   observed labels, and write ``RUN/pseudo_labels.npz`` (rank 0);
-3. :func:`describe`: the report the run prints - how many pseudo-positives beyond the observed labels, per image;
-   how often CLIP also picks the observed positive; and, only where the training split has full labels, their
-   precision against them. The full labels never reach the method.
-
-The CLIP pass leaves the random number generators as it found them (the model a run trains is the same with or
-without it).
+So that whatever can fail fails before anything trains, :func:`plan_pseudo_labels` decides, before the run folder
+is made, where the pseudo-labels come from (the run's own file on ``--resume``, ``--pseudo-labels FILE`` or a CLIP
+pass, whose weights are checked on rank 0 and the answer shared); :func:`prepare_pseudo_labels`, before the method
+is built, reads or computes the scores (each rank a share, gathered on every rank), selects the pseudo-positives
+and writes ``RUN/pseudo_labels.npz``; :func:`describe` reports them (their precision only where the training split
+has full labels, which never reach the method). The CLIP pass leaves the random number generators as it found them.
 """
 
 from __future__ import annotations
@@ -43,6 +33,7 @@ from train.pseudo_labels.clip_scores import (
     parse_clip,
     score_images,
     text_features,
+    view_count,
 )
 from train.pseudo_labels.crops import select_aevlp
 from train.pseudo_labels.spec import WHOLE_IMAGE, PseudoLabelSpec
@@ -87,16 +78,11 @@ class PseudoLabels:
         return {"origin": self.origin, "file": FILE_NAME, **self.file.settings, **self.file.extra}
 
 
-def resolve_spec(method: type[Method], hparams: MethodHparams) -> PseudoLabelSpec:
-    """The method's pseudo-labelling settings."""
-    return method.pseudo_label_spec(hparams)
-
-
 def plan_pseudo_labels(method: type[Method], hparams: MethodHparams, cfg: TrainConfig, run_dir: Path,
                        resume: bool) -> PseudoLabelPlan:
     """Decide where the pseudo-labels of the run come from, and for a CLIP pass check that its weights can be had
     (a ``ValueError`` that says what to do otherwise), before anything trains."""
-    spec = resolve_spec(method, hparams)
+    spec = method.pseudo_label_spec(hparams)
     clip = parse_clip(cfg.clip or spec.clip)
     prompt = cfg.clip_prompt or spec.prompt
     if "{}" not in prompt:
@@ -133,17 +119,6 @@ def select_positives(spec: PseudoLabelSpec, scores: dict[str, np.ndarray], reada
         mask = select_aevlp(scores, np.asarray(observed) == 1, spec.top_k, spec.threshold, spec.eta,
                             spec.negative_ratio)
     return mask & np.asarray(readable, dtype=bool)[:, None]
-
-
-def run_image_paths(dataset: DatasetSplits, splits: ProtocolSplits) -> list[str]:
-    """The training images relative to the dataset's image root (the names ``observed.npz`` uses too)."""
-    root = image_root([part for part in (dataset.train, dataset.val, dataset.test) if part is not None])
-    return relative_paths(splits.train, root)
-
-
-def _settings(plan: PseudoLabelPlan, clip: str, prompt: str, image_size: list[int]) -> dict[str, Any]:
-    return {"kind": plan.spec.kind, "clip": clip, "prompt": prompt, **plan.spec.scoring(), "clip_image_size":
-            image_size}
 
 
 def _check_file(plan: PseudoLabelPlan, content: PseudoLabelFile, classes: list[str]) -> None:
@@ -196,20 +171,22 @@ def _compute(plan: PseudoLabelPlan, splits: ProtocolSplits, paths: list[str], cf
         for name in full:
             full[name][part_rows] = part_scores[name]
         ok[part_rows] = part_readable
-    settings = _settings(plan, str(plan.clip), plan.prompt, size)
-    return PseudoLabelFile({**settings, "images_sha256": images_digest(paths)}, list(splits.classes), prompts,
-                           paths, full, ok, np.zeros((n, c), dtype=bool))
+    settings = {"kind": plan.spec.kind, "clip": str(plan.clip), "prompt": plan.prompt, **plan.spec.scoring(),
+                "clip_image_size": size, "images_sha256": images_digest(paths)}
+    return PseudoLabelFile(settings, list(splits.classes), prompts, paths, full, ok, np.zeros((n, c), dtype=bool))
 
 
 def prepare_pseudo_labels(plan: PseudoLabelPlan, splits: ProtocolSplits, dataset: DatasetSplits, cfg: TrainConfig,
                           run_dir: Path, device: torch.device) -> PseudoLabels:
     """Read or compute the run's pseudo-labels (the module docstring), write ``run_dir/pseudo_labels.npz`` unless
     it is the file read, and report them."""
-    paths = run_image_paths(dataset, splits)
+    # the training images relative to the dataset's image root (the names observed.npz uses too)
+    root = image_root([part for part in (dataset.train, dataset.val, dataset.test) if part is not None])
+    paths = relative_paths(splits.train, root)
     classes = list(splits.classes)
     if plan.source == COMPUTE:
-        views = 1 + plan.spec.grid_size ** 2 if plan.spec.kind != WHOLE_IMAGE else 1
-        log(f"pseudo-labels: scoring {len(paths):,} training images ({views} view(s) each) with CLIP {plan.clip}")
+        log(f"pseudo-labels: scoring {len(paths):,} training images ({view_count(plan.spec)} view(s) each) with "
+            f"CLIP {plan.clip}")
         content = _compute(plan, splits, paths, cfg, device)
         origin = "computed"
     else:

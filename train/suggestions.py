@@ -195,13 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         write_review(args.output, result.items)
         answers = args.output.with_suffix(".answers.jsonl")
+        images = len({item.image for item in result.items})
         if args.audit:
-            images = len({item.image for item in result.items})
             print(f"wrote every class of {images} validation images to {args.output} ({result.seconds:.0f} s)")
             print(f"label them completely: python -m serve demo --audit {args.output} (answers go to {answers}); "
                   f"then: python -m train --from-run {args.run} --method auto --audit {answers}")
             return
-        images = len({item.image for item in result.items})
         print(f"wrote {len(result.items)} suggestions on {images} of {result.images} training images to "
               f"{args.output} (the best of {result.scored_pairs:,} unobserved pairs; {result.seconds:.0f} s)")
         print(f"review them: python -m serve demo --review {args.output} (answers go to {answers}), or fill in "

@@ -1,8 +1,8 @@
 """Training methods, one file each, registered in :data:`METHODS` (name -> class) by their ``@register`` decorator.
 
-Every module of this folder is imported here (:func:`import_method_modules`), so adding a method is adding its
-file. Every list of methods (the CLI's choices, the benchmark's default comparison, the methods table of README.md and
-docs/methods.md) is read from this registry: ``python -m train.methods`` prints the table.
+Every module of this folder is imported here, so adding a method is adding its file. Every list of methods (the
+CLI's choices, the benchmark's default comparison, the tables of README.md and docs/methods.md, which ``python -m
+train.methods`` prints) is read from this registry.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from train.methods.base import (
     register,
 )
 
-__all__ = ["BASELINE", "METHODS", "UPPER_BOUND", "EpochEndContext", "LabelEstimate", "LossOutput", "Method",
-           "MethodContext", "get_method", "make_hparams", "method_names", "methods_table", "register"]
+__all__ = ["BASELINE", "METHODS", "EpochEndContext", "LabelEstimate", "LossOutput", "Method", "MethodContext",
+           "get_method", "make_hparams", "method_names", "methods_table", "register"]
 
 #: Modules of this folder that are not methods.
 NOT_METHODS = ("base",)
@@ -38,7 +38,6 @@ def import_method_modules() -> None:
 import_method_modules()
 
 BASELINE = METHODS["an"].name  # what comparisons measure every method against (Cole et al.'s AN, an.py)
-UPPER_BOUND = METHODS["bce"].name  # the full-label oracle that bounds them from above (bce.py)
 
 
 def get_method(name: str) -> type[Method]:

@@ -12,12 +12,6 @@ from train.methods import methods_table
 BEGIN, END = "<!-- methods-table -->", "<!-- /methods-table -->"
 
 
-def table_block(text: str) -> str | None:
-    """The text between the methods-table markers of ``text`` (None when it has none)."""
-    i, j = text.find(BEGIN), text.find(END)
-    return text[i + len(BEGIN):j].strip("\n") + "\n" if 0 <= i < j else None
-
-
 def write_table(path: Path) -> bool:
     """Replace the methods table between the markers of ``path`` by the registry's; False when it has no markers."""
     text = path.read_text(encoding="utf-8")

@@ -1,47 +1,11 @@
 """AEVLP: GPR loss with DAMP pseudo-labels (Tran et al., "More Reliable Pseudo-labels, Better Performance: A
-Generalized Approach to Single Positive Multi-label Learning", ICCV 2025). Reference code: Fsoft-AIC/AEVLP
-(``losses.py`` ``GPR_loss``, ``utils.py`` ``get_pseudo_labels``, ``datasets.py`` crops, ``models.py``
-``PseudoLabelGeneratorOpenAI``, ``train.py``, ``configs/*.json``).
+Generalized Approach to Single Positive Multi-label Learning", ICCV 2025). Reference code: Fsoft-AIC/AEVLP.
 
-Pseudo-labels (``train.pseudo_labels``, once before training; ``train/pseudo_labels/crops.py`` step by step):
-CLIP ViT-B/16 scores the whole image and a ``grid_size`` x ``grid_size`` grid of crops against ``a photo of a
-<class>.``; per class the whole image's softmax score and the crops' maximum (or, below a gate ``eta`` tied to the
-observed positive's score, their minimum) are averaged; the ``top_k`` best (3; 32 on CUB) at or above
-``threshold`` are pseudo-positives.
-
-The GPR loss, with ``p = sigmoid(logits)``, ``k(p')`` and ``v(p')`` GR-Loss's soft pseudo-label and Gaussian weight of
-the detached ``p`` under GR-Loss's schedules (``train/methods/gr_loss.py``, reused: the same epochs, the same
-``beta``, ``alpha``, ``q2``, ``q3``), the mean over all N x C entries plus a regulariser:
-
-- observed positive: ``-log(p + 1e-7)``;
-- unobserved and a CLIP pseudo-positive: ``(1 - v') [rho (-log p) + (1 - rho) (-log(1 - p))]`` with ``v'`` = ``v``
-  clamped to ``[1 - lam1, 1 - lam2]`` and ``rho`` 0.9: the Gaussian weight turned into a bounded confidence;
-- other unobserved entries: GR-Loss's ``v [k (1 - p^q2) / q2 + (1 - k) (1 - (1 - p)^q3) / q3]``;
-- plus ``reg * ((mean_n sum_c p - k) / C)^2``: Cole et al.'s expected-positives regulariser, with the dataset's k
-  (1.5 VOC, 2.9 COCO, 1.9 NUS-WIDE, 31.4 CUB; elsewhere the run's k, as for ``epr``).
-
-Per dataset (``configs/*.json``; ``top_k`` from ``config.py``'s lookup): ``lam`` (0.7, 0.4) VOC, (0.7, 0.5) COCO
-and NUS-WIDE, (0.8, 0.2) CUB; ``reg`` 0.05 VOC, 0.001 COCO and NUS-WIDE, 0.01 CUB; temperature 0.01 (0.1 CUB),
-``eta`` 0 VOC, 0.3 COCO and NUS-WIDE, 0.005 CUB; threshold 0.5, 0.6 NUS-WIDE, 0.005 CUB; grid 4 (5 CUB);
-negative ratio 0.2 (0.3 COCO); GR-Loss's ``beta`` (0, 10, -2, -8) except VOC (0, 2, -2, -2), ``q3`` 1.5 on CUB.
-Without a preset: ``config.py``'s argparse defaults (``lam`` (0.8, 0.3), ``reg`` 0.001, ``eta`` 0.1, negative
-ratio 0.1, top-k 3) and GR-Loss's defaults.
-
-Where the package follows the reference code, departs from it, and the pitfalls:
-
-- the negative pseudo-labels never fire: ``get_pseudo_labels`` writes its "negatives" as 0, not -1, so the loss's
-  ``final_labels == -1`` branch (``v (-log(1 - p))``) has nothing to act on; here they exist only as what they do
-  there, clearing a pseudo-positive that is also among the lowest-scored classes;
-- the reference's pseudo-label generator adds to CLIP's text features the output of a three-layer graph
-  convolution over a label-relation matrix, whose weights are randomly initialised, frozen and never trained
-  (its optimiser never steps): seed-dependent noise on the prompts. It is left out here (the fixtures compare
-  with that branch at zero);
-- the reference recomputes the pseudo-labels at every step from randomly flipped views (each crop flipped on its
-  own) in float16; here once per image, unflipped, in float32, stored with the run (``RUN/pseudo_labels.npz``);
-- CLIP's input is normalised with ImageNet's mean and std (the reference's ``source: openai`` transform), as there;
-- the early stop (val mAP 2 below the best, or 2 epochs without a new best) is not reproduced; the trainer keeps
-  the best validation epoch (the head's 10x learning rate, ``lr_mult``, is ``--head-lr-mult 10`` of
-  ``--preset paper``).
+CLIP pseudo-positives from the whole image and a grid of crops (``train/pseudo_labels/crops.py``); the loss is
+GR-Loss's on unknown labels (``train/methods/gr_loss.py``, its functions and schedules reused), a pseudo-positive
+weighted by ``1 - v'`` (GR-Loss's ``v`` clamped to ``[1 - lam1, 1 - lam2]``), plus ``reg`` times Cole et al.'s
+expected-positives regulariser. docs/methods.md ("AEVLP") has the settings per dataset and the reference's
+pitfalls (its negative pseudo-labels never fire; its random graph branch is left out).
 """
 
 from __future__ import annotations
@@ -123,8 +87,7 @@ class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
                 "reg": 0.01, "k": EXPECTED_POSITIVES["cub"], "temperature": 0.1, "eta": 0.005, "threshold": 0.005,
                 "grid_size": 5, "negative_ratio": 0.2, "top_k": 32},
     }
-    # configs/*.json: Adam at 1e-5 without schedule, the head at 10x (--head-lr-mult); batch 8 VOC and CUB, 16 COCO
-    # and NUS-WIDE; 8 epochs VOC and COCO, 10 NUS-WIDE and CUB
+    # configs/*.json: Adam at 1e-5 without schedule, the head at 10x (--head-lr-mult)
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
         "*": {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8, "optimizer": "adam",
               "scheduler": "none"},

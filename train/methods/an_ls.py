@@ -1,13 +1,8 @@
 """AN-LS: assume negative with label smoothing (Cole et al., CVPR 2021; docs/methods.md).
 
-The reference code smooths with ``ls_coef = 0.1`` into targets 0.9 / 0.1; the paper's formula with
-epsilon = 0.1 would give 0.95 / 0.05. We follow the code (the published numbers come from it), so the
-paper's formula corresponds to ``--hp ls_coef=0.05``.
-
-Cole et al.'s appendix A also studies asymmetric smoothing, AN-LS(eps_p, eps_n): the observed positive's target
-is ``1 - eps_p`` and the unobserved labels' ``eps_n``. AN-LS(0, 0.1) (only the assumed negatives smoothed) beats
-AN-LS fine-tuned on VOC and COCO there (+1.0 and +0.7 mAP). ``--hp ls_pos=0`` gives it (``ls_pos`` and
-``ls_neg`` default to ``ls_coef``).
+As the reference code: ``ls_coef = 0.1`` gives targets 0.9 / 0.1 (the paper's formula would give 0.95 / 0.05:
+``--hp ls_coef=0.05``). ``ls_pos`` / ``ls_neg`` give the asymmetric AN-LS(eps_p, eps_n) of Cole et al.'s appendix;
+``--hp ls_pos=0`` is AN-LS(0, 0.1), which beats AN-LS on VOC and COCO there.
 """
 
 from __future__ import annotations

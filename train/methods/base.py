@@ -1,63 +1,23 @@
-"""The method interface and registry.
+"""The method interface and registry (docs/methods.md, "The method interface").
 
-A method is an ``nn.Module`` (so any state it keeps - label matrices, pseudo-labels, queues - is saved in
-checkpoints through ``state_dict`` and moved to the device with the model). It has ONE override point for the
-loss and a few optional hooks; the trainer runs the model, the method never does.
+A method is an ``nn.Module``: the state it registers as buffers or parameters (label matrices, pseudo-labels,
+queues) is saved in ``last.pt``, restored by ``--resume`` and moved to the device with the model; keep state that
+must survive a resume there, not in plain attributes. The trainer runs the model, the method never does.
 
-The loss (override this):
+Override :meth:`Method.loss` ``(logits, batch) -> LossOutput``: the loss of one batch from the model's float32
+logits ``(N, C)`` on ``batch["images"]``. ``batch`` holds ``observed`` (the labels the method may train on, float
+0/1), ``index`` (the images' rows in the training set) and the further model outputs the hooks ask for; never
+ground-truth labels, except for an oracle (:attr:`Method.trains_on_full_labels`). Give :class:`LossOutput`'s log
+values as detached tensors (a Python float makes the device finish the step before the next one starts). Under
+torchrun the loss runs inside one DistributedDataParallel forward (``train.epoch``); collectives it issues itself
+(EPR's global mean, LAC's gathers) must run in the same order on every rank.
 
-- :meth:`Method.loss` ``(logits, batch) -> LossOutput``: the loss of one batch from the model's logits ``(N, C)``
-  (float32) on ``batch["images"]``. ``batch`` holds ``observed`` (the labels the method may train on, float 0/1),
-  ``index`` (the images' rows in the training set) and, when a hook below asks for them, further model outputs.
-  It never holds ground-truth labels, with one documented exception (:attr:`Method.trains_on_full_labels`).
-  :class:`LossOutput` carries values to log; give them as detached tensors (a Python float forces the device to
-  finish the step before the next one starts). Under torchrun the loss runs inside one
-  DistributedDataParallel forward (``train.epoch``); collectives it issues itself (EPR's global mean,
-  LAC's gathers) must run in the same order on every rank.
-
-What the trainer feeds the model (optional):
-
-- :meth:`Method.extra_views` - extra augmented views of each training image under batch keys ``images_<name>``
-  (LAC's strong view). The trainer runs every view through the model in ONE call together with ``images`` and
-  passes their logits to the loss as ``logits_<name>``;
-- :attr:`Method.needs_embeddings` - the model call is ``forward_embeddings`` (label-wise embedding head), and the
-  per-class embeddings reach the loss as ``embeddings`` / ``embeddings_<name>`` ``(N, C, D)``;
-- :meth:`Method.extra_model_inputs` - inputs the method makes from the batch after that call (PU-MLC's mixup
-  images); each ``images_<name>`` entry runs through the model in its own call (``logits_<name>``), other
-  entries (mixing weights) reach the loss unchanged.
-
-State and schedule (optional):
-
-- :meth:`Method.param_groups` - the method's own trainable parameters (ROLE's label matrix, LAC's projector),
-  as extra optimiser groups. :attr:`Method.leaves_parameters_unused`: True when a step may use only some of
-  them (LAC's projector in stage 1); only then does DistributedDataParallel search for unused parameters;
-- :meth:`Method.on_epoch_end` - after each training epoch (pseudo-labelling, label correction), given a
-  predictor of the whole training set; returns values to log;
-- :meth:`Method.stage_epochs` / :meth:`Method.start_stage` - training stages run one after the other, each from
-  the previous stage's best weights with a fresh optimiser, schedule and EMA (LAC's two stages);
-- checkpoint state: everything registered as a buffer or parameter is saved in ``last.pt`` and restored by
-  ``--resume``; keep state that must survive a resume there, not in plain attributes;
-- ``required_head`` - the classifier head the method needs (``"lem"`` for LAC), or None for any;
-  ``trainable_scope`` - the backbone scope its papers train (``models.network.TRAINABLE_SCOPES``), applied by
-  ``--preset paper`` (None: everything trains).
-
-Pseudo-labels from a vision-language model (optional): :attr:`Method.uses_pseudo_labels` - the trainer runs the
-CLIP pseudo-label stage (``train.pseudo_labels``) before the method is built, with the settings of
-:meth:`Method.pseudo_label_spec`, and hands the result over in ``MethodContext.pseudo_positives`` (``(N_train, C)``
-bool: the classes CLIP takes as present, computed from the images and the observed labels only, never from the
-hidden ones). Only such methods pay for the CLIP pass.
-
-Diagnostics (optional): :meth:`Method.label_estimates` exposes what the method believes about the hidden labels of
-the training set (its pseudo-labels, its estimated label matrix). The trainer scores them against the full labels
-when the training split has any (``train.diagnostics``); the method never sees the result.
-
-Hyperparameters are a dataclass per method (``Hparams``); the CLI sets them with ``--hp name=value``, and
-``presets`` holds per-dataset published values. ``paper_settings`` holds the published optimisation settings
-(batch size, learning rate, epochs, EMA, ...) per dataset family, applied by ``--preset paper``. ``paper`` names
-the publication and ``description`` says the idea in a line (both go into the methods table). Adding a method =
-one file in ``train/methods/`` with a ``@register`` class (the package imports every module of its
-folder). The papers and the
-notes on where a method follows the reference code rather than the paper: ``docs/methods.md``.
+The optional hooks are documented where :class:`Method` declares them: extra views (run through the model in one
+call with ``images``; their logits reach the loss as ``logits_<name>``), per-class embeddings (``embeddings`` /
+``embeddings_<name>`` ``(N, C, D)``), extra model inputs, the method's own parameters, epoch ends, training stages,
+CLIP pseudo-labels and label estimates. Hyperparameters are a dataclass per method (``Hparams``, set with ``--hp
+name=value``); ``presets`` holds per-dataset published values and ``paper_settings`` the published optimisation
+(``--preset paper``). Adding a method is adding one file to ``train/methods/`` with a ``@register`` class.
 """
 
 from __future__ import annotations
@@ -119,8 +79,8 @@ class MethodContext:
 
 @dataclass
 class LossOutput:
-    """A training step's loss and values to log (batch-size weighted means per epoch). Log values may be floats
-    or (preferably) detached scalar tensors, which the trainer sums on the device."""
+    """A training step's loss and values to log (batch-size weighted means per epoch; preferably detached scalar
+    tensors, which the trainer sums on the device, else floats)."""
 
     loss: torch.Tensor
     logs: dict[str, torch.Tensor | float] = dataclasses.field(default_factory=dict)
@@ -139,13 +99,6 @@ class EpochEndContext:
 
 
 SCORES, POSITIVES, NEGATIVES = "scores", "positives", "negatives"
-#: What a method does with known negatives (labels known to be absent), by :meth:`Method.known_negatives_use`.
-KNOWN_NEGATIVES = {
-    "own loss": "its loss trains on them (iu)",
-    "added term": "its loss takes no known negatives, so -log(1 - p) at each is added to it (for the losses that "
-                  "already push unobserved labels down, such as an, a known negative counts twice)",
-    "full labels": "an oracle: it trains on the full labels, which hold them already",
-}
 
 
 @dataclass
@@ -184,7 +137,7 @@ class Method(nn.Module):
     # when the training split has full labels and refuses to start otherwise.
     trains_on_full_labels: ClassVar[bool] = False
     # reads batch["observed_negatives"] (the known negatives: the protocol's -1 entries, a user's "-dog" or "no"
-    # answers) in its own loss; for every other method :meth:`training_loss` adds their term (:data:`KNOWN_NEGATIVES`)
+    # answers) in its own loss; for every other method :meth:`training_loss` adds their term
     uses_observed_negatives: ClassVar[bool] = False
     # reads ctx.expected_positives (k): the trainer resolves it (published, given, audit, or estimated and then
     # updated through set_expected_positives after every epoch; models/evaluation/expected_positives.py)
@@ -214,7 +167,9 @@ class Method(nn.Module):
 
     @classmethod
     def known_negatives_use(cls) -> str:
-        """What the method does with known negatives: one of :data:`KNOWN_NEGATIVES`' keys."""
+        """What the method does with known negatives: ``own loss`` (its loss trains on them: iu), ``full labels`` (an
+        oracle, whose labels hold them already) or ``added term`` (-log(1 - p) at each is added to its loss; for a
+        loss that already pushes unobserved labels down, such as an's, a known negative counts twice)."""
         if cls.trains_on_full_labels:
             return "full labels"
         return "own loss" if cls.uses_observed_negatives else "added term"
@@ -325,10 +280,9 @@ def _convert(value: str, annotation: Any) -> Any:
 
 
 def dataset_family(dataset: str) -> str:
-    """The preset family of a dataset: a family as its kind declares it (``DatasetSplits.family``: ``voc``, ``coco``,
-    ``nus``, ``cub``, ``builtin``), or a name that family declares (``voc2012`` -> ``voc``, ``builtin-default`` ->
-    ``builtin``: :func:`models.data.families.family_named`, the whole name); any other name is returned unchanged and
-    has no preset (a folder called ``coconut`` is not COCO)."""
+    """The preset family of a dataset (``voc``, ``coco``, ``nus``, ``cub``, ``builtin``), or of a name a family
+    declares whole (``voc2012`` -> ``voc``: :func:`models.data.families.family_named`); any other name is returned
+    unchanged and has no preset (a folder called ``coconut`` is not COCO)."""
     return family_named(dataset) or dataset
 
 

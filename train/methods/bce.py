@@ -1,7 +1,5 @@
-"""The full-label BCE oracle: trains on the annotated labels (an upper bound, not an SPML method).
-
-It uses the trainer's oracle capability (:attr:`~train.methods.base.Method.trains_on_full_labels`): the annotated
-labels reach its batches only because it declares it, and only when the training split has them.
+"""The full-label BCE oracle: trains on the annotated labels (an upper bound, not an SPML method), which reach its
+batches through the trainer's oracle capability (:attr:`~train.methods.base.Method.trains_on_full_labels`).
 """
 
 from __future__ import annotations

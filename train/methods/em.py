@@ -1,19 +1,10 @@
 """EM ("entropy maximisation") and EM + APL, asymmetric pseudo-labelling (Zhou et al., ECCV 2022).
 
-EM: ``-log p`` at the observed positive and ``-alpha * H(p)`` at unobserved entries (pushing them towards
-0.5 instead of 0), mean over N*C entries.
-
-EM-APL adds, after each epoch from the warm-up epoch ``warmup_epochs`` on, soft NEGATIVE pseudo-labels:
-for each class the ``int(theta * U_c / (T - warmup_epochs))`` lowest-scored entries that are still
-unlabelled (``U_c`` = unobserved entries of the class at the start) get the current prediction as a soft
-target, trained with weight ``beta``. Pseudo-labels accumulate and are never revised. As in the reference
-code: the prediction pass uses the training transform in eval mode, and only negative pseudo-labels exist.
-The reference code's early stopping (patience 0) is not reproduced: the trainer keeps the best val epoch.
-
-Warm-up outside the presets: half the run, at least 1 epoch and at most the papers' 5 (1 for a 3-epoch run,
-5 for 10 or more). Pseudo-labels taken after a single epoch of a longer run come from a near-chance network and
-freeze its mistakes: on ``builtin:small`` at 15 epochs (seed 0), a 1-epoch warm-up ends 2.7 test-mAP points
-below ``an`` and a 5-epoch one 1.6 above it (``docs/methods-investigation.md``).
+EM: ``-log p`` at the observed positive and ``-alpha * H(p)`` at unobserved entries, mean over N*C entries.
+EM-APL adds, after each epoch from the warm-up on, accumulating soft negative pseudo-labels for the lowest-scored
+unlabelled entries of each class, trained with weight ``beta`` (docs/methods.md, "Zhou et al."). Without a preset
+the warm-up is half the run, 1 to 5 epochs: pseudo-labels taken after one epoch of a longer run freeze a
+near-chance network's mistakes (docs/methods-investigation.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """EPR: expected positive regularisation (Cole et al., CVPR 2021; docs/methods.md).
 
 As in the reference code: the positive term is divided by N*C like every loss, and the regulariser
-``((k_hat - k) / C)^2`` is added with weight 1 (the paper's formula has no 1/C on the first term and an
-unspecified lambda; the code equals lambda_paper = C).
+``((k_hat - k) / C)^2`` is added with weight 1 (the code equals a paper weight of C).
 """
 
 from __future__ import annotations

@@ -1,47 +1,10 @@
 """GR-Loss (Chen et al.; "Boosting Single Positive Multi-label Classification with Generalized Robust Loss",
-IJCAI 2024). Reference code: yan4xi1/GRLoss (``losses.py`` ``GR_loss``, ``models.py`` ``KFunction`` /
-``VFunction``, the schedules in ``train.py`` ``run_train``); per-dataset settings from Fsoft-AIC/AEVLP's
-``configs/*.json``, which reuses the loss (docs/methods.md).
+IJCAI 2024). Reference code: yan4xi1/GRLoss; per-dataset settings from Fsoft-AIC/AEVLP's ``configs/*.json``.
 
-With ``p = sigmoid(logits)`` and ``p'`` the same probabilities detached, every entry of the N x C matrix gets
-
-- observed positive: ``-log(p + 1e-7)`` (the reference's epsilon, not Cole et al.'s 1e-5);
-- unobserved: ``v(p') * [k(p') (1 - p^q2) / q2 + (1 - k(p')) (1 - (1 - p)^q3) / q3]``: a soft pseudo-label
-  ``k(p') = sigmoid(w p' + b)`` mixes a robust positive term and a robust negative term, and a Gaussian weight
-  ``v(p') = exp(-(p' - mu)^2 / (2 sigma^2))`` down-weights entries far from ``mu``; k and v carry no gradient;
-
-and the loss is the mean over all N x C entries (as the reference's ``loss_mtx.mean()``). Entries whose label
-is neither 0 nor 1 would get 0 and still count in the mean there; here ``observed`` is always 0/1, and known
-negatives (observed -1 entries) get the term every method without a place for them gets (``Method.training_loss``).
-
-Schedules (the reference's ``run_train``): before the steps of each 1-based epoch e of T, with n LinearInit
-epochs, ``w, b`` move linearly from ``beta[0], beta[2]`` to ``beta[1], beta[3]`` by ``max(e - n - 1, 0) / (T - n)``
-and ``mu, sigma`` from ``alpha[0], alpha[1]`` to ``alpha[2], alpha[3]`` by ``max(e - n, 0) / (T - n)``. The two
-offsets differ: mu and sigma already move in the first end-to-end epoch and reach their final values in the last
-one, while w and b start at their initial values and never reach ``beta[1], beta[3]`` (they stop at (T - n - 1) /
-(T - n) of the way). Here T is the run's total epochs (``--linear-init`` + ``--epochs``, as the reference's
-``num_epochs`` includes its ``linear_init`` epochs) and n is ``--linear-init``; when T = n (a linear probe) the
-schedules stay at their initial values (the reference divides by zero). The reference freezes the backbone for
-its n epochs and trains on; this package's LinearInit trains the head on cached features and restores its best
-epoch - the schedule follows the epoch count either way (the restored method state never rewinds it).
-
-Where the package follows the reference code, departs from it, and the pitfalls:
-
-- defaults ``beta = (0, 2, -2, -2)``, ``alpha = (0.5, 2, 0.8, 0.5)``, ``(q2, q3) = (0.01, 1)`` are the repository's
-  ``config.py`` defaults. Its argparse declares ``--beta``, ``--alpha``, ``--q2q3`` with ``type=list``, so a
-  value given on its command line becomes a list of characters: only the defaults (and AEVLP's JSON configs) are
-  values the authors can have run. Here ``--hp beta=0,10,-2,-8`` parses to floats;
-- the reference's learnt label estimator (``--is_train``, ``LabelEstimator``) is off by default (and its
-  ``type=bool`` flag would turn it on for any value given), so ``k`` is the scheduled ``KFunction``; the learnt
-  variant, the classifier's 10x learning rate (``lr_mult``; one learning rate for the network here) and the early
-  stop (when val mAP falls 2 points below the best) are not reproduced;
-- the robust terms are computed as ``-expm1(q log sigmoid(+-logits)) / q``: equal to the reference's
-  ``(1 - pow(p, q)) / q`` (float64: the loss to 1e-13, tests/test_gr_loss.py), but finite where float32 ``sigmoid``
-  underflows to 0 (logits below about -88) and ``pow``'s gradient gives NaN in the reference.
-
-State (a buffer, saved in checkpoints and restored by ``--resume``): ``epoch``, the 1-based epoch the next steps
-belong to, set after each epoch end. Loading a state never moves it backwards. Under torchrun the loss is a
-per-entry mean of each process's rows and needs no collective; ``epoch`` advances identically on every rank.
+Observed positive: ``-log(p + 1e-7)``; unobserved: ``v(p') [k(p') (1 - p^q2) / q2 + (1 - k(p')) (1 - (1 - p)^q3) /
+q3]``, a soft pseudo-label ``k`` and a Gaussian weight ``v`` of the detached probabilities, both scheduled over the
+epochs; mean over all N x C entries. docs/methods.md ("GR-Loss") has the schedules, the numerics and where the
+package departs from the reference. State: the ``epoch`` buffer, which loading a state never moves backwards.
 """
 
 from __future__ import annotations
@@ -109,7 +72,8 @@ def gr_weights(p_detached: torch.Tensor, schedule: Quad) -> tuple[torch.Tensor, 
 def gr_unobserved_loss(logits: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2: float,
                        q3: float) -> torch.Tensor:
     """The ``(N, C)`` unobserved-entry term ``v [k (1 - p^q2) / q2 + (1 - k) (1 - (1 - p)^q3) / q3]`` of every
-    entry (the robust terms computed from ``logsigmoid``, the module docstring)."""
+    entry."""
+    # from logsigmoid: equal to the reference's (1 - pow(p, q)) / q, but finite where float32 sigmoid underflows to 0
     towards_one = -torch.expm1(q2 * F.logsigmoid(logits)) / q2  # (1 - p^q2) / q2
     towards_zero = -torch.expm1(q3 * F.logsigmoid(-logits)) / q3  # (1 - (1 - p)^q3) / q3
     return v * (k * towards_one + (1.0 - k) * towards_zero)
@@ -117,7 +81,7 @@ def gr_unobserved_loss(logits: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
 
 def gr_entry_loss(logits: torch.Tensor, observed: torch.Tensor, schedule: Quad, q2: float,
                   q3: float) -> torch.Tensor:
-    """The ``(N, C)`` matrix of GR-Loss entries (the module docstring): observed 1 -> the positive term, 0 -> the
+    """The ``(N, C)`` matrix of GR-Loss entries: observed 1 -> the positive term, 0 -> the
     weighted robust terms, anything else 0."""
     p = torch.sigmoid(logits)
     k, v = gr_weights(p.detach(), schedule)
@@ -127,10 +91,7 @@ def gr_entry_loss(logits: torch.Tensor, observed: torch.Tensor, schedule: Quad, 
     return torch.where(observed == 1, positive, torch.where(observed == 0, unobserved, zero))
 
 
-# The GRLoss repository's config.py defaults (one set, no per-dataset values: Adam at 1e-5 with the classifier
-# at 10x (--head-lr-mult), batch 8, 8 epochs, 448 px images; --preset paper adds ResNet-50, ImageNet
-# weights, 448 px and no schedule). AEVLP's configs, made for its own loss, differ: batch 16 for COCO and
-# NUS-WIDE, 10 epochs for NUS-WIDE and CUB.
+# The GRLoss repository's config.py defaults, one set for every dataset (docs/methods.md, "GR-Loss")
 PAPER_SETTINGS: dict[str, dict[str, Any]] = {
     "*": {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8, "optimizer": "adam", "scheduler": "none"},
 }
@@ -143,9 +104,7 @@ class GeneralizedRobustLoss(Method):
     name = "gr-loss"
     left_out_of_auto = "5.9 to 13.2 test mAP below an on the Tux Paint stamps"
     Hparams = GrLossHparams
-    # voc: the GRLoss repository's defaults, also AEVLP's configs/pascal.json; coco, nus: AEVLP's
-    # configs/coco.json and configs/nuswide.json; cub: AEVLP's configs/cub.json (q3 = 1.5). alpha and q2 are the
-    # defaults in every file.
+    # voc: the GRLoss repository's defaults (also AEVLP's configs/pascal.json); coco, nus, cub: AEVLP's configs
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "voc": {"beta": (0.0, 2.0, -2.0, -2.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.0},
         "coco": {"beta": (0.0, 10.0, -2.0, -8.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.0},
@@ -163,10 +122,9 @@ class GeneralizedRobustLoss(Method):
         self.register_buffer("epoch", torch.tensor(1, dtype=torch.int64))  # the epoch the next steps belong to
         self._epoch = 1  # host copy: no device sync per step
 
-    def schedule(self, epoch: int | None = None) -> Quad:
-        """``(w, b, mu, sigma)`` of ``epoch`` (default: the current one)."""
-        return gr_schedule(self.hp, self._epoch if epoch is None else epoch, self.ctx.epochs,
-                           self.ctx.linear_init_epochs)
+    def schedule(self) -> Quad:
+        """``(w, b, mu, sigma)`` of the current epoch."""
+        return gr_schedule(self.hp, self._epoch, self.ctx.epochs, self.ctx.linear_init_epochs)
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         entries = gr_entry_loss(logits, self.targets(batch), self.schedule(), self.hp.q2, self.hp.q3)

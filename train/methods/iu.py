@@ -1,10 +1,7 @@
 """IU, "ignore unobserved" (Cole et al. 2021, ``loss_iu`` in the reference code): the observed positives and the
-observed negatives, nothing else.
+observed negatives, nothing else (``-log p`` / ``-log(1 - p)``, 0 elsewhere; mean over all N*C entries).
 
-It needs a protocol that observes negatives (``--observed 'single?neg=N'``, the reference's ``--num-neg``; the
-other losses of the reference reject those -1 entries, and so do this package's other methods). ``-log p`` at the
-observed positives, ``-log(1 - p)`` at the observed negatives, 0 elsewhere; mean over all N*C entries (zeros
-included), as in the reference code.
+It needs a protocol that observes negatives (``--observed 'single?neg=N'``, the reference's ``--num-neg``).
 """
 
 from __future__ import annotations
@@ -35,6 +32,5 @@ class IgnoreUnobserved(Method):
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         p = torch.sigmoid(logits)
         positive, negative = batch["observed"] > 0.5, batch[NEGATIVES] > 0.5
-        zero = torch.zeros_like(p)
-        loss = torch.where(positive, neg_log(p), torch.where(negative, neg_log(1.0 - p), zero))
+        loss = torch.where(positive, neg_log(p), torch.where(negative, neg_log(1.0 - p), torch.zeros_like(p)))
         return LossOutput(loss.mean())

@@ -1,9 +1,7 @@
 """IUN, "ignore unobserved positives" (Cole et al., CVPR 2021): the observed positive plus every TRUE negative.
 
-A reference bound, not an SPML method: it needs the full labels to know which unobserved labels are
-negative, and gets them through the trainer's oracle capability (``trains_on_full_labels``). ``-log p`` at the
-observed positive, ``-log(1 - p)`` at true negatives, 0 at unobserved true positives; mean over all N*C entries
-(zeros included), as in the reference code.
+A reference bound, not an SPML method: it finds the negatives in the full labels, through the trainer's oracle
+capability (``trains_on_full_labels``). Mean over all N*C entries (zeros included), as in the reference code.
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
-"""LAC: label-aware global consistency (Xie, Xiao, Huang, NeurIPS 2022; docs/methods.md, "LAC").
+"""LAC: label-aware global consistency (Xie, Xiao, Huang, NeurIPS 2022). Reference code: xiemk/SPML-LAC.
 
-Needs the label-wise embedding head (``--head lem``, chosen automatically). Every step runs the weak view
-(the standard training view, ``images``) and the strong view (``images_strong``,
-:class:`models.data.augment.StrongTransform`) through the model in one forward pass of 2N images (the trainer
-does, as :meth:`~train.methods.base.Method.extra_views` and ``needs_embeddings`` ask); the loss gets the weak
-logits, ``logits_strong`` and the per-class embeddings of both views.
-
-- **Stage 1:** ``L_AN(weak) + plc_weight * L_PLC``. Pseudo-labels ``q = sg(sigmoid(s_weak)) + z`` (so the observed
-  positive has q >= 1); entries with ``q >= delta`` (target 1) or ``q < 1 - delta`` (target 0) supervise the
-  strong view with BCE, normalised by the number of selected entries (reference code: the observed positive is
-  included; an empty selection gives 0 instead of the reference's division by zero).
-- **Stage 2** starts from stage 1's best weights with a fresh optimiser, schedule and EMA and adds
-  ``lac_weight * L_LAC``: every (image, class) pair with target 1 gives two projected, L2-normalised embeddings
-  (weak and strong view) labelled with the class; they are written into a memory queue (older entries detached)
-  and the SupCon loss runs over all valid queue entries, as the reference code does (denominator over every
-  other vector, intra-class pairs included; paper Eq. 7 differs, see docs/methods.md).
-- The projector (Linear-ReLU-Linear to ``feat_dim``) exists only for training; it is re-initialised when stage 2
-  starts and is not part of the exported model. It runs in float32 even under autocast (the reference's
-  fp16 contrastive logits are a suspected NaN source).
-- **Queue size:** the reference crashes when one batch selects more pairs than the queue holds (likely on CUB).
-  The queue here holds ``max(queue_size, batch_size * num_classes)`` entries, the most one batch can select, so
-  it cannot overflow.
-- ``class_embedding_cos`` (a log line only): the mean cosine between one image's class embeddings, computed at
-  the end of each epoch on that epoch's last training batch (an N x C x C Gram matrix is not worth a step).
-
-Not reproduced from the reference: FrozenBatchNorm everywhere and a frozen stem + layer1 (both only make sense
-with ImageNet weights; ``--trainable`` and the backbone's BatchNorms are the package's), and the reference's
-optimisation (AdamW wd 1e-2, OneCycle at 1e-4, EMA 0.9997, 40 + 40 epochs), which is set with the trainer's
-flags (``--optimizer adamw --weight-decay 0.01 --lr 1e-4 --ema 0.9997 --epochs 40``).
+Needs the label-wise embedding head (``--head lem``, chosen automatically). Each step runs the weak (standard)
+and the strong view (``images_strong``, :class:`models.data.augment.StrongTransform`) through the model in one
+call. Stage 1: AN on the weak view plus pseudo-label consistency on the strong one; stage 2 (from stage 1's best
+weights, with a fresh optimiser, schedule, EMA and projector) adds a SupCon loss over a memory queue of projected
+(weak, strong) embedding pairs, computed in float32 (the reference's fp16 contrastive logits are a suspected NaN
+source). docs/methods.md ("LAC") says where the reference and the paper differ and what is not reproduced (its
+FrozenBatchNorm, frozen stem and optimisation, which the trainer's flags set).
 """
 
 from __future__ import annotations
@@ -155,7 +134,6 @@ class LabelAwareConsistency(Method):
     def _read_stage(self) -> None:
         self._stage = int(self.stage)
 
-    # ----------------------------------------------------------------- hooks
     def extra_views(self, preprocessing: EvalTransform) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
         return {STRONG: StrongTransform(preprocessing)}
 
@@ -177,7 +155,6 @@ class LabelAwareConsistency(Method):
     def param_groups(self, lr: float) -> list[dict[str, Any]]:
         return [{"params": list(self.projector.parameters())}]
 
-    # ----------------------------------------------------------------- loss
     @property
     def threshold(self) -> float:
         """PLC's delta in the current stage."""
@@ -227,7 +204,8 @@ class LabelAwareConsistency(Method):
         return LossOutput(loss, logs)
 
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
-        """``class_embedding_cos`` of the epoch's last training batch (see the module docstring)."""
+        """``class_embedding_cos`` (a log line only): the mean cosine between one image's class embeddings on the
+        epoch's last training batch (an N x C x C Gram matrix per step is not worth it)."""
         if self._last_embeddings is None:
             return {}
         similarity = class_embedding_similarity(self._last_embeddings)

@@ -1,30 +1,11 @@
 """Large Loss (Kim, Kim, Akata, Lee; "Large Loss Matters in Weakly Supervised Multi-Label Classification",
 CVPR 2022): LL-R, LL-Ct and LL-Cp. Reference code: snucml/LargeLossMatters ``losses.py`` / ``train.py``, and
-its copy in youngwk/BridgeGapExplanationPAMC (the BoostLU paper); details in docs/large-loss-and-boostlu.md.
+its copy in youngwk/BridgeGapExplanationPAMC (the BoostLU paper).
 
-Every unobserved label is a negative (AN, as BCE on logits, mean over the N x C entries). The first epoch
-trains plain AN. From the second on, in each batch the unobserved entries whose loss is at least the k-th
-largest unobserved loss are taken for false negatives:
-
-- ``ll-r`` (rejection): their loss is 0;
-- ``ll-ct`` (temporary correction): their loss is the loss of a positive target;
-- ``ll-cp`` (permanent correction): as ``ll-ct``, and they become observed positives for the rest of the run.
-
-``k = ceil(N * C * (1 - clean_rate))``, where ``clean_rate`` starts at 1 and drops by ``delta_rel`` percent at
-every epoch end (``ll-cp``: ``k = ceil(N * C * delta_rel / 100)`` in every batch from the second epoch). The
-rate is computed as the reference computes it (a float decremented once per epoch), so ``k`` is the same integer.
-
-As in the reference, the k-th largest entry itself and every entry tied with it are modified (``>=``), and
-``ll-cp`` marks exactly the entries it corrects (BridgeGapExplanationPAMC's version; LargeLossMatters marks only
-those strictly above the threshold - one fewer without ties - and compares the scheme name with ``is``, which
-a name from the command line never passes, so its released LL-Cp runs as LL-Ct). One change: only unobserved
-entries are ever modified; the reference also modifies the observed positives when the threshold is 0 (more
-entries asked for than unobserved ones with a positive loss), which the published rates never reach.
-
-State (saved in checkpoints, identical on every rank): ``clean_rate`` and ``ll-cp``'s ``corrected`` matrix.
-Under torchrun the threshold is the k-th largest over the global batch (every rank's unobserved losses are
-gathered), as in one process; each rank marks the corrections of its own images and the marks are merged
-(element-wise maximum) at the end of the epoch, before an image can be seen again.
+AN as BCE on logits; from the second epoch, in each batch, the unobserved entries whose loss is at least the k-th
+largest unobserved loss are rejected (``ll-r``) or trained as positives (``ll-ct``; ``ll-cp`` also keeps them as
+observed positives). docs/large-loss-and-boostlu.md has k's schedule and where the package departs from the
+reference; under torchrun the threshold is taken over the global batch (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -63,19 +44,13 @@ class LargeLossHparams(MethodHparams):
             raise ValueError(f"delta_rel is a percentage in [0, 100], got {self.delta_rel}")
 
 
-# Per-scheme defaults: the BoostLU paper's config (one value per scheme for every dataset)
+# Per-scheme defaults: the BoostLU paper's config (one value per scheme for every dataset; LL-Ct's is
+# LargeLossHparams' 0.2)
 @dataclass
 class LlrHparams(LargeLossHparams):
     """LL-R's ``delta_rel`` (default 0.5)."""
 
     delta_rel: float = 0.5
-
-
-@dataclass
-class LlctHparams(LargeLossHparams):
-    """LL-Ct's ``delta_rel`` (default 0.2)."""
-
-    delta_rel: float = 0.2
 
 
 @dataclass
@@ -104,6 +79,7 @@ class LargeLoss(Method):
     permanent: ClassVar[bool] = False
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = PAPER_SETTINGS
     starts_at_label_prior: ClassVar[bool] = True
+    paper = "Kim et al. 2022"
     hp: LargeLossHparams
 
     def __init__(self, ctx: MethodContext, hparams: LargeLossHparams) -> None:
@@ -161,7 +137,6 @@ class LargeLossRejection(LargeLoss):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "voc": {"delta_rel": 0.2}, "coco": {"delta_rel": 0.4}, "nus": {"delta_rel": 0.4}, "cub": {"delta_rel": 0.4},
     }
-    paper = "Kim et al. 2022"
     description = "AN; from epoch 2 the largest unobserved losses are dropped, a share growing each epoch"
 
 
@@ -170,11 +145,10 @@ class LargeLossTemporaryCorrection(LargeLoss):
     """LL-Ct: the largest unobserved losses get a positive target for this step."""
 
     name = "ll-ct"
-    Hparams = LlctHparams
+    Hparams = LargeLossHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "voc": {"delta_rel": 0.2}, "coco": {"delta_rel": 0.2}, "nus": {"delta_rel": 0.2}, "cub": {"delta_rel": 0.4},
     }
-    paper = "Kim et al. 2022"
     description = "as `ll-r`, but those entries are trained as positives"
 
 
@@ -188,7 +162,6 @@ class LargeLossPermanentCorrection(LargeLoss):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "voc": {"delta_rel": 0.1}, "coco": {"delta_rel": 0.2}, "nus": {"delta_rel": 0.2}, "cub": {"delta_rel": 0.2},
     }
-    paper = "Kim et al. 2022"
     description = "as `ll-ct`, and they stay positives for the rest of training"
 
     def __init__(self, ctx: MethodContext, hparams: LargeLossHparams) -> None:

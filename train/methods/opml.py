@@ -1,19 +1,9 @@
 """OPML and OPML-SP: "Pushing One Pair of Labels Apart Each Time" (Li, Wang, Chen).
 
-No reference code exists and the paper's equations were lost, so this follows the package's documented
-decision (docs/methods.md, "OPML and OPML-SP"), every piece switchable:
-
-- loss per sample, on logits: ``log(a + sum_P w+ exp(-s)) + log(b + sum_N w- exp(s))`` (log-sum-exp with
-  log a, log b as extra entries), batch mean. Hard labels: P = observed positives, N = the rest, weights 1.
-  a = b = 1 is ZLPR; with a = 1 the positive-logit gradient equals BCE's, ``-(1 - sigmoid(s))``; with b = 1
-  each negative's gradient is at most ``sigmoid(s)``. Also valid with full labels.
-- constants: ``a``, ``b`` > 0, or the bounded form ``alpha``, ``beta`` in (0, 1) with a = alpha / (1 - alpha).
-- OPML-SP adds: the soft variant (each unobserved label counts as positive with weight
-  ``e = AP_j^kappa * sg(p)`` and as negative with ``1 - e``, AP_j = training-set AP of class j against the
-  current labels, recomputed each epoch end), the high-rank regulariser
-  ``-(lambda / min(N, C)) * sum_k log(sigma_k(sigmoid(S)) + 1e-6)``, and AP-based label correction (after a
-  warm-up, each epoch flips the ``floor(r * (1 - AP_j) * n_j)`` highest-scored unlabelled entries of class j
-  to positive; corrections accumulate). APs and corrections are buffers saved with the checkpoint.
+No reference code exists and the paper's equations were lost, so this follows the package's documented decision
+(docs/methods.md, "OPML and OPML-SP"), every piece switchable: a per-sample log-sum-exp loss on logits with
+constants ``a``, ``b``; OPML-SP adds AP-weighted soft labels, a high-rank regulariser and AP-based label
+correction. APs and corrections are buffers saved with the checkpoint.
 """
 
 from __future__ import annotations
@@ -44,9 +34,8 @@ def weighted_log_sum_exp(log_const: float, x: torch.Tensor, weights: torch.Tenso
     return torch.logsumexp(torch.cat([const, x + log_w], dim=1), dim=1)
 
 
-def opml_loss(
-    logits: torch.Tensor, pos_weight: torch.Tensor, neg_weight: torch.Tensor, a: float, b: float
-) -> torch.Tensor:
+def opml_loss(logits: torch.Tensor, pos_weight: torch.Tensor, neg_weight: torch.Tensor, a: float,
+              b: float) -> torch.Tensor:
     """Batch mean of ``log(a + sum w+ e^-s) + log(b + sum w- e^s)``; weights are constants (no gradient)."""
     pos = weighted_log_sum_exp(math.log(a), -logits, pos_weight.detach())
     neg = weighted_log_sum_exp(math.log(b), logits, neg_weight.detach())

@@ -1,22 +1,10 @@
 """PU-MLC: "Positive Label Is All You Need for Multi-Label Classification" (Yuan, Zhang, Huang; ICME 2024).
 
-A variational PU loss per class, as in the reference ``vpuLoss``: P_c = the observed positives of class c,
-U_c = ALL images of the batch (positives included), on tempered logits ``s / tau_c``:
-
-    L_var = sum_c [ w_c * log(mean_n sigmoid(s~_nc) + 1e-10) - mean_{n in P_c} log(sigmoid(s~_nc) + 1e-10) ]
-
-summed over classes (not averaged); a class with no positive in the batch contributes only its U term.
-- adaptive temperature ``tau_c = min(alpha * std_c, 1)`` with the population std of the batch's raw logits,
-  detached. Guard (not in the reference): a class whose logits are all equal (std 0, e.g. a batch of 1) gets
-  tau = 1 instead of a division by zero.
-- re-balance factor ``w_c = (mean_n sigmoid(s~_nc))^gamma``, stop-gradient.
-- mixup regulariser (weight ``mixup_weight``, 1 as in the paper): the first and second halves of the batch
-  are mixed with lambda ~ Beta(0.3, 0.3) (first half permuted), targets phi = 1 at observed positives and
-  sigmoid(s) (un-tempered, NOT detached, as in the reference code) elsewhere; the mixed images
-  (:meth:`PuMlc.extra_model_inputs`) run through the model in a second call and
-  ``sum_c mean_n (log(phi^ + 1e-10) - log(sigmoid(s^) + 1e-10))^2`` is added.
-- all of it in float32 (the 1e-10 epsilon underflows in fp16): the trainer hands the loss float32 logits.
-The LgConv backbone and the GNN head of the paper are not part of the loss (LgConv is a model option).
+The reference's variational PU loss per class (``vpuLoss``: U = all images of the batch, positives included) on
+logits divided by an adaptive per-class temperature, with a re-balance factor, summed over classes; plus the mixup
+regulariser, whose mixed images (:meth:`PuMlc.extra_model_inputs`) run through the model in a second call. All in
+float32 (the 1e-10 epsilon underflows in fp16). docs/methods.md ("PU-MLC and LgConv") has the formulas; a class
+whose logits are all equal gets temperature 1 (a guard the reference lacks).
 """
 
 from __future__ import annotations
@@ -39,9 +27,8 @@ def adaptive_temperature(logits: torch.Tensor, alpha: float) -> torch.Tensor:
     return torch.where(std > 1e-6, tau, torch.ones_like(tau))
 
 
-def variational_pu_loss(
-    logits: torch.Tensor, positives: torch.Tensor, gamma: float, alpha: float | None
-) -> torch.Tensor:
+def variational_pu_loss(logits: torch.Tensor, positives: torch.Tensor, gamma: float,
+                        alpha: float | None) -> torch.Tensor:
     """PU-MLC's L_var (summed over classes); ``alpha=None`` means no temperature, ``gamma=0`` no re-balance."""
     if alpha is not None:
         logits = logits / adaptive_temperature(logits, alpha)

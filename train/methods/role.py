@@ -1,16 +1,9 @@
 """ROLE: regularised online label estimation (Cole et al., CVPR 2021; docs/methods.md).
 
-A free label-estimator matrix Phi (N_train x C logits) is learnt jointly with the classifier, with its own
-optimiser group at 10x the learning rate. Each side is trained against the other's stop-gradient
-predictions; both carry the expected-positives regulariser. Phi lives in this module, so it is saved in
-checkpoints and restored by ``--resume``.
-
-Under torchrun every rank holds all of Phi; a step's gradient of Phi (non-zero only in the rows of that rank's
-images, each scaled by 1 / the rank's share of the batch through its local mean) is averaged over the ranks by
-DistributedDataParallel with the model's (Phi is a parameter of the wrapped training step, a dense N x C
-gradient in DDP's buckets), which gives exactly the one-process gradient of the global batch, so the 10x-rate
-estimator takes the same step and Phi stays identical on every rank. The EPR term's batch mean runs over the
-global batch (``global_mean``).
+A free label-estimator matrix Phi (N_train x C logits) is learnt jointly with the classifier, at 10x the learning
+rate in its own optimiser group; each side is trained against the other's stop-gradient predictions, both with
+the expected-positives regulariser. Phi is a parameter of this module: checkpoints carry it, and under torchrun
+DistributedDataParallel averages its gradient with the model's (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -75,15 +68,11 @@ class Role(Method):
     def param_groups(self, lr: float) -> list[dict[str, Any]]:
         return [{"params": [self.estimator], "lr": lr * self.hp.lr_mult, "weight_decay": 0.0}]
 
-    def estimated_labels(self, index: torch.Tensor) -> torch.Tensor:
-        """Estimator probabilities for the training images ``index``."""
-        return torch.sigmoid(self.estimator[index])
-
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
         k = self.hp.k if self.hp.k is not None else self.ctx.expected_positives
         z = self.targets(batch)
         p = torch.sigmoid(logits)
-        y = self.estimated_labels(batch["index"])
+        y = torch.sigmoid(self.estimator[batch["index"]])  # the estimator's probabilities
         observed = z > 0.5
         zero = torch.zeros_like(p)
         classifier = torch.where(observed, neg_log(p), zero) + prob_bce(p, y.detach())

@@ -1,35 +1,9 @@
 """VLPL: vision-language pseudo-labels (Xing et al., "VLPL: Vision Language Pseudo Labels for Multi-label Learning
-with Single Positive Labels", CVPR 2024 workshop LIMIT). Reference code: mvrl/VLPL (``losses.py``
-``loss_EM_PL``, the pseudo-labels in ``models.py`` ``ImageClassifier.forward`` and ``main_clip.py``).
+with Single Positive Labels", CVPR 2024 workshop LIMIT). Reference code: mvrl/VLPL (``losses.py`` ``loss_EM_PL``).
 
-Pseudo-labels (``train.pseudo_labels``, computed once before training): CLIP scores each training image against
-a prompt per class; a softmax over the classes of the cosine similarities divided by ``temperature`` (0.01), and
-every class scoring above ``threshold`` (0.3) is a pseudo-positive (so at most three per image). Negative
-pseudo-labels are off: the reference's ResNet-50 path has them commented out.
-
-The loss, with ``p = sigmoid(logits)`` and the mean over all N x C entries (the reference's
-``(loss_mtx / (N C)).sum()``):
-
-- observed positive: ``-log p``;
-- unobserved and a CLIP pseudo-positive: ``beta_pos * [0.9 (-log p) + 0.1 (-log(1 - p))]`` (a label-smoothed
-  positive);
-- other unobserved entries: ``-alpha * H(p)``, EM's entropy maximisation (``train/methods/em.py``),
-
-with Cole et al.'s ``-log(x + 1e-5)``. ``alpha`` 0.2 (VOC), 0.1 (COCO, NUS-WIDE), 0.01 (CUB); ``beta_pos`` 0.7
-everywhere (``main_clip.py``).
-
-Where the package follows the reference code, departs from it, and the pitfalls:
-
-- the reference computes the pseudo-labels inside every training step from the augmented (randomly flipped)
-  training image; here once per image, unflipped, and stored with the run (``RUN/pseudo_labels.npz``);
-- its CLIP input is the training image at 448 px, ImageNet-normalised, resized as a tensor to 336 px for
-  ``openai/clip-vit-large-patch14-336`` (Hugging Face): the same here (``ViT-L-14-336:openai`` in open_clip, the same
-  weights); the normalisation is ImageNet's, not CLIP's, as there;
-- its text features are precomputed files (``VOC20text_feature_labelonly.npy``, ...) whose prompts are not
-  published; the ``labelonly`` files VOC and COCO use suggest the bare class name, the default here
-  (``--clip-prompt`` changes it);
-- ``warmup_epoch`` is 0 for every dataset (the EM warm-up branch never runs) and not reproduced; the
-  ``EM_PL_ASL`` variant and the CLIP-ViT backbone option are not reproduced either.
+CLIP's pseudo-positives (a class's temperature softmax above ``threshold``, computed once before training) are
+trained as label-smoothed positives with weight ``beta_pos``; the other unobserved entries get EM's ``-alpha H(p)``;
+mean over all N x C entries. docs/methods.md ("VLPL") has the settings and where the reference is unclear.
 """
 
 from __future__ import annotations

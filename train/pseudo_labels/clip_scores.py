@@ -1,24 +1,12 @@
 """CLIP through ``open_clip``: the model a run asks for (``--clip MODEL[:PRETRAINED]``), whether its weights can be
 had before anything trains, the class prompts, the references' preprocessing, and the scoring pass.
 
-Model names are open_clip's (``python -c "import open_clip; print(open_clip.list_pretrained())"``):
-``ViT-B-16:openai`` is the OpenAI ViT-B/16 that AEVLP uses, ``ViT-L-14-336:openai`` the ViT-L/14 at 336 px of
-VLPL (its ``openai/clip-vit-large-patch14-336`` in Hugging Face's format: the same weights). OpenAI's weights were
-trained with QuickGELU; a tag that says so builds the model with it (``force_quick_gelu``), as the OpenAI code does.
-``MODEL:FILE`` loads a state dict from a file, ``MODEL:none`` initialises at random (tests only: the pseudo-labels
-mean nothing).
-
-Text: ``template.format(name)`` per class, ``name`` the class name with ``_`` read as a space; CUB's attribute
-names (``has_bill_shape::curved_(up_or_down)``) are shortened the way AEVLP's ``data/classnames/cub_labels.txt``
-is (``curved bill``; :func:`prompt_name`). Features are L2-normalised; a class's score is the softmax over the
-classes of the cosine similarities divided by the temperature (no logit scale).
-
-Images: decoded as everywhere in the package (PIL, :func:`models.preprocess.to_rgb`: EXIF orientation applied,
-alpha on white), at full size. VLPL (``mvrl/VLPL``, ``main_clip.py`` + ``datasets.py``): squashed to 448 px (its
-training resolution) with PIL's bilinear resize, ImageNet-normalised, then resized as a tensor to CLIP's input size
-(bilinear, antialiased, torchvision's ``Resize`` default); AEVLP: :mod:`train.pseudo_labels.crops`. Both
-references feed CLIP images normalised with ImageNet's mean and std rather than CLIP's; this follows them. The
-pass runs in float32 (AEVLP's reference runs its CLIP in float16 on the GPU).
+Model names are open_clip's (``ViT-B-16:openai`` for AEVLP, ``ViT-L-14-336:openai`` for VLPL); OpenAI's weights
+are built with QuickGELU, as trained; ``MODEL:FILE`` loads a state dict, ``MODEL:none`` initialises at random
+(tests only). A class's score is the softmax over the classes of the cosine similarities divided by the
+temperature. Images are preprocessed as the references do (ImageNet's mean and std, not CLIP's; VLPL's squash to
+448 px first, AEVLP's crops in :mod:`train.pseudo_labels.crops`) and scored in float32 (docs/methods.md, "The
+pseudo-label stage").
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """AEVLP's "dynamic augmented multi-focus" pseudo-labelling (Fsoft-AIC/AEVLP ``datasets.py`` ``ds_multilabel``,
 ``utils.py`` ``get_pseudo_labels``): CLIP scores of the whole image and of a grid of crops, and how they combine.
 
-Views (the reference's ``__getitem__``): the whole image, then ``g x g`` tiles of ``W // g`` by ``H // g`` pixels,
-row by row (the ``W % g`` rightmost columns and ``H % g`` bottom rows belong to no tile; the random tile offsets
-of the reference are set to 0 there). Every view is squashed to the CLIP input size with PIL's bilinear resize and
-normalised with the ImageNet mean and std (the reference's ``tx_pl`` for its default ``source: openai``: not
-CLIP's own mean and std). The reference also flips each view at random (``RandomHorizontalFlip(0.5)``) and
-recomputes the pseudo-labels at every step; here they are computed once, without flips.
-
-Scores: per view, a softmax over the classes of the cosine similarities divided by the temperature. The
-``g x g`` crop rows reduce to their maximum, minimum and mean per class (stored, with the whole image's row).
-
-Selection (:func:`select_aevlp`, ``get_pseudo_labels`` step by step): with ``s`` the whole image's scores,
-
-- ``eta = min(s[observed positive], eta)``: the gate is the configured eta, lowered to the whole image's score of
-  the observed positive when that is smaller (0 for an image without one);
-- per class, the crops' maximum where it exceeds eta, else their minimum: ``s_ag``; the final score
-  ``(s + s_ag) / 2``;
-- pseudo-positive: among the ``top_k`` final scores, those ``>= threshold``;
-- then the ``int(negative_ratio * C)`` classes with the lowest ``(s + crop mean) / 2`` are set to 0 - meant as
-  negative pseudo-labels, but written as 0 (unknown), the loss's ``-1`` branch never sees them; they only
-  clear a pseudo-positive that falls among them.
-
-What happens to the observed positive: the mask may hold it (CLIP found it too); the loss treats an observed
-positive as observed, whatever the mask says.
+Views: the whole image, then ``g x g`` tiles of ``W // g`` by ``H // g`` pixels, row by row (the reference's random
+tile offsets set to 0, its random flips left out: the pseudo-labels are computed once), each squashed to CLIP's
+input size and normalised with ImageNet's mean and std, as the reference does. The crops' scores reduce to their
+maximum, minimum and mean per class; :func:`select_aevlp` combines them as ``get_pseudo_labels`` does
+(docs/methods.md, "AEVLP"). Its "negative" pseudo-labels are written as 0 (unknown), as there: they only clear a
+pseudo-positive that falls among them. A mask may hold the observed positive; the loss treats it as observed.
 """
 
 from __future__ import annotations

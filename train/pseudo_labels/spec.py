@@ -20,19 +20,10 @@ SELECTION_FIELDS = ("threshold", "top_k", "eta", "negative_ratio")
 
 @dataclass(frozen=True)
 class PseudoLabelSpec:
-    """The pseudo-labelling of one method, from its hyperparameters.
-
-    - ``kind``: ``whole-image`` (VLPL's: the whole image, resized to ``pre_resize`` px, then to CLIP's input size; a
-      class is a pseudo-positive where its temperature softmax over the classes exceeds ``threshold``) or
-      ``image-and-grid`` (AEVLP's: the whole image and a ``grid_size`` x ``grid_size`` grid of crops;
-      train/pseudo_labels/crops.py);
-    - ``clip``: the default CLIP model, ``MODEL:PRETRAINED`` in open_clip's names (``--clip`` replaces it);
-    - ``prompt``: the default prompt template, ``{}`` standing for the class name (``--clip-prompt``);
-    - ``temperature``: of the softmax over the classes of the cosine similarities;
-    - ``threshold``, ``top_k``, ``eta``, ``negative_ratio``: the selection (AEVLP: at most ``top_k`` classes
-      with a combined score >= ``threshold``; ``eta`` caps the crop-score gate; ``negative_ratio`` of the classes
-      with the lowest scores are cleared again).
-    """
+    """The pseudo-labelling of one method, from its hyperparameters: the ``kind`` of scoring (``whole-image``,
+    VLPL's, resized to ``pre_resize`` px first; ``image-and-grid``, AEVLP's, with a ``grid_size`` x ``grid_size``
+    grid of crops), the default CLIP model (``MODEL:PRETRAINED``, ``--clip``) and prompt template (``{}`` for the
+    class name, ``--clip-prompt``), the softmax ``temperature`` and the selection settings (docs/methods.md)."""
 
     kind: str
     clip: str

@@ -14,10 +14,6 @@ An ``.npz`` archive (``np.load(path)`` reads it; no pickles) with:
   ``crop_max``, ``crop_min``, ``crop_mean`` (over the grid of crops); ``readable`` (N,) bool (an unreadable image
   has zero scores and no pseudo-positive);
 - ``positives`` (N, C) bool: the pseudo-positives as selected when the file was written.
-
-A run reads a file's scores for its own training images (found by path: the file may hold more images, in any
-order) and selects its pseudo-positives again with its own settings and observed labels; the scores are reused
-only when their scoring settings equal the run's.
 """
 
 from __future__ import annotations
