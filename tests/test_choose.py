@@ -206,3 +206,43 @@ def test_candidates_train_at_the_head_defaults_when_the_run_fine_tunes() -> None
     own = head_config(config_from_args(build_parser().parse_args(["--data", "folder:pets", "--method", "auto",
                                                                   "--trainable", "head", "--lr", "1e-3"])))
     assert own.lr == 1e-3
+
+
+def test_candidates_train_one_after_the_other_when_forked_workers_cannot(monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """PyTorch refuses autograd in a child forked after this process started autograd threads: the chooser then
+    trains the candidates in order in this process, each once, and says so; other errors still surface."""
+    import types
+
+    import torch
+
+    from train import choose as choose_module
+
+    class RefusingPool:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def __enter__(self) -> RefusingPool:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def map(self, fn: object, items: list[object]) -> object:
+            raise RuntimeError("Unable to handle autograd's threading in combination with fork-based multiprocessing")
+
+    scored: list[str] = []
+    monkeypatch.setattr(choose_module, "ProcessPoolExecutor", RefusingPool)
+    monkeypatch.setattr(choose_module, "choice_processes", lambda device: 2)
+    monkeypatch.setattr(choose_module, "score_candidate", lambda c, shared: scored.append(c) or f"result {c}")
+    shared = types.SimpleNamespace(forward=types.SimpleNamespace(device=torch.device("cpu")))
+    assert list(choose_module._score_all(["a", "b", "c"], shared)) == ["result a", "result b", "result c"]
+    assert scored == ["a", "b", "c"] and "one after the other" in capsys.readouterr().err
+
+    class BrokenPool(RefusingPool):
+        def map(self, fn: object, items: list[object]) -> object:
+            raise RuntimeError("something else")
+
+    monkeypatch.setattr(choose_module, "ProcessPoolExecutor", BrokenPool)
+    with pytest.raises(RuntimeError, match="something else"):
+        list(choose_module._score_all(["a"] * 2, shared))

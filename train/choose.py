@@ -429,7 +429,8 @@ def _score_in_worker(candidate: Candidate) -> CandidateResult:
 
 def _score_all(candidates: list[Candidate], shared: _Shared) -> Iterator[CandidateResult]:
     """The results of ``candidates`` in their order: in :func:`choice_processes` forked processes (the data, model
-    and features shared copy-on-write), or one after the other."""
+    and features shared copy-on-write), or one after the other (also when this process cannot fork workers that
+    train: PyTorch refuses autograd in a child forked after autograd threads started)."""
     global _SHARED
     processes = min(choice_processes(shared.forward.device), len(candidates))
     if processes <= 1:
@@ -437,11 +438,21 @@ def _score_all(candidates: list[Candidate], shared: _Shared) -> Iterator[Candida
             yield score_candidate(candidate, shared)
         return
     _SHARED = shared
+    done = 0
     try:
         with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork"), initializer=_start_worker) as executor:
-            yield from executor.map(_score_in_worker, candidates)
+            for result in executor.map(_score_in_worker, candidates):
+                done += 1
+                yield result
+    except RuntimeError as exc:  # this process ran autograd in threads before: PyTorch refuses it in forked children
+        if "fork" not in str(exc):
+            raise
+        log("note: this process cannot train heads in forked workers (PyTorch: autograd threads were started "
+            "before); the remaining candidates train one after the other")
     finally:
         _SHARED = None
+    for candidate in candidates[done:]:
+        yield score_candidate(candidate, shared)
 
 
 def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observed: np.ndarray,
