@@ -18,7 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per core and one more, since many tests wait on processes they start (a torchrun group,
-    a Ray instance, a served app): measured on 2 cores, 3 workers ran the suite in 749-810 s against 880 s for 2."""
+    a Ray instance, a served app), so one extra worker keeps the cores busy (docs/layout.md)."""
     return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 1
 
 
