@@ -54,9 +54,8 @@ def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
     assert config["config"]["ema"] == 0.9 and config["resolved"]["device"] == "cpu"
 
 
-@pytest.mark.parametrize(("workers", "method", "lgconv"),
-                         [(0, "an", True), (1, "an", False), (0, "role", False), (0, "em-apl", False),
-                          (0, "opml-sp", False)])
+@pytest.mark.parametrize(("workers", "method", "lgconv"),  # a loader worker process and LgConv's state: one run
+                         [(1, "an", True), (0, "role", False), (0, "em-apl", False), (0, "opml-sp", False)])
 def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   workers: int, method: str, lgconv: bool) -> None:
     """Interrupt after epoch 1, resume: weights, method state and metrics equal an uninterrupted run."""
