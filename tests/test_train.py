@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from interrupt import interrupt_after_saves
 from tiny_clip import save_tiny_clip
+from tiny_runs import FAST, tiny_config
 
 from models import load_checkpoint
 from train import epoch as epoch_module
@@ -24,21 +24,9 @@ from train.methods.an import assume_negative_loss
 from train.run_records import held_out_line
 from train.trainer import Trainer
 
-# Plain ResNet unless a test is about the default (LgConv) model: at 32 px the global branches halve training
-# speed. test_run_folder_contents and the first resume case train the default model.
-FAST = ["--data", "builtin:tiny", "--image-size", "32", "--batch-size", "16", "--no-progress", "--no-lgconv"]
-
-
-def _cfg(tmp_path: Path, **kw: object) -> TrainConfig:
-    base = {"data": "builtin:tiny", "arch": "resnet18", "weights": "none", "image_size": 32, "batch_size": 16,
-            "epochs": 2, "workers": 0, "progress": False, "runs_dir": str(tmp_path), "lgconv": False,
-            "labels": "full"}  # the fixtures are benchmarks: every label is known (squares_csv too)
-    base.update(kw)
-    return TrainConfig(**base)  # type: ignore[arg-type]
-
 
 def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
-    summary = Trainer(_cfg(tmp_path, name="r", ema=0.9, clip_grad=1.0, lgconv=True)).fit()
+    summary = Trainer(tiny_config(tmp_path, name="r", ema=0.9, clip_grad=1.0, lgconv=True)).fit()
     run = tmp_path / "r"
     assert {p.name for p in run.iterdir()} >= {"config.json", "metrics.jsonl", "best.pt", "last.pt", "summary.json"}
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -52,81 +40,6 @@ def test_run_folder_contents(builtin_cache: Path, tmp_path: Path) -> None:
     assert best.meta.method == "an" and best.meta.image_size == 32 and len(best.meta.classes) == 20
     config = json.loads((run / "config.json").read_text())
     assert config["config"]["ema"] == 0.9 and config["resolved"]["device"] == "cpu"
-
-
-@pytest.mark.parametrize(("workers", "method", "lgconv"),  # a loader worker process and LgConv's state: one run
-                         [(1, "an", True), (0, "role", False), (0, "em-apl", False), (0, "opml-sp", False)])
-def test_resume_continues_exactly(builtin_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  workers: int, method: str, lgconv: bool) -> None:
-    """Interrupt after epoch 1, resume: weights, method state and metrics equal an uninterrupted run."""
-    straight = Trainer(_cfg(tmp_path, name="straight", workers=workers, ema=0.5, method=method, lgconv=lgconv))
-    straight.fit()
-
-    interrupt_after_saves(monkeypatch)
-    assert main([*FAST, "--lgconv" if lgconv else "--no-lgconv", "--epochs", "2", "--workers", str(workers),
-                 "--ema", "0.5", "--method", method, "--runs-dir", str(tmp_path), "--name", "resumed"]) == 130
-    assert load_checkpoint(tmp_path / "resumed" / "last.pt").training["epoch"] == 1
-    assert main(["--resume", str(tmp_path / "resumed")]) == 0
-
-    a = load_checkpoint(tmp_path / "straight" / "last.pt")
-    b = load_checkpoint(tmp_path / "resumed" / "last.pt")
-    for key, value in a.model.items():
-        torch.testing.assert_close(b.model[key], value, rtol=0, atol=0, msg=key)
-    assert a.training is not None and b.training is not None
-    assert a.training["method"].keys() == b.training["method"].keys()
-    for key, value in a.training["method"].items():  # ROLE's label matrix, EM-APL's pseudo-labels
-        torch.testing.assert_close(b.training["method"][key], value, rtol=0, atol=0, msg=key)
-    if method == "em-apl":
-        assert int((b.training["method"]["pseudo"] >= 0).sum()) > 0
-    if method == "opml-sp":
-        assert float(b.training["method"]["class_ap"].sum()) > 0
-    lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
-    # the trainer scores the methods' label estimates against the hidden full labels (they exist here)
-    scored = {"role": "estimator_recovery_mAP", "em-apl": "apl_negative_precision"}.get(method)
-    assert scored is None or all(0 <= json.loads(x)[scored] <= 100 for x in lines)
-    sa = json.loads((tmp_path / "straight" / "summary.json").read_text())
-    sb = json.loads((tmp_path / "resumed" / "summary.json").read_text())
-    assert sa["test"]["mAP"] == sb["test"]["mAP"]
-    assert main(["--resume", str(tmp_path / "resumed")]) == 0  # already finished: says so, exits 0
-
-
-def test_resume_after_the_last_epoch_runs_only_the_missing_final_evaluation(
-        builtin_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A run stopped between its last epoch and its summary (killed during the test evaluation) is completed by
-    --resume without training again."""
-    run = tmp_path / "r"
-    assert main([*FAST, "--epochs", "1", "--runs-dir", str(tmp_path), "--name", "r"]) == 0
-    expected = json.loads((run / "summary.json").read_text())
-    metrics_before = (run / "metrics.jsonl").read_text()
-    (run / "summary.json").unlink()
-    capsys.readouterr()
-    assert main(["--resume", str(run)]) == 0
-    assert "evaluating its best checkpoint" in capsys.readouterr().out
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["best_epoch"] == expected["best_epoch"] == 1
-    for split in ("val", "test", "train_recovery"):
-        assert summary[split]["mAP"] == pytest.approx(expected[split]["mAP"], abs=1e-9)
-    assert (run / "metrics.jsonl").read_text() == metrics_before  # no epoch trained again
-    assert main(["--resume", str(run)]) == 0
-    assert "has finished training already" in capsys.readouterr().out
-
-
-def test_patience_stops_when_selection_stalls_and_resume_knows(builtin_cache: Path, tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """--patience 2: a head that does not move (lr 1e-12) never beats its first epoch, so the run stops after epoch
-    3 of 8; the summary says so, and --resume only reports that training is over."""
-    run = tmp_path / "p"
-    assert main([*FAST, "--trainable", "head", "--epochs", "8", "--lr", "1e-12", "--patience", "2",
-                 "--runs-dir", str(tmp_path), "--name", "p"]) == 0
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [x["epoch"] for x in lines] == [1, 2, 3]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["best_epoch"] == 1 and summary["epochs_run"] == 3 and summary["stopped_early"] is True
-    capsys.readouterr()
-    assert main(["--resume", str(run)]) == 0
-    assert "has finished training already" in capsys.readouterr().out
-    assert main([*FAST, "--patience", "-1"]) == 2
 
 
 def test_patience_gives_the_network_its_epochs_after_linear_init(builtin_cache: Path, tmp_path: Path) -> None:
@@ -154,7 +67,7 @@ def test_end_of_run_line_says_what_each_figure_is() -> None:
 def test_training_beats_the_untrained_model(squares_csv: Path, tmp_path: Path) -> None:
     """A real learning signal: two epochs of AN lift the test mAP far above the untrained network's on the same
     test images (measured, seeds 0-7: +15.6 to +38.7 points; seed 0: 41.9 -> 76.9)."""
-    trainer = Trainer(_cfg(tmp_path, data=f"csv:{squares_csv}", name="learns"))
+    trainer = Trainer(tiny_config(tmp_path, data=f"csv:{squares_csv}", name="learns"))
     test = trainer.run.predictor.eval_loader(trainer.run.splits.test)
     untrained = trainer.evaluate(trainer.run.model, test, "test").metrics
     summary = trainer.fit()
@@ -176,7 +89,7 @@ def test_every_method_trains_end_to_end(squares_csv: Path, tmp_path: Path, monke
     monkeypatch.setattr(epoch_module, "method_step", spy)
     observed = "single?neg=3" if METHODS[method].uses_observed_negatives else "single"  # iu trains on negatives
     clip = save_tiny_clip(tmp_path / "clip") if METHODS[method].uses_pseudo_labels else ""  # vlpl, aevlp
-    summary = Trainer(_cfg(tmp_path, data=f"csv:{squares_csv}", name=method, method=method, epochs=1,
+    summary = Trainer(tiny_config(tmp_path, data=f"csv:{squares_csv}", name=method, method=method, epochs=1,
                            observed=observed, clip=clip)).fit()
     assert 0 < summary["test"]["mAP"] <= 100
     assert batch_keys and all(("full" in keys) == METHODS[method].trains_on_full_labels for keys in batch_keys)
@@ -206,7 +119,7 @@ def test_without_hidden_labels_oracles_are_refused_and_nothing_is_scored(
                  "--runs-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "single-positive" in err and "--method auto" in err and "--labels full" not in err
-    cfg = _cfg(tmp_path, data=f"csv:{squares_csv}", name="role-full", method="role", observed="full", epochs=1)
+    cfg = tiny_config(tmp_path, data=f"csv:{squares_csv}", name="role-full", method="role", observed="full", epochs=1)
     summary = Trainer(cfg).fit()
     assert "train_recovery" not in summary and summary["test"]["num_images"] == 48
     line = json.loads((tmp_path / "role-full" / "metrics.jsonl").read_text())
@@ -293,7 +206,7 @@ def test_diverged_loss_stops_with_a_clear_error(builtin_cache: Path, tmp_path: P
 
 def test_linear_init_trains_only_the_head_first_then_end_to_end(builtin_cache: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    trainer = Trainer(_cfg(tmp_path, name="li", method="role", linear_init=2, epochs=1, linear_init_lr=1e-2))
+    trainer = Trainer(tiny_config(tmp_path, name="li", method="role", linear_init=2, epochs=1, linear_init_lr=1e-2))
     backbone_before = {k: v.clone() for k, v in trainer.run.model.backbone.state_dict().items()}
     head_before = trainer.run.model.head.weight.detach().clone()
     phase1_backbones = []
@@ -319,7 +232,7 @@ def test_linear_init_trains_only_the_head_first_then_end_to_end(builtin_cache: P
 
 def test_linear_probe_keeps_the_backbone_and_reports_the_best_linear_epoch(builtin_cache: Path,
                                                                           tmp_path: Path) -> None:
-    trainer = Trainer(_cfg(tmp_path, name="probe", method="role", linear_init=3, epochs=0, linear_init_lr=1e-2))
+    trainer = Trainer(tiny_config(tmp_path, name="probe", method="role", linear_init=3, epochs=0, linear_init_lr=1e-2))
     backbone_before = {k: v.clone() for k, v in trainer.run.model.backbone.state_dict().items()}
     summary = trainer.fit()
     for key, value in trainer.run.model.backbone.state_dict().items():  # no end-to-end phase: never trained
@@ -336,22 +249,6 @@ def test_linear_probe_keeps_the_backbone_and_reports_the_best_linear_epoch(built
 def test_epochs_zero_needs_linear_init(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*FAST, "--epochs", "0", "--runs-dir", str(tmp_path)]) == 2
     assert "--epochs must be >= 1 (0 only with --linear-init N" in capsys.readouterr().err
-
-
-def test_linear_init_resume_inside_phase_one(builtin_cache: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    args = [*FAST, "--method", "role", "--linear-init", "2", "--epochs", "1", "--workers", "0",
-            "--runs-dir", str(tmp_path)]
-    assert main([*args, "--name", "straight"]) == 0
-    interrupt_after_saves(monkeypatch)
-    assert main([*args, "--name", "resumed"]) == 130
-    assert "linear" in load_checkpoint(tmp_path / "resumed" / "last.pt").training
-    assert main(["--resume", str(tmp_path / "resumed")]) == 0
-    a = load_checkpoint(tmp_path / "straight" / "last.pt")
-    b = load_checkpoint(tmp_path / "resumed" / "last.pt")
-    for key, value in a.model.items():
-        torch.testing.assert_close(b.model[key], value, rtol=0, atol=0, msg=key)
-    torch.testing.assert_close(b.training["method"]["estimator"], a.training["method"]["estimator"], rtol=0, atol=0)
 
 
 def test_fine_tuning_pretrained_weights_gets_the_fine_tune_defaults() -> None:
