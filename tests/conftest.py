@@ -22,10 +22,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 1
 
 
-#: The longest test files, longest first (minutes each with three workers on 2 cores; the durations CI prints).
-#: ``--dist loadfile`` hands whole files to the workers in collection order (``--no-loadscope-reorder`` in
-#: pyproject.toml), so these start first and no long file starts last while the other workers sit idle.
-LONGEST_FILES = ("test_train.py", "test_tag_ray.py", "test_export_pipeline.py", "test_resume.py", "test_lac.py",
+#: The longest test files (minutes each with three workers on 2 cores; the durations CI prints), in the order they
+#: go out: ``--dist loadfile`` hands whole files to the workers in collection order (``--no-loadscope-reorder`` in
+#: pyproject.toml), so these start first and no long file starts last while the other workers sit idle. The Ray
+#: tests come fourth, not first: beside three CPU-bound files at the start their instance's processes starve and
+#: the file takes five times as long as alone (617 s against 119 s).
+LONGEST_FILES = ("test_train.py", "test_export_pipeline.py", "test_resume.py", "test_tag_ray.py", "test_lac.py",
                  "test_end_to_end.py", "test_lgconv.py", "test_distributed.py", "test_bench_sections.py", "test_tag.py")
 
 
