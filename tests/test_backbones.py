@@ -225,3 +225,38 @@ def test_frozen_batchnorm_statistics_stay_while_scale_and_shift_learn() -> None:
     assert resolve_model_defaults(TrainConfig(data="tuxpaint", bn_stats="train")).bn_stats == "train"
     assert TrainConfig.from_dict({"method": "an"}).bn_stats == "train"  # a config.json written before the option
     assert TrainConfig.from_dict({"trainable": "head"}).bn_stats == "frozen"
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "test_efficientnet"])
+def test_batchnorms_fold_into_the_convolutions_for_fixed_features(arch: str) -> None:
+    """The features of a frozen backbone come from a copy with every BatchNorm folded (timm's BatchNormAct2d keeps
+    its activation): the same features, no BatchNorm left, the network itself untouched; a BatchNorm registered
+    after a convolution but run before it folds wrongly, so the check keeps the network."""
+    from torch import nn
+
+    from models.backbones.batchnorm_folding import folded_copy
+
+    torch.manual_seed(0)
+    model = build_model(arch, 3, lgconv=False).eval()
+    for module in model.modules():  # statistics away from the identity, so a wrong fold would show
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(4, 3, 64, 64)
+    folded = folded_copy(model, lambda net, batch: net.features(batch), x[:2])
+    assert folded is not model and not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+    assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    with torch.inference_mode():
+        torch.testing.assert_close(folded.features(x), model.features(x), rtol=1e-4, atol=1e-4)
+
+    class NormThenConv(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+            self.bn.running_mean.fill_(1.0)
+
+        def forward(self, batch: torch.Tensor) -> torch.Tensor:
+            return self.conv(self.bn(batch))
+
+    odd = NormThenConv().eval()
+    assert folded_copy(odd, lambda net, batch: net(batch), torch.randn(2, 4, 8, 8)) is odd

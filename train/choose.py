@@ -173,7 +173,8 @@ def extract_features(cfg: TrainConfig, data: RunData, model: MultiLabelNet, forw
             continue
 
         def compute(images: Any = images, split: str = split) -> Rows:
-            return forward.rows(model.features, forward.eval_loader(images), model.num_features, f"features ({split})")
+            return forward.rows(forward.fixed_features(model), forward.eval_loader(images), model.num_features,
+                                f"features ({split})")
 
         key = key_of(images)
         with torch.random.fork_rng(devices=[forward.device] if forward.device.type == "cuda" else []):

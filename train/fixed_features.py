@@ -123,7 +123,7 @@ class FixedFeaturePhase:
         self.model.eval()
 
         def compute() -> Rows:
-            return self.predictor.rows(self.model.features, self.predictor.eval_loader(images),
+            return self.predictor.rows(self.predictor.fixed_features(self.model), self.predictor.eval_loader(images),
                                        self.model.num_features, f"features ({split})")
 
         if self.cache is not None and self.cache_key is not None:

@@ -25,11 +25,13 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
+from models.backbones.batchnorm_folding import folded_copy
 from models.data.dataset import ImageLabelDataset, SkipReporter, collate_readable
 from models.data.label_regime import NOT_AVAILABLE
 from models.data.types import LabelledImages
 from models.evaluation.criteria import CRITERIA, FULL_LABEL_DEFAULT, Criterion, default_criterion
 from models.evaluation.metrics import evaluate
+from models.network import MultiLabelNet
 from train.distributed import current_world, gather_indexed_rows
 
 # ----------------------------------------------------------------- predictions over a dataset
@@ -109,6 +111,19 @@ class DatasetForward:
     def eval_loader(self, images: LabelledImages) -> DataLoader[dict[str, torch.Tensor]]:
         """:meth:`loader` over ``images`` with the evaluation transform."""
         return self.loader(ImageLabelDataset(images, self.eval_transform))
+
+    def fixed_features(self, model: MultiLabelNet) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``model.features`` for extracting the features of a frozen backbone: those of an eval-mode copy with its
+        BatchNorms folded into the convolutions before them (the same features to float rounding, about a fifth less
+        work on CPU): the exported form where the backbone family has one (ResNets, LgConv folded too), else the
+        generic fold where it checks out on a random batch of the evaluation size
+        (models/backbones/batchnorm_folding.py)."""
+        folded = model.fold_for_inference()
+        size = getattr(self.eval_transform, "image_size", None)
+        if folded is model and size is not None:
+            example = torch.randn(2, 3, size, size, device=self.device)
+            folded = folded_copy(model, lambda net, x: net.features(x), example)
+        return folded.features
 
     def rows(self, forward: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader[dict[str, torch.Tensor]],
              width: int, desc: str = "") -> Rows:
