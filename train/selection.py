@@ -121,7 +121,8 @@ class DatasetForward:
         folded = model.fold_for_inference()
         size = getattr(self.eval_transform, "image_size", None)
         if folded is model and size is not None:
-            example = torch.randn(2, 3, size, size, device=self.device)
+            # its own generator: extraction must not draw from the global random stream (resumed runs extract again)
+            example = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).to(self.device)
             folded = folded_copy(model, lambda net, x: net.features(x), example)
         return folded.features
 
