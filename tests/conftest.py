@@ -26,7 +26,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 #: go out: ``--dist loadfile`` hands whole files to the workers in collection order (``--no-loadscope-reorder`` in
 #: pyproject.toml), so these start first and no long file starts last while the other workers sit idle. The Ray
 #: tests come fourth, not first: beside three CPU-bound files at the start their instance's processes starve and
-#: the file takes five times as long as alone (617 s against 119 s).
+#: the file takes several times as long as alone.
 LONGEST_FILES = ("test_train.py", "test_export_pipeline.py", "test_resume.py", "test_tag_ray.py", "test_lac.py",
                  "test_end_to_end.py", "test_lgconv.py", "test_distributed.py", "test_bench_sections.py", "test_tag.py")
 

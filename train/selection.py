@@ -114,8 +114,8 @@ class DatasetForward:
 
     def fixed_features(self, model: MultiLabelNet) -> Callable[[torch.Tensor], torch.Tensor]:
         """``model.features`` for extracting the features of a frozen backbone: those of an eval-mode copy with its
-        BatchNorms folded into the convolutions before them (the same features to float rounding, about a fifth less
-        work on CPU): the exported form where the backbone family has one (ResNets, LgConv folded too), else the
+        BatchNorms folded into the convolutions before them (the same features to float rounding, less work): the
+        exported form where the backbone family has one (ResNets, LgConv folded too), else the
         generic fold where it checks out on a random batch of the evaluation size
         (models/backbones/batchnorm_folding.py)."""
         folded = model.fold_for_inference()
