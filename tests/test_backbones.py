@@ -260,3 +260,42 @@ def test_batchnorms_fold_into_the_convolutions_for_fixed_features(arch: str) -> 
 
     odd = NormThenConv().eval()
     assert folded_copy(odd, lambda net, batch: net(batch), torch.randn(2, 4, 8, 8)) is odd
+
+
+def test_fixed_features_run_in_onnx_runtime_where_the_export_pays_off() -> None:
+    """On the CPU in float32, enough images to extract get the frozen backbone's features from an ONNX Runtime
+    session of its folded copy (the same features to float rounding, any batch size); few images, or autocast, keep
+    PyTorch's forward; a network the exporter cannot take keeps PyTorch's, with the reason."""
+    from torch import nn
+
+    from models.data.dataset import SkipReporter
+    from models.runtimes.onnx_forward import onnx_forward, worth_exporting
+    from train.prepared_run import resolve_precision
+    from train.selection import DatasetForward
+
+    torch.manual_seed(0)
+    model = build_model("resnet18", 3, lgconv=False).eval()
+    transform = EvalTransform(32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+
+    def dataset_forward(amp: str) -> DatasetForward:
+        return DatasetForward(transform, torch.device("cpu"), resolve_precision(amp, torch.device("cpu")).autocast,
+                              False, SkipReporter(), 8, 0)
+
+    many = 1 + 1000 * 224 * 224 // 32 ** 2
+    assert worth_exporting(many, 32) and not worth_exporting(many - 2, 32)
+    fast = dataset_forward("off").fixed_features(model, many)
+    assert not isinstance(getattr(fast, "__self__", None), nn.Module)  # not a network's own forward
+    x = torch.randn(5, 3, 32, 32)
+    with torch.inference_mode():
+        expected = model.features(x)
+    torch.testing.assert_close(fast(x), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fast(x[:1]), expected[:1], rtol=1e-4, atol=1e-4)
+    assert isinstance(dataset_forward("off").fixed_features(model, 10).__self__, nn.Module)
+    assert isinstance(dataset_forward("bf16").fixed_features(model, many).__self__, nn.Module)
+
+    class DataDependent(nn.Module):  # control flow on values: the exporter refuses it
+        def forward(self, batch: torch.Tensor) -> torch.Tensor:
+            return batch * 2 if float(batch.sum()) > 0 else batch
+
+    why = onnx_forward(DataDependent(), lambda net, batch: net(batch), torch.randn(2, 3), threads=1)
+    assert isinstance(why, str) and why

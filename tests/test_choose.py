@@ -211,14 +211,18 @@ def test_candidates_train_at_the_head_defaults_when_the_run_fine_tunes() -> None
 def test_candidates_train_one_after_the_other_when_forked_workers_cannot(monkeypatch: pytest.MonkeyPatch,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """PyTorch refuses autograd in a child forked after this process started autograd threads: the chooser then
-    trains the candidates in order in this process, each once, and says so; other errors still surface."""
+    trains the candidates in order in this process, each once, k estimated from the baseline's results before a
+    candidate that reads it, and says so; other errors still surface."""
     import types
+    from concurrent.futures import Future
 
     import torch
 
     from train import choose as choose_module
 
     class RefusingPool:
+        error = "Unable to handle autograd's threading in combination with fork-based multiprocessing"
+
         def __init__(self, *args: object, **kwargs: object) -> None:
             pass
 
@@ -228,21 +232,24 @@ def test_candidates_train_one_after_the_other_when_forked_workers_cannot(monkeyp
         def __exit__(self, *exc: object) -> None:
             return None
 
-        def map(self, fn: object, items: list[object]) -> object:
-            raise RuntimeError("Unable to handle autograd's threading in combination with fork-based multiprocessing")
+        def submit(self, fn: object, *args: object) -> Future[object]:
+            future: Future[object] = Future()
+            future.set_exception(RuntimeError(self.error))
+            return future
 
-    scored: list[str] = []
+    scored: list[tuple[str, object]] = []
     monkeypatch.setattr(choose_module, "ProcessPoolExecutor", RefusingPool)
     monkeypatch.setattr(choose_module, "choice_processes", lambda device: 2)
-    monkeypatch.setattr(choose_module, "score_candidate", lambda c, shared: scored.append(c) or f"result {c}")
-    shared = types.SimpleNamespace(forward=types.SimpleNamespace(device=torch.device("cpu")))
-    assert list(choose_module._score_all(["a", "b", "c"], shared)) == ["result a", "result b", "result c"]
-    assert scored == ["a", "b", "c"] and "one after the other" in capsys.readouterr().err
+    monkeypatch.setattr(choose_module, "score_candidate",
+                        lambda c, shared: scored.append((c.name, shared.k)) or f"result {c.name}")
+    shared = types.SimpleNamespace(forward=types.SimpleNamespace(device=torch.device("cpu")), k=None)
+    first, rest = [Candidate("an", 0.01)], [Candidate("epr", 0.01), Candidate("wan", 0.01)]
+    estimates: list[object] = []
+    results = list(choose_module._score_all(first, rest, shared, lambda done: estimates.append(done) or "k"))
+    assert results == ["result an@0.01", "result epr@0.01", "result wan@0.01"]
+    assert scored == [("an@0.01", None), ("epr@0.01", "k"), ("wan@0.01", "k")] and estimates == [["result an@0.01"]]
+    assert "one after the other" in capsys.readouterr().err
 
-    class BrokenPool(RefusingPool):
-        def map(self, fn: object, items: list[object]) -> object:
-            raise RuntimeError("something else")
-
-    monkeypatch.setattr(choose_module, "ProcessPoolExecutor", BrokenPool)
+    monkeypatch.setattr(RefusingPool, "error", "something else")
     with pytest.raises(RuntimeError, match="something else"):
-        list(choose_module._score_all(["a"] * 2, shared))
+        list(choose_module._score_all(first, rest, shared, lambda done: "k"))

@@ -167,14 +167,14 @@ def extract_features(cfg: TrainConfig, data: RunData, model: MultiLabelNet, forw
     cache = FeatureCache()
     out = {}
     model.eval()
-    for split in splits:
-        images = getattr(data.splits, split)
-        if images is None:
-            continue
+    present = [(split, images) for split in splits if (images := getattr(data.splits, split)) is not None]
+    built: list[Callable[[torch.Tensor], torch.Tensor]] = []  # one backbone forward, for the splits left to extract
+    for i, (split, images) in enumerate(present):
 
-        def compute(images: Any = images, split: str = split) -> Rows:
-            return forward.rows(forward.fixed_features(model), forward.eval_loader(images), model.num_features,
-                                f"features ({split})")
+        def compute(images: Any = images, split: str = split, i: int = i) -> Rows:
+            if not built:
+                built.append(forward.fixed_features(model, sum(len(rest) for _, rest in present[i:])))
+            return forward.rows(built[0], forward.eval_loader(images), model.num_features, f"features ({split})")
 
         key = key_of(images)
         with torch.random.fork_rng(devices=[forward.device] if forward.device.type == "cuda" else []):
@@ -218,7 +218,7 @@ def _fit_heads(candidate: Candidate, cfg: TrainConfig, model: MultiLabelNet, for
                 for i in members:
                     phase, result, features = phases[i], results[i], fits[i][1]
                     phase.method.on_epoch_end(EpochEndContext(epoch=epoch, predict_train=phase.predict_train))
-                    assessment = phase.validate()
+                    assessment = phase.validate(metrics=observer is not None)  # the chooser reads the score
                     if observer is not None:
                         observer(candidate, epoch, model, phase, assessment)
                     if assessment.score > result.selection_score:
@@ -343,18 +343,15 @@ def choose(cfg: TrainConfig, methods: list[str] | None = None, lrs: tuple[float,
         + (f"cross-fitted over the {len(pool)} training and validation images ({int(pool.folds.max()) + 1} folds), "
            f"compared by {criterion}" if pool is not None else "compared by the val mAP (full val labels)"))
     results: list[CandidateResult] = []
-    k: ExpectedPositives | None = None
     # the baseline first (its scores estimate k for the candidates that need it), then the others
     first = [Candidate(BASELINE, lr) for lr in (head_cfg.lr, *[x for x in lrs if x != head_cfg.lr])]
     rest = [Candidate(name, lr) for name in names if name != BASELINE for lr in lrs]
-    for group in (first, rest):
-        shared = _Shared(head_cfg, data, model, forward, features, pool, k, criterion)
-        for result in _score_all(group, shared):
-            results.append(result)
-            outcome = f"failed: {result.failed}" if result.failed else f"{used} {result.score:.2f}"
-            log(f"choose: {result.candidate.name:<16} {outcome}  [{result.seconds:.1f} s]")
-        if group is first:
-            k = _expected_positives(head_cfg, data, pool, results)
+    shared = _Shared(head_cfg, data, model, forward, features, pool, None, criterion)
+    for result in _score_all(first, rest, shared, lambda done: _expected_positives(head_cfg, data, pool, done)):
+        results.append(result)
+        outcome = f"failed: {result.failed}" if result.failed else f"{used} {result.score:.2f}"
+        log(f"choose: {result.candidate.name:<16} {outcome}  [{result.seconds:.1f} s]")
+    k = shared.k
     audit = audited_rows(cfg.audit, pool) if pool is not None and cfg.audit else None
     if pool is None:  # full validation labels: the val mAP, the same switching rule
         chosen = pick(results, baseline, CRITERIA[used], splits.val.labels)
@@ -423,37 +420,52 @@ def _start_worker() -> None:
     torch.set_num_threads(1)
 
 
-def _score_in_worker(candidate: Candidate) -> CandidateResult:
+def _score_in_worker(candidate: Candidate, k: ExpectedPositives | None) -> CandidateResult:
     assert _SHARED is not None
-    return score_candidate(candidate, _SHARED)
+    return score_candidate(candidate, _SHARED if k is None else dataclasses.replace(_SHARED, k=k))
 
 
-def _score_all(candidates: list[Candidate], shared: _Shared) -> Iterator[CandidateResult]:
-    """The results of ``candidates`` in their order: in :func:`choice_processes` forked processes (the data, model
-    and features shared copy-on-write), or one after the other (also when this process cannot fork workers that
-    train: PyTorch refuses autograd in a child forked after autograd threads started)."""
+def _score_all(first: list[Candidate], rest: list[Candidate], shared: _Shared,
+               estimate: Callable[[list[CandidateResult]], ExpectedPositives | None]) -> Iterator[CandidateResult]:
+    """The results of ``first``, then of ``rest``, in their order; k (``estimate`` of ``first``'s results, kept in
+    ``shared.k``) is estimated before a candidate that reads it trains. In :func:`choice_processes` forked processes
+    (the data, model and features shared copy-on-write; the candidates that need no k train while it is estimated,
+    so no core waits), or one after the other (also when this process cannot fork workers that train: PyTorch
+    refuses autograd in a child forked after autograd threads started)."""
     global _SHARED
-    processes = min(choice_processes(shared.forward.device), len(candidates))
-    if processes <= 1:
-        for candidate in candidates:
+    later = [c for c in rest if METHODS[c.method].uses_expected_positives]
+    done: dict[Candidate, CandidateResult] = {}
+    estimated = False
+    if min(choice_processes(shared.forward.device), len(first) + len(rest)) > 1:
+        _SHARED = shared
+        try:
+            with ProcessPoolExecutor(choice_processes(shared.forward.device), mp_context=mp.get_context("fork"),
+                                     initializer=_start_worker) as executor:
+                futures = {c: executor.submit(_score_in_worker, c, None) for c in first + rest if c not in later}
+                for candidate in first:
+                    done[candidate] = futures[candidate].result()
+                    yield done[candidate]
+                shared.k, estimated = estimate([done[c] for c in first]), True
+                futures.update({c: executor.submit(_score_in_worker, c, shared.k) for c in later})
+                for candidate in rest:
+                    done[candidate] = futures[candidate].result()
+                    yield done[candidate]
+        except RuntimeError as exc:  # this process ran autograd in threads before: forked children may not train
+            if "fork" not in str(exc):
+                raise
+            log("note: this process cannot train heads in forked workers (PyTorch: autograd threads were started "
+                "before); the remaining candidates train one after the other")
+        finally:
+            _SHARED = None
+    for candidate in first:
+        if candidate not in done:
+            done[candidate] = score_candidate(candidate, shared)
+            yield done[candidate]
+    if not estimated:
+        shared.k = estimate([done[c] for c in first])
+    for candidate in rest:
+        if candidate not in done:
             yield score_candidate(candidate, shared)
-        return
-    _SHARED = shared
-    done = 0
-    try:
-        with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork"), initializer=_start_worker) as executor:
-            for result in executor.map(_score_in_worker, candidates):
-                done += 1
-                yield result
-    except RuntimeError as exc:  # this process ran autograd in threads before: PyTorch refuses it in forked children
-        if "fork" not in str(exc):
-            raise
-        log("note: this process cannot train heads in forked workers (PyTorch: autograd threads were started "
-            "before); the remaining candidates train one after the other")
-    finally:
-        _SHARED = None
-    for candidate in candidates[done:]:
-        yield score_candidate(candidate, shared)
 
 
 def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observed: np.ndarray,

@@ -104,9 +104,11 @@ class FixedFeaturePhase:
         # Extraction must not consume the global RNG (a DataLoader iterator draws a seed from it), or a run
         # resumed inside the phase - which extracts again - would augment differently afterwards.
         devices = [predictor.device] if predictor.device.type == "cuda" else []
+        self._forward: Callable[[torch.Tensor], torch.Tensor] | None = None  # one backbone forward for both splits
         with torch.random.fork_rng(devices=devices):
-            self.train_features, self.train_present = self._extract(train, "train")
+            self.train_features, self.train_present = self._extract(train, "train", later=len(val))
             self.val_features, self.val_present = self._extract(val, "val")
+        self._forward = None
         self.best_score = -np.inf
         self.best_state: dict[str, Any] | None = None
 
@@ -114,17 +116,19 @@ class FixedFeaturePhase:
         """Optimiser steps of one epoch over ``count`` training rows."""
         return max(1, -(-count // self.batch_size))
 
-    def _extract(self, images: LabelledImages, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _extract(self, images: LabelledImages, split: str, later: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Backbone features of ``images`` on the device (given, from the cache when there, else computed), and the
-        readable ones' mask."""
+        readable ones' mask; ``later``: images the same forward extracts next (the work it is built for)."""
         if split in self.given:
             rows = self.given[split]
             return rows.values.to(self.predictor.device), rows.present
         self.model.eval()
 
         def compute() -> Rows:
-            return self.predictor.rows(self.predictor.fixed_features(self.model), self.predictor.eval_loader(images),
-                                       self.model.num_features, f"features ({split})")
+            if self._forward is None:
+                self._forward = self.predictor.fixed_features(self.model, len(images) + later)
+            return self.predictor.rows(self._forward, self.predictor.eval_loader(images), self.model.num_features,
+                                       f"features ({split})")
 
         if self.cache is not None and self.cache_key is not None:
             rows, hit = self.cache.get(self.cache_key(images), compute)
@@ -214,13 +218,14 @@ class FixedFeaturePhase:
             return {**stats, "phase": 1.0, "lr": float(self.optimizer.param_groups[0]["lr"]),
                     "train_seconds": time.perf_counter() - started}
 
-    def validate(self) -> Assessment:
-        """The current head's val predictions (cached features) against the val labels, with the criterion."""
+    def validate(self, metrics: bool = True) -> Assessment:
+        """The current head's val predictions (cached features) against the val labels, with the criterion (and the
+        metrics, unless ``metrics`` is False)."""
         present = self.val_present
         with torch.inference_mode(), head_threads():
             logits = self.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
         return assess(logits, self.val_labels[present.numpy()], self.classes, self.criterion,
-                      full_labels=self.val_full_labels)
+                      full_labels=self.val_full_labels, metrics=metrics)
 
     def remember_if_best(self, score: float) -> bool:
         """Keep a copy of the head and the method state when ``score`` is the best of the phase."""

@@ -32,6 +32,8 @@ from models.data.types import LabelledImages
 from models.evaluation.criteria import CRITERIA, FULL_LABEL_DEFAULT, Criterion, default_criterion
 from models.evaluation.metrics import evaluate
 from models.network import MultiLabelNet
+from models.runtimes.onnx_forward import onnx_forward, worth_exporting
+from train.console import log
 from train.distributed import current_world, gather_indexed_rows
 
 # ----------------------------------------------------------------- predictions over a dataset
@@ -112,19 +114,33 @@ class DatasetForward:
         """:meth:`loader` over ``images`` with the evaluation transform."""
         return self.loader(ImageLabelDataset(images, self.eval_transform))
 
-    def fixed_features(self, model: MultiLabelNet) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fixed_features(self, model: MultiLabelNet, images: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
         """``model.features`` for extracting the features of a frozen backbone: those of an eval-mode copy with its
         BatchNorms folded into the convolutions before them (the same features to float rounding, less work): the
         exported form where the backbone family has one (ResNets, LgConv folded too), else the
         generic fold where it checks out on a random batch of the evaluation size
-        (models/backbones/batchnorm_folding.py)."""
+        (models/backbones/batchnorm_folding.py). On the CPU in float32, for ``images`` enough to pay off the
+        export, that copy runs in ONNX Runtime (models/runtimes/onnx_forward.py) when it matches PyTorch."""
         folded = model.fold_for_inference()
         size = getattr(self.eval_transform, "image_size", None)
-        if folded is model and size is not None:
-            # its own generator: extraction must not draw from the global random stream (resumed runs extract again)
-            example = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).to(self.device)
+        if size is None:
+            return folded.features
+        # its own generator: extraction must not draw from the global random stream (resumed runs extract again)
+        example = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).to(self.device)
+        if folded is model:
             folded = folded_copy(model, lambda net, x: net.features(x), example)
-        return folded.features
+        if self.device.type != "cpu" or self._autocasts() or not worth_exporting(images, size):
+            return folded.features
+        forward = onnx_forward(folded, lambda net, x: net.features(x), example, torch.get_num_threads())
+        if isinstance(forward, str):
+            log(f"note: features computed by PyTorch (ONNX Runtime could not take the backbone: {forward})")
+            return folded.features
+        return forward
+
+    def _autocasts(self) -> bool:
+        """Whether the run's forward passes run under autocast."""
+        with self.autocast():
+            return torch.is_autocast_enabled(self.device.type)
 
     def rows(self, forward: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader[dict[str, torch.Tensor]],
              width: int, desc: str = "") -> Rows:
@@ -188,13 +204,17 @@ class Assessment:
 
 
 def assess(logits: np.ndarray, labels: np.ndarray, classes: list[str],
-           criterion: Criterion = CRITERIA[DEFAULT_CRITERION], full_labels: bool = True) -> Assessment:
-    """The metrics of ``logits`` (N, C) against ``labels`` (N, C) and the criterion's score."""
-    metrics = evaluate(logits, labels, classes)
+           criterion: Criterion = CRITERIA[DEFAULT_CRITERION], full_labels: bool = True,
+           metrics: bool = True) -> Assessment:
+    """The metrics of ``logits`` (N, C) against ``labels`` (N, C) (none with ``metrics`` False: the score alone) and
+    the criterion's score."""
+    if not metrics:
+        return Assessment({}, finite_score(criterion(logits, labels)), logits, labels)
+    figures = evaluate(logits, labels, classes)
     if not full_labels:
-        metrics = {**{k: None for k in FULL_LABEL_FIGURES}, "mAP_observed": metrics["mAP"],
-                   "num_images": metrics.get("num_images")}
-    return Assessment(metrics, finite_score(criterion(logits, labels)), logits, labels)
+        figures = {**{k: None for k in FULL_LABEL_FIGURES}, "mAP_observed": figures["mAP"],
+                   "num_images": figures.get("num_images")}
+    return Assessment(figures, finite_score(criterion(logits, labels)), logits, labels)
 
 
 #: The figures of :func:`models.evaluation.metrics.evaluate` that need full labels (None on a split without them).
