@@ -341,7 +341,8 @@ def k_row(dev: DevData, seed: int) -> dict[str, Any] | None:
     truth = float(cf.arrays["pool_full"].sum(1).mean())
     audits = audit_k(cf.arrays["pool_full"])
     return {"true": truth, "k": estimate.k, "low": estimate.low, "high": estimate.high,
-            "uninformed": estimate.uninformed, "claimed": estimate.within_25, "error": estimate.k / truth - 1,
+            "uninformed": estimate.uninformed, "rank": estimate.rank, "claimed": estimate.within_25,
+            "error": estimate.k / truth - 1,
             "audit_within_25": float(np.mean(np.abs(audits / truth - 1) <= 0.25))}
 
 
@@ -417,11 +418,12 @@ def dev_section(dev: DevData, title: str, command: str, machine: str) -> str:
     if ks:
         lines += ["", "k (labels per image), estimated from the cross-fitted `an` scores "
                   "(models/evaluation/expected_positives.py):",
-                  "", "| seed | true | low / high | k | error | claimed within 25% | audit lists of 20 within 25% |",
-                  "|---|---|---|---|---|---|---|"]
+                  "", "| seed | true | low / high | k | error | `an`'s observed-rank | claimed within 25% | "
+                  "audit lists of 20 within 25% |", "|---|---|---|---|---|---|---|---|"]
         for seed, k in zip(sorted(dev.crossfit), ks, strict=False):
             lines.append(f"| {seed} | {k['true']:.2f} | {k['low']:.2f} / {k['high']:.2f} | {k['k']:.2f} | "
-                         f"{_pct(k['error'])} | {'yes' if k['claimed'] else 'no: asks for an audit list'} | "
+                         f"{_pct(k['error'])} | {k['rank']:.1f} | "
+                         f"{'yes' if k['claimed'] else 'no: asks for an audit list'} | "
                          f"{100 * k['audit_within_25']:.0f}% |")
     return "\n".join(lines) + "\n"
 

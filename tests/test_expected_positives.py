@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 
 from models.data.protocol import ObservedSpec, sample_observed
+from models.evaluation.criteria import observed_rank
 from models.evaluation.expected_positives import (
+    MIN_OBSERVED_RANK,
     ExpectedPositives,
+    KEstimate,
     estimate_class_priors,
     estimate_expected_positives,
     estimate_k,
@@ -67,6 +70,23 @@ def test_k_from_a_model_that_separates_the_classes_is_within_25_percent_and_says
     assert estimate.within_25 and abs(estimate.k / 2.0 - 1) < 0.25
     assert estimate.narrow and estimate.informativeness > 0.5 and estimate.uninformed > 6
     assert estimate_expected_positives(single_positive_logits(full, noise=0.5), observed) == estimate.k
+    assert estimate.rank == observed_rank(single_positive_logits(full, noise=0.5), observed) >= MIN_OBSERVED_RANK
+
+
+def test_k_is_not_claimed_from_a_model_that_ranks_the_observed_labels_low() -> None:
+    """A narrow, informative bracket from a model whose observed-rank is below the floor is not claimed (a weak model
+    pushes both estimates up together), and the caveat says why; records made before the rank was kept still load
+    with their old rule."""
+    weak = KEstimate(4.05, 4.44, 65.8, rank=34.0)
+    assert weak.narrow and weak.informativeness > 0.5 and not weak.within_25
+    caveat = str(resolve_expected_positives(estimate=weak).caveat())
+    assert "observed-rank 34.0" in caveat and "--audit" in caveat
+    assert KEstimate(4.05, 4.44, 65.8, rank=MIN_OBSERVED_RANK).within_25
+    k = resolve_expected_positives(estimate=weak)
+    assert ExpectedPositives.from_dict(k.to_dict()).estimate == weak
+    old = {key: value for key, value in k.to_dict().items() if key != "rank"}
+    assert ExpectedPositives.from_dict(old).estimate == KEstimate(4.05, 4.44, 65.8) and ExpectedPositives.from_dict(
+        old).within_25
 
 
 def test_k_is_not_claimed_when_the_two_estimates_disagree() -> None:
