@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -83,8 +84,10 @@ def run_ray(settings: ApiSettings, host: str, port: int, address: str | None = N
     application on the way out."""
     import ray
 
-    if not ray.is_initialized():
+    started = not ray.is_initialized()
+    if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    signal.signal(signal.SIGTERM, _interrupt)  # docker stop, kill: the same clean exit as Ctrl-C
     most = max(replicas, max_replicas or 0)
     cpus = cpus_per_replica or max(1, int(ray.cluster_resources().get("CPU", os.cpu_count() or 1)) // most)
     settings = replace(settings, threads=settings.threads or cpus, decode_threads=cpus)
@@ -102,3 +105,10 @@ def run_ray(settings: ApiSettings, host: str, port: int, address: str | None = N
             time.sleep(3600)
     finally:
         serve.delete(APP_NAME)
+        if started and address is None:  # the local instance this process started
+            serve.shutdown()
+            ray.shutdown()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

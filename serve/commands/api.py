@@ -148,7 +148,7 @@ def _settings(args: argparse.Namespace) -> tuple[object, dict[str, object]]:
 def _serve(args: argparse.Namespace) -> None:
     """Check the options, then run the engine until Ctrl-C (the exceptions of :func:`run_command`)."""
     settings, cluster = _settings(args)
-    needs = ["fastapi", "uvicorn", "multipart", "prometheus_client"] + (["ray.serve"] if args.engine == "ray" else [])
+    needs = ["fastapi", "uvicorn", "python_multipart", "prometheus_client", *(["ray.serve"] * (args.engine == "ray"))]
     for module in needs:
         try:
             __import__(module)
