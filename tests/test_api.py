@@ -15,7 +15,9 @@ import socket
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -315,3 +317,29 @@ def test_command_line_usage_errors(api: Running, tmp_path: Path, capsys: pytest.
         taken.listen()
         assert main(["api", "-m", model, "--port", str(taken.getsockname()[1])]) == 1
     assert "cannot serve" in capsys.readouterr().err
+
+
+def test_a_ray_replica_serves_the_app_with_rays_batching_without_a_cluster(
+        api: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``ray`` engine's replica class, built in this process: its app answers as the local one, its images
+    batched by Ray's ``@serve.batch`` with the service's batch size and wait (the replica context Ray's batching
+    reads is the one thing faked). The deployment on a Ray instance: tests/test_tag_ray.py."""
+    ray_serve = pytest.importorskip("ray.serve")
+    from fastapi.testclient import TestClient
+
+    from serve.api.ray_serve import TaggerReplica
+
+    context = types.SimpleNamespace(_deployment_config=types.SimpleNamespace(max_ongoing_requests=16))
+    monkeypatch.setattr(ray_serve, "get_replica_context", lambda: context)
+    replica_class = TaggerReplica.func_or_class.__mro__[1]  # the class under Ray's ingress wrapper
+    replica = replica_class(dataclasses.replace(api.service.settings, max_batch=4, max_wait_ms=200))
+    assert (replica.score._get_max_batch_size(), replica.score._get_batch_wait_timeout_s()) == (4, 0.2)
+    picture = api.pictures[0]
+    with TestClient(replica.__serve_build_asgi_app__()) as client, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: client.post("/v1/tag", content=picture.read_bytes()), range(8)))
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    local = api.post(content=picture.read_bytes()).json()
+    assert [a.json() for a in answers] == [local] * 8
+    sizes = {s.name: s.value for s in families["spml_api_batch_size"].samples}
+    assert sizes["spml_api_batch_size_sum"] == 9 and sizes["spml_api_batch_size_count"] <= 5  # 8 and the warm-up
+    assert replica.service.predictor.model_calls == sizes["spml_api_batch_size_count"]
