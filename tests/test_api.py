@@ -343,3 +343,22 @@ def test_a_ray_replica_serves_the_app_with_rays_batching_without_a_cluster(
     sizes = {s.name: s.value for s in families["spml_api_batch_size"].samples}
     assert sizes["spml_api_batch_size_sum"] == 9 and sizes["spml_api_batch_size_count"] <= 5  # 8 and the warm-up
     assert replica.service.predictor.model_calls == sizes["spml_api_batch_size_count"]
+
+
+def test_load_benchmark_writes_its_section(api: Running, tmp_path: Path) -> None:
+    pytest.importorskip("aiohttp")
+    from bench import api_speed
+    from bench.results_page import read_section
+
+    page = tmp_path / "page.md"
+    threads = torch.get_num_threads()
+    try:
+        api_speed.main([str(api.onnx), "--engines", "local", "--clients", "1,3", "--requests", "4,6", "--images", "3",
+                        "--size", "40", "--max-batch", "2", "--seconds", "0.05", "--page", str(page)])
+    finally:
+        torch.set_num_threads(threads)
+    text = read_section("api-cpu", page)
+    assert text is not None and "Command: `python -m bench.api_speed" in text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| local |")]
+    assert [(r[1], r[2], r[-1]) for r in rows] == [("1", "4", "0 |"), ("3", "6", "0 |")]
+    assert "- local: 3 clients at" in text and "p99 / p50 at 1 client" in text

@@ -357,8 +357,8 @@ def test_engines_benchmark_writes_its_section(ray_instance: object, tmp_path: Pa
     assert rows[0][6] == "-" and rows[1][6].endswith(" GB")  # the ray engine's model actor
 
 
-@pytest.mark.skipif(not os.environ.get("SPML_RAY_SERVE_TEST"), reason="about 30 s (two replicas start and one "
-                    "restarts): over the suite's time budget; SPML_RAY_SERVE_TEST=1 runs it")
+@pytest.mark.skipif(not os.environ.get("SPML_RAY_SERVE_TEST"), reason="two replicas start and one restarts: "
+                    "over the suite's time budget; SPML_RAY_SERVE_TEST=1 runs it")
 def test_ray_serve_replicas_answer_as_the_predictor_and_a_killed_one_is_replaced(setup: dict,
                                                                                  ray_instance: object) -> None:
     """``serve api --engine ray``'s deployment on the shared instance: two replicas answer as the Predictor does;

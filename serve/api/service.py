@@ -21,7 +21,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+import torch
 
+from models.runtimes import OnnxRuntimeBackend
 from serve import DEFAULT_MAX_PIXELS
 from serve.api import (
     DEFAULT_MAX_BATCH,
@@ -100,6 +102,8 @@ class TaggingService:
     :class:`~serve.api.batching.Batcher` started by :meth:`start`)."""
 
     def __init__(self, settings: ApiSettings, predictor: Predictor, scorer: Scorer | None = None) -> None:
+        if predictor.backend != "torch":  # torch only resizes here, on each decoding thread: one thread each, inline
+            torch.set_num_threads(1)  # (its default pool, shared by those threads, oversubscribes the cores)
         self.settings = settings
         self.predictor = predictor
         self.preprocess = ImagePreprocessor(predictor.transform, settings.max_pixels)
@@ -115,6 +119,10 @@ class TaggingService:
         """Load the model of ``settings`` (the exceptions of :meth:`Predictor.load`)."""
         predictor = Predictor.load(settings.model, settings.backend, settings.device, max_pixels=settings.max_pixels,
                                    threads=settings.threads)
+        runtime = predictor.runtime
+        if isinstance(runtime, OnnxRuntimeBackend) and runtime.session.get_providers() == ["CPUExecutionProvider"]:
+            # intra-op threads that sleep between batches: busy-waiting ones take the decoding threads' cores
+            predictor.runtime = OnnxRuntimeBackend.load(runtime.path, threads=settings.threads, spinning=False)
         return cls(settings, predictor, scorer)
 
     @property

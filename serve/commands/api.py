@@ -7,11 +7,35 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from models.command_line import CommandFailed, UsageError, run_command
+from models.registry import Row, Table
 from serve import DEFAULT_MAX_PIXELS, DEVICE_HELP
 from serve import api as defaults
 from serve.commands.tag import add_caption_options, add_selection_options, caption_rules_of
+
+if TYPE_CHECKING:
+    from serve.api.service import ApiSettings
+
+
+def _run_local(settings: ApiSettings, host: str, port: int, cluster: dict[str, Any]) -> None:
+    from serve.api.app import run_local
+
+    run_local(settings, host, port)
+
+
+def _run_ray(settings: ApiSettings, host: str, port: int, cluster: dict[str, Any]) -> None:
+    from serve.api.ray_serve import run_ray
+
+    run_ray(settings, host, port, **cluster)
+
+
+#: Where the service runs: the value serves ``settings`` on ``host:port`` until stopped.
+API_ENGINES: Table[Any] = Table("service engine", [
+    Row("local", "one process on this machine: uvicorn, the app's own dynamic batching", _run_local),
+    Row("ray", "Ray Serve replicas on a Ray cluster (or a local instance), Ray's batching, autoscaling", _run_ray),
+])
 
 API_EPILOG = f"""\
 endpoints (the OpenAPI description: /openapi.json, pages at /docs):
@@ -66,8 +90,8 @@ def add_api_parser(sub: argparse._SubParsersAction) -> None:
     net.add_argument("--port", type=int, default=defaults.DEFAULT_PORT, help="port (default: %(default)s)")
     net.add_argument("--api-key", metavar="KEY", help=f"requests to /v1 and /metrics need 'Authorization: Bearer "
                      f"KEY' (default: ${defaults.API_KEY_ENV} when set, else no key)")
-    net.add_argument("--engine", choices=defaults.API_ENGINES.names(), default="local",
-                     help=f"{defaults.API_ENGINES.cli_help()} (default: %(default)s)")
+    net.add_argument("--engine", choices=API_ENGINES.names(), default="local",
+                     help=f"{API_ENGINES.cli_help()} (default: %(default)s)")
     limits = api.add_argument_group("inputs and limits")
     limits.add_argument("--allow-paths", type=Path, action="append", default=[], metavar="DIR",
                         help='also take JSON {"paths": [...]}: files inside DIR (repeatable; links resolved first)')
@@ -83,7 +107,8 @@ def add_api_parser(sub: argparse._SubParsersAction) -> None:
                         "Pillow's; 0 turns the check off)")
     batching = api.add_argument_group("batching and threads")
     batching.add_argument("--max-batch", type=int, default=defaults.DEFAULT_MAX_BATCH, metavar="N",
-                          help="images per model call at most (default: %(default)s)")
+                          help="images per model call at most (default: %(default)s; on a CPU larger batches were "
+                          "no faster, a GPU wants more, e.g. --max-batch 64)")
     batching.add_argument("--max-wait-ms", type=float, default=defaults.DEFAULT_MAX_WAIT_MS, metavar="MS",
                           help="how long a batch waits for more images after its first (default: %(default)s)")
     batching.add_argument("--max-queue", type=int, default=defaults.DEFAULT_MAX_QUEUE, metavar="N",
@@ -158,7 +183,7 @@ def _serve(args: argparse.Namespace) -> None:
     from models.runtimes import BackendUnavailableError, ModelLoadError, ModelSpecError
 
     try:
-        defaults.API_ENGINES[args.engine](settings, args.host, args.port, cluster)
+        API_ENGINES[args.engine](settings, args.host, args.port, cluster)
     except ModelSpecError as exc:
         raise UsageError(str(exc)) from None
     except (ModelLoadError, BackendUnavailableError) as exc:
