@@ -279,6 +279,7 @@ def test_api_key_health_readiness_metrics_and_openapi(api: Running) -> None:
         assert api.post(files=uploads(api.pictures[:1])).status_code == 401
         wrong = api.post(files=uploads(api.pictures[:1]), headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and "API key" in wrong.json()["detail"]
+        assert wrong.headers["www-authenticate"] == "Bearer"
         assert httpx.get(api.url + "/metrics").status_code == 401
         assert httpx.get(api.url + "/v1/model").status_code == 401
         good = api.post(files=uploads(api.pictures[:1]), headers={"Authorization": "Bearer s3cret"})

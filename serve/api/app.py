@@ -133,7 +133,7 @@ def build_app(service: TaggingService) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError) -> JSONResponse:
-        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        headers = {503: {"Retry-After": "1"}, 401: {"WWW-Authenticate": "Bearer"}}.get(exc.status)
         return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
 
     def api_key(authorization: Annotated[str | None, Header(description="Bearer KEY, when the server has a key")]
