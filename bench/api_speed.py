@@ -198,8 +198,10 @@ def report(args: argparse.Namespace, argv: list[str] | None, predictor: Predicto
                         for rates in model_rates[:1] for name in dict.fromkeys(n for n, _ in rates))
     lines = ["## HTTP service under load (CPU, loopback)", "",
              f"Command: `{command_line('bench.api_speed', argv)}`", "", machine_line(), f"At the start: {load_start}.",
-             "", f"Model: `{args.model.name}`, {predictor.meta.arch} @{predictor.meta.image_size} px "
-             f"({predictor.backend}). Model-only img/s by batch size, before the engines ({by_size}); the best "
+             "", f"Model: `{args.model.name}`, {predictor.meta.arch} @{predictor.meta.image_size} px, "
+             f"{len(predictor.classes)} classes (method {predictor.meta.method or '-'}, data "
+             f"{(predictor.meta.data or {}).get('source', '-')}; {predictor.backend}). Model-only img/s by batch "
+             f"size, before the engines ({by_size}); the best "
              f"{bests[0][1]:.1f} before and {bests[1][1]:.1f} after the engines (as {bests[1][0][0]}, batch "
              f"{bests[1][0][1]}); the shares below are of the lower, {reference:.1f}. "
              f"Requests: one {args.size} px JPEG each (the raw body, {args.images} "

@@ -61,10 +61,12 @@ class TaggerReplica:
 def deployment_options(settings: ApiSettings, replicas: int, max_replicas: int | None, cpus: float,
                        gpus: float) -> dict[str, Any]:
     """Ray Serve options of the deployment: ``replicas`` (autoscaling up to ``max_replicas`` when given, each
-    replica aiming at one full batch in flight), each with ``cpus`` and ``gpus``."""
+    replica aiming at one full batch in flight), each with ``cpus`` and ``gpus``, taking up to ``max_queue``
+    requests (they wait in its batch queue, not in Ray's router, which retries a full replica with a backoff), and
+    as many more waiting in Ray's queue before it answers 503."""
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus},
-        "max_ongoing_requests": 2 * settings.max_batch,  # one batch in the model while the next one gathers
+        "max_ongoing_requests": settings.max_queue,
         "max_queued_requests": settings.max_queue,
     }
     if max_replicas:
