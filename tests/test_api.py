@@ -362,4 +362,5 @@ def test_load_benchmark_writes_its_section(api: Running, tmp_path: Path) -> None
     assert text is not None and "Command: `python -m bench.api_speed" in text
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| local |")]
     assert [(r[1], r[2], r[-1]) for r in rows] == [("1", "4", "0 |"), ("3", "6", "0 |")]
+    assert "shared-core bound" in text
     assert "- local: 3 clients at" in text and "p99 / p50 at 1 client" in text
