@@ -97,6 +97,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """A random resnet18 (32 px, per-class thresholds) exported to ONNX and served by uvicorn in a thread, with small
     limits, paths allowed under ``allowed/`` and URLs allowed."""
     root = tmp_path_factory.mktemp("api")
+    threads = torch.get_num_threads()  # the service sets torch to one thread for the process: restored at the end
     torch.manual_seed(3)
     meta = ModelMeta(classes=CLASSES, arch="resnet18", image_size=32, thresholds=[0.4, 0.5, 0.6])
     save_checkpoint(root / "best.pt", build_model("resnet18", len(CLASSES)).state_dict(), meta)
@@ -119,6 +120,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     yield Running(f"http://127.0.0.1:{sock.getsockname()[1]}", service, onnx, pictures, root)
     server.should_exit = True
     thread.join(20)
+    torch.set_num_threads(threads)
 
 
 def uploads(paths: list[Path]) -> list[tuple[str, tuple[str, bytes]]]:

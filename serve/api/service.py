@@ -99,7 +99,8 @@ class RequestError(Exception):
 
 class TaggingService:
     """One loaded model serving tag requests (module docstring). ``scorer``: the batching scorer (default: a
-    :class:`~serve.api.batching.Batcher` started by :meth:`start`)."""
+    :class:`~serve.api.batching.Batcher` started by :meth:`start`). Unless the model runs in PyTorch, torch is set
+    to one thread for the process: here it only resizes images, on each decoding thread."""
 
     def __init__(self, settings: ApiSettings, predictor: Predictor, scorer: Scorer | None = None) -> None:
         if predictor.backend != "torch":  # torch only resizes here, on each decoding thread: one thread each, inline
