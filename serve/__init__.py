@@ -1,11 +1,13 @@
 """Serving trained models (``python -m serve``), the last stage of the pipeline: ``commands/`` (the command lines),
 ``tagging/`` (the tagging pipeline and its engines), ``outputs/`` (scores -> tags -> the files a run leaves),
-``demo/`` (the Gradio web demo), :mod:`serve.predictor`, :mod:`serve.images` and :mod:`serve.model_files`.
+``demo/`` (the Gradio web demo), ``api/`` (the HTTP service), :mod:`serve.predictor`, :mod:`serve.images` and
+:mod:`serve.model_files`.
 
 Public API (``__all__``, imported lazily so that ``import serve`` loads neither torch nor onnxruntime and
 ``python -m serve --help`` answers at once): the CLI defaults below, :class:`Predictor`, the tagging pipeline and
-:func:`get_engine`; everything else is internal to the stage and may move. ``serve`` imports ``models`` only
-(never ``train`` or ``export``, nor ``models.sources``).
+:func:`get_engine`, the HTTP service's :class:`TaggingService` and its :class:`ApiSettings`; everything else is
+internal to the stage and may move. ``serve`` imports ``models`` only (never ``train`` or ``export``, nor
+``models.sources``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _LAZY = {
     "tag": "serve.tagging.run",
     "tag_folder": "serve.tagging.run",
     "get_engine": "serve.tagging.engines",
+    "ApiSettings": "serve.api.service",
+    "TaggingService": "serve.api.service",
 }
 
 __getattr__ = lazy_exports("serve", _LAZY)
@@ -50,10 +54,12 @@ __all__ = [
     "DEFAULT_OUTPUT",
     "DEFAULT_THRESHOLD",
     "DEVICE_HELP",
+    "ApiSettings",
     "Predictor",
     "TagJob",
     "TagPlan",
     "TagSummary",
+    "TaggingService",
     "get_engine",
     "plan_tagging",
     "run_plan",

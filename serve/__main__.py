@@ -2,6 +2,8 @@
 
 ``python -m serve demo [--model MODEL]``: the Gradio web demo (see :mod:`serve.commands.demo`).
 
+``python -m serve api --model MODEL``: the HTTP inference service (see :mod:`serve.commands.api`).
+
 ``python -m serve summary RUNFILE``: images per tag, tags per image, classes never predicted
 (:mod:`serve.commands.summary`).
 """
@@ -12,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from serve.commands.api import add_api_parser, run_api
 from serve.commands.demo import add_demo_parser, run_demo
 from serve.commands.summary import add_summary_parser, run_summary
 from serve.commands.tag import add_tag_parser, run_tag
@@ -29,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of ``python -m serve`` (subcommands ``tag``, ``demo`` and ``summary``)."""
+    """The argparse parser of ``python -m serve`` (subcommands ``tag``, ``demo``, ``api`` and ``summary``)."""
     parser = _Parser(
         prog="python -m serve",
         description="Serve trained multi-label tagging models.",
@@ -37,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     add_tag_parser(sub)
     add_demo_parser(sub)
+    add_api_parser(sub)
     add_summary_parser(sub)
     return parser
 
@@ -49,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_tag(args, parser)
     if args.command == "demo":
         return run_demo(args, parser)
+    if args.command == "api":
+        return run_api(args, parser)
     return run_summary(args, parser)
 
 

@@ -24,13 +24,20 @@ from serve import DEFAULT_MAX_PIXELS
 #: tensor ``(3, H, W)`` (RGB, as :func:`models.preprocess.read_image` returns).
 ImageInput = str | os.PathLike | bytes | Image.Image | np.ndarray | torch.Tensor
 
-class ImageError(ValueError):
-    """An input image could not be used; ``reason`` is a short human explanation, ``source`` names the input."""
+#: What was wrong with an image (:attr:`ImageError.kind`), for callers that answer differently (the HTTP service).
+IMAGE_ERROR_KINDS = ("too-large", "not-an-image", "missing", "unreadable")
 
-    def __init__(self, source: str, reason: str) -> None:
+
+class ImageError(ValueError):
+    """An input image could not be used; ``reason`` is a short human explanation, ``source`` names the input and
+    ``kind`` (one of :data:`IMAGE_ERROR_KINDS`) says what went wrong: over the pixel or memory limit, not an image
+    at all, no such file, or corrupt / truncated / unsupported data."""
+
+    def __init__(self, source: str, reason: str, kind: str = "unreadable") -> None:
         super().__init__(f"{source}: {reason}")
         self.source = source
         self.reason = reason
+        self.kind = kind
 
 
 def _describe(image: Any) -> str:
@@ -48,7 +55,7 @@ def _check_pixels(source: str, width: int, height: int, max_pixels: int | None) 
         raise ImageError(
             source,
             f"image too large: {width}x{height} = {width * height:,} pixels, the limit is {max_pixels:,} "
-            "(refused as a possible decompression bomb)",
+            "(refused as a possible decompression bomb)", "too-large",
         )
 
 
@@ -57,15 +64,15 @@ def _decode_error(source: str, exc: BaseException) -> ImageError:
     if isinstance(exc, ImageError):
         return exc
     if isinstance(exc, FileNotFoundError):
-        return ImageError(source, "file not found")
+        return ImageError(source, "file not found", "missing")
     if isinstance(exc, IsADirectoryError):
-        return ImageError(source, "is a folder, not an image file")
+        return ImageError(source, "is a folder, not an image file", "missing")
     if isinstance(exc, UnidentifiedImageError):
-        return ImageError(source, "not an image (or a format Pillow cannot read)")
+        return ImageError(source, "not an image (or a format Pillow cannot read)", "not-an-image")
     if isinstance(exc, Image.DecompressionBombError):
-        return ImageError(source, f"image too large, refused as a possible decompression bomb ({exc})")
+        return ImageError(source, f"image too large, refused as a possible decompression bomb ({exc})", "too-large")
     if isinstance(exc, MemoryError):
-        return ImageError(source, "image too large to decode in memory")
+        return ImageError(source, "image too large to decode in memory", "too-large")
     text = str(exc).strip()
     if "truncated" in text.lower():
         return ImageError(source, f"truncated image: the file ends before the image data does ({text})")

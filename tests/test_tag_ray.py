@@ -1,7 +1,7 @@
 """Tagging engines and sources: the Ray engine against the local one (one shared local Ray instance, which
 subprocess drivers join by address), WebDataset shards, list files, --shard partitions, resuming after a killed
 driver or a killed actor, the light Ray driver (no torch, no onnxruntime, no error lines), and the local engine
-not importing Ray."""
+not importing Ray; and on the same instance, the HTTP service's Ray Serve replicas (``serve api --engine ray``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +139,12 @@ def driver_env() -> dict[str, str]:
     """Environment of a driver process: this checkout and tests/ importable."""
     path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def address(ray_instance: object) -> str:
@@ -346,3 +355,61 @@ def test_engines_benchmark_writes_its_section(ray_instance: object, tmp_path: Pa
     assert [row[1] for row in rows] == ["local", "ray"]
     assert all(row[-1] == "0.0e+00 |" and row[5].endswith(" GB") for row in rows)
     assert rows[0][6] == "-" and rows[1][6].endswith(" GB")  # the ray engine's model actor
+
+
+@pytest.mark.skipif(not os.environ.get("SPML_RAY_SERVE_TEST"), reason="two replicas start and one restarts: "
+                    "over the suite's time budget; SPML_RAY_SERVE_TEST=1 runs it")
+def test_ray_serve_replicas_answer_as_the_predictor_and_a_killed_one_is_replaced(setup: dict,
+                                                                                 ray_instance: object) -> None:
+    """``serve api --engine ray``'s deployment on the shared instance: two replicas answer as the Predictor does;
+    one killed under load fails its in-flight requests at once (no hang), is replaced, and the service goes on.
+    (Without a cluster, tests/test_api.py checks the replica's app and Ray's batching in it on every run.)"""
+    ray_serve = pytest.importorskip("ray.serve")
+    import httpx
+
+    from serve.api.ray_serve import APP_NAME, TaggerReplica, deployment_options
+    from serve.api.service import ApiSettings
+    from serve.predictor import Predictor
+
+    settings = ApiSettings(str(setup["onnx"]), threads=1, decode_threads=1)
+    port = free_port()
+    ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = TaggerReplica.options(**deployment_options(settings, 2, None, 0.5, 0.0))
+    ray_serve.run(app.bind(settings), name=APP_NAME, route_prefix="/")
+    url, picture = f"http://127.0.0.1:{port}", setup["pics"] / "rgb.jpg"
+    try:
+        expected = Predictor.load(setup["onnx"]).predict(picture)
+        got = httpx.post(url + "/v1/tag", files={"f": ("rgb.jpg", picture.read_bytes())}, timeout=60).json()
+        assert got["results"][0]["tags"] == expected.tags
+        assert max(abs(got["results"][0]["scores"][c] - expected.scores[c]) for c in CLASSES) <= 1e-6
+        ray = ray_instance
+        replicas = [n for n in ray.util.list_named_actors(all_namespaces=True)  # type: ignore[attr-defined]
+                    if "spml-tagger" in n["name"]]
+        assert len(replicas) == 2
+        statuses: list[int] = []
+
+        def load(stop: float) -> None:
+            with httpx.Client(timeout=60) as client:
+                while time.monotonic() < stop:
+                    statuses.append(client.post(url + "/v1/tag", content=picture.read_bytes()).status_code)
+
+        threads = [threading.Thread(target=load, args=(time.monotonic() + 4,)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1)
+        ray.kill(ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"]))  # type: ignore[attr-defined]
+        for thread in threads:
+            thread.join(60)
+        assert set(statuses) <= {200, 500, 503} and statuses.count(200) >= len(statuses) - 4, statuses
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            running = ray_serve.status().applications[APP_NAME].deployments["spml-tagger"].replica_states
+            if running.get("RUNNING") == 2 and not set(running) - {"RUNNING"}:
+                break
+            time.sleep(0.5)
+        assert running == {"RUNNING": 2}
+        names = {n["name"] for n in ray.util.list_named_actors(all_namespaces=True)}  # type: ignore[attr-defined]
+        assert replicas[0]["name"] not in names
+        assert httpx.post(url + "/v1/tag", content=picture.read_bytes(), timeout=60).status_code == 200
+    finally:
+        ray_serve.shutdown()

@@ -59,10 +59,12 @@ class OnnxRuntimeBackend:
 
     @classmethod
     def load(
-        cls, path: str | Path, providers: Sequence[str] = DEFAULT_PROVIDERS, threads: int | None = None
+        cls, path: str | Path, providers: Sequence[str] = DEFAULT_PROVIDERS, threads: int | None = None,
+        spinning: bool = True,
     ) -> OnnxRuntimeBackend:
         """Open ``path`` with ``providers`` (default: CPU) and ``threads`` intra-op threads; ``ValueError`` for a file
-        that is no ONNX model of this package."""
+        that is no ONNX model of this package. ``spinning=False``: the intra-op threads sleep between runs instead of
+        busy-waiting, leaving their cores to other threads of the process (the HTTP service's decoding)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"model not found: {path}")
@@ -74,6 +76,8 @@ class OnnxRuntimeBackend:
         # Speed and memory with and without it: docs/tagging-at-scale.md, "Memory and speed".
         if threads is not None:
             options.intra_op_num_threads = threads
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             session = ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
         except Exception as exc:  # onnxruntime's own exception classes (InvalidProtobuf, Fail, ...)

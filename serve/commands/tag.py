@@ -19,6 +19,7 @@ from serve import DEFAULT_MAX_PIXELS, DEVICE_HELP
 from serve.tagging.engines import DEFAULT_ENGINE, engine_names
 
 if TYPE_CHECKING:
+    from serve.outputs.caption_rules import CaptionRules
     from serve.tagging.job import TagJob
     from serve.tagging.plan import TagPlan
 
@@ -78,8 +79,8 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
                      help="runtime to use, e.g. --backend onnxruntime (default: from the model file's suffix)")
     tag.add_argument("--device", metavar="DEV", help=DEVICE_HELP + ", e.g. --device cuda:1")
     _output_options(tag.add_argument_group("outputs"))
-    _selection_options(tag.add_argument_group("tag selection (see below)"))
-    _caption_options(tag.add_argument_group("caption rules (see below)"))
+    add_selection_options(tag.add_argument_group("tag selection (see below)"))
+    add_caption_options(tag.add_argument_group("caption rules (see below)"))
     _sidecar_options(tag.add_argument_group("sidecars and tag folders"))
     _run_options(tag.add_argument_group("how it runs"))
 
@@ -108,8 +109,8 @@ def _output_options(out: argparse._ArgumentGroup) -> None:
     )
 
 
-def _selection_options(sel: argparse._ArgumentGroup) -> None:
-    """``tag``: which classes become tags."""
+def add_selection_options(sel: argparse._ArgumentGroup) -> None:
+    """``tag`` and ``api``: which classes become tags."""
     from serve import DEFAULT_THRESHOLD
     from serve.outputs.selection_modes import DEFAULT_MODE, selection_type
 
@@ -133,8 +134,8 @@ def _selection_options(sel: argparse._ArgumentGroup) -> None:
                      help="no tag scoring below X, with any mode, e.g. --min-score 0.2")
 
 
-def _caption_options(cap: argparse._ArgumentGroup) -> None:
-    """``tag``: how the tags are written as captions."""
+def add_caption_options(cap: argparse._ArgumentGroup) -> None:
+    """``tag`` and ``api``: how the tags are written as captions."""
     cap.add_argument("--exclude", action="append", default=[], metavar="NAME",
                      help="leave out this class (repeatable), e.g. --exclude watermark")
     cap.add_argument("--exclude-re", action="append", default=[], metavar="REGEX",
@@ -230,7 +231,6 @@ def _run_options(run: argparse._ArgumentGroup) -> None:
 def _check_tag_args(args: argparse.Namespace) -> None:
     """The cheap checks (no torch import): :class:`~models.command_line.UsageError` naming the first problem. Option
     values themselves are checked by :class:`serve.tagging.job.TagJob`."""
-    from serve.outputs.caption_rules import CaptionRuleError, combine, make_rules, read_rules_file
     from serve.tagging.sources import Partition, source_kind
 
     try:
@@ -250,10 +250,18 @@ def _check_tag_args(args: argparse.Namespace) -> None:
         raise UsageError("--max-pixels must be >= 0 (0 turns the check off)")
     if not args.separator:
         raise UsageError("--separator must not be empty")
+    args.rules = caption_rules_of(args)
+
+
+def caption_rules_of(args: argparse.Namespace) -> CaptionRules:
+    """The caption rules of :func:`add_caption_options`' arguments: the flags added to ``--caption-rules FILE``
+    (:class:`~models.command_line.UsageError` on a bad rule or an unreadable file)."""
+    from serve.outputs.caption_rules import CaptionRuleError, combine, make_rules, read_rules_file
+
     try:
         flags = make_rules(args.exclude, args.exclude_re, args.replace, args.first, args.spaces, args.escape,
                            args.weights)
-        args.rules = combine(read_rules_file(args.caption_rules), flags) if args.caption_rules else flags
+        return combine(read_rules_file(args.caption_rules), flags) if args.caption_rules else flags
     except CaptionRuleError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
