@@ -27,6 +27,10 @@ DEFAULT_OUTPUT = Path("tags.jsonl")
 #: refuses images over twice its limit).
 DEFAULT_MAX_PIXELS = 89_478_485
 
+#: ``--backend`` help shared by ``tag``, ``demo`` and ``api``: the rows of :data:`models.runtimes.RUNTIMES` (kept here
+#: as text so that ``--help`` imports no runtime; a test checks they agree).
+BACKEND_NAMES = "onnxruntime, torch, tensorrt or openvino"
+
 #: ``--device`` help shared by ``tag`` and ``demo``.
 DEVICE_HELP = ("cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "
                "uses the CPU); a GPU that cannot be used is an error, never a silent CPU fallback")

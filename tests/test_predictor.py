@@ -346,3 +346,30 @@ def test_large_jpegs_decode_at_reduced_scale_everywhere(
     tag_folder(folder, TorchBackend.load(files["ckpt"], device="cpu"), out, progress=False)
     tagged = read_jsonl(out)["big.jpg"]["scores"]
     assert np.abs(np.array([tagged[c] for c in CLASSES]) - ours).max() <= 1e-6
+
+
+def test_openvino_runs_the_same_onnx_file_within_the_fp32_parity_bound(
+    files: dict[str, Path], onnx_predictor: Predictor
+) -> None:
+    """``--backend openvino`` loads the exported .onnx file (compiled for the CPU in float32): logits within 1e-4 of
+    ONNX Runtime's, the same tags, scores independent of the batch; a GPU device is refused with what to use."""
+    pytest.importorskip("openvino")
+    from models.runtimes import BackendUnavailableError, OpenVinoBackend
+
+    paths = [files[name] for name in PICTURES]
+    predictor = Predictor.load(files["onnx"], backend="openvino")
+    assert predictor.backend == "openvino"
+    ours, reference = predictor.scores(paths, batch_size=2), onnx_predictor.scores(paths)
+    assert ours.shape == reference.shape and np.abs(ours - reference).max() <= 1e-4
+    runtime = OpenVinoBackend.load(files["onnx"], threads=1)
+    batch = np.stack([predictor.preprocess(path) for path in paths])
+    logits = runtime.predict_logits(batch)
+    assert np.abs(logits - OnnxRuntimeBackend.load(files["onnx"]).predict_logits(batch)).max() <= 1e-4
+    assert np.abs(runtime.predict_logits(batch[1:2]) - logits[1:2]).max() <= 1e-5
+    assert [predictor.predict(p).tags for p in paths] == [onnx_predictor.predict(p).tags for p in paths]
+    with pytest.raises(BackendUnavailableError, match="CPU only"):
+        OpenVinoBackend.open(files["onnx"], device="cuda")
+    from models.runtimes import RUNTIMES
+    from serve import BACKEND_NAMES
+
+    assert sorted(BACKEND_NAMES.replace(" or ", ", ").split(", ")) == sorted(RUNTIMES)  # the --backend help

@@ -16,6 +16,7 @@ from models.registry import Row, Table, UnknownName
 from models.runtimes.devices import parse_device
 from models.runtimes.errors import BackendUnavailableError, ModelLoadError, ModelSpecError
 from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
+from models.runtimes.openvino_backend import OpenVinoBackend
 from models.runtimes.tensorrt_backend import TensorRTBackend
 from models.runtimes.torch_backend import TorchBackend
 
@@ -42,6 +43,8 @@ RUNTIMES: Table[type] = Table("backend", [
     Row(OnnxRuntimeBackend.name, "ONNX Runtime: .onnx files, on the CPU or CUDA", OnnxRuntimeBackend),
     Row(TorchBackend.name, "PyTorch: run checkpoints (.pt, .pth)", TorchBackend),
     Row(TensorRTBackend.name, "TensorRT: .engine files built by python -m export --trt (a GPU)", TensorRTBackend),
+    Row(OpenVinoBackend.name, "OpenVINO: the same .onnx files on the CPU, in float32 (the openvino extra)",
+        OpenVinoBackend),
 ])
 
 #: Model file suffixes of runtimes that may not be installed, for a more helpful "unsupported" message.
@@ -113,7 +116,8 @@ def open_runtime(path: Path, backend: str | None = None, device: str | None = No
 
 
 __all__ = [
-    "RUNTIMES", "BackendUnavailableError", "ModelLoadError", "ModelSpecError", "OnnxRuntimeBackend", "Runtime",
+    "RUNTIMES", "BackendUnavailableError", "ModelLoadError", "ModelSpecError", "OnnxRuntimeBackend", "OpenVinoBackend",
+    "Runtime",
     "TensorRTBackend", "TorchBackend", "open_runtime", "parse_device", "read_model_meta",
     "runtime_class", "runtime_for", "runtime_named",
 ]

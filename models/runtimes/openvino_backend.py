@@ -1,0 +1,82 @@
+"""OpenVINO backend for the same exported ``.onnx`` files (``--backend openvino``): Intel's CPU runtime, compiled for
+the CPU in float32 (OpenVINO's own default on CPUs with bfloat16 units is bfloat16, which changes the scores: it is
+not taken silently). openvino is imported only to load a model; the metadata is read with ``onnx``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from models.checkpoint import ModelMeta
+from models.runtimes.devices import parse_device
+from models.runtimes.errors import BackendUnavailableError
+from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
+
+INSTALL_HINT = 'pip install "openvino>=2025.0"  (or the package\'s extra: pip install -e ".[openvino]")'
+
+
+def import_openvino() -> Any:
+    """Import and return the ``openvino`` module; ``ModuleNotFoundError`` with the pip command if absent."""
+    try:
+        import openvino
+    except ImportError as exc:
+        raise ModuleNotFoundError(f"the openvino runtime needs the openvino package ({exc}); install it with: "
+                                  f"{INSTALL_HINT}") from exc
+    return openvino
+
+
+class OpenVinoBackend:
+    """A model compiled by OpenVINO for the CPU: float32 ``(N,3,S,S)`` -> logits ``(N,C)``."""
+
+    name: ClassVar[str] = "openvino"
+    suffixes: ClassVar[tuple[str, ...]] = (".onnx",)
+
+    def __init__(self, compiled: Any, meta: ModelMeta, path: Path) -> None:
+        self.compiled = compiled
+        self.meta = meta
+        self.path = path
+        self.request = compiled.create_infer_request()
+
+    @classmethod
+    def read_meta(cls, path: str | Path) -> ModelMeta:
+        """The model metadata embedded in the ONNX file (as :meth:`OnnxRuntimeBackend.read_meta`)."""
+        return OnnxRuntimeBackend.read_meta(path)
+
+    @classmethod
+    def load(cls, path: str | Path, threads: int | None = None) -> OpenVinoBackend:
+        """Compile ``path`` for the CPU in float32 with ``threads`` inference threads; ``ValueError`` for a file that
+        OpenVINO cannot read."""
+        path = Path(path)
+        meta = cls.read_meta(path)
+        ov = import_openvino()
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+        if threads is not None:
+            config["INFERENCE_NUM_THREADS"] = int(threads)
+        try:
+            compiled = ov.Core().compile_model(str(path), "CPU", config)
+        except Exception as exc:  # OpenVINO raises its own RuntimeError kinds for unreadable or unsupported graphs
+            raise ValueError(f"{path}: OpenVINO cannot compile it ({type(exc).__name__}: {exc})") from exc
+        return cls(compiled, meta, path)
+
+    @classmethod
+    def open(cls, path: str | Path, device: str | None = None,
+             threads: int | None = None) -> tuple[OpenVinoBackend, str]:
+        """Load ``path`` for ``device`` (the CPU only) with ``threads``; returns the runtime and where it runs."""
+        kind, _ = parse_device(device)
+        if kind not in ("default", "cpu"):
+            raise BackendUnavailableError(f"device {device!r}: the openvino backend runs on the CPU only here; use "
+                                          "--device cpu, or --backend onnxruntime for a GPU")
+        try:
+            import_openvino()
+        except ModuleNotFoundError as exc:
+            raise BackendUnavailableError(str(exc)) from exc
+        return cls.load(path, threads), "openvino (CPU, f32)"
+
+    def predict_logits(self, batch: np.ndarray) -> np.ndarray:
+        """float32 ``(N, 3, S, S)`` preprocessed batch -> float32 logits ``(N, C)``."""
+        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        result = self.request.infer({0: batch})
+        return np.asarray(result[self.compiled.output(0)], dtype=np.float32)
