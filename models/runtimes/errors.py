@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message says why (no need to read a traceback)."""
@@ -13,3 +16,12 @@ class ModelSpecError(ModelLoadError):
 
 class BackendUnavailableError(ModelLoadError):
     """The runtime or accelerator the model needs is not installed or not usable on this machine."""
+
+
+def import_optional(module: str, hint: str) -> Any:
+    """``module`` imported; ``ModuleNotFoundError`` naming the runtime that needs it and the pip command ``hint``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ModuleNotFoundError(f"the {module} runtime needs the {module} package ({exc}); install it with: "
+                                  f"{hint}") from exc

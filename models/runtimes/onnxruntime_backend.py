@@ -13,7 +13,7 @@ import numpy as np
 from models.checkpoint import ModelMeta
 from models.onnx_metadata import meta_from_props
 from models.runtimes.devices import ort_providers, provider_name
-from models.runtimes.errors import BackendUnavailableError
+from models.runtimes.errors import BackendUnavailableError, import_optional
 
 INSTALL_HINT = "pip install onnxruntime-gpu  (or, CPU only: pip install onnxruntime)"
 DEFAULT_PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
@@ -21,12 +21,7 @@ DEFAULT_PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
 
 def import_onnxruntime() -> Any:
     """Import and return the ``onnxruntime`` module; ``ModuleNotFoundError`` with the pip command if absent."""
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        raise ModuleNotFoundError(f"the onnxruntime runtime needs the onnxruntime package ({exc}); install it with: "
-                                  f"{INSTALL_HINT}") from exc
-    return onnxruntime
+    return import_optional("onnxruntime", INSTALL_HINT)
 
 
 class OnnxRuntimeBackend:

@@ -12,7 +12,7 @@ import numpy as np
 
 from models.checkpoint import ModelMeta
 from models.runtimes.devices import parse_device
-from models.runtimes.errors import BackendUnavailableError
+from models.runtimes.errors import BackendUnavailableError, import_optional
 from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
 
 INSTALL_HINT = 'pip install "openvino>=2025.0"  (or the package\'s extra: pip install -e ".[openvino]")'
@@ -20,12 +20,7 @@ INSTALL_HINT = 'pip install "openvino>=2025.0"  (or the package\'s extra: pip in
 
 def import_openvino() -> Any:
     """Import and return the ``openvino`` module; ``ModuleNotFoundError`` with the pip command if absent."""
-    try:
-        import openvino
-    except ImportError as exc:
-        raise ModuleNotFoundError(f"the openvino runtime needs the openvino package ({exc}); install it with: "
-                                  f"{INSTALL_HINT}") from exc
-    return openvino
+    return import_optional("openvino", INSTALL_HINT)
 
 
 class OpenVinoBackend:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from models.command_line import CommandFailed, UsageError, run_command
 from models.registry import Row, Table
-from serve import BACKEND_NAMES, DEFAULT_MAX_PIXELS, DEVICE_HELP
+from serve import BACKEND_NAMES, DEVICE_HELP
 from serve import api as defaults
-from serve.commands.tag import add_caption_options, add_selection_options, caption_rules_of
+from serve.commands.tag import add_caption_options, add_max_pixels, add_selection_options, caption_rules_of
 
 if TYPE_CHECKING:
     from serve.api.service import ApiSettings
@@ -103,9 +103,7 @@ def add_api_parser(sub: argparse._SubParsersAction) -> None:
                         help="images per request (default: %(default)s)")
     limits.add_argument("--max-upload-mb", type=float, default=defaults.DEFAULT_MAX_UPLOAD_MB, metavar="MB",
                         help="largest request body, and largest fetched URL (default: %(default)s)")
-    limits.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
-                        help="largest image, width x height, checked before decoding (default: %(default)s, "
-                        "Pillow's; 0 turns the check off)")
+    add_max_pixels(limits)
     batching = api.add_argument_group("batching and threads")
     batching.add_argument("--max-batch", type=int, default=defaults.DEFAULT_MAX_BATCH, metavar="N",
                           help="images per model call at most (default: %(default)s; on a CPU larger batches were "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from models.command_line import CommandFailed, UsageError, run_command
 from serve import BACKEND_NAMES, DEVICE_HELP
+from serve.commands.tag import add_max_pixels
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -90,9 +91,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--share", action="store_true", help="also create a public gradio.live link (default: off)")
     demo.add_argument("--max-file-size", default=d.DEFAULT_MAX_FILE_SIZE, metavar="SIZE",
                       help="largest upload accepted, e.g. 5mb, 500kb or 1gb (default: %(default)s)")
-    demo.add_argument("--max-pixels", type=int, default=d.DEFAULT_MAX_PIXELS, metavar="N",
-                      help="largest image accepted, in pixels (width x height), checked before decoding (default: "
-                      "%(default)s, Pillow's; 0 turns the check off)")
+    add_max_pixels(demo)
     demo.add_argument("--queue-size", type=int, default=d.DEFAULT_QUEUE_SIZE, metavar="N",
                       help="requests that may wait in the queue; more are refused (default: %(default)s)")
     demo.add_argument("--concurrency", type=int, default=d.DEFAULT_CONCURRENCY, metavar="N",

@@ -220,12 +220,15 @@ def _run_options(run: argparse._ArgumentGroup) -> None:
     )
     run.add_argument("--shard", metavar="K/N",
                      help="tag only part K of N of SOURCE (deterministic; see sources below), e.g. --shard 3/8")
-    run.add_argument(
-        "--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
-        help="largest image accepted, width x height, checked before decoding, e.g. --max-pixels 50000000 "
-        "(default: %(default)s, Pillow's; 0 turns the check off)",
-    )
+    add_max_pixels(run)
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar, e.g. in batch jobs")
+
+
+def add_max_pixels(group: argparse._ActionsContainer) -> None:
+    """``--max-pixels``, the decompression-bomb limit every serving command takes."""
+    group.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
+                       help="largest image accepted, width x height, checked before decoding, e.g. --max-pixels "
+                       "50000000 (default: %(default)s, Pillow's; 0 turns the check off)")
 
 
 def _check_tag_args(args: argparse.Namespace) -> None:
