@@ -51,9 +51,8 @@ MIN_OBSERVED_SHARE = 0.25
 BRACKET_RATIO = 1.5
 #: How far (on a log scale, from the value of shuffled labels down to 1) an estimate must be to count as informative.
 MIN_INFORMATIVE = 0.5
-#: The least ``observed-rank`` (percent) of the model whose scores k is claimed from: on the development sets the claim
-#: held where the chooser's ``an`` heads scored 51 to 70, and was twice the truth on a set where they scored 34
-#: (bench/README.md, choices that hold; fitted there, not yet checked on a set it was not fitted on).
+#: The least ``observed-rank`` (percent) of the model whose scores k is claimed from (docs/choosing.md, k: how it was
+#: set on the development sets, and that it is not yet checked on a set it was not fitted on).
 MIN_OBSERVED_RANK = 45.0
 #: Seed of the shuffle of the uninformed estimate.
 SHUFFLE_SEED = 0
