@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 
@@ -19,9 +18,10 @@ class BackendUnavailableError(ModelLoadError):
 
 
 def import_optional(module: str, hint: str) -> Any:
-    """``module`` imported; ``ModuleNotFoundError`` naming the runtime that needs it and the pip command ``hint``."""
+    """The top-level ``module``, imported; ``ModuleNotFoundError`` naming the runtime that needs it and the pip
+    command ``hint``."""
     try:
-        return importlib.import_module(module)
+        return __import__(module)  # through builtins.__import__, as an import statement (import hooks see it)
     except ImportError as exc:
         raise ModuleNotFoundError(f"the {module} runtime needs the {module} package ({exc}); install it with: "
                                   f"{hint}") from exc
