@@ -54,11 +54,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(model: Path, engine: str, max_batch: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(model: Path, engine: str, max_batch: int, log: Path,
+                 backend: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """``python -m serve api`` for ``engine`` (``local`` or ``ray:N``) on a free port, once ``/readyz`` says ready
     (``RuntimeError`` with the log's end if it exits or takes over 5 minutes)."""
     port = free_port()
     args = [sys.executable, "-m", "serve", "api", "-m", str(model), "--port", str(port), "--max-batch", str(max_batch)]
+    args += ["--backend", backend] if backend else []
     kind, _, rest = engine.partition(":")
     replicas, _, ingress = rest.partition(":")
     if kind == "ray":
@@ -161,6 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=64, help="distinct JPEGs sent in turn (default: %(default)s)")
     parser.add_argument("--size", type=int, default=448, help="JPEG side in px (default: %(default)s)")
     parser.add_argument("--max-batch", type=int, default=8, help="the service's --max-batch (default: %(default)s)")
+    parser.add_argument("--backend", help="the service's --backend (default: the model file's own choice)")
     parser.add_argument("--seconds", type=float, default=1.0,
                         help="model-only timing per batch size and loading (default: %(default)s)")
     add_page_options(parser, "api-cpu")
@@ -180,9 +183,9 @@ def run(args: argparse.Namespace, argv: list[str] | None, tmp: Path) -> None:
     paths = make_jpegs(tmp / "images", args.images, args.size)
     bodies = [p.read_bytes() for p in paths]
     threads = torch.get_num_threads()
-    settings = ApiSettings(str(args.model))
+    settings = ApiSettings(str(args.model), backend=args.backend)
     loads = {"service": TaggingService.load(settings).predictor,
-             "Predictor.load": Predictor.load(args.model)}
+             "Predictor.load": Predictor.load(args.model, backend=args.backend)}
     torch.set_num_threads(threads)  # the service sets torch to one thread (it only resizes images with it)
     sizes = sorted({*(b for b in (1, 2, 4, 8, 16, 32, 64) if b < args.max_batch), args.max_batch})[-4:]
 
@@ -198,7 +201,8 @@ def run(args: argparse.Namespace, argv: list[str] | None, tmp: Path) -> None:
     load_start = load_text()
     for engine in args.engines.split(","):
         print(f"engine {engine}", file=sys.stderr, flush=True)
-        proc, url = start_server(args.model, engine, args.max_batch, tmp / f"{engine.replace(':', '-')}.log")
+        proc, url = start_server(args.model, engine, args.max_batch, tmp / f"{engine.replace(':', '-')}.log",
+                                 args.backend)
         try:
             results[engine] = measure(url, bodies, args.levels)
         finally:

@@ -190,8 +190,7 @@ def synthetic_section(args: argparse.Namespace, argv: list[str] | None, tmp: Pat
              "(min-max) of the runs, and of each round's tagger / model-only share.", "",
              "| model | backend | network input | model-only img/s | tagger img/s | tagger / model-only |",
              "|---|---|---|---|---|---|"]
-    for model in args.models:
-        predictor = Predictor.load(model)
+    for model, predictor in load_models(args):
         r = measure(predictor, folder, paths, tmp / f"tags-{model.stem}.jsonl", args.batch_size, args.seconds,
                     args.repeats, with_loader=False)
         print(model, r, file=sys.stderr, flush=True)
@@ -204,7 +203,7 @@ def synthetic_section(args: argparse.Namespace, argv: list[str] | None, tmp: Pat
 def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, photos: list[Path]) -> str:
     """Section ``tag-photos``: every model on ``--images`` JPEGs made from real photos at each ``--photo-sizes``."""
     sizes = parse_sizes(args.photo_sizes)
-    predictors = [(model, Predictor.load(model)) for model in args.models]
+    predictors = load_models(args)
     lines = ["## Tagging real photos with the default model (CPU, local engine)", "",
              f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
              f"{args.images} JPEGs per size, each a random 4:3 crop (70-100% of the largest) of one of {len(photos)} "
@@ -239,6 +238,12 @@ def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, 
     return "\n".join(lines) + "\n"
 
 
+def load_models(args: argparse.Namespace) -> list[tuple[Path, Predictor]]:
+    """Every model of ``args.models`` with each runtime of ``--backends`` (``default``: the file's own choice)."""
+    names = [None if b == "default" else b for b in args.backends.split(",")]
+    return [(model, Predictor.load(model, backend=b)) for model in args.models for b in names]
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point (``decode ARGS`` -> :func:`decode_main`); returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -256,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                              "`apt install mate-backgrounds`)")
     parser.add_argument("--photo-sizes", default=DEFAULT_PHOTO_SIZES,
                         help="WIDTHxHEIGHT sizes made from --photos (default: %(default)s)")
+    parser.add_argument("--backends", default="default",
+                        help="runtimes each model is timed with, e.g. onnxruntime,openvino (default: the file's own)")
     parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=5.0, help="model-only timing window (default: 5)")
     parser.add_argument("--repeats", type=int, default=3,

@@ -9,6 +9,7 @@ per image) and, with labels, the mAP drop; :func:`check_precision` raises :class
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from export.errors import ExportError, PrecisionError
 from export.precisions import PrecisionBounds
 from models.evaluation.metrics import mean_average_precision
 from models.logits import sigmoid
+from models.runtimes.openvino_backend import OpenVinoBackend
 
 
 @dataclass
@@ -64,33 +66,41 @@ class PrecisionReport:
         return text
 
 
-class OrtModel:
-    """An ONNX file open in ONNX Runtime (CPU): logits and throughput."""
+class CpuModel:
+    """An ONNX file open in a CPU runtime: logits and throughput (ONNX Runtime here; :class:`OpenVinoModel`)."""
 
     def __init__(self, path: str | Path) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.input = self.session.get_inputs()[0].name
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        self.run: Callable[[np.ndarray], np.ndarray] = lambda batch: session.run(None, {name: batch})[0]
 
     def logits(self, inputs: np.ndarray, batch_size: int = 32) -> np.ndarray:
         """float32 logits ``(N, C)`` of ``inputs``."""
-        outs = [self.session.run(None, {self.input: inputs[s:s + batch_size]})[0]
-                for s in range(0, len(inputs), batch_size)]
+        outs = [self.run(inputs[s:s + batch_size]) for s in range(0, len(inputs), batch_size)]
         return np.concatenate(outs).astype(np.float32, copy=False)
 
     def images_per_second(self, inputs: np.ndarray, batch_size: int = 32,
                           seconds: float = 2.0) -> float:
         """Images/s over repeated batches of ``batch_size`` (one warm-up run first)."""
-        batch = inputs[np.arange(batch_size) % len(inputs)]
-        self.session.run(None, {self.input: batch})
+        batch = np.ascontiguousarray(inputs[np.arange(batch_size) % len(inputs)])
+        self.run(batch)
         done, start = 0, time.perf_counter()
         while done == 0 or time.perf_counter() - start < seconds:
-            self.session.run(None, {self.input: batch})
+            self.run(batch)
             done += batch_size
         return done / (time.perf_counter() - start)
+
+
+class OpenVinoModel(CpuModel):
+    """An ONNX file compiled by OpenVINO for the CPU through ``backend`` (a class of
+    :mod:`models.runtimes.openvino_backend`, which sets the precision)."""
+
+    def __init__(self, path: str | Path, backend: type[OpenVinoBackend]) -> None:
+        self.run = backend.load(path).predict_logits
 
 
 def compare_outputs(reference_logits: np.ndarray, candidate_logits: np.ndarray, thresholds: np.ndarray,

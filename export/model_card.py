@@ -83,9 +83,10 @@ def _calibration_line(meta: ModelMeta) -> str:
 
 
 def model_card_markdown(meta: ModelMeta, files: Sequence[CardFile], model_path: Path, labels_note: str,
-                        per_class_ap: np.ndarray | None) -> str:
+                        per_class_ap: np.ndarray | None, runtime_notes: Sequence[str] = ()) -> str:
     """The ``README.md`` text of an export folder; ``labels_note`` says which labels the figures were measured
-    against (for example that single-positive labels make precision and AP lower bounds)."""
+    against (for example that single-positive labels make precision and AP lower bounds); ``runtime_notes``: the
+    faster CPU runtimes the export picked."""
     data = meta.data or {}
     thresholds = meta.thresholds if meta.thresholds is not None else [0.5] * len(meta.classes)
     head = meta.head.get("kind", "linear") if meta.head else "linear"
@@ -110,6 +111,7 @@ def model_card_markdown(meta: ModelMeta, files: Sequence[CardFile], model_path: 
     for f in files:
         val = "-" if f.val_map is None else f"{f.val_map:.2f}"
         lines.append(f"| `{f.name}` | {f.precision} | {f.runtime} | {f.size_bytes / 1e6:.1f} | {val} |")
+    lines += [f"\n{note}" for note in runtime_notes]
     lines += ["", "## Classes and thresholds", "", _calibration_line(meta),
               f"The same table as CSV: `{TAGS_FILE}`.", "", "| class | threshold | val AP |", "|---|---:|---:|"]
     for c, name in enumerate(meta.classes):
@@ -119,9 +121,10 @@ def model_card_markdown(meta: ModelMeta, files: Sequence[CardFile], model_path: 
 
 
 def write_model_card(folder: Path, meta: ModelMeta, files: Sequence[CardFile], model_path: Path,
-                     labels_note: str, per_class_ap: np.ndarray | None) -> tuple[Path, Path]:
+                     labels_note: str, per_class_ap: np.ndarray | None,
+                     runtime_notes: Sequence[str] = ()) -> tuple[Path, Path]:
     """Write ``README.md`` and ``tags.csv`` into ``folder`` atomically; returns their paths."""
     card, tags = folder / MODEL_CARD_FILE, folder / TAGS_FILE
-    atomic_write_text(card, model_card_markdown(meta, files, model_path, labels_note, per_class_ap))
+    atomic_write_text(card, model_card_markdown(meta, files, model_path, labels_note, per_class_ap, runtime_notes))
     atomic_write_text(tags, tags_table(meta, per_class_ap))
     return card, tags

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ INT8_QAT_MODES = ("auto", "on", "off")
 DEFAULT_QAT_EPOCHS = 2
 #: Training images the quantization-aware distillation learns from.
 DEFAULT_QAT_IMAGES = 1024
+#: ``--openvino``: auto (check the CPU files with OpenVINO where it is installed), on (it must be), off.
+OPENVINO_MODES = ("auto", "on", "off")
 #: Modes of ``--calibrate`` besides those of :func:`export.threshold_calibration.parse_mode`.
 KEEP_MODES = ("auto", "none")
 
@@ -53,6 +56,7 @@ class ExportOptions:
     seed: int = 0
     progress: bool = True
     audit: str | None = None
+    openvino: str = "auto"
 
     def __post_init__(self) -> None:
         from export.int8_sensitivity import parse_keep_float  # numpy only
@@ -79,6 +83,10 @@ class ExportOptions:
             raise UsageError("--calibration-images must be >= 1")
         if self.int8_qat not in INT8_QAT_MODES:
             raise UsageError(f"--int8-qat is one of {', '.join(INT8_QAT_MODES)}, got {self.int8_qat!r}")
+        if self.openvino not in OPENVINO_MODES:
+            raise UsageError(f"--openvino is one of {', '.join(OPENVINO_MODES)}, got {self.openvino!r}")
+        if self.openvino == "on" and importlib.util.find_spec("openvino") is None:
+            raise UsageError('--openvino on needs the openvino package: pip install -e ".[openvino]"')
         if self.int8_qat_epochs < 1:
             raise UsageError("--int8-qat-epochs must be >= 1")
         try:
@@ -137,6 +145,7 @@ class ExportOptions:
             runs_dir=args.runs_dir,
             progress=args.progress,
             audit=args.audit,
+            openvino=args.openvino,
         )
 
     def as_dict(self) -> dict[str, Any]:

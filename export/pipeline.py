@@ -12,6 +12,7 @@ fails the export.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
-from export.converted_vs_fp32 import OrtModel, PrecisionReport, check_precision, compare_outputs
+from export.converted_vs_fp32 import CpuModel, PrecisionReport, check_precision, compare_outputs
 from export.errors import ExportError, PrecisionError, VerificationDataError
 from export.model_card import CardFile, write_model_card
 from export.onnx_export import ExportResult, export_onnx
@@ -36,7 +37,7 @@ from export.onnx_files import (
     sidecar_path,
 )
 from export.options import ExportOptions
-from export.precisions import PRECISIONS, Conversion, ConversionInputs
+from export.precisions import PRECISIONS, Conversion, ConversionInputs, PrecisionBounds
 from export.threshold_calibration import (
     CalibrationMode,
     calibrate,
@@ -71,12 +72,12 @@ class Artifact:
     name: str  # "fp32", "fp16", "int8-cpu", "int8-tensorrt", "engine-fp16", ...
     path: Path
     precision: str
-    runtime: str  # what it is made for: "onnxruntime", "tensorrt"
+    runtime: str  # what it is made for or run with: "onnxruntime", "tensorrt", "openvino", "openvino-bf16"
     size_bytes: int
     val_mAP: float | None = None
     agreement: float | None = None  # identical thresholded decisions vs FP32, at FP32's thresholds
     max_prob_diff: float | None = None
-    images_per_s: float | None = None  # ONNX Runtime CPU at batch THROUGHPUT_BATCH; None for engines without GPU
+    images_per_s: float | None = None  # its runtime on the CPU at batch THROUGHPUT_BATCH; None for engines
     thresholds: list[float] | None = None
     calibration: str = ""
     note: str = ""
@@ -130,6 +131,7 @@ class RunExport:
     artifacts: list[Artifact] = field(default_factory=list)
     summary_path: Path | None = None
     val_labels: str = ""  # what the val mAP column was measured against
+    runtime_notes: list[str] = field(default_factory=list)  # the model card's: a faster CPU runtime picked
 
     def table(self) -> str:
         """The summary table as markdown."""
@@ -223,13 +225,12 @@ def _load(paths: Sequence[Path], meta: ModelMeta, progress: bool) -> tuple[np.nd
     return inputs, keep
 
 
-def write_thresholds(path: Path, thresholds: list[float] | None, calibration: dict[str, Any],
-                     sidecar_update: dict[str, Any] | None = None) -> ModelMeta:
-    """Store ``thresholds`` and how they were chosen in the ONNX file's ``spml_meta`` (rewritten atomically)
-    and refresh its sidecar (sha256, size, meta, plus ``sidecar_update``); returns the new meta."""
+def write_meta(path: Path, changes: dict[str, Any], sidecar_update: dict[str, Any] | None = None) -> ModelMeta:
+    """Change fields of the ONNX file's ``spml_meta`` (``changes``: thresholds, calibration, runtime_pick; the file
+    rewritten atomically) and refresh its sidecar (sha256, size, meta, plus ``sidecar_update``); returns the new
+    meta."""
     model = onnx.load(str(path))
-    meta = onnx_meta(model, path)
-    meta = dataclasses.replace(meta, thresholds=thresholds, calibration=calibration)
+    meta = dataclasses.replace(onnx_meta(model, path), **changes)
     set_onnx_meta(model, meta)
     with atomic_path(path, suffix=".onnx") as tmp:
         onnx.save(model, str(tmp))
@@ -266,7 +267,7 @@ def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mo
         write_report(audit_report, folder / f"{stem}-audit.md", folder / f"{stem}-audit.json")
         info["audit_report"] = f"{stem}-audit.md"
         figures, against = audit_report["overall"], audit.name
-    meta = write_thresholds(artifact.path, [float(t) for t in cal.thresholds], info)
+    meta = write_meta(artifact.path, {"thresholds": [float(t) for t in cal.thresholds], "calibration": info})
     artifact.thresholds, artifact.calibration = meta.thresholds, cal.mode
     line = f"  {artifact.name}: thresholds by {cal.mode} on {val.source} ({val.labels_name}); "
     if figures is None:
@@ -318,7 +319,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
     result.val_labels = val.labels_name
     say(f"validation labels: {val.regime.describe()}")
     audit_data = load_audit_data(audit, meta, say, progress) if audit is not None else None
-    ref = OrtModel(fp32.onnx_path)
+    ref = CpuModel(fp32.onnx_path)
     ref_logits = ref.logits(val.inputs)
     k: ExpectedPositives | None = None
     chosen = default_mode(val.fully_labelled) if calibrate_mode == "auto" else calibrate_mode
@@ -328,7 +329,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
         if k.caveat():
             say(f"  note: {k.caveat()}")
 
-    def calibrate_on(art: Artifact, model: OrtModel, logits: np.ndarray) -> ModelMeta:
+    def calibrate_on(art: Artifact, model: CpuModel, logits: np.ndarray) -> ModelMeta:
         audit_logits = model.logits(audit_data.inputs) if audit_data is not None else None
         calibrated = _calibrate_artifact(art, logits, val, calibrate_mode, list(meta.classes), folder, say, k,
                                          audit_data, audit_logits)
@@ -342,7 +343,21 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
         card_meta = calibrate_on(fp32_art, ref, ref_logits)
     ref_thresholds = np.asarray(fp32_art.thresholds or [0.5] * len(meta.classes))
     result.artifacts.append(fp32_art)
+    with_openvino = opts.openvino == "on" or (opts.openvino == "auto" and importlib.util.find_spec("openvino"))
 
+    def check_runtimes(art: Artifact) -> None:
+        if with_openvino and art.runtime == "onnxruntime":
+            rows, chosen = _openvino_rows(art, ref_logits, ref_thresholds, val, (bounds or {}).get("int8"), say)
+            result.artifacts += rows
+            if chosen:
+                name, rates = chosen["backend"], chosen["images_per_s"]
+                result.runtime_notes.append(
+                    f"`{art.path.name}`: `python -m serve` runs it with {name} by default on a {chosen['cpu']} CPU, "
+                    f"where it passed its check against FP32 and ran {rates[name]:.0f} images/s against ONNX "
+                    f"Runtime's {rates['onnxruntime']:.0f} (`--backend onnxruntime` to override); elsewhere ONNX "
+                    "Runtime.")
+
+    check_runtimes(fp32_art)
     calibration: list[np.ndarray] = []  # the INT8 calibration images, read once when a conversion asks
 
     def read_calibration() -> np.ndarray:
@@ -355,10 +370,10 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
     distill = _distillation(fp32, splits, opts, say)
 
     def convert(conversion: Conversion, precision: str,
-                with_qat: bool) -> tuple[ConversionResult, PrecisionReport, OrtModel, np.ndarray]:
+                with_qat: bool) -> tuple[ConversionResult, PrecisionReport, CpuModel, np.ndarray]:
         conv = conversion.make(fp32.onnx_path,
                                dataclasses.replace(inputs, distilled=distill.onnx if with_qat else None))
-        model = OrtModel(conv.path)
+        model = CpuModel(conv.path)
         logits = model.logits(val.inputs)
         report = PrecisionReport(reference=str(fp32.onnx_path), candidate=str(conv.path), precision=precision,
                                  thresholds_source="fp32 calibrated" if fp32_art.thresholds else "0.5",
@@ -400,6 +415,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
             if calibrate_mode != "none":
                 calibrate_on(art, model, logits)
             result.artifacts.append(art)
+            check_runtimes(art)
     finally:
         distill.close()
 
@@ -427,7 +443,7 @@ def _distillation(fp32: ExportResult, splits: ProtocolSplits, opts: ExportOption
                             epochs=opts.int8_qat_epochs, progress=opts.progress, say=say)
 
 
-def _measure(art: Artifact, model: OrtModel, logits: np.ndarray, report: PrecisionReport | None,
+def _measure(art: Artifact, model: CpuModel, logits: np.ndarray, report: PrecisionReport | None,
              val: ValData) -> None:
     from models.evaluation.metrics import mean_average_precision
 
@@ -439,6 +455,35 @@ def _measure(art: Artifact, model: OrtModel, logits: np.ndarray, report: Precisi
         art.images_per_s = model.images_per_second(val.inputs, THROUGHPUT_BATCH, THROUGHPUT_SECONDS)
     else:
         art.note = "made for TensorRT; checked in ONNX Runtime"
+
+
+def _openvino_rows(art: Artifact, ref_logits: np.ndarray, thresholds: np.ndarray, val: ValData,
+                   int8_bounds: PrecisionBounds | None,
+                   say: Callable[[str], None]) -> tuple[list[Artifact], dict[str, Any]]:
+    """``art``'s file run by each OpenVINO backend (:mod:`export.openvino_check`): one summary row each, and the
+    pick (``{}``: none), written into the file's metadata."""
+    from export.openvino_check import check_file, pick
+
+    say(f"checking {art.path.name} with OpenVINO ...")
+    checks = check_file(art.path, art.precision, ref_logits, thresholds, val.inputs, val.labels, int8_bounds,
+                        lambda model: model.images_per_second(val.inputs, THROUGHPUT_BATCH, THROUGHPUT_SECONDS))
+    chosen = pick(art.images_per_s, checks)
+    if chosen:
+        write_meta(art.path, {"runtime_pick": chosen})
+        art.size_bytes = art.path.stat().st_size
+    rows = []
+    for check in checks:
+        r = check.report
+        note = check.note or ("passed; python -m serve runs this file with it on this CPU model" if chosen.get(
+            "backend") == check.backend else "passed; not picked: not 10% faster than onnxruntime")
+        say(f"  {check.backend}: " + (f"{r.summary()}; " if r else "") + note)
+        rows.append(Artifact(f"{art.name} on {check.backend}", art.path, art.precision, check.backend,
+                             art.size_bytes, val_mAP=r.map_candidate if r else None,
+                             agreement=r.decision_agreement if r else None,
+                             max_prob_diff=r.max_prob_diff if r else None,
+                             images_per_s=check.images_per_s, thresholds=art.thresholds,
+                             calibration=art.calibration, note=note))
+    return rows, chosen
 
 
 def _build_engines(result: RunExport, precisions: Sequence[str], targets: Sequence[str] | None,
@@ -474,7 +519,7 @@ def _labels_note(val: ValData) -> str:
 def _write_card(result: RunExport, meta: ModelMeta, ap: np.ndarray | None, labels_note: str) -> None:
     """The export folder's model card (``README.md``) and ``tags.csv``."""
     files = [CardFile(a.path.name, a.precision, a.runtime, a.size_bytes, a.val_mAP) for a in result.artifacts]
-    write_model_card(result.folder, meta, files, result.fp32.onnx_path, labels_note, ap)
+    write_model_card(result.folder, meta, files, result.fp32.onnx_path, labels_note, ap, result.runtime_notes)
 
 
 def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:
@@ -488,7 +533,7 @@ def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:
     atomic_write_text(result.folder / "summary.json", json.dumps(doc, indent=2) + "\n")
     table = result.table()
     text = (f"# Export of {result.fp32.checkpoint}\n\nval mAP and decision agreement on the validation split; "
-            f"throughput: ONNX Runtime CPU, batch {THROUGHPUT_BATCH}, on the exporting machine.\n\n{table}\n")
+            f"throughput: the row's runtime on the exporting machine's CPU, batch {THROUGHPUT_BATCH}.\n\n{table}\n")
     atomic_write_text(result.folder / "summary.md", text)
     result.summary_path = result.folder / "summary.md"
     say(table)
@@ -496,4 +541,4 @@ def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:
         say("(engines run only on an NVIDIA GPU: serve them with `python -m serve ... --model <engine>`)")
 
 
-__all__ = ["Artifact", "RunExport", "export_run", "write_thresholds"]
+__all__ = ["Artifact", "RunExport", "export_run", "write_meta"]

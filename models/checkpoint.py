@@ -66,6 +66,9 @@ class ModelMeta:
     # conversion was done (tool, target runtime, activation/weight types, symmetry, calibration, float nodes).
     precision: str = "fp32"
     quantization: dict[str, Any] = field(default_factory=dict)
+    # A CPU runtime the export measured faster than ONNX Runtime on this file and checked against FP32:
+    # {"backend", "cpu", "images_per_s": {runtime: img/s}}; ``python -m serve`` uses it on a CPU of the same model
+    runtime_pick: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Serialise to a JSON string."""

@@ -29,7 +29,10 @@ DEFAULT_MAX_PIXELS = 89_478_485
 
 #: ``--backend`` help shared by ``tag``, ``demo`` and ``api``: the rows of :data:`models.runtimes.RUNTIMES` (kept here
 #: as text so that ``--help`` imports no runtime; a test checks they agree).
-BACKEND_NAMES = "onnxruntime, torch, tensorrt or openvino"
+BACKEND_NAMES = "onnxruntime, torch, tensorrt, openvino or openvino-bf16"
+#: ``--backend`` help's default, shared likewise.
+BACKEND_HELP = (f"runtime to use: {BACKEND_NAMES} (default: from the model file's suffix; an .onnx file on the CPU "
+                "runs with the faster runtime its export checked on this CPU model, if any)")
 
 #: ``--device`` help shared by ``tag`` and ``demo``.
 DEVICE_HELP = ("cpu, cuda, cuda:N, tensorrt or tensorrt:N (default: PyTorch uses CUDA when available, ONNX Runtime "

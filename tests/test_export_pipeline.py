@@ -16,6 +16,7 @@ import pytest
 from onnx import numpy_helper
 from reference import reference_logits
 
+from export import openvino_check
 from export import pipeline as export_pipeline
 from export.errors import PrecisionError
 from export.onnx_files import read_onnx_meta, read_sidecar
@@ -28,6 +29,7 @@ from models.data.registry import load_dataset
 from models.evaluation.metrics import per_class_ap
 from models.files.digest import file_sha256
 from models.preprocess import EvalTransform
+from models.runtimes.openvino_backend import cpu_has_bf16, cpu_name
 from models.runtimes.tensorrt_backend import tensorrt_importable
 from serve.demo.model_store import model_markdown
 from serve.predictor import Predictor
@@ -95,13 +97,15 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
     # test_quantize.py, here only the pipeline is checked
     relaxed = {"int8": PrecisionBounds(max_prob_diff=None, min_agreement=0.0, max_map_drop=None)}
     said: list[str] = []
+    monkeypatch.setattr(openvino_check, "PICK_MARGIN", 0.0)  # timing aside: OpenVINO is picked where it passes
     result = export_run(run, out, precisions=["fp32", "fp16", "int8"], trt=HAS_RTX, trt_targets=["sm86"],
                         trt_batch=(1, 4, 8), bounds=relaxed, progress=False, int8_calibration="percentile",
                         int8_qat="on", int8_qat_epochs=1, log=said.append)
     names = [a.name for a in result.artifacts]
-    expected = ["fp32", "fp16", "int8-cpu"] + (["int8-tensorrt", "engine-fp32", "engine-fp16", "engine-int8"]
-                                              if HAS_RTX else [])
+    expected = ["fp32", "fp32 on openvino", "fp32 on openvino-bf16", "fp16", "int8-cpu", "int8-cpu on openvino"]
+    expected += ["int8-tensorrt", "engine-fp32", "engine-fp16", "engine-int8"] if HAS_RTX else []
     assert names == expected
+    _check_openvino_rows(result.artifacts, out.parent)
     folder = out.parent
     for name in ("summary.md", "summary.json", "calibration-fp32.md", "calibration-fp32.json", "calibration-fp32.png",
                  "calibration-fp16.md", "calibration-int8-cpu.md"):
@@ -110,7 +114,7 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
     x, labels = _val(32)
     summary = json.loads((folder / "summary.json").read_text())
     for art in result.artifacts:
-        if art.path.suffix != ".onnx":
+        if art.path.suffix != ".onnx" or " on " in art.name:
             continue
         meta = read_onnx_meta(art.path)
         assert meta.precision == art.precision and meta.thresholds == art.thresholds
@@ -147,6 +151,37 @@ def test_every_artifact_gets_its_own_calibrated_thresholds(run: Path, tmp_path: 
         assert doc["meta"]["thresholds"] == source.thresholds and doc["profile"]["max"][0] == 8
 
 
+def test_a_cpu_runtime_is_picked_only_when_it_passes_and_beats_onnxruntime_by_the_margin() -> None:
+    from export.openvino_check import PICK_MARGIN, RuntimeCheck, pick
+
+    ok, failed = SimpleNamespace(passed=True), SimpleNamespace(passed=False)
+    checks = [RuntimeCheck("openvino", ok, 105.0), RuntimeCheck("openvino-bf16", failed)]  # type: ignore[arg-type]
+    assert pick(100.0, checks) == {}  # 5% faster is within the timing noise
+    checks[0].images_per_s = 100.0 * PICK_MARGIN
+    assert pick(100.0, checks) == {"backend": "openvino", "cpu": cpu_name(),
+                                   "images_per_s": {"onnxruntime": 100.0, "openvino": 110.0}}
+    checks.append(RuntimeCheck("openvino-bf16", ok, 150.0))  # type: ignore[arg-type]
+    assert pick(100.0, checks)["backend"] == "openvino-bf16" and pick(None, checks) == {}
+    assert pick(100.0, [RuntimeCheck("openvino", failed, 500.0)]) == {}  # type: ignore[arg-type]
+
+
+def _check_openvino_rows(artifacts: list[Any], folder: Path) -> None:
+    """OpenVINO ran the FP32 file within the parity bound and the INT8 file through the INT8 gate; bfloat16 where
+    the CPU has it; both files name OpenVINO as their CPU runtime (the pick's margin is off in this test), and the
+    model card says so."""
+    rows = {a.name: a for a in artifacts}
+    fp32_ov, int8_ov, bf16 = rows["fp32 on openvino"], rows["int8-cpu on openvino"], rows["fp32 on openvino-bf16"]
+    assert fp32_ov.max_prob_diff <= 1e-4 and fp32_ov.agreement == 1.0 and fp32_ov.images_per_s > 0
+    assert int8_ov.agreement is not None and int8_ov.images_per_s > 0 and int8_ov.path == rows["int8-cpu"].path
+    assert bf16.agreement is not None if cpu_has_bf16() else "no bfloat16 units" in bf16.note
+    card = (folder / "README.md").read_text()
+    for name in ("model.onnx", "model.int8-cpu.onnx"):
+        pick = read_onnx_meta(folder / name).runtime_pick
+        assert pick["backend"] in ("openvino", "openvino-bf16") and pick["cpu"] == cpu_name()
+        assert f"`{name}`: `python -m serve` runs it with {pick['backend']} by default" in card
+        assert read_sidecar(folder / name.replace(".onnx", ".json"))["sha256"] == file_sha256(folder / name)
+
+
 def _serves_the_boosted_model(run: Path, folder: Path) -> None:
     """Every artifact records BoostLU; INT8 keeps the head's 1x1 convolution (the class activation maps) in
     float; the tagger's two runtimes and the demo serve the boosted network."""
@@ -161,7 +196,9 @@ def _serves_the_boosted_model(run: Path, folder: Path) -> None:
     paths = build_protocol(load_dataset("builtin:tiny@seed0"), parse_observed("single"), 0.2, 1200).val.paths[:8]
     expected = 1 / (1 + np.exp(-reference_logits(run / "best.pt", list(paths))))  # the boosted PyTorch network
     for model in (folder / "model.onnx", run / "best.pt"):
-        predictor = Predictor.load(model)
+        predictor = Predictor.load(model)  # the ONNX file: with OpenVINO, the export's pick
+        picked = "torch" if model.suffix == ".pt" else read_onnx_meta(model).runtime_pick["backend"]
+        assert predictor.backend == picked
         np.testing.assert_allclose(predictor.scores(list(paths)), expected, atol=1e-5)
         assert predictor.describe()["boostlu"] == 5.0 and "BoostLU 5" in model_markdown("run", predictor)
 

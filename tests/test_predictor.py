@@ -373,3 +373,29 @@ def test_openvino_runs_the_same_onnx_file_within_the_fp32_parity_bound(
     from serve import BACKEND_NAMES
 
     assert sorted(BACKEND_NAMES.replace(" or ", ", ").split(", ")) == sorted(RUNTIMES)  # the --backend help
+    from models.runtimes import OpenVinoBf16Backend
+    from models.runtimes.openvino_backend import cpu_has_bf16
+
+    if not cpu_has_bf16():
+        with pytest.raises(BackendUnavailableError, match="no bfloat16 units"):
+            OpenVinoBf16Backend.open(files["onnx"])
+
+
+def test_the_exports_runtime_pick_is_the_default_on_the_same_cpu_model_only(files: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    """A file whose metadata names OpenVINO as faster on this CPU model is served with it by default (the
+    description says why and how to override); on another CPU model, or with --backend, ONNX Runtime."""
+    pytest.importorskip("openvino")
+    from export.pipeline import write_meta
+    from models.runtimes.openvino_backend import cpu_name
+
+    model = tmp_path / "model.onnx"
+    shutil.copy(files["onnx"], model)
+    pick = {"backend": "openvino", "cpu": cpu_name(), "images_per_s": {"onnxruntime": 90.0, "openvino": 120.0}}
+    write_meta(model, {"runtime_pick": pick})
+    predictor = Predictor.load(model)
+    assert predictor.backend == "openvino"
+    assert "the export measured it faster on this CPU (120 against onnxruntime's 90" in predictor.device_description
+    assert Predictor.load(model, backend="onnxruntime").backend == "onnxruntime"
+    write_meta(model, {"runtime_pick": {**pick, "cpu": "another CPU"}})
+    assert Predictor.load(model).backend == "onnxruntime"

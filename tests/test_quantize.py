@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from export import ExportError, read_onnx_meta
 from export.__main__ import main as export_main
-from export.converted_vs_fp32 import OrtModel, PrecisionReport, check_precision, compare_outputs
+from export.converted_vs_fp32 import CpuModel, PrecisionReport, check_precision, compare_outputs
 from export.errors import CalibrationDataError, ConversionError, KeepFloatError, NotFP32Error, PrecisionError
 from export.int8_calibration_data import calibration_batches
 from export.int8_sensitivity import KeepFloat, format_report, parse_keep_float, sensitivity_report, write_csv
@@ -103,7 +103,7 @@ def compare(reference: Path, candidate: Path, inputs: np.ndarray, labels: np.nda
     thr = np.broadcast_to(np.asarray(thresholds, dtype=np.float64), (len(CLASSES),))
     return PrecisionReport(reference=str(reference), candidate=str(candidate),
                            precision=read_onnx_meta(candidate).precision, thresholds_source="test",
-                           **compare_outputs(OrtModel(reference).logits(inputs), OrtModel(candidate).logits(inputs),
+                           **compare_outputs(CpuModel(reference).logits(inputs), CpuModel(candidate).logits(inputs),
                                              thr, labels))
 
 

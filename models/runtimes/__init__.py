@@ -6,6 +6,7 @@ module, :mod:`models.runtimes.devices` and :func:`read_model_meta` are light.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -16,7 +17,7 @@ from models.registry import Row, Table, UnknownName
 from models.runtimes.devices import parse_device
 from models.runtimes.errors import BackendUnavailableError, ModelLoadError, ModelSpecError
 from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
-from models.runtimes.openvino_backend import OpenVinoBackend
+from models.runtimes.openvino_backend import OpenVinoBackend, OpenVinoBf16Backend, cpu_name
 from models.runtimes.tensorrt_backend import TensorRTBackend
 from models.runtimes.torch_backend import TorchBackend
 
@@ -45,6 +46,7 @@ RUNTIMES: Table[type] = Table("backend", [
     Row(TensorRTBackend.name, "TensorRT: .engine files built by python -m export --trt (a GPU)", TensorRTBackend),
     Row(OpenVinoBackend.name, "OpenVINO: the same .onnx files on the CPU, in float32 (the openvino extra)",
         OpenVinoBackend),
+    Row(OpenVinoBf16Backend.name, "OpenVINO in bfloat16, on CPUs with bfloat16 units", OpenVinoBf16Backend),
 ])
 
 #: Model file suffixes of runtimes that may not be installed, for a more helpful "unsupported" message.
@@ -112,12 +114,39 @@ def open_runtime(path: Path, backend: str | None = None, device: str | None = No
                  threads: int | None = None) -> tuple[Runtime, str]:
     """Load model file ``path`` with its runtime (or ``backend``) for ``device`` and ``threads``; returns the runtime
     and where it runs. :class:`BackendUnavailableError` when the runtime or GPU provider is missing."""
-    return runtime_class(path, backend).open(path, device, threads)
+    cls = runtime_class(path, backend)
+    picked = _export_pick(path, cls, device) if backend is None else None
+    if picked is not None:
+        pick_cls, rates = picked
+        try:
+            runtime, where = pick_cls.open(path, device, threads)
+        except (BackendUnavailableError, ValueError):
+            pass  # the pick does not run here after all: the suffix's runtime does
+        else:
+            return runtime, (f"{where}; the export measured it faster on this CPU ({rates[pick_cls.name]:.0f} "
+                             f"against onnxruntime's {rates.get('onnxruntime', 0):.0f} img/s; --backend onnxruntime "
+                             "to override)")
+    return cls.open(path, device, threads)
+
+
+def _export_pick(path: Path, cls: type, device: str | None) -> tuple[type, dict[str, float]] | None:
+    """The runtime the export picked for ``path`` on this CPU model (:attr:`ModelMeta.runtime_pick`), when ``cls``
+    is ONNX Runtime on the CPU and the pick is installed; None otherwise."""
+    if cls is not OnnxRuntimeBackend or parse_device(device)[0] not in ("default", "cpu"):
+        return None
+    try:
+        pick = cls.read_meta(path).runtime_pick
+    except (OSError, ValueError):
+        return None
+    chosen = RUNTIMES.get(pick.get("backend", ""))
+    if not (isinstance(chosen, type) and issubclass(chosen, OpenVinoBackend)) or pick.get("cpu") != cpu_name():
+        return None
+    return (chosen, pick.get("images_per_s", {})) if importlib.util.find_spec("openvino") else None
 
 
 __all__ = [
     "RUNTIMES", "BackendUnavailableError", "ModelLoadError", "ModelSpecError", "OnnxRuntimeBackend", "OpenVinoBackend",
-    "Runtime",
+    "OpenVinoBf16Backend", "Runtime",
     "TensorRTBackend", "TorchBackend", "open_runtime", "parse_device", "read_model_meta",
     "runtime_class", "runtime_for", "runtime_named",
 ]

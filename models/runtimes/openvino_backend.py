@@ -1,10 +1,13 @@
-"""OpenVINO backend for the same exported ``.onnx`` files (``--backend openvino``): Intel's CPU runtime, compiled for
-the CPU in float32 (OpenVINO's own default on CPUs with bfloat16 units is bfloat16, which changes the scores: it is
-not taken silently). openvino is imported only to load a model; the metadata is read with ``onnx``.
+"""OpenVINO backend for the same exported ``.onnx`` files: Intel's CPU runtime. ``--backend openvino`` compiles
+for the CPU in float32 (OpenVINO's own default on CPUs with bfloat16 units is bfloat16, which changes the scores: it
+is never taken silently); ``--backend openvino-bf16`` asks for bfloat16 where the CPU has it. openvino is imported
+only to load a model; the metadata is read with ``onnx``.
 """
 
 from __future__ import annotations
 
+import functools
+import platform
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,10 +26,28 @@ def import_openvino() -> Any:
     return import_optional("openvino", INSTALL_HINT)
 
 
+@functools.cache
+def cpu_name() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``'s model name, else :func:`platform.processor`)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether OpenVINO finds bfloat16 units on this CPU (without them a bf16 hint runs float32)."""
+    return "BF16" in import_openvino().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 class OpenVinoBackend:
-    """A model compiled by OpenVINO for the CPU: float32 ``(N,3,S,S)`` -> logits ``(N,C)``."""
+    """A model compiled by OpenVINO for the CPU at ``precision``: float32 ``(N,3,S,S)`` -> logits ``(N,C)``."""
 
     name: ClassVar[str] = "openvino"
+    precision: ClassVar[str] = "f32"
     suffixes: ClassVar[tuple[str, ...]] = (".onnx",)
 
     def __init__(self, compiled: Any, meta: ModelMeta, path: Path) -> None:
@@ -42,12 +63,12 @@ class OpenVinoBackend:
 
     @classmethod
     def load(cls, path: str | Path, threads: int | None = None) -> OpenVinoBackend:
-        """Compile ``path`` for the CPU in float32 with ``threads`` inference threads; ``ValueError`` for a file that
-        OpenVINO cannot read."""
+        """Compile ``path`` for the CPU at the class's precision with ``threads`` inference threads; ``ValueError``
+        for a file that OpenVINO cannot read."""
         path = Path(path)
         meta = cls.read_meta(path)
         ov = import_openvino()
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": cls.precision}
         if threads is not None:
             config["INFERENCE_NUM_THREADS"] = int(threads)
         try:
@@ -62,16 +83,26 @@ class OpenVinoBackend:
         """Load ``path`` for ``device`` (the CPU only) with ``threads``; returns the runtime and where it runs."""
         kind, _ = parse_device(device)
         if kind not in ("default", "cpu"):
-            raise BackendUnavailableError(f"device {device!r}: the openvino backend runs on the CPU only here; use "
+            raise BackendUnavailableError(f"device {device!r}: the {cls.name} backend runs on the CPU only here; use "
                                           "--device cpu, or --backend onnxruntime for a GPU")
         try:
             import_openvino()
         except ModuleNotFoundError as exc:
             raise BackendUnavailableError(str(exc)) from exc
-        return cls.load(path, threads), "openvino (CPU, f32)"
+        if cls.precision == "bf16" and not cpu_has_bf16():
+            raise BackendUnavailableError(f"--backend {cls.name}: this CPU ({cpu_name()}) has no bfloat16 units; "
+                                          "use --backend openvino (float32)")
+        return cls.load(path, threads), f"{cls.name} (CPU, {cls.precision})"
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
         """float32 ``(N, 3, S, S)`` preprocessed batch -> float32 logits ``(N, C)``."""
         batch = np.ascontiguousarray(batch, dtype=np.float32)
         result = self.request.infer({0: batch})
         return np.asarray(result[self.compiled.output(0)], dtype=np.float32)
+
+
+class OpenVinoBf16Backend(OpenVinoBackend):
+    """OpenVINO in bfloat16 on CPUs with bfloat16 units (scores move: the export's bf16 gate checks them)."""
+
+    name: ClassVar[str] = "openvino-bf16"
+    precision: ClassVar[str] = "bf16"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from models.command_line import CommandFailed, UsageError, run_command
 from models.registry import Row, Table
-from serve import BACKEND_NAMES, DEVICE_HELP
+from serve import BACKEND_HELP, DEVICE_HELP
 from serve import api as defaults
 from serve.commands.tag import add_caption_options, add_max_pixels, add_selection_options, caption_rules_of
 
@@ -82,8 +82,7 @@ def add_api_parser(sub: argparse._SubParsersAction) -> None:
     api.add_argument("--model", "-m", type=Path, required=True, metavar="MODEL",
                      help="exported .onnx, training checkpoint .pt, or another registered runtime's file, e.g. "
                      "-m runs/voc-an/export/model.onnx")
-    api.add_argument("--backend", metavar="NAME",
-                     help=f"runtime to use: {BACKEND_NAMES} (default: from the model file's suffix)")
+    api.add_argument("--backend", metavar="NAME", help=BACKEND_HELP)
     api.add_argument("--device", metavar="DEV", help=DEVICE_HELP)
     net = api.add_argument_group("server")
     net.add_argument("--host", default=defaults.DEFAULT_HOST,

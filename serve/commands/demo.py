@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.command_line import CommandFailed, UsageError, run_command
-from serve import BACKEND_NAMES, DEVICE_HELP
+from serve import BACKEND_HELP, DEVICE_HELP
 from serve.commands.tag import add_max_pixels
 
 if TYPE_CHECKING:
@@ -80,8 +80,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                       "(default: the newest model found under --runs-dir)")
     demo.add_argument("--runs-dir", type=Path, metavar="DIR",
                       help="where to look for runs (default: $SPML_RUNS, else ./runs)")
-    demo.add_argument("--backend", metavar="NAME",
-                      help=f"runtime to use: {BACKEND_NAMES} (default: from the file suffix)")
+    demo.add_argument("--backend", metavar="NAME", help=BACKEND_HELP)
     demo.add_argument("--device", metavar="DEV", help=DEVICE_HELP)
     demo.add_argument("--examples", type=Path, metavar="DIR",
                       help="folder of example images (default: built-in dataset test images)")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.command_line import CommandFailed, ExitCode, UsageError, run_command
-from serve import BACKEND_NAMES, DEFAULT_MAX_PIXELS, DEVICE_HELP
+from serve import BACKEND_HELP, DEFAULT_MAX_PIXELS, DEVICE_HELP
 from serve.tagging.engines import DEFAULT_ENGINE, engine_names
 
 if TYPE_CHECKING:
@@ -75,8 +75,7 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
         help="exported .onnx (ONNX Runtime), training checkpoint .pt (PyTorch), or another registered runtime's "
         "file, e.g. -m runs/voc-an/export/model.onnx",
     )
-    tag.add_argument("--backend", metavar="NAME",
-                     help=f"runtime to use: {BACKEND_NAMES} (default: from the model file's suffix)")
+    tag.add_argument("--backend", metavar="NAME", help=BACKEND_HELP)
     tag.add_argument("--device", metavar="DEV", help=DEVICE_HELP + ", e.g. --device cuda:1")
     _output_options(tag.add_argument_group("outputs"))
     add_selection_options(tag.add_argument_group("tag selection (see below)"))
