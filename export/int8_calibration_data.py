@@ -16,12 +16,8 @@ CALIBRATION_CHUNK_IMAGES = 32  # per chunk, counted at 224 x 224 (scaled by pixe
 
 def calibration_batches(data: np.ndarray | Iterable[Any], image_size: int, *, max_images: int | None = None,
                         batch_size: int = CALIBRATION_BATCH) -> list[np.ndarray]:
-    """Validate preprocessed calibration images and re-batch them to ``batch_size``.
-
-    ``data``: one float array ``(N, 3, S, S)`` or an iterable of such batches (numpy arrays or CPU tensors),
-    normalised exactly as for inference. At most ``max_images`` are kept. Raises
-    :class:`CalibrationDataError` for anything else or when no image is given.
-    """
+    """Preprocessed calibration images ``(N, 3, S, S)`` (an array or an iterable of batches), validated, capped at
+    ``max_images`` and re-batched to ``batch_size``; raises :class:`CalibrationDataError`."""
     if batch_size < 1:
         raise CalibrationDataError("the calibration batch size must be >= 1")
     if max_images is not None and max_images < 1:

@@ -1,11 +1,5 @@
-"""The model card of an export folder: ``README.md`` for people and ``tags.csv`` for other tools.
-
-``README.md`` says what the model tags (its classes), how it was trained (data, observed labels, method,
-architecture), what it scored on validation data and against which labels, its per-class thresholds and how they
-were calibrated, the exported files, and the exact command that tags a folder with it. ``tags.csv`` is the plain
-table other taggers and spreadsheets read: ``name,threshold,val_ap`` per class (``val_ap`` empty when the export
-had no labelled validation data).
-"""
+"""The model card of an export folder: ``README.md`` for people (classes, training, validation scores, thresholds,
+files, the tagging command) and ``tags.csv`` (``name,threshold,val_ap`` per class) for other tools."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The whole export of a run (:func:`export_run`): FP32 ONNX, per-class thresholds, FP16 / INT8 ONNX, TensorRT
-engines, summary and model card; docs/export.md describes every file and check.
-
-The validation split is rebuilt from the checkpoint's metadata and scored by every artifact, which gets its own
-thresholds calibrated on its own scores (INT8 squeezes scores, so thresholds are never shared between precisions).
-F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)`` unless an audit list
-(:mod:`models.data.audit_list`) is given, and the positive-only modes take K from the audit list, the run, or an
-estimate from the validation scores (:func:`expected_tags`). A converted model that breaks a bound against FP32
-fails the export.
-"""
+"""The whole export of a run (:func:`export_run`): FP32 ONNX, FP16 / INT8 ONNX, TensorRT engines, each with thresholds
+calibrated on its own validation scores, the summary and the model card (docs/export.md). A converted model that breaks
+a bound against FP32 fails the export."""
 
 from __future__ import annotations
 
@@ -178,12 +171,9 @@ def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], prog
 
 def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None = None,
                   meta: ModelMeta | None = None) -> ExpectedPositives:
-    """K, the expected tags per image of the positive-only calibrations (``rate``, ``pu-f1``): the audit list's mean
-    number of positives when one is given; else the run's own k when it is known (given, published, full labels, an
-    audit list at training); else the estimate ``--method auto`` made from cross-fitted scores over the training
-    and validation images; else the estimate from the validation scores
-    (:func:`models.evaluation.expected_positives.estimate_k`, with the bracket that says whether it holds within
-    25%)."""
+    """K, the expected tags per image for ``rate`` / ``pu-f1``: the audit list's mean, else the run's known k, else
+    ``--method auto``'s estimate, else :func:`models.evaluation.expected_positives.estimate_k` on the validation
+    scores."""
     if audit is not None:
         return ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
     data = meta.data if meta is not None else {}
@@ -281,10 +271,8 @@ def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mo
 
 def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
                log: Callable[[str], None] | None = None, **options: Any) -> RunExport:
-    """Export a checkpoint to every requested artifact (see the module docstring); returns what was written.
-    ``options``: those of :class:`~export.options.ExportOptions` by name (``precisions=["fp32", "int8"]``,
-    ``calibrate_mode="rate"``, ...), checked there (:class:`~models.command_line.UsageError`, a ``ValueError``).
-    Raises ``ExportError`` (and its subclasses) on any failure."""
+    """Export a checkpoint to every requested artifact; ``options`` as :class:`~export.options.ExportOptions` by name.
+    Raises ``ExportError`` (or a subclass), or ``UsageError`` on a bad option."""
     opts = ExportOptions(**options)
     precisions, calibrate_mode, bounds, audit = opts.precisions, opts.calibrate_mode, opts.bounds, opts.audit
     val_images, progress, seed = opts.val_images, opts.progress, opts.seed
