@@ -1,15 +1,10 @@
-"""Choosing the method and its learning rate on the user's own labels: ``python -m train --method auto``.
+"""Choosing the method and its learning rate on the user's own labels: ``python -m train --method auto``
+(docs/choosing.md, "What --method auto does").
 
-No fixed recommendation holds (the development sets rank the methods differently: bench/README.md, choices that
-hold), so the chooser measures them on the data at hand (docs/choosing.md, "What --method auto does"): linear heads
-of every candidate method (:func:`candidate_methods`) at every learning rate of :data:`CANDIDATE_LRS` train on the
-backbone's cached features, one process per CPU core (:func:`choice_processes`); without full validation labels
-they are cross-fitted over the training and validation images (train/cross_fitting.py) and scored by
-:data:`CHOICE_CRITERION` against the observed labels, else by the validation mAP. The baseline (``an`` at the run's
-learning rate) stays the choice unless a candidate beats it beyond the noise (:func:`pick`); an audit list
-(``--audit``) can overrule that pick (:func:`choose_on_scores`). ``python -m train`` then trains the choice. k, when
-it would be estimated, is estimated once from the cross-fitted scores of the ``an`` heads.
-"""
+Linear heads of every candidate method at every learning rate of :data:`CANDIDATE_LRS` train on cached backbone
+features, one process per core; without full validation labels they are cross-fitted over the training and validation
+images and scored by :data:`CHOICE_CRITERION`, else by the validation mAP. The baseline (``an``) stays the choice unless
+a candidate beats it beyond the noise (:func:`pick`); an audit list can overrule that."""
 
 from __future__ import annotations
 
@@ -136,16 +131,13 @@ class Choice:
 
 
 def left_out() -> dict[str, str]:
-    """The methods the chooser leaves out, with the measurement why (their ``left_out_of_auto``; bench/README.md,
-    choices that hold, on the development sets the rule was fitted on): at every learning rate far below ``an`` on
-    a development set, where the label-free scores do not see it."""
+    """The methods the chooser leaves out (their ``left_out_of_auto``), with the measurement why."""
     return {name: method.left_out_of_auto for name, method in sorted(METHODS.items()) if method.left_out_of_auto}
 
 
 def candidate_methods(train_observed: np.ndarray) -> list[str]:
-    """The methods the chooser tries: every registered method that trains a head on fixed features from the labels
-    a user has - not the oracles (full labels), not those that need feature maps (``lac``) or CLIP pseudo-labels,
-    not those :func:`left_out`, and ``iu`` only where some negatives are observed."""
+    """The methods the chooser tries: those that train a head on fixed features from the user's labels (no oracles, no
+    feature-map or CLIP methods, none :func:`left_out`; ``iu`` only with observed negatives)."""
     out = []
     for name in sorted(METHODS):
         method = METHODS[name]
@@ -188,19 +180,17 @@ EpochObserver = Callable[[Candidate, int, MultiLabelNet, FixedFeaturePhase, Asse
 def fit_candidate(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet,
                   forward: DatasetForward, features: dict[str, Rows], k: ExpectedPositives | None,
                   observer: EpochObserver | None = None) -> CandidateResult:
-    """Train a fresh head of ``model`` for ``candidate`` on ``data``'s training features (``cfg``'s optimiser,
-    schedule, batch size, epochs and seed) and keep the epoch the run's selection criterion picks on its validation
-    split, with the validation logits there (and the logits of ``features["scored"]``, when given: rows of
-    unreadable images NaN). ``observer`` is called after every epoch (benchmarks score more)."""
+    """Train a fresh head of ``model`` for ``candidate`` on ``data``'s training features and keep the epoch the run's
+    criterion picks on validation, with its validation logits (and those of ``features["scored"]``, NaN rows for
+    unreadable images). ``observer`` is called after every epoch."""
     return _fit_heads(candidate, cfg, model, forward, [(data, features)], k, observer)[0]
 
 
 def _fit_heads(candidate: Candidate, cfg: TrainConfig, model: MultiLabelNet, forward: DatasetForward,
                fits: list[tuple[RunData, dict[str, Rows]]], k: ExpectedPositives | None,
                observer: EpochObserver | None = None) -> list[CandidateResult]:
-    """:func:`fit_candidate` of each (data, features) of ``fits``, with a head of its own (copies of ``model``'s
-    head, which the last one trains), trained together where they can (:func:`~train.fixed_features.joint_groups`)
-    with the same updates as one after the other. All fail when one cannot be built or one diverges."""
+    """:func:`fit_candidate` of each (data, features) of ``fits``, each with its own head, trained together where they
+    can; all fail when one cannot be built or diverges."""
     started = time.perf_counter()
     results = [CandidateResult(candidate) for _ in fits]
     phases = []
@@ -281,9 +271,7 @@ def _head_logits(head: torch.nn.Module, rows: Rows) -> np.ndarray:
 
 def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet,
                        forward: DatasetForward, pool: Pool, k: ExpectedPositives | None) -> tuple[np.ndarray, str]:
-    """Cross-fitted logits of ``candidate`` for every image of ``pool`` (train/cross_fitting.py): one head per fold,
-    trained on the other folds but the next, at the epoch the selection criterion picks on the next fold, scoring
-    the fold (the folds' heads train together). Rows of unreadable images are NaN. Returns the logits and why a fold
+    """Cross-fitted logits of ``candidate`` for every image of ``pool`` (NaN rows for unreadable images) and why a fold
     failed ("" when none did)."""
     logits = np.full((len(pool), len(data.splits.classes)), np.nan, dtype=np.float32)
     folds = range(int(pool.folds.max()) + 1)
@@ -296,9 +284,8 @@ def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, mo
 
 
 def head_config(cfg: TrainConfig) -> TrainConfig:
-    """The settings the candidates train with: ``cfg`` on fixed features (with ``--trainable head`` its epochs,
-    learning rate and schedule; else the head's defaults: :data:`HEAD_EPOCHS` epochs, the default learning rate and
-    schedule, since the run's belong to the fine-tune), defaults resolved for the baseline."""
+    """The settings the candidates train with: ``cfg`` on fixed features, with the head's defaults unless ``--trainable
+    head`` set them."""
     if not cfg.fixed_features:
         head = TrainConfig()
         cfg = dataclasses.replace(cfg, epochs=HEAD_EPOCHS, lr=head.lr, scheduler=head.scheduler)
@@ -325,9 +312,8 @@ def prepare(cfg: TrainConfig) -> tuple[RunData, MultiLabelNet, DatasetForward, d
 def choose(cfg: TrainConfig, methods: list[str] | None = None, lrs: tuple[float, ...] = CANDIDATE_LRS,
            criterion: str = CHOICE_CRITERION,
            prepared: tuple[RunData, MultiLabelNet, DatasetForward, dict[str, Rows]] | None = None) -> Choice:
-    """Train and score every candidate (``methods`` x ``lrs``; default :func:`candidate_methods`) on fixed features
-    of ``cfg``'s data and return the :class:`Choice` (module docstring). ``prepared``: :func:`prepare`'s output when
-    the caller has it already."""
+    """Train and score every candidate (``methods`` x ``lrs``) on fixed features of ``cfg``'s data; returns the
+    :class:`Choice`. ``prepared``: :func:`prepare`'s output when the caller has it."""
     started = time.perf_counter()
     head_cfg = head_config(cfg)
     data, model, forward, features = prepared if prepared is not None else prepare(head_cfg)
@@ -380,9 +366,8 @@ class _Shared:
 
 
 def score_candidate(candidate: Candidate, shared: _Shared) -> CandidateResult:
-    """One candidate's result: cross-fitted over the pool and scored by the criterion against the observed labels,
-    or (no pool: full validation labels) fitted once and scored by its selection score, with its validation logits
-    (one row per val image, NaN for an unreadable one)."""
+    """One candidate's result: cross-fitted over the pool and scored against the observed labels, or (no pool) fitted
+    once and scored by its selection score, with its validation logits."""
     started = time.perf_counter()
     s = shared
     if s.pool is not None:
@@ -427,11 +412,8 @@ def _score_in_worker(candidate: Candidate, k: ExpectedPositives | None) -> Candi
 
 def _score_all(first: list[Candidate], rest: list[Candidate], shared: _Shared,
                estimate: Callable[[list[CandidateResult]], ExpectedPositives | None]) -> Iterator[CandidateResult]:
-    """The results of ``first``, then of ``rest``, in their order; k (``estimate`` of ``first``'s results, kept in
-    ``shared.k``) is estimated before a candidate that reads it trains. In :func:`choice_processes` forked processes
-    (the data, model and features shared copy-on-write; the candidates that need no k train while it is estimated,
-    so no core waits), or one after the other (also when this process cannot fork workers that train: PyTorch
-    refuses autograd in a child forked after autograd threads started)."""
+    """The results of ``first``, then of ``rest``, in order, with k estimated from ``first``'s before a candidate that
+    reads it trains; in forked processes (:func:`choice_processes`) where possible, else one after the other."""
     global _SHARED
     later = [c for c in rest if METHODS[c.method].uses_expected_positives]
     done: dict[Candidate, CandidateResult] = {}
@@ -471,12 +453,9 @@ def _score_all(first: list[Candidate], rest: list[Candidate], shared: _Shared,
 def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observed: np.ndarray,
                      audit: tuple[np.ndarray, np.ndarray] | None = None, criterion: str = CHOICE_CRITERION,
                      label_free: Candidate | None = None) -> tuple[Candidate, Candidate]:
-    """The choice from the candidates' cross-fitted scores (``val_logits``: one row per labelled image) and the
-    observed labels: first by the labels as given (:func:`pick` by ``criterion`` guarded by :data:`GUARD_CRITERION`,
-    from the baseline); then, with ``audit`` (rows of the audited images, their full labels), any candidate - the
-    baseline too - that beats that pick by :data:`AUDIT_Z` standard errors of the audited images'
-    :data:`AUDIT_CRITERION` replaces it (:func:`pick` from the label-free pick). Returns (the choice, the label-free
-    pick; ``label_free``: that pick when it is known already)."""
+    """The choice from the candidates' cross-fitted scores and the observed labels (:func:`pick` guarded by
+    :data:`GUARD_CRITERION`); with ``audit`` (rows, full labels), a candidate that beats that pick by :data:`AUDIT_Z`
+    standard errors of :data:`AUDIT_CRITERION` replaces it. Returns (the choice, the label-free pick)."""
     if label_free is None:
         label_free = pick(results, baseline, CRITERIA[criterion], observed, CRITERIA[GUARD_CRITERION])
     if audit is None:
@@ -490,9 +469,8 @@ def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observ
 
 
 def audited_rows(spec: str, pool: Pool) -> tuple[np.ndarray, np.ndarray] | None:
-    """The rows of ``pool`` that the audit list ``spec`` labels completely, and their full labels (None when fewer
-    than :data:`MIN_AUDITED` of its images are training or validation images of the run: the choice then goes by
-    the label-free scores). Its images elsewhere still settle k."""
+    """The rows of ``pool`` the audit list labels completely and their full labels; None with fewer than
+    :data:`MIN_AUDITED` such images."""
     audit = load_audit(spec, list(pool.images.classes))
     where = {Path(p).resolve(): i for i, p in enumerate(pool.images.paths)}
     found = [(where[Path(p).resolve()], row) for p, row in zip(audit.paths, audit.labels, strict=True)
@@ -530,11 +508,8 @@ def paired_difference(criterion: Callable[[np.ndarray, np.ndarray], float], a: n
 def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callable[[np.ndarray, np.ndarray], float],
          labels: np.ndarray, guard: Callable[[np.ndarray, np.ndarray], float] | None = None,
          z: float | None = None) -> Candidate:
-    """The choice (docs/choosing.md, step 4): the baseline unless one of the :data:`CONTENDERS` best-scoring
-    candidates beats it by ``z`` (default :data:`SWITCH_Z`) standard errors of the paired difference of ``criterion``
-    (a bootstrap over the scored images) and, with ``guard``, scores at least the baseline's by ``guard``: on one
-    label per image every score is noisy, and the rule keeps a candidate that only looks better by chance from
-    replacing the baseline. Records each contender's ``versus_baseline``."""
+    """The baseline, unless one of the :data:`CONTENDERS` best candidates beats it by ``z`` bootstrap standard errors of
+    ``criterion`` (and, with ``guard``, is not worse on it); records each contender's ``versus_baseline``."""
     z = SWITCH_Z if z is None else z
     scored = [r for r in results if not r.failed and math.isfinite(r.score) and r.val_logits is not None]
     if not scored:
@@ -585,9 +560,8 @@ def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
 
 
 def apply_choice(cfg: TrainConfig, choice: Choice) -> TrainConfig:
-    """``cfg`` set to train the choice: its method, and its learning rate for the head (``--lr`` with ``--trainable
-    head``; else LinearInit's, :data:`HEAD_EPOCHS` epochs of the head before the whole network trains), with the
-    choice recorded in ``chosen`` (with k when it was estimated: the run uses it, train/prepared_run.py)."""
+    """``cfg`` set to train the choice (its method and head learning rate), recorded in ``chosen`` with k when
+    estimated."""
     chosen = choice.chosen
     if cfg.fixed_features:
         settings: dict[str, Any] = {"method": chosen.method, "lr": chosen.lr}

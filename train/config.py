@@ -1,15 +1,9 @@
-"""Training configuration: :class:`TrainConfig`, every default a setting can take, and the one function that resolves
-them (:func:`resolve_settings`) and records where each value came from.
+"""Training configuration: :class:`TrainConfig`, every default, and :func:`resolve_settings`, which resolves them and
+records where each value came from (config.json's ``sources``).
 
-A setting's value comes from the last of these layers that sets it: TrainConfig's own default, ``--preset``
-(:data:`RUN_PRESETS`), with ``--preset paper`` the method's published settings for the dataset, ``--from-run``'s
-settings, the options given; then, for what none of them set, the regime's (the head on fixed features:
-:data:`HEAD_EPOCHS` epochs; fine-tuning pretrained weights: :data:`FINE_TUNE_DEFAULTS` and LinearInit) and the data's
-(the ``auto`` model settings: Lite0 with ImageNet weights at :data:`REAL_IMAGE_SIZE` px on real images, ResNet-18 from
-scratch at 64 px on the built-in shapes, LgConv on for the ResNets, the head's bias and the BatchNorm statistics).
-``--method auto`` then sets the method it chose. The run prints the result once, and config.json keeps it with the
-source of each setting (``sources``). The command line is :mod:`train.options`.
-"""
+A setting comes from the last layer that sets it: TrainConfig's default, ``--preset`` (:data:`RUN_PRESETS`),
+``--from-run``, the options given; then, for what none set, the regime's defaults (:data:`HEAD_EPOCHS`,
+:data:`FINE_TUNE_DEFAULTS`) and the data's (the ``auto`` model settings). The command line is :mod:`train.options`."""
 
 from __future__ import annotations
 
@@ -178,10 +172,8 @@ def paper_settings(method: str, data: str) -> dict[str, Any]:
 
 def resolve_settings(given: dict[str, Any], preset: str = "", from_run: dict[str, Any] | None = None,
                      from_run_name: str = "") -> TrainConfig:
-    """The run's settings from the options ``given`` (``hp`` a dict; ``crop`` a fraction or ``pretrained``), the
-    ``preset``, the settings of a run to start from (``--from-run`` ``from_run_name``: its ``--review`` files and
-    ``--hp`` values are kept and the given ones added), the regime and the data, in the layers of the module
-    docstring; the result's ``sources`` names where every setting that is not TrainConfig's default came from."""
+    """The run's settings from the options ``given``, the ``preset``, a run to start from (its ``--review`` and ``--hp``
+    kept, the given ones added), the regime and the data; ``sources`` names where each non-default came from."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
 
@@ -215,9 +207,8 @@ def resolve_settings(given: dict[str, Any], preset: str = "", from_run: dict[str
 
 
 def fine_tune_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """``cfg`` with :data:`FINE_TUNE_DEFAULTS` for the settings not in ``given``, and LinearInit's head phase unless
-    given or the run cannot have one (``--method auto``, which sets it to the chosen head; ``--boostlu``; a method
-    whose head does not train on pooled features)."""
+    """``cfg`` with :data:`FINE_TUNE_DEFAULTS` for the settings not ``given``, and LinearInit's head phase where the run
+    can have one."""
     updates = {name: value for name, value in FINE_TUNE_DEFAULTS.items() if name not in given}
     method = get_method(cfg.method) if cfg.method != METHOD_AUTO else None
     if ("linear_init" not in given and method is not None and method.trains_on_pooled_features()
@@ -367,18 +358,15 @@ def default_image_size(arch: str, scratch: bool) -> int:
 
 
 def default_head_bias(trainable: str, weights: str, starts_at_label_prior: bool) -> str:
-    """``--head-bias auto``: the label prior for a method that asks for it (``Method.starts_at_label_prior``: the
-    losses that take unobserved labels as negatives) on fixed features or a pretrained backbone, else PyTorch's
-    initialisation (measured: bench/README.md, head bias)."""
+    """``--head-bias auto``: the label prior for a method that starts there, on fixed features or a pretrained backbone;
+    else PyTorch's initialisation (measured: bench/README.md, head bias)."""
     pretrained = on_fixed_features(trainable) or weights.lower() != "none"
     return "prior" if pretrained and starts_at_label_prior else "default"
 
 
 def default_bn_stats(trainable: str, weights: str) -> str:
-    """``--bn-stats auto``: frozen with pretrained weights (the head of LinearInit, trained on features normalised by
-    them, stays valid, and a small training set does not overwrite them: measured, bench/README.md, fine-tuning the
-    whole network) and on fixed features (nothing of the backbone trains, whatever was asked), updated from the
-    batches when a backbone from random init trains (there is nothing to keep)."""
+    """``--bn-stats auto``: frozen with pretrained weights or on fixed features, updated when a backbone from random
+    init trains (measured: bench/README.md, fine-tuning the whole network)."""
     return "frozen" if on_fixed_features(trainable) or weights.lower() != "none" else "train"
 
 

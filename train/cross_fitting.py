@@ -1,12 +1,6 @@
-"""Out-of-fold scores for every labelled image: heads trained on fixed features in K folds over the training and
-validation images together, each image scored by a head that did not see it and whose epoch was not picked on it.
-
-One label per image leaves little to measure with, so the training images are pooled with the validation images.
-Each scored fold's head trains on K-2 folds and keeps the epoch picked on the next fold (:func:`fold_data`): picking
-it on the scored images themselves would favour heads whose scores swing from epoch to epoch. The method chooser
-(train/choose.py) and k's estimate (models/evaluation/expected_positives.py) use these scores; with full validation
-labels there is nothing to pool.
-"""
+"""Out-of-fold scores for every labelled image: heads on fixed features in K folds over the training and validation
+images, each image scored by a head that neither saw it nor picked its epoch on it (each scored fold's head trains on
+K-2 folds and picks its epoch on the next one). Used by the method chooser and k's estimate."""
 
 from __future__ import annotations
 
@@ -78,9 +72,8 @@ def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) 
 
 
 def fold_data(data: RunData, pool: Pool, fold: int) -> tuple[RunData, dict[str, Rows]]:
-    """The run data and features that score one fold: train on the folds other than it and its selection fold
-    (the next fold), validate (single-positive or partial labels, as given) on the selection fold; the
-    features of the scored fold as ``scored``."""
+    """The run data and features that score one fold: train on the other folds but the next, validate on the next, the
+    scored fold's features as ``scored``."""
     pick = (fold + 1) % (int(pool.folds.max()) + 1)  # the fold whose images pick the epoch: the next one
     train_rows = np.flatnonzero((pool.folds != fold) & (pool.folds != pick))
     val_rows = np.flatnonzero(pool.folds == pick)

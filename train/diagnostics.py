@@ -1,6 +1,5 @@
-"""Full-label diagnostics, computed by the trainer (never by a method) where the training split has full labels: how
-well a method's :meth:`~train.methods.base.Method.label_estimates` match them. Nothing of them reaches the method.
-"""
+"""Full-label diagnostics of a method's label estimates, computed by the trainer where the training split has full
+labels; nothing of them reaches the method."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from train.methods.base import NEGATIVES, POSITIVES, SCORES, LabelEstimate, Meth
 
 
 def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torch.Tensor) -> dict[str, float]:
-    """Per estimate ``name``: ``<name>_recovery_mAP`` (scores: mAP against ``full_labels`` (N_train, C)) or
-    ``<name>_precision`` (positives / negatives: the share of the marked entries that truly are positive /
-    negative; left out when nothing is marked)."""
+    """Per estimate ``name``: ``<name>_recovery_mAP`` (scores) or ``<name>_precision`` (positive / negative masks; left
+    out when empty)."""
     logs: dict[str, float] = {}
     for name, estimate in estimates.items():
         values = estimate.values.detach().cpu()

@@ -1,7 +1,5 @@
 """Multi-process training on torch.distributed (docs/distributed.md): init from torchrun's environment, rank helpers,
-broadcasts, gathers and per-sample augmentation seeds; DistributedDataParallel averages the gradients around the
-training step (``train.epoch``). Outside torchrun every helper is a no-op for one process.
-"""
+broadcasts, gathers, per-sample augmentation seeds. Outside torchrun every helper is a no-op for one process."""
 
 from __future__ import annotations
 
@@ -40,11 +38,8 @@ def launched_by_torchrun() -> bool:
 
 
 def init_world(device_name: str, sync_bn: bool = False) -> tuple[World, torch.device]:
-    """Join the process group torchrun describes (NCCL for CUDA tensors, gloo for CPU ones) and pick this rank's
-    device.
-
-    Without torchrun: one process, ``device_name`` resolved as usual. Raises ``ValueError`` (a clean one-line
-    error) for launches that cannot work, e.g. more ranks on a node than visible GPUs."""
+    """Join the process group torchrun describes and pick this rank's device (without torchrun: one process). Raises
+    ``ValueError`` for launches that cannot work, e.g. more ranks on a node than visible GPUs."""
     want_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
     if not launched_by_torchrun():
         if sync_bn:
@@ -180,8 +175,7 @@ def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
 
 
 def gather_varying(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Concatenate every rank's ``x`` (sizes may differ along dim 0) in rank order; this rank's rows keep their
-    gradient, the others' are detached (as MoCo's key gather). Returns the tensor and where this rank's rows
+    """Every rank's ``x`` (sizes may differ) concatenated in rank order, others' detached; and where this rank's rows
     start."""
     world = current_world()
     if not world.distributed:
@@ -205,9 +199,8 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class PerSampleSeeded(Dataset[dict[str, torch.Tensor]]):
-    """Wraps a training dataset so each sample's random augmentation is seeded by (seed, epoch, index): the
-    draws then do not depend on which rank loads the sample, so a run's augmentations are the same for every
-    world size (and ``--resume`` with another world size continues them)."""
+    """A training dataset whose augmentation is seeded by (seed, epoch, index), so it is the same for every world
+    size."""
 
     def __init__(self, dataset: Dataset[dict[str, torch.Tensor]], seed: int) -> None:
         self.dataset = dataset
@@ -229,9 +222,8 @@ class PerSampleSeeded(Dataset[dict[str, torch.Tensor]]):
 
 
 def gather_indexed_rows(local: torch.Tensor, indices: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's rows ``local`` (their numbers may differ between ranks) placed at their dataset ``indices`` in a
-    ``(total, ...)`` tensor, and a bool mask of the rows that arrived. The duplicates a ``DistributedSampler`` pads
-    in land on their own row again; rows no rank sent (unreadable images) stay zero and unmarked."""
+    """Every rank's rows placed at their dataset ``indices`` in a ``(total, ...)`` tensor, and a mask of the rows that
+    arrived (rows no rank sent stay zero)."""
     rows, _ = gather_varying(local)
     where, _ = gather_varying(indices)
     out = local.new_zeros((total, *local.shape[1:]))

@@ -1,18 +1,9 @@
-"""One end-to-end epoch: the training data (shuffled, augmented, sharded under torchrun), the training step (the model
-calls a method asks for and its loss, as one module that DistributedDataParallel wraps), the stage's optimisation
-(optimiser, schedule, gradient scaler, weight EMA: :data:`OPTIMIZERS`, :data:`SCHEDULERS`), and the step loop with
-the epoch's running totals.
+"""One end-to-end epoch: the training data, the training step (the model calls a method asks for and its loss, as one
+module DistributedDataParallel wraps; the method's buffers stay outside it: docs/distributed.md), the stage's
+optimisation (:data:`OPTIMIZERS`, :data:`SCHEDULERS`, scaler, EMA) and the step loop.
 
-The step is a module so that torchrun wraps the whole step in DDP: a method may call the model more than once (PU-MLC's
-mixup pass) and has parameters of its own (ROLE's label matrix, LAC's projector); DDP then averages the gradients of
-both with its bucketed all-reduce. The method module is held outside the module tree, so its buffers (EM-APL's
-pseudo-labels, OPML-SP's corrections, LAC's queue) are never broadcast: they stay identical on every rank by
-construction (docs/distributed.md).
-
-Nothing in the loop waits for the device unless the step itself needs it: the loss and the logged values are summed
-where they are computed and read on the host after the first step, every :data:`HOST_SYNC_EVERY` steps and at the end
-of the epoch. A non-finite loss is noticed at the next such point; the error names the first step that had one.
-"""
+The loop reads device values only every :data:`HOST_SYNC_EVERY` steps and at the end of the epoch; a non-finite loss is
+noticed there, and the error names the first step that had one."""
 
 from __future__ import annotations
 
@@ -48,13 +39,9 @@ def _output_key(kind: str, input_key: str) -> str:
 
 
 def method_step(model: Callable[..., Any], method: Method, batch: dict[str, torch.Tensor]) -> LossOutput:
-    """Run ``model`` as ``method`` asks and return its loss on ``batch``.
-
-    ``images`` and every extra view (``images_<name>`` keys of the batch) go through the model in one call
-    (``forward_embeddings`` when the method needs per-class embeddings); their float32 logits (and embeddings)
-    join the batch as ``logits`` / ``logits_<name>`` (``embeddings`` / ``embeddings_<name>``). Then the method's
-    :meth:`~train.methods.base.Method.extra_model_inputs` run through the model one call each, and
-    :meth:`~train.methods.base.Method.loss` gets the logits of ``images`` and the whole batch."""
+    """Run ``model`` as ``method`` asks and return its loss on ``batch``: ``images`` and the extra views in one call
+    (their logits join the batch as ``logits`` / ``logits_<name>``, embeddings likewise), then the method's extra model
+    inputs one call each."""
     views = [IMAGES, *sorted(k for k in batch if k.startswith(IMAGES + "_"))]
     n = batch[IMAGES].shape[0]
     x = torch.cat([batch[k] for k in views]) if len(views) > 1 else batch[IMAGES]
@@ -96,16 +83,9 @@ class TrainingStep(nn.Module):
 
 
 def wrap_training_step(model: nn.Module, method: Method, device: torch.device) -> nn.Module:
-    """The step module of ``model`` and ``method``: plain in one process, in ``DistributedDataParallel`` under
-    torchrun (``device_ids=[rank's GPU]`` on CUDA, None on CPU).
-
-    ``find_unused_parameters`` is on only for a method that declares ``leaves_parameters_unused`` (LAC's projector
-    is unused in stage 1, and on a rank that selects no pair): DDP then traverses the autograd graph after every
-    forward to mark what was not used, and a parameter unused on every rank keeps ``grad=None`` as in one process.
-    Every other step uses all of its trainable parameters, so the traversal is skipped. Build a new wrapper
-    whenever the set of trainable parameters changes (a new stage, another phase): DDP registers the parameters
-    it reduces when it is built, and two live wrappers of the same parameters must not exist (drop the old one
-    first)."""
+    """The step module of ``model`` and ``method``: plain in one process, ``DistributedDataParallel`` under torchrun
+    (``find_unused_parameters`` only for a method that ``leaves_parameters_unused``). Build a new one whenever the
+    trainable parameters change, dropping the old one first."""
     step = TrainingStep(model, method)
     if not current_world().distributed:
         return step
@@ -156,11 +136,8 @@ OPTIMIZERS: Table[Callable[..., torch.optim.Optimizer]] = Table("optimizer", [
 
 def build_optimizer(name: str, groups: Groups, lr: float, weight_decay: float = 0.0,
                     momentum: float = 0.9) -> torch.optim.Optimizer:
-    """An optimiser ``name`` (a row of :data:`OPTIMIZERS`) over the parameter ``groups``; fused when ``fusable``.
-
-    A run resumed from a checkpoint of an unfused optimiser keeps that checkpoint's setting (``load_state_dict``
-    restores each group's ``fused`` flag), so resuming stays exact.
-    """
+    """An optimiser ``name`` (:data:`OPTIMIZERS`) over ``groups``; fused when ``fusable`` (a resumed state keeps its own
+    ``fused`` flag)."""
     make = OPTIMIZERS[name]
     return make(groups, lr, weight_decay, momentum, True if fusable(groups) else None)
 
@@ -194,13 +171,9 @@ SCHEDULERS: Table[Callable[[torch.optim.Optimizer, int], Schedule | None]] = Tab
 
 
 def build_scheduler(name: str, optimizer: torch.optim.Optimizer, total_steps: int) -> Schedule | None:
-    """The per-step learning-rate schedule ``name`` (a row of :data:`SCHEDULERS`) over ``total_steps``; None =
-    constant.
-
-    ``onecycle`` warms up over 20% of the steps, and over at least one step: PyTorch's OneCycleLR divides by zero
-    when the warm-up is exactly one step short (e.g. 5 steps in all), so short runs warm up for 2/total. A run of
-    one or two steps has no room for a cycle and keeps the peak learning rate.
-    """
+    """The per-step learning-rate schedule ``name`` (:data:`SCHEDULERS`) over ``total_steps``; None = constant. Short
+    runs get a warm-up of at least 2 steps (OneCycleLR divides by zero otherwise), one or two steps keep the peak
+    rate."""
     make = SCHEDULERS[name]
     return None if total_steps <= 0 else make(optimizer, total_steps)
 
@@ -208,9 +181,8 @@ def build_scheduler(name: str, optimizer: torch.optim.Optimizer, total_steps: in
 # ----------------------------------------------------------------- a stage's optimisation
 
 def model_param_groups(model: nn.Module, lr: float, head_lr_mult: float = 1.0) -> list[dict[str, Any]]:
-    """The model's trainable parameters as optimiser groups: one group at ``lr``, or, with ``head_lr_mult`` != 1,
-    the backbone at ``lr`` and the classification head (``model.head``, also inside DDP) at ``lr * head_lr_mult``.
-    Empty groups are left out (``--trainable head`` trains the head alone)."""
+    """The model's trainable parameters as optimiser groups (the head at ``lr * head_lr_mult`` when that is not 1);
+    empty groups left out."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     head = getattr(getattr(model, "module", model), "head", None)
     if head_lr_mult == 1.0 or not isinstance(head, nn.Module):

@@ -1,12 +1,6 @@
-"""Backbone features computed once per image and kept on disk, for training heads on fixed features (``--trainable
-head``, LinearInit, the method chooser).
-
-A file holds the pooled features of one split and the mask of the readable images; its name is a digest of
-everything they depend on (:func:`feature_key`: the images' paths, sizes and modification times, the backbone's
-architecture and weights, the preprocessing and the numeric precision), so any change computes new features. Files
-live in ``$SPML_CACHE/features`` (default ``~/.cache/spml/features``), written atomically and read with
-``weights_only=True``; deleting the folder is always safe.
-"""
+"""Backbone features computed once per image and kept on disk (``$SPML_CACHE/features``) for training heads on fixed
+features; a file's name digests everything they depend on (:func:`feature_key`), so any change computes new ones.
+Written atomically; deleting the folder is always safe."""
 
 from __future__ import annotations
 

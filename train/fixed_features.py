@@ -1,12 +1,6 @@
-"""Training the head on FIXED backbone features: the fixed-feature mode (``--trainable head``, Cole et al.'s
-``linear_fixed_features``) and the first phase of LinearInit (``--linear-init N``: then end to end).
-
-The features of the training and validation images come from :mod:`train.feature_cache`; only the head and the
-method's own parameters train on them, the feature batch standing in for the images (PU-MLC's mixup mixes feature
-vectors). A LinearInit phase restores its best epoch at the end, as the reference code does. Under torchrun each
-global batch is split over the ranks with loss weights by share, so every step equals the one-process step
-(docs/distributed.md). Unreadable images have no features and are left out.
-"""
+"""Training the head on FIXED backbone features: ``--trainable head`` and the first phase of LinearInit. Only the head
+and the method's parameters train, on cached features (:mod:`train.feature_cache`); a LinearInit phase restores its best
+epoch at the end. Under torchrun every step equals the one-process step (docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -69,15 +63,9 @@ class HeadOptimisation:
 
 
 class FixedFeaturePhase:
-    """State of a phase on fixed features: cached features, the head-only optimiser (and schedule) and the best head
-    + method state so far.
-
-    ``observed``: the training labels the method may use (N_train, C), ``negatives`` its observed negatives (1 where
-    the protocol observed a negative); ``annotated``: the annotated training labels, given only to a method that
-    trains on them (the oracle capability), else None. ``cache``/``cache_key``: where the features come from
-    (:mod:`train.feature_cache`; ``cache_key(images)`` gives a split's key), None to extract them every time;
-    ``features``: the features of splits by name (``train``, ``val``, ...) when the caller has them already (the
-    method chooser trains many heads on one extraction)."""
+    """State of a phase on fixed features: the features, the head-only optimiser and schedule, and the best head +
+    method state so far. ``annotated`` is given only to an oracle method; ``features``: splits the caller extracted
+    already."""
 
     def __init__(self, model: MultiLabelNet, method: Method, predictor: DatasetForward, train: LabelledImages,
                  val: LabelledImages, observed: torch.Tensor, negatives: torch.Tensor, annotated: torch.Tensor | None,
@@ -172,10 +160,8 @@ class FixedFeaturePhase:
         return self.total_steps, self.steps_per_epoch(int(self.train_present.sum()))
 
     def batches(self, epoch: int) -> Iterator[tuple[int, int, dict[str, torch.Tensor]]]:
-        """The steps of an epoch over the cached training features in a seeded random order: the step's number, the
-        rows of its global batch and this rank's batch (rows r, r + W, ... of the global batch; a global batch with
-        fewer rows than ranks is skipped). The labels are put in the epoch's order once, the features gathered per
-        step; the observed negatives are left out when there are none and the method does not read them."""
+        """The steps of an epoch over the training features in a seeded order: the step's number, its global batch's
+        rows and this rank's share (a global batch with fewer rows than ranks is skipped)."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(self.train_features.shape[0], generator=generator)
         if not self.train_present.all():
@@ -253,12 +239,8 @@ def head_optimiser(groups: list[dict[str, Any]], optimisation: HeadOptimisation,
 
 
 class JointTraining:
-    """Phases of the same :attr:`~FixedFeaturePhase.pace` and optimisation trained together in one process (the
-    cross-fitted heads of a candidate, one per fold): each step runs every phase's batch through its own head and
-    method, then one backward pass of the summed losses and one step of one optimiser over all their parameters (the
-    phases' own optimisers are left unused). The updates are those of training the phases one after the other, each
-    from the random state when the group is made (every phase draws from its own copy of the stream; the optimisers'
-    updates are per parameter), for a fraction of the per-step overhead."""
+    """Phases of the same pace and optimisation trained together in one process (a candidate's cross-fitted heads): one
+    backward and one optimiser step over all of them per step, with the same updates as training them one by one."""
 
     def __init__(self, phases: list[FixedFeaturePhase]) -> None:
         self.phases = phases

@@ -1,7 +1,5 @@
-"""A training run prepared in one place, top-down: :func:`prepare_run` turns a :class:`~train.config.TrainConfig` into
-the :class:`PreparedRun` the trainer fits (seeds, precision, the data and its protocol, the run folder, the model,
-k, the method and what it may see of the labels, the loaders and the selection criterion), with the building blocks
-below it and the records a prepared run makes of itself (config.json, a checkpoint's metadata)."""
+"""A training run prepared top-down: :func:`prepare_run` turns a :class:`~train.config.TrainConfig` into the
+:class:`PreparedRun` the trainer fits, with its building blocks and the records a run makes of itself."""
 
 from __future__ import annotations
 
@@ -167,10 +165,8 @@ class PreparedRun:
 
 
 def prepare_run(cfg: TrainConfig, run_dir: Path | None = None, resume: bool = False) -> PreparedRun:
-    """Prepare the run of ``cfg`` in ``run_dir`` (default ``RUNS_DIR/NAME``), in the order the parts depend on each
-    other: the processes and device, the data and its protocol, the run folder, the method's pseudo-labels, the
-    model, k, the method, the head's bias, the loaders and the selection criterion. ``resume``: the folder exists
-    and the trainer restores its state afterwards (the head keeps its trained bias)."""
+    """Prepare the run of ``cfg`` in ``run_dir`` (default ``RUNS_DIR/NAME``); ``resume``: the folder exists and the
+    trainer restores its state afterwards."""
     cfg = resolve_model_defaults(cfg)  # "auto" settings of a config made in code (the CLI resolves them)
     world, device = init_world(cfg.device, cfg.sync_bn)
     precision = resolve_precision(cfg.amp, device)
@@ -403,13 +399,9 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
 
 def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
                                family: str) -> ExpectedPositives:
-    """k, the expected number of positives per image, of every run (the methods that use it train with it; for the
-    others it is reported, and the export's thresholds tag about k labels per image), from the first source that
-    exists (models/evaluation/expected_positives.py): ``--hp k``, the published value of the dataset's ``family``
-    (``DatasetSplits.family``, for the methods that use k), the full training (else validation) labels, the
-    ``--audit`` list, the estimate ``--method auto`` made from cross-fitted scores; with none of them
-    ``estimated``: the observed positives per image for the first epoch, then the estimate from the model's own
-    validation scores after every epoch (:meth:`train.trainer.Trainer` updates it)."""
+    """k, the expected positives per image, from the first source that exists: ``--hp k``, the family's published value,
+    full labels, the audit list, ``--method auto``'s estimate; else ``estimated`` (the trainer updates it each
+    epoch)."""
     given = cfg.hp.get("k")
     published = preset_for(method, family).get("k")
     full = splits.train.labels if splits.train_labels_full else (
@@ -452,9 +444,8 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
                  dataset_name: str, total_epochs: int, feature_width: int, device: torch.device,
                  expected_positives: ExpectedPositives | None,
                  pseudo_positives: np.ndarray | None = None) -> Method:
-    """``method`` built for this run's training set, on ``device``: it knows the observed training labels, never
-    the annotated ones, ``expected_positives`` (k, :func:`expected_positives_for_run`) when it uses it, and the
-    CLIP ``pseudo_positives`` (``train.pseudo_labels``) when it trains on them."""
+    """``method`` built for this run's training set on ``device``, with the observed labels (never the annotated ones),
+    k and the CLIP pseudo-positives when it uses them."""
     ctx = MethodContext(
         num_classes=len(splits.classes),
         num_train=len(splits.train),
@@ -479,9 +470,8 @@ def run_preprocessing(cfg: TrainConfig) -> EvalTransform:
 
 def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, family: str,
                     expected_positives: ExpectedPositives | None) -> tuple[float, str]:
-    """k for the head's prior bias, and where it came from: the run's own k when it is known (not estimated),
-    else the full training (validation) labels' mean, an audit list, the published k of the dataset family, and
-    finally the observed positives per training image (what single-positive data shows)."""
+    """k for the head's prior bias and its source: the run's known k, else labels, audit, published k, observed
+    positives."""
     if expected_positives is not None and expected_positives.known:
         return expected_positives.k, expected_positives.source
     from train.methods import METHODS

@@ -1,12 +1,7 @@
-"""The pseudo-label stage of a run, for a method with :attr:`~train.methods.base.Method.uses_pseudo_labels`.
-
-So that whatever can fail fails before anything trains, :func:`plan_pseudo_labels` decides, before the run folder
-is made, where the pseudo-labels come from (the run's own file on ``--resume``, ``--pseudo-labels FILE`` or a CLIP
-pass, whose weights are checked on rank 0 and the answer shared); :func:`prepare_pseudo_labels`, before the method
-is built, reads or computes the scores (each rank a share, gathered on every rank), selects the pseudo-positives
-and writes ``RUN/pseudo_labels.npz``; :func:`describe` reports them (their precision only where the training split
-has full labels, which never reach the method). The CLIP pass leaves the random number generators as it found them.
-"""
+"""The pseudo-label stage of a run (methods that :attr:`~train.methods.base.Method.uses_pseudo_labels`):
+:func:`plan_pseudo_labels` decides where they come from before the run folder is made, :func:`prepare_pseudo_labels`
+reads or computes them before the method is built (writing ``RUN/pseudo_labels.npz``), :func:`describe` reports them.
+The CLIP pass leaves the random number generators as it found them."""
 
 from __future__ import annotations
 
@@ -110,9 +105,7 @@ def plan_pseudo_labels(method: type[Method], hparams: MethodHparams, cfg: TrainC
 
 def select_positives(spec: PseudoLabelSpec, scores: dict[str, np.ndarray], readable: np.ndarray,
                      observed: np.ndarray) -> np.ndarray:
-    """The pseudo-positives ``(N, C)`` bool of ``spec`` from the scores: VLPL's softmax score above the threshold,
-    or AEVLP's selection (:func:`~train.pseudo_labels.crops.select_aevlp`, which reads the observed positives);
-    none for an unreadable image."""
+    """The pseudo-positives ``(N, C)`` of ``spec`` from the scores (none for an unreadable image)."""
     if spec.kind == WHOLE_IMAGE:
         mask = (torch.from_numpy(np.asarray(scores["global"], dtype=np.float32)) > spec.threshold).numpy()
     else:

@@ -1,8 +1,5 @@
-"""What a run writes, prints and reads back: the run folder's files (config.json, metrics.jsonl, summary.json,
-scores.npz, the protocol file), each written atomically (a kill leaves a file's previous content or its new one) and
-only by rank 0; the RNG states and the shared reading of a checkpoint that ``--resume`` needs (``best.pt`` holds the
-selected weights, ``last.pt`` adds the ``training`` state, every piece an exact ``state_dict`` that loads with
-``weights_only=True``); and the lines a run prints: its opening, each epoch's line and record, the closing line."""
+"""What a run writes, prints and reads back: the run folder's files (written atomically, by rank 0 only), the RNG states
+and checkpoint reading ``--resume`` needs, and the lines a run prints."""
 
 from __future__ import annotations
 
@@ -182,9 +179,8 @@ def epoch_line(epoch: int, total: int, phase: str, stats: dict[str, float], reco
 
 
 def held_out_line(metrics: dict[str, Any], logits: np.ndarray | None, num_classes: int) -> str:
-    """The end-of-run figures of a split with full labels, each saying what it is: mAP (over the classes that have
-    a positive there, when some have none) and OF1 / CF1 at the uncalibrated threshold 0.5 with the tags per image
-    it gives (the exported model calibrates per-class thresholds instead)."""
+    """The end-of-run figures of a split with full labels: mAP, and OF1 / CF1 at the uncalibrated 0.5 with its tags per
+    image."""
     text = f"mAP {figure(metrics['mAP'])}"
     missing = int(metrics.get("classes_without_positives") or 0)
     if missing and metrics.get("mAP") is not None:

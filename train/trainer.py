@@ -1,10 +1,5 @@
-"""The training run: epoch after epoch - train, evaluate and select, checkpoint - through the phase on fixed features
-(LinearInit, or the whole ``--trainable head`` run) and the method's end-to-end stages, then the selected weights
-tested. The run is built by :func:`train.prepared_run.prepare_run`; an end-to-end epoch's data, step and
-optimisation are in :mod:`train.epoch`, the method's loss in :mod:`train.methods`, evaluation and selection in
-:mod:`train.selection`, and what the run writes and prints in :mod:`train.run_records`. The phase on fixed features
-is :mod:`train.fixed_features`.
-"""
+"""The training run: epoch after epoch (train, evaluate and select, checkpoint) through the fixed-feature phase and the
+method's stages, then the selected weights tested. Built by :func:`train.prepared_run.prepare_run`."""
 
 from __future__ import annotations
 
@@ -140,10 +135,8 @@ class Trainer:
         return to_device(batch, self.run.device, self.run.channels_last)
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """Forward, backward, clip, optimiser/scheduler/EMA step on one batch already on the device. The forward
-        is the method's step (:mod:`train.epoch`), in ``DistributedDataParallel`` under torchrun. A
-        non-finite loss is not checked here (that would wait for the device): the epoch loop does, every few
-        steps."""
+        """Forward (the method's step), backward, clip and optimiser / scheduler / EMA step on one batch on the
+        device."""
         if self.step_module is None:  # built on first use: LinearInit's wrapper is gone by then
             self.step_module = wrap_training_step(self.run.model, self.run.method, self.run.device)
         with self.run.precision.autocast():
@@ -152,9 +145,8 @@ class Trainer:
         return out
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One end-to-end pass over the training set; returns mean loss, method logs, throughput and lr. Under
-        torchrun, rank 0's BatchNorm statistics go to every rank afterwards (DDP broadcasts them only at the start
-        of a forward; the sharded evaluation, EMA selection and checkpoints need the one set rank 0 keeps)."""
+        """One end-to-end pass over the training set; returns mean loss, method logs, throughput and lr. Under torchrun
+        rank 0's BatchNorm statistics then go to every rank."""
         self.run.model.train()
         stats = train_epoch(self.run.train, epoch, self.train_step, self._to_device,
                             f"epoch {epoch}/{self.run.total_epochs}", self.run.progress)
@@ -185,9 +177,8 @@ class Trainer:
         return probs
 
     def evaluate(self, model: nn.Module, loader: Any, desc: str, split: str = "val") -> Assessment:
-        """``model``'s predictions on ``loader``'s dataset (the ``split``) against its labels, with the selection
-        criterion; the figures that need full labels are None when the split has none. With ``--trainable head``
-        the backbone part comes from the feature cache (the same values, computed once)."""
+        """``model``'s predictions on the ``split`` against its labels and the selection criterion (None for figures
+        that need full labels it lacks)."""
         run = self.run
         if run.cfg.fixed_features:
             self.linear = self.linear or run.feature_phase()

@@ -1,11 +1,5 @@
-"""EM ("entropy maximisation") and EM + APL, asymmetric pseudo-labelling (Zhou et al., ECCV 2022).
-
-EM: ``-log p`` at the observed positive and ``-alpha * H(p)`` at unobserved entries, mean over N*C entries.
-EM-APL adds, after each epoch from the warm-up on, accumulating soft negative pseudo-labels for the lowest-scored
-unlabelled entries of each class, trained with weight ``beta`` (docs/methods.md, "Zhou et al."). Without a preset
-the warm-up is half the run, 1 to 5 epochs: pseudo-labels taken after one epoch of a longer run freeze a
-near-chance network's mistakes (docs/methods-investigation.md).
-"""
+"""EM ("entropy maximisation") and EM + APL, asymmetric pseudo-labelling (Zhou et al., ECCV 2022; docs/methods.md).
+Without a preset APL's warm-up is half the run, 1 to 5 epochs (docs/methods-investigation.md)."""
 
 from __future__ import annotations
 
@@ -66,9 +60,7 @@ class EntropyMaximisation(Method):
 
 @dataclass
 class EmAplHparams(EmHparams):
-    """EM's ``alpha`` plus APL's ``beta`` (pseudo-label weight), ``theta`` (share of unobserved entries
-    pseudo-labelled in total), ``warmup_epochs`` (None = :func:`default_warmup` of the run) and ``total_epochs``
-    (None = the run's epochs)."""
+    """EM's ``alpha`` plus APL's ``beta``, ``theta``, ``warmup_epochs`` and ``total_epochs`` (None: from the run)."""
 
     beta: float = 0.9
     theta: float = 0.9

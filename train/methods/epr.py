@@ -1,8 +1,4 @@
-"""EPR: expected positive regularisation (Cole et al., CVPR 2021; docs/methods.md).
-
-As in the reference code: the positive term is divided by N*C like every loss, and the regulariser
-``((k_hat - k) / C)^2`` is added with weight 1 (the code equals a paper weight of C).
-"""
+"""EPR: expected positive regularisation (Cole et al., CVPR 2021; docs/methods.md), scaled as the reference code."""
 
 from __future__ import annotations
 

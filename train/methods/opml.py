@@ -1,10 +1,5 @@
-"""OPML and OPML-SP: "Pushing One Pair of Labels Apart Each Time" (Li, Wang, Chen).
-
-No reference code exists and the paper's equations were lost, so this follows the package's documented decision
-(docs/methods.md, "OPML and OPML-SP"), every piece switchable: a per-sample log-sum-exp loss on logits with
-constants ``a``, ``b``; OPML-SP adds AP-weighted soft labels, a high-rank regulariser and AP-based label
-correction. APs and corrections are buffers saved with the checkpoint.
-"""
+"""OPML and OPML-SP: "Pushing One Pair of Labels Apart Each Time" (Li, Wang, Chen). No reference code exists; the
+documented decision is in docs/methods.md ("OPML and OPML-SP"), every piece switchable."""
 
 from __future__ import annotations
 

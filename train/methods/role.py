@@ -1,10 +1,5 @@
-"""ROLE: regularised online label estimation (Cole et al., CVPR 2021; docs/methods.md).
-
-A free label-estimator matrix Phi (N_train x C logits) is learnt jointly with the classifier, at 10x the learning
-rate in its own optimiser group; each side is trained against the other's stop-gradient predictions, both with
-the expected-positives regulariser. Phi is a parameter of this module: checkpoints carry it, and under torchrun
-DistributedDataParallel averages its gradient with the model's (docs/distributed.md).
-"""
+"""ROLE: regularised online label estimation (Cole et al., CVPR 2021; docs/methods.md): a label-estimator matrix
+parameter learnt with the classifier at 10x the learning rate, each trained on the other's predictions."""
 
 from __future__ import annotations
 

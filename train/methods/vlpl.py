@@ -1,10 +1,5 @@
-"""VLPL: vision-language pseudo-labels (Xing et al., "VLPL: Vision Language Pseudo Labels for Multi-label Learning
-with Single Positive Labels", CVPR 2024 workshop LIMIT). Reference code: mvrl/VLPL (``losses.py`` ``loss_EM_PL``).
-
-CLIP's pseudo-positives (a class's temperature softmax above ``threshold``, computed once before training) are
-trained as label-smoothed positives with weight ``beta_pos``; the other unobserved entries get EM's ``-alpha H(p)``;
-mean over all N x C entries. docs/methods.md ("VLPL") has the settings and where the reference is unclear.
-"""
+"""VLPL: vision-language pseudo-labels (Xing et al., CVPR 2024 workshop; reference code mvrl/VLPL): CLIP
+pseudo-positives trained as label-smoothed positives, EM's entropy term elsewhere. docs/methods.md ("VLPL")."""
 
 from __future__ import annotations
 

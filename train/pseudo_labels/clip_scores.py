@@ -1,13 +1,6 @@
-"""CLIP through ``open_clip``: the model a run asks for (``--clip MODEL[:PRETRAINED]``), whether its weights can be
-had before anything trains, the class prompts, the references' preprocessing, and the scoring pass.
-
-Model names are open_clip's (``ViT-B-16:openai`` for AEVLP, ``ViT-L-14-336:openai`` for VLPL); OpenAI's weights
-are built with QuickGELU, as trained; ``MODEL:FILE`` loads a state dict, ``MODEL:none`` initialises at random
-(tests only). A class's score is the softmax over the classes of the cosine similarities divided by the
-temperature. Images are preprocessed as the references do (ImageNet's mean and std, not CLIP's; VLPL's squash to
-448 px first, AEVLP's crops in :mod:`train.pseudo_labels.crops`) and scored in float32 (docs/methods.md, "The
-pseudo-label stage").
-"""
+"""CLIP through ``open_clip`` (``--clip MODEL[:PRETRAINED]``; ``MODEL:FILE`` loads a state dict, ``MODEL:none``
+initialises at random): the weights check, the class prompts, the references' preprocessing and the scoring pass
+(docs/methods.md, "The pseudo-label stage")."""
 
 from __future__ import annotations
 
@@ -148,9 +141,8 @@ def _offline_env() -> str | None:
 
 
 def check_available(choice: ClipChoice, method: str) -> None:
-    """Raise :class:`ClipUnavailable` (a one-line ``ValueError``) unless the weights of ``choice`` are random, a
-    file, cached, or downloadable now (``HF_HUB_OFFLINE`` unset and the download host reachable within a few
-    seconds); a ``ValueError`` for a tag open_clip does not know."""
+    """Raise :class:`ClipUnavailable` unless the weights of ``choice`` are random, a file, cached or downloadable now; a
+    ``ValueError`` for a tag open_clip does not know."""
     import open_clip
 
     if choice.schema == "local-dir":
@@ -221,9 +213,8 @@ def load_clip(choice: ClipChoice, device: torch.device) -> ClipModel:
 
 
 def prompt_name(class_name: str) -> str:
-    """The class name as prompts say it: ``_`` read as a space; a CUB attribute ``has_<part>_...::<value>`` as
-    AEVLP's ``cub_labels.txt`` words it, ``<value without its "_(...)" note> <first word after has_>``
-    (``has_bill_shape::curved_(up_or_down)`` -> ``curved bill``, ``has_wing_color::blue`` -> ``blue wing``)."""
+    """The class name as prompts say it (``_`` as a space; a CUB attribute as AEVLP words it:
+    ``has_bill_shape::curved_(up_or_down)`` -> ``curved bill``)."""
     if _CUB_ATTRIBUTE.match(class_name):
         value = class_name.split("::", 1)[1].split("_(")[0]
         class_name = f"{value} {class_name.split('_')[1]}"
@@ -297,9 +288,8 @@ def view_cosines(clip: ClipModel, views: torch.Tensor, text: torch.Tensor) -> to
 def score_images(clip: ClipModel, text: torch.Tensor, spec: PseudoLabelSpec, paths: Sequence[Path],
                  rows: Sequence[int], device: torch.device, batch_size: int, workers: int,
                  progress: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Score the images ``paths[rows]``: per image the softmax scores of its views (vlpl: ``global``; aevlp:
-    ``global``, ``crop_max``, ``crop_min``, ``crop_mean``), each ``(len(rows), C)`` float32 in the order of
-    ``rows``, and whether the image could be read."""
+    """Score the images ``paths[rows]``: per view the softmax scores ``(len(rows), C)``, and whether each image was
+    read."""
     dataset = _Views(paths, rows, spec, clip.size)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_collate)
     c = text.shape[0]
