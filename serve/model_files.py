@@ -25,13 +25,8 @@ def models_in_folder(folder: Path) -> list[Path]:
 
 
 def resolve_model_path(target: str | Path | None, backend: str | None = None, runs_dir: Path | None = None) -> Path:
-    """A model file from ``target``: a model file, a run folder, a run name under ``runs_dir`` (default
-    ``$SPML_RUNS`` or ``./runs``), or ``None`` for the latest run.
-
-    A run resolves to its ``best.pt``, or, when ``backend`` names a runtime that does not read checkpoints, to
-    the first of its exported files that runtime reads (``export/model.onnx`` for onnxruntime).
-    Raises :class:`ModelSpecError` when nothing fits.
-    """
+    """A model file from ``target``: a model file, a run folder or name under ``runs_dir``, or ``None`` for the latest
+    run (its ``best.pt``, or the export ``backend`` reads). Raises :class:`ModelSpecError` when nothing fits."""
     runs = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     if target is None:
         try:

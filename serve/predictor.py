@@ -36,9 +36,8 @@ from serve.outputs.thresholds import resolve_thresholds
 
 @dataclass(frozen=True)
 class Prediction:
-    """One image's result: ``scores`` (every class, model order), the ``thresholds`` used, and ``tags``: the classes
-    the selection chooses (by default those whose score reaches their threshold), highest score first (the same
-    rule as ``python -m serve tag``)."""
+    """One image's result: every class's ``scores``, the ``thresholds`` used and the selected ``tags``, highest
+    first."""
 
     scores: dict[str, float]
     thresholds: dict[str, float]
@@ -89,16 +88,9 @@ class Predictor:
     def load(cls, path: str | Path | None, backend: str | None = None, device: str | None = None, *,
              runs_dir: Path | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
              threads: int | None = None) -> Predictor:
-        """Load a model file (``.pt`` checkpoint, ``.onnx`` export, any registered suffix), a run folder, a run name
-        under ``runs_dir``, or the latest run (``path=None``).
-
-        ``backend`` forces a runtime of :data:`models.runtimes.RUNTIMES`; ``device`` is ``cpu``, ``cuda[:N]`` or
-        ``tensorrt[:N]`` (``None``: PyTorch uses CUDA when available, ONNX Runtime uses CPU). ``max_pixels``: the
-        decompression-bomb limit of :meth:`scores` and :meth:`predict` (:data:`serve.DEFAULT_MAX_PIXELS`; ``None``
-        turns it off). ``threads``: CPU threads of the runtime (default: its own choice). Raises
-        :class:`ModelSpecError` (bad request), :class:`BackendUnavailableError` (runtime or GPU provider missing)
-        or :class:`ModelLoadError` (the file does not load).
-        """
+        """Load a model file, a run folder, a run name under ``runs_dir``, or the latest run (``path=None``);
+        ``backend`` and ``device`` pick the runtime, ``max_pixels`` bounds images (None: off). Raises
+        :class:`ModelSpecError`, :class:`BackendUnavailableError` or :class:`ModelLoadError`."""
         parse_device(device)
         model_path = resolve_model_path(path, backend, runs_dir)
         runtime_class(model_path, backend)  # a bad request is a ModelSpecError, never a ModelLoadError
@@ -138,11 +130,8 @@ class Predictor:
         return sigmoid(logits).astype(np.float32)
 
     def scores(self, images: Sequence[ImageInput] | ImageInput, batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
-        """Sigmoid probabilities ``float32 (N, C)`` of a list of images (one image counts as a list of one),
-        in chunks of ``batch_size``. An image's scores do not depend on the rest of the list.
-
-        Raises :class:`ImageError` for the first image that cannot be read.
-        """
+        """Sigmoid probabilities ``float32 (N, C)`` of images, in chunks of ``batch_size``, each independent of the
+        others. Raises :class:`ImageError` for the first image that cannot be read."""
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         if isinstance(images, (str, os.PathLike, bytes, Image.Image, np.ndarray, torch.Tensor)):

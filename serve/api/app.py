@@ -1,11 +1,6 @@
-"""The HTTP side of the service: :func:`build_app`, the FastAPI app over a
-:class:`~serve.api.service.TaggingService` (also what each Ray Serve replica serves), and :func:`run_local`, the
-``local`` engine (uvicorn, one process). Endpoints: ``POST /v1/tag``, ``GET /v1/model``, ``GET /healthz``,
-``GET /readyz``, ``GET /metrics``; the OpenAPI description at ``/openapi.json`` and ``/docs``.
-
-Request bodies are read here, in memory and bounded (``max_upload_bytes``: 413 beyond it): a multipart upload's
-files never reach a temporary file, since Starlette's spool size is set above the limit.
-"""
+"""The HTTP side of the service: :func:`build_app`, the FastAPI app over a :class:`~serve.api.service.TaggingService`
+(``/v1/tag``, ``/v1/model``, ``/healthz``, ``/readyz``, ``/metrics``), and :func:`run_local`, the ``local`` engine.
+Request bodies are read in memory, bounded by ``max_upload_bytes`` (413 beyond it)."""
 
 from __future__ import annotations
 
@@ -160,9 +155,8 @@ def build_app(service: TaggingService) -> FastAPI:
         escape: Annotated[bool, Query(description="escape parentheses")] = False,
         weights: Annotated[bool, Query(description="each tag with its score, (tag:0.83)")] = False,
     ) -> JSONResponse:
-        """Every class score and the tags of each image: multipart files (any field name), one raw image body
-        (`image/*` or `application/octet-stream`), or JSON `{"paths": [...]}` / `{"urls": [...]}` where the server
-        allows them. One unusable image refuses the whole request (4xx naming it)."""
+        """Every class score and the tags of each image: multipart files, one raw image body, or JSON `{"paths": [...]}`
+        / `{"urls": [...]}` where allowed. One unusable image refuses the whole request (4xx naming it)."""
         lists = [exclude or [], exclude_re or [], replace or [], first or []]
         try:
             rules = make_rules(*lists, spaces, escape, weights) if any(lists) or spaces or escape or weights else None

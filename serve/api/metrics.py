@@ -1,7 +1,5 @@
-"""The service's Prometheus metrics (``GET /metrics``, the text format of ``prometheus_client``), one registry per
-service (per replica on Ray): requests by path and status with their latency, images tagged or refused, model
-batches (size, seconds, failures) and the queue depth; :class:`RequestMetrics` counts every HTTP request.
-"""
+"""The service's Prometheus metrics (``GET /metrics``), one registry per service: requests, their latency, images tagged
+or refused, model batches and the queue depth."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """What the HTTP service does, apart from HTTP: :class:`ApiSettings` (the options of ``serve api``) and
-:class:`TaggingService`: one loaded :class:`~serve.predictor.Predictor`, images decoded in memory in a bounded thread
-pool (the preprocessing of ``serve tag``), their model rows from a batching scorer (the local
-:class:`~serve.api.batching.Batcher` or Ray Serve's ``@serve.batch``) and their records from the tagger's own
-:class:`~serve.outputs.stage.TagSelector`. Every refusal is a :class:`RequestError` with its HTTP status; nothing is
-written to disk.
-"""
+:class:`TaggingService` (one loaded model, images decoded in memory in a bounded pool, batched scoring, the tagger's
+:class:`~serve.outputs.stage.TagSelector`). Every refusal is a :class:`RequestError` with its HTTP status."""
 
 from __future__ import annotations
 
@@ -56,12 +52,8 @@ def default_decode_threads() -> int:
 
 @dataclass(frozen=True)
 class ApiSettings:
-    """The service's options (``serve api``'s, by their command-line names): the ``model`` and its runtime
-    (``backend``, ``device``, CPU ``threads``), the default tag ``choice`` (selection, thresholds, caption rules;
-    a request may override them), batching (``max_batch`` images per model call, ``max_wait_ms`` for more,
-    ``max_queue`` images waiting at most), request limits (``max_images`` per request, ``max_upload_bytes`` per
-    request body or fetched URL, ``max_pixels`` per image), ``decode_threads``, the inputs beside uploads
-    (``allow_paths`` folders, ``allow_urls``) and the ``api_key`` requests must bear."""
+    """The service's options, by their command-line names: the model and runtime, the default tag choice (a request may
+    override it), batching, request limits, decoding threads, the inputs allowed besides uploads and the ``api_key``."""
 
     model: str
     backend: str | None = None
@@ -98,9 +90,8 @@ class RequestError(Exception):
 
 
 class TaggingService:
-    """One loaded model serving tag requests (module docstring). ``scorer``: the batching scorer (default: a
-    :class:`~serve.api.batching.Batcher` started by :meth:`start`). Unless the model runs in PyTorch, torch is set
-    to one thread for the process: here it only resizes images, on each decoding thread."""
+    """One loaded model serving tag requests; ``scorer``: the batching scorer (default: a
+    :class:`~serve.api.batching.Batcher` started by :meth:`start`)."""
 
     def __init__(self, settings: ApiSettings, predictor: Predictor, scorer: Scorer | None = None) -> None:
         if predictor.backend != "torch":  # torch only resizes here, on each decoding thread: one thread each, inline

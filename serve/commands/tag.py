@@ -1,8 +1,5 @@
-"""``python -m serve tag SOURCE --model MODEL``: the tagger's command line (options, checks, exit codes).
-
-The run itself is :mod:`serve.tagging`'s pipeline, with a tagging engine (:mod:`serve.tagging.engines`): ``local``
-(default) or ``ray``. ``--help`` and usage errors answer without importing torch or a runtime.
-"""
+"""``python -m serve tag SOURCE --model MODEL``: the tagger's command line (options, checks, exit codes); the run is
+:mod:`serve.tagging`'s pipeline."""
 
 from __future__ import annotations
 

@@ -105,9 +105,8 @@ def _builtin_folders(meta: ModelMeta | None) -> list[Path]:
 def find_examples(
     meta: ModelMeta | None, folder: str | Path | None = None, limit: int = DEFAULT_EXAMPLES
 ) -> ExampleSet:
-    """Example images: the first ``limit`` images of ``folder`` if given (with true labels when it holds a
-    ``labels.csv``), else test images of the model's built-in dataset if it is already generated in the cache
-    (``$SPML_CACHE``), chosen to cover many classes. Never generates data; the note says what was found."""
+    """Example images: the first ``limit`` of ``folder`` (with its ``labels.csv`` labels), else test images of the
+    model's built-in dataset if already cached; never generates data. The note says what was found."""
     from models.files.folder_walk import find_images
 
     if limit <= 0:

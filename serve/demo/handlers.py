@@ -1,6 +1,5 @@
-"""What the demo page does, one method per event: score an image, re-filter its kept scores with the controls
-(no model call), answer ``/predict``, tag a batch and re-filter it, change the model. It imports gradio.
-"""
+"""What the demo page does, one method per event (score, re-filter, ``/predict``, batch, change model). Imports
+gradio."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The demo page's parts, in order (the model picker, the shared controls, the *Image*, *Batch* and *API* tabs),
-and the events that connect them to :class:`serve.demo.handlers.DemoHandlers`. It imports gradio.
-"""
+"""The demo page's parts, in order, and the events that connect them to :class:`serve.demo.handlers.DemoHandlers`."""
 
 from __future__ import annotations
 

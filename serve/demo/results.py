@@ -1,6 +1,4 @@
-"""The demo's pure helpers (no gradio): the tag choice of the controls, the result document, the score HTML and
-the batch table and downloads.
-"""
+"""The demo's pure helpers (no gradio): the tag choice, the result document, the score HTML, the batch outputs."""
 
 from __future__ import annotations
 
@@ -43,11 +41,8 @@ def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) ->
 def tag_choice(meta: ModelMeta, use_calibrated: bool, threshold: float, mode: str = "thresholds",
                k: float | None = None, max_tags: float | None = None, min_score: float | None = None,
                rules: str = "") -> tuple[TagSelector, str, str]:
-    """The demo's controls -> ``(selection, threshold mode, description)``: the tagging pipeline's
-    :class:`~serve.outputs.stage.TagSelector` with the thresholds of :func:`threshold_choice`, the selection ``mode``
-    (``top-k`` with ``k``), ``max_tags`` (0 or empty: no cap), ``min_score`` and the caption ``rules`` (the text
-    of a rules file). Raises ``ValueError`` (:class:`~serve.outputs.caption_rules.CaptionRuleError` naming a bad
-    rule)."""
+    """The demo's controls -> ``(selection, threshold mode, description)``. Raises ``ValueError``
+    (:class:`~serve.outputs.caption_rules.CaptionRuleError` naming a bad rule)."""
     from serve.outputs.caption_rules import parse_rules_text
     from serve.outputs.selection_modes import MODES, make_selection
     from serve.outputs.stage import TagSelector
@@ -69,9 +64,8 @@ def tag_choice(meta: ModelMeta, use_calibrated: bool, threshold: float, mode: st
 def result_document(
     prediction: Prediction, model: str, mode: str, seconds: float | None = None, select: TagSelector | None = None
 ) -> dict[str, Any]:
-    """What ``/predict`` returns: every class score (model order, full precision), thresholds used, tags (the
-    selected classes), and with ``select`` the selection and ``caption``: the tags as a sidecar writes them
-    (caption rules applied, joined with ``", "``)."""
+    """What ``/predict`` returns: every class score, the thresholds, the tags, and with ``select`` the selection and the
+    ``caption`` as a sidecar writes it."""
     doc: dict[str, Any] = {"model": model, "threshold_mode": mode, **prediction.to_dict()}
     if select is not None:
         doc["selection"] = select.mode.to_dict()
@@ -115,9 +109,8 @@ CSS = """
 
 def scores_html(prediction: Prediction, *, description: str, truth: Sequence[str] | None = None, caption: str = "",
                 written: str | None = None) -> str:
-    """Every class as a row: a bar for the score with its own threshold marked, score, threshold, margin and
-    status (tag / near miss), highest score first; true labels marked when known; ``written``: the caption as a
-    sidecar holds it (caption rules applied)."""
+    """Every class as a row (score bar with its threshold, margin, status), highest first; true labels marked when
+    known."""
     scores, thresholds = prediction.scores, prediction.thresholds
     truth_set = set(truth or [])
     tags = prediction.tags
@@ -176,11 +169,8 @@ class BatchRow:
 
 
 def batch_outputs(rows: Sequence[BatchRow], select: TagSelector, folder: Path) -> tuple[Any, Path, Path, Path]:
-    """Table (pandas DataFrame: file, tags, error, one column per class) and the CSV, JSONL and captions zip files
-    written into ``folder``, the tags chosen by ``select`` (the tagging pipeline's selection, caption rules
-    applied). The JSONL lines have the format of ``python -m serve tag`` (``{"path", "scores", "tags"}``),
-    unreadable files ``{"path", "error"}``; the zip holds one ``.txt`` caption per image, named as ``serve tag
-    --sidecar`` names them (``a.jpg`` -> ``a.txt``)."""
+    """The batch table (a DataFrame) and its CSV, JSONL (``serve tag``'s format) and captions zip written into
+    ``folder``."""
     import numpy as np
     import pandas as pd
 

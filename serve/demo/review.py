@@ -1,9 +1,6 @@
-"""The answer tabs' state, without gradio: :class:`ReviewQueue` holds the unique (image, label) pairs of a review
-file (``python -m train suggest``), their answers (the file's, then the answer log's: the last word wins) and
-the pairs still to show (Skip moves one to the back, Undo puts it in front). Every answer is in the log
-(:class:`models.data.review_file.AnswerLog`) before the call returns; one queue serves every browser tab, under a
-lock, and a second demo on the same log is refused (:func:`claim_log`).
-"""
+"""The answer tabs' state, without gradio: :class:`ReviewQueue` holds a review file's pairs, their answers (the last
+word wins) and those still to show. Every answer is in the log before the call returns; one queue serves every browser
+tab under a lock, and a second demo on the same log is refused (:func:`claim_log`)."""
 
 from __future__ import annotations
 
@@ -54,9 +51,8 @@ def load_review(review_path: str | Path) -> list[ReviewItem]:
 
 
 def claim_log(path: str | Path) -> IO[str]:
-    """Lock the answer log ``path`` (created if absent) for this process, so that a second demo on the same log is
-    refused (``DataError``) instead of keeping a state of its own; keep the returned file open while serving
-    (the lock goes with the process, however it ends)."""
+    """Lock the answer log ``path`` for this process (``DataError`` when another holds it); keep the returned file
+    open."""
     import fcntl
 
     path = Path(path)
@@ -109,9 +105,8 @@ class ReviewView:
 
 @dataclass(frozen=True)
 class ImageView:
-    """What the image-at-a-time tab shows: the image to answer (None once every pair is answered), its pending
-    labels (the most likely first), the labels it has and those already answered, the counts of images, and a note
-    on the last action."""
+    """What the image-at-a-time tab shows: the image (None when done), its pending, given and answered labels, counts
+    and a note."""
 
     image: str | None
     pending: tuple[ReviewItem, ...]
@@ -152,9 +147,8 @@ class ReviewQueue:
 
     @classmethod
     def open(cls, review_path: str | Path, log_path: str | Path | None = None, claim: bool = False) -> ReviewQueue:
-        """The queue of a review file (checked: :func:`load_review`) with its answer log (default:
-        :func:`default_log_path`); with ``claim``, the log is locked (:func:`claim_log`) before it is read, until
-        :meth:`close` or the process ends. ``DataError`` for a bad file or log, or a log in use."""
+        """The queue of a review file with its answer log, locked first with ``claim``. ``DataError`` for a bad file or
+        log, or a log in use."""
         review_path = Path(review_path)
         log_path = Path(log_path) if log_path is not None else default_log_path(review_path)
         if log_path.resolve() == review_path.resolve():
@@ -269,9 +263,8 @@ class ReviewQueue:
         return sorted(pairs, key=lambda item: -(item.score if item.score is not None else -1.0))
 
     def answer_image(self, image: str, present: set[str] | list[str]) -> ImageView:
-        """Answer every pending pair of ``image`` at once: yes for the labels in ``present``, no for the others (in
-        the log, one synced write, when this returns); the next image. ``KeyError`` for a label in ``present`` that
-        is not a pending pair of the image."""
+        """Answer every pending pair of ``image`` (yes for ``present``, no for the others) in one synced write; the next
+        image. ``KeyError`` for a label of ``present`` that is not pending."""
         with self.lock:
             pending = [item.label for item in self._image_pairs(image)]
             unknown = set(present) - set(pending)

@@ -1,8 +1,5 @@
-"""The *Review* tab (``python -m serve demo --review FILE``): one suggested label at a time, answered Yes / No,
-skipped or taken back (keys ``y`` ``n`` ``s`` ``u``), over the server's :class:`serve.demo.review.ReviewQueue`.
-Its events are also an API (``/review_show``, ``/review_yes``, ``/review_no``, ``/review_skip``,
-``/review_undo``). It imports gradio.
-"""
+"""The *Review* tab (``--review FILE``): one suggested label at a time, Yes / No / Skip / Undo (keys ``y n s u``), over
+a :class:`serve.demo.review.ReviewQueue`; its events are also an API (``/review_*``)."""
 
 from __future__ import annotations
 
@@ -203,9 +200,7 @@ AUDIT_COMMAND = "python -m train ... --method auto --audit {log}"
 
 
 def answer_tabs(review: ReviewQueue | None, audit: ReviewQueue | None) -> None:
-    """The tabs that answer labels (inside the current ``gr.Tabs``): *Review*, one suggested label at a time
-    (:func:`serve.demo.review_tab.review_tab`), and *Audit*, every label of an image at once
-    (:func:`serve.demo.toggles_tab.toggles_tab`)."""
+    """The tabs that answer labels: *Review* (one label at a time) and *Audit* (every label of an image)."""
     if review is not None:
         review_tab(review)
     if audit is not None:

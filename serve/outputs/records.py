@@ -1,8 +1,5 @@
-"""Output records, shared by every engine (through :mod:`serve.outputs.stage`) and the demo: scores -> one record
-``{"path", "scores": {class: p rounded to 6 decimals}, "tags"}`` per image, and the files they go to, written
-atomically: the run file (JSON Lines, or CSV ``path, tags, <one column per class>``) and the errors file
-(``path<TAB>reason``).
-"""
+"""Output records ``{"path", "scores", "tags"}`` (scores rounded to 6 decimals) and the files they go to, written
+atomically: the run file (JSON Lines or CSV) and the errors file (``path<TAB>reason``)."""
 
 from __future__ import annotations
 
@@ -34,9 +31,8 @@ class Result:
 
 def tag_record(rel_path: str, probs: np.ndarray, classes: list[str], thresholds: np.ndarray | None = None,
                selection: Selection | None = None, rules: CaptionRules | None = None) -> dict[str, Any]:
-    """One output record from a probability row ``(C,)``: the scores of all classes, rounded as stored, and the
-    tags: the classes ``selection`` chooses from the rounded scores (default: at or above their ``thresholds``),
-    highest first, written with the caption ``rules`` (default: the class names)."""
+    """One output record from a probability row ``(C,)``: the rounded scores and the tags ``selection`` chooses from
+    them, highest first, written with the caption ``rules``."""
     scores = rounded_scores(probs)
     chosen = select_classes(scores, thresholds, selection or Selection())
     names = [classes[i] for i in chosen]

@@ -1,7 +1,4 @@
-"""The manifest of a run file (``tags.jsonl`` -> ``tags.manifest.json``): the model, tag selection, thresholds and
-caption rules that produced its tags, written with the run file at the end of every completed run; read by
-``python -m serve summary`` and by a resumed run.
-"""
+"""The manifest of a run file (``tags.jsonl`` -> ``tags.manifest.json``): the model and tag options behind its tags."""
 
 from __future__ import annotations
 

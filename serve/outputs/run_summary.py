@@ -1,8 +1,5 @@
-"""The summary of a tagging run (``python -m serve summary RUNFILE``, or at the end of ``serve tag``): images per tag,
-tags per image and the classes never predicted, as a terminal table, Markdown and JSON reports and a bar plot
-(with matplotlib). With the selection known (the manifest), tags are counted by name and "never predicted" is
-per class (docs/tagging-at-scale.md, *The manifest and the summary*).
-"""
+"""The summary of a tagging run (``python -m serve summary RUNFILE``): images per tag, tags per image and the classes
+never predicted, as a table, Markdown and JSON reports and a bar plot (docs/tagging-at-scale.md)."""
 
 from __future__ import annotations
 
@@ -52,12 +49,8 @@ def summarize(
     chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None,
     names: Callable[[Sequence[str]], Sequence[str]] | None = None,
 ) -> RunSummary:
-    """Count a run's ``records`` (each with ``tags``; streamed, not held). ``classes`` default to the first
-    record's score keys; ``chosen`` (a record's scores -> the classes selected, before caption rules, e.g.
-    :meth:`serve.outputs.stage.TagSelector.chosen`) decides which classes were never predicted; without it a class
-    counts as predicted when its name appears among the tags. ``names`` (selected classes -> tag names, e.g.
-    :meth:`serve.outputs.caption_rules.CaptionRules.labels`; with ``chosen``) gives the tags counted instead of the
-    record's ``tags``."""
+    """Count a run's ``records`` (streamed). ``classes`` default to the first record's; ``chosen`` (scores -> classes
+    selected) decides which were never predicted (else by tag name), ``names`` maps them to the tags counted."""
     per_tag: Counter[str] = Counter()
     per_count: Counter[int] = Counter()
     predicted: set[str] = set()

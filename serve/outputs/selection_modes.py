@@ -1,8 +1,5 @@
-"""Which classes become an image's tags (``serve tag``, the demo, the Python API): the modes of :data:`MODES`
-(``thresholds``, ``mcut``: MCut, Largeron, Moulin & Géry 2012, ``top-k:K``), each with a cap (``max_tags``) and
-a floor (``min_score``). Tags come highest score first (ties: class order); scores are compared as the run file
-stores them, rounded to 6 decimals, so a record's tags can be recomputed from its scores.
-"""
+"""Which classes become an image's tags: the modes of :data:`MODES` (``thresholds``, ``mcut``, ``top-k:K``) with a cap
+and a floor, highest score first, on scores rounded as the run file stores them."""
 
 from __future__ import annotations
 
@@ -138,11 +135,7 @@ MODES: Table[Chooser] = Table("selection mode", [
 
 
 def select_classes(probs: np.ndarray, thresholds: np.ndarray | None, selection: Selection) -> list[int]:
-    """Indices of the classes selected for one image, highest score first (ties: class order).
-
-    ``probs`` ``(C,)`` are probabilities; they are rounded as stored (:func:`rounded_scores`) before comparing.
-    ``thresholds`` ``(C,)`` are needed only by the ``thresholds`` mode.
-    """
+    """Indices of the classes selected for one image, highest score first; ``thresholds`` only for that mode."""
     scores = rounded_scores(probs)
     order = sorted(range(scores.size), key=lambda i: (-scores[i], i))
     chosen = MODES[selection.mode](scores, order, thresholds, selection)

@@ -1,7 +1,5 @@
-"""What a sidecar holds, per format of :data:`SIDECAR_FORMATS`: ``txt`` (the tags), ``json`` (the tags and every
-score) and ``xmp`` (the tags as XMP keywords, ``dc:subject``). An existing sidecar is updated: its tags are
-replaced, or merged (``--existing append``), and whatever else it holds is kept.
-"""
+"""What a sidecar holds, per format of :data:`SIDECAR_FORMATS` (``txt``, ``json``, ``xmp``); an existing one is updated,
+its other contents kept."""
 
 from __future__ import annotations
 

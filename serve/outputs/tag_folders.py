@@ -1,7 +1,5 @@
-"""Sorting images into folders by tag (``--sort-into DIR``): ``sub/a.jpg`` tagged ``cat`` -> ``DIR/cat/sub/a.jpg``
-(untagged: ``DIR/<untagged>/``), by a symbolic link, a hard link or a copy (:data:`LINK_MODES`). A re-run adds
-what is missing; an entry that is another file is an error, never overwritten.
-"""
+"""Sorting images into folders by tag (``--sort-into DIR``) by link or copy (:data:`LINK_MODES`); a re-run adds what is
+missing, and an entry that is another file is an error, never overwritten."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A tagging run's options, :class:`TagJob`, in four small groups (how tags are chosen, the output files, how it
-runs, the Ray cluster): those of ``python -m serve tag``, given and read back by their command-line name
-(``batch_size`` is ``--batch-size`` and ``job.run.batch_size``). Invalid values raise ``ValueError`` naming the
-option.
-"""
+"""A tagging run's options, :class:`TagJob`, in four groups, by their command-line names; invalid values raise
+``ValueError`` naming the option."""
 
 from __future__ import annotations
 
@@ -42,9 +39,8 @@ def _at_least_one(options: object, *names: str) -> None:
 
 @dataclass(frozen=True)
 class TagChoice:
-    """How an image's tags are chosen and written: the per-class ``threshold`` (one for every class) and
-    ``per_class`` overrides (else the model's calibrated thresholds), the selection ``mode`` (thresholds, MCut or
-    top-k, with its cap and floor) and the caption ``rules``."""
+    """How an image's tags are chosen and written: ``threshold`` / ``per_class`` overrides, the selection ``mode`` and
+    the caption ``rules``."""
 
     threshold: float | None = None
     per_class: Mapping[str, float] | None = None
@@ -58,12 +54,8 @@ class TagChoice:
 
 @dataclass(frozen=True)
 class OutputOptions:
-    """The files of a run besides the run file: ``errors`` (default ``<output stem>.errors.tsv``), the ``sidecar``
-    files (formats, names, tag separator), ``tag_separator`` (of a CSV run file's tags without sidecars),
-    ``sort_into`` (tag folders; folder sources), ``summary`` (count the run file's tags at the end and write the
-    reports beside it) and ``existing``: ``skip`` resumes (images whose sidecars exist, with ``sidecar``, or whose
-    record is in the run file or the journal, are not tagged again and their records are kept), ``overwrite``
-    redoes everything, ``append`` redoes everything and adds new tags to existing sidecars."""
+    """The files of a run besides the run file (errors, sidecars, tag separator, tag folders, summary) and ``existing``:
+    ``skip`` resumes, ``overwrite`` redoes everything, ``append`` also adds new tags to existing sidecars."""
 
     errors: Path | None = None
     sidecar: SidecarSpec | None = None
@@ -82,9 +74,8 @@ class OutputOptions:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a run goes: the ``engine``, the runtime (``backend``, ``device``), ``batch_size``, ``workers`` (decode
-    threads of the local engine, model actors of ray), ``max_pixels`` (the decompression-bomb limit; ``None`` turns
-    it off), the progress bar and the ``partition`` of the source (``--shard K/N``)."""
+    """How a run goes: engine, runtime, ``batch_size``, ``workers``, ``max_pixels`` (None: off), progress and the
+    ``--shard`` partition."""
 
     engine: str = DEFAULT_ENGINE
     backend: str | None = None
@@ -124,14 +115,9 @@ SELECTION_OPTIONS = ("selection", "max_tags", "min_score", "top_k")
 
 @dataclass(init=False)
 class TagJob:
-    """A tagging run: ``source`` (a folder, a list file, ``.tar`` shards or a :class:`~serve.tagging.sources.Source`),
-    ``model`` (a model file, or an already loaded :class:`~serve.predictor.Predictor` or runtime, which the local
-    engine uses as is), ``output`` (the run file) and the option groups :class:`TagChoice` (``choice``),
-    :class:`OutputOptions` (``outputs``), :class:`RunOptions` (``run``) and :class:`RayOptions` (``cluster``).
-
-    The options (module docstring) fill the groups. ``selection``: ``"thresholds"`` (the default), ``"mcut"``,
-    ``"top-k:K"`` or a :class:`~serve.outputs.selection_modes.Selection`; ``max_tags`` caps and ``min_score`` floors
-    it (``top_k``: the deprecated name of ``max_tags``)."""
+    """A tagging run: ``source``, ``model`` (a file, or a loaded Predictor or runtime), ``output`` and the option
+    groups. ``selection``: ``"thresholds"``, ``"mcut"``, ``"top-k:K"`` or a Selection (``top_k``: deprecated
+    ``max_tags``)."""
 
     source: str | Path | Source
     model: Path | None

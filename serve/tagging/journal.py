@@ -1,10 +1,5 @@
-"""The journal of a tagging run (``<output>.partial``), where every engine's results are appended and flushed as
-each batch finishes, so that a killed run resumes (``--existing skip``) losing at most the batches in flight.
-
-JSON Lines: the :class:`JournalHeader` (the model, the tag options), then one run-file record or one failure
-``{"path", "error"}`` per image; a line cut short by a kill is dropped. Resuming keeps, per image, the byte
-offset of its last record, not the record. A journal of another model is refused, never merged.
-"""
+"""The journal of a tagging run (``<output>.partial``): JSON Lines, a :class:`JournalHeader` then a record or failure
+per image, flushed per batch, so a killed run resumes losing only batches in flight; another model's is refused."""
 
 from __future__ import annotations
 
@@ -29,9 +24,7 @@ def journal_path(output: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class JournalHeader:
-    """Which model produced a journal's results: its file, the file's SHA-256 and its classes; and ``tagging``,
-    the tag options its records' tags (and the sidecars written) were chosen with
-    (:meth:`serve.outputs.stage.TagSelector.to_dict`), ``None`` when unknown."""
+    """Which model produced a journal (file, SHA-256, classes) and the tag options (``tagging``, None when unknown)."""
 
     model: str
     sha256: str

@@ -1,7 +1,5 @@
-"""The tagging pipeline, one for every engine, for ``python -m serve tag`` and for Python callers: plan
-(:func:`~serve.tagging.plan.plan_tagging`) -> score (an engine of :mod:`serve.tagging.engines`) -> journal
-(:mod:`serve.tagging.journal`) -> outputs (:mod:`serve.outputs`) -> summary (:mod:`serve.outputs.run_summary`);
-docs/tagging-at-scale.md describes each step.
+"""The tagging pipeline, one for every engine: plan -> score -> journal -> outputs -> summary
+(docs/tagging-at-scale.md).
 
 >>> summary = tag(TagJob("photos", "model.onnx", Path("tags.jsonl")))      # doctest: +SKIP
 >>> summary = tag_folder("photos", "model.onnx", "tags.csv", threshold=0.3)  # doctest: +SKIP
@@ -102,10 +100,8 @@ def run_manifest(plan: TagPlan) -> dict[str, Any]:
 
 def run_plan(plan: TagPlan, *, outputs: Callable[[TagPlan, Journal], OutputStage] = default_outputs,
              warn: Callable[[str], None] | None = None, engine: Any = None) -> TagSummary:
-    """Run a plan made with the model (:func:`plan_tagging`): ``engine`` (default: ``job.run.engine``'s) scores
-    the to-do items, each batch is journaled then given to ``outputs(plan, journal)``; at the end the writers
-    finish and the journal is removed (an interruption leaves it, and the files written so far). Failures and
-    start-up lines go to ``warn`` (default: stderr). Raises what the engine raises and ``OSError``."""
+    """Run a plan: ``engine`` scores the to-do items, each batch journaled then given to ``outputs``; the writers finish
+    and the journal is removed at the end. Raises what the engine raises and ``OSError``."""
     job = plan.job
     if plan.meta is None or plan.header is None:
         raise ValueError("this plan was made without the model (a dry run): plan again with read_model=True")
@@ -168,7 +164,5 @@ def tag(job: TagJob, *, warn: Callable[[str], None] | None = None) -> TagSummary
 def tag_folder(folder: str | Path | Source, model: Predictor | Runtime | str | Path,
                output: str | Path = DEFAULT_OUTPUT, *, warn: Callable[[str], None] | None = None,
                **options: Any) -> TagSummary:
-    """:func:`tag` of ``TagJob(folder, model, output, **options)``: every image of ``folder`` (a folder, list file,
-    shard pattern or :class:`~serve.tagging.sources.Source`) tagged with ``model`` (a model file, a loaded Predictor
-    or runtime). Raises as :func:`plan_tagging` and :func:`run_plan` do; without image files nothing is written."""
+    """:func:`tag` of ``TagJob(folder, model, output, **options)``; without image files nothing is written."""
     return tag(TagJob(folder, model, Path(output), **options), warn=warn)

@@ -1,8 +1,5 @@
-"""Step 2 of the tagging pipeline, the one scoring loop (local engine, Ray actors, the demo's batch tab): image
-items -> :class:`~serve.outputs.records.Result` batches, ``workers`` threads decoding a bounded window of items
-ahead of the model (as resized ``uint8``), so memory follows ``batch_size`` and ``workers``, never the number of
-images (docs/tagging-at-scale.md, *Memory and speed*).
-"""
+"""Step 2 of the tagging pipeline, the one scoring loop: items -> result batches, ``workers`` threads decoding a bounded
+window ahead of the model, so memory follows ``batch_size`` and ``workers``, never the image count."""
 
 from __future__ import annotations
 
@@ -89,9 +86,8 @@ def decode_ahead(
 
 def score_items(items: Iterable[Item], scorer: Scorer, preprocess: ImagePreprocessor, batch_size: int,
                 workers: int | None = None, pool: Executor | None = None) -> Iterator[list[Result]]:
-    """Score ``items``: one list of results per model batch (with the failures met while filling it), in input
-    order. Decoding runs on ``pool``, or on ``workers`` threads (default :func:`default_workers`) of a pool made
-    for this call."""
+    """Score ``items``: one list of results per model batch, in input order; decoding on ``pool`` or ``workers``
+    threads."""
     n_workers = workers or default_workers()
     window = decode_window(batch_size, n_workers)
     own = ThreadPoolExecutor(n_workers, thread_name_prefix="decode") if pool is None else None

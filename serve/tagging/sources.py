@@ -1,9 +1,5 @@
-"""What ``python -m serve tag SOURCE`` reads, for every engine: a folder (the one folder walk's rule,
-:mod:`models.files.folder_walk`; keys relative to it), a list file (one path or URI per line, relative to the
-list file; ``#`` comments) or WebDataset ``.tar`` shards (a file, a glob or a brace pattern; keys
-``<shard name>/<sample key>.<ext>``). List files and shards stream. :class:`Partition` (``--shard K/N``) keeps a
-deterministic subset by a CRC-32 of the key, or of the shard file's name.
-"""
+"""What ``serve tag SOURCE`` reads: a folder, a list file (a path or URI per line) or WebDataset ``.tar`` shards;
+:class:`Partition` (``--shard K/N``) keeps a deterministic subset by CRC-32."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Tagging engines, one module each, registered with ``@ENGINES.register`` (every module here is imported to
-register; none imports its heavy package before it is used).
-"""
+"""Tagging engines, one module each, registered with ``@ENGINES.register``."""
 
 from __future__ import annotations
 

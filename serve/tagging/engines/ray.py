@@ -1,8 +1,5 @@
-"""The ``ray`` engine: a pool of model actors (:class:`TagActor`) on a Ray cluster or a local Ray instance, each
-running the local engine's loop on work units (:data:`CHUNK_IMAGES` images, or one ``.tar`` shard); the driver
-handles metadata only and never imports torch or ONNX Runtime. Layout, CPU budget and faults:
-docs/tagging-at-scale.md, *A Ray cluster*.
-"""
+"""The ``ray`` engine: a pool of model actors (:class:`TagActor`) running the local engine's loop on work units; the
+driver never imports torch or ONNX Runtime (docs/tagging-at-scale.md, *A Ray cluster*)."""
 
 from __future__ import annotations
 
@@ -65,9 +62,8 @@ def actor_layout(nodes: Sequence[dict[str, Any]], job: TagJob) -> tuple[int, int
 
 
 class TagActor:
-    """A model actor: loads the model once on its device, then decodes (``threads`` threads, ahead of the
-    model) and scores the work units it receives. It runs :data:`CALLS_PER_ACTOR` units at once, one of them in
-    the model at a time, so that decoding never waits for the model."""
+    """A model actor: loads the model once, decodes ahead of it on ``threads`` threads and scores
+    :data:`CALLS_PER_ACTOR` units at once, one in the model at a time."""
 
     def __init__(
         self, model: str, backend: str | None, device: str | None, max_pixels: int | None, batch_size: int, threads: int
