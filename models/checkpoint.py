@@ -1,8 +1,5 @@
-"""Checkpoints: one ``torch.save`` dict readable with ``torch.load(weights_only=True)``: ``format``
-(``"spml-checkpoint"``), ``meta`` (:class:`ModelMeta` as a JSON string, so it can never carry code), ``model`` (the
-state dict) and optionally ``training`` (the resume state). torch is imported only to save or load weights:
-:class:`ModelMeta` and :func:`read_checkpoint_meta` serve command lines without it.
-"""
+"""Checkpoints: one ``torch.save`` dict readable with ``weights_only=True``: ``format``, ``meta`` (:class:`ModelMeta` as
+JSON), ``model`` and optionally ``training``. :class:`ModelMeta` and :func:`read_checkpoint_meta` need no torch."""
 
 from __future__ import annotations
 

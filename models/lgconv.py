@@ -1,21 +1,10 @@
 """PU-MLC's local-global convolution (LgConv) for torchvision ResNets, and its exact inference-time fold.
 
-Training form (Yuan, Zhang, Huang, ICME 2024; docs/methods.md, "PU-MLC and LgConv"): every 3x3 convolution
-``conv`` of the backbone becomes ``conv(x) + GB(x)``, where the global branch ``GB`` is
-
-    x_l  = ReLU(R x)                                   R: 1x1, C_in -> C_in/4 (with bias)
-    x_h  = [x_l, mean_pos(x_l)]                        global context appended to every position
-    A    = softmax_pos(Wa x_h)                         8 spatial attention maps (one per head)
-    G    = sigmoid(Wg x_h)                             8 broadcast gates
-    g_h  = sum_pos A_h(pos) V_h x(pos)                 V: 1x1, C_in -> C_in, split in 8 heads
-    GB   = BN(P(x + concat_h g_h G_h))                 P: 1x1, C_in -> C_out, the conv's stride
-
-:class:`LgConv2d` *is* an ``nn.Conv2d`` with the branch as its ``global_branch`` child, so plain ResNet weights
-load into it unchanged. Inference form (:func:`fold_resnet`): BatchNorms folded; the branch's linear path ``a * P x``
-added to the 3x3 kernel's centre tap (exact for padding 1, any stride: a strided 1x1 conv samples the centres of the
-strided 3x3 windows); the global term computed on 8 attention-pooled vectors, ``u_h = P_h (V_h x_bar_h + b_h)``,
-output ``+= sum_h u_h G_h`` (the attention's context share and bias drop out: a softmax over positions ignores them).
-"""
+Training form (Yuan, Zhang, Huang, ICME 2024; docs/methods.md, "PU-MLC and LgConv"): every 3x3 convolution ``conv(x)``
+becomes ``conv(x) + GB(x)``, ``GB`` a global branch with 8 attention heads. :class:`LgConv2d` *is* an ``nn.Conv2d`` with
+the branch as its ``global_branch`` child, so plain ResNet weights load into it unchanged. Inference form
+(:func:`fold_resnet`): BatchNorms folded, the branch's linear path added to the kernel's centre tap, the global term
+computed on 8 attention-pooled vectors."""
 
 from __future__ import annotations
 

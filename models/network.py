@@ -1,7 +1,5 @@
-"""The multi-label network: a backbone (:mod:`models.backbones`) and a ``linear`` head (BoostLU:
-:class:`BoostedCamHead`) or ``lem`` head (:class:`~models.label_embedding.LabelEmbeddingHead`). State-dict keys are
-``backbone.<the library's own key>`` and ``head.<...>``, so library weight files load as they are.
-"""
+"""The multi-label network: a backbone and a ``linear`` (BoostLU: :class:`BoostedCamHead`) or ``lem`` head; state-dict
+keys are ``backbone.<the library's key>`` and ``head.<...>``, so library weight files load as they are."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TrainableScope:
-    """What a ``--trainable`` value trains: ``frozen(family, backbone)`` lists the backbone modules it freezes
-    (LgConv's global branches inside them still train when ``branches_train``); ``fixed_features``: the whole
-    backbone is frozen, so its features are computed once and cached."""
+    """What a ``--trainable`` value trains: ``frozen(family, backbone)`` lists the frozen backbone modules;
+    ``fixed_features``: the whole backbone is frozen and its features cached."""
 
     frozen: Callable[[BackboneFamily, nn.Module], list[nn.Module]]
     fixed_features: bool = False
@@ -84,9 +81,8 @@ def boost_lu(cam: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 class BoostedCamHead(nn.Linear):
-    """The linear head at every position of the last feature map (CAM), then BoostLU, then average pooling (Kim et al.
-    2023, youngwk/BridgeGapExplanationPAMC), in training and inference alike. It *is* an ``nn.Linear``, so plain
-    linear-head weights load into it; with ``alpha = 1`` it computes the plain head's logits."""
+    """The linear head at every position of the last feature map, then BoostLU, then average pooling (Kim et al. 2023);
+    an ``nn.Linear``, equal to the plain head at ``alpha = 1``."""
 
     def __init__(self, in_features: int, out_features: int, alpha: float = BOOSTLU_ALPHA) -> None:
         if not alpha > 0:
@@ -313,10 +309,8 @@ def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool
                 head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
                 load_head: bool = True, boostlu: float | None = None, image_size: int | None = None,
                 report: list[str] | None = None) -> MultiLabelNet:
-    """Build ``arch`` (a torchvision ResNet or timm model name) with a ``num_classes`` ``head`` (``boostlu``: the linear
-    head's BoostLU factor) and ``weights``: ``none``, ``imagenet``, a torchvision weight name or a weights file
-    (:mod:`models.weight_files`; its head loaded when it fits, unless not ``load_head``). ``lgconv`` adds LgConv to a
-    ResNet; ``report`` receives what was loaded."""
+    """Build ``arch`` with a ``num_classes`` ``head`` and ``weights`` (``none``, ``imagenet``, a weight name or file);
+    ``lgconv`` adds LgConv to a ResNet; ``report`` receives what was loaded."""
     if num_classes < 1:
         raise ValueError("num_classes must be >= 1")
     family = family_of(arch)

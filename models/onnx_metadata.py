@@ -1,7 +1,5 @@
-"""The model metadata inside exported ONNX files (``metadata_props``, ORT's ``custom_metadata_map``): ``spml_meta``, the
-full :class:`~models.checkpoint.ModelMeta` as JSON, and convenience copies for other tools (``classes``, ``image_size``,
-``mean``, ``std``, ``interpolation``, ``crop``, ``output``). Plain string maps: needs neither onnx nor onnxruntime.
-"""
+"""The model metadata inside exported ONNX files: ``spml_meta`` (the full :class:`~models.checkpoint.ModelMeta` as JSON)
+and copies for other tools. Plain string maps: needs neither onnx nor onnxruntime."""
 
 from __future__ import annotations
 

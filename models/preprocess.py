@@ -1,9 +1,6 @@
-"""The one image preprocessing of training, evaluation, export checks, the tagger and the demo (:class:`EvalTransform`,
-:func:`read_image`), so they all see the same pixels. Decoding goes through PIL, not ``torchvision.io.decode_image``,
-which returns palette PNGs as indices and CMYK JPEGs as raw channels. Large JPEGs are decoded at 1/2, 1/4 or 1/8 scale
-(PIL's ``draft``) when still :data:`DECODE_MARGIN` times the input size: the antialiased resize then sees almost the
-same pixels, much faster.
-"""
+"""The one image preprocessing of training, evaluation, export, the tagger and the demo (:class:`EvalTransform`,
+:func:`read_image`), through PIL; large JPEGs are decoded at reduced scale when still :data:`DECODE_MARGIN` times the
+input size."""
 
 from __future__ import annotations
 

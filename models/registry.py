@@ -1,8 +1,5 @@
-"""The two ways something is registered: a :class:`Table` for a closed list (rows of name, help line and value, from
-which command-line choices, help and the one "unknown X" message come) and a :class:`Registry` for open plug-ins
-(methods, backbone families, tagging engines) that register with a decorator. Both are read-only name -> value mappings
-(:class:`Listing`).
-"""
+"""The two ways something is registered: a :class:`Table` for a closed list (choices, help, the one "unknown X" message)
+and a :class:`Registry` for plug-ins registered by decorator; both read-only mappings."""
 
 from __future__ import annotations
 
@@ -104,9 +101,8 @@ class Table(Listing[V]):
 
 
 class Registry(Listing[V]):
-    """Open plug-ins: ``@REGISTRY.register`` on a class that has ``name`` and ``description`` (class attributes)
-    adds it under its name (the class itself, or one instance of it when ``instances``); the registry's order is the
-    order of registration unless ``order`` sorts it."""
+    """Open plug-ins: ``@REGISTRY.register`` on a class with ``name`` and ``description`` adds it (or one instance, with
+    ``instances``), in registration order unless ``order`` sorts it."""
 
     def __init__(self, what: str, order: Callable[[Row[V]], Any] | None = None, instances: bool = False) -> None:
         super().__init__(what)

@@ -1,8 +1,5 @@
-"""Reading a ``--weights FILE`` into the network's key space, whatever wrote it: a checkpoint of this package, a
-torchvision or timm state dict (possibly under ``state_dict``/``model``, ``module.``-prefixed, or ``.safetensors``), or
-the lukemelas EfficientNet layout (renamed for timm). Files are read with ``weights_only=True``; the library's ImageNet
-classifier becomes the head only when its shape fits.
-"""
+"""Reading a ``--weights FILE`` into the network's key space (this package's checkpoints, torchvision / timm state
+dicts, the lukemelas layout), with ``weights_only=True``."""
 
 from __future__ import annotations
 

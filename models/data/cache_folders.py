@@ -1,6 +1,4 @@
-"""Where built datasets live: the cache root, the built-in dataset's folders, a drawing set's cache parent; importable
-without the builders of :mod:`models.sources`, which write these folders.
-"""
+"""Where built datasets live; importable without the builders of :mod:`models.sources`."""
 
 from __future__ import annotations
 

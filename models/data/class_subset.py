@@ -1,8 +1,5 @@
-"""Restrict a CSV dataset to some of its classes, for transfer experiments: ``python -m models.data.class_subset
-SRC/labels.csv --keep a,b,c --out DIR`` drops every other label and the images left without one, and writes
-``DIR/labels.csv`` + ``DIR/classes.txt`` (absolute image paths; ``--train-only`` leaves out val and test).
-docs/methods-investigation.md uses it.
-"""
+"""Restrict a CSV dataset to some of its classes: ``python -m models.data.class_subset SRC/labels.csv --keep a,b,c --out
+DIR`` (docs/methods-investigation.md uses it)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""MS-COCO (2014, else 2017) instance annotations as a multi-label dataset (docs/datasets.md, "coco"): train = the train
-json, test = the val json, an image positive for every category with an instance on it (images without one skipped, with
-a note).
-
-As the seeds' ``preproc/format_coco.py``, images are ordered by their id sorted as a string (``"100"`` before ``"9"``),
-so the split and the observed labels drawn by row are the published ones; classes in category-id order (the json's order
-with ``coco:DIR?reference``).
-"""
+"""MS-COCO (2014, else 2017) instance annotations as a multi-label dataset (docs/datasets.md, "coco"); images ordered as
+the seeds' ``format_coco.py`` orders them, so the published splits and observed labels are reproduced."""
 
 from __future__ import annotations
 

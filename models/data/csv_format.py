@@ -1,9 +1,5 @@
-"""The generic CSV dataset format: ``labels.csv`` (+ optional ``classes.txt``), read and written strictly.
-docs/datasets.md ("csv") states the rules: UTF-8 (a BOM accepted), columns matched by name (case-insensitive) ``image``
-(must exist), ``labels`` (``;``-separated names, ``-name`` a known negative) and an optional ``split``; one image on
-several rows is merged (in two splits, an error); the class list from ``classes.txt`` or the sorted names seen. Every
-problem raises ``DataError`` with ``file:line: message``.
-"""
+"""The generic CSV dataset format, ``labels.csv`` (+ optional ``classes.txt``), read and written strictly by the rules
+of docs/datasets.md ("csv"); every problem raises ``DataError`` with ``file:line: message``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""CUB-200-2011 with its 312 binary attributes as the labels (``--data cub:DIR``), as the seeds use it
-(docs/datasets.md, "cub"). ``DIR`` is ``CUB_200_2011/`` or its parent. An attribute is positive when ``is_present`` is
-1, certainty ignored; some official lines carry an extra field, so every line is read by its first three fields. Images
-in id order; the official train split is the training pool (the protocol holds out 20% as val), the official test split
-the test set; images with no present attribute are kept.
-"""
+"""CUB-200-2011 with its 312 binary attributes as the labels (``--data cub:DIR``; docs/datasets.md, "cub"): a line is
+read by its first three fields, certainty ignored."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The torch ``Dataset`` over a :class:`LabelledImages`. An unreadable image yields an item holding only its row under
-``SKIPPED``; :func:`collate_readable` keeps it out of the batch, so training reports each file once
-(:class:`SkipReporter`) and evaluation leaves its row out.
-"""
+"""The torch ``Dataset`` over a :class:`LabelledImages`; an unreadable image yields an item holding only its row under
+``SKIPPED``, which :func:`collate_readable` keeps out of the batch."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ FULL_LABELS = "full"  # batch key of the annotated labels: only in the batches o
 
 
 class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
-    """Items are dicts: ``images``, ``observed`` (1 at the observed positives), ``observed_negatives``, ``index`` (the
-    row) and one entry per extra view (``views``), plus the annotated labels under ``FULL_LABELS`` only with
-    ``annotated_in_items``. An unreadable image gives an item holding only ``SKIPPED``."""
+    """Items are dicts: ``images``, ``observed``, ``observed_negatives``, ``index``, the extra views, and the annotated
+    labels under ``FULL_LABELS`` only with ``annotated_in_items``."""
 
     def __init__(
         self,

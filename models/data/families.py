@@ -1,8 +1,5 @@
-"""The dataset families the methods' presets are keyed by (``voc``, ``coco``, ``nus``, ``cub``, ``builtin``). A kind's
-row of :data:`models.data.registry.DATASET_KINDS` declares its family; the kinds that may hold a benchmark's data
-(``formatted``, ``csv``, ``folder``) take the family whose ``names`` include the folder's name, whole and
-case-insensitive (:func:`family_named`): ``coconut`` is no family.
-"""
+"""The dataset families the methods' presets are keyed by; ``formatted``, ``csv`` and ``folder`` data take the family
+whose ``names`` include the folder's name, whole (:func:`family_named`: ``coconut`` is no family)."""
 
 from __future__ import annotations
 

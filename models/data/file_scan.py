@@ -1,6 +1,5 @@
-"""Every file under a folder as a set of relative paths: one walk (:mod:`models.files.folder_walk`) answers existence
-checks on large image sets (269,648 NUS-WIDE paths) with one directory read per folder instead of one ``stat`` per path.
-"""
+"""Every file under a folder as a set of relative paths: one directory read per folder instead of one ``stat`` per
+path."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Class-per-folder image trees: ``folder:ROOT`` as ``ROOT/<class>/<image>`` or
-``ROOT/{train,val,test}/<class>/<image>`` (docs/datasets.md, "folder"), read with the one folder walk's rule
-(:mod:`models.files.folder_walk`); ``ROOT/classes.txt`` fixes the class order.
-
-The same image (identical bytes: a copy, hard link or symlink) under several class folders is ONE image with several
-positives; to stay fast only files of equal size are hashed. Every problem of the tree (empty or unlisted class folders,
-images outside a class, one image in two splits, unreadable images unless ``?skip-verify``) is reported at once in one
-:class:`DataError`.
-"""
+"""Class-per-folder image trees, ``folder:ROOT`` (docs/datasets.md, "folder"). Identical files under several class
+folders are ONE image with several positives; every problem of the tree is reported at once in one
+:class:`DataError`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The "formatted .npy" layout of the seeds' reference repositories (Cole et al. 2021), as ``formatted:DIR``:
-``formatted_{train,val}_{images,labels}.npy``, optional ``formatted_train_labels_obs.npy`` (the shipped observed labels,
-used for ``--observed single`` unless ``?resample``) and ``classes.txt``. docs/datasets.md ("formatted") tells the rest.
-
-As in the seeds' ``datasets.py``, the "val" files are the TEST split; val is carved out of train. Image paths are
-relative to the seeds' image folder of each dataset (tried in turn under DIR, or ``?image-root=PATH``); absolute paths
-that do not exist are re-rooted there. The family comes from ``?dataset=`` or the folder's name with the family's class
-count.
-"""
+"""The "formatted .npy" layout of the seeds' reference repositories (Cole et al. 2021), ``formatted:DIR``
+(docs/datasets.md, "formatted"). As in the seeds' ``datasets.py``, the "val" files are the TEST split."""
 
 from __future__ import annotations
 

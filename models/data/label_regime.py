@@ -1,9 +1,5 @@
-"""The label regime of each split (docs/your-data.md): ``single-positive`` (no image with two positives; the default for
-one label per image), ``full`` (several positives and the dataset declares the split complete, or the user does) or
-``partial`` (several positives, nothing says all are there). Figures that need full labels are only computed on full
-splits. ``declared`` is ``auto`` or a regime, for every split or per split (``--labels test=full``); a declaration the
-matrix contradicts is a ``ValueError``.
-"""
+"""The label regime of each split (docs/your-data.md): ``single-positive``, ``full`` or ``partial``; ``declared`` is
+``auto`` or a regime, for all or per split, and a declaration the matrix contradicts is a ``ValueError``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""NUS-WIDE with its 81 concepts (``--data nus:DIR``) from the official ``ConceptsList``, ``ImageList`` and
-``Groundtruth`` downloads (docs/datasets.md, "nus"); images in ``DIR/Flickr/`` or ``?images=PATH``. Listed images
-missing on disk are dropped with a note, as are images with no positive concept unless ``?keep-unlabelled``. The
-official train list is the training pool, the official test list the test set; for the seeds' own re-crawl use their
-files with ``--data formatted:DIR``.
-"""
+"""NUS-WIDE with its 81 concepts (``--data nus:DIR``) from the official downloads (docs/datasets.md, "nus"); missing and
+unlabelled images are dropped with a note."""
 
 from __future__ import annotations
 

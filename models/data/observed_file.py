@@ -1,8 +1,5 @@
-"""The protocol file of a run (``observed.npz``): the observed training labels, the train/val split and the val labels,
-so that a later run (``--observed FILE``) trains on exactly the same (docs/datasets.md lists its arrays). Version 1
-files are still read. The bytes depend only on the values (fixed member order, timestamps and compression), so the
-file's sha256 identifies the protocol.
-"""
+"""The protocol file of a run (``observed.npz``; docs/datasets.md), so a later run trains on exactly the same labels and
+split. Its bytes depend only on the values, so its sha256 identifies the protocol."""
 
 from __future__ import annotations
 

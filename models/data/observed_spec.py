@@ -1,8 +1,5 @@
-"""The ``--observed`` syntax (docs/datasets.md, "The protocol and its saved file"): ``auto``,
-``single[:uniform|size|location|empirical][?pos=N&neg=M&weights=FILE&val=clean|observed]``, ``all`` (or ``full``),
-``partial:R`` or ``FILE``. ``auto`` is resolved with the dataset: ``single`` on a benchmark, ``all`` on the user's own
-data. ``single`` alone is every published run's setting (the seeds' ``generate_observed_labels.py`` defaults).
-"""
+"""The ``--observed`` syntax (docs/datasets.md, "The protocol and its saved file"); ``auto`` is ``single`` on a
+benchmark, ``all`` on the user's own data."""
 
 from __future__ import annotations
 
@@ -24,9 +21,7 @@ _USAGE = ("use auto, single[:uniform|size|location|empirical][?pos=N&neg=M&weigh
 
 @dataclass(frozen=True)
 class ObservedSpec:
-    """How labels are observed: ``kind`` (``auto``, ``single`` with its ``variant``, ``num_pos`` / ``num_neg`` and
-    ``weights``, ``all``, ``partial`` with its ``rate``, ``file`` or ``given`` with their ``path``) and the ``val``
-    labels (``clean`` or ``observed``)."""
+    """How labels are observed: the ``kind`` with its settings, and the ``val`` labels (``clean`` or ``observed``)."""
 
     kind: str
     rate: float = 1.0

@@ -1,8 +1,5 @@
 """The SPML protocol of Cole et al. (CVPR 2021; docs/methods.md, "The SPML protocol"): observed labels sampled ONCE from
-the whole training pool with a fixed seed, before the split and whatever the method, bit for bit as the reference's
-``generate_observed_labels.py`` (or taken from the dataset or a protocol file); then 20% of the pool held out as val,
-scored with clean or observed labels. The test split is always fully labelled.
-"""
+the training pool as the reference does, then 20% held out as val. The test split is always fully labelled."""
 
 from __future__ import annotations
 
@@ -31,9 +28,7 @@ PROTOCOL_SEED = 1200
 
 def sample_observed(labels: np.ndarray, spec: ObservedSpec, seed: int = PROTOCOL_SEED,
                     splits: DatasetSplits | None = None) -> np.ndarray:
-    """Observed int8 matrix (1 positive, -1 negative, 0 unobserved) from the training pool's full ``labels`` by
-    ``spec``: ``single`` (uniform as the reference, or a label-bias variant drawn from ``splits``), ``partial`` or
-    ``all``."""
+    """Observed int8 matrix (1 positive, -1 negative, 0 unobserved) from the pool's full ``labels`` by ``spec``."""
     labels = np.asarray(labels)
     if spec.kind == "all":
         return (labels == 1).astype(np.int8)
@@ -241,9 +236,8 @@ def build_protocol(
     seed: int = PROTOCOL_SEED,
     labels: str = "auto",
 ) -> ProtocolSplits:
-    """Apply the protocol to a loaded dataset: the training pool's observed labels (sampled, shipped, or read from
-    ``observed.path``), then ``val_fraction`` held out as val unless the dataset has a val split. ``labels`` declares
-    the label regimes (``auto``: detected)."""
+    """Apply the protocol to a loaded dataset: the observed labels, then ``val_fraction`` held out unless the dataset
+    has a val split; ``labels`` declares the regimes."""
     parse_declarations(labels)  # a bad --labels value fails here
     protocol = replace(_with_known_negatives(_build_protocol(splits, resolve_observed(observed, splits),
                                                              val_fraction, seed)),

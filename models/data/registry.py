@@ -1,8 +1,5 @@
-"""One table of dataset kinds (:data:`DATASET_KINDS`) and :func:`load_dataset`, which turns a spec into
-``DatasetSplits``: ``kind:argument`` (``builtin:tiny``, ``csv:path/labels.csv``, ``voc:/data/VOCdevkit``,
-``nus:/data/nus?images=/mnt/flickr``, ...), ``builtin`` or ``openclipart`` alone, or a bare path whose kind is detected.
-Each kind is one row (:class:`DatasetKind`); adding a kind is one loader module and one row.
-"""
+"""One table of dataset kinds (:data:`DATASET_KINDS`) and :func:`load_dataset`, which turns a spec (``kind:argument``, a
+standalone name, or a bare path whose kind is detected) into ``DatasetSplits``."""
 
 from __future__ import annotations
 
@@ -130,9 +127,7 @@ def _is_coco(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class DatasetKind:
-    """One kind of dataset spec: its ``name``, ``load(argument)``, help ``form``, ``detect(path)`` for bare paths,
-    its ``family`` or ``find_family(argument)``, ``dataset_name(argument)`` and ``standalone`` (the name alone is a
-    spec)."""
+    """One kind of dataset spec: its name, loader, help form, path detection, family and dataset name."""
 
     name: str
     load: Callable[[str], DatasetSplits]

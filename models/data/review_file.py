@@ -1,9 +1,5 @@
-"""Label review files (docs/label-review.md): (image, label) pairs as ``python -m train suggest`` writes them, in CSV
-(columns ``image``, ``label`` and optional ``score``, ``given``, ``answer``) or JSONL. An ``answer`` is ``yes`` (a
-confirmed positive) or ``no`` (a known negative), with the usual spellings read too; empty means not answered. The last
-row of a pair wins, so an append-only answer log records an undo as an empty answer. Problems raise ``DataError`` with
-``file:line: message``.
-"""
+"""Label review files (docs/label-review.md): (image, label) pairs in CSV or JSONL with an optional ``answer`` (``yes``,
+``no``, empty); the last row of a pair wins. Problems raise ``DataError`` with ``file:line: message``."""
 
 from __future__ import annotations
 

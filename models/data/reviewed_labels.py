@@ -1,8 +1,5 @@
-"""A run's labels with the user's review answers (``--review FILE``; docs/label-review.md): ``yes`` makes the pair an
-observed positive, ``no`` a known negative, on training and validation images. On a user's own data the given labels
-change too; on a benchmark only the observed ones. Pairs of other images, unknown classes or that repeat the labels are
-counted and left out.
-"""
+"""A run's labels with the review answers (``--review FILE``; docs/label-review.md): ``yes`` an observed positive,
+``no`` a known negative; pairs that do not apply are counted and left out."""
 
 from __future__ import annotations
 

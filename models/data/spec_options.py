@@ -1,6 +1,4 @@
-"""Options inside a dataset spec, ``kind:PATH?key=value&flag``: one parser, so every ``--data`` kind spells them the
-same way.
-"""
+"""Options inside a dataset spec, ``kind:PATH?key=value&flag``, parsed the same way for every kind."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""PASCAL VOC (2007 / 2012) as a multi-label dataset (docs/datasets.md, "voc"): an image is positive for a class with a
-non-difficult object of it (images without one skipped); the 20 classes in alphabetical order. Splits: trainval/test
-when a complete ``test.txt`` exists (VOC2007), else train/val (VOC2012, the papers' test set). Images sorted by file
-name, which gives the seeds' ``format_pascal.py`` output row for row.
-"""
+"""PASCAL VOC (2007 / 2012) as a multi-label dataset (docs/datasets.md, "voc"), row for row the seeds'
+``format_pascal.py`` output."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""The expected number of positives per image, k, and the class priors, without full labels (docs/choosing.md). k comes
-from, in order (:func:`resolve_expected_positives`): the user's ``--hp k=``, the papers' value for a known
-dataset, full labels, an audit list, or an estimate from a model's logits (:func:`estimate_k`).
-
-One label per image cannot tell images with one label from images with several that a model cannot tell apart, so any
-estimate rests on the model. Two best-bin estimates (after Garg et al., NeurIPS 2021) pool every (image, class) entry
-into one positive-unlabelled problem (per class, one or two observed positives are noise): ``low`` on the logits (pulled
-down: observed positives come more often from images with few labels) and ``high`` on each entry's log-probability minus
-its image's highest (exact for an ideal model, pushed up by negatives ranked above positives); k is their geometric
-mean. The same estimate with the labels shuffled across images (``uninformed``) says whether it is informative
-(:data:`MIN_INFORMATIVE`). Both estimates lean on the top of the model's ranking being nearly all positives, so a weak
-model pushes them up together (``high / low`` stays narrow): the model's ``observed-rank`` (its mean reciprocal rank of
-the observed labels) must reach :data:`MIN_OBSERVED_RANK`. k is claimed within 25% when it is informative, the bracket
-is at most :data:`BRACKET_RATIO` and the model ranks well enough, else the run asks for an audit list
-(:data:`AUDIT_ADVICE`).
-"""
+"""The expected number of positives per image, k, and the class priors, without full labels (docs/choosing.md, "k").
+:func:`resolve_expected_positives` takes the first source there is; :func:`estimate_k` estimates it from a model's
+logits as the geometric mean of two best-bin estimates (after Garg et al., NeurIPS 2021), claimed within 25% only when
+informative (:data:`MIN_INFORMATIVE`), narrow (:data:`BRACKET_RATIO`) and the model ranks well
+(:data:`MIN_OBSERVED_RANK`)."""
 
 from __future__ import annotations
 
@@ -60,9 +49,8 @@ SHUFFLE_SEED = 0
 
 @dataclass(frozen=True)
 class KEstimate:
-    """k estimated from one label per image (module docstring): the ``low`` and ``high`` best-bin estimates, and the
-    ``uninformed`` value the same estimator gives with the observed labels shuffled across images, and the model's
-    ``rank``: its observed-rank of those labels (None in records made before it was kept)."""
+    """k estimated from one label per image: the ``low`` and ``high`` estimates, the ``uninformed`` one (labels
+    shuffled) and the model's observed-``rank`` (None in older records)."""
 
     low: float
     high: float

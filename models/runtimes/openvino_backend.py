@@ -1,7 +1,4 @@
-"""OpenVINO backend for the same exported ``.onnx`` files (``--backend openvino``): Intel's CPU runtime, compiled for
-the CPU in float32 (OpenVINO's own default on CPUs with bfloat16 units is bfloat16, which changes the scores: it is
-not taken silently). openvino is imported only to load a model; the metadata is read with ``onnx``.
-"""
+"""OpenVINO backend for the exported ``.onnx`` files, compiled for the CPU in float32 (never bfloat16 silently)."""
 
 from __future__ import annotations
 

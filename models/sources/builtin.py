@@ -1,8 +1,5 @@
-"""The built-in procedural multi-label dataset (images from :mod:`models.sources.builtin_scenes`): its presets, its
-generation into ``<cache>/builtin/<preset>-seed<seed>-v<version>/`` (``classes.txt``, ``labels.csv``,
-``images/{train,test}/NNNNNN.jpg``; in parallel, byte-identical whatever the number of workers) and the command line
-``python -m models.sources.builtin --preset default --seed 0``.
-"""
+"""The built-in procedural multi-label dataset: presets, generation into the cache (byte-identical whatever the number
+of workers) and ``python -m models.sources.builtin --preset default --seed 0``."""
 
 from __future__ import annotations
 
@@ -171,9 +168,7 @@ def _objects_chunk(seed: int, indices: list[int], image_size: int) -> list[tuple
 
 
 def builtin_objects(preset: str, seed: int, train: LabelledImages) -> ObjectTable:
-    """The :class:`ObjectTable` of the built-in training images ``train``: the instances behind each image's labels
-    (visible area, centre), regenerated from the images' seeds without painting; a label differing from ``train``'s
-    is an error."""
+    """The :class:`ObjectTable` of the built-in training images, regenerated from their seeds without painting."""
     spec = BUILTIN_PRESETS[preset]
     indices = [int(path.stem) for path in train.paths]
     chunks = [indices[start:start + 200] for start in range(0, len(indices), 200)]

@@ -1,7 +1,5 @@
-"""Attribute labels of the dense built-in variant (``builtin:dense-*``): the same images, labelled besides their 20
-shapes with where and how their visible objects appear (quadrants, ``large``, ``partly_hidden``, ``crowded``), in the
-manner of CUB's attributes: about 6.5 positives per image instead of 2.8.
-"""
+"""Attribute labels of the dense built-in variant (``builtin:dense-*``): where and how visible objects appear, about 6.5
+positives per image."""
 
 from __future__ import annotations
 

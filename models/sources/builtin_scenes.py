@@ -1,8 +1,6 @@
-"""The procedural image generator of the built-in dataset: 1 to 6 overlapping shapes (:mod:`models.sources.shapes`),
-partly hidden by occluder blobs, on a textured, cluttered background; long-tailed, with co-occurring class pairs. An
-image's labels are the classes that stay visible (at least ``MIN_VISIBLE_FRACTION`` of an instance's pixels not
-covered by anything drawn later). Every image has its own RNG, seeded with ``(seed, split, index)``.
-"""
+"""The procedural image generator of the built-in dataset: overlapping shapes, occluders, textured backgrounds; an
+image's labels are the classes that stay visible (``MIN_VISIBLE_FRACTION``), its RNG seeded by ``(seed, split,
+index)``."""
 
 from __future__ import annotations
 

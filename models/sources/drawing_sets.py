@@ -1,7 +1,4 @@
-"""The build side shared by the drawing sets: keyword folding, source listing and cache digest, resumable rasters and
-their digests, grouped splits, the cache built under a lock, notes, report and command line. The read side is
-:mod:`models.data.drawing_cache`.
-"""
+"""The build side shared by the drawing sets (the read side is :mod:`models.data.drawing_cache`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Drawings as training images: flattened on white, cropped to what is drawn (plus a margin), resized to
-:data:`RASTER_SIZE` px on the longest side; SVGs rendered with cairosvg (imported only when something is rendered),
-again closer when the drawing is small on its page. Shared by the drawing sets (docs/datasets.md, "openclipart")."""
+"""Drawings as training images: flattened on white, cropped, resized to :data:`RASTER_SIZE` px on the longest side (SVGs
+rendered with cairosvg)."""
 
 from __future__ import annotations
 

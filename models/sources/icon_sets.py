@@ -1,7 +1,5 @@
-"""Icon sets from the npm registry, their keyword tags as labels: ``--data icons:DIR[?min-count=N]``, ``DIR`` an
-unpacked package of one of the :data:`LAYOUTS` (Tabler, Lucide). The keywords are cleaned by the rule below (all in the
-cache digest), the icons rasterised once into the cache and split 60/20/20 by group; docs/datasets.md, "icons".
-"""
+"""Icon sets from the npm registry (:data:`LAYOUTS`), their keyword tags as labels: ``--data icons:DIR[?min-count=N]``
+(docs/datasets.md, "icons")."""
 
 from __future__ import annotations
 

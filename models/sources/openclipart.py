@@ -1,8 +1,5 @@
-"""The Open Clip Art Library 0.18 (Debian ``openclipart-svg``) as a human-tagged multi-label dataset: ``--data
-openclipart[:DIR][?view=folders][&min-count=N]``. Its keywords are cleaned by the rule below (module constants with
-their reasons, all in the cache digest), the drawings rasterised once into the cache; docs/datasets.md, "openclipart",
-tells the rest.
-"""
+"""The Open Clip Art Library 0.18 as a human-tagged multi-label dataset, ``--data
+openclipart[:DIR][?view=folders][&min-count=N]`` (docs/datasets.md, "openclipart")."""
 
 from __future__ import annotations
 
@@ -632,9 +629,8 @@ def _place(target: Path, link: Path, how: str) -> None:
 def export_folder_view(out: Path, root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
                        link: str = "symlink", cache_dir: Path | None = None,
                        progress: bool | None = None) -> dict[str, int]:
-    """Write the folder view as a ``folder:`` tree, ``out/{train,val}/<class>/<image>.png`` (``link``: symlink, hardlink
-    or copy), with ``out/test_labels.csv`` in the ``csv:`` format; ``out`` must be new or empty. Returns the images
-    written per split."""
+    """Write the folder view as a ``folder:`` tree with ``out/test_labels.csv``; ``out`` must be new or empty. Returns
+    the images written per split."""
     if link not in ("symlink", "hardlink", "copy"):
         raise DataError(f"openclipart: unknown link kind {link!r} (use symlink, hardlink or copy)")
     out = Path(out).expanduser().absolute()

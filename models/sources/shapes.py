@@ -1,7 +1,5 @@
-"""Geometry of the built-in dataset's classes: polygons in unit coordinates within the unit circle, a *footprint* (added
-polygons, then holes) and an optional *pattern* painted in a second colour. Classes differ by shape only, and none is a
-rotation of another, since objects are drawn at any angle.
-"""
+"""Geometry of the built-in dataset's classes: polygons within the unit circle, a footprint and an optional pattern;
+none is a rotation of another."""
 
 from __future__ import annotations
 

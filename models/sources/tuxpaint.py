@@ -1,7 +1,5 @@
-"""The Tux Paint stamps (Debian ``tuxpaint-stamps-default``) as a human-tagged multi-label dataset: ``--data
-tuxpaint[:DIR][?view=folders][&min-count=N]``. A stamp's labels are its folders and the words of its description,
-cleaned by the rule below (all in the cache digest); docs/datasets.md, "tuxpaint", tells the rest.
-"""
+"""The Tux Paint stamps as a human-tagged multi-label dataset, ``--data tuxpaint[:DIR][?view=folders][&min-count=N]``
+(docs/datasets.md, "tuxpaint")."""
 
 from __future__ import annotations
 
