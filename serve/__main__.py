@@ -1,5 +1,4 @@
-"""``python -m serve``: the subcommands ``tag`` (:mod:`serve.commands.tag`), ``demo`` (:mod:`serve.commands.demo`),
-``api`` (:mod:`serve.commands.api`) and ``summary`` (:mod:`serve.commands.summary`)."""
+"""``python -m serve``: the subcommands ``tag``, ``demo``, ``api`` and ``summary`` (:mod:`serve.commands`)."""
 
 from __future__ import annotations
 

@@ -126,8 +126,7 @@ class ImagePreprocessor:
     max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def decode(self, image: ImageInput) -> np.ndarray:
-        """Decode one image and resize it to the model input: ``uint8 (3, S, S)`` (raises :class:`ImageError` /
-        ``TypeError``)."""
+        """One image decoded and resized to ``uint8 (3, S, S)`` (:class:`ImageError` / ``TypeError``)."""
         rgb = load_rgb(image, self.max_pixels, self.transform.decode_side)
         return self.transform.resize(rgb).numpy()
 
@@ -137,6 +136,5 @@ class ImagePreprocessor:
         return self.transform.normalize(tensor).numpy()
 
     def __call__(self, image: ImageInput) -> np.ndarray:
-        """Preprocess one image (raises :class:`ImageError` / ``TypeError``): :meth:`decode` then :meth:`normalize`,
-        the values of :class:`~models.preprocess.EvalTransform`."""
+        """One image preprocessed: :meth:`decode` then :meth:`normalize` (:class:`ImageError` / ``TypeError``)."""
         return self.normalize(self.decode(image))

@@ -1,5 +1,4 @@
-"""Which model file a ``--model`` names: a model file, a run folder (its ``best.pt``, else an export a chosen runtime
-reads), a run name under the runs folder, or the latest run; and the model files a run folder holds."""
+"""Which model file a ``--model`` names, and the model files a run folder holds."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from models.runtimes import ModelSpecError, runtime_named, supported_suffixes
 
 
 def models_in_folder(folder: Path) -> list[Path]:
-    """Loadable model files of a run folder, preferred first: ``best.pt``, then ``export/*`` and top-level files
-    with a registered suffix (sorted; ``last.pt`` excluded: it is a resume checkpoint)."""
+    """A run folder's loadable model files, ``best.pt`` first, then exports (``last.pt`` excluded)."""
     suffixes = set(supported_suffixes())
     found: list[Path] = []
     if (folder / BEST).is_file():

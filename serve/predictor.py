@@ -36,8 +36,7 @@ from serve.outputs.thresholds import resolve_thresholds
 
 @dataclass(frozen=True)
 class Prediction:
-    """One image's result: every class's ``scores``, the ``thresholds`` used and the selected ``tags``, highest
-    first."""
+    """One image's result: every class's ``scores``, the ``thresholds`` and the selected ``tags``."""
 
     scores: dict[str, float]
     thresholds: dict[str, float]
@@ -47,8 +46,7 @@ class Prediction:
     def from_probabilities(
         cls, classes: Sequence[str], probs: np.ndarray, thresholds: np.ndarray, selection: Selection | None = None
     ) -> Prediction:
-        """Build from a probability row ``(C,)`` and thresholds ``(C,)`` (no model involved); ``selection``: a
-        :class:`serve.outputs.selection_modes.Selection` (default: the thresholds mode)."""
+        """Build from a probability row and thresholds ``(C,)``; ``selection`` defaults to the thresholds mode."""
         probs = np.asarray(probs, dtype=np.float32).reshape(-1)
         thresholds = np.asarray(thresholds, dtype=np.float64).reshape(-1)
         if not len(classes) == probs.size == thresholds.size:
@@ -145,8 +143,7 @@ class Predictor:
 
     def predict(self, image: ImageInput, threshold: float | None = None, per_class: Mapping[str, float] | None = None,
                 selection: Selection | str | None = None) -> Prediction:
-        """Score one image and choose its tags: ``selection`` (a :class:`serve.outputs.selection_modes.Selection` or its
-        text, ``"mcut"``, ``"top-k:5"``; default: the thresholds, see :meth:`thresholds`)."""
+        """Score one image and choose its tags by ``selection`` (a Selection or its text; default: thresholds)."""
         thresholds = self.thresholds(threshold, per_class)
         mode = make_selection(selection) if isinstance(selection, str) else selection
         return Prediction.from_probabilities(self.classes, self.scores([image])[0], thresholds, mode)

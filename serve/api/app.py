@@ -81,8 +81,7 @@ async def _body(request: Request, limit: int) -> AsyncIterator[bytes]:
 
 
 async def read_images(request: Request, service: TaggingService) -> list[tuple[str, bytes | Path]]:
-    """The named images of a ``POST /v1/tag`` body: multipart files, a raw image body, or JSON ``paths`` /
-    ``urls`` (where the server allows them), all in memory."""
+    """The named images of a ``POST /v1/tag`` body (multipart, raw image, or allowed JSON paths / urls), in memory."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     limit = service.settings.max_upload_bytes
     if kind == "multipart/form-data":
@@ -189,8 +188,7 @@ def build_app(service: TaggingService) -> FastAPI:
 
 
 def run_local(settings: ApiSettings, host: str, port: int) -> None:
-    """The ``local`` engine: load the model, serve :func:`build_app` with uvicorn on ``host:port`` until stopped
-    (the exceptions of :meth:`serve.predictor.Predictor.load`; ``OSError`` when the port cannot be bound)."""
+    """The ``local`` engine: serve :func:`build_app` with uvicorn on ``host:port`` (``OSError``: port not bound)."""
     import socket
 
     import uvicorn

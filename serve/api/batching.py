@@ -56,8 +56,7 @@ class Batcher:
         self._model_thread.shutdown(wait=True)
 
     async def submit(self, image: np.ndarray) -> np.ndarray:
-        """The model's row for one image, run in a batch with whatever else is waiting (:class:`QueueFull` when
-        ``max_queue`` images wait already; the model's exception when its batch failed)."""
+        """The model's row for one image, batched (:class:`QueueFull` past ``max_queue``; its batch's exception)."""
         if self._queue is None or not self.alive:
             raise RuntimeError("the batcher is not running")
         if self._queue.qsize() >= self.max_queue:

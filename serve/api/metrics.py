@@ -1,5 +1,4 @@
-"""The service's Prometheus metrics (``GET /metrics``), one registry per service: requests, their latency, images tagged
-or refused, model batches and the queue depth."""
+"""The service's Prometheus metrics (``GET /metrics``): requests, latency, images, model batches, queue depth."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class ApiMetrics:
 
 
 class RequestMetrics:
-    """ASGI middleware: each HTTP request counted by path (the route's; ``other`` when none matched) and status, with
-    its latency."""
+    """ASGI middleware: each HTTP request counted by route (``other``: none matched) and status, with its latency."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], metrics: ApiMetrics) -> None:
         self.app, self.metrics = app, metrics

@@ -30,8 +30,7 @@ LOGGING = {"enable_access_log": False, "log_level": "WARNING"}
 @serve.deployment(name=DEPLOYMENT_NAME, logging_config=LOGGING, health_check_period_s=5)
 @serve.ingress()
 class TaggerReplica:
-    """One replica: the service with its model, its images batched by Ray (``@serve.batch``), the model run on one
-    thread off the replica's event loop."""
+    """One replica: the service with its model, images batched by ``@serve.batch``, the model off the event loop."""
 
     def __init__(self, settings: ApiSettings) -> None:
         self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -75,8 +74,7 @@ def deployment_options(settings: ApiSettings, replicas: int, max_replicas: int |
 def run_ray(settings: ApiSettings, host: str, port: int, address: str | None = None, replicas: int = 1,
             max_replicas: int | None = None, cpus_per_replica: int | None = None,
             gpus_per_replica: float = 0.0) -> None:
-    """Serve ``settings`` with Ray Serve on ``host:port`` until Ctrl-C (joining the cluster at ``address``, default a
-    local instance), then remove the application."""
+    """Serve ``settings`` with Ray Serve on ``host:port`` until Ctrl-C, then remove the application."""
     import ray
 
     started = not ray.is_initialized()

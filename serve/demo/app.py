@@ -1,5 +1,4 @@
-"""``python -m serve demo``: the Gradio web demo over a :class:`~serve.predictor.Predictor`, put together and launched.
-The model runs once per image; moving a control only re-filters the kept scores."""
+"""``python -m serve demo``: the Gradio demo; the model runs once per image, controls re-filter the kept scores."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def parse_size(text: str | int) -> int:
 def build_demo(store: ModelStore | None, default_model: str | None, examples: ExampleSet | None = None, *,
                max_batch_files: int = DEFAULT_MAX_BATCH_FILES, title: str = "spml multi-label tagger",
                review: ReviewQueue | None = None, audit: ReviewQueue | None = None) -> gr.Blocks:
-    """Build the Blocks app (not launched) over ``store``, showing ``default_model`` first; ``review`` / ``audit`` add
-    the *Review* / *Audit* tabs (without a ``store`` only those)."""
+    """The Blocks app over ``store`` (first ``default_model``); ``review`` / ``audit`` add their tabs."""
     import gradio as gr
 
     if store is None or default_model is None:

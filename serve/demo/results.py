@@ -22,8 +22,7 @@ NEAR_MISS = 0.1  # below the threshold by at most this much: shown as a near mis
 
 
 def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) -> tuple[Any, str, str]:
-    """``(thresholds (C,), mode, description)`` for the demo's controls, via
-    :func:`serve.outputs.thresholds.resolve_thresholds`. ``mode`` is ``calibrated``, ``default`` or ``global``."""
+    """``(thresholds (C,), mode, description)`` of the controls; ``mode``: ``calibrated``, ``default`` or ``global``."""
     from serve import DEFAULT_THRESHOLD
     from serve.outputs.thresholds import resolve_thresholds
 
@@ -41,8 +40,7 @@ def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) ->
 def tag_choice(meta: ModelMeta, use_calibrated: bool, threshold: float, mode: str = "thresholds",
                k: float | None = None, max_tags: float | None = None, min_score: float | None = None,
                rules: str = "") -> tuple[TagSelector, str, str]:
-    """The demo's controls -> ``(selection, threshold mode, description)``. Raises ``ValueError``
-    (:class:`~serve.outputs.caption_rules.CaptionRuleError` naming a bad rule)."""
+    """The controls -> ``(selection, threshold mode, description)``; ``ValueError`` on a bad rule."""
     from serve.outputs.caption_rules import parse_rules_text
     from serve.outputs.selection_modes import MODES, make_selection
     from serve.outputs.stage import TagSelector
@@ -64,8 +62,7 @@ def tag_choice(meta: ModelMeta, use_calibrated: bool, threshold: float, mode: st
 def result_document(
     prediction: Prediction, model: str, mode: str, seconds: float | None = None, select: TagSelector | None = None
 ) -> dict[str, Any]:
-    """What ``/predict`` returns: every class score, the thresholds, the tags, and with ``select`` the selection and the
-    ``caption`` as a sidecar writes it."""
+    """What ``/predict`` returns: scores, thresholds, tags, and with ``select`` the selection and ``caption``."""
     doc: dict[str, Any] = {"model": model, "threshold_mode": mode, **prediction.to_dict()}
     if select is not None:
         doc["selection"] = select.mode.to_dict()
@@ -109,8 +106,7 @@ CSS = """
 
 def scores_html(prediction: Prediction, *, description: str, truth: Sequence[str] | None = None, caption: str = "",
                 written: str | None = None) -> str:
-    """Every class as a row (score bar with its threshold, margin, status), highest first; true labels marked when
-    known."""
+    """Every class as a row (score bar, threshold, margin, status), highest first; true labels marked."""
     scores, thresholds = prediction.scores, prediction.thresholds
     truth_set = set(truth or [])
     tags = prediction.tags
@@ -169,8 +165,7 @@ class BatchRow:
 
 
 def batch_outputs(rows: Sequence[BatchRow], select: TagSelector, folder: Path) -> tuple[Any, Path, Path, Path]:
-    """The batch table (a DataFrame) and its CSV, JSONL (``serve tag``'s format) and captions zip written into
-    ``folder``."""
+    """The batch table (a DataFrame) and its CSV, JSONL and captions zip written into ``folder``."""
     import numpy as np
     import pandas as pd
 
@@ -202,8 +197,7 @@ def batch_outputs(rows: Sequence[BatchRow], select: TagSelector, folder: Path) -
 
 
 def caption_names(names: Sequence[str]) -> list[str]:
-    """The caption file of each uploaded file name, as :func:`serve.outputs.sidecars.sidecar_paths` names sidecars
-    (``a.jpg`` -> ``a.txt``; ``a.jpg.txt`` when stems collide); the same name uploaded twice gets ``a-2.txt``."""
+    """The caption file of each uploaded file name, named as sidecars are (repeats get ``a-2.txt``)."""
     from serve.outputs.sidecars import SidecarSpec, sidecar_paths
 
     unique: list[Path] = []

@@ -54,8 +54,7 @@ FILTER_JS = """
 
 @dataclass
 class TogglesTab:
-    """The tab's parts: the image, the card, the filter box, the toggles, the progress line, the image shown
-    (hidden: Save's input) and the buttons."""
+    """The tab's parts: the image, the card, the filter, the toggles, the progress line and the buttons."""
 
     image: gr.Image
     card: gr.HTML

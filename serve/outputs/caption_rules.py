@@ -81,8 +81,7 @@ class CaptionRules:
         return out
 
     def labels(self, names: Sequence[str]) -> list[str]:
-        """The tag names of selected classes with rules 1-3 only (exclude, replace, spaces; no escaping, weights
-        or first words): what names a tag folder (``--sort-into``). Each name once."""
+        """The tag folder names of selected classes: rules 1-3 only (exclude, replace, spaces), each once."""
         return list(dict.fromkeys(tag for tag, _ in self._names(names, [0.0] * len(names))))
 
     def apply(self, names: Sequence[str], scores: Sequence[float]) -> list[str]:

@@ -21,8 +21,7 @@ DEFAULT_SEPARATOR = ", "
 
 @dataclass(frozen=True)
 class Result:
-    """What a tagging engine returns for one image: its sigmoid scores ``(C,)`` float32, or why it could not be
-    used."""
+    """What a tagging engine returns for one image: its sigmoid scores ``(C,)``, or why it was unusable."""
 
     key: str
     scores: np.ndarray | None
@@ -53,8 +52,7 @@ def is_csv(path: str | Path) -> bool:
 
 
 def iter_run_file(path: Path, separator: str = DEFAULT_SEPARATOR) -> Iterator[dict[str, Any]]:
-    """The records of an existing run file (JSONL or CSV), streamed in file order; nothing when it does not
-    exist. Raises :class:`OutputConflictError` when it cannot be parsed."""
+    """An existing run file's records, streamed (none if absent); :class:`OutputConflictError` if unparsable."""
     if not path.is_file():
         return
     try:
@@ -89,8 +87,7 @@ def _csv_records(lines: Iterable[str], separator: str) -> Iterator[dict[str, Any
 
 
 def write_run_file(path: Path, records: Iterable[dict[str, Any]], classes: Sequence[str], separator: str) -> None:
-    """Write records, in the order given (callers sort them by path), to ``path`` atomically as CSV or JSONL
-    (see the module docstring); records are streamed, never all held at once."""
+    """Write records, in the order given, to ``path`` atomically as CSV or JSONL, streamed."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
         if is_csv(path):
             writer = csv.writer(fh, lineterminator="\n")

@@ -22,8 +22,7 @@ TOP_TAGS = 20
 
 @dataclass
 class RunSummary:
-    """Counts of one run: ``images``; ``per_tag`` (tag -> images); ``tags_per_image`` (count -> images);
-    ``never_predicted`` (classes no image was tagged with, in class order)."""
+    """Counts of one run: images, images per tag, images per tag count, classes never predicted."""
 
     images: int
     per_tag: dict[str, int]
@@ -75,8 +74,7 @@ def summarize(
 
 
 def summarize_run_file(run_file: Path, separator: str, select: TagSelector | None = None) -> RunSummary:
-    """:func:`summarize` of the records of a run file (JSONL or CSV), streamed; with ``select`` (the run's
-    selection, from its manifest) the tags are counted by name and "never predicted" is per class."""
+    """:func:`summarize` of a run file's records, with ``select`` (from its manifest) per class."""
     if select is None:
         return summarize(iter_run_file(run_file, separator))
     return summarize(iter_run_file(run_file, separator), chosen=select.chosen, names=select.rules.labels)

@@ -19,8 +19,7 @@ SCORE_DECIMALS = 6
 
 @dataclass(frozen=True)
 class Selection:
-    """A selection mode with its values: ``mode`` (a row of :data:`MODES`), ``k`` for ``top-k``, and the limits
-    ``max_tags`` (None: no cap) and ``min_score`` (0: no floor) that combine with every mode."""
+    """A selection mode (:data:`MODES`) with ``k`` for ``top-k``, and ``max_tags`` / ``min_score`` limits."""
 
     mode: str = DEFAULT_MODE
     k: int | None = None
@@ -96,8 +95,7 @@ def rounded_scores(probs: np.ndarray) -> np.ndarray:
 
 
 def mcut_threshold(scores: np.ndarray) -> float:
-    """The MCut threshold of one score row: the midpoint of the largest gap between neighbouring sorted scores
-    (the first such gap from the top on ties); 1.0 (nothing above) when there are fewer than two scores."""
+    """The MCut threshold of a score row: the midpoint of its largest gap (1.0 with fewer than two scores)."""
     ordered = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
     if ordered.size < 2:
         return 1.0

@@ -21,8 +21,7 @@ DEFAULT_FORMATS = ("txt",)
 
 @dataclass(frozen=True)
 class SidecarSpec:
-    """Sidecar files: the ``formats``, the ``txt`` ``ext`` and tag ``separator``, and the ``folder`` (None: beside each
-    image)."""
+    """Sidecar files: ``formats``, the ``txt`` ``ext`` and ``separator``, and ``folder`` (None: beside images)."""
 
     ext: str = DEFAULT_SIDECAR_EXT
     separator: str = DEFAULT_SEPARATOR
@@ -49,8 +48,7 @@ class SidecarSpec:
 
 
 def sidecar_paths(folder: Path, images: Sequence[Path], spec: SidecarSpec) -> dict[Path, dict[str, Path]]:
-    """The sidecar file of each image in each format (see the module docstring), under ``spec.folder`` when
-    set (mirroring the tree)."""
+    """The sidecar file of each image in each format, under ``spec.folder`` when set."""
     base = spec.folder if spec.folder is not None else folder
     out: dict[Path, dict[str, Path]] = {p: {} for p in images}
     for fmt in spec.formats:

@@ -52,8 +52,7 @@ class TagSelector:
         return [self.classes[i] for i in selection_modes.select_classes(row, self.thresholds, self.mode)]
 
     def reselect(self, record: Mapping[str, Any]) -> Record:
-        """``record`` with its tags chosen again from its stored scores (exact: the same options give the same
-        tags)."""
+        """``record`` with its tags chosen again, exactly, from its stored scores."""
         return self(str(record["path"]), np.array([record["scores"][c] for c in self.classes], dtype=np.float64))
 
     def labels(self, record: Mapping[str, Any]) -> list[str]:
@@ -61,8 +60,7 @@ class TagSelector:
         return self.rules.labels(self.chosen(record["scores"]))
 
     def to_dict(self) -> dict[str, Any]:
-        """What decides the tags, JSON-able: the mode, the thresholds (``thresholds`` mode only) and the rules;
-        :meth:`from_dict` reads it back."""
+        """What decides the tags, JSON-able (read back by :meth:`from_dict`)."""
         values = None
         if self.mode.uses_thresholds and self.thresholds is not None:
             values = {c: float(t) for c, t in zip(self.classes, self.thresholds, strict=True)}
@@ -119,8 +117,7 @@ class OutputStage:
 
 
 class SidecarWriter:
-    """The sidecar files of each image (``spec``: txt, json, xmp), written atomically as its batch finishes;
-    ``append`` merges the new tags with those already there instead of replacing them."""
+    """The sidecar files of each image, written as its batch finishes (``append``: merge the tags)."""
 
     def __init__(
         self, spec: SidecarSpec, paths: Mapping[str, Mapping[str, Path]], select: TagSelector, append: bool
@@ -185,8 +182,7 @@ class RunFileWriter:
 
 
 class ErrorsWriter:
-    """The errors file (``path<TAB>reason``): this run's failures (after ``initial`` ones, e.g. folders that
-    could not be listed), written at the end when there are any or when an older errors file must be replaced."""
+    """The errors file (``path<TAB>reason``), written at the end when there are failures or an old one."""
 
     def __init__(self, path: Path, initial: Sequence[tuple[str, str]] = ()) -> None:
         self.path = path

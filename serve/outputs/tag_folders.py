@@ -38,8 +38,7 @@ class TagFolderError(OSError):
 
 @dataclass(frozen=True)
 class TagFolders:
-    """Where and how to sort images: ``root`` (``DIR``), ``how`` (a row of :data:`LINK_MODES`) and the folder name
-    of images without tags."""
+    """Where and how to sort images: ``root``, ``how`` (:data:`LINK_MODES`) and the untagged folder's name."""
 
     root: Path
     how: str = DEFAULT_LINK_MODE
@@ -79,8 +78,7 @@ def _same_image(entry: Path, image: Path) -> bool:
 
 
 def place(image: Path, rel: str, tags: Sequence[str], spec: TagFolders) -> int:
-    """Put ``image`` (its path ``rel`` below the source) into the folder of each tag (or the untagged folder);
-    returns how many entries were created (0 on a re-run). Raises :class:`TagFolderError`."""
+    """Put ``image`` into each tag's folder; returns the entries created. Raises :class:`TagFolderError`."""
     image = image.resolve()
     created = 0
     for tag in dict.fromkeys(tags or [spec.untagged]):

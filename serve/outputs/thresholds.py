@@ -1,5 +1,4 @@
-"""Per-class thresholds, resolved in one place: the model's calibrated ones (else 0.5), one global value, per-class
-overrides."""
+"""Per-class thresholds, resolved in one place: calibrated (else 0.5), global, per-class overrides."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from serve import DEFAULT_THRESHOLD
 
 
 def read_thresholds_file(path: str | Path) -> dict[str, float]:
-    """Per-class thresholds from a file: a JSON object ``{class: threshold}``, or lines ``class<TAB>threshold``
-    / ``class,threshold`` (blank lines and ``#`` comments ignored). Raises ``ValueError`` / ``OSError``."""
+    """Per-class thresholds from a JSON object or ``class<TAB|,>threshold`` lines (``ValueError`` / ``OSError``)."""
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("{"):
         try:

@@ -1,5 +1,4 @@
-"""A tagging run's options, :class:`TagJob`, in four groups, by their command-line names; invalid values raise
-``ValueError`` naming the option."""
+"""A tagging run's options, :class:`TagJob`, in four groups; invalid values raise ``ValueError``."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ def _at_least_one(options: object, *names: str) -> None:
 
 @dataclass(frozen=True)
 class TagChoice:
-    """How an image's tags are chosen and written: ``threshold`` / ``per_class`` overrides, the selection ``mode`` and
-    the caption ``rules``."""
+    """How tags are chosen and written: thresholds, overrides, the selection ``mode`` and the ``rules``."""
 
     threshold: float | None = None
     per_class: Mapping[str, float] | None = None
@@ -74,8 +72,7 @@ class OutputOptions:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a run goes: engine, runtime, ``batch_size``, ``workers``, ``max_pixels`` (None: off), progress and the
-    ``--shard`` partition."""
+    """How a run goes: engine, runtime, batch size, workers, ``max_pixels``, progress, ``--shard``."""
 
     engine: str = DEFAULT_ENGINE
     backend: str | None = None
@@ -93,8 +90,7 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class RayOptions:
-    """The ray engine's cluster (``address``; none: a local instance) and each model actor's share of it:
-    ``gpus_per_worker`` and ``cpus_per_worker`` (its decode threads and the model's CPU threads)."""
+    """The ray engine's cluster ``address`` (none: local) and each actor's GPUs and CPUs."""
 
     address: str | None = None
     gpus_per_worker: float = 0.0
@@ -169,8 +165,7 @@ class TagJob:
 
     @property
     def errors_file(self) -> Path:
-        """Where failures are listed: ``errors``, else :func:`serve.outputs.records.default_errors_path` of the
-        output."""
+        """Where failures are listed: ``errors``, else the default beside the output."""
         errors = self.outputs.errors
         return errors if errors is not None else default_errors_path(self.output)
 
@@ -182,8 +177,7 @@ class TagJob:
 
 
 def _selection_mode(options: Mapping[str, Any], mode: Selection | None) -> Selection:
-    """The selection mode of the flat options ``selection``, ``max_tags``, ``min_score`` (and the deprecated
-    ``top_k``), on top of ``mode`` (a :class:`TagChoice` field given as such)."""
+    """The selection mode of the flat options on top of ``mode``."""
     max_tags, min_score, top_k = (options.get(n) for n in ("max_tags", "min_score", "top_k"))
     selection = options.get("selection", mode if mode is not None else DEFAULT_MODE)
     if top_k is not None:
@@ -209,8 +203,7 @@ def _selection_mode(options: Mapping[str, Any], mode: Selection | None) -> Selec
 
 
 def as_predictor(model: Predictor | Runtime) -> Predictor:
-    """A :class:`~serve.predictor.Predictor` from a loaded one or a runtime (``ValueError`` unless it outputs
-    logits)."""
+    """A :class:`~serve.predictor.Predictor` from a loaded one or a runtime (``ValueError`` unless logits)."""
     from serve.predictor import Predictor
 
     if isinstance(model, Predictor):

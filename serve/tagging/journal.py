@@ -66,8 +66,7 @@ class JournalHeader:
 
 @dataclass
 class JournalContents:
-    """What a journal holds: its header (``None`` for an empty or missing file), the byte offset of the last
-    record of each image, the failures, and the byte length of its complete lines."""
+    """What a journal holds: header (None if empty), each image's last record offset, failures, length."""
 
     header: JournalHeader | None
     offsets: dict[str, int]
@@ -76,8 +75,7 @@ class JournalContents:
 
 
 def read_journal(path: Path) -> JournalContents:
-    """Scan the journal at ``path`` once (a missing file is an empty journal). Raises :class:`OutputConflictError`
-    when the file has lines but no header (not a journal of this version)."""
+    """Scan the journal at ``path`` once (missing: empty); :class:`OutputConflictError` without a header."""
     contents = JournalContents(None, {}, {})
     if not path.is_file():
         return contents
@@ -113,8 +111,7 @@ class Journal:
     """The journal of the run in progress: opened fresh (header written) or for appending after a kill."""
 
     def __init__(self, path: Path, header: JournalHeader, contents: JournalContents | None = None) -> None:
-        """Start a fresh journal at ``path`` (``contents=None``, replacing any old one), or continue the journal
-        whose :func:`read_journal` ``contents`` are given (a line cut short by the kill is dropped)."""
+        """Start a fresh journal at ``path`` (``contents=None``) or continue one :func:`read_journal` read."""
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if contents is None or contents.header is None:
@@ -129,8 +126,7 @@ class Journal:
         self._fh = open(path, "ab")  # noqa: SIM115 - closed in close()
 
     def write(self, records: Sequence[dict[str, Any]], failed: Sequence[tuple[str, str]] = ()) -> None:
-        """Append records and (path, reason) failures, then flush them to the operating system (a killed process
-        loses nothing written here)."""
+        """Append records and (path, reason) failures, then flush them to the operating system."""
         position = self._fh.tell()
         chunks = []
         for rec in records:

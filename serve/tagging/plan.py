@@ -1,5 +1,4 @@
-"""Step 1 of the tagging pipeline, :func:`plan_tagging`: the source's keys, those already done, the model's metadata and
-thresholds (no torch) and the sidecar paths."""
+"""Step 1 of the tagging pipeline, :func:`plan_tagging`: what to tag, the model's metadata, sidecar paths."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ class TagPlan:
 
 
 def model_header(job: TagJob, meta: ModelMeta, tagging: dict[str, Any] | None = None) -> JournalHeader:
-    """The journal header of ``job``'s model: its file's SHA-256 (of its metadata for a model given in memory),
-    with the ``tagging`` options."""
+    """The journal header of ``job``'s model: its file's SHA-256, with the ``tagging`` options."""
     if job.model is not None and Path(job.model).is_file():
         return JournalHeader(str(job.model), file_sha256(job.model), tuple(meta.classes), tagging)
     digest = hashlib.sha256(meta.to_json().encode("utf-8")).hexdigest()

@@ -64,8 +64,7 @@ class TagSummary:
 
 
 def default_outputs(plan: TagPlan, journal: Journal) -> OutputStage:
-    """The outputs of a run: the plan's :class:`~serve.outputs.stage.TagSelector` (mode, thresholds, caption rules),
-    then sidecars and tag folders (when asked), the run file with its manifest, and the errors file."""
+    """The outputs of a run: the plan's selector, sidecars and tag folders, the run file, the errors file."""
     job = plan.job
     assert plan.meta is not None and plan.select is not None and plan.header is not None
     writers: list[Any] = []
@@ -80,8 +79,7 @@ def default_outputs(plan: TagPlan, journal: Journal) -> OutputStage:
 
 
 def run_manifest(plan: TagPlan) -> dict[str, Any]:
-    """What the run file's manifest records (:mod:`serve.outputs.run_manifest`): the model, the tag options (selection,
-    thresholds and where they come from, caption rules), the sidecars and tag folders."""
+    """What the run file's manifest records: the model, the tag options, the sidecars and tag folders."""
     job = plan.job
     assert plan.meta is not None and plan.select is not None and plan.header is not None
     sidecar, sort_into = job.outputs.sidecar, job.outputs.sort_into
@@ -142,8 +140,7 @@ def run_plan(plan: TagPlan, *, outputs: Callable[[TagPlan, Journal], OutputStage
 
 
 def _import_run_file(plan: TagPlan, journal: Journal) -> None:
-    """Copy the kept records found only in the existing run file into the journal, which then holds every
-    record the new run file needs."""
+    """Copy the kept records found only in the existing run file into the journal."""
     if not plan.imports:
         return
     chunk: list[dict[str, Any]] = []

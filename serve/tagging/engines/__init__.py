@@ -22,8 +22,7 @@ def engine_names() -> list[str]:
 
 
 def get_engine(name: str) -> type[Engine]:
-    """The engine registered as ``name``, checked usable (its ``check_available``). Raises ``ValueError`` for an
-    unknown name, :class:`EngineUnavailableError` when its package is missing."""
+    """The usable engine ``name``: ``ValueError`` if unknown, :class:`EngineUnavailableError` if missing."""
     chosen = ENGINES[name]
     chosen.check_available()
     return chosen

@@ -1,5 +1,4 @@
-"""What a tagging engine is: an :class:`Engine` registered in :data:`ENGINES` whose ``score(job, plan, report)`` yields
-each finished batch's results (each key of ``plan.todo`` once)."""
+"""What a tagging engine is: an :class:`Engine` in :data:`ENGINES` whose ``score`` yields finished batches."""
 
 from __future__ import annotations
 
