@@ -91,8 +91,7 @@ class Candidate:
 
 @dataclass
 class CandidateResult:
-    """A trained candidate: its score (the choice criterion; -inf when it failed), why it failed, its selected
-    epoch and validation logits there (a single fit on the training split), and its time."""
+    """A trained candidate: its score (-inf when it failed), why it failed, its epoch, validation logits and time."""
 
     candidate: Candidate
     score: float = -math.inf
@@ -107,8 +106,7 @@ class CandidateResult:
 
 @dataclass
 class Choice:
-    """The chooser's result: the chosen candidate, every candidate's result, how they were compared, and k when it
-    was estimated here."""
+    """The chooser's result: the choice, every candidate's result, how they were compared, and k if estimated."""
 
     chosen: Candidate
     results: list[CandidateResult]
@@ -152,8 +150,7 @@ def candidate_methods(train_observed: np.ndarray) -> list[str]:
 
 def extract_features(cfg: TrainConfig, data: RunData, model: MultiLabelNet, forward: DatasetForward,
                      splits: tuple[str, ...] = ("train", "val")) -> dict[str, Rows]:
-    """The backbone features of ``splits`` from the feature cache (computed and stored the first time), under the
-    same key as a ``--trainable head`` run's."""
+    """The backbone features of ``splits`` from the feature cache, keyed as a ``--trainable head`` run's."""
     precision = str(resolve_precision(cfg.amp, forward.device).dtype or "float32")
     key_of = split_feature_key(cfg.arch, model, forward.eval_transform, precision)
     cache = FeatureCache()
@@ -227,8 +224,7 @@ def _fit_heads(candidate: Candidate, cfg: TrainConfig, model: MultiLabelNet, for
 
 def _phase(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet, forward: DatasetForward,
            features: dict[str, Rows], k: ExpectedPositives | None, own_head: bool) -> FixedFeaturePhase | str:
-    """The fixed-feature phase of ``candidate`` on ``data`` from ``cfg``'s seed: ``model``'s head reset and its bias
-    initialised (the phase trains a copy of it with ``own_head``), the method built; why not when it cannot be."""
+    """The fixed-feature phase of ``candidate`` on ``data`` (head reset, bias set, method built), or why not."""
     splits = data.splits
     method_cls = get_method(candidate.method)
     run_cfg = resolve_model_defaults(dataclasses.replace(cfg, method=candidate.method, lr=candidate.lr,
@@ -284,8 +280,7 @@ def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, mo
 
 
 def head_config(cfg: TrainConfig) -> TrainConfig:
-    """The settings the candidates train with: ``cfg`` on fixed features, with the head's defaults unless ``--trainable
-    head`` set them."""
+    """The candidates' settings: ``cfg`` on fixed features, the head's defaults unless ``--trainable head``."""
     if not cfg.fixed_features:
         head = TrainConfig()
         cfg = dataclasses.replace(cfg, epochs=HEAD_EPOCHS, lr=head.lr, scheduler=head.scheduler)
@@ -295,8 +290,7 @@ def head_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def prepare(cfg: TrainConfig) -> tuple[RunData, MultiLabelNet, DatasetForward, dict[str, Rows]]:
-    """Load the run's data, build its backbone (frozen, as ``--trainable head`` does) and extract the training and
-    validation features."""
+    """Load the run's data, build its frozen backbone and extract the training and validation features."""
     cfg = head_config(cfg)
     seed_everything(cfg.seed)
     data = load_run_data(cfg)
@@ -389,8 +383,7 @@ def score_candidate(candidate: Candidate, shared: _Shared) -> CandidateResult:
 
 
 def choice_processes(device: torch.device) -> int:
-    """How many candidates train at once: one per usable CPU core on a CPU run outside torchrun where processes can
-    be forked (each head trains on one thread: train/fixed_features.py), else one."""
+    """How many candidates train at once: one per usable core on a forkable CPU run outside torchrun, else one."""
     if device.type != "cpu" or current_world().distributed or "fork" not in mp.get_all_start_methods():
         return 1
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -469,8 +462,7 @@ def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observ
 
 
 def audited_rows(spec: str, pool: Pool) -> tuple[np.ndarray, np.ndarray] | None:
-    """The rows of ``pool`` the audit list labels completely and their full labels; None with fewer than
-    :data:`MIN_AUDITED` such images."""
+    """The rows of ``pool`` the audit list labels fully and their labels; None below :data:`MIN_AUDITED`."""
     audit = load_audit(spec, list(pool.images.classes))
     where = {Path(p).resolve(): i for i, p in enumerate(pool.images.paths)}
     found = [(where[Path(p).resolve()], row) for p, row in zip(audit.paths, audit.labels, strict=True)
@@ -490,8 +482,7 @@ def audited_rows(spec: str, pool: Pool) -> tuple[np.ndarray, np.ndarray] | None:
 def paired_difference(criterion: Callable[[np.ndarray, np.ndarray], float], a: np.ndarray, b: np.ndarray,
                       labels: np.ndarray, resamples: int = RESAMPLES,
                       seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """``criterion(a) - criterion(b)`` on the same images, and its standard error: the spread of the difference
-    over ``resamples`` bootstrap resamples of the images (rows with a NaN in either are left out)."""
+    """``criterion(a) - criterion(b)`` on the same images and its bootstrap standard error (NaN rows left out)."""
     keep = ~(np.isnan(a).any(1) | np.isnan(b).any(1))
     a, b, labels = a[keep], b[keep], labels[keep]
     rng = np.random.default_rng(seed)
@@ -541,8 +532,7 @@ def _rows_score(criterion: Callable[[np.ndarray, np.ndarray], float], logits: np
 
 def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
                         an_results: list[CandidateResult]) -> ExpectedPositives | None:
-    """k for the candidates that need it: the run's own source when it has one (given, published, full labels,
-    audit), else estimated from the cross-fitted scores of the best ``an`` head."""
+    """k for the candidates: the run's own source if any, else estimated from the best ``an`` head's scores."""
     probe = next((m for m in METHODS.values() if m.uses_expected_positives), None)
     if probe is None:
         return None
@@ -560,8 +550,7 @@ def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
 
 
 def apply_choice(cfg: TrainConfig, choice: Choice) -> TrainConfig:
-    """``cfg`` set to train the choice (its method and head learning rate), recorded in ``chosen`` with k when
-    estimated."""
+    """``cfg`` set to train the choice, recorded in ``chosen`` (with k when estimated)."""
     chosen = choice.chosen
     if cfg.fixed_features:
         settings: dict[str, Any] = {"method": chosen.method, "lr": chosen.lr}
@@ -572,8 +561,7 @@ def apply_choice(cfg: TrainConfig, choice: Choice) -> TrainConfig:
 
 
 def choice_table(choice: Choice) -> str:
-    """The chooser's table: one row per method (its best learning rate and score), the baseline and the choice
-    always, best first."""
+    """The chooser's table: each method's best learning rate and score, baseline and choice always, best first."""
     best: dict[str, CandidateResult] = {}
     for r in choice.results:
         if not r.failed and (r.candidate.method not in best or r.score > best[r.candidate.method].score):

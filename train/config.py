@@ -161,8 +161,7 @@ GIVEN = "given"  # the source of a setting named on the command line (or in code
 
 
 def paper_settings(method: str, data: str) -> dict[str, Any]:
-    """The published optimisation settings of ``method`` for the dataset family of spec ``data`` (what
-    ``--preset paper`` adds for that pair; empty when the method's papers publish none)."""
+    """The published optimisation settings of ``method`` for ``data``'s family (what ``--preset paper`` adds)."""
     from models.data.registry import spec_family
 
     if method == METHOD_AUTO:  # not known yet: --method auto chooses it on fixed features first
@@ -207,8 +206,7 @@ def resolve_settings(given: dict[str, Any], preset: str = "", from_run: dict[str
 
 
 def fine_tune_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """``cfg`` with :data:`FINE_TUNE_DEFAULTS` for the settings not ``given``, and LinearInit's head phase where the run
-    can have one."""
+    """``cfg`` with :data:`FINE_TUNE_DEFAULTS` where not ``given``, and LinearInit where the run can have it."""
     updates = {name: value for name, value in FINE_TUNE_DEFAULTS.items() if name not in given}
     method = get_method(cfg.method) if cfg.method != METHOD_AUTO else None
     if ("linear_init" not in given and method is not None and method.trains_on_pooled_features()
@@ -218,8 +216,7 @@ def fine_tune_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 
 def run_config(run: str, runs_dir: str | Path | None = None) -> tuple[Path, TrainConfig]:
-    """The folder and config of run ``run`` (a run folder, or its name under ``runs_dir``; default: the runs
-    folder); a ``ValueError`` when it has no config.json."""
+    """The folder and config of run ``run`` (a folder or a name under ``runs_dir``); ``ValueError`` without one."""
     folder = Path(run).expanduser()
     if not folder.is_dir():
         folder = Path(runs_dir or default_runs_dir()) / run
@@ -230,8 +227,7 @@ def run_config(run: str, runs_dir: str | Path | None = None) -> tuple[Path, Trai
 
 
 def settings_of_run(run: str, runs_dir: str | None = None) -> dict[str, Any]:
-    """The settings of run folder ``run`` (or its name under ``runs_dir``) for a new run (``--from-run``): its
-    config.json's config without its name, the chooser's record and the sources of its settings."""
+    """The settings of run ``run`` for ``--from-run``: its config without its name, the choice and the sources."""
     try:
         settings = run_config(run, runs_dir)[1].to_dict()
     except ValueError as exc:
@@ -242,8 +238,7 @@ def settings_of_run(run: str, runs_dir: str | None = None) -> dict[str, Any]:
 
 
 def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with every ``auto`` model setting replaced by its value for ``cfg.data`` (module docstring), each
-    recorded in ``sources``; a config without ``auto`` values comes back equal."""
+    """``cfg`` with every ``auto`` model setting resolved for ``cfg.data``, each recorded in ``sources``."""
     from models.backbones import family_of
 
     scratch = is_builtin(cfg.data)
@@ -346,8 +341,7 @@ def is_builtin(data: str) -> bool:
 
 
 def default_image_size(arch: str, scratch: bool) -> int:
-    """``--image-size auto`` for ``arch``: 64 px on the built-in shapes, :data:`REAL_IMAGE_SIZE` for the default
-    real-image backbone, else the backbone's pretrained input size."""
+    """``--image-size auto``: 64 px on the built-in shapes, else the backbone's pretrained input size."""
     from models.backbones import family_of
 
     if scratch:
@@ -375,8 +369,7 @@ _NOT_DESCRIBED = ("runs_dir", "name", "chosen", "sources", *MACHINE_FIELDS)
 
 
 def describe_settings(cfg: TrainConfig) -> str:
-    """One line: every setting that is not TrainConfig's default (machine settings aside), grouped by where it came
-    from; one not in ``sources`` counts as given (a config made in code)."""
+    """One line: every non-default setting grouped by source (one not in ``sources`` counts as given)."""
     defaults = TrainConfig()
     groups: dict[str, list[str]] = {}
     for f in dataclasses.fields(cfg):

@@ -1,5 +1,4 @@
-"""Full-label diagnostics of a method's label estimates, computed by the trainer where the training split has full
-labels; nothing of them reaches the method."""
+"""Full-label diagnostics of a method's label estimates; nothing of them reaches the method."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from train.methods.base import NEGATIVES, POSITIVES, SCORES, LabelEstimate, Meth
 
 
 def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torch.Tensor) -> dict[str, float]:
-    """Per estimate ``name``: ``<name>_recovery_mAP`` (scores) or ``<name>_precision`` (positive / negative masks; left
-    out when empty)."""
+    """Per estimate ``name``: ``<name>_recovery_mAP`` (scores) or ``<name>_precision`` (non-empty masks)."""
     logs: dict[str, float] = {}
     for name, estimate in estimates.items():
         values = estimate.values.detach().cpu()
@@ -27,8 +25,7 @@ def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torc
 
 
 def run_diagnostics(method: Method, splits: Any, is_main: bool) -> dict[str, float]:
-    """The ``method``'s label estimates scored against the full training labels of ``splits`` (rank 0 only, and
-    only where the training split has hidden full labels)."""
+    """The method's label estimates scored against hidden full training labels (rank 0 only)."""
     estimates = method.label_estimates() if is_main and splits.train_has_full_labels else {}
     if not estimates:
         return {}

@@ -145,8 +145,7 @@ class _SumOverRanks(torch.autograd.Function):
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:
-    """Copy rank 0's buffers (BatchNorm running statistics) to every rank, as DDP does at each forward (no-op in
-    one process)."""
+    """Copy rank 0's buffers (BatchNorm statistics) to every rank (no-op in one process)."""
     if not current_world().distributed:
         return
     for buffer in module.buffers():
@@ -154,8 +153,7 @@ def broadcast_buffers(module: torch.nn.Module) -> None:
 
 
 def global_mean(values: torch.Tensor) -> torch.Tensor:
-    """The mean of ``values`` (1-D) over the samples of every rank, differentiable: each rank's gradient
-    reaches its own samples exactly as in one process with the whole batch (with gradients averaged)."""
+    """The mean of ``values`` over every rank's samples, with the gradients of one process on the whole batch."""
     if not current_world().distributed:
         return values.mean()
     total = _SumOverRanks.apply(values.sum().reshape(1))
@@ -175,8 +173,7 @@ def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
 
 
 def gather_varying(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Every rank's ``x`` (sizes may differ) concatenated in rank order, others' detached; and where this rank's rows
-    start."""
+    """Every rank's ``x`` concatenated in rank order (others' detached), and where this rank's rows start."""
     world = current_world()
     if not world.distributed:
         return x, 0
@@ -199,8 +196,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class PerSampleSeeded(Dataset[dict[str, torch.Tensor]]):
-    """A training dataset whose augmentation is seeded by (seed, epoch, index), so it is the same for every world
-    size."""
+    """A dataset whose augmentation is seeded by (seed, epoch, index): the same for every world size."""
 
     def __init__(self, dataset: Dataset[dict[str, torch.Tensor]], seed: int) -> None:
         self.dataset = dataset
@@ -222,8 +218,7 @@ class PerSampleSeeded(Dataset[dict[str, torch.Tensor]]):
 
 
 def gather_indexed_rows(local: torch.Tensor, indices: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's rows placed at their dataset ``indices`` in a ``(total, ...)`` tensor, and a mask of the rows that
-    arrived (rows no rank sent stay zero)."""
+    """Every rank's rows at their dataset ``indices`` in one tensor, and a mask of the rows that arrived."""
     rows, _ = gather_varying(local)
     where, _ = gather_varying(indices)
     out = local.new_zeros((total, *local.shape[1:]))
@@ -234,8 +229,7 @@ def gather_indexed_rows(local: torch.Tensor, indices: torch.Tensor, total: int) 
 
 
 def max_over_ranks_(tensor: torch.Tensor) -> torch.Tensor:
-    """In place: the element-wise maximum of ``tensor`` over the ranks (e.g. marks each rank set for its own
-    samples); no-op in one process. Returns ``tensor``."""
+    """In place: the element-wise maximum of ``tensor`` over the ranks; returns ``tensor``."""
     if current_world().distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor

@@ -62,8 +62,7 @@ def method_step(model: Callable[..., Any], method: Method, batch: dict[str, torc
 
 
 class TrainingStep(nn.Module):
-    """``forward(batch)`` = :func:`method_step` of the model and the method as a ``(loss, logs)`` tuple, so that
-    DDP finds the loss tensor in the output."""
+    """``forward(batch)`` = :func:`method_step` as a ``(loss, logs)`` tuple, so DDP finds the loss."""
 
     def __init__(self, model: nn.Module, method: Method) -> None:
         super().__init__()
@@ -105,8 +104,7 @@ Groups = list[dict[str, Any]]
 
 
 def fusable(groups: Iterable[dict[str, Any]]) -> bool:
-    """True when every parameter of ``groups`` is a floating-point tensor on CPU or CUDA, where PyTorch's fused
-    Adam/AdamW/SGD steps run (one kernel over all tensors instead of a Python loop: 3 to 5x faster on CPU)."""
+    """True when every parameter of ``groups`` is a float tensor on CPU or CUDA (PyTorch's fused optimisers)."""
     params = [p for group in groups for p in group["params"]]
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
@@ -136,8 +134,7 @@ OPTIMIZERS: Table[Callable[..., torch.optim.Optimizer]] = Table("optimizer", [
 
 def build_optimizer(name: str, groups: Groups, lr: float, weight_decay: float = 0.0,
                     momentum: float = 0.9) -> torch.optim.Optimizer:
-    """An optimiser ``name`` (:data:`OPTIMIZERS`) over ``groups``; fused when ``fusable`` (a resumed state keeps its own
-    ``fused`` flag)."""
+    """An optimiser ``name`` (:data:`OPTIMIZERS`) over ``groups``, fused when ``fusable``."""
     make = OPTIMIZERS[name]
     return make(groups, lr, weight_decay, momentum, True if fusable(groups) else None)
 
@@ -181,8 +178,7 @@ def build_scheduler(name: str, optimizer: torch.optim.Optimizer, total_steps: in
 # ----------------------------------------------------------------- a stage's optimisation
 
 def model_param_groups(model: nn.Module, lr: float, head_lr_mult: float = 1.0) -> list[dict[str, Any]]:
-    """The model's trainable parameters as optimiser groups (the head at ``lr * head_lr_mult`` when that is not 1);
-    empty groups left out."""
+    """The model's trainable parameters as optimiser groups (the head at ``lr * head_lr_mult``)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     head = getattr(getattr(model, "module", model), "head", None)
     if head_lr_mult == 1.0 or not isinstance(head, nn.Module):
@@ -194,8 +190,7 @@ def model_param_groups(model: nn.Module, lr: float, head_lr_mult: float = 1.0) -
 
 
 class Optimisation:
-    """The optimiser over the model's trainable parameters and the method's own groups, its per-step schedule
-    over ``steps``, the fp16 gradient scaler (off otherwise) and the EMA of the weights (``cfg.ema`` > 0)."""
+    """A stage's optimiser, per-step schedule, fp16 gradient scaler and weight EMA (``cfg.ema`` > 0)."""
 
     def __init__(self, cfg: TrainConfig, model: nn.Module, method: Method, steps: int,
                  amp_dtype: torch.dtype | None, device: torch.device) -> None:
@@ -216,8 +211,7 @@ class Optimisation:
             self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(self.ema_decay), use_buffers=True)
 
     def update(self, loss: torch.Tensor) -> None:
-        """Backward ``loss`` (under torchrun DDP averages the gradients meanwhile), clip, step the optimiser,
-        the scaler, the schedule and the EMA."""
+        """Backward ``loss``, clip, and step the optimiser, the scaler, the schedule and the EMA."""
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.clip_grad > 0:
@@ -260,8 +254,7 @@ DIVERGED_HINT = "try a lower --lr, --clip-grad 1.0, or --amp off"  # ends the er
 
 @dataclass
 class TrainData:
-    """The training set and its loader: a seeded shuffle in one process, a rank-independent shuffle and
-    augmentation (:class:`~train.distributed.PerSampleSeeded`) sharded by a ``DistributedSampler`` under torchrun."""
+    """The training set and its loader: seeded shuffle, rank-independent augmentation, sharded under torchrun."""
 
     dataset: ImageLabelDataset
     loader: DataLoader[dict[str, torch.Tensor]]
@@ -281,8 +274,7 @@ class TrainData:
 
 def build_train_data(dataset: ImageLabelDataset, batch_per_process: int, global_batch: int, seed: int,
                      workers: int, pin_memory: bool, skips: SkipReporter) -> TrainData:
-    """The loader of ``dataset`` with ``batch_per_process`` images per step and process; the last incomplete batch
-    is dropped unless the whole set is smaller than one global batch."""
+    """The loader of ``dataset``; the last incomplete batch is dropped unless the set is below one batch."""
     generator = torch.Generator()
     sampler: DistributedSampler[Any] | None = None
     seeded: PerSampleSeeded | None = None
@@ -298,16 +290,14 @@ def build_train_data(dataset: ImageLabelDataset, batch_per_process: int, global_
 
 
 def all_ranks_empty(empty: bool) -> bool:
-    """True when this step has no readable image on some rank (under torchrun every rank must then skip it
-    together, so this one vote per step is part of the step); in one process: ``empty``."""
+    """True when some rank has no readable image this step (every rank then skips it together)."""
     if not current_world().distributed:
         return empty
     return sum_over_ranks({"empty": float(empty)})["empty"] > 0
 
 
 class EpochTotals:
-    """Batch-size weighted sums of the loss and the logged values of an epoch's steps, kept on the loss's device,
-    and the first step whose loss was not finite."""
+    """Batch-weighted sums of an epoch's loss and logs on the device, and the first non-finite step."""
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
@@ -331,8 +321,7 @@ class EpochTotals:
             self.sums[key] = self.sums.get(key, 0.0) + weighted
 
     def raise_if_diverged(self) -> None:
-        """``FloatingPointError`` naming the first non-finite step when there was one on any rank (a host sync;
-        under torchrun a vote, so that every rank stops at the same point)."""
+        """``FloatingPointError`` naming the first non-finite step on any rank (a host sync)."""
         step = -1 if self._bad_step is None else int(self._bad_step)
         anywhere = step >= 0
         if current_world().distributed:
@@ -370,8 +359,7 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device, channels_las
 def train_epoch(data: TrainData, epoch: int, step: Callable[[dict[str, torch.Tensor]], LossOutput],
                 to_device: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]], desc: str,
                 progress: bool) -> dict[str, float]:
-    """One pass over ``data``: each readable batch goes to the device and through ``step`` (forward, backward,
-    update). Returns the epoch's mean loss and logged values over every rank, images/s and seconds."""
+    """One pass over ``data``; returns the mean loss and logs over every rank, images/s and seconds."""
     data.start_epoch(epoch)
     totals = EpochTotals(epoch)
     start = time.perf_counter()

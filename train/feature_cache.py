@@ -38,8 +38,7 @@ def weights_digest(module: nn.Module) -> str:
 
 
 def images_digest(paths: list[Path]) -> str:
-    """sha256 of the image list: every path in order with its file's size and modification time (a missing file
-    counts as such)."""
+    """sha256 of the image list: every path in order with its size and modification time."""
     h = hashlib.sha256()
     for path in paths:
         try:
@@ -59,8 +58,7 @@ def feature_key(paths: list[Path], arch: str, backbone_digest: str, preprocessin
 
 def split_feature_key(arch: str, model: nn.Module, transform: Any,
                       precision: str) -> Callable[[Any], dict[str, Any]]:
-    """``images -> key`` for ``model``'s backbone (``model.backbone``) at ``transform``'s preprocessing and
-    ``precision``: the key of a split's features, the same for a ``--trainable head`` run and the method chooser."""
+    """``images -> key`` of a split's features for ``model``'s backbone, preprocessing and ``precision``."""
     backbone = weights_digest(model.backbone)
     preprocessing = {"image_size": transform.image_size, "mean": list(transform.mean), "std": list(transform.std),
                      "interpolation": transform.interpolation, "crop": transform.crop}
@@ -72,8 +70,7 @@ def split_feature_key(arch: str, model: nn.Module, transform: Any,
 
 
 class FeatureCache:
-    """A folder of feature files (:func:`features_folder` by default). Under torchrun rank 0 reads and writes it
-    and every rank gets the same rows."""
+    """A folder of feature files; under torchrun rank 0 reads and writes it for every rank."""
 
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = Path(folder) if folder is not None else features_folder()
@@ -105,8 +102,7 @@ class FeatureCache:
         return path
 
     def get(self, key: dict[str, Any], compute: Callable[[], Rows]) -> tuple[Rows, bool]:
-        """The rows of ``key``: from the cache, else ``compute()`` (on every rank: extraction is sharded) and stored.
-        Returns (rows, whether they came from the cache)."""
+        """The rows of ``key``, cached or computed and stored; and whether they came from the cache."""
         main = current_world().is_main
         cached = broadcast_object(self.load(key) if main else None)
         if cached is not None:

@@ -51,8 +51,7 @@ def head_threads() -> Iterator[None]:
 
 @dataclass
 class HeadOptimisation:
-    """How the head trains on fixed features: optimiser, learning rate, weight decay, momentum and per-step
-    schedule over ``epochs`` (LinearInit: Adam, its own learning rate, no schedule)."""
+    """How the head trains on fixed features: optimiser, lr, weight decay, momentum, schedule, epochs."""
 
     optimizer: str
     lr: float
@@ -105,8 +104,7 @@ class FixedFeaturePhase:
         return max(1, -(-count // self.batch_size))
 
     def _extract(self, images: LabelledImages, split: str, later: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Backbone features of ``images`` on the device (given, from the cache when there, else computed), and the
-        readable ones' mask; ``later``: images the same forward extracts next (the work it is built for)."""
+        """Backbone features of ``images`` and the readable ones' mask; ``later``: images extracted next."""
         if split in self.given:
             rows = self.given[split]
             return rows.values.to(self.predictor.device), rows.present
@@ -126,8 +124,7 @@ class FixedFeaturePhase:
         return rows.values.to(self.predictor.device), rows.present
 
     def head_rows(self, model: MultiLabelNet, images: LabelledImages, split: str) -> Rows:
-        """Logits of ``model``'s head (eval mode) on the cached features of ``images`` (computed and cached the first
-        time), for evaluating a network whose backbone is this phase's fixed one."""
+        """Logits of ``model``'s head (eval mode) on the cached features of ``images``."""
         features, present = self._extract(images, split)
         was_training = model.training
         model.eval()
@@ -205,8 +202,7 @@ class FixedFeaturePhase:
                     "train_seconds": time.perf_counter() - started}
 
     def validate(self, metrics: bool = True) -> Assessment:
-        """The current head's val predictions (cached features) against the val labels, with the criterion (and the
-        metrics, unless ``metrics`` is False)."""
+        """The current head's val predictions against the val labels, with the criterion and metrics."""
         present = self.val_present
         with torch.inference_mode(), head_threads():
             logits = self.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
@@ -231,8 +227,7 @@ class FixedFeaturePhase:
 
 def head_optimiser(groups: list[dict[str, Any]], optimisation: HeadOptimisation,
                    total_steps: int) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
-    """The optimiser of the parameter ``groups`` and its per-step schedule over ``total_steps``, as ``optimisation``
-    says."""
+    """The optimiser of ``groups`` and its per-step schedule over ``total_steps``."""
     optimizer = build_optimizer(optimisation.optimizer, groups, optimisation.lr,
                                 weight_decay=optimisation.weight_decay, momentum=optimisation.momentum)
     return optimizer, build_scheduler(optimisation.scheduler, optimizer, total_steps)
@@ -256,8 +251,7 @@ class JointTraining:
         self.optimizer, self.scheduler = head_optimiser(groups, first.optimisation, first.total_steps)
 
     def train_epoch(self, epoch: int) -> None:
-        """One epoch of every phase (a sole phase takes its own step: under torchrun too); ``FloatingPointError`` when
-        a loss was not finite."""
+        """One epoch of every phase; ``FloatingPointError`` when a loss was not finite."""
         if len(self.phases) == 1:
             torch.set_rng_state(self.random_states[0])
             self.phases[0].train_epoch(epoch)
@@ -288,8 +282,7 @@ class JointTraining:
 
 
 def joint_groups(phases: list[FixedFeaturePhase]) -> list[list[int]]:
-    """The indices of ``phases`` in the groups that can train together (:class:`JointTraining`): those of the same
-    pace (each alone under torchrun)."""
+    """The indices of ``phases`` in groups that can train together (same pace; alone under torchrun)."""
     groups: dict[Any, list[int]] = {}
     for i, phase in enumerate(phases):
         groups.setdefault(i if current_world().distributed else phase.pace, []).append(i)

@@ -54,8 +54,7 @@ def predict_rows(
     desc: str = "",
     progress: bool = False,
 ) -> Rows:
-    """``forward`` over every batch of ``loader`` (under inference mode and autocast); ``width``: its outputs'
-    columns."""
+    """``forward`` over every batch of ``loader``; ``width``: its outputs' columns."""
     dataset = loader.dataset
     assert isinstance(dataset, ImageLabelDataset)
     chunks: list[torch.Tensor] = []
@@ -104,8 +103,7 @@ class DatasetForward:
         return self.loader(ImageLabelDataset(images, self.eval_transform))
 
     def fixed_features(self, model: MultiLabelNet, images: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``model.features`` of a frozen backbone: an eval-mode copy with its BatchNorms folded, run by ONNX Runtime on
-        the CPU when that pays off and matches PyTorch."""
+        """``model.features`` of a frozen backbone: a BatchNorm-folded copy, run by ONNX Runtime when it pays."""
         folded = model.fold_for_inference()
         size = getattr(self.eval_transform, "image_size", None)
         if size is None:
@@ -158,8 +156,7 @@ class SelectionRule:
 
 
 def resolve_criterion(select: str, val_has_full_labels: bool) -> SelectionRule:
-    """The selection rule of ``--select``: ``auto`` gives ``val_mAP`` with full validation labels, else the label-free
-    default; a named criterion is taken as is."""
+    """The rule of ``--select``: ``auto`` is ``val_mAP`` with full val labels, else the label-free default."""
     if select == "auto":
         name = default_criterion(val_has_full_labels)
         return SelectionRule(name, "auto: val has full labels" if val_has_full_labels else
@@ -188,8 +185,7 @@ class Assessment:
 def assess(logits: np.ndarray, labels: np.ndarray, classes: list[str],
            criterion: Criterion = CRITERIA[DEFAULT_CRITERION], full_labels: bool = True,
            metrics: bool = True) -> Assessment:
-    """The metrics of ``logits`` (N, C) against ``labels`` (N, C) (none with ``metrics`` False: the score alone) and
-    the criterion's score."""
+    """The metrics of ``logits`` against ``labels`` (unless ``metrics`` is False) and the criterion's score."""
     if not metrics:
         return Assessment({}, finite_score(criterion(logits, labels)), logits, labels)
     figures = evaluate(logits, labels, classes)

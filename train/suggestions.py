@@ -65,8 +65,7 @@ class Suggestions:
 
 def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0,
                order_by: str = DEFAULT_ORDER) -> tuple[list[ReviewItem], int]:
-    """The ``top`` unobserved pairs of ``pool`` in the order ``order_by``, at most ``per_image`` per image (0: no cap),
-    and how many were scored."""
+    """The ``top`` unobserved pairs of ``pool`` in order ``order_by`` (``per_image`` cap), and the count."""
     if order_by not in ORDERS:
         raise ValueError(f"unknown order {order_by!r}; choose from {', '.join(ORDERS)}")
     classes = pool.images.classes
@@ -97,8 +96,7 @@ def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0,
 
 
 def audit_items(pool: Pool, logits: np.ndarray, rows: np.ndarray) -> list[ReviewItem]:
-    """Every class of each of ``rows`` of ``pool`` as a pair, an image's most likely classes first (its given labels
-    among them), with the labels it has."""
+    """Every class of each of ``rows`` as a pair, most likely first, with the image's labels."""
     classes = pool.images.classes
     items = []
     for i in rows:

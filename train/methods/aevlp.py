@@ -56,8 +56,7 @@ _ALPHA = (0.5, 2.0, 0.8, 0.5)
 
 @register
 class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
-    """GR-Loss on unknown labels; CLIP pseudo-positives (whole image + grid of crops) with a bounded weight;
-    expected-positives regulariser."""
+    """GR-Loss on unknown labels, weighted CLIP pseudo-positives, expected-positives regulariser."""
 
     name = "aevlp"
     left_out_of_auto = ""  # GR Loss's measurement is not its own (the chooser leaves it out: CLIP pseudo-labels)
@@ -123,7 +122,6 @@ class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
         return LossOutput(entries.mean() + self.hp.reg * reg, {"epr_reg": reg.detach()})
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """CLIP's pseudo-positives beyond the observed labels: with full labels the trainer logs their precision
-        (``clip_positive_precision``)."""
+        """CLIP's pseudo-positives beyond the observed labels (``clip_positive_precision``)."""
         return {"clip_positive": LabelEstimate(self.pseudo_positives & (self.ctx.train_observed.to(
             self.pseudo_positives.device) == 0), POSITIVES)}

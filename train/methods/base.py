@@ -65,8 +65,7 @@ class MethodContext:
 
 @dataclass
 class LossOutput:
-    """A training step's loss and values to log (batch-size weighted means per epoch; preferably detached scalar
-    tensors, which the trainer sums on the device, else floats)."""
+    """A step's loss and values to log (preferably detached scalar tensors, summed on the device)."""
 
     loss: torch.Tensor
     logs: dict[str, torch.Tensor | float] = dataclasses.field(default_factory=dict)
@@ -170,8 +169,7 @@ class Method(nn.Module):
         return batch[FULL_LABELS] if self.trains_on_full_labels else batch["observed"]
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """The loss of a batch from the model's logits ``(N, C)`` (float32) and the batch (keys ``observed``,
-        ``index`` and the model outputs the hooks asked for; see the module docstring)."""
+        """The loss of a batch from the float32 logits ``(N, C)`` and the batch (see the module docstring)."""
         raise NotImplementedError
 
     def extra_model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -192,8 +190,7 @@ class Method(nn.Module):
         return {}
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """The method's current estimates of the training labels by name, scored by the trainer against the full
-        labels after each epoch when they exist (default: none)."""
+        """The method's current estimates of the training labels by name (default: none)."""
         return {}
 
     def extra_views(self, preprocessing: EvalTransform) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
@@ -203,8 +200,7 @@ class Method(nn.Module):
 
     @classmethod
     def trains_on_pooled_features(cls) -> bool:
-        """Whether the method's head can train on cached pooled features of one view (LinearInit's phase,
-        ``--trainable head``): no extra augmented views and no feature-map head."""
+        """Whether the head can train on cached pooled features (no extra views, no feature-map head)."""
         return cls.extra_views is Method.extra_views and cls.required_head in (None, "linear")
 
     @classmethod

@@ -72,8 +72,7 @@ PAPER_WARMUP_EPOCHS = 5  # T_w of Zhou et al.'s VOC and COCO runs (10 epochs in 
 
 
 def default_warmup(total_epochs: int) -> int:
-    """EM-APL's warm-up when no preset or ``--hp warmup_epochs`` sets one: half of ``total_epochs``, at least 1
-    and at most the papers' 5."""
+    """EM-APL's default warm-up: half of ``total_epochs``, from 1 to the papers' 5."""
     return min(PAPER_WARMUP_EPOCHS, max(1, total_epochs // 2))
 
 
@@ -137,6 +136,5 @@ class EmAsymmetricPseudoLabels(EntropyMaximisation):
         return {"apl_added": float(added), "apl_total": float((self.pseudo >= 0).sum())}
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """The pseudo-negatives so far: where full labels exist the trainer logs the share that truly are negative
-        (``apl_negative_precision``)."""
+        """The pseudo-negatives so far (``apl_negative_precision``)."""
         return {"apl_negative": LabelEstimate(self.pseudo >= 0, NEGATIVES)}

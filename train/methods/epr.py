@@ -22,8 +22,7 @@ EXPECTED_POSITIVES = {"voc": 1.5, "coco": 2.9, "nus": 1.9, "cub": 31.4}
 
 @dataclass
 class EprHparams(MethodHparams):
-    """``k``: expected number of positives per image; None = the run's k (published for VOC/COCO/NUS/CUB, else
-    from full labels, the ``--audit`` list, or estimated: models/evaluation/expected_positives.py)."""
+    """``k``: expected positives per image; None = the run's k."""
 
     k: float | None = None
 

@@ -51,8 +51,7 @@ def supcon_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float
 
 @torch.no_grad()
 def class_embedding_similarity(embeddings: torch.Tensor) -> float:
-    """Mean cosine similarity between the different classes' embeddings of the same image, over a batch
-    ``(N, C, D)``: 1 means the head's embeddings do not depend on the class (not label-wise at all)."""
+    """Mean cosine between different classes' embeddings of the same image over ``(N, C, D)``."""
     n, c, _ = embeddings.shape
     if c < 2:
         return 1.0
@@ -188,8 +187,7 @@ class LabelAwareConsistency(Method):
         return LossOutput(loss, logs)
 
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
-        """``class_embedding_cos`` (a log line only): the mean cosine between one image's class embeddings on the
-        epoch's last training batch (an N x C x C Gram matrix per step is not worth it)."""
+        """Logs ``class_embedding_cos`` on the epoch's last training batch."""
         if self._last_embeddings is None:
             return {}
         similarity = class_embedding_similarity(self._last_embeddings)

@@ -154,6 +154,5 @@ class OpmlSp(Opml):
         return logs
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """The label corrections so far: where full labels exist the trainer logs the share that truly are
-        positive (``correction_precision``)."""
+        """The label corrections so far (``correction_precision``)."""
         return {"correction": LabelEstimate(self.corrected > 0.5, POSITIVES)}

@@ -83,8 +83,7 @@ class PuMlc(Method):
         self.mixing = torch.distributions.Beta(hparams.mixup_alpha, hparams.mixup_alpha)
 
     def extra_model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The mixup images (the permuted first half of the batch mixed with the second half), the pairs and
-        lambda; nothing when the regulariser is off."""
+        """The mixup images, the pairs and lambda; nothing when the regulariser is off."""
         if self.hp.mixup_weight <= 0:
             return {}
         images = batch["images"]

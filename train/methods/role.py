@@ -78,14 +78,12 @@ class Role(Method):
 
     @torch.no_grad()
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
-        """Logs only (nothing changes): how far the estimator's unobserved entries have moved from their
-        initial 0.5 +- 0.1."""
+        """Logs only: how far the estimator's unobserved entries moved from their initial 0.5 +- 0.1."""
         unobserved = self.ctx.train_observed.to(self.estimator.device) < 0.5
         probs = torch.sigmoid(self.estimator)
         return {"estimator_unobserved_mean": float(probs[unobserved].mean()),
                 "estimator_unobserved_abs_logit": float(self.estimator[unobserved].abs().mean())}
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """The estimator's logits: where full labels exist the trainer logs their label recovery
-        (``estimator_recovery_mAP``), beside the classifier's in the run summary (both ranked on logits)."""
+        """The estimator's logits (``estimator_recovery_mAP``)."""
         return {"estimator": LabelEstimate(self.estimator.detach(), SCORES)}

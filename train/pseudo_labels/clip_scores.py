@@ -79,8 +79,7 @@ def _pretrained_cfg(choice: ClipChoice) -> dict[str, Any]:
 
 
 def _hub_files(hf_hub: str) -> tuple[str, list[str]]:
-    """The repository and the weight files open_clip tries for a pretrained config's ``hf_hub`` entry (safetensors
-    first, as its ``download_pretrained_from_hf``)."""
+    """The repository and weight files open_clip tries for a config's ``hf_hub`` entry."""
     repo, filename = os.path.split(hf_hub)
     filename = filename or HF_WEIGHTS
     names = []
@@ -92,8 +91,7 @@ def _hub_files(hf_hub: str) -> tuple[str, list[str]]:
 
 
 def _cached(choice: ClipChoice, cfg: dict[str, Any]) -> bool:
-    """Whether open_clip finds the weights of ``cfg`` without the network (the Hugging Face cache, or for a URL
-    its ``~/.cache/clip`` download folder)."""
+    """Whether open_clip finds the weights of ``cfg`` without the network."""
     from huggingface_hub import try_to_load_from_cache
 
     if cfg.get("hf_hub"):
@@ -111,8 +109,7 @@ def _download_host(cfg: dict[str, Any]) -> str:
 
 
 def hub_reachable(host: str, timeout: float = REACH_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to ``host``:443 (or to the ``HTTPS_PROXY``, when one is set) opens within
-    ``timeout`` seconds, name lookup included: one quick try, no retries."""
+    """Whether a TCP connection to ``host``:443 (or the ``HTTPS_PROXY``) opens within ``timeout`` s."""
     proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
     target = (host, 443)
     if proxy:
@@ -190,8 +187,7 @@ class ClipModel:
 
 
 def load_clip(choice: ClipChoice, device: torch.device) -> ClipModel:
-    """Build (and download, when needed and possible) the CLIP model of ``choice`` on ``device``, in eval mode.
-    Random initialisation (``none``) is seeded, so it is the same model in every process and run."""
+    """The CLIP model of ``choice`` on ``device`` in eval mode (downloaded if needed; ``none`` is seeded)."""
     import open_clip
 
     cfg = _pretrained_cfg(choice) if choice.pretrained != RANDOM_INIT else {}
@@ -288,8 +284,7 @@ def view_cosines(clip: ClipModel, views: torch.Tensor, text: torch.Tensor) -> to
 def score_images(clip: ClipModel, text: torch.Tensor, spec: PseudoLabelSpec, paths: Sequence[Path],
                  rows: Sequence[int], device: torch.device, batch_size: int, workers: int,
                  progress: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Score the images ``paths[rows]``: per view the softmax scores ``(len(rows), C)``, and whether each image was
-    read."""
+    """Score ``paths[rows]``: the softmax scores per view ``(len(rows), C)``, and which images were read."""
     dataset = _Views(paths, rows, spec, clip.size)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_collate)
     c = text.shape[0]
