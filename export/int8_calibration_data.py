@@ -1,5 +1,4 @@
-"""INT8 calibration data: preprocessed images checked and re-batched, and the ONNX Runtime reader that feeds
-them to the calibrator in chunks (so that the calibrator's memory stays bounded)."""
+"""INT8 calibration data: preprocessed images checked and re-batched, fed to the calibrator in bounded chunks."""
 
 from __future__ import annotations
 
@@ -79,8 +78,7 @@ class BatchReader:
 
 
 def chunk_stride(n_batches: int, batch_size: int, image_size: int) -> int:
-    """Batches per calibration chunk: the largest divisor of ``n_batches`` (ORT needs one) not above the
-    :data:`CALIBRATION_CHUNK_IMAGES` budget (scaled to ``image_size``) divided by ``batch_size``."""
+    """Batches per calibration chunk: the largest divisor of ``n_batches`` within the chunk's image budget."""
     chunk_images = CALIBRATION_CHUNK_IMAGES * (224 * 224) / float(image_size * image_size)
     target = max(1, int(chunk_images // batch_size))
     return max(d for d in range(1, min(target, n_batches) + 1) if n_batches % d == 0)

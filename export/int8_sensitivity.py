@@ -38,8 +38,7 @@ class KeepFloat:
 
 
 def parse_keep_float(spec: str | None) -> KeepFloat | None:
-    """``"conv_a,conv_b"`` or ``"worst:N"`` (N >= 1) -> :class:`KeepFloat`; None / blank -> None.
-    ``ValueError`` on a malformed spec (an unknown node name is only found when quantizing)."""
+    """``"conv_a,conv_b"`` or ``"worst:N"`` -> :class:`KeepFloat`; blank -> None; ``ValueError`` if malformed."""
     if spec is None or not spec.strip():
         return None
     text = spec.strip()
@@ -56,8 +55,7 @@ def parse_keep_float(spec: str | None) -> KeepFloat | None:
 
 @dataclass(frozen=True)
 class NodeSensitivity:
-    """One quantized node: its ``name`` and ``op_type``, the SQNR (dB) of its output and of its activation input
-    against the FP32 graph, and ``added_db`` (how much SQNR the node itself lost)."""
+    """One quantized node: name, op type, SQNR (dB) of its output and activation input, and the SQNR it lost."""
 
     name: str
     op_type: str
@@ -67,8 +65,7 @@ class NodeSensitivity:
 
     @property
     def added_noise(self) -> float:
-        """The noise-to-signal power this node adds: ``10^(-sqnr_db/10) - 10^(-input_sqnr_db/10)`` (the whole
-        output's when its input is float)."""
+        """The noise-to-signal power this node adds (the whole output's when its input is float)."""
         noise_in = 0.0 if self.input_sqnr_db is None else 10 ** (-self.input_sqnr_db / 10)
         return 10 ** (-self.sqnr_db / 10) - noise_in
 
@@ -103,8 +100,7 @@ class _Sqnr:
 
 @dataclass(frozen=True)
 class _Probe:
-    """Where one quantized node is compared: its output (and activation input, or None) in the float graph and in the
-    Q/DQ model."""
+    """Where one quantized node is compared: its output and activation input in both graphs."""
 
     node: onnx.NodeProto
     output: str

@@ -78,8 +78,7 @@ def _calibration_line(meta: ModelMeta) -> str:
 
 def model_card_markdown(meta: ModelMeta, files: Sequence[CardFile], model_path: Path, labels_note: str,
                         per_class_ap: np.ndarray | None) -> str:
-    """The ``README.md`` text of an export folder; ``labels_note`` says which labels the figures were measured
-    against (for example that single-positive labels make precision and AP lower bounds)."""
+    """The ``README.md`` text of an export folder; ``labels_note`` says what the figures were measured against."""
     data = meta.data or {}
     thresholds = meta.thresholds if meta.thresholds is not None else [0.5] * len(meta.classes)
     head = meta.head.get("kind", "linear") if meta.head else "linear"

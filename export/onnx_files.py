@@ -1,5 +1,4 @@
-"""Model metadata inside loaded ONNX files and the ``model.json`` sidecar (the encoding:
-:mod:`models.onnx_metadata`)."""
+"""Model metadata inside loaded ONNX files and the ``model.json`` sidecar (encoding: :mod:`models.onnx_metadata`)."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ def sidecar_path(onnx_path: str | Path) -> Path:
 
 def sidecar_document(onnx_path: Path, meta: ModelMeta, export_info: Mapping[str, Any],
                      verification: Mapping[str, Any], sha256: str | None = None) -> dict[str, Any]:
-    """The sidecar dict: format marker, file name, sha256 (computed unless given) and size, meta, export info,
-    verification."""
+    """The sidecar dict: format, file name, sha256 (computed unless given), size, meta, export info, verification."""
     onnx_path = Path(onnx_path)
     return {
         "format": SIDECAR_FORMAT,

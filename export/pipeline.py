@@ -144,8 +144,7 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, log: Callable[[str], None],
                   progress: bool) -> ValData:
-    """The validation split of ``splits`` (the model's, see :func:`export.validation_data.rebuild_splits`), preprocessed
-    (at most ``limit`` images), with its labels."""
+    """The model's validation split, preprocessed (at most ``limit`` images), with its labels."""
     paths, labels = list(splits.val.paths), np.asarray(splits.val.labels)
     if limit is not None:
         paths, labels = paths[:limit], labels[:limit]
@@ -161,8 +160,7 @@ def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, lo
 
 
 def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], progress: bool) -> AuditData:
-    """The audit list ``spec`` (:func:`models.data.audit_list.load_audit`), preprocessed for ``meta``'s model; a bad
-    list raises :class:`models.data.types.DataError`."""
+    """The audit list ``spec`` preprocessed for ``meta``'s model (``DataError`` for a bad list)."""
     audit = load_audit(spec, list(meta.classes))
     log(f"reading {len(audit)} audit images ({spec}) ...")
     inputs, keep = _load(audit.paths, meta, progress)
@@ -215,8 +213,7 @@ def _load(paths: Sequence[Path], meta: ModelMeta, progress: bool) -> tuple[np.nd
 
 def write_thresholds(path: Path, thresholds: list[float] | None, calibration: dict[str, Any],
                      sidecar_update: dict[str, Any] | None = None) -> ModelMeta:
-    """Store ``thresholds`` and how they were chosen in the ONNX file's ``spml_meta`` (rewritten atomically)
-    and refresh its sidecar (sha256, size, meta, plus ``sidecar_update``); returns the new meta."""
+    """Store ``thresholds`` and their rule in the ONNX file's ``spml_meta`` and refresh its sidecar; the new meta."""
     model = onnx.load(str(path))
     meta = onnx_meta(model, path)
     meta = dataclasses.replace(meta, thresholds=thresholds, calibration=calibration)
@@ -234,8 +231,7 @@ def write_thresholds(path: Path, thresholds: list[float] | None, calibration: di
 def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mode_text: str, classes: list[str],
                         folder: Path, log: Callable[[str], None], k: ExpectedPositives | None = None,
                         audit: AuditData | None = None, audit_logits: np.ndarray | None = None) -> ModelMeta:
-    """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot. F1
-    figures come from full val labels, else from the audit list (its own report), else read n/a."""
+    """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot."""
     probs = sigmoid(logits)
     mode = parse_mode(mode_text if mode_text != "auto" else default_mode(val.fully_labelled))
     cal = calibrate(probs, val.labels, mode, expected_positives=k.k if k is not None else None)
@@ -400,8 +396,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
 
 def _distillation(fp32: ExportResult, splits: ProtocolSplits, opts: ExportOptions,
                   say: Callable[[str], None]) -> DistilledExports:
-    """The quantization-aware distillation of ``fp32``'s checkpoint, made when an INT8 conversion first asks
-    (:mod:`export.int8_qat`): training images of ``splits``, exports with ``opts``' parity check."""
+    """The quantization-aware distillation of ``fp32``'s checkpoint, made when an INT8 conversion first asks."""
     from export.int8_qat import DistilledExports
 
     def read(count: int) -> np.ndarray:

@@ -50,8 +50,7 @@ class ConversionInputs:
 
 @dataclass(frozen=True)
 class Conversion:
-    """One artifact made from the FP32 export: its name, the runtime it is for, ``make(fp32 path, inputs)``, and whether
-    it is made only for TensorRT engines."""
+    """One artifact made from the FP32 export: its name, runtime, ``make(fp32 path, inputs)``, ``engines_only``."""
 
     artifact: str
     runtime: str
@@ -61,8 +60,7 @@ class Conversion:
 
 @dataclass(frozen=True)
 class Precision:
-    """A ``--precision`` name: its ``conversions`` (none for FP32, the reference), the ``bounds`` its artifacts are
-    checked against and ``engine_source``, the artifact its TensorRT engine is built from."""
+    """A ``--precision``: its ``conversions``, the ``bounds`` they are checked against, and ``engine_source``."""
 
     name: str
     conversions: tuple[Conversion, ...]
@@ -132,8 +130,7 @@ PRECISIONS: Table[Precision] = Table("precision", [
 
 
 def parse_precisions(text: str) -> list[str]:
-    """``"fp32,int8"`` -> ``["fp32", "int8"]`` in :data:`PRECISIONS` order (fp32 always first: the others are made
-    from it); ``ValueError`` naming the choices otherwise."""
+    """``"fp32,int8"`` -> ``["fp32", "int8"]`` in :data:`PRECISIONS` order (fp32 first); else ``ValueError``."""
     wanted = {p.strip().lower() for p in text.split(",") if p.strip()}
     if not wanted:
         raise ValueError(f"--precision takes a comma-separated list of {', '.join(PRECISIONS)}; got {text!r}")

@@ -140,8 +140,7 @@ def model_precision(model: onnx.ModelProto) -> str:
 
 
 def load_fp32_model(path: str | Path) -> tuple[onnx.ModelProto, ModelMeta]:
-    """A canonical FP32 export and its ``spml_meta``. Raises ``FileNotFoundError``, :class:`ConversionError` or
-    :class:`NotFP32Error`."""
+    """A canonical FP32 export and its ``spml_meta`` (``FileNotFoundError``, ``ConversionError``, ``NotFP32Error``)."""
     path = Path(path)
     try:
         model = load_onnx_file(path)
@@ -200,8 +199,7 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def topological_sort(model: onnx.ModelProto) -> None:
-    """Reorder ``model.graph.node`` in place, stably, so every node follows its inputs' producers (unplaceable nodes go
-    last for ``onnx.checker`` to report)."""
+    """Reorder ``model.graph.node`` in place, stably, so every node follows its inputs' producers."""
     graph = model.graph
     available = {""} | {v.name for v in graph.input} | {t.name for t in graph.initializer}
     available |= {t.name for t in graph.sparse_initializer}
@@ -299,8 +297,7 @@ def _name_nodes(model: onnx.ModelProto) -> None:
 
 def preprocess_for_quantization(model: onnx.ModelProto, dst: Path,
                                 chatter: io.StringIO | None = None) -> onnx.ModelProto:
-    """``quant_pre_process`` of ``model`` into ``dst``, loaded back with every node named: the float graph
-    :func:`quantize_int8` quantizes. Raises :class:`ConversionError`."""
+    """``quant_pre_process`` of ``model`` into ``dst``, every node named (:class:`ConversionError`)."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     try:
@@ -330,8 +327,7 @@ def _check_keep_float(pre: onnx.ModelProto, keep_float: Sequence[str], src: Path
 
 
 def _head_namespace_nodes(model: onnx.ModelProto, any_op: bool = False) -> list[str]:
-    """Gemm/MatMul nodes (every node with ``any_op``) that torch's dynamo exporter tagged as inside the
-    network's ``head`` module (its ``namespace`` node metadata); empty when the graph carries no metadata."""
+    """Gemm/MatMul nodes (any with ``any_op``) the exporter's metadata places in the ``head`` module."""
     found = []
     for node in model.graph.node:
         if not any_op and node.op_type not in HEAD_OP_TYPES:
@@ -343,8 +339,7 @@ def _head_namespace_nodes(model: onnx.ModelProto, any_op: bool = False) -> list[
 
 
 def head_node_names(model: onnx.ModelProto) -> list[str]:
-    """Names of the classifier head's ``Gemm`` / ``MatMul`` nodes (from the exporter's node metadata, else the first
-    ones found walking back from each output)."""
+    """Names of the classifier head's ``Gemm`` / ``MatMul`` nodes (by metadata, else walking back from outputs)."""
     tagged = _head_namespace_nodes(model)
     if tagged:
         return tagged
@@ -367,8 +362,7 @@ def head_node_names(model: onnx.ModelProto) -> list[str]:
 
 
 def activation_matmuls(model: onnx.ModelProto) -> list[str]:
-    """Names of the ``MatMul`` nodes without a 2-D weight initializer (products of activations, or batched
-    products with 3-D weights, as in the folded LgConv): not worth quantizing, and not all are supported."""
+    """Names of the ``MatMul`` nodes without a 2-D weight initializer: not worth quantizing."""
     dims = {t.name: len(t.dims) for t in model.graph.initializer}
     return [n.name for n in model.graph.node
             if n.op_type == "MatMul" and not any(dims.get(i) == 2 for i in n.input)]

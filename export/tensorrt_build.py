@@ -126,8 +126,7 @@ def parse_targets(targets: Sequence[str] | str | None) -> list[str]:
 
 
 def onnx_precision(model: onnx.ModelProto) -> str:
-    """The precision an ONNX graph asks for: ``"int8"`` (int8 Q/DQ; also ``"fp8"``, ``"int4"``, ``"uint8"``),
-    else ``"fp16"`` / ``"bf16"`` / ``"fp32"`` by the type holding most floating-point weight elements."""
+    """The precision an ONNX graph asks for: ``"int8"`` with Q/DQ, else the type of most float weights."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     quant: set[str] = set()
@@ -153,8 +152,7 @@ def onnx_precision(model: onnx.ModelProto) -> str:
 
 
 def quantization_problems(model: onnx.ModelProto) -> list[str]:
-    """Why TensorRT would reject this quantized graph (it wants symmetric int8 Q/DQ with float biases); empty when
-    fine."""
+    """Why TensorRT would reject this quantized graph (it wants symmetric int8 Q/DQ); empty when fine."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     problems: list[str] = []

@@ -47,8 +47,7 @@ _TIE_RTOL = 1e-12
 
 @dataclass(frozen=True)
 class CalibrationMode:
-    """A parsed mode: ``kind`` is ``f1``, ``pu``, ``pu-f1``, ``recall`` or ``threshold``; ``value`` is K, R or X
-    (else None)."""
+    """A parsed mode: ``kind`` (``f1``, ``pu``, ``pu-f1``, ``rate``, ``recall``, ``threshold``) and its value."""
 
     kind: str
     value: float | None = None
@@ -90,8 +89,7 @@ def _parse_number(text: str) -> float | None:
 
 
 def parse_mode(text: str) -> CalibrationMode:
-    """Parse a CLI mode string (``f1``, ``pu``, ``recall:R``, ``threshold:X`` or a bare number ``X``) into a
-    :class:`CalibrationMode`; raises ``ValueError`` with a readable message for anything else."""
+    """Parse a CLI mode string (or a bare number X) into a :class:`CalibrationMode`; ``ValueError`` otherwise."""
     if not isinstance(text, str):
         raise ValueError(f"calibration mode must be a string ({MODES_HELP}), got {type(text).__name__}")
     clean = text.strip().lower()
@@ -121,8 +119,7 @@ def parse_mode(text: str) -> CalibrationMode:
 
 
 def default_mode(fully_labelled: bool) -> str:
-    """The default mode: ``"f1"`` when the validation labels are complete, ``"rate"`` when they are not (its tags
-    per image follow K; how it compared with ``pu-f1`` on the development sets: bench/README.md, choices that hold)."""
+    """The default mode: ``"f1"`` with complete validation labels, else ``"rate"`` (bench/README.md)."""
     return "f1" if fully_labelled else "rate"
 
 
@@ -180,8 +177,7 @@ def _clamp(threshold: float) -> float:
 
 
 def _cut_table(scores: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every candidate cut of one score vector, highest first: the distinct scores ``s`` (descending), and for
-    the cut "predict score >= s[j]" the true positives ``tp[j]`` and the number of predictions ``n_pred[j]``."""
+    """Every cut of a score vector, highest first: distinct scores ``s``, and ``tp`` and ``n_pred`` at ``>= s[j]``."""
     order = np.argsort(-scores, kind="mergesort")
     s = scores[order]
     tp = np.cumsum(positives[order])
@@ -200,8 +196,7 @@ def _threshold_below(distinct: np.ndarray, j: int) -> float:
 
 
 def _rate_threshold(scores: np.ndarray, prior: float) -> float:
-    """The threshold that tags the share ``prior`` of the images of one score vector: the cut whose number of
-    predictions is nearest ``prior x N`` (the higher cut on a tie); above every score when that number is 0."""
+    """The threshold tagging the share ``prior`` of the images: the cut nearest ``prior x N`` predictions."""
     distinct, _, n_pred = _cut_table(scores, np.zeros(len(scores), dtype=bool))
     wanted = prior * len(scores)
     if wanted < 0.5:
@@ -217,8 +212,7 @@ def _first_best(criterion: np.ndarray) -> int:
 
 
 def _best_threshold(scores: np.ndarray, positives: np.ndarray, mode: CalibrationMode, prior: float = 0.0) -> float:
-    """The threshold ``mode`` selects for one score vector (one class, or all classes pooled); needs at least
-    one positive. ``prior``: the class prior of ``pu-f1``."""
+    """The threshold ``mode`` selects for one score vector (at least one positive); ``prior``: ``pu-f1``'s."""
     distinct, tp, n_pred = _cut_table(scores, positives)
     n_pos = float(tp[-1])
     if mode.kind == "f1":
@@ -299,8 +293,7 @@ def calibrate(probs: Any, labels: Any, mode: str | float | CalibrationMode = "f1
 
 
 def _per_class_prf(probs: np.ndarray, labels: np.ndarray, thresholds: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-class precision, recall, F1 in percent (precision 0 without predictions, recall 0 without
-    positives: the conventions of :func:`models.evaluation.metrics.f1_scores`)."""
+    """Per-class precision, recall, F1 in percent (0 without predictions or positives, as ``f1_scores``)."""
     pred = probs >= thresholds
     tp = (pred & labels).sum(0).astype(np.float64)
     n_pred = pred.sum(0).astype(np.float64)
@@ -381,8 +374,7 @@ def _report_markdown(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], path_md: str | Path, path_json: str | Path) -> None:
-    """Write a :func:`calibration_report` dict as a markdown summary + per-class table (``path_md``) and as
-    JSON (``path_json``); parent folders are created."""
+    """Write a :func:`calibration_report` dict as markdown (``path_md``) and JSON (``path_json``)."""
     md, js = Path(path_md), Path(path_json)
     for path in (md, js):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,7 @@ class VerifyImages:
 
 
 def folder_images(folder: str | Path, limit: int) -> VerifyImages:
-    """The first ``limit`` images of ``folder`` (the one folder walk, :mod:`models.files.folder_walk`, the tagger's);
-    ``VerificationDataError`` if none."""
+    """The first ``limit`` images of ``folder`` (the one folder walk); ``VerificationDataError`` if none."""
     folder = Path(folder)
     if not folder.is_dir():
         raise VerificationDataError(f"--images folder not found: {folder}")
@@ -41,8 +40,7 @@ def folder_images(folder: str | Path, limit: int) -> VerifyImages:
 
 
 def rebuild_splits(meta: ModelMeta) -> ProtocolSplits:
-    """The model's train / val / test splits rebuilt from ``meta.data``; raises ``VerificationDataError`` when
-    impossible."""
+    """The model's splits rebuilt from ``meta.data``; ``VerificationDataError`` when impossible."""
     data = meta.data or {}
     source = data.get("source")
     if not source:
