@@ -24,8 +24,7 @@ def _timm() -> Any:
 
 
 def _hub_reachable() -> bool:
-    """Whether the Hugging Face hub can be asked for weights: not in offline mode and its host name resolves
-    (a machine without network fails here at once instead of after timm's retries)."""
+    """Whether the Hugging Face hub can be asked: not offline and its host name resolves (fails fast offline)."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     try:
@@ -67,8 +66,7 @@ class TimmModels(BackboneFamily):
         return get_pretrained_cfg(arch, allow_unregistered=True)
 
     def create(self, arch: str, image_size: int | None = None, pretrained: bool = False) -> nn.Module:
-        """The timm model ``arch`` without classifier (``num_classes=0``); models with a fixed input size (ViTs) are
-        built for ``image_size``."""
+        """The timm model ``arch`` without classifier, fixed-size models (ViTs) built for ``image_size``."""
         kwargs: dict[str, Any] = {"num_classes": 0}
         if image_size and self._fixed_input_size(arch):
             kwargs["img_size"] = image_size

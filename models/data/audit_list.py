@@ -62,8 +62,7 @@ def _audit_from_answers(path: Path, classes: list[str]) -> AuditList:
 
 
 def load_audit(spec: str, classes: list[str]) -> AuditList:
-    """Read the audit list named by ``spec`` (any dataset spec, or a review file) with its labels over the model's
-    ``classes``. A class the model does not know, or an empty list, raises :class:`DataError`."""
+    """The audit list ``spec`` with its labels over the model's ``classes``; :class:`DataError` if unknown or empty."""
     if is_review_file(Path(spec).expanduser()):
         return _audit_from_answers(Path(spec).expanduser(), classes)
     splits = load_dataset(spec)

@@ -71,8 +71,7 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
 
 
 def collate_readable(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """``default_collate`` over the readable items; the rows of unreadable ones go to ``batch[SKIPPED]`` (absent
-    when there are none). A batch of unreadable images only holds ``SKIPPED``."""
+    """``default_collate`` over the readable items; unreadable rows go to ``batch[SKIPPED]``."""
     readable = [item for item in items if SKIPPED not in item]
     batch: dict[str, torch.Tensor] = default_collate(readable) if readable else {}
     skipped = [item[SKIPPED] for item in items if SKIPPED in item]

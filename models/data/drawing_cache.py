@@ -76,8 +76,7 @@ FOLDER_VIEW = "folders"
 
 
 def parse_spec(kind: str, argument: str, views: Sequence[str], min_count: int) -> tuple[str, str, int]:
-    """``DIR[?view=V][&min-count=N]`` of a drawing dataset -> (DIR, view, min count); ``views[0]`` (the full-label
-    view) and ``min_count`` when not given."""
+    """``DIR[?view=V][&min-count=N]`` -> (DIR, view, min count), with the defaults."""
     path, options = split_spec_options(argument, SPEC_OPTIONS, kind)
     view = options.get("view", views[0]) or views[0]
     if view not in views:
@@ -100,8 +99,7 @@ def dataset_name(kind: str, argument: str) -> str:
 
 def view_splits(kind: str, source: str, view: str, full_view: str, min_count: int, default_min_count: int,
                 classes: list[str], parts: dict[str, LabelledImages]) -> DatasetSplits:
-    """The :class:`DatasetSplits` of one view of a drawing dataset; every split is complete in the full-label view, only
-    test in the folder view."""
+    """The :class:`DatasetSplits` of one view of a drawing dataset."""
     if not len(parts["train"]):
         raise DataError(f"{kind}: {source}: the {view} view has no training image")
     options = [f"view={view}"] if view != full_view else []

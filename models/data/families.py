@@ -15,8 +15,7 @@ __all__ = ["DATASET_FAMILIES", "Family", "family_named"]
 
 @dataclass(frozen=True)
 class Family:
-    """A dataset family: its ``name``, its ``classes`` (None: they vary, the built-in presets) and the regular
-    expression of the dataset ``names`` that are this family (matched whole, any case)."""
+    """A dataset family: its ``name``, ``classes`` (None: they vary) and the pattern of its dataset ``names``."""
 
     name: str
     classes: tuple[str, ...] | None
@@ -37,6 +36,5 @@ DATASET_FAMILIES: Table[Family] = Table("dataset family", [Row(f.name, help, f) 
 
 
 def family_named(name: str) -> str | None:
-    """The family whose declared names include the dataset name ``name`` (``voc2012`` -> ``voc``, ``nuswide`` ->
-    ``nus``), or None (``coconut``, ``mydata``)."""
+    """The family whose names include ``name`` (``voc2012`` -> ``voc``), or None (``coconut``)."""
     return next((f.name for f in DATASET_FAMILIES.values() if f.matches(name)), None)

@@ -14,8 +14,7 @@ __all__ = ["scan_files"]
 
 
 def scan_files(root: Path, desc: str, progress: bool | None = None) -> set[str]:
-    """The paths (relative to ``root``, ``/``-separated) of every file under ``root`` by the one folder walk's rule,
-    unreadable folders skipped; a tqdm bar on stderr when ``progress`` (default: on a terminal)."""
+    """The relative paths of every file under ``root`` by the one folder walk (``progress``: a tqdm bar)."""
     with tqdm(desc=desc, unit="file", file=sys.stderr, disable=None if progress is None else not progress,
               leave=False) as bar:
         listing = walk_folder(Path(root), on_folder=bar.update)

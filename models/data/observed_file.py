@@ -76,8 +76,7 @@ def _check_shape(path: Path, name: str, matrix: np.ndarray, rows: int, columns: 
 
 
 def read_protocol_file(path: Path) -> ProtocolRecord:
-    """Read a protocol file written by :func:`protocol_file_bytes` (version 2, or a version 1 file); anything
-    else -> one-line ``DataError``."""
+    """Read a protocol file (version 2 or 1); anything else is a one-line ``DataError``."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}

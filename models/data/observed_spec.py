@@ -34,8 +34,7 @@ class ObservedSpec:
 
     @property
     def is_published(self) -> bool:
-        """True for the published setting (``single``: one uniform positive, no negative), the one the seeds'
-        distributed ``formatted_train_labels_obs.npy`` files hold."""
+        """True for the published setting: one uniform positive, no negative."""
         return (self.kind, self.variant, self.num_pos, self.num_neg) == ("single", "uniform", 1, 0)
 
     def options(self) -> str:
@@ -73,8 +72,7 @@ def _count(text: str, key: str, original: str) -> int:
 
 
 def _with_options(spec: ObservedSpec, options: dict[str, str], original: str, check_files: bool) -> ObservedSpec:
-    """``spec`` with the parsed spec options applied and checked against its kind and variant (and, with
-    ``check_files``, the weights file's existence)."""
+    """``spec`` with its parsed options applied and checked (``check_files``: the weights file exists)."""
     val = options.get("val", "clean") or "clean"
     if val not in VAL_LABELS:
         raise ValueError(f"invalid --observed {original!r}: val= takes clean or observed, got {val!r}")
@@ -106,8 +104,7 @@ def _with_options(spec: ObservedSpec, options: dict[str, str], original: str, ch
 
 
 def parse_observed(text: str, check_files: bool = True) -> ObservedSpec:
-    """Parse an ``--observed`` value into an :class:`ObservedSpec` (``ValueError`` listing the accepted forms);
-    ``check_files=False`` takes a weights path as it is."""
+    """An ``--observed`` value as an :class:`ObservedSpec` (``ValueError`` listing the forms)."""
     stripped = text.strip()
     if Path(stripped).expanduser().is_file():
         return ObservedSpec("file", path=str(Path(stripped).expanduser().resolve()))

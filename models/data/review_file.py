@@ -28,8 +28,7 @@ GIVEN_SEPARATOR = ";"
 
 @dataclass(frozen=True)
 class ReviewItem:
-    """One (image, label) pair of a review file: its suggestion score (None when the file has none), the image's
-    labels as given, and its answer (True present, False absent, None not answered)."""
+    """One (image, label) pair of a review file: its score, the image's labels, its answer (True/False/None)."""
 
     image: str
     label: str
@@ -133,8 +132,7 @@ def _answer_word(answer: bool | None) -> str:
 
 
 def write_review(path: str | Path, items: Iterable[ReviewItem]) -> None:
-    """Write ``items`` as a review file (CSV, or JSONL by the ``.jsonl`` suffix), atomically: an interrupted write
-    leaves the old file."""
+    """Write ``items`` as a review file (CSV, or JSONL by suffix), atomically."""
     path = Path(path)
     if path.suffix.lower() == ".jsonl":
         text = "".join(json.dumps({"image": i.image, "label": i.label, "score": i.score, "given": list(i.given),
