@@ -189,12 +189,6 @@ def _labels_from_masks(scene: list[SceneObject], masks: list[np.ndarray], boxes:
     return labels
 
 
-def visible_labels(scene: list[SceneObject], canvas: int = 64) -> np.ndarray:
-    """Multi-hot uint8 label vector ``(C,)`` of the classes with at least one instance whose visible fraction
-    (rasterised at ``canvas`` px, after everything drawn later) is >= ``MIN_VISIBLE_FRACTION``."""
-    return _labels_from_masks(scene, *_masks_and_boxes(scene, canvas))
-
-
 def _sample_rasterised(rng: np.random.Generator,
                        canvas: int) -> tuple[list[SceneObject], list[np.ndarray], list[Box | None], np.ndarray]:
     while True:
