@@ -76,8 +76,7 @@ class LgConv2d(nn.Conv2d):
 
 
 def convert_to_lgconv(module: nn.Module, heads: int = HEADS, reduction: int = REDUCTION) -> int:
-    """Replace every dense 3x3 ``nn.Conv2d`` inside ``module`` (in place) by an :class:`LgConv2d` keeping its
-    weights; the 7x7 stem and the 1x1 convolutions are untouched. Returns the number of convolutions wrapped."""
+    """Wrap every dense 3x3 ``nn.Conv2d`` in ``module`` (in place) as :class:`LgConv2d`; returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if type(child) is nn.Conv2d and child.kernel_size == (3, 3) and child.groups == 1:
@@ -222,8 +221,7 @@ def _fold_children(module: nn.Module) -> None:
 
 
 def fold_resnet(model: nn.Module) -> nn.Module:
-    """An inference copy of ``model`` (a ResNet-based network, with or without LgConv): every BatchNorm and LgConv
-    folded, eval mode, no gradients, the same function as ``model.eval()``."""
+    """An inference copy of a ResNet-based ``model``, BatchNorms and LgConv folded: the same function in eval mode."""
     folded = copy.deepcopy(model).eval()
     _fold_children(folded)
     leftover = [n for n, m in folded.named_modules() if isinstance(m, (nn.BatchNorm2d, LgConv2d, GlobalBranch))]

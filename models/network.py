@@ -52,8 +52,7 @@ def on_fixed_features(trainable: str) -> bool:
 
 @dataclass(frozen=True)
 class HeadKind:
-    """A classifier head: ``build(in_features, num_classes, head_config)``; ``on_feature_map``: it reads the last
-    feature map, not pooled features (so it cannot train on cached pooled features)."""
+    """A classifier head: ``build(in_features, num_classes, head_config)``; ``on_feature_map``: reads the map."""
 
     build: Callable[[int, int, LabelEmbeddingConfig | None], nn.Module]
     on_feature_map: bool = False
@@ -103,8 +102,7 @@ class BoostedCamHead(nn.Linear):
 
 
 class MultiLabelNet(nn.Module):
-    """A backbone (its classifier removed) + a multi-label head: normalised ``(N, 3, H, W)`` -> logits ``(N, C)``;
-    ``family`` knows how to run the backbone."""
+    """A backbone + a multi-label head: normalised ``(N, 3, H, W)`` -> logits ``(N, C)``."""
 
     def __init__(self, backbone: nn.Module, family: BackboneFamily, arch: str, num_classes: int,
                  head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
@@ -157,8 +155,7 @@ class MultiLabelNet(nn.Module):
         self.train(self.training)
 
     def freeze_batchnorm_statistics(self) -> None:
-        """Keep the backbone's BatchNorm statistics fixed while training (``--bn-stats frozen``; LgConv's new branches
-        excepted); call after :meth:`set_trainable_scope`."""
+        """Keep the backbone's BatchNorm statistics fixed (``--bn-stats frozen``); after :meth:`set_trainable_scope`."""
         kept = {id(m) for m in self._frozen}
         in_branch = self._global_branch_modules()
         self._frozen += [m for m in self.backbone.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
@@ -177,8 +174,7 @@ class MultiLabelNet(nn.Module):
 
     @property
     def num_features(self) -> int:
-        """Width of the pooled feature vector (the linear head's input; the last feature map's channels with BoostLU
-        and the LEM head)."""
+        """Width of the pooled feature vector (the last feature map's channels with BoostLU and LEM)."""
         return self._num_features
 
     @property
@@ -192,8 +188,7 @@ class MultiLabelNet(nn.Module):
         return self.head_kind == "linear" and not isinstance(self.head, BoostedCamHead)
 
     def head_meta(self) -> dict[str, object]:
-        """The head's description for checkpoint metadata: ``{"kind": ...}`` plus the LEM shape or, with
-        BoostLU, ``"boostlu": alpha``."""
+        """The head's description for checkpoint metadata (kind, LEM shape, BoostLU alpha)."""
         if isinstance(self.head, LabelEmbeddingHead):
             return {"kind": "lem", **self.head.config.to_dict()}
         if isinstance(self.head, BoostedCamHead):
@@ -232,8 +227,7 @@ class MultiLabelNet(nn.Module):
 
 
 def prior_logit(positives_per_image: float, num_classes: int) -> float:
-    """``logit(k / C)``: the head bias at which every class starts at the label prior ``k / C`` (clipped away from
-    0 and 1)."""
+    """``logit(k / C)``: the head bias starting every class at the label prior (clipped away from 0 and 1)."""
     p = min(max(positives_per_image / num_classes, 1e-4), 1 - 1e-4)
     return math.log(p / (1 - p))
 

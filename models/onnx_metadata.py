@@ -27,8 +27,7 @@ def meta_to_props(meta: ModelMeta) -> dict[str, str]:
 
 
 def meta_from_props(props: Mapping[str, str], source: str | Path = "model") -> ModelMeta:
-    """``metadata_props`` (or ORT's ``custom_metadata_map``) -> ModelMeta; ``ValueError`` naming ``source`` without
-    valid ``spml_meta``."""
+    """``metadata_props`` -> ModelMeta; ``ValueError`` naming ``source`` without valid ``spml_meta``."""
     text = props.get(META_KEY)
     if text is None:
         raise ValueError(f"{source}: no '{META_KEY}' metadata; was it exported with `python -m export`?")

@@ -24,8 +24,7 @@ DECODE_MARGIN = 2
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Return ``image`` as 8-bit RGB: EXIF orientation applied, alpha composited onto white,
-    palette / CMYK / greyscale / 16-bit converted."""
+    """``image`` as 8-bit RGB: EXIF orientation applied, alpha onto white, other modes converted."""
     image = ImageOps.exif_transpose(image)
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
         arr = np.asarray(image, dtype=np.float64)
@@ -83,8 +82,7 @@ def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) 
 
 
 class EvalTransform:
-    """Path or uint8 image -> model input ``float32 (3, S, S)``, exactly what evaluation and serving use, with the
-    model's preprocessing (:meth:`for_meta`)."""
+    """Path or uint8 image -> model input ``float32 (3, S, S)`` with the model's preprocessing."""
 
     def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float], interpolation: str = "bilinear",
                  crop: float = 1.0) -> None:

@@ -14,8 +14,7 @@ V = TypeVar("V")
 
 
 class UnknownName(KeyError, ValueError):
-    """A name that is not in a table or registry; the message lists the known names. A ``ValueError`` (what command
-    lines report as a usage error) and a ``KeyError`` (what a mapping raises)."""
+    """A name not in a table or registry (the message lists the known ones); a ``ValueError`` and a ``KeyError``."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -110,8 +109,7 @@ class Registry(Listing[V]):
         self.instances = instances
 
     def register(self, cls: Any) -> Any:
-        """Class decorator: add ``cls`` (or ``cls()``) under ``cls.name`` with ``cls.description`` as its help;
-        returns ``cls``."""
+        """Class decorator: add ``cls`` (or ``cls()``) under ``cls.name``; returns ``cls``."""
         value = cls() if self.instances else cls
         self._add(Row(str(getattr(cls, "name", "")), str(getattr(cls, "description", "")), value))
         if self.order is not None:
@@ -120,8 +118,7 @@ class Registry(Listing[V]):
 
 
 def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
-    """A package's module ``__getattr__`` (PEP 562): the public name ``name`` imported from the module
-    ``exports[name]`` on first use, so importing the package stays cheap."""
+    """A package's module ``__getattr__`` (PEP 562) importing each public name from ``exports[name]`` on first use."""
 
     def resolve(name: str) -> Any:
         if name not in exports:

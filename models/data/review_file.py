@@ -149,8 +149,7 @@ def write_review(path: str | Path, items: Iterable[ReviewItem]) -> None:
 
 
 def final_answers(items: Iterable[ReviewItem]) -> dict[tuple[str, str], bool]:
-    """The answer of every answered pair: the last row of each (image, label) wins; a pair whose last row is not
-    answered (never answered, or undone) is left out."""
+    """The answer of every answered pair: the last row of each pair wins (an unanswered last row: left out)."""
     last: dict[tuple[str, str], bool | None] = {}
     for item in items:
         last[(item.image, item.label)] = item.answer
@@ -158,8 +157,7 @@ def final_answers(items: Iterable[ReviewItem]) -> dict[tuple[str, str], bool]:
 
 
 class AnswerLog:
-    """An append-only JSONL answer log: each answer is flushed and synced before :meth:`record` returns, and opening
-    drops a last line cut short by a kill, so no confirmed answer is lost."""
+    """An append-only JSONL answer log, each answer synced before :meth:`record` returns; a torn last line dropped."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

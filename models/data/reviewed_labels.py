@@ -18,8 +18,7 @@ __all__ = ["ReviewCounts", "apply_answers", "apply_review"]
 
 @dataclass(frozen=True)
 class ReviewCounts:
-    """What answers did to the labels: confirmed positives, known negatives, and the pairs left out (image not
-    among the training and validation images, label not a class, answer agreeing with the labels already)."""
+    """What answers did: confirmed positives, known negatives, and the pairs left out (by reason)."""
 
     confirmed: int = 0
     rejected: int = 0
@@ -45,8 +44,7 @@ class ReviewCounts:
 
 def apply_answers(observed: np.ndarray, paths: list[Path] | list[str], classes: list[str],
                   answers: dict[tuple[str, str], bool]) -> tuple[np.ndarray, ReviewCounts]:
-    """``observed`` (N, C) int8 with the answers applied (``yes`` -> 1, ``no`` -> -1) and what was done; answers of
-    images not in ``paths`` count as ``other_images``."""
+    """``observed`` with the answers applied (``yes`` -> 1, ``no`` -> -1) and what was done."""
     out = np.array(observed, dtype=np.int8, copy=True)
     row_of = {str(p): i for i, p in enumerate(paths)}
     column_of = {c: j for j, c in enumerate(classes)}

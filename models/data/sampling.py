@@ -18,8 +18,7 @@ def _first_shuffled(indices: np.ndarray, count: int, rng: np.random.RandomState)
 
 
 def observe_uniform(labels: np.ndarray, num_pos: int = 1, num_neg: int = 0, seed: int = 1200) -> np.ndarray:
-    """Up to ``num_pos`` positives and ``num_neg`` negatives per image drawn uniformly (-1: all of them), in row
-    order with one ``RandomState(seed)``; see the module docstring."""
+    """Up to ``num_pos`` positives and ``num_neg`` negatives per image (-1: all), drawn as the reference does."""
     if num_pos < -1 or num_neg < -1:
         raise ValueError("num_pos and num_neg must be >= 0, or -1 for all")
     labels = np.asarray(labels)

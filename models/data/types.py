@@ -18,8 +18,7 @@ class DataError(ValueError):
 
 @dataclass
 class LabelledImages:
-    """Images with their annotated 0/1 label matrix: absolute ``paths``, ``labels`` (uint8 ``(N, C)`` over ``classes``)
-    and the known-absent ``negatives`` (same shape) or None."""
+    """Images with their labels: absolute ``paths``, uint8 ``labels`` ``(N, C)`` and known-absent ``negatives``."""
 
     paths: list[Path]
     labels: np.ndarray

@@ -105,8 +105,7 @@ def _parse_annotation(xml_path: Path) -> np.ndarray:
 
 
 def _load_list(year_dir: Path, list_name: str, notes: list[str]) -> LabelledImages:
-    """Load the images listed in ``ImageSets/Main/<list_name>``, sorted by file name as the seeds'
-    ``format_pascal.py`` sorts them; skip (and note) those with no label."""
+    """The labelled images of ``ImageSets/Main/<list_name>``, sorted by file name as the seeds sort them."""
     list_path = year_dir / "ImageSets" / "Main" / list_name
     paths: list[Path] = []
     rows: list[np.ndarray] = []
@@ -134,8 +133,7 @@ def _load_list(year_dir: Path, list_name: str, notes: list[str]) -> LabelledImag
 
 
 def load_voc(root: Path | str) -> DatasetSplits:
-    """Load PASCAL VOC from ``VOCdevkit/`` or ``VOCdevkit/VOC20xx`` (module docstring) as train/test splits named
-    ``voc2007``/``voc2012``."""
+    """Load PASCAL VOC from ``VOCdevkit/`` or ``VOCdevkit/VOC20xx`` as train/test splits."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise DataError(f"{root}: VOC root folder not found")

@@ -104,6 +104,5 @@ DESCRIPTIONS: dict[str, str] = {row.name: row.help for row in CRITERIA.rows() if
 
 
 def default_criterion(val_has_full_labels: bool) -> str:
-    """The name of the criterion to select epochs with: ``val_mAP`` when the validation labels are full,
-    :data:`LABEL_FREE_DEFAULT` when they are not (:func:`models.data.label_regime.detect_regime` tells which)."""
+    """The criterion to select epochs with: ``val_mAP`` with full validation labels, else :data:`LABEL_FREE_DEFAULT`."""
     return FULL_LABEL_DEFAULT if val_has_full_labels else LABEL_FREE_DEFAULT

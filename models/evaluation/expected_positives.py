@@ -69,8 +69,7 @@ class KEstimate:
 
     @property
     def informativeness(self) -> float:
-        """How far the estimate is from the uninformed value towards 1, on a log scale (1: at 1; 0: no closer than
-        shuffled labels)."""
+        """How far the estimate is from the uninformed value towards 1, on a log scale (1: at 1; 0: no closer)."""
         if self.uninformed <= 1.0:
             return 0.0
         return float(math.log(self.uninformed / self.k) / math.log(self.uninformed))
@@ -170,8 +169,7 @@ def _best_bin_prior(scores: np.ndarray, observed: np.ndarray) -> float:
 
 
 def estimate_class_priors(scores: np.ndarray, observed: np.ndarray) -> np.ndarray:
-    """Per-class prior estimates (C,) from held-out ``scores`` (any monotone scale) and their observed 0/1 labels; a
-    class with no observed positive gets 0."""
+    """Per-class priors (C,) from held-out ``scores`` and their observed labels (0 without an observed positive)."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(observed) > 0
     if s.ndim != 2 or s.shape != y.shape or len(s) == 0:
@@ -220,8 +218,7 @@ def resolve_expected_positives(
     estimate: float | KEstimate | None = None,
     estimate_detail: str = "",
 ) -> ExpectedPositives:
-    """k from the first available source, in the order of :data:`K_SOURCES`: the full labels, the audit labels, then
-    ``estimate``; ``ValueError`` when nothing is given."""
+    """k from the first source of :data:`K_SOURCES` there is; ``ValueError`` when nothing is given."""
     if given is not None:
         return ExpectedPositives(float(given), "given", "--hp k")
     if published is not None:

@@ -40,8 +40,7 @@ class FolderListing:
 
 
 def walk_folder(root: str | Path, on_folder: Callable[[int], None] | None = None) -> FolderListing:
-    """Walk ``root`` with the module's rule; ``on_folder`` is called with the number of entries of each folder
-    read (a progress bar's update)."""
+    """Walk ``root`` by the module's rule; ``on_folder`` gets each folder's entry count (for progress)."""
     root = Path(root)
     listing = FolderListing(root)
     pending = [root]

@@ -39,8 +39,8 @@ class OpenVinoBackend:
 
     @classmethod
     def load(cls, path: str | Path, threads: int | None = None) -> OpenVinoBackend:
-        """Compile ``path`` for the CPU in float32 with ``threads`` inference threads; ``ValueError`` for a file that
-        OpenVINO cannot read."""
+        """Compile ``path`` for the CPU in float32 with ``threads`` threads; ``ValueError`` if OpenVINO cannot read
+        it."""
         path = Path(path)
         meta = cls.read_meta(path)
         ov = import_openvino()

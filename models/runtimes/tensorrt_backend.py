@@ -59,8 +59,7 @@ class TensorRTRuntimeError(RuntimeError, OSError):
 
 
 def import_tensorrt(flavour: str) -> ModuleType:
-    """Import the Python module of ``flavour``; ``ModuleNotFoundError`` naming the install command when it is missing
-    or its native libraries cannot be loaded."""
+    """Import the module of ``flavour``; ``ModuleNotFoundError`` naming the install command when it cannot."""
     spec = TENSORRT_FLAVOURS[flavour]  # an unknown flavour: UnknownName (a ValueError) listing them
     problems: list[str] = []
     for name in spec.modules:
