@@ -1,19 +1,8 @@
 """Export trained checkpoints to verified, self-describing ONNX files (``python -m export``).
 
-Public API (imported lazily, so ``python -m export --help`` and usage errors do not load torch):
-
-- :func:`export_onnx` (checkpoint -> ``model.onnx`` + ``model.json``, parity-checked against PyTorch)
-  returning an :class:`ExportResult`;
-- :func:`read_onnx_meta` (the :class:`~models.checkpoint.ModelMeta` stored in an exported file),
-  :func:`read_sidecar`, :func:`sidecar_path`;
-- errors: :class:`ExportError` > :class:`VerificationDataError`, :class:`ParityError`;
-- the pipeline of ``python -m export`` (:func:`export_run`: every precision, thresholds, card) and its steps on
-  files: :func:`export_to_file` (an in-memory network -> ONNX), :func:`convert_fp16`, :func:`quantize_int8`;
-  :func:`calibrate` (per-class thresholds from validation scores, the rules of ``--calibrate``).
-
-Layering: ``export`` imports ``models`` only (never ``train`` or ``serve``, nor the dataset builders of
-``models.sources``); the stages are peers (tests/test_layering.py).
-"""
+The public API is imported lazily (``python -m export --help`` does not load torch): :func:`export_onnx`,
+:func:`export_run` (the whole pipeline), :func:`export_to_file`, :func:`convert_fp16`, :func:`quantize_int8`,
+:func:`calibrate`, the metadata readers and the :class:`ExportError` family. ``export`` imports ``models`` only."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``python -m export [RUN_OR_CHECKPOINT]``: verified ONNX (FP32/FP16/INT8) models and TensorRT engines of a run,
-with per-class thresholds calibrated on validation data."""
+"""``python -m export [RUN_OR_CHECKPOINT]``: verified ONNX models and TensorRT engines of a run, with thresholds."""
 
 from __future__ import annotations
 

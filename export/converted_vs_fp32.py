@@ -1,10 +1,5 @@
-"""Check a converted (FP16 / INT8) ONNX model against its FP32 reference on the same inputs (the FP32 file itself
-is checked against PyTorch by :mod:`export.onnx_vs_pytorch`).
-
-:func:`compare_outputs` measures the probability differences, the identical thresholded decisions (per element and
-per image) and, with labels, the mAP drop; :func:`check_precision` raises :class:`PrecisionError` naming every bound
-(:class:`~export.precisions.PrecisionBounds`) that is broken.
-"""
+"""Check a converted (FP16 / INT8) ONNX model against its FP32 reference on the same inputs: probability differences,
+identical decisions and, with labels, the mAP drop; :func:`check_precision` raises on a broken bound."""
 
 from __future__ import annotations
 
@@ -136,10 +131,8 @@ def compare_outputs(reference_logits: np.ndarray, candidate_logits: np.ndarray, 
 
 
 def check_precision(report: PrecisionReport, bounds: PrecisionBounds | None = None) -> PrecisionReport:
-    """Fill ``report.failures`` from ``bounds`` (default: per the report's precision); raise if any.
-
-    Raises :class:`PrecisionError` listing every broken bound; returns the report otherwise.
-    """
+    """Fill ``report.failures`` from ``bounds`` (default: the report's precision's); raises :class:`PrecisionError`
+    listing every broken bound, else returns the report."""
     bounds = bounds or PrecisionBounds.for_precision(report.precision)
     failures = []
     if bounds.max_prob_diff is not None and not report.max_prob_diff <= bounds.max_prob_diff:

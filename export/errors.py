@@ -36,5 +36,4 @@ class PrecisionError(ExportError):
 
 
 class KeepFloatError(ConversionError):
-    """``--int8-keep-float`` names a node the graph does not have, or asks for more nodes than were quantized: a
-    usage error (``python -m export`` exits 2)."""
+    """``--int8-keep-float`` names an unknown node or more nodes than were quantized: a usage error (exit 2)."""

@@ -1,5 +1,4 @@
-"""INT8 calibration data: preprocessed images checked and re-batched, and the ONNX Runtime reader that feeds
-them to the calibrator in chunks (so that the calibrator's memory stays bounded)."""
+"""INT8 calibration data: preprocessed images checked and re-batched, fed to the calibrator in bounded chunks."""
 
 from __future__ import annotations
 
@@ -16,12 +15,8 @@ CALIBRATION_CHUNK_IMAGES = 32  # per chunk, counted at 224 x 224 (scaled by pixe
 
 def calibration_batches(data: np.ndarray | Iterable[Any], image_size: int, *, max_images: int | None = None,
                         batch_size: int = CALIBRATION_BATCH) -> list[np.ndarray]:
-    """Validate preprocessed calibration images and re-batch them to ``batch_size``.
-
-    ``data``: one float array ``(N, 3, S, S)`` or an iterable of such batches (numpy arrays or CPU tensors),
-    normalised exactly as for inference. At most ``max_images`` are kept. Raises
-    :class:`CalibrationDataError` for anything else or when no image is given.
-    """
+    """Preprocessed calibration images ``(N, 3, S, S)`` (an array or an iterable of batches), validated, capped at
+    ``max_images`` and re-batched to ``batch_size``; raises :class:`CalibrationDataError`."""
     if batch_size < 1:
         raise CalibrationDataError("the calibration batch size must be >= 1")
     if max_images is not None and max_images < 1:
@@ -83,8 +78,7 @@ class BatchReader:
 
 
 def chunk_stride(n_batches: int, batch_size: int, image_size: int) -> int:
-    """Batches per calibration chunk: the largest divisor of ``n_batches`` (ORT needs one) not above the
-    :data:`CALIBRATION_CHUNK_IMAGES` budget (scaled to ``image_size``) divided by ``batch_size``."""
+    """Batches per calibration chunk: the largest divisor of ``n_batches`` within the chunk's image budget."""
     chunk_images = CALIBRATION_CHUNK_IMAGES * (224 * 224) / float(image_size * image_size)
     target = max(1, int(chunk_images // batch_size))
     return max(d for d in range(1, min(target, n_batches) + 1) if n_batches % d == 0)

@@ -1,13 +1,7 @@
-"""Quantization-aware distillation for INT8 (``--int8-qat``): the network fine-tuned, with INT8 rounding simulated,
-to reproduce its own FP32 outputs on training images; ONNX Runtime's static quantization then quantizes the result.
-
-A copy of the network (the *student*) runs with fake quantization where ONNX Runtime's Q/DQ graph rounds (per-channel
-int8 weights of every backbone Conv2d / Linear, the head staying float; uint8 activations, symmetric int8 for the
-TensorRT flavour, at the input and after every batch norm and residual block, over the ranges the FP32 network shows
-on the first calibration batches), batch norms frozen (the export folds them), and is trained with Adam against the
-teacher's sigmoid outputs: no labels, no method loss. Gradients pass the rounding straight through (PyTorch's
-``fake_quantize_*``). Why, and what it gained: docs/export.md.
-"""
+"""Quantization-aware distillation for INT8 (``--int8-qat``): a copy of the network, with INT8 rounding simulated where
+ONNX Runtime's Q/DQ graph rounds and batch norms frozen, is trained with Adam to reproduce the FP32 network's sigmoid
+outputs on training images (no labels); static quantization then quantizes it. Why and what it gained:
+docs/export.md."""
 
 from __future__ import annotations
 
@@ -56,9 +50,7 @@ class QatRecord:
 
 
 def activation_points(backbone: nn.Module) -> list[nn.Module]:
-    """The modules whose outputs ONNX Runtime's INT8 graph rounds: every batch norm (timm's ``BatchNormAct2d`` is
-    one, with its activation) and every residual block (timm's blocks with ``has_skip``, torchvision's
-    ``BasicBlock`` / ``Bottleneck``)."""
+    """The modules whose outputs ONNX Runtime's INT8 graph rounds: every batch norm and every residual block."""
     points = []
     for module in backbone.modules():
         residual = bool(getattr(module, "has_skip", False)) or type(module).__name__ in ("BasicBlock", "Bottleneck")
@@ -107,11 +99,9 @@ def quantization_aware_distillation(model: nn.Module, images: np.ndarray, *, epo
                                     lr: float = DEFAULT_QAT_LR, batch_size: int = QAT_BATCH, symmetric: bool = False,
                                     seed: int = 0, progress: bool = True, log: Callable[[str], None] | None = None,
                                     ) -> tuple[dict[str, torch.Tensor], QatRecord]:
-    """Fine-tune a copy of ``model`` (a :class:`models.network.MultiLabelNet`; left untouched) with INT8 rounding
-    simulated (see the module docstring) to reproduce ``model``'s probabilities on ``images`` (preprocessed float32
-    ``(N, 3, S, S)`` training images); returns the copy's float state dict (same keys as ``model``'s) and a
-    :class:`QatRecord`. ``symmetric``: int8 activations with zero point 0 (the TensorRT flavour) instead of uint8.
-    Raises ``ValueError`` on no images or bad settings."""
+    """Fine-tune a copy of ``model`` (left untouched) with INT8 rounding simulated to reproduce its probabilities on
+    ``images`` (preprocessed ``(N, 3, S, S)``); returns the copy's float state dict and a :class:`QatRecord`.
+    ``symmetric``: int8 activations (TensorRT) instead of uint8. Raises ``ValueError`` on no images or bad settings."""
     if len(images) == 0:
         raise ValueError("quantization-aware distillation needs training images, got none")
     if epochs < 1 or lr <= 0 or batch_size < 1:
@@ -186,10 +176,8 @@ def quantization_aware_distillation(model: nn.Module, images: np.ndarray, *, epo
 
 
 class DistilledExports:
-    """FP32 ONNX exports of the quantization-aware distillation of one checkpoint, made on first use for each
-    activation flavour (uint8 for ONNX Runtime, symmetric int8 for TensorRT) in a temporary folder inside ``folder``
-    that :meth:`close` removes. ``read_images(n)``: ``n`` preprocessed training images; ``export`` writes a verified
-    ONNX file of a checkpoint (:func:`export.onnx_export.export_onnx` with the export's settings)."""
+    """FP32 ONNX exports of the distilled checkpoint, made on first use per activation flavour in a temporary folder
+    inside ``folder`` that :meth:`close` removes."""
 
     def __init__(self, checkpoint: Path, read_images: Callable[[int], np.ndarray],
                  export: Callable[[Path, Path], Path], folder: Path, *, epochs: int = DEFAULT_QAT_EPOCHS,

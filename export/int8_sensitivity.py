@@ -1,13 +1,6 @@
-"""Which nodes of an INT8 model lose the accuracy: a per-node SQNR report, and ``--int8-keep-float``'s ``worst:N``.
-
-:func:`sensitivity_report` runs the float graph that was quantized (the export after ``quant_pre_process``, whose
-node and tensor names the Q/DQ model keeps) and the INT8 model in ONNX Runtime (CPU, graph optimisations off, as
-``onnxruntime.quantization.qdq_loss_debug`` does), with every quantized Conv/Gemm/MatMul's output and activation
-input added as graph outputs, and compares them with ORT's SQNR formula. Unlike ORT's ``collect_activations``,
-which keeps every tensor of every batch, the sums of squares are accumulated batch by batch, so the memory does not
-grow with the number of images. The columns (``sqnr_db``, ``input_sqnr_db``, ``added_db``, ``added_noise``) and
-why ``added_noise`` ranks the nodes: docs/export.md.
-"""
+"""Which nodes of an INT8 model lose the accuracy: a per-node SQNR report (the float graph against the Q/DQ model in
+ONNX Runtime, sums of squares accumulated batch by batch), and ``--int8-keep-float``'s ``worst:N``. The columns and why
+``added_noise`` ranks the nodes: docs/export.md."""
 
 from __future__ import annotations
 
@@ -45,8 +38,7 @@ class KeepFloat:
 
 
 def parse_keep_float(spec: str | None) -> KeepFloat | None:
-    """``"conv_a,conv_b"`` or ``"worst:N"`` (N >= 1) -> :class:`KeepFloat`; None / blank -> None.
-    ``ValueError`` on a malformed spec (an unknown node name is only found when quantizing)."""
+    """``"conv_a,conv_b"`` or ``"worst:N"`` -> :class:`KeepFloat`; blank -> None; ``ValueError`` if malformed."""
     if spec is None or not spec.strip():
         return None
     text = spec.strip()
@@ -63,8 +55,7 @@ def parse_keep_float(spec: str | None) -> KeepFloat | None:
 
 @dataclass(frozen=True)
 class NodeSensitivity:
-    """One quantized node: its ``name`` and ``op_type``, the SQNR (dB) of its output and of its activation input
-    against the FP32 graph, and ``added_db`` (how much SQNR the node itself lost)."""
+    """One quantized node: name, op type, SQNR (dB) of its output and activation input, and the SQNR it lost."""
 
     name: str
     op_type: str
@@ -74,8 +65,7 @@ class NodeSensitivity:
 
     @property
     def added_noise(self) -> float:
-        """The noise-to-signal power this node adds: ``10^(-sqnr_db/10) - 10^(-input_sqnr_db/10)`` (the whole
-        output's when its input is float)."""
+        """The noise-to-signal power this node adds (the whole output's when its input is float)."""
         noise_in = 0.0 if self.input_sqnr_db is None else 10 ** (-self.input_sqnr_db / 10)
         return 10 ** (-self.sqnr_db / 10) - noise_in
 
@@ -110,10 +100,7 @@ class _Sqnr:
 
 @dataclass(frozen=True)
 class _Probe:
-    """Where one quantized node is compared: its ``output`` in the float graph and ``output_int8`` in the Q/DQ
-    model (the dequantized copy downstream nodes read, when the output is re-quantized: the quantizer may fold a
-    following Relu into that quantization and give the Conv the Relu's output name), and the same for its
-    activation input (None when the input is not quantized)."""
+    """Where one quantized node is compared: its output and activation input in both graphs."""
 
     node: onnx.NodeProto
     output: str
@@ -182,10 +169,8 @@ def _run(model: bytes, input_name: str, images: np.ndarray, names: Sequence[str]
 def sensitivity_report(fp32: str | Path, int8: str | Path, images: np.ndarray, *,
                        max_images: int = DEFAULT_REPORT_IMAGES,
                        batch_size: int = REPORT_BATCH) -> list[NodeSensitivity]:
-    """Per quantized Conv/Gemm/MatMul node of the INT8 model ``int8`` made from the FP32 export ``fp32``: its
-    SQNR against the float graph on (the first ``max_images`` of) ``images``, preprocessed float32 ``(N, 3, S, S)``;
-    sorted by ``sqnr_db``, worst first. Raises :class:`~export.errors.ConversionError` when a node's output is not
-    found in the float graph (not an INT8 model made from this FP32 file)."""
+    """Per quantized Conv/Gemm/MatMul node of ``int8`` (made from ``fp32``): its SQNR on the first ``max_images`` of
+    ``images``, worst first. Raises :class:`~export.errors.ConversionError` when ``int8`` was not made from ``fp32``."""
     import onnx
 
     from export.errors import ConversionError
@@ -257,11 +242,9 @@ def format_report(rows: Sequence[NodeSensitivity], top: int = DEFAULT_REPORT_ROW
 
 def quantize_keeping_worst(fp32: str | Path, dst: str | Path, calibration: np.ndarray, count: int,
                            **quantize_options: Any) -> tuple[ConversionResult, list[NodeSensitivity]]:
-    """``--int8-keep-float worst:N``: quantize ``fp32`` (:func:`export.quantize.quantize_int8` with
-    ``quantize_options``), rank its nodes on the calibration images, then quantize again into ``dst`` with the
-    ``count`` nodes that add the most noise (:attr:`NodeSensitivity.added_noise`) left in float. ``calibration`` is
-    read twice (an array, not a one-shot iterator). Returns the result and the ranking of the first pass. Raises
-    :class:`~export.errors.KeepFloatError` when ``count`` is more than the nodes quantized."""
+    """``--int8-keep-float worst:N``: quantize ``fp32``, rank its nodes, then quantize again into ``dst`` with the
+    ``count`` noisiest nodes left in float; returns the result and the ranking. ``calibration`` is read twice. Raises
+    :class:`~export.errors.KeepFloatError` when ``count`` exceeds the nodes quantized."""
     from export.errors import KeepFloatError
     from export.quantize import quantize_int8
 

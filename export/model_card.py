@@ -1,11 +1,5 @@
-"""The model card of an export folder: ``README.md`` for people and ``tags.csv`` for other tools.
-
-``README.md`` says what the model tags (its classes), how it was trained (data, observed labels, method,
-architecture), what it scored on validation data and against which labels, its per-class thresholds and how they
-were calibrated, the exported files, and the exact command that tags a folder with it. ``tags.csv`` is the plain
-table other taggers and spreadsheets read: ``name,threshold,val_ap`` per class (``val_ap`` empty when the export
-had no labelled validation data).
-"""
+"""The model card of an export folder: ``README.md`` for people (classes, training, validation scores, thresholds,
+files, the tagging command) and ``tags.csv`` (``name,threshold,val_ap`` per class) for other tools."""
 
 from __future__ import annotations
 
@@ -84,9 +78,8 @@ def _calibration_line(meta: ModelMeta) -> str:
 
 def model_card_markdown(meta: ModelMeta, files: Sequence[CardFile], model_path: Path, labels_note: str,
                         per_class_ap: np.ndarray | None, runtime_notes: Sequence[str] = ()) -> str:
-    """The ``README.md`` text of an export folder; ``labels_note`` says which labels the figures were measured
-    against (for example that single-positive labels make precision and AP lower bounds); ``runtime_notes``: the
-    faster CPU runtimes the export picked."""
+    """The ``README.md`` text of an export folder; ``labels_note`` says what the figures were measured against,
+    ``runtime_notes`` the faster CPU runtimes the export picked."""
     data = meta.data or {}
     thresholds = meta.thresholds if meta.thresholds is not None else [0.5] * len(meta.classes)
     head = meta.head.get("kind", "linear") if meta.head else "linear"

@@ -1,13 +1,6 @@
-"""Checkpoint -> verified, self-describing, single-file ONNX model (``export_onnx``).
-
-Steps: load the checkpoint (weights only) and rebuild the network in eval mode; fold it for inference
-(:meth:`models.network.MultiLabelNet.fold_for_inference`: for ResNets BatchNorms into convolutions, LgConv to
-its pooled form); pick the verification
-images (fail early if there are none); export with the dynamo exporter at a batch of 2 with a dynamic batch
-axis named ``batch``; embed the metadata; save to a temp file; ``onnx.checker``; check the graph interface;
-compare ONNX Runtime with PyTorch on real images; only then rename the file into place and write the
-``model.json`` sidecar. On any failure no (new) model file is left behind.
-"""
+"""Checkpoint -> verified, self-describing, single-file ONNX model (:func:`export_onnx`): rebuilt, folded for inference,
+exported with a dynamic ``batch`` axis, checked against PyTorch on real images, and only then moved into place with its
+``model.json`` sidecar; on any failure no new model file is left behind."""
 
 from __future__ import annotations
 
@@ -97,11 +90,8 @@ def _versions() -> dict[str, str]:
 
 
 def export_to_file(model: torch.nn.Module, meta: ModelMeta, path: Path, opset: int = DEFAULT_OPSET) -> None:
-    """Export ``model`` with the dynamo exporter to ``path`` (one file, weights inside, metadata embedded).
-
-    Input ``images`` float32 ``(batch, 3, S, S)``, output ``logits`` ``(batch, C)``; traced at batch 2.
-    Raises ``ExportError`` with the exporter's message on failure.
-    """
+    """Export ``model`` with the dynamo exporter to ``path`` (one file, metadata embedded); ``images`` ``(batch, 3, S,
+    S)`` -> ``logits`` ``(batch, C)``. Raises ``ExportError``."""
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ExportError(f"opset {opset} not supported; use {MIN_OPSET}..{MAX_OPSET}")
     model = model.eval()
@@ -124,10 +114,8 @@ def export_to_file(model: torch.nn.Module, meta: ModelMeta, path: Path, opset: i
 
 
 def check_interface(path: Path, meta: ModelMeta, opset: int) -> onnx.ModelProto:
-    """``onnx.checker`` + the graph contract (names, float32, ``batch`` axis, shapes, opset, no external data).
-
-    Returns the loaded ModelProto; raises ``ExportError`` describing the first problem.
-    """
+    """``onnx.checker`` and the graph contract; returns the loaded ModelProto, raises ``ExportError`` on the first
+    problem."""
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:
@@ -171,15 +159,9 @@ def export_onnx(checkpoint: str | Path, output: str | Path | None = None, *, ops
                 images: str | Path | None = None, verify_images: int = DEFAULT_VERIFY_IMAGES,
                 atol: float = DEFAULT_ATOL, runs_dir: Path | None = None,
                 log: Callable[[str], None] | None = None) -> ExportResult:
-    """Export a checkpoint (``.pt`` file, run folder, or run name under ``runs_dir``) to a verified ONNX file.
-
-    ``output`` defaults to ``<run>/export/model.onnx``; the sidecar is ``<output stem>.json``. Verification
-    uses the first ``verify_images`` images of the folder ``images`` or, when ``images`` is None, of the
-    model's validation split. Raises ``FileNotFoundError`` (no checkpoint), ``ExportError`` (export failed,
-    no verification images: :class:`VerificationDataError`, logits differ by more than ``atol``:
-    :class:`ParityError`). On failure no new file is written at ``output`` (an earlier export there is kept).
-    ``log`` receives progress lines; ``runs_dir`` defaults to ``$SPML_RUNS`` or ``./runs``.
-    """
+    """Export a checkpoint (``.pt`` file, run folder, or run name under ``runs_dir``) to a verified ONNX file (default
+    ``<run>/export/model.onnx``). Raises ``FileNotFoundError`` or ``ExportError`` (:class:`VerificationDataError`,
+    :class:`ParityError`); on failure an earlier export at ``output`` is kept."""
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()
     ckpt_path = resolve_checkpoint(checkpoint, runs_dir)

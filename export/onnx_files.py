@@ -1,8 +1,4 @@
-"""Model metadata inside loaded ONNX files and the ``model.json`` sidecar.
-
-The keys and their encoding (ModelMeta <-> ``metadata_props``) live in :mod:`models.onnx_metadata`; this module
-applies them to ``onnx.ModelProto`` objects and files. Atomic writes live in :mod:`models.files.atomic_writes`.
-"""
+"""Model metadata inside loaded ONNX files and the ``model.json`` sidecar (encoding: :mod:`models.onnx_metadata`)."""
 
 from __future__ import annotations
 
@@ -56,10 +52,7 @@ def sidecar_path(onnx_path: str | Path) -> Path:
 
 def sidecar_document(onnx_path: Path, meta: ModelMeta, export_info: Mapping[str, Any],
                      verification: Mapping[str, Any], sha256: str | None = None) -> dict[str, Any]:
-    """Build the sidecar dict: format marker, file name + sha256 + size, meta, export info, verification.
-
-    ``sha256`` may be passed when already known (it must be the file's); otherwise it is computed.
-    """
+    """The sidecar dict: format, file name, sha256 (computed unless given), size, meta, export info, verification."""
     onnx_path = Path(onnx_path)
     return {
         "format": SIDECAR_FORMAT,

@@ -1,11 +1,5 @@
-"""The FP32 check: an exported ONNX model against the PyTorch model it came from, on real images.
-
-The images (:mod:`export.validation_data`) are the model's own validation split or the images of a folder. Both
-runtimes get exactly the same preprocessed batch (:class:`~models.preprocess.EvalTransform` from the meta); the
-maximum absolute logit difference must not exceed ``atol``. Batches of 1 and 3 are also pushed through ONNX
-Runtime to prove the batch axis is dynamic. (Converted FP16 / INT8 models are checked against this FP32 file by
-:mod:`export.converted_vs_fp32`.)
-"""
+"""The FP32 check: an exported ONNX model against its PyTorch model on the same preprocessed real images (max absolute
+logit difference within ``atol``; batches of 1 and 3 prove the batch axis dynamic)."""
 
 from __future__ import annotations
 
@@ -74,11 +68,8 @@ def _ort_logits(runtime: OnnxRuntimeBackend, inputs: np.ndarray, batch_size: int
 
 def verify_parity(onnx_path: str | Path, model: torch.nn.Module, images: VerifyImages, meta: ModelMeta,
                   atol: float = 1e-4, batch_size: int = 16) -> VerifyResult:
-    """Run ``images`` through ONNX Runtime (CPU) and the eval-mode PyTorch ``model``; compare logits.
-
-    Also runs batches of 1 and 3 through ORT. Returns a :class:`VerifyResult` with ``passed`` set; raises
-    ``VerificationDataError`` if no image could be decoded, ``ExportError`` if ORT fails to run.
-    """
+    """Compare ONNX Runtime's (CPU) and eval-mode PyTorch's logits on ``images``; returns a :class:`VerifyResult`.
+    Raises ``VerificationDataError`` (no image decoded) or ``ExportError`` (ORT failed)."""
     start = time.perf_counter()
     inputs, skipped = load_inputs(images.paths, meta)
     if len(inputs) == 0:

@@ -1,6 +1,5 @@
-"""The options of an export, :class:`ExportOptions`: what ``python -m export`` and :func:`export.pipeline.export_run`
-make and how they check it, with every check of their values in one place (:class:`~models.command_line.UsageError`).
-Light (no torch, no onnx), so the command line answers a bad option at once."""
+"""The options of an export, :class:`ExportOptions`, each checked in one place (a
+:class:`~models.command_line.UsageError`); light, so the command line answers a bad option at once."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ KEEP_MODES = ("auto", "none")
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """An export's options, by the command line's names (``--trt-batch`` is ``trt_batch`` = min, opt, max), each
-    checked on creation. ``int8_calibration`` None: :mod:`export.quantize`'s default; ``bounds`` None: each
-    precision's own; ``seed``: of the INT8 calibration sample."""
+    """An export's options, by the command line's names (``trt_batch`` = min, opt, max), checked on creation; None
+    ``int8_calibration`` / ``bounds``: the defaults of :mod:`export.quantize` / of each precision."""
 
     precisions: Sequence[str] = ("fp32",)
     calibrate_mode: str = "auto"

@@ -1,13 +1,6 @@
-"""The whole export of a run (:func:`export_run`): FP32 ONNX, per-class thresholds, FP16 / INT8 ONNX, TensorRT
-engines, summary and model card; docs/export.md describes every file and check.
-
-The validation split is rebuilt from the checkpoint's metadata and scored by every artifact, which gets its own
-thresholds calibrated on its own scores (INT8 squeezes scores, so thresholds are never shared between precisions).
-F1 needs full labels: on single-positive ones it reads ``n/a (no full labels)`` unless an audit list
-(:mod:`models.data.audit_list`) is given, and the positive-only modes take K from the audit list, the run, or an
-estimate from the validation scores (:func:`expected_tags`). A converted model that breaks a bound against FP32
-fails the export.
-"""
+"""The whole export of a run (:func:`export_run`): FP32 ONNX, FP16 / INT8 ONNX, TensorRT engines, each with thresholds
+calibrated on its own validation scores, the summary and the model card (docs/export.md). A converted model that breaks
+a bound against FP32 fails the export."""
 
 from __future__ import annotations
 
@@ -153,8 +146,7 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, log: Callable[[str], None],
                   progress: bool) -> ValData:
-    """The validation split of ``splits`` (the model's, see :func:`export.validation_data.rebuild_splits`), preprocessed
-    (at most ``limit`` images), with its labels."""
+    """The model's validation split, preprocessed (at most ``limit`` images), with its labels."""
     paths, labels = list(splits.val.paths), np.asarray(splits.val.labels)
     if limit is not None:
         paths, labels = paths[:limit], labels[:limit]
@@ -170,8 +162,7 @@ def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, lo
 
 
 def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], progress: bool) -> AuditData:
-    """The audit list ``spec`` (:func:`models.data.audit_list.load_audit`), preprocessed for ``meta``'s model; a bad
-    list raises :class:`models.data.types.DataError`."""
+    """The audit list ``spec`` preprocessed for ``meta``'s model (``DataError`` for a bad list)."""
     audit = load_audit(spec, list(meta.classes))
     log(f"reading {len(audit)} audit images ({spec}) ...")
     inputs, keep = _load(audit.paths, meta, progress)
@@ -180,12 +171,9 @@ def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], prog
 
 def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None = None,
                   meta: ModelMeta | None = None) -> ExpectedPositives:
-    """K, the expected tags per image of the positive-only calibrations (``rate``, ``pu-f1``): the audit list's mean
-    number of positives when one is given; else the run's own k when it is known (given, published, full labels, an
-    audit list at training); else the estimate ``--method auto`` made from cross-fitted scores over the training
-    and validation images; else the estimate from the validation scores
-    (:func:`models.evaluation.expected_positives.estimate_k`, with the bracket that says whether it holds within
-    25%)."""
+    """K, the expected tags per image for ``rate`` / ``pu-f1``: the audit list's mean, else the run's known k, else
+    ``--method auto``'s estimate, else :func:`models.evaluation.expected_positives.estimate_k` on the validation
+    scores."""
     if audit is not None:
         return ExpectedPositives(float(audit.labels.sum(1).mean()), "audit", f"{len(audit.labels)} audited images")
     data = meta.data if meta is not None else {}
@@ -226,9 +214,7 @@ def _load(paths: Sequence[Path], meta: ModelMeta, progress: bool) -> tuple[np.nd
 
 
 def write_meta(path: Path, changes: dict[str, Any], sidecar_update: dict[str, Any] | None = None) -> ModelMeta:
-    """Change fields of the ONNX file's ``spml_meta`` (``changes``: thresholds, calibration, runtime_pick; the file
-    rewritten atomically) and refresh its sidecar (sha256, size, meta, plus ``sidecar_update``); returns the new
-    meta."""
+    """Change fields of the ONNX file's ``spml_meta`` (rewritten atomically) and refresh its sidecar; the new meta."""
     model = onnx.load(str(path))
     meta = dataclasses.replace(onnx_meta(model, path), **changes)
     set_onnx_meta(model, meta)
@@ -245,8 +231,7 @@ def write_meta(path: Path, changes: dict[str, Any], sidecar_update: dict[str, An
 def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mode_text: str, classes: list[str],
                         folder: Path, log: Callable[[str], None], k: ExpectedPositives | None = None,
                         audit: AuditData | None = None, audit_logits: np.ndarray | None = None) -> ModelMeta:
-    """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot. F1
-    figures come from full val labels, else from the audit list (its own report), else read n/a."""
+    """Calibrate ``artifact``'s thresholds on its own validation scores; write them, a report and a plot."""
     probs = sigmoid(logits)
     mode = parse_mode(mode_text if mode_text != "auto" else default_mode(val.fully_labelled))
     cal = calibrate(probs, val.labels, mode, expected_positives=k.k if k is not None else None)
@@ -282,10 +267,8 @@ def _calibrate_artifact(artifact: Artifact, logits: np.ndarray, val: ValData, mo
 
 def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
                log: Callable[[str], None] | None = None, **options: Any) -> RunExport:
-    """Export a checkpoint to every requested artifact (see the module docstring); returns what was written.
-    ``options``: those of :class:`~export.options.ExportOptions` by name (``precisions=["fp32", "int8"]``,
-    ``calibrate_mode="rate"``, ...), checked there (:class:`~models.command_line.UsageError`, a ``ValueError``).
-    Raises ``ExportError`` (and its subclasses) on any failure."""
+    """Export a checkpoint to every requested artifact; ``options`` as :class:`~export.options.ExportOptions` by name.
+    Raises ``ExportError`` (or a subclass), or ``UsageError`` on a bad option."""
     opts = ExportOptions(**options)
     precisions, calibrate_mode, bounds, audit = opts.precisions, opts.calibrate_mode, opts.bounds, opts.audit
     val_images, progress, seed = opts.val_images, opts.progress, opts.seed
@@ -428,8 +411,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
 
 def _distillation(fp32: ExportResult, splits: ProtocolSplits, opts: ExportOptions,
                   say: Callable[[str], None]) -> DistilledExports:
-    """The quantization-aware distillation of ``fp32``'s checkpoint, made when an INT8 conversion first asks
-    (:mod:`export.int8_qat`): training images of ``splits``, exports with ``opts``' parity check."""
+    """The quantization-aware distillation of ``fp32``'s checkpoint, made when an INT8 conversion first asks."""
     from export.int8_qat import DistilledExports
 
     def read(count: int) -> np.ndarray:

@@ -1,9 +1,5 @@
-"""The export precisions, one registry (:data:`PRECISIONS`): what ``--precision NAME`` makes from the FP32 export,
-the bounds each artifact is checked against (:mod:`export.converted_vs_fp32`) and the artifact a TensorRT engine of
-that precision is built from. Adding a precision is one row; the rows, in order, are the order the artifacts are
-made. Nothing heavy is imported here (the conversions import :mod:`export.quantize` when they run), so
-``python -m export --help`` lists the names at once.
-"""
+"""The export precisions, one registry (:data:`PRECISIONS`), a row per ``--precision``: the artifacts made from the FP32
+export, in order, their bounds and the artifact a TensorRT engine is built from. Light (no heavy imports)."""
 
 from __future__ import annotations
 
@@ -41,10 +37,8 @@ class PrecisionBounds:
 
 @dataclass
 class ConversionInputs:
-    """What a conversion may need besides the FP32 file: ``say`` for progress lines, ``calibration_images`` (read on
-    the first call, then kept), the INT8 options of :class:`~export.options.ExportOptions` and ``distilled``: None to
-    quantize the FP32 export itself, or a function of the INT8 target that returns the FP32 file of the
-    quantization-aware distillation (:mod:`export.int8_qat`) to quantize instead, with its record."""
+    """What a conversion may need besides the FP32 file: progress output, calibration images (read once), the INT8
+    options and ``distilled`` (None, or the function giving the QAT-distilled FP32 file to quantize instead)."""
 
     say: Callable[[str], None]
     calibration_images: Callable[[], np.ndarray]
@@ -56,9 +50,7 @@ class ConversionInputs:
 
 @dataclass(frozen=True)
 class Conversion:
-    """One artifact made from the FP32 export: its ``artifact`` name (``int8-cpu``), the ``runtime`` it is made for,
-    ``make(fp32 path, inputs)`` that writes it beside the FP32 file, and ``engines_only``: made only when TensorRT
-    engines are asked for (``--trt``)."""
+    """One artifact made from the FP32 export: its name, runtime, ``make(fp32 path, inputs)``, ``engines_only``."""
 
     artifact: str
     runtime: str
@@ -68,8 +60,7 @@ class Conversion:
 
 @dataclass(frozen=True)
 class Precision:
-    """A ``--precision`` name: its ``conversions`` (none for FP32, the reference), the ``bounds`` its artifacts are
-    checked against and ``engine_source``, the artifact its TensorRT engine is built from."""
+    """A ``--precision``: its ``conversions``, the ``bounds`` they are checked against, and ``engine_source``."""
 
     name: str
     conversions: tuple[Conversion, ...]
@@ -139,8 +130,7 @@ PRECISIONS: Table[Precision] = Table("precision", [
 
 
 def parse_precisions(text: str) -> list[str]:
-    """``"fp32,int8"`` -> ``["fp32", "int8"]`` in :data:`PRECISIONS` order (fp32 always first: the others are made
-    from it); ``ValueError`` naming the choices otherwise."""
+    """``"fp32,int8"`` -> ``["fp32", "int8"]`` in :data:`PRECISIONS` order (fp32 first); else ``ValueError``."""
     wanted = {p.strip().lower() for p in text.split(",") if p.strip()}
     if not wanted:
         raise ValueError(f"--precision takes a comma-separated list of {', '.join(PRECISIONS)}; got {text!r}")

@@ -1,12 +1,5 @@
-"""FP16 and INT8 (Q/DQ) ONNX models converted from the canonical FP32 export, metadata carried along.
-
-Both conversions start from the verified FP32 file of :func:`export.onnx_export.export_onnx` and keep its interface
-(``images`` float32 in, ``logits`` float32 out). The result's ``spml_meta`` is the source's with ``precision`` and
-``quantization`` (how it was made) filled in, written again after the last step whatever the tools did to
-``metadata_props``. :func:`convert_fp16` uses ONNX Runtime's float16 converter; :func:`quantize_int8` its static
-quantization in one of two flavours (:data:`INT8_FLAVOURS`). The tools, the flavours, the defaults and the
-measurements behind them: docs/export.md.
-"""
+"""FP16 and INT8 (Q/DQ) ONNX models converted from the canonical FP32 export, keeping its interface and its
+``spml_meta`` (``precision`` and ``quantization`` filled in). The tools, flavours and defaults: docs/export.md."""
 
 from __future__ import annotations
 
@@ -147,12 +140,7 @@ def model_precision(model: onnx.ModelProto) -> str:
 
 
 def load_fp32_model(path: str | Path) -> tuple[onnx.ModelProto, ModelMeta]:
-    """Load a canonical FP32 export and its ``spml_meta``.
-
-    Raises ``FileNotFoundError`` (no file), :class:`ConversionError` (unreadable, no ``spml_meta``, external
-    data) or :class:`NotFP32Error` (float16 / quantized graph, non-float32 inputs or outputs, or a meta
-    whose ``precision`` is not ``"fp32"``).
-    """
+    """A canonical FP32 export and its ``spml_meta`` (``FileNotFoundError``, ``ConversionError``, ``NotFP32Error``)."""
     path = Path(path)
     try:
         model = load_onnx_file(path)
@@ -211,11 +199,7 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def topological_sort(model: onnx.ModelProto) -> None:
-    """Reorder ``model.graph.node`` in place so every node comes after the producers of its inputs.
-
-    Stable (keeps the original order where it is valid); nodes that can never be placed (a cycle, or an
-    input nobody produces) are appended in their original order for ``onnx.checker`` to report.
-    """
+    """Reorder ``model.graph.node`` in place, stably, so every node follows its inputs' producers."""
     graph = model.graph
     available = {""} | {v.name for v in graph.input} | {t.name for t in graph.initializer}
     available |= {t.name for t in graph.sparse_initializer}
@@ -263,13 +247,8 @@ def _check_dst(src: Path, dst: Path) -> None:
 
 
 def convert_fp16(src: str | Path, dst: str | Path, *, op_block_list: Sequence[str] | None = None) -> ConversionResult:
-    """Convert the FP32 export ``src`` to an FP16 graph at ``dst`` with float32 inputs/outputs kept.
-
-    Uses ONNX Runtime's float16 converter (``keep_io_types=True``: a ``Cast`` at each boundary).
-    ``op_block_list``: op types to keep in float32 (None: the converter's default list). The result's
-    ``spml_meta`` has ``precision="fp16"``. Raises ``FileNotFoundError``, :class:`NotFP32Error`,
-    :class:`ConversionError`.
-    """
+    """Convert the FP32 export ``src`` to FP16 at ``dst`` (float32 inputs/outputs kept; ``op_block_list``: op types left
+    float32). Raises ``FileNotFoundError``, :class:`NotFP32Error`, :class:`ConversionError`."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     t0 = time.perf_counter()
@@ -318,9 +297,7 @@ def _name_nodes(model: onnx.ModelProto) -> None:
 
 def preprocess_for_quantization(model: onnx.ModelProto, dst: Path,
                                 chatter: io.StringIO | None = None) -> onnx.ModelProto:
-    """``quant_pre_process`` (shape inference, ORT's basic optimisations) of ``model`` written to ``dst`` and loaded
-    back with every node named (:func:`_name_nodes`): the float graph :func:`quantize_int8` quantizes, whose node
-    and tensor names the INT8 model keeps. Raises :class:`ConversionError`."""
+    """``quant_pre_process`` of ``model`` into ``dst``, every node named (:class:`ConversionError`)."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     try:
@@ -350,8 +327,7 @@ def _check_keep_float(pre: onnx.ModelProto, keep_float: Sequence[str], src: Path
 
 
 def _head_namespace_nodes(model: onnx.ModelProto, any_op: bool = False) -> list[str]:
-    """Gemm/MatMul nodes (every node with ``any_op``) that torch's dynamo exporter tagged as inside the
-    network's ``head`` module (its ``namespace`` node metadata); empty when the graph carries no metadata."""
+    """Gemm/MatMul nodes (any with ``any_op``) the exporter's metadata places in the ``head`` module."""
     found = []
     for node in model.graph.node:
         if not any_op and node.op_type not in HEAD_OP_TYPES:
@@ -363,13 +339,7 @@ def _head_namespace_nodes(model: onnx.ModelProto, any_op: bool = False) -> list[
 
 
 def head_node_names(model: onnx.ModelProto) -> list[str]:
-    """Names of the classifier head's ``Gemm`` / ``MatMul`` nodes.
-
-    Every one of them when the exporter's node metadata says which nodes belong to the ``head`` module (the
-    linear head's one Gemm, or all of the label-wise embedding head's transformer). Otherwise: walks back from
-    each output through the producing nodes and stops at the first Gemm/MatMul (recorded) or Conv (not
-    recorded) on every path.
-    """
+    """Names of the classifier head's ``Gemm`` / ``MatMul`` nodes (by metadata, else walking back from outputs)."""
     tagged = _head_namespace_nodes(model)
     if tagged:
         return tagged
@@ -392,17 +362,14 @@ def head_node_names(model: onnx.ModelProto) -> list[str]:
 
 
 def activation_matmuls(model: onnx.ModelProto) -> list[str]:
-    """Names of the ``MatMul`` nodes without a 2-D weight initializer (products of activations, or batched
-    products with 3-D weights, as in the folded LgConv): not worth quantizing, and not all are supported."""
+    """Names of the ``MatMul`` nodes without a 2-D weight initializer: not worth quantizing."""
     dims = {t.name: len(t.dims) for t in model.graph.initializer}
     return [n.name for n in model.graph.node
             if n.op_type == "MatMul" and not any(dims.get(i) == 2 for i in n.input)]
 
 
 def _float_compute_nodes(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
-    """(quantized, kept float): Conv/Gemm/MatMul nodes whose weight (second input) is / is not a
-    DequantizeLinear output. A float node may still read a dequantized activation: the BoostLU head's 1x1
-    convolution reads the last block's quantized output."""
+    """(quantized, kept float): the Conv/Gemm/MatMul nodes whose weight is / is not dequantized."""
     dq_outputs = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     quantized, kept = [], []
     for node in model.graph.node:
@@ -429,22 +396,11 @@ def quantize_int8(src: str | Path, dst: str | Path, calibration: np.ndarray | It
                   reduce_range: bool = False, max_images: int | None = None, percentile: float = DEFAULT_PERCENTILE,
                   batch_size: int = CALIBRATION_BATCH, keep_float: Sequence[str] = (),
                   keep_float_spec: str | None = None, record: dict[str, Any] | None = None) -> ConversionResult:
-    """Quantize the FP32 export ``src`` to an INT8 Q/DQ model at ``dst`` (float32 inputs/outputs kept).
-
-    ``calibration``: preprocessed float32 images ``(N, 3, S, S)`` (an array or an iterable of batches),
-    typically a few hundred training images (:data:`export.options.DEFAULT_CALIBRATION_IMAGES`);
-    ``max_images`` caps them.
-    ``target``: ``"cpu"`` (u8 asymmetric activations, s8 weights, int32 bias) or ``"tensorrt"`` (symmetric s8
-    activations and weights, float bias). ``method``: ``"minmax"``, ``"percentile"`` (``percentile``) or
-    ``"entropy"``. ``keep_head_float`` leaves the final Gemm/MatMul unquantized. ``reduce_range``: 7-bit
-    weights, for x86 CPUs without VNNI. ``keep_float``: names of further nodes (of the pre-processed graph, as
-    :mod:`export.int8_sensitivity` reports them) left unquantized; ``keep_float_spec``: how they were chosen
-    (``worst:3``), recorded with them under ``keep_float``; ``record``: further entries of the ``quantization``
-    record (``qat``: how ``src`` was distilled, :mod:`export.int8_qat`). The result's ``spml_meta`` has
-    ``precision="int8"`` and a ``quantization`` record. Raises ``FileNotFoundError``, :class:`NotFP32Error`,
-    :class:`~export.errors.CalibrationDataError`, :class:`~export.errors.KeepFloatError` (an unknown node name),
-    :class:`ConversionError`.
-    """
+    """Quantize the FP32 export ``src`` to an INT8 Q/DQ model at ``dst`` (float32 inputs/outputs kept), calibrated on
+    preprocessed ``calibration`` images. ``target``: ``"cpu"`` (u8 activations) or ``"tensorrt"`` (symmetric s8);
+    ``keep_float``: further node names left float, ``keep_float_spec`` how they were chosen; ``record``: extra
+    ``quantization`` entries. Raises ``FileNotFoundError``, :class:`NotFP32Error`, :class:`CalibrationDataError`,
+    :class:`KeepFloatError` or :class:`ConversionError`."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     t0 = time.perf_counter()

@@ -1,12 +1,6 @@
-"""Exported ONNX (FP32, FP16 or INT8 Q/DQ) -> strongly typed TensorRT engine + ``<engine>.json`` sidecar.
-
-:func:`build_engine` has two flavours: ``tensorrt`` (full TensorRT) builds on and for this machine's GPU;
-``tensorrt-rtx`` (TensorRT for RTX) builds ahead of time, without a GPU, for chosen compute targets (no Hopper).
-``auto`` takes full TensorRT when it is installed, a GPU is present and the targets (if any) are that GPU. Precision
-comes from the ONNX graph (FP16 weights, int8 Q/DQ pairs), never from builder flags (TensorRT 11 and TensorRT-RTX
-have none). One optimization profile covers the batch range of the input ``images``; the engine and its sidecar are
-written atomically.
-"""
+"""Exported ONNX (FP32, FP16 or INT8 Q/DQ) -> strongly typed TensorRT engine + ``<engine>.json`` sidecar, written
+atomically. Flavours: ``tensorrt`` builds for this GPU, ``tensorrt-rtx`` ahead of time for chosen targets, ``auto``
+picks; precision comes from the graph, never from builder flags."""
 
 from __future__ import annotations
 
@@ -104,11 +98,8 @@ class EngineBuildResult:
 
 
 def parse_targets(targets: Sequence[str] | str | None) -> list[str]:
-    """Normalise compute targets: ``"sm86"``, ``"SM_86"`` or ``"8.6"`` -> ``"sm86"``; ``"current"`` is kept.
-
-    A comma-separated string is split. ``None`` or an empty list gives ``[]`` (the flavour's default).
-    Raises :class:`TensorRTBuildError` for a string of another form or a duplicate.
-    """
+    """Normalise compute targets (``"sm86"``, ``"SM_86"``, ``"8.6"`` -> ``"sm86"``; ``"current"`` kept; a comma list is
+    split). Raises :class:`TensorRTBuildError` on another form or a duplicate."""
     if targets is None:
         return []
     items = targets.split(",") if isinstance(targets, str) else list(targets)
@@ -135,8 +126,7 @@ def parse_targets(targets: Sequence[str] | str | None) -> list[str]:
 
 
 def onnx_precision(model: onnx.ModelProto) -> str:
-    """The precision an ONNX graph asks for: ``"int8"`` (int8 Q/DQ; also ``"fp8"``, ``"int4"``, ``"uint8"``),
-    else ``"fp16"`` / ``"bf16"`` / ``"fp32"`` by the type holding most floating-point weight elements."""
+    """The precision an ONNX graph asks for: ``"int8"`` with Q/DQ, else the type of most float weights."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     quant: set[str] = set()
@@ -162,12 +152,7 @@ def onnx_precision(model: onnx.ModelProto) -> str:
 
 
 def quantization_problems(model: onnx.ModelProto) -> list[str]:
-    """Why TensorRT would reject this quantized graph (empty when it is fine or not quantized).
-
-    TensorRT wants explicit, symmetric quantization: QuantizeLinear/DequantizeLinear with signed int8 and zero
-    points of 0, and biases left in float. ONNX Runtime's CPU flavour (uint8 activations), its default int32 bias
-    quantization and the QOperator format are refused by its ONNX parser.
-    """
+    """Why TensorRT would reject this quantized graph (it wants symmetric int8 Q/DQ); empty when fine."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     problems: list[str] = []
@@ -303,16 +288,9 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path | None = None, *
                  targets: Sequence[str] | str | None = None, flavour: str = "auto", workspace_mib: int | None = None,
                  tf32: bool = True, optimization_level: int | None = None,
                  log: Callable[[str], None] | None = None) -> EngineBuildResult:
-    """Build a strongly typed TensorRT engine from an exported ONNX file; write it and ``<engine>.json``.
-
-    ``onnx_path``: FP32, FP16 or symmetric-int8 Q/DQ ONNX carrying the ``spml_meta`` metadata. ``engine_path``
-    defaults to ``<onnx stem>.engine`` (suffix ``.engine`` or ``.plan``). The profile covers batches
-    ``min_batch..max_batch`` (tuned for ``opt_batch``). ``targets`` (TensorRT-RTX only): compute capabilities
-    such as ``["sm86", "sm89"]`` or ``["current"]``; None = TensorRT-RTX's portable default, or this GPU for full
-    TensorRT. ``flavour``: ``"auto"``, ``"tensorrt"`` or ``"tensorrt-rtx"``. ``tf32=False`` keeps FP32 layers
-    in true FP32. ``workspace_mib`` caps the builder's workspace; ``optimization_level`` is 0..5 (TensorRT
-    default 3). Raises :class:`TensorRTBuildError`; on failure no new engine or sidecar is left behind.
-    """
+    """Build a strongly typed TensorRT engine (default ``<onnx stem>.engine``) and its sidecar from an exported ONNX
+    file, with one profile for batches ``min_batch..max_batch``; ``targets`` only for TensorRT-RTX. Raises
+    :class:`TensorRTBuildError`; on failure no new engine or sidecar is left behind."""
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()
     onnx_path = Path(onnx_path)

@@ -1,29 +1,11 @@
-"""Per-class decision thresholds calibrated on validation scores, and a report of what they change.
+"""Per-class decision thresholds calibrated on validation scores (a class is tagged when its probability is ``>=`` its
+threshold), and a report of what they change. The modes: docs/export.md.
 
-A class is predicted (tagged) when its sigmoid probability is ``>= threshold``: the rule of
-:func:`models.evaluation.metrics.f1_scores` and of ``python -m serve``. The modes (:func:`parse_mode`: ``f1``,
-``pu``, ``pu-f1[:K]``, ``rate[:K]``, ``recall:R``, ``threshold:X``) are described in docs/export.md and
-:func:`calibrate`; ``rate``'s prior is ``pi_c = K x (n_c + 1) / (sum(n) + C)``, one pseudo-count per class so that a
-class seen once or never still gets one.
-
-Placement. Every distinct validation score of a class is a candidate cut ("predict the items scoring at least
-this"); tied scores fall on the same side. The threshold goes at the MIDPOINT between the chosen score and the next
-lower distinct score (0 below the lowest), so a score has to move by half the gap before a decision flips and the
-differences between runtimes (the export allows 1e-4 on logits, at most 2.5e-5 in probability) cannot flip one
-unless two validation scores were closer than twice that; for adjacent floats the chosen score itself is used.
-Among cuts that tie on the criterion (within 1e-12 relative) the highest threshold wins.
-
-Clamping: thresholds are clamped to ``[THRESHOLD_MIN, THRESHOLD_MAX]`` = ``[1e-6, 1 - 1e-6]``: ``python -m serve``
-compares probabilities rounded to 6 decimals, and a threshold of exactly 0 or 1 would tag every image or only
-saturated scores.
-
-Fallback. A class with fewer than ``min_positives`` (:data:`DEFAULT_MIN_POSITIVES` = 5) validation positives has a
-recall that moves in steps of 20% or more, so its own optimum mostly fits noise. It gets the threshold the SAME
-criterion selects on all classes pooled into one set of N x C (score, label) pairs (micro-F1 for ``f1``, the prior
-K / C for ``pu-f1``): measured on this model's own score scale, unlike 0.5, which single-positive training usually
-makes a poor operating point. Only when the validation set has no positive at all is 0.5 used. The rule of every
-class is recorded in :attr:`Calibration.rules`.
-"""
+Every distinct score is a candidate cut; the threshold goes at the midpoint to the next lower distinct score, so runtime
+differences cannot flip a decision, and ties go to the highest threshold. Thresholds are clamped to ``[1e-6, 1 - 1e-6]``
+(serve rounds probabilities to 6 decimals). A class with fewer than ``min_positives`` validation positives gets the same
+criterion's optimum on all classes pooled (0.5 only with no positive at all); :attr:`Calibration.rules` records the rule
+of each class."""
 
 from __future__ import annotations
 
@@ -65,8 +47,7 @@ _TIE_RTOL = 1e-12
 
 @dataclass(frozen=True)
 class CalibrationMode:
-    """A parsed mode: ``kind`` is ``f1``, ``pu``, ``pu-f1``, ``recall`` or ``threshold``; ``value`` is K, R or X
-    (else None)."""
+    """A parsed mode: ``kind`` (``f1``, ``pu``, ``pu-f1``, ``rate``, ``recall``, ``threshold``) and its value."""
 
     kind: str
     value: float | None = None
@@ -77,14 +58,8 @@ class CalibrationMode:
 
 @dataclass
 class Calibration:
-    """The result of :func:`calibrate`.
-
-    ``mode``: the canonical mode string; ``thresholds``: one probability per class; ``rules``: per class, the
-    rule that set it (the mode itself, e.g. ``"f1"`` or ``"recall:0.9"``; ``"fixed"``; or
-    ``"fallback:<pooled criterion>"`` / ``"fallback:0.5"``, see the module docstring); ``positives``: the
-    validation positives of each class (observed positives in ``pu`` mode); ``fallback_threshold``: the pooled
-    threshold used for fallback classes (None in fixed mode).
-    """
+    """The result of :func:`calibrate`: per class, the threshold, the rule that set it (the mode, ``"fixed"`` or
+    ``"fallback:..."``) and the validation positives; ``fallback_threshold`` is the pooled one."""
 
     mode: str
     thresholds: list[float]
@@ -114,8 +89,7 @@ def _parse_number(text: str) -> float | None:
 
 
 def parse_mode(text: str) -> CalibrationMode:
-    """Parse a CLI mode string (``f1``, ``pu``, ``recall:R``, ``threshold:X`` or a bare number ``X``) into a
-    :class:`CalibrationMode`; raises ``ValueError`` with a readable message for anything else."""
+    """Parse a CLI mode string (or a bare number X) into a :class:`CalibrationMode`; ``ValueError`` otherwise."""
     if not isinstance(text, str):
         raise ValueError(f"calibration mode must be a string ({MODES_HELP}), got {type(text).__name__}")
     clean = text.strip().lower()
@@ -145,8 +119,7 @@ def parse_mode(text: str) -> CalibrationMode:
 
 
 def default_mode(fully_labelled: bool) -> str:
-    """The default mode: ``"f1"`` when the validation labels are complete, ``"rate"`` when they are not (its tags
-    per image follow K; how it compared with ``pu-f1`` on the development sets: bench/README.md, choices that hold)."""
+    """The default mode: ``"f1"`` with complete validation labels, else ``"rate"`` (bench/README.md)."""
     return "f1" if fully_labelled else "rate"
 
 
@@ -204,8 +177,7 @@ def _clamp(threshold: float) -> float:
 
 
 def _cut_table(scores: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every candidate cut of one score vector, highest first: the distinct scores ``s`` (descending), and for
-    the cut "predict score >= s[j]" the true positives ``tp[j]`` and the number of predictions ``n_pred[j]``."""
+    """Every cut of a score vector, highest first: distinct scores ``s``, and ``tp`` and ``n_pred`` at ``>= s[j]``."""
     order = np.argsort(-scores, kind="mergesort")
     s = scores[order]
     tp = np.cumsum(positives[order])
@@ -224,8 +196,7 @@ def _threshold_below(distinct: np.ndarray, j: int) -> float:
 
 
 def _rate_threshold(scores: np.ndarray, prior: float) -> float:
-    """The threshold that tags the share ``prior`` of the images of one score vector: the cut whose number of
-    predictions is nearest ``prior x N`` (the higher cut on a tie); above every score when that number is 0."""
+    """The threshold tagging the share ``prior`` of the images: the cut nearest ``prior x N`` predictions."""
     distinct, _, n_pred = _cut_table(scores, np.zeros(len(scores), dtype=bool))
     wanted = prior * len(scores)
     if wanted < 0.5:
@@ -241,8 +212,7 @@ def _first_best(criterion: np.ndarray) -> int:
 
 
 def _best_threshold(scores: np.ndarray, positives: np.ndarray, mode: CalibrationMode, prior: float = 0.0) -> float:
-    """The threshold ``mode`` selects for one score vector (one class, or all classes pooled); needs at least
-    one positive. ``prior``: the class prior of ``pu-f1``."""
+    """The threshold ``mode`` selects for one score vector (at least one positive); ``prior``: ``pu-f1``'s."""
     distinct, tp, n_pred = _cut_table(scores, positives)
     n_pos = float(tp[-1])
     if mode.kind == "f1":
@@ -264,23 +234,10 @@ def _best_threshold(scores: np.ndarray, positives: np.ndarray, mode: Calibration
 
 def calibrate(probs: Any, labels: Any, mode: str | float | CalibrationMode = "f1", *,
               min_positives: int = DEFAULT_MIN_POSITIVES, expected_positives: float | None = None) -> Calibration:
-    """Per-class thresholds from validation ``probs`` (N, C) sigmoid scores and 0/1 ``labels`` (N, C).
-
-    ``mode`` is a string for :func:`parse_mode`, a number X (= ``threshold:X``) or a :class:`CalibrationMode`.
-    Classes with fewer than ``min_positives`` positives get the pooled fallback threshold (module docstring).
-    Raises ``ValueError`` on bad shapes, labels other than 0/1, NaN/inf or out-of-range scores, a bad mode, or
-    ``min_positives < 1``.
-
-    ``f1`` and ``recall:R`` need fully labelled validation data. ``pu``, ``pu-f1`` and ``rate`` are for incomplete
-    (single-positive) labels, where a 0 means "unknown", not "negative". ``pu`` maximises ``r^2 / P(yhat = 1)``
-    (Lee & Liu, ICML 2003), r the recall on the observed positives: when positives are labelled completely at
-    random (SCAR; only approximately true for single-positive labels, which under-observe crowded images) it
-    equals ``precision x recall / P(y = 1)``, a close relative of the F1 optimum that needs no negative label.
-    ``pu-f1`` estimates F1 itself, ``2 pi r / (pi + P(yhat = 1))``, with the class prior
-    ``pi_c = min(1, K n_c / sum(n))`` from K, the expected positives per image (``pu-f1:K``, else
-    ``expected_positives``; one is required); ``pu`` lacks the priors and over-tags. ``rate`` tags the share of
-    images its prior says (same K).
-    """
+    """Per-class thresholds from validation sigmoid ``probs`` and 0/1 ``labels`` (N, C); ``mode`` as for
+    :func:`parse_mode`, a number, or a :class:`CalibrationMode`. ``pu`` maximises ``r^2 / P(yhat = 1)`` (Lee & Liu
+    2003); ``pu-f1`` and ``rate`` use the prior ``pi_c`` from K (``mode``'s or ``expected_positives``, required). Raises
+    ``ValueError`` on bad inputs, a bad mode, or ``min_positives < 1``."""
     if isinstance(mode, CalibrationMode):
         spec = mode
     elif isinstance(mode, int | float) and not isinstance(mode, bool):
@@ -336,8 +293,7 @@ def calibrate(probs: Any, labels: Any, mode: str | float | CalibrationMode = "f1
 
 
 def _per_class_prf(probs: np.ndarray, labels: np.ndarray, thresholds: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-class precision, recall, F1 in percent (precision 0 without predictions, recall 0 without
-    positives: the conventions of :func:`models.evaluation.metrics.f1_scores`)."""
+    """Per-class precision, recall, F1 in percent (0 without predictions or positives, as ``f1_scores``)."""
     pred = probs >= thresholds
     tp = (pred & labels).sum(0).astype(np.float64)
     n_pred = pred.sum(0).astype(np.float64)
@@ -352,17 +308,9 @@ def _per_class_prf(probs: np.ndarray, labels: np.ndarray, thresholds: np.ndarray
 def calibration_report(probs: Any, labels: Any, thresholds: Sequence[float] | np.ndarray, classes: Sequence[str], *,
                        mode: str | None = None, rules: Sequence[str] | None = None,
                        labels_name: str | None = None) -> dict[str, Any]:
-    """Compare the default 0.5 threshold with calibrated ``thresholds`` (one per class) on ``probs`` (N, C)
-    against 0/1 ``labels`` (N, C).
-
-    Returns a JSON-serialisable dict: ``overall`` -> ``{"at_0.5": ..., "calibrated": ...}``, each with OP, OR,
-    OF1, CP, CR, CF1 in percent as defined by :func:`models.evaluation.metrics.f1_scores` (OF1 micro over all
-    entries; CF1 the harmonic mean of the class-averaged precision and recall); ``per_class`` -> one dict per class with
-    its positives, threshold, rule (if ``rules`` given) and precision / recall / F1 (percent) at 0.5 and at
-    its threshold. Metrics are against ``labels`` as given: with single-positive labels precision and F1 are
-    underestimated (unobserved positives count as false positives). ``labels_name`` says what the labels are
-    (e.g. ``single-positive val labels``); it is stored as ``labels`` and printed in the markdown.
-    """
+    """Compare 0.5 with the calibrated ``thresholds`` against ``labels``: a JSON-serialisable dict with the overall
+    metrics (:func:`models.evaluation.metrics.f1_scores`) and per-class precision / recall / F1 (percent) for both.
+    ``labels_name`` says what the labels are."""
     p, y = _check_inputs(probs, labels)
     num_classes = p.shape[1]
     t = _check_thresholds(thresholds, num_classes)
@@ -426,8 +374,7 @@ def _report_markdown(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], path_md: str | Path, path_json: str | Path) -> None:
-    """Write a :func:`calibration_report` dict as a markdown summary + per-class table (``path_md``) and as
-    JSON (``path_json``); parent folders are created."""
+    """Write a :func:`calibration_report` dict as markdown (``path_md``) and JSON (``path_json``)."""
     md, js = Path(path_md), Path(path_json)
     for path in (md, js):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -437,9 +384,8 @@ def write_report(report: dict[str, Any], path_md: str | Path, path_json: str | P
 
 def plot_pr_curves(probs: Any, labels: Any, thresholds: Sequence[float] | np.ndarray, classes: Sequence[str],
                    path_png: str | Path) -> bool:
-    """Draw one small precision-recall panel per class (a grid) into ``path_png``, marking the calibrated
-    operating point and the 0.5 point. Returns True when written; False, with a message on stderr, when
-    matplotlib is not installed (it is an optional dependency)."""
+    """Draw a precision-recall panel per class into ``path_png``, marking the calibrated and the 0.5 points; False (and
+    a message) when matplotlib is not installed."""
     p, y = _check_inputs(probs, labels)
     num_classes = p.shape[1]
     t = _check_thresholds(thresholds, num_classes)

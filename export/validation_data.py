@@ -1,6 +1,5 @@
-"""The images export checks and calibrates on: the model's own splits, rebuilt from its metadata with the dataset
-registry and the protocol it recorded, or the images of a folder (the one folder walk's rule); preprocessed with
-the model's :class:`~models.preprocess.EvalTransform`."""
+"""The images export checks and calibrates on: the model's own splits rebuilt from its metadata, or a folder's images;
+preprocessed with the model's :class:`~models.preprocess.EvalTransform`."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ class VerifyImages:
 
 
 def folder_images(folder: str | Path, limit: int) -> VerifyImages:
-    """The first ``limit`` images of ``folder`` (the one folder walk, :mod:`models.files.folder_walk`, the tagger's);
-    ``VerificationDataError`` if none."""
+    """The first ``limit`` images of ``folder`` (the one folder walk); ``VerificationDataError`` if none."""
     folder = Path(folder)
     if not folder.is_dir():
         raise VerificationDataError(f"--images folder not found: {folder}")
@@ -42,11 +40,7 @@ def folder_images(folder: str | Path, limit: int) -> VerifyImages:
 
 
 def rebuild_splits(meta: ModelMeta) -> ProtocolSplits:
-    """The model's train / val / test splits, rebuilt from ``meta.data`` with the dataset registry and the
-    protocol it recorded (observed spec, protocol seed, val fraction).
-
-    Raises ``VerificationDataError`` (suggesting ``--images``) when that is impossible.
-    """
+    """The model's splits rebuilt from ``meta.data``; ``VerificationDataError`` when impossible."""
     data = meta.data or {}
     source = data.get("source")
     if not source:

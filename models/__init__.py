@@ -1,12 +1,6 @@
-"""The bottom layer, shared by every stage (train, export, serve): the data (``data/``; the dataset builders in
-``sources/``, which ``export`` and ``serve`` never import), the network (``backbones/``, ``network``, ``lgconv``,
-``label_embedding``, ``weight_files``), its metadata and files (``checkpoint``, ``onnx_metadata``, ``files/``),
-``preprocess``, ``evaluation/``, the inference ``runtimes/``, ``registry`` and ``command_line``. docs/layout.md maps
-them.
-
-``models`` imports no other package of this project. Importing it is free: the names below load their module (and torch)
-on first use.
-"""
+"""The bottom layer, shared by every stage: the data, the network, its metadata and files, preprocessing, evaluation,
+the inference runtimes, ``registry`` and ``command_line`` (docs/layout.md maps them). It imports no other package of
+this project; the names below load their module (and torch) on first use."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Checkpoints: one ``torch.save`` dict readable with ``torch.load(weights_only=True)``: ``format``
-(``"spml-checkpoint"``), ``meta`` (:class:`ModelMeta` as a JSON string, so it can never carry code), ``model`` (the
-state dict) and optionally ``training`` (the resume state). torch is imported only to save or load weights:
-:class:`ModelMeta` and :func:`read_checkpoint_meta` serve command lines without it.
-"""
+"""Checkpoints: one ``torch.save`` dict readable with ``weights_only=True``: ``format``, ``meta`` (:class:`ModelMeta` as
+JSON), ``model`` and optionally ``training``. :class:`ModelMeta` and :func:`read_checkpoint_meta` need no torch."""
 
 from __future__ import annotations
 
@@ -109,8 +106,7 @@ class Checkpoint:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Load a checkpoint written by :func:`save_checkpoint` with ``weights_only=True``; ``ValueError`` for files that
-    are not checkpoints of this package."""
+    """Load a :func:`save_checkpoint` file with ``weights_only=True``; ``ValueError`` for other files."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -127,8 +123,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
 
 
 class _Opaque(dict):
-    """What :func:`read_checkpoint_meta` builds for every object of a checkpoint's pickle other than plain
-    containers and strings (tensors, ordered dicts, ...): an empty stand-in that runs no code."""
+    """The code-free stand-in :func:`read_checkpoint_meta` builds for every non-plain object of the pickle."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
@@ -144,8 +139,7 @@ class _Opaque(dict):
 
 
 class _MetaUnpickler(pickle.Unpickler):
-    """Unpickles a checkpoint's structure without importing anything: every class is :class:`_Opaque` and
-    tensor storages (persistent ids) are ``None``; the metadata is a plain JSON string, read as such."""
+    """Unpickles a checkpoint's structure importing nothing: classes are :class:`_Opaque`, storages ``None``."""
 
     def find_class(self, module: str, name: str) -> Any:
         return _Opaque
@@ -155,8 +149,7 @@ class _MetaUnpickler(pickle.Unpickler):
 
 
 def read_checkpoint_meta(path: Path) -> ModelMeta:
-    """The :class:`ModelMeta` of a checkpoint, read without torch and without loading the weights (only the archive's
-    small pickle of the structure; no code runs)."""
+    """The :class:`ModelMeta` of a checkpoint, read without torch or the weights (no code runs)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")

@@ -1,7 +1,5 @@
-"""The one command-line shape of ``python -m train``, ``export`` and ``serve``: exit codes, :class:`UsageError` (bad
-options) and :class:`CommandFailed` (what fails later), and :func:`run_command`, which turns either (and Ctrl-C) into
-one line on stderr and its exit code.
-"""
+"""The one command-line shape of ``train``, ``export`` and ``serve``: exit codes, :class:`UsageError`,
+:class:`CommandFailed` and :func:`run_command`."""
 
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ class CommandFailed(RuntimeError):
 
 def run_command(prog: str, body: Callable[[], int | None],
                 interrupted: str | Callable[[], str] = "interrupted") -> int:
-    """Run ``body`` and return its exit code (None is OK): a :class:`UsageError` or :class:`CommandFailed` prints
-    ``PROG: error: MESSAGE`` and returns 2 or 1, Ctrl-C prints ``PROG: INTERRUPTED`` and returns 130. An empty ``prog``
-    leaves the ``PROG: `` out."""
+    """Run ``body`` and return its exit code: a :class:`UsageError` / :class:`CommandFailed` prints ``PROG: error:
+    MESSAGE`` and returns 2 / 1, Ctrl-C prints ``PROG: INTERRUPTED`` and returns 130."""
     lead = f"{prog}: " if prog else ""
     try:
         code = body()

@@ -1,9 +1,6 @@
 """LAC's label-wise embedding head, a Query2Label-style transformer decoder (Xie, Xiao, Huang, NeurIPS 2022;
-docs/methods.md, "LAC"): the last feature map's positions, with a 2-D sine encoding, pass one encoder layer, then
-decoder layers WITHOUT self-attention let ``C`` class queries attend to them; ``logit_c = <W_c, f_c> + b_c``. As the
-reference: post-norm with dropout, position added to queries and keys only, Xavier-uniform init, ``d_model`` the
-backbone width.
-"""
+docs/methods.md, "LAC"): ``C`` class queries attend to the last feature map's positions; ``logit_c = <W_c, f_c> +
+b_c``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """PU-MLC's local-global convolution (LgConv) for torchvision ResNets, and its exact inference-time fold.
 
-Training form (Yuan, Zhang, Huang, ICME 2024; docs/methods.md, "PU-MLC and LgConv"): every 3x3 convolution
-``conv`` of the backbone becomes ``conv(x) + GB(x)``, where the global branch ``GB`` is
-
-    x_l  = ReLU(R x)                                   R: 1x1, C_in -> C_in/4 (with bias)
-    x_h  = [x_l, mean_pos(x_l)]                        global context appended to every position
-    A    = softmax_pos(Wa x_h)                         8 spatial attention maps (one per head)
-    G    = sigmoid(Wg x_h)                             8 broadcast gates
-    g_h  = sum_pos A_h(pos) V_h x(pos)                 V: 1x1, C_in -> C_in, split in 8 heads
-    GB   = BN(P(x + concat_h g_h G_h))                 P: 1x1, C_in -> C_out, the conv's stride
-
-:class:`LgConv2d` *is* an ``nn.Conv2d`` with the branch as its ``global_branch`` child, so plain ResNet weights
-load into it unchanged. Inference form (:func:`fold_resnet`): BatchNorms folded; the branch's linear path ``a * P x``
-added to the 3x3 kernel's centre tap (exact for padding 1, any stride: a strided 1x1 conv samples the centres of the
-strided 3x3 windows); the global term computed on 8 attention-pooled vectors, ``u_h = P_h (V_h x_bar_h + b_h)``,
-output ``+= sum_h u_h G_h`` (the attention's context share and bias drop out: a softmax over positions ignores them).
-"""
+Training form (Yuan, Zhang, Huang, ICME 2024; docs/methods.md, "PU-MLC and LgConv"): every 3x3 convolution ``conv(x)``
+becomes ``conv(x) + GB(x)``, ``GB`` a global branch with 8 attention heads. :class:`LgConv2d` *is* an ``nn.Conv2d`` with
+the branch as its ``global_branch`` child, so plain ResNet weights load into it unchanged. Inference form
+(:func:`fold_resnet`): BatchNorms folded, the branch's linear path added to the kernel's centre tap, the global term
+computed on 8 attention-pooled vectors."""
 
 from __future__ import annotations
 
@@ -87,8 +76,7 @@ class LgConv2d(nn.Conv2d):
 
 
 def convert_to_lgconv(module: nn.Module, heads: int = HEADS, reduction: int = REDUCTION) -> int:
-    """Replace every dense 3x3 ``nn.Conv2d`` inside ``module`` (in place) by an :class:`LgConv2d` keeping its
-    weights; the 7x7 stem and the 1x1 convolutions are untouched. Returns the number of convolutions wrapped."""
+    """Wrap every dense 3x3 ``nn.Conv2d`` in ``module`` (in place) as :class:`LgConv2d`; returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if type(child) is nn.Conv2d and child.kernel_size == (3, 3) and child.groups == 1:
@@ -233,8 +221,7 @@ def _fold_children(module: nn.Module) -> None:
 
 
 def fold_resnet(model: nn.Module) -> nn.Module:
-    """An inference copy of ``model`` (a ResNet-based network, with or without LgConv): every BatchNorm and LgConv
-    folded, eval mode, no gradients, the same function as ``model.eval()``."""
+    """An inference copy of a ResNet-based ``model``, BatchNorms and LgConv folded: the same function in eval mode."""
     folded = copy.deepcopy(model).eval()
     _fold_children(folded)
     leftover = [n for n, m in folded.named_modules() if isinstance(m, (nn.BatchNorm2d, LgConv2d, GlobalBranch))]

@@ -1,5 +1,4 @@
-"""What a model outputs: one logit per class; its probability is the logistic sigmoid of the logit
-(:attr:`models.checkpoint.ModelMeta.output`). The one sigmoid of export's checks and of serving."""
+"""A model outputs one logit per class; its probability is the sigmoid here, the one of export and serving."""
 
 from __future__ import annotations
 

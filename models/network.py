@@ -1,7 +1,5 @@
-"""The multi-label network: a backbone (:mod:`models.backbones`) and a ``linear`` head (BoostLU:
-:class:`BoostedCamHead`) or ``lem`` head (:class:`~models.label_embedding.LabelEmbeddingHead`). State-dict keys are
-``backbone.<the library's own key>`` and ``head.<...>``, so library weight files load as they are.
-"""
+"""The multi-label network: a backbone and a ``linear`` (BoostLU: :class:`BoostedCamHead`) or ``lem`` head; state-dict
+keys are ``backbone.<the library's key>`` and ``head.<...>``, so library weight files load as they are."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TrainableScope:
-    """What a ``--trainable`` value trains: ``frozen(family, backbone)`` lists the backbone modules it freezes
-    (LgConv's global branches inside them still train when ``branches_train``); ``fixed_features``: the whole
-    backbone is frozen, so its features are computed once and cached."""
+    """What a ``--trainable`` value trains: ``frozen(family, backbone)`` lists the frozen backbone modules;
+    ``fixed_features``: the whole backbone is frozen and its features cached."""
 
     frozen: Callable[[BackboneFamily, nn.Module], list[nn.Module]]
     fixed_features: bool = False
@@ -55,8 +52,7 @@ def on_fixed_features(trainable: str) -> bool:
 
 @dataclass(frozen=True)
 class HeadKind:
-    """A classifier head: ``build(in_features, num_classes, head_config)``; ``on_feature_map``: it reads the last
-    feature map, not pooled features (so it cannot train on cached pooled features)."""
+    """A classifier head: ``build(in_features, num_classes, head_config)``; ``on_feature_map``: reads the map."""
 
     build: Callable[[int, int, LabelEmbeddingConfig | None], nn.Module]
     on_feature_map: bool = False
@@ -84,9 +80,8 @@ def boost_lu(cam: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 class BoostedCamHead(nn.Linear):
-    """The linear head at every position of the last feature map (CAM), then BoostLU, then average pooling (Kim et al.
-    2023, youngwk/BridgeGapExplanationPAMC), in training and inference alike. It *is* an ``nn.Linear``, so plain
-    linear-head weights load into it; with ``alpha = 1`` it computes the plain head's logits."""
+    """The linear head at every position of the last feature map, then BoostLU, then average pooling (Kim et al. 2023);
+    an ``nn.Linear``, equal to the plain head at ``alpha = 1``."""
 
     def __init__(self, in_features: int, out_features: int, alpha: float = BOOSTLU_ALPHA) -> None:
         if not alpha > 0:
@@ -107,8 +102,7 @@ class BoostedCamHead(nn.Linear):
 
 
 class MultiLabelNet(nn.Module):
-    """A backbone (its classifier removed) + a multi-label head: normalised ``(N, 3, H, W)`` -> logits ``(N, C)``;
-    ``family`` knows how to run the backbone."""
+    """A backbone + a multi-label head: normalised ``(N, 3, H, W)`` -> logits ``(N, C)``."""
 
     def __init__(self, backbone: nn.Module, family: BackboneFamily, arch: str, num_classes: int,
                  head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
@@ -161,8 +155,7 @@ class MultiLabelNet(nn.Module):
         self.train(self.training)
 
     def freeze_batchnorm_statistics(self) -> None:
-        """Keep the backbone's BatchNorm statistics fixed while training (``--bn-stats frozen``; LgConv's new branches
-        excepted); call after :meth:`set_trainable_scope`."""
+        """Keep the backbone's BatchNorm statistics fixed (``--bn-stats frozen``); after :meth:`set_trainable_scope`."""
         kept = {id(m) for m in self._frozen}
         in_branch = self._global_branch_modules()
         self._frozen += [m for m in self.backbone.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
@@ -181,8 +174,7 @@ class MultiLabelNet(nn.Module):
 
     @property
     def num_features(self) -> int:
-        """Width of the pooled feature vector (the linear head's input; the last feature map's channels with BoostLU
-        and the LEM head)."""
+        """Width of the pooled feature vector (the last feature map's channels with BoostLU and LEM)."""
         return self._num_features
 
     @property
@@ -196,8 +188,7 @@ class MultiLabelNet(nn.Module):
         return self.head_kind == "linear" and not isinstance(self.head, BoostedCamHead)
 
     def head_meta(self) -> dict[str, object]:
-        """The head's description for checkpoint metadata: ``{"kind": ...}`` plus the LEM shape or, with
-        BoostLU, ``"boostlu": alpha``."""
+        """The head's description for checkpoint metadata (kind, LEM shape, BoostLU alpha)."""
         if isinstance(self.head, LabelEmbeddingHead):
             return {"kind": "lem", **self.head.config.to_dict()}
         if isinstance(self.head, BoostedCamHead):
@@ -236,8 +227,7 @@ class MultiLabelNet(nn.Module):
 
 
 def prior_logit(positives_per_image: float, num_classes: int) -> float:
-    """``logit(k / C)``: the head bias at which every class starts at the label prior ``k / C`` (clipped away from
-    0 and 1)."""
+    """``logit(k / C)``: the head bias starting every class at the label prior (clipped away from 0 and 1)."""
     p = min(max(positives_per_image / num_classes, 1e-4), 1 - 1e-4)
     return math.log(p / (1 - p))
 
@@ -313,10 +303,8 @@ def build_model(arch: str, num_classes: int, weights: str = "none", lgconv: bool
                 head: str = "linear", head_config: LabelEmbeddingConfig | None = None,
                 load_head: bool = True, boostlu: float | None = None, image_size: int | None = None,
                 report: list[str] | None = None) -> MultiLabelNet:
-    """Build ``arch`` (a torchvision ResNet or timm model name) with a ``num_classes`` ``head`` (``boostlu``: the linear
-    head's BoostLU factor) and ``weights``: ``none``, ``imagenet``, a torchvision weight name or a weights file
-    (:mod:`models.weight_files`; its head loaded when it fits, unless not ``load_head``). ``lgconv`` adds LgConv to a
-    ResNet; ``report`` receives what was loaded."""
+    """Build ``arch`` with a ``num_classes`` ``head`` and ``weights`` (``none``, ``imagenet``, a weight name or file);
+    ``lgconv`` adds LgConv to a ResNet; ``report`` receives what was loaded."""
     if num_classes < 1:
         raise ValueError("num_classes must be >= 1")
     family = family_of(arch)

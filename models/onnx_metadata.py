@@ -1,7 +1,5 @@
-"""The model metadata inside exported ONNX files (``metadata_props``, ORT's ``custom_metadata_map``): ``spml_meta``, the
-full :class:`~models.checkpoint.ModelMeta` as JSON, and convenience copies for other tools (``classes``, ``image_size``,
-``mean``, ``std``, ``interpolation``, ``crop``, ``output``). Plain string maps: needs neither onnx nor onnxruntime.
-"""
+"""The model metadata inside exported ONNX files: ``spml_meta`` (the full :class:`~models.checkpoint.ModelMeta` as JSON)
+and copies for other tools. Plain string maps: needs neither onnx nor onnxruntime."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ def meta_to_props(meta: ModelMeta) -> dict[str, str]:
 
 
 def meta_from_props(props: Mapping[str, str], source: str | Path = "model") -> ModelMeta:
-    """``metadata_props`` (or ORT's ``custom_metadata_map``) -> ModelMeta; ``ValueError`` naming ``source`` without
-    valid ``spml_meta``."""
+    """``metadata_props`` -> ModelMeta; ``ValueError`` naming ``source`` without valid ``spml_meta``."""
     text = props.get(META_KEY)
     if text is None:
         raise ValueError(f"{source}: no '{META_KEY}' metadata; was it exported with `python -m export`?")

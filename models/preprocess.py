@@ -1,9 +1,6 @@
-"""The one image preprocessing of training, evaluation, export checks, the tagger and the demo (:class:`EvalTransform`,
-:func:`read_image`), so they all see the same pixels. Decoding goes through PIL, not ``torchvision.io.decode_image``,
-which returns palette PNGs as indices and CMYK JPEGs as raw channels. Large JPEGs are decoded at 1/2, 1/4 or 1/8 scale
-(PIL's ``draft``) when still :data:`DECODE_MARGIN` times the input size: the antialiased resize then sees almost the
-same pixels, much faster.
-"""
+"""The one image preprocessing of training, evaluation, export, the tagger and the demo (:class:`EvalTransform`,
+:func:`read_image`), through PIL; large JPEGs are decoded at reduced scale when still :data:`DECODE_MARGIN` times the
+input size."""
 
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ DECODE_MARGIN = 2
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Return ``image`` as 8-bit RGB: EXIF orientation applied, alpha composited onto white,
-    palette / CMYK / greyscale / 16-bit converted."""
+    """``image`` as 8-bit RGB: EXIF orientation applied, alpha onto white, other modes converted."""
     image = ImageOps.exif_transpose(image)
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
         arr = np.asarray(image, dtype=np.float64)
@@ -86,8 +82,7 @@ def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) 
 
 
 class EvalTransform:
-    """Path or uint8 image -> model input ``float32 (3, S, S)``, exactly what evaluation and serving use, with the
-    model's preprocessing (:meth:`for_meta`)."""
+    """Path or uint8 image -> model input ``float32 (3, S, S)`` with the model's preprocessing."""
 
     def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float], interpolation: str = "bilinear",
                  crop: float = 1.0) -> None:

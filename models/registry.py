@@ -1,8 +1,5 @@
-"""The two ways something is registered: a :class:`Table` for a closed list (rows of name, help line and value, from
-which command-line choices, help and the one "unknown X" message come) and a :class:`Registry` for open plug-ins
-(methods, backbone families, tagging engines) that register with a decorator. Both are read-only name -> value mappings
-(:class:`Listing`).
-"""
+"""The two ways something is registered: a :class:`Table` for a closed list (choices, help, the one "unknown X" message)
+and a :class:`Registry` for plug-ins registered by decorator; both read-only mappings."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ V = TypeVar("V")
 
 
 class UnknownName(KeyError, ValueError):
-    """A name that is not in a table or registry; the message lists the known names. A ``ValueError`` (what command
-    lines report as a usage error) and a ``KeyError`` (what a mapping raises)."""
+    """A name not in a table or registry (the message lists the known ones); a ``ValueError`` and a ``KeyError``."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -104,9 +100,8 @@ class Table(Listing[V]):
 
 
 class Registry(Listing[V]):
-    """Open plug-ins: ``@REGISTRY.register`` on a class that has ``name`` and ``description`` (class attributes)
-    adds it under its name (the class itself, or one instance of it when ``instances``); the registry's order is the
-    order of registration unless ``order`` sorts it."""
+    """Open plug-ins: ``@REGISTRY.register`` on a class with ``name`` and ``description`` adds it (or one instance, with
+    ``instances``), in registration order unless ``order`` sorts it."""
 
     def __init__(self, what: str, order: Callable[[Row[V]], Any] | None = None, instances: bool = False) -> None:
         super().__init__(what)
@@ -114,8 +109,7 @@ class Registry(Listing[V]):
         self.instances = instances
 
     def register(self, cls: Any) -> Any:
-        """Class decorator: add ``cls`` (or ``cls()``) under ``cls.name`` with ``cls.description`` as its help;
-        returns ``cls``."""
+        """Class decorator: add ``cls`` (or ``cls()``) under ``cls.name``; returns ``cls``."""
         value = cls() if self.instances else cls
         self._add(Row(str(getattr(cls, "name", "")), str(getattr(cls, "description", "")), value))
         if self.order is not None:
@@ -124,8 +118,7 @@ class Registry(Listing[V]):
 
 
 def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
-    """A package's module ``__getattr__`` (PEP 562): the public name ``name`` imported from the module
-    ``exports[name]`` on first use, so importing the package stays cheap."""
+    """A package's module ``__getattr__`` (PEP 562) importing each public name from ``exports[name]`` on first use."""
 
     def resolve(name: str) -> Any:
         if name not in exports:

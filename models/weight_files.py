@@ -1,8 +1,5 @@
-"""Reading a ``--weights FILE`` into the network's key space, whatever wrote it: a checkpoint of this package, a
-torchvision or timm state dict (possibly under ``state_dict``/``model``, ``module.``-prefixed, or ``.safetensors``), or
-the lukemelas EfficientNet layout (renamed for timm). Files are read with ``weights_only=True``; the library's ImageNet
-classifier becomes the head only when its shape fits.
-"""
+"""Reading a ``--weights FILE`` into the network's key space (this package's checkpoints, torchvision / timm state
+dicts, the lukemelas layout), with ``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ _WRAPPERS = ("state_dict", "model", "model_state_dict", "state_dict_ema")
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a weights file: a safetensors file, or a ``torch.save``'d dict (unwrapped from a checkpoint of
-    this package or a ``state_dict``/``model`` entry; ``module.`` prefixes removed). ``ValueError`` otherwise."""
+    """The tensors of a weights file (safetensors, or a ``torch.save``'d dict unwrapped); else ``ValueError``."""
     path = Path(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -41,8 +37,7 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def in_network_keys(state: dict[str, torch.Tensor], classifier_prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """A library state dict in the network's key space: ``backbone.<key>``, the classifier's keys
-    (``classifier_prefixes``) under ``head.``; a state dict already in that space is returned as it is."""
+    """A library state dict in the network's key space (``backbone.`` / ``head.``)."""
     if all(k.startswith((BACKBONE, HEAD)) for k in state):
         return dict(state)
     out: dict[str, torch.Tensor] = {}

@@ -1,14 +1,9 @@
-"""Serving trained models (``python -m serve``), the last stage of the pipeline: ``commands/`` (the command lines),
-``tagging/`` (the tagging pipeline and its engines), ``outputs/`` (scores -> tags -> the files a run leaves),
-``demo/`` (the Gradio web demo), ``api/`` (the HTTP service), :mod:`serve.predictor`, :mod:`serve.images` and
-:mod:`serve.model_files`.
+"""Serving trained models (``python -m serve``): ``commands/``, ``tagging/``, ``outputs/``, ``demo/``, ``api/``,
+:mod:`serve.predictor`, :mod:`serve.images` and :mod:`serve.model_files`.
 
-Public API (``__all__``, imported lazily so that ``import serve`` loads neither torch nor onnxruntime and
-``python -m serve --help`` answers at once): the CLI defaults below, :class:`Predictor`, the tagging pipeline and
-:func:`get_engine`, the HTTP service's :class:`TaggingService` and its :class:`ApiSettings`; everything else is
-internal to the stage and may move. ``serve`` imports ``models`` only (never ``train`` or ``export``, nor
-``models.sources``).
-"""
+Public API (``__all__``, imported lazily so that ``import serve`` loads neither torch nor onnxruntime): the CLI defaults
+below, :class:`Predictor`, the tagging pipeline, :func:`get_engine`, :class:`TaggingService` and :class:`ApiSettings`.
+``serve`` imports ``models`` only."""
 
 from __future__ import annotations
 

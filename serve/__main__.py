@@ -1,12 +1,4 @@
-"""``python -m serve tag SOURCE --model MODEL``: tag images (see :mod:`serve.commands.tag`).
-
-``python -m serve demo [--model MODEL]``: the Gradio web demo (see :mod:`serve.commands.demo`).
-
-``python -m serve api --model MODEL``: the HTTP inference service (see :mod:`serve.commands.api`).
-
-``python -m serve summary RUNFILE``: images per tag, tags per image, classes never predicted
-(:mod:`serve.commands.summary`).
-"""
+"""``python -m serve``: the subcommands ``tag``, ``demo``, ``api`` and ``summary`` (:mod:`serve.commands`)."""
 
 from __future__ import annotations
 

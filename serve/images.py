@@ -1,9 +1,5 @@
-"""Any image a caller has -> the model's input: a file path, encoded bytes, a PIL image, a ``uint8`` array or
-tensor (:data:`ImageInput`) -> ``uint8`` RGB (:func:`load_rgb`: the pixel-count check before decoding, EXIF
-orientation, alpha onto white) -> the model's preprocessing (:class:`ImagePreprocessor`). Shared by the tagging
-pipeline's scoring loop, the predictor and the demo, so they decode every image the same way; failures are
-:class:`ImageError` with a short reason.
-"""
+"""Any image a caller has (:data:`ImageInput`) -> ``uint8`` RGB (:func:`load_rgb`) -> the model's input
+(:class:`ImagePreprocessor`), the same for the tagger, the predictor and the demo; failures are :class:`ImageError`."""
 
 from __future__ import annotations
 
@@ -29,9 +25,8 @@ IMAGE_ERROR_KINDS = ("too-large", "not-an-image", "missing", "unreadable")
 
 
 class ImageError(ValueError):
-    """An input image could not be used; ``reason`` is a short human explanation, ``source`` names the input and
-    ``kind`` (one of :data:`IMAGE_ERROR_KINDS`) says what went wrong: over the pixel or memory limit, not an image
-    at all, no such file, or corrupt / truncated / unsupported data."""
+    """An input image could not be used: a short ``reason``, the ``source``, and the ``kind``
+    (:data:`IMAGE_ERROR_KINDS`)."""
 
     def __init__(self, source: str, reason: str, kind: str = "unreadable") -> None:
         super().__init__(f"{source}: {reason}")
@@ -87,14 +82,9 @@ def _rgb_tensor(image: Image.Image) -> torch.Tensor:
 def load_rgb(
     image: ImageInput, max_pixels: int | None = DEFAULT_MAX_PIXELS, decode_side: int | None = None
 ) -> torch.Tensor:
-    """Any :data:`ImageInput` -> ``uint8`` RGB tensor ``(3, H, W)`` with EXIF orientation applied and alpha
-    composited onto white (:func:`models.preprocess.read_image` / :func:`~models.preprocess.to_rgb`).
-
-    ``max_pixels`` (:data:`serve.DEFAULT_MAX_PIXELS`; ``None`` turns the check off) bounds width x height, checked
-    from the file header before decoding. ``decode_side``: encoded JPEGs (paths, bytes) may be decoded at reduced
-    scale down to this many pixels per side, as :class:`~models.preprocess.EvalTransform` does (its
-    ``decode_side``). Raises :class:`ImageError` with a readable reason, or ``TypeError`` for other inputs.
-    """
+    """Any :data:`ImageInput` -> ``uint8`` RGB ``(3, H, W)``, EXIF-oriented, alpha onto white. ``max_pixels`` (None:
+    off) is checked from the header before decoding; ``decode_side`` lets JPEGs decode at reduced scale. Raises
+    :class:`ImageError`, or ``TypeError`` for other inputs."""
     source = _describe(image)
     try:
         if isinstance(image, (str, os.PathLike)):
@@ -129,18 +119,14 @@ def load_rgb(
 
 @dataclass(frozen=True)
 class ImagePreprocessor:
-    """Any :data:`ImageInput` -> model input ``float32 (3, S, S)``: :func:`load_rgb` (pixel-count check, EXIF,
-    alpha) then the model's :class:`~models.preprocess.EvalTransform`. Picklable, for decode workers.
-
-    The two halves can run apart, with the same values: :meth:`decode` (file -> resized ``uint8 (3, S, S)``, the
-    costly part, 4x smaller to keep or send than floats) and :meth:`normalize` (a ``uint8`` batch -> floats)."""
+    """Any :data:`ImageInput` -> model input ``float32 (3, S, S)``; picklable. :meth:`decode` (-> resized ``uint8``) and
+    :meth:`normalize` can run apart with the same values."""
 
     transform: EvalTransform
     max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def decode(self, image: ImageInput) -> np.ndarray:
-        """Decode one image and resize it to the model input: ``uint8 (3, S, S)`` (raises :class:`ImageError` /
-        ``TypeError``)."""
+        """One image decoded and resized to ``uint8 (3, S, S)`` (:class:`ImageError` / ``TypeError``)."""
         rgb = load_rgb(image, self.max_pixels, self.transform.decode_side)
         return self.transform.resize(rgb).numpy()
 
@@ -150,6 +136,5 @@ class ImagePreprocessor:
         return self.transform.normalize(tensor).numpy()
 
     def __call__(self, image: ImageInput) -> np.ndarray:
-        """Preprocess one image (raises :class:`ImageError` / ``TypeError``): :meth:`decode` then :meth:`normalize`,
-        the values of :class:`~models.preprocess.EvalTransform`."""
+        """One image preprocessed: :meth:`decode` then :meth:`normalize` (:class:`ImageError` / ``TypeError``)."""
         return self.normalize(self.decode(image))

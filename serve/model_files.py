@@ -1,5 +1,4 @@
-"""Which model file a ``--model`` names: a model file, a run folder (its ``best.pt``, else an export a chosen runtime
-reads), a run name under the runs folder, or the latest run; and the model files a run folder holds."""
+"""Which model file a ``--model`` names, and the model files a run folder holds."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from models.runtimes import ModelSpecError, runtime_named, supported_suffixes
 
 
 def models_in_folder(folder: Path) -> list[Path]:
-    """Loadable model files of a run folder, preferred first: ``best.pt``, then ``export/*`` and top-level files
-    with a registered suffix (sorted; ``last.pt`` excluded: it is a resume checkpoint)."""
+    """A run folder's loadable model files, ``best.pt`` first, then exports (``last.pt`` excluded)."""
     suffixes = set(supported_suffixes())
     found: list[Path] = []
     if (folder / BEST).is_file():
@@ -25,13 +23,8 @@ def models_in_folder(folder: Path) -> list[Path]:
 
 
 def resolve_model_path(target: str | Path | None, backend: str | None = None, runs_dir: Path | None = None) -> Path:
-    """A model file from ``target``: a model file, a run folder, a run name under ``runs_dir`` (default
-    ``$SPML_RUNS`` or ``./runs``), or ``None`` for the latest run.
-
-    A run resolves to its ``best.pt``, or, when ``backend`` names a runtime that does not read checkpoints, to
-    the first of its exported files that runtime reads (``export/model.onnx`` for onnxruntime).
-    Raises :class:`ModelSpecError` when nothing fits.
-    """
+    """A model file from ``target``: a model file, a run folder or name under ``runs_dir``, or ``None`` for the latest
+    run (its ``best.pt``, or the export ``backend`` reads). Raises :class:`ModelSpecError` when nothing fits."""
     runs = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     if target is None:
         try:

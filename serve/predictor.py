@@ -36,9 +36,7 @@ from serve.outputs.thresholds import resolve_thresholds
 
 @dataclass(frozen=True)
 class Prediction:
-    """One image's result: ``scores`` (every class, model order), the ``thresholds`` used, and ``tags``: the classes
-    the selection chooses (by default those whose score reaches their threshold), highest score first (the same
-    rule as ``python -m serve tag``)."""
+    """One image's result: every class's ``scores``, the ``thresholds`` and the selected ``tags``."""
 
     scores: dict[str, float]
     thresholds: dict[str, float]
@@ -48,8 +46,7 @@ class Prediction:
     def from_probabilities(
         cls, classes: Sequence[str], probs: np.ndarray, thresholds: np.ndarray, selection: Selection | None = None
     ) -> Prediction:
-        """Build from a probability row ``(C,)`` and thresholds ``(C,)`` (no model involved); ``selection``: a
-        :class:`serve.outputs.selection_modes.Selection` (default: the thresholds mode)."""
+        """Build from a probability row and thresholds ``(C,)``; ``selection`` defaults to the thresholds mode."""
         probs = np.asarray(probs, dtype=np.float32).reshape(-1)
         thresholds = np.asarray(thresholds, dtype=np.float64).reshape(-1)
         if not len(classes) == probs.size == thresholds.size:
@@ -89,16 +86,9 @@ class Predictor:
     def load(cls, path: str | Path | None, backend: str | None = None, device: str | None = None, *,
              runs_dir: Path | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
              threads: int | None = None) -> Predictor:
-        """Load a model file (``.pt`` checkpoint, ``.onnx`` export, any registered suffix), a run folder, a run name
-        under ``runs_dir``, or the latest run (``path=None``).
-
-        ``backend`` forces a runtime of :data:`models.runtimes.RUNTIMES`; ``device`` is ``cpu``, ``cuda[:N]`` or
-        ``tensorrt[:N]`` (``None``: PyTorch uses CUDA when available, ONNX Runtime uses CPU). ``max_pixels``: the
-        decompression-bomb limit of :meth:`scores` and :meth:`predict` (:data:`serve.DEFAULT_MAX_PIXELS`; ``None``
-        turns it off). ``threads``: CPU threads of the runtime (default: its own choice). Raises
-        :class:`ModelSpecError` (bad request), :class:`BackendUnavailableError` (runtime or GPU provider missing)
-        or :class:`ModelLoadError` (the file does not load).
-        """
+        """Load a model file, a run folder, a run name under ``runs_dir``, or the latest run (``path=None``);
+        ``backend`` and ``device`` pick the runtime, ``max_pixels`` bounds images (None: off). Raises
+        :class:`ModelSpecError`, :class:`BackendUnavailableError` or :class:`ModelLoadError`."""
         parse_device(device)
         model_path = resolve_model_path(path, backend, runs_dir)
         runtime_class(model_path, backend)  # a bad request is a ModelSpecError, never a ModelLoadError
@@ -138,11 +128,8 @@ class Predictor:
         return sigmoid(logits).astype(np.float32)
 
     def scores(self, images: Sequence[ImageInput] | ImageInput, batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
-        """Sigmoid probabilities ``float32 (N, C)`` of a list of images (one image counts as a list of one),
-        in chunks of ``batch_size``. An image's scores do not depend on the rest of the list.
-
-        Raises :class:`ImageError` for the first image that cannot be read.
-        """
+        """Sigmoid probabilities ``float32 (N, C)`` of images, in chunks of ``batch_size``, each independent of the
+        others. Raises :class:`ImageError` for the first image that cannot be read."""
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         if isinstance(images, (str, os.PathLike, bytes, Image.Image, np.ndarray, torch.Tensor)):
@@ -156,8 +143,7 @@ class Predictor:
 
     def predict(self, image: ImageInput, threshold: float | None = None, per_class: Mapping[str, float] | None = None,
                 selection: Selection | str | None = None) -> Prediction:
-        """Score one image and choose its tags: ``selection`` (a :class:`serve.outputs.selection_modes.Selection` or its
-        text, ``"mcut"``, ``"top-k:5"``; default: the thresholds, see :meth:`thresholds`)."""
+        """Score one image and choose its tags by ``selection`` (a Selection or its text; default: thresholds)."""
         thresholds = self.thresholds(threshold, per_class)
         mode = make_selection(selection) if isinstance(selection, str) else selection
         return Prediction.from_probabilities(self.classes, self.scores([image])[0], thresholds, mode)

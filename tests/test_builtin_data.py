@@ -23,7 +23,6 @@ from models.sources.builtin_scenes import (
     generate_image,
     sample_labelled_scene,
     sample_scene,
-    visible_labels,
 )
 
 TINY = BUILTIN_PRESETS["tiny"]
@@ -217,8 +216,8 @@ def test_label_statistics_of_3000_visibility_filtered_scenes() -> None:
     # The visibility filter really drops occluded instances: fewer labels than classes drawn.
     drawn = 0
     for i in range(300):
-        scene = sample_scene(np.random.default_rng([12, i]))
-        drawn += len({o.cls for o in scene if not o.is_occluder}) - int(visible_labels(scene, 64).sum())
+        scene, shown = sample_labelled_scene(np.random.default_rng([12, i]), 64)
+        drawn += len({o.cls for o in scene if not o.is_occluder}) - int(shown.sum())
     assert drawn > 0
 
 

@@ -1,17 +1,8 @@
-"""Training of single-positive multi-label classifiers (``python -m train``).
+"""Training of single-positive multi-label classifiers (``python -m train``); importing it loads neither gradio nor
+onnxruntime.
 
-Importing this package is cheap and pulls in neither gradio nor onnxruntime, so training runs on a
-machine that has only torch and torchvision.
-
-Public API (the names of ``__all__``, imported lazily): the run's configuration (:class:`TrainConfig`,
-:func:`build_parser`, :func:`config_from_args`), the :class:`Trainer`, and the method chooser of ``--method auto``
-(:func:`choose`; its steps :func:`prepare`, :func:`extract_features`, :func:`fit_candidate`, :func:`labelled_pool`,
-:func:`out_of_fold_logits`, :func:`candidate_methods` and its rule :func:`choose_on_scores`). Everything else is
-internal to the stage and may move.
-
-Layering: ``train`` imports ``models`` only; ``export`` and ``serve`` are its peers and never import it; ``bench``
-imports its public API only (tests/test_bench_interfaces.py).
-"""
+Public API (``__all__``, imported lazily): :class:`TrainConfig`, :func:`build_parser`, :func:`config_from_args`,
+:class:`Trainer`, and ``--method auto``'s :func:`choose` with its steps. ``train`` imports ``models`` only."""
 
 from __future__ import annotations
 

@@ -20,8 +20,7 @@ def say(message: str, file: TextIO | None = None) -> None:
 
 
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> int:
-    """Parse arguments, train (or resume), print the summary. Returns the process exit code. ``trainer_class``: a
-    :class:`~train.trainer.Trainer` subclass to train with (benchmarks that record more per epoch)."""
+    """Parse arguments, train (or resume) with ``trainer_class``, print the summary; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["suggest"]:
         from train.suggestions import main as suggest
@@ -50,8 +49,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> in
 
 
 def _train(args: argparse.Namespace, trainer_class: type | None, started: list[Any]) -> None:
-    """Train or resume as ``args`` say (the exceptions of :func:`models.command_line.run_command`); the trainer is
-    appended to ``started`` once made."""
+    """Train or resume as ``args`` say; the trainer is appended to ``started`` once made."""
     from models.files.run_folder import SUMMARY_FILE
     from train.trainer import Trainer
 

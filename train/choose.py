@@ -1,15 +1,10 @@
-"""Choosing the method and its learning rate on the user's own labels: ``python -m train --method auto``.
+"""Choosing the method and its learning rate on the user's own labels: ``python -m train --method auto``
+(docs/choosing.md, "What --method auto does").
 
-No fixed recommendation holds (the development sets rank the methods differently: bench/README.md, choices that
-hold), so the chooser measures them on the data at hand (docs/choosing.md, "What --method auto does"): linear heads
-of every candidate method (:func:`candidate_methods`) at every learning rate of :data:`CANDIDATE_LRS` train on the
-backbone's cached features, one process per CPU core (:func:`choice_processes`); without full validation labels
-they are cross-fitted over the training and validation images (train/cross_fitting.py) and scored by
-:data:`CHOICE_CRITERION` against the observed labels, else by the validation mAP. The baseline (``an`` at the run's
-learning rate) stays the choice unless a candidate beats it beyond the noise (:func:`pick`); an audit list
-(``--audit``) can overrule that pick (:func:`choose_on_scores`). ``python -m train`` then trains the choice. k, when
-it would be estimated, is estimated once from the cross-fitted scores of the ``an`` heads.
-"""
+Linear heads of every candidate method at every learning rate of :data:`CANDIDATE_LRS` train on cached backbone
+features, one process per core; without full validation labels they are cross-fitted over the training and validation
+images and scored by :data:`CHOICE_CRITERION`, else by the validation mAP. The baseline (``an``) stays the choice unless
+a candidate beats it beyond the noise (:func:`pick`); an audit list can overrule that."""
 
 from __future__ import annotations
 
@@ -96,8 +91,7 @@ class Candidate:
 
 @dataclass
 class CandidateResult:
-    """A trained candidate: its score (the choice criterion; -inf when it failed), why it failed, its selected
-    epoch and validation logits there (a single fit on the training split), and its time."""
+    """A trained candidate: its score (-inf when it failed), why it failed, its epoch, validation logits and time."""
 
     candidate: Candidate
     score: float = -math.inf
@@ -112,8 +106,7 @@ class CandidateResult:
 
 @dataclass
 class Choice:
-    """The chooser's result: the chosen candidate, every candidate's result, how they were compared, and k when it
-    was estimated here."""
+    """The chooser's result: the choice, every candidate's result, how they were compared, and k if estimated."""
 
     chosen: Candidate
     results: list[CandidateResult]
@@ -136,16 +129,13 @@ class Choice:
 
 
 def left_out() -> dict[str, str]:
-    """The methods the chooser leaves out, with the measurement why (their ``left_out_of_auto``; bench/README.md,
-    choices that hold, on the development sets the rule was fitted on): at every learning rate far below ``an`` on
-    a development set, where the label-free scores do not see it."""
+    """The methods the chooser leaves out (their ``left_out_of_auto``), with the measurement why."""
     return {name: method.left_out_of_auto for name, method in sorted(METHODS.items()) if method.left_out_of_auto}
 
 
 def candidate_methods(train_observed: np.ndarray) -> list[str]:
-    """The methods the chooser tries: every registered method that trains a head on fixed features from the labels
-    a user has - not the oracles (full labels), not those that need feature maps (``lac``) or CLIP pseudo-labels,
-    not those :func:`left_out`, and ``iu`` only where some negatives are observed."""
+    """The methods the chooser tries: those that train a head on fixed features from the user's labels (no oracles, no
+    feature-map or CLIP methods, none :func:`left_out`; ``iu`` only with observed negatives)."""
     out = []
     for name in sorted(METHODS):
         method = METHODS[name]
@@ -160,8 +150,7 @@ def candidate_methods(train_observed: np.ndarray) -> list[str]:
 
 def extract_features(cfg: TrainConfig, data: RunData, model: MultiLabelNet, forward: DatasetForward,
                      splits: tuple[str, ...] = ("train", "val")) -> dict[str, Rows]:
-    """The backbone features of ``splits`` from the feature cache (computed and stored the first time), under the
-    same key as a ``--trainable head`` run's."""
+    """The backbone features of ``splits`` from the feature cache, keyed as a ``--trainable head`` run's."""
     precision = str(resolve_precision(cfg.amp, forward.device).dtype or "float32")
     key_of = split_feature_key(cfg.arch, model, forward.eval_transform, precision)
     cache = FeatureCache()
@@ -188,19 +177,17 @@ EpochObserver = Callable[[Candidate, int, MultiLabelNet, FixedFeaturePhase, Asse
 def fit_candidate(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet,
                   forward: DatasetForward, features: dict[str, Rows], k: ExpectedPositives | None,
                   observer: EpochObserver | None = None) -> CandidateResult:
-    """Train a fresh head of ``model`` for ``candidate`` on ``data``'s training features (``cfg``'s optimiser,
-    schedule, batch size, epochs and seed) and keep the epoch the run's selection criterion picks on its validation
-    split, with the validation logits there (and the logits of ``features["scored"]``, when given: rows of
-    unreadable images NaN). ``observer`` is called after every epoch (benchmarks score more)."""
+    """Train a fresh head of ``model`` for ``candidate`` on ``data``'s training features and keep the epoch the run's
+    criterion picks on validation, with its validation logits (and those of ``features["scored"]``, NaN rows for
+    unreadable images). ``observer`` is called after every epoch."""
     return _fit_heads(candidate, cfg, model, forward, [(data, features)], k, observer)[0]
 
 
 def _fit_heads(candidate: Candidate, cfg: TrainConfig, model: MultiLabelNet, forward: DatasetForward,
                fits: list[tuple[RunData, dict[str, Rows]]], k: ExpectedPositives | None,
                observer: EpochObserver | None = None) -> list[CandidateResult]:
-    """:func:`fit_candidate` of each (data, features) of ``fits``, with a head of its own (copies of ``model``'s
-    head, which the last one trains), trained together where they can (:func:`~train.fixed_features.joint_groups`)
-    with the same updates as one after the other. All fail when one cannot be built or one diverges."""
+    """:func:`fit_candidate` of each (data, features) of ``fits``, each with its own head, trained together where they
+    can; all fail when one cannot be built or diverges."""
     started = time.perf_counter()
     results = [CandidateResult(candidate) for _ in fits]
     phases = []
@@ -237,8 +224,7 @@ def _fit_heads(candidate: Candidate, cfg: TrainConfig, model: MultiLabelNet, for
 
 def _phase(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet, forward: DatasetForward,
            features: dict[str, Rows], k: ExpectedPositives | None, own_head: bool) -> FixedFeaturePhase | str:
-    """The fixed-feature phase of ``candidate`` on ``data`` from ``cfg``'s seed: ``model``'s head reset and its bias
-    initialised (the phase trains a copy of it with ``own_head``), the method built; why not when it cannot be."""
+    """The fixed-feature phase of ``candidate`` on ``data`` (head reset, bias set, method built), or why not."""
     splits = data.splits
     method_cls = get_method(candidate.method)
     run_cfg = resolve_model_defaults(dataclasses.replace(cfg, method=candidate.method, lr=candidate.lr,
@@ -281,9 +267,7 @@ def _head_logits(head: torch.nn.Module, rows: Rows) -> np.ndarray:
 
 def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet,
                        forward: DatasetForward, pool: Pool, k: ExpectedPositives | None) -> tuple[np.ndarray, str]:
-    """Cross-fitted logits of ``candidate`` for every image of ``pool`` (train/cross_fitting.py): one head per fold,
-    trained on the other folds but the next, at the epoch the selection criterion picks on the next fold, scoring
-    the fold (the folds' heads train together). Rows of unreadable images are NaN. Returns the logits and why a fold
+    """Cross-fitted logits of ``candidate`` for every image of ``pool`` (NaN rows for unreadable images) and why a fold
     failed ("" when none did)."""
     logits = np.full((len(pool), len(data.splits.classes)), np.nan, dtype=np.float32)
     folds = range(int(pool.folds.max()) + 1)
@@ -296,9 +280,7 @@ def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, mo
 
 
 def head_config(cfg: TrainConfig) -> TrainConfig:
-    """The settings the candidates train with: ``cfg`` on fixed features (with ``--trainable head`` its epochs,
-    learning rate and schedule; else the head's defaults: :data:`HEAD_EPOCHS` epochs, the default learning rate and
-    schedule, since the run's belong to the fine-tune), defaults resolved for the baseline."""
+    """The candidates' settings: ``cfg`` on fixed features, the head's defaults unless ``--trainable head``."""
     if not cfg.fixed_features:
         head = TrainConfig()
         cfg = dataclasses.replace(cfg, epochs=HEAD_EPOCHS, lr=head.lr, scheduler=head.scheduler)
@@ -308,8 +290,7 @@ def head_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def prepare(cfg: TrainConfig) -> tuple[RunData, MultiLabelNet, DatasetForward, dict[str, Rows]]:
-    """Load the run's data, build its backbone (frozen, as ``--trainable head`` does) and extract the training and
-    validation features."""
+    """Load the run's data, build its frozen backbone and extract the training and validation features."""
     cfg = head_config(cfg)
     seed_everything(cfg.seed)
     data = load_run_data(cfg)
@@ -325,9 +306,8 @@ def prepare(cfg: TrainConfig) -> tuple[RunData, MultiLabelNet, DatasetForward, d
 def choose(cfg: TrainConfig, methods: list[str] | None = None, lrs: tuple[float, ...] = CANDIDATE_LRS,
            criterion: str = CHOICE_CRITERION,
            prepared: tuple[RunData, MultiLabelNet, DatasetForward, dict[str, Rows]] | None = None) -> Choice:
-    """Train and score every candidate (``methods`` x ``lrs``; default :func:`candidate_methods`) on fixed features
-    of ``cfg``'s data and return the :class:`Choice` (module docstring). ``prepared``: :func:`prepare`'s output when
-    the caller has it already."""
+    """Train and score every candidate (``methods`` x ``lrs``) on fixed features of ``cfg``'s data; returns the
+    :class:`Choice`. ``prepared``: :func:`prepare`'s output when the caller has it."""
     started = time.perf_counter()
     head_cfg = head_config(cfg)
     data, model, forward, features = prepared if prepared is not None else prepare(head_cfg)
@@ -380,9 +360,8 @@ class _Shared:
 
 
 def score_candidate(candidate: Candidate, shared: _Shared) -> CandidateResult:
-    """One candidate's result: cross-fitted over the pool and scored by the criterion against the observed labels,
-    or (no pool: full validation labels) fitted once and scored by its selection score, with its validation logits
-    (one row per val image, NaN for an unreadable one)."""
+    """One candidate's result: cross-fitted over the pool and scored against the observed labels, or (no pool) fitted
+    once and scored by its selection score, with its validation logits."""
     started = time.perf_counter()
     s = shared
     if s.pool is not None:
@@ -404,8 +383,7 @@ def score_candidate(candidate: Candidate, shared: _Shared) -> CandidateResult:
 
 
 def choice_processes(device: torch.device) -> int:
-    """How many candidates train at once: one per usable CPU core on a CPU run outside torchrun where processes can
-    be forked (each head trains on one thread: train/fixed_features.py), else one."""
+    """How many candidates train at once: one per usable core on a forkable CPU run outside torchrun, else one."""
     if device.type != "cpu" or current_world().distributed or "fork" not in mp.get_all_start_methods():
         return 1
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -427,11 +405,8 @@ def _score_in_worker(candidate: Candidate, k: ExpectedPositives | None) -> Candi
 
 def _score_all(first: list[Candidate], rest: list[Candidate], shared: _Shared,
                estimate: Callable[[list[CandidateResult]], ExpectedPositives | None]) -> Iterator[CandidateResult]:
-    """The results of ``first``, then of ``rest``, in their order; k (``estimate`` of ``first``'s results, kept in
-    ``shared.k``) is estimated before a candidate that reads it trains. In :func:`choice_processes` forked processes
-    (the data, model and features shared copy-on-write; the candidates that need no k train while it is estimated,
-    so no core waits), or one after the other (also when this process cannot fork workers that train: PyTorch
-    refuses autograd in a child forked after autograd threads started)."""
+    """The results of ``first``, then of ``rest``, in order, with k estimated from ``first``'s before a candidate that
+    reads it trains; in forked processes (:func:`choice_processes`) where possible, else one after the other."""
     global _SHARED
     later = [c for c in rest if METHODS[c.method].uses_expected_positives]
     done: dict[Candidate, CandidateResult] = {}
@@ -471,12 +446,9 @@ def _score_all(first: list[Candidate], rest: list[Candidate], shared: _Shared,
 def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observed: np.ndarray,
                      audit: tuple[np.ndarray, np.ndarray] | None = None, criterion: str = CHOICE_CRITERION,
                      label_free: Candidate | None = None) -> tuple[Candidate, Candidate]:
-    """The choice from the candidates' cross-fitted scores (``val_logits``: one row per labelled image) and the
-    observed labels: first by the labels as given (:func:`pick` by ``criterion`` guarded by :data:`GUARD_CRITERION`,
-    from the baseline); then, with ``audit`` (rows of the audited images, their full labels), any candidate - the
-    baseline too - that beats that pick by :data:`AUDIT_Z` standard errors of the audited images'
-    :data:`AUDIT_CRITERION` replaces it (:func:`pick` from the label-free pick). Returns (the choice, the label-free
-    pick; ``label_free``: that pick when it is known already)."""
+    """The choice from the candidates' cross-fitted scores and the observed labels (:func:`pick` guarded by
+    :data:`GUARD_CRITERION`); with ``audit`` (rows, full labels), a candidate that beats that pick by :data:`AUDIT_Z`
+    standard errors of :data:`AUDIT_CRITERION` replaces it. Returns (the choice, the label-free pick)."""
     if label_free is None:
         label_free = pick(results, baseline, CRITERIA[criterion], observed, CRITERIA[GUARD_CRITERION])
     if audit is None:
@@ -490,9 +462,7 @@ def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observ
 
 
 def audited_rows(spec: str, pool: Pool) -> tuple[np.ndarray, np.ndarray] | None:
-    """The rows of ``pool`` that the audit list ``spec`` labels completely, and their full labels (None when fewer
-    than :data:`MIN_AUDITED` of its images are training or validation images of the run: the choice then goes by
-    the label-free scores). Its images elsewhere still settle k."""
+    """The rows of ``pool`` the audit list labels fully and their labels; None below :data:`MIN_AUDITED`."""
     audit = load_audit(spec, list(pool.images.classes))
     where = {Path(p).resolve(): i for i, p in enumerate(pool.images.paths)}
     found = [(where[Path(p).resolve()], row) for p, row in zip(audit.paths, audit.labels, strict=True)
@@ -512,8 +482,7 @@ def audited_rows(spec: str, pool: Pool) -> tuple[np.ndarray, np.ndarray] | None:
 def paired_difference(criterion: Callable[[np.ndarray, np.ndarray], float], a: np.ndarray, b: np.ndarray,
                       labels: np.ndarray, resamples: int = RESAMPLES,
                       seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """``criterion(a) - criterion(b)`` on the same images, and its standard error: the spread of the difference
-    over ``resamples`` bootstrap resamples of the images (rows with a NaN in either are left out)."""
+    """``criterion(a) - criterion(b)`` on the same images and its bootstrap standard error (NaN rows left out)."""
     keep = ~(np.isnan(a).any(1) | np.isnan(b).any(1))
     a, b, labels = a[keep], b[keep], labels[keep]
     rng = np.random.default_rng(seed)
@@ -530,11 +499,8 @@ def paired_difference(criterion: Callable[[np.ndarray, np.ndarray], float], a: n
 def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callable[[np.ndarray, np.ndarray], float],
          labels: np.ndarray, guard: Callable[[np.ndarray, np.ndarray], float] | None = None,
          z: float | None = None) -> Candidate:
-    """The choice (docs/choosing.md, step 4): the baseline unless one of the :data:`CONTENDERS` best-scoring
-    candidates beats it by ``z`` (default :data:`SWITCH_Z`) standard errors of the paired difference of ``criterion``
-    (a bootstrap over the scored images) and, with ``guard``, scores at least the baseline's by ``guard``: on one
-    label per image every score is noisy, and the rule keeps a candidate that only looks better by chance from
-    replacing the baseline. Records each contender's ``versus_baseline``."""
+    """The baseline, unless one of the :data:`CONTENDERS` best candidates beats it by ``z`` bootstrap standard errors of
+    ``criterion`` (and, with ``guard``, is not worse on it); records each contender's ``versus_baseline``."""
     z = SWITCH_Z if z is None else z
     scored = [r for r in results if not r.failed and math.isfinite(r.score) and r.val_logits is not None]
     if not scored:
@@ -566,8 +532,7 @@ def _rows_score(criterion: Callable[[np.ndarray, np.ndarray], float], logits: np
 
 def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
                         an_results: list[CandidateResult]) -> ExpectedPositives | None:
-    """k for the candidates that need it: the run's own source when it has one (given, published, full labels,
-    audit), else estimated from the cross-fitted scores of the best ``an`` head."""
+    """k for the candidates: the run's own source if any, else estimated from the best ``an`` head's scores."""
     probe = next((m for m in METHODS.values() if m.uses_expected_positives), None)
     if probe is None:
         return None
@@ -585,9 +550,7 @@ def _expected_positives(cfg: TrainConfig, data: RunData, pool: Pool | None,
 
 
 def apply_choice(cfg: TrainConfig, choice: Choice) -> TrainConfig:
-    """``cfg`` set to train the choice: its method, and its learning rate for the head (``--lr`` with ``--trainable
-    head``; else LinearInit's, :data:`HEAD_EPOCHS` epochs of the head before the whole network trains), with the
-    choice recorded in ``chosen`` (with k when it was estimated: the run uses it, train/prepared_run.py)."""
+    """``cfg`` set to train the choice, recorded in ``chosen`` (with k when estimated)."""
     chosen = choice.chosen
     if cfg.fixed_features:
         settings: dict[str, Any] = {"method": chosen.method, "lr": chosen.lr}
@@ -598,8 +561,7 @@ def apply_choice(cfg: TrainConfig, choice: Choice) -> TrainConfig:
 
 
 def choice_table(choice: Choice) -> str:
-    """The chooser's table: one row per method (its best learning rate and score), the baseline and the choice
-    always, best first."""
+    """The chooser's table: each method's best learning rate and score, baseline and choice always, best first."""
     best: dict[str, CandidateResult] = {}
     for r in choice.results:
         if not r.failed and (r.candidate.method not in best or r.score > best[r.candidate.method].score):

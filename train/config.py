@@ -1,15 +1,9 @@
-"""Training configuration: :class:`TrainConfig`, every default a setting can take, and the one function that resolves
-them (:func:`resolve_settings`) and records where each value came from.
+"""Training configuration: :class:`TrainConfig`, every default, and :func:`resolve_settings`, which resolves them and
+records where each value came from (config.json's ``sources``).
 
-A setting's value comes from the last of these layers that sets it: TrainConfig's own default, ``--preset``
-(:data:`RUN_PRESETS`), with ``--preset paper`` the method's published settings for the dataset, ``--from-run``'s
-settings, the options given; then, for what none of them set, the regime's (the head on fixed features:
-:data:`HEAD_EPOCHS` epochs; fine-tuning pretrained weights: :data:`FINE_TUNE_DEFAULTS` and LinearInit) and the data's
-(the ``auto`` model settings: Lite0 with ImageNet weights at :data:`REAL_IMAGE_SIZE` px on real images, ResNet-18 from
-scratch at 64 px on the built-in shapes, LgConv on for the ResNets, the head's bias and the BatchNorm statistics).
-``--method auto`` then sets the method it chose. The run prints the result once, and config.json keeps it with the
-source of each setting (``sources``). The command line is :mod:`train.options`.
-"""
+A setting comes from the last layer that sets it: TrainConfig's default, ``--preset`` (:data:`RUN_PRESETS`),
+``--from-run``, the options given; then, for what none set, the regime's defaults (:data:`HEAD_EPOCHS`,
+:data:`FINE_TUNE_DEFAULTS`) and the data's (the ``auto`` model settings). The command line is :mod:`train.options`."""
 
 from __future__ import annotations
 
@@ -167,8 +161,7 @@ GIVEN = "given"  # the source of a setting named on the command line (or in code
 
 
 def paper_settings(method: str, data: str) -> dict[str, Any]:
-    """The published optimisation settings of ``method`` for the dataset family of spec ``data`` (what
-    ``--preset paper`` adds for that pair; empty when the method's papers publish none)."""
+    """The published optimisation settings of ``method`` for ``data``'s family (what ``--preset paper`` adds)."""
     from models.data.registry import spec_family
 
     if method == METHOD_AUTO:  # not known yet: --method auto chooses it on fixed features first
@@ -178,10 +171,8 @@ def paper_settings(method: str, data: str) -> dict[str, Any]:
 
 def resolve_settings(given: dict[str, Any], preset: str = "", from_run: dict[str, Any] | None = None,
                      from_run_name: str = "") -> TrainConfig:
-    """The run's settings from the options ``given`` (``hp`` a dict; ``crop`` a fraction or ``pretrained``), the
-    ``preset``, the settings of a run to start from (``--from-run`` ``from_run_name``: its ``--review`` files and
-    ``--hp`` values are kept and the given ones added), the regime and the data, in the layers of the module
-    docstring; the result's ``sources`` names where every setting that is not TrainConfig's default came from."""
+    """The run's settings from the options ``given``, the ``preset``, a run to start from (its ``--review`` and ``--hp``
+    kept, the given ones added), the regime and the data; ``sources`` names where each non-default came from."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
 
@@ -215,9 +206,7 @@ def resolve_settings(given: dict[str, Any], preset: str = "", from_run: dict[str
 
 
 def fine_tune_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """``cfg`` with :data:`FINE_TUNE_DEFAULTS` for the settings not in ``given``, and LinearInit's head phase unless
-    given or the run cannot have one (``--method auto``, which sets it to the chosen head; ``--boostlu``; a method
-    whose head does not train on pooled features)."""
+    """``cfg`` with :data:`FINE_TUNE_DEFAULTS` where not ``given``, and LinearInit where the run can have it."""
     updates = {name: value for name, value in FINE_TUNE_DEFAULTS.items() if name not in given}
     method = get_method(cfg.method) if cfg.method != METHOD_AUTO else None
     if ("linear_init" not in given and method is not None and method.trains_on_pooled_features()
@@ -227,8 +216,7 @@ def fine_tune_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 
 def run_config(run: str, runs_dir: str | Path | None = None) -> tuple[Path, TrainConfig]:
-    """The folder and config of run ``run`` (a run folder, or its name under ``runs_dir``; default: the runs
-    folder); a ``ValueError`` when it has no config.json."""
+    """The folder and config of run ``run`` (a folder or a name under ``runs_dir``); ``ValueError`` without one."""
     folder = Path(run).expanduser()
     if not folder.is_dir():
         folder = Path(runs_dir or default_runs_dir()) / run
@@ -239,8 +227,7 @@ def run_config(run: str, runs_dir: str | Path | None = None) -> tuple[Path, Trai
 
 
 def settings_of_run(run: str, runs_dir: str | None = None) -> dict[str, Any]:
-    """The settings of run folder ``run`` (or its name under ``runs_dir``) for a new run (``--from-run``): its
-    config.json's config without its name, the chooser's record and the sources of its settings."""
+    """The settings of run ``run`` for ``--from-run``: its config without its name, the choice and the sources."""
     try:
         settings = run_config(run, runs_dir)[1].to_dict()
     except ValueError as exc:
@@ -251,8 +238,7 @@ def settings_of_run(run: str, runs_dir: str | None = None) -> dict[str, Any]:
 
 
 def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with every ``auto`` model setting replaced by its value for ``cfg.data`` (module docstring), each
-    recorded in ``sources``; a config without ``auto`` values comes back equal."""
+    """``cfg`` with every ``auto`` model setting resolved for ``cfg.data``, each recorded in ``sources``."""
     from models.backbones import family_of
 
     scratch = is_builtin(cfg.data)
@@ -355,8 +341,7 @@ def is_builtin(data: str) -> bool:
 
 
 def default_image_size(arch: str, scratch: bool) -> int:
-    """``--image-size auto`` for ``arch``: 64 px on the built-in shapes, :data:`REAL_IMAGE_SIZE` for the default
-    real-image backbone, else the backbone's pretrained input size."""
+    """``--image-size auto``: 64 px on the built-in shapes, else the backbone's pretrained input size."""
     from models.backbones import family_of
 
     if scratch:
@@ -367,18 +352,15 @@ def default_image_size(arch: str, scratch: bool) -> int:
 
 
 def default_head_bias(trainable: str, weights: str, starts_at_label_prior: bool) -> str:
-    """``--head-bias auto``: the label prior for a method that asks for it (``Method.starts_at_label_prior``: the
-    losses that take unobserved labels as negatives) on fixed features or a pretrained backbone, else PyTorch's
-    initialisation (measured: bench/README.md, head bias)."""
+    """``--head-bias auto``: the label prior for a method that starts there, on fixed features or a pretrained backbone;
+    else PyTorch's initialisation (measured: bench/README.md, head bias)."""
     pretrained = on_fixed_features(trainable) or weights.lower() != "none"
     return "prior" if pretrained and starts_at_label_prior else "default"
 
 
 def default_bn_stats(trainable: str, weights: str) -> str:
-    """``--bn-stats auto``: frozen with pretrained weights (the head of LinearInit, trained on features normalised by
-    them, stays valid, and a small training set does not overwrite them: measured, bench/README.md, fine-tuning the
-    whole network) and on fixed features (nothing of the backbone trains, whatever was asked), updated from the
-    batches when a backbone from random init trains (there is nothing to keep)."""
+    """``--bn-stats auto``: frozen with pretrained weights or on fixed features, updated when a backbone from random
+    init trains (measured: bench/README.md, fine-tuning the whole network)."""
     return "frozen" if on_fixed_features(trainable) or weights.lower() != "none" else "train"
 
 
@@ -387,8 +369,7 @@ _NOT_DESCRIBED = ("runs_dir", "name", "chosen", "sources", *MACHINE_FIELDS)
 
 
 def describe_settings(cfg: TrainConfig) -> str:
-    """One line: every setting that is not TrainConfig's default (machine settings aside), grouped by where it came
-    from; one not in ``sources`` counts as given (a config made in code)."""
+    """One line: every non-default setting grouped by source (one not in ``sources`` counts as given)."""
     defaults = TrainConfig()
     groups: dict[str, list[str]] = {}
     for f in dataclasses.fields(cfg):

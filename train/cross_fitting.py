@@ -1,12 +1,6 @@
-"""Out-of-fold scores for every labelled image: heads trained on fixed features in K folds over the training and
-validation images together, each image scored by a head that did not see it and whose epoch was not picked on it.
-
-One label per image leaves little to measure with, so the training images are pooled with the validation images.
-Each scored fold's head trains on K-2 folds and keeps the epoch picked on the next fold (:func:`fold_data`): picking
-it on the scored images themselves would favour heads whose scores swing from epoch to epoch. The method chooser
-(train/choose.py) and k's estimate (models/evaluation/expected_positives.py) use these scores; with full validation
-labels there is nothing to pool.
-"""
+"""Out-of-fold scores for every labelled image: heads on fixed features in K folds over the training and validation
+images, each image scored by a head that neither saw it nor picked its epoch on it (each scored fold's head trains on
+K-2 folds and picks its epoch on the next one). Used by the method chooser and k's estimate."""
 
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ FOLD_SEED = 20261126
 
 @dataclass
 class Pool:
-    """The training and validation images as one labelled set: their paths, observed labels (1 positive, -1
-    observed negative, 0 unknown), features, and the fold of each row."""
+    """The training and validation images as one set: paths, observed labels (1, -1, 0), features, folds."""
 
     images: LabelledImages  # .labels: the observed positives (0/1)
     observed: np.ndarray  # (N, C) int8
@@ -43,8 +36,7 @@ class Pool:
 
 
 def fold_of(count: int, folds: int = FOLDS, seed: int = FOLD_SEED) -> np.ndarray:
-    """The fold (0 .. folds-1) of each of ``count`` rows: a seeded permutation dealt round-robin (fold sizes differ
-    by at most one)."""
+    """The fold of each of ``count`` rows: a seeded permutation dealt round-robin."""
     if folds < 3 or count < folds:
         raise ValueError(f"cross-fitting needs at least 3 folds and as many images; got {folds} folds, {count} images")
     order = np.random.default_rng(seed).permutation(count)
@@ -54,8 +46,7 @@ def fold_of(count: int, folds: int = FOLDS, seed: int = FOLD_SEED) -> np.ndarray
 
 
 def labelled_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) -> Pool:
-    """The training and validation images of ``data`` with their observed labels (training: the run's observed
-    labels; validation: its labels as given, which must not be full) and the given features, in ``folds`` folds."""
+    """The training and validation images of ``data`` with their observed labels and features, in folds."""
     splits = data.splits
     if splits.has_full_labels("val"):
         raise ValueError("the validation labels are full: score models on them directly instead of cross-fitting")
@@ -69,8 +60,7 @@ def labelled_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) 
 
 
 def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) -> Pool:
-    """The training images of ``data`` alone with their observed labels and features, in ``folds`` folds (label
-    suggestions: every training image scored by a head that did not see it, whatever the validation labels are)."""
+    """The training images of ``data`` alone with their observed labels and features, in folds."""
     splits = data.splits
     observed = splits.train_observed.astype(np.int8)
     images = LabelledImages(list(splits.train.paths), (observed > 0).astype(np.uint8), list(splits.classes))
@@ -78,9 +68,7 @@ def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) 
 
 
 def fold_data(data: RunData, pool: Pool, fold: int) -> tuple[RunData, dict[str, Rows]]:
-    """The run data and features that score one fold: train on the folds other than it and its selection fold
-    (the next fold), validate (single-positive or partial labels, as given) on the selection fold; the
-    features of the scored fold as ``scored``."""
+    """The data that scores one fold: train on the others but the next, validate on the next."""
     pick = (fold + 1) % (int(pool.folds.max()) + 1)  # the fold whose images pick the epoch: the next one
     train_rows = np.flatnonzero((pool.folds != fold) & (pool.folds != pick))
     val_rows = np.flatnonzero(pool.folds == pick)

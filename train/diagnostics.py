@@ -1,6 +1,4 @@
-"""Full-label diagnostics, computed by the trainer (never by a method) where the training split has full labels: how
-well a method's :meth:`~train.methods.base.Method.label_estimates` match them. Nothing of them reaches the method.
-"""
+"""Full-label diagnostics of a method's label estimates; nothing of them reaches the method."""
 
 from __future__ import annotations
 
@@ -14,9 +12,7 @@ from train.methods.base import NEGATIVES, POSITIVES, SCORES, LabelEstimate, Meth
 
 
 def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torch.Tensor) -> dict[str, float]:
-    """Per estimate ``name``: ``<name>_recovery_mAP`` (scores: mAP against ``full_labels`` (N_train, C)) or
-    ``<name>_precision`` (positives / negatives: the share of the marked entries that truly are positive /
-    negative; left out when nothing is marked)."""
+    """Per estimate ``name``: ``<name>_recovery_mAP`` (scores) or ``<name>_precision`` (non-empty masks)."""
     logs: dict[str, float] = {}
     for name, estimate in estimates.items():
         values = estimate.values.detach().cpu()
@@ -29,8 +25,7 @@ def score_label_estimates(estimates: dict[str, LabelEstimate], full_labels: torc
 
 
 def run_diagnostics(method: Method, splits: Any, is_main: bool) -> dict[str, float]:
-    """The ``method``'s label estimates scored against the full training labels of ``splits`` (rank 0 only, and
-    only where the training split has hidden full labels)."""
+    """The method's label estimates scored against hidden full training labels (rank 0 only)."""
     estimates = method.label_estimates() if is_main and splits.train_has_full_labels else {}
     if not estimates:
         return {}

@@ -1,7 +1,5 @@
 """Multi-process training on torch.distributed (docs/distributed.md): init from torchrun's environment, rank helpers,
-broadcasts, gathers and per-sample augmentation seeds; DistributedDataParallel averages the gradients around the
-training step (``train.epoch``). Outside torchrun every helper is a no-op for one process.
-"""
+broadcasts, gathers, per-sample augmentation seeds. Outside torchrun every helper is a no-op for one process."""
 
 from __future__ import annotations
 
@@ -40,11 +38,8 @@ def launched_by_torchrun() -> bool:
 
 
 def init_world(device_name: str, sync_bn: bool = False) -> tuple[World, torch.device]:
-    """Join the process group torchrun describes (NCCL for CUDA tensors, gloo for CPU ones) and pick this rank's
-    device.
-
-    Without torchrun: one process, ``device_name`` resolved as usual. Raises ``ValueError`` (a clean one-line
-    error) for launches that cannot work, e.g. more ranks on a node than visible GPUs."""
+    """Join the process group torchrun describes and pick this rank's device (without torchrun: one process). Raises
+    ``ValueError`` for launches that cannot work, e.g. more ranks on a node than visible GPUs."""
     want_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
     if not launched_by_torchrun():
         if sync_bn:
@@ -150,8 +145,7 @@ class _SumOverRanks(torch.autograd.Function):
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:
-    """Copy rank 0's buffers (BatchNorm running statistics) to every rank, as DDP does at each forward (no-op in
-    one process)."""
+    """Copy rank 0's buffers (BatchNorm statistics) to every rank (no-op in one process)."""
     if not current_world().distributed:
         return
     for buffer in module.buffers():
@@ -159,8 +153,7 @@ def broadcast_buffers(module: torch.nn.Module) -> None:
 
 
 def global_mean(values: torch.Tensor) -> torch.Tensor:
-    """The mean of ``values`` (1-D) over the samples of every rank, differentiable: each rank's gradient
-    reaches its own samples exactly as in one process with the whole batch (with gradients averaged)."""
+    """The mean of ``values`` over every rank's samples, with the gradients of one process on the whole batch."""
     if not current_world().distributed:
         return values.mean()
     total = _SumOverRanks.apply(values.sum().reshape(1))
@@ -180,9 +173,7 @@ def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
 
 
 def gather_varying(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Concatenate every rank's ``x`` (sizes may differ along dim 0) in rank order; this rank's rows keep their
-    gradient, the others' are detached (as MoCo's key gather). Returns the tensor and where this rank's rows
-    start."""
+    """Every rank's ``x`` concatenated in rank order (others' detached), and where this rank's rows start."""
     world = current_world()
     if not world.distributed:
         return x, 0
@@ -205,9 +196,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class PerSampleSeeded(Dataset[dict[str, torch.Tensor]]):
-    """Wraps a training dataset so each sample's random augmentation is seeded by (seed, epoch, index): the
-    draws then do not depend on which rank loads the sample, so a run's augmentations are the same for every
-    world size (and ``--resume`` with another world size continues them)."""
+    """A dataset whose augmentation is seeded by (seed, epoch, index): the same for every world size."""
 
     def __init__(self, dataset: Dataset[dict[str, torch.Tensor]], seed: int) -> None:
         self.dataset = dataset
@@ -229,9 +218,7 @@ class PerSampleSeeded(Dataset[dict[str, torch.Tensor]]):
 
 
 def gather_indexed_rows(local: torch.Tensor, indices: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's rows ``local`` (their numbers may differ between ranks) placed at their dataset ``indices`` in a
-    ``(total, ...)`` tensor, and a bool mask of the rows that arrived. The duplicates a ``DistributedSampler`` pads
-    in land on their own row again; rows no rank sent (unreadable images) stay zero and unmarked."""
+    """Every rank's rows at their dataset ``indices`` in one tensor, and a mask of the rows that arrived."""
     rows, _ = gather_varying(local)
     where, _ = gather_varying(indices)
     out = local.new_zeros((total, *local.shape[1:]))
@@ -242,8 +229,7 @@ def gather_indexed_rows(local: torch.Tensor, indices: torch.Tensor, total: int) 
 
 
 def max_over_ranks_(tensor: torch.Tensor) -> torch.Tensor:
-    """In place: the element-wise maximum of ``tensor`` over the ranks (e.g. marks each rank set for its own
-    samples); no-op in one process. Returns ``tensor``."""
+    """In place: the element-wise maximum of ``tensor`` over the ranks; returns ``tensor``."""
     if current_world().distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor

@@ -1,18 +1,9 @@
-"""One end-to-end epoch: the training data (shuffled, augmented, sharded under torchrun), the training step (the model
-calls a method asks for and its loss, as one module that DistributedDataParallel wraps), the stage's optimisation
-(optimiser, schedule, gradient scaler, weight EMA: :data:`OPTIMIZERS`, :data:`SCHEDULERS`), and the step loop with
-the epoch's running totals.
+"""One end-to-end epoch: the training data, the training step (the model calls a method asks for and its loss, as one
+module DistributedDataParallel wraps; the method's buffers stay outside it: docs/distributed.md), the stage's
+optimisation (:data:`OPTIMIZERS`, :data:`SCHEDULERS`, scaler, EMA) and the step loop.
 
-The step is a module so that torchrun wraps the whole step in DDP: a method may call the model more than once (PU-MLC's
-mixup pass) and has parameters of its own (ROLE's label matrix, LAC's projector); DDP then averages the gradients of
-both with its bucketed all-reduce. The method module is held outside the module tree, so its buffers (EM-APL's
-pseudo-labels, OPML-SP's corrections, LAC's queue) are never broadcast: they stay identical on every rank by
-construction (docs/distributed.md).
-
-Nothing in the loop waits for the device unless the step itself needs it: the loss and the logged values are summed
-where they are computed and read on the host after the first step, every :data:`HOST_SYNC_EVERY` steps and at the end
-of the epoch. A non-finite loss is noticed at the next such point; the error names the first step that had one.
-"""
+The loop reads device values only every :data:`HOST_SYNC_EVERY` steps and at the end of the epoch; a non-finite loss is
+noticed there, and the error names the first step that had one."""
 
 from __future__ import annotations
 
@@ -48,13 +39,9 @@ def _output_key(kind: str, input_key: str) -> str:
 
 
 def method_step(model: Callable[..., Any], method: Method, batch: dict[str, torch.Tensor]) -> LossOutput:
-    """Run ``model`` as ``method`` asks and return its loss on ``batch``.
-
-    ``images`` and every extra view (``images_<name>`` keys of the batch) go through the model in one call
-    (``forward_embeddings`` when the method needs per-class embeddings); their float32 logits (and embeddings)
-    join the batch as ``logits`` / ``logits_<name>`` (``embeddings`` / ``embeddings_<name>``). Then the method's
-    :meth:`~train.methods.base.Method.extra_model_inputs` run through the model one call each, and
-    :meth:`~train.methods.base.Method.loss` gets the logits of ``images`` and the whole batch."""
+    """Run ``model`` as ``method`` asks and return its loss on ``batch``: ``images`` and the extra views in one call
+    (their logits join the batch as ``logits`` / ``logits_<name>``, embeddings likewise), then the method's extra model
+    inputs one call each."""
     views = [IMAGES, *sorted(k for k in batch if k.startswith(IMAGES + "_"))]
     n = batch[IMAGES].shape[0]
     x = torch.cat([batch[k] for k in views]) if len(views) > 1 else batch[IMAGES]
@@ -75,8 +62,7 @@ def method_step(model: Callable[..., Any], method: Method, batch: dict[str, torc
 
 
 class TrainingStep(nn.Module):
-    """``forward(batch)`` = :func:`method_step` of the model and the method as a ``(loss, logs)`` tuple, so that
-    DDP finds the loss tensor in the output."""
+    """``forward(batch)`` = :func:`method_step` as a ``(loss, logs)`` tuple, so DDP finds the loss."""
 
     def __init__(self, model: nn.Module, method: Method) -> None:
         super().__init__()
@@ -96,16 +82,9 @@ class TrainingStep(nn.Module):
 
 
 def wrap_training_step(model: nn.Module, method: Method, device: torch.device) -> nn.Module:
-    """The step module of ``model`` and ``method``: plain in one process, in ``DistributedDataParallel`` under
-    torchrun (``device_ids=[rank's GPU]`` on CUDA, None on CPU).
-
-    ``find_unused_parameters`` is on only for a method that declares ``leaves_parameters_unused`` (LAC's projector
-    is unused in stage 1, and on a rank that selects no pair): DDP then traverses the autograd graph after every
-    forward to mark what was not used, and a parameter unused on every rank keeps ``grad=None`` as in one process.
-    Every other step uses all of its trainable parameters, so the traversal is skipped. Build a new wrapper
-    whenever the set of trainable parameters changes (a new stage, another phase): DDP registers the parameters
-    it reduces when it is built, and two live wrappers of the same parameters must not exist (drop the old one
-    first)."""
+    """The step module of ``model`` and ``method``: plain in one process, ``DistributedDataParallel`` under torchrun
+    (``find_unused_parameters`` only for a method that ``leaves_parameters_unused``). Build a new one whenever the
+    trainable parameters change, dropping the old one first."""
     step = TrainingStep(model, method)
     if not current_world().distributed:
         return step
@@ -125,8 +104,7 @@ Groups = list[dict[str, Any]]
 
 
 def fusable(groups: Iterable[dict[str, Any]]) -> bool:
-    """True when every parameter of ``groups`` is a floating-point tensor on CPU or CUDA, where PyTorch's fused
-    Adam/AdamW/SGD steps run (one kernel over all tensors instead of a Python loop: 3 to 5x faster on CPU)."""
+    """True when every parameter of ``groups`` is a float tensor on CPU or CUDA (PyTorch's fused optimisers)."""
     params = [p for group in groups for p in group["params"]]
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
@@ -156,11 +134,7 @@ OPTIMIZERS: Table[Callable[..., torch.optim.Optimizer]] = Table("optimizer", [
 
 def build_optimizer(name: str, groups: Groups, lr: float, weight_decay: float = 0.0,
                     momentum: float = 0.9) -> torch.optim.Optimizer:
-    """An optimiser ``name`` (a row of :data:`OPTIMIZERS`) over the parameter ``groups``; fused when ``fusable``.
-
-    A run resumed from a checkpoint of an unfused optimiser keeps that checkpoint's setting (``load_state_dict``
-    restores each group's ``fused`` flag), so resuming stays exact.
-    """
+    """An optimiser ``name`` (:data:`OPTIMIZERS`) over ``groups``, fused when ``fusable``."""
     make = OPTIMIZERS[name]
     return make(groups, lr, weight_decay, momentum, True if fusable(groups) else None)
 
@@ -194,13 +168,9 @@ SCHEDULERS: Table[Callable[[torch.optim.Optimizer, int], Schedule | None]] = Tab
 
 
 def build_scheduler(name: str, optimizer: torch.optim.Optimizer, total_steps: int) -> Schedule | None:
-    """The per-step learning-rate schedule ``name`` (a row of :data:`SCHEDULERS`) over ``total_steps``; None =
-    constant.
-
-    ``onecycle`` warms up over 20% of the steps, and over at least one step: PyTorch's OneCycleLR divides by zero
-    when the warm-up is exactly one step short (e.g. 5 steps in all), so short runs warm up for 2/total. A run of
-    one or two steps has no room for a cycle and keeps the peak learning rate.
-    """
+    """The per-step learning-rate schedule ``name`` (:data:`SCHEDULERS`) over ``total_steps``; None = constant. Short
+    runs get a warm-up of at least 2 steps (OneCycleLR divides by zero otherwise), one or two steps keep the peak
+    rate."""
     make = SCHEDULERS[name]
     return None if total_steps <= 0 else make(optimizer, total_steps)
 
@@ -208,9 +178,7 @@ def build_scheduler(name: str, optimizer: torch.optim.Optimizer, total_steps: in
 # ----------------------------------------------------------------- a stage's optimisation
 
 def model_param_groups(model: nn.Module, lr: float, head_lr_mult: float = 1.0) -> list[dict[str, Any]]:
-    """The model's trainable parameters as optimiser groups: one group at ``lr``, or, with ``head_lr_mult`` != 1,
-    the backbone at ``lr`` and the classification head (``model.head``, also inside DDP) at ``lr * head_lr_mult``.
-    Empty groups are left out (``--trainable head`` trains the head alone)."""
+    """The model's trainable parameters as optimiser groups (the head at ``lr * head_lr_mult``)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     head = getattr(getattr(model, "module", model), "head", None)
     if head_lr_mult == 1.0 or not isinstance(head, nn.Module):
@@ -222,8 +190,7 @@ def model_param_groups(model: nn.Module, lr: float, head_lr_mult: float = 1.0) -
 
 
 class Optimisation:
-    """The optimiser over the model's trainable parameters and the method's own groups, its per-step schedule
-    over ``steps``, the fp16 gradient scaler (off otherwise) and the EMA of the weights (``cfg.ema`` > 0)."""
+    """A stage's optimiser, per-step schedule, fp16 gradient scaler and weight EMA (``cfg.ema`` > 0)."""
 
     def __init__(self, cfg: TrainConfig, model: nn.Module, method: Method, steps: int,
                  amp_dtype: torch.dtype | None, device: torch.device) -> None:
@@ -244,8 +211,7 @@ class Optimisation:
             self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(self.ema_decay), use_buffers=True)
 
     def update(self, loss: torch.Tensor) -> None:
-        """Backward ``loss`` (under torchrun DDP averages the gradients meanwhile), clip, step the optimiser,
-        the scaler, the schedule and the EMA."""
+        """Backward ``loss``, clip, and step the optimiser, the scaler, the schedule and the EMA."""
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.clip_grad > 0:
@@ -288,8 +254,7 @@ DIVERGED_HINT = "try a lower --lr, --clip-grad 1.0, or --amp off"  # ends the er
 
 @dataclass
 class TrainData:
-    """The training set and its loader: a seeded shuffle in one process, a rank-independent shuffle and
-    augmentation (:class:`~train.distributed.PerSampleSeeded`) sharded by a ``DistributedSampler`` under torchrun."""
+    """The training set and its loader: seeded shuffle, rank-independent augmentation, sharded under torchrun."""
 
     dataset: ImageLabelDataset
     loader: DataLoader[dict[str, torch.Tensor]]
@@ -309,8 +274,7 @@ class TrainData:
 
 def build_train_data(dataset: ImageLabelDataset, batch_per_process: int, global_batch: int, seed: int,
                      workers: int, pin_memory: bool, skips: SkipReporter) -> TrainData:
-    """The loader of ``dataset`` with ``batch_per_process`` images per step and process; the last incomplete batch
-    is dropped unless the whole set is smaller than one global batch."""
+    """The loader of ``dataset``; the last incomplete batch is dropped unless the set is below one batch."""
     generator = torch.Generator()
     sampler: DistributedSampler[Any] | None = None
     seeded: PerSampleSeeded | None = None
@@ -326,16 +290,14 @@ def build_train_data(dataset: ImageLabelDataset, batch_per_process: int, global_
 
 
 def all_ranks_empty(empty: bool) -> bool:
-    """True when this step has no readable image on some rank (under torchrun every rank must then skip it
-    together, so this one vote per step is part of the step); in one process: ``empty``."""
+    """True when some rank has no readable image this step (every rank then skips it together)."""
     if not current_world().distributed:
         return empty
     return sum_over_ranks({"empty": float(empty)})["empty"] > 0
 
 
 class EpochTotals:
-    """Batch-size weighted sums of the loss and the logged values of an epoch's steps, kept on the loss's device,
-    and the first step whose loss was not finite."""
+    """Batch-weighted sums of an epoch's loss and logs on the device, and the first non-finite step."""
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
@@ -359,8 +321,7 @@ class EpochTotals:
             self.sums[key] = self.sums.get(key, 0.0) + weighted
 
     def raise_if_diverged(self) -> None:
-        """``FloatingPointError`` naming the first non-finite step when there was one on any rank (a host sync;
-        under torchrun a vote, so that every rank stops at the same point)."""
+        """``FloatingPointError`` naming the first non-finite step on any rank (a host sync)."""
         step = -1 if self._bad_step is None else int(self._bad_step)
         anywhere = step >= 0
         if current_world().distributed:
@@ -398,8 +359,7 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device, channels_las
 def train_epoch(data: TrainData, epoch: int, step: Callable[[dict[str, torch.Tensor]], LossOutput],
                 to_device: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]], desc: str,
                 progress: bool) -> dict[str, float]:
-    """One pass over ``data``: each readable batch goes to the device and through ``step`` (forward, backward,
-    update). Returns the epoch's mean loss and logged values over every rank, images/s and seconds."""
+    """One pass over ``data``; returns the mean loss and logs over every rank, images/s and seconds."""
     data.start_epoch(epoch)
     totals = EpochTotals(epoch)
     start = time.perf_counter()

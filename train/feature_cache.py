@@ -1,12 +1,6 @@
-"""Backbone features computed once per image and kept on disk, for training heads on fixed features (``--trainable
-head``, LinearInit, the method chooser).
-
-A file holds the pooled features of one split and the mask of the readable images; its name is a digest of
-everything they depend on (:func:`feature_key`: the images' paths, sizes and modification times, the backbone's
-architecture and weights, the preprocessing and the numeric precision), so any change computes new features. Files
-live in ``$SPML_CACHE/features`` (default ``~/.cache/spml/features``), written atomically and read with
-``weights_only=True``; deleting the folder is always safe.
-"""
+"""Backbone features computed once per image and kept on disk (``$SPML_CACHE/features``) for training heads on fixed
+features; a file's name digests everything they depend on (:func:`feature_key`), so any change computes new ones.
+Written atomically; deleting the folder is always safe."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ def weights_digest(module: nn.Module) -> str:
 
 
 def images_digest(paths: list[Path]) -> str:
-    """sha256 of the image list: every path in order with its file's size and modification time (a missing file
-    counts as such)."""
+    """sha256 of the image list: every path in order with its size and modification time."""
     h = hashlib.sha256()
     for path in paths:
         try:
@@ -65,8 +58,7 @@ def feature_key(paths: list[Path], arch: str, backbone_digest: str, preprocessin
 
 def split_feature_key(arch: str, model: nn.Module, transform: Any,
                       precision: str) -> Callable[[Any], dict[str, Any]]:
-    """``images -> key`` for ``model``'s backbone (``model.backbone``) at ``transform``'s preprocessing and
-    ``precision``: the key of a split's features, the same for a ``--trainable head`` run and the method chooser."""
+    """``images -> key`` of a split's features for ``model``'s backbone, preprocessing and ``precision``."""
     backbone = weights_digest(model.backbone)
     preprocessing = {"image_size": transform.image_size, "mean": list(transform.mean), "std": list(transform.std),
                      "interpolation": transform.interpolation, "crop": transform.crop}
@@ -78,8 +70,7 @@ def split_feature_key(arch: str, model: nn.Module, transform: Any,
 
 
 class FeatureCache:
-    """A folder of feature files (:func:`features_folder` by default). Under torchrun rank 0 reads and writes it
-    and every rank gets the same rows."""
+    """A folder of feature files; under torchrun rank 0 reads and writes it for every rank."""
 
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = Path(folder) if folder is not None else features_folder()
@@ -111,8 +102,7 @@ class FeatureCache:
         return path
 
     def get(self, key: dict[str, Any], compute: Callable[[], Rows]) -> tuple[Rows, bool]:
-        """The rows of ``key``: from the cache, else ``compute()`` (on every rank: extraction is sharded) and stored.
-        Returns (rows, whether they came from the cache)."""
+        """The rows of ``key``, cached or computed and stored; and whether they came from the cache."""
         main = current_world().is_main
         cached = broadcast_object(self.load(key) if main else None)
         if cached is not None:

@@ -1,12 +1,6 @@
-"""Training the head on FIXED backbone features: the fixed-feature mode (``--trainable head``, Cole et al.'s
-``linear_fixed_features``) and the first phase of LinearInit (``--linear-init N``: then end to end).
-
-The features of the training and validation images come from :mod:`train.feature_cache`; only the head and the
-method's own parameters train on them, the feature batch standing in for the images (PU-MLC's mixup mixes feature
-vectors). A LinearInit phase restores its best epoch at the end, as the reference code does. Under torchrun each
-global batch is split over the ranks with loss weights by share, so every step equals the one-process step
-(docs/distributed.md). Unreadable images have no features and are left out.
-"""
+"""Training the head on FIXED backbone features: ``--trainable head`` and the first phase of LinearInit. Only the head
+and the method's parameters train, on cached features (:mod:`train.feature_cache`); a LinearInit phase restores its best
+epoch at the end. Under torchrun every step equals the one-process step (docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -57,8 +51,7 @@ def head_threads() -> Iterator[None]:
 
 @dataclass
 class HeadOptimisation:
-    """How the head trains on fixed features: optimiser, learning rate, weight decay, momentum and per-step
-    schedule over ``epochs`` (LinearInit: Adam, its own learning rate, no schedule)."""
+    """How the head trains on fixed features: optimiser, lr, weight decay, momentum, schedule, epochs."""
 
     optimizer: str
     lr: float
@@ -69,15 +62,9 @@ class HeadOptimisation:
 
 
 class FixedFeaturePhase:
-    """State of a phase on fixed features: cached features, the head-only optimiser (and schedule) and the best head
-    + method state so far.
-
-    ``observed``: the training labels the method may use (N_train, C), ``negatives`` its observed negatives (1 where
-    the protocol observed a negative); ``annotated``: the annotated training labels, given only to a method that
-    trains on them (the oracle capability), else None. ``cache``/``cache_key``: where the features come from
-    (:mod:`train.feature_cache`; ``cache_key(images)`` gives a split's key), None to extract them every time;
-    ``features``: the features of splits by name (``train``, ``val``, ...) when the caller has them already (the
-    method chooser trains many heads on one extraction)."""
+    """State of a phase on fixed features: the features, the head-only optimiser and schedule, and the best head +
+    method state so far. ``annotated`` is given only to an oracle method; ``features``: splits the caller extracted
+    already."""
 
     def __init__(self, model: MultiLabelNet, method: Method, predictor: DatasetForward, train: LabelledImages,
                  val: LabelledImages, observed: torch.Tensor, negatives: torch.Tensor, annotated: torch.Tensor | None,
@@ -117,8 +104,7 @@ class FixedFeaturePhase:
         return max(1, -(-count // self.batch_size))
 
     def _extract(self, images: LabelledImages, split: str, later: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Backbone features of ``images`` on the device (given, from the cache when there, else computed), and the
-        readable ones' mask; ``later``: images the same forward extracts next (the work it is built for)."""
+        """Backbone features of ``images`` and the readable ones' mask; ``later``: images extracted next."""
         if split in self.given:
             rows = self.given[split]
             return rows.values.to(self.predictor.device), rows.present
@@ -138,8 +124,7 @@ class FixedFeaturePhase:
         return rows.values.to(self.predictor.device), rows.present
 
     def head_rows(self, model: MultiLabelNet, images: LabelledImages, split: str) -> Rows:
-        """Logits of ``model``'s head (eval mode) on the cached features of ``images`` (computed and cached the first
-        time), for evaluating a network whose backbone is this phase's fixed one."""
+        """Logits of ``model``'s head (eval mode) on the cached features of ``images``."""
         features, present = self._extract(images, split)
         was_training = model.training
         model.eval()
@@ -172,10 +157,8 @@ class FixedFeaturePhase:
         return self.total_steps, self.steps_per_epoch(int(self.train_present.sum()))
 
     def batches(self, epoch: int) -> Iterator[tuple[int, int, dict[str, torch.Tensor]]]:
-        """The steps of an epoch over the cached training features in a seeded random order: the step's number, the
-        rows of its global batch and this rank's batch (rows r, r + W, ... of the global batch; a global batch with
-        fewer rows than ranks is skipped). The labels are put in the epoch's order once, the features gathered per
-        step; the observed negatives are left out when there are none and the method does not read them."""
+        """The steps of an epoch over the training features in a seeded order: the step's number, its global batch's
+        rows and this rank's share (a global batch with fewer rows than ranks is skipped)."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(self.train_features.shape[0], generator=generator)
         if not self.train_present.all():
@@ -219,8 +202,7 @@ class FixedFeaturePhase:
                     "train_seconds": time.perf_counter() - started}
 
     def validate(self, metrics: bool = True) -> Assessment:
-        """The current head's val predictions (cached features) against the val labels, with the criterion (and the
-        metrics, unless ``metrics`` is False)."""
+        """The current head's val predictions against the val labels, with the criterion and metrics."""
         present = self.val_present
         with torch.inference_mode(), head_threads():
             logits = self.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
@@ -245,20 +227,15 @@ class FixedFeaturePhase:
 
 def head_optimiser(groups: list[dict[str, Any]], optimisation: HeadOptimisation,
                    total_steps: int) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
-    """The optimiser of the parameter ``groups`` and its per-step schedule over ``total_steps``, as ``optimisation``
-    says."""
+    """The optimiser of ``groups`` and its per-step schedule over ``total_steps``."""
     optimizer = build_optimizer(optimisation.optimizer, groups, optimisation.lr,
                                 weight_decay=optimisation.weight_decay, momentum=optimisation.momentum)
     return optimizer, build_scheduler(optimisation.scheduler, optimizer, total_steps)
 
 
 class JointTraining:
-    """Phases of the same :attr:`~FixedFeaturePhase.pace` and optimisation trained together in one process (the
-    cross-fitted heads of a candidate, one per fold): each step runs every phase's batch through its own head and
-    method, then one backward pass of the summed losses and one step of one optimiser over all their parameters (the
-    phases' own optimisers are left unused). The updates are those of training the phases one after the other, each
-    from the random state when the group is made (every phase draws from its own copy of the stream; the optimisers'
-    updates are per parameter), for a fraction of the per-step overhead."""
+    """Phases of the same pace and optimisation trained together in one process (a candidate's cross-fitted heads): one
+    backward and one optimiser step over all of them per step, with the same updates as training them one by one."""
 
     def __init__(self, phases: list[FixedFeaturePhase]) -> None:
         self.phases = phases
@@ -274,8 +251,7 @@ class JointTraining:
         self.optimizer, self.scheduler = head_optimiser(groups, first.optimisation, first.total_steps)
 
     def train_epoch(self, epoch: int) -> None:
-        """One epoch of every phase (a sole phase takes its own step: under torchrun too); ``FloatingPointError`` when
-        a loss was not finite."""
+        """One epoch of every phase; ``FloatingPointError`` when a loss was not finite."""
         if len(self.phases) == 1:
             torch.set_rng_state(self.random_states[0])
             self.phases[0].train_epoch(epoch)
@@ -306,8 +282,7 @@ class JointTraining:
 
 
 def joint_groups(phases: list[FixedFeaturePhase]) -> list[list[int]]:
-    """The indices of ``phases`` in the groups that can train together (:class:`JointTraining`): those of the same
-    pace (each alone under torchrun)."""
+    """The indices of ``phases`` in groups that can train together (same pace; alone under torchrun)."""
     groups: dict[Any, list[int]] = {}
     for i, phase in enumerate(phases):
         groups.setdefault(i if current_world().distributed else phase.pace, []).append(i)

@@ -1,5 +1,4 @@
-"""The ``python -m train`` command line: its options, and :func:`config_from_args`, which hands what was given to
-:func:`train.config.resolve_settings`."""
+"""The ``python -m train`` command line: its options, and :func:`config_from_args`."""
 
 from __future__ import annotations
 
@@ -273,8 +272,7 @@ def _run_options(g: Any, d: TrainConfig) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The validated :class:`TrainConfig` of parsed ``args``: the options given, ``--preset`` and ``--from-run``
-    resolved by :func:`train.config.resolve_settings`, file paths made absolute (so that ``--resume`` finds them)."""
+    """The validated :class:`TrainConfig` of parsed ``args`` (presets resolved, file paths made absolute)."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
              if f.name != "sources" and getattr(args, f.name, None) is not None}
     if "hp" in given:

@@ -1,7 +1,5 @@
-"""A training run prepared in one place, top-down: :func:`prepare_run` turns a :class:`~train.config.TrainConfig` into
-the :class:`PreparedRun` the trainer fits (seeds, precision, the data and its protocol, the run folder, the model,
-k, the method and what it may see of the labels, the loaders and the selection criterion), with the building blocks
-below it and the records a prepared run makes of itself (config.json, a checkpoint's metadata)."""
+"""A training run prepared top-down: :func:`prepare_run` turns a :class:`~train.config.TrainConfig` into the
+:class:`PreparedRun` the trainer fits, with its building blocks and the records a run makes of itself."""
 
 from __future__ import annotations
 
@@ -101,8 +99,7 @@ class PreparedRun:
         return self.feature_epochs + sum(self.stage_plan[:stage])
 
     def feature_phase(self) -> FixedFeaturePhase:
-        """The phase on fixed features (LinearInit's first phase, or the whole ``--trainable head`` run) with the
-        features from the feature cache."""
+        """The phase on fixed features, with the features from the feature cache."""
         cfg = self.cfg
         train = self.train.dataset
         annotated = train.labels if train.annotated_in_items else None
@@ -140,8 +137,7 @@ class PreparedRun:
         }}
 
     def checkpoint_meta(self, epoch: int, metrics: dict[str, Any]) -> ModelMeta:
-        """The metadata of a checkpoint at ``epoch`` (``metrics``: what it was selected or tested with): what the
-        model is, the run's data and protocol, its label regimes, selection criterion and k."""
+        """The metadata of a checkpoint at ``epoch``: the model, data, protocol, regimes, criterion and k."""
         cfg, splits, dataset = self.cfg, self.splits, self.dataset
         transform = run_preprocessing(cfg)
         k = self.expected_positives
@@ -167,10 +163,8 @@ class PreparedRun:
 
 
 def prepare_run(cfg: TrainConfig, run_dir: Path | None = None, resume: bool = False) -> PreparedRun:
-    """Prepare the run of ``cfg`` in ``run_dir`` (default ``RUNS_DIR/NAME``), in the order the parts depend on each
-    other: the processes and device, the data and its protocol, the run folder, the method's pseudo-labels, the
-    model, k, the method, the head's bias, the loaders and the selection criterion. ``resume``: the folder exists
-    and the trainer restores its state afterwards (the head keeps its trained bias)."""
+    """Prepare the run of ``cfg`` in ``run_dir`` (default ``RUNS_DIR/NAME``); ``resume``: the folder exists and the
+    trainer restores its state afterwards."""
     cfg = resolve_model_defaults(cfg)  # "auto" settings of a config made in code (the CLI resolves them)
     world, device = init_world(cfg.device, cfg.sync_bn)
     precision = resolve_precision(cfg.amp, device)
@@ -311,14 +305,12 @@ CHANNELS_LAST_MODES: Table[Callable[[torch.device, str], bool]] = Table("--chann
 
 
 def use_channels_last(setting: str, device: torch.device, arch: str) -> bool:
-    """Whether the run's inputs and weights use the channels-last layout (``setting``: a row of
-    :data:`CHANNELS_LAST_MODES`)."""
+    """Whether the run uses the channels-last layout (``setting``: :data:`CHANNELS_LAST_MODES`)."""
     return CHANNELS_LAST_MODES[setting](device, arch)
 
 
 def resolve_head(head: str, method: type[Method]) -> str:
-    """The classifier head to build: ``auto`` -> the method's required head, else ``linear``; an explicit head
-    that the method cannot train with is a ``ValueError``."""
+    """The head to build: ``auto`` -> the method's, else ``linear``; ``ValueError`` when the method cannot."""
     if head == "auto":
         return method.required_head or "linear"
     if method.required_head and head != method.required_head:
@@ -332,8 +324,7 @@ LEM_MIN_TOKENS = 49
 
 
 def lem_token_warning(head: str, image_size: int) -> str | None:
-    """A warning when the label-wise embedding head sees fewer than :data:`LEM_MIN_TOKENS` feature-map tokens at
-    ``image_size`` (ResNets downsample by 32, rounding up); None otherwise."""
+    """A warning when the lem head sees under :data:`LEM_MIN_TOKENS` tokens at ``image_size``; else None."""
     side = math.ceil(image_size / 32)
     if not head_on_feature_map(head) or side * side >= LEM_MIN_TOKENS:
         return None
@@ -353,8 +344,7 @@ def make_run_name(cfg: TrainConfig, dataset_name: str) -> str:
 
 @dataclass
 class RunData:
-    """The dataset, the run's protocol over it (observed labels, split) and the protocol file's bytes (the same
-    on every rank)."""
+    """The dataset, the run's protocol over it and the protocol file's bytes."""
 
     dataset: DatasetSplits
     splits: ProtocolSplits
@@ -368,8 +358,7 @@ class RunData:
 
 
 def load_run_data(cfg: TrainConfig) -> RunData:
-    """Load ``cfg.data`` and apply the protocol (``--observed``, val split, protocol seed); say on stdout (rank 0)
-    when the observed labels are read, not sampled."""
+    """Load ``cfg.data`` and apply the protocol; say so when the observed labels are read, not sampled."""
     dataset = load_dataset(cfg.data)
     splits = build_protocol(dataset, parse_observed(cfg.observed), cfg.val_fraction, cfg.protocol_seed, cfg.labels)
     splits, review = apply_review(splits, cfg.review)
@@ -386,8 +375,7 @@ def load_run_data(cfg: TrainConfig) -> RunData:
 
 
 def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
-    """Whether the batches of ``method`` carry the annotated training labels: only for a method that trains on
-    them (the oracle capability), and for it a ``ValueError`` when the training split has no full labels."""
+    """Whether ``method`` gets the annotated labels (oracles only; ``ValueError`` when there are none)."""
     if not method.trains_on_full_labels:
         return False
     if not splits.train_labels_full:
@@ -403,13 +391,9 @@ def grant_full_labels(method: type[Method], splits: ProtocolSplits) -> bool:
 
 def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: ProtocolSplits,
                                family: str) -> ExpectedPositives:
-    """k, the expected number of positives per image, of every run (the methods that use it train with it; for the
-    others it is reported, and the export's thresholds tag about k labels per image), from the first source that
-    exists (models/evaluation/expected_positives.py): ``--hp k``, the published value of the dataset's ``family``
-    (``DatasetSplits.family``, for the methods that use k), the full training (else validation) labels, the
-    ``--audit`` list, the estimate ``--method auto`` made from cross-fitted scores; with none of them
-    ``estimated``: the observed positives per image for the first epoch, then the estimate from the model's own
-    validation scores after every epoch (:meth:`train.trainer.Trainer` updates it)."""
+    """k, the expected positives per image, from the first source that exists: ``--hp k``, the family's published value,
+    full labels, the audit list, ``--method auto``'s estimate; else ``estimated`` (the trainer updates it each
+    epoch)."""
     given = cfg.hp.get("k")
     published = preset_for(method, family).get("k")
     full = splits.train.labels if splits.train_labels_full else (
@@ -428,8 +412,7 @@ def expected_positives_for_run(method: type[Method], cfg: TrainConfig, splits: P
 
 def build_run_model(cfg: TrainConfig, num_classes: int, head: str, device: torch.device,
                     channels_last: bool, report: list[str] | None = None) -> MultiLabelNet:
-    """The network of ``cfg`` on ``device``: backbone, LgConv, head (and BoostLU), weights, SyncBatchNorm, trainable
-    scope and BatchNorm statistics. ``report`` receives a line on the weights loaded (or that there were none)."""
+    """The network of ``cfg`` on ``device``; ``report`` receives a line on the weights loaded."""
     lines: list[str] = []
     model = build_model(cfg.arch, num_classes, cfg.weights, lgconv=bool(cfg.lgconv), head=head,
                         load_head=not cfg.reset_head, boostlu=cfg.boostlu, image_size=cfg.image_size, report=lines)
@@ -452,9 +435,8 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
                  dataset_name: str, total_epochs: int, feature_width: int, device: torch.device,
                  expected_positives: ExpectedPositives | None,
                  pseudo_positives: np.ndarray | None = None) -> Method:
-    """``method`` built for this run's training set, on ``device``: it knows the observed training labels, never
-    the annotated ones, ``expected_positives`` (k, :func:`expected_positives_for_run`) when it uses it, and the
-    CLIP ``pseudo_positives`` (``train.pseudo_labels``) when it trains on them."""
+    """``method`` built for this run's training set on ``device``, with the observed labels (never the annotated ones),
+    k and the CLIP pseudo-positives when it uses them."""
     ctx = MethodContext(
         num_classes=len(splits.classes),
         num_train=len(splits.train),
@@ -471,17 +453,15 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
 
 
 def run_preprocessing(cfg: TrainConfig) -> EvalTransform:
-    """The run's evaluation transform: ``cfg.image_size`` and ``cfg.crop``, with the mean, std and interpolation
-    of the backbone's pretrained configuration (also for a backbone trained from scratch: one rule)."""
+    """The run's evaluation transform, with the backbone's pretrained mean, std and interpolation."""
     config = input_config(cfg.arch)
     return EvalTransform(cfg.image_size, config.mean, config.std, config.interpolation, cfg.crop)
 
 
 def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, family: str,
                     expected_positives: ExpectedPositives | None) -> tuple[float, str]:
-    """k for the head's prior bias, and where it came from: the run's own k when it is known (not estimated),
-    else the full training (validation) labels' mean, an audit list, the published k of the dataset family, and
-    finally the observed positives per training image (what single-positive data shows)."""
+    """k for the head's prior bias and its source: the run's known k, else labels, audit, published k, observed
+    positives."""
     if expected_positives is not None and expected_positives.known:
         return expected_positives.k, expected_positives.source
     from train.methods import METHODS
@@ -498,8 +478,7 @@ def prior_positives(cfg: TrainConfig, splits: ProtocolSplits, family: str,
 
 
 def initialise_head_bias(model: MultiLabelNet, cfg: TrainConfig, report: list[str], k: float, source: str) -> str:
-    """Set the new head's bias as ``cfg.head_bias`` says (``prior``: logit(k / C) for every class, ``k`` from
-    :func:`prior_positives`); a head loaded from ``--weights`` keeps its own. Returns what was done."""
+    """Set the new head's bias as ``cfg.head_bias`` says (a loaded head keeps its own); returns what was done."""
     if not HEAD_BIASES[cfg.head_bias] or any("head loaded" in line for line in report):
         return "default"
     classes = model.head.class_bias.numel() if hasattr(model.head, "class_bias") else model.head.bias.numel()

@@ -1,12 +1,7 @@
-"""The pseudo-label stage of a run, for a method with :attr:`~train.methods.base.Method.uses_pseudo_labels`.
-
-So that whatever can fail fails before anything trains, :func:`plan_pseudo_labels` decides, before the run folder
-is made, where the pseudo-labels come from (the run's own file on ``--resume``, ``--pseudo-labels FILE`` or a CLIP
-pass, whose weights are checked on rank 0 and the answer shared); :func:`prepare_pseudo_labels`, before the method
-is built, reads or computes the scores (each rank a share, gathered on every rank), selects the pseudo-positives
-and writes ``RUN/pseudo_labels.npz``; :func:`describe` reports them (their precision only where the training split
-has full labels, which never reach the method). The CLIP pass leaves the random number generators as it found them.
-"""
+"""The pseudo-label stage of a run (methods that :attr:`~train.methods.base.Method.uses_pseudo_labels`):
+:func:`plan_pseudo_labels` decides where they come from before the run folder is made, :func:`prepare_pseudo_labels`
+reads or computes them before the method is built (writing ``RUN/pseudo_labels.npz``), :func:`describe` reports them.
+The CLIP pass leaves the random number generators as it found them."""
 
 from __future__ import annotations
 
@@ -66,8 +61,7 @@ class PseudoLabelPlan:
 
 @dataclass
 class PseudoLabels:
-    """A run's pseudo-labels: ``positives`` (N_train, C) bool in the order of the training images, and the file
-    content they were selected from (scores, settings)."""
+    """A run's pseudo-``positives`` (N_train, C) and the file content they were selected from."""
 
     positives: np.ndarray
     file: PseudoLabelFile
@@ -80,8 +74,7 @@ class PseudoLabels:
 
 def plan_pseudo_labels(method: type[Method], hparams: MethodHparams, cfg: TrainConfig, run_dir: Path,
                        resume: bool) -> PseudoLabelPlan:
-    """Decide where the pseudo-labels of the run come from, and for a CLIP pass check that its weights can be had
-    (a ``ValueError`` that says what to do otherwise), before anything trains."""
+    """Decide where the pseudo-labels come from and check CLIP's weights can be had (``ValueError``)."""
     spec = method.pseudo_label_spec(hparams)
     clip = parse_clip(cfg.clip or spec.clip)
     prompt = cfg.clip_prompt or spec.prompt
@@ -110,9 +103,7 @@ def plan_pseudo_labels(method: type[Method], hparams: MethodHparams, cfg: TrainC
 
 def select_positives(spec: PseudoLabelSpec, scores: dict[str, np.ndarray], readable: np.ndarray,
                      observed: np.ndarray) -> np.ndarray:
-    """The pseudo-positives ``(N, C)`` bool of ``spec`` from the scores: VLPL's softmax score above the threshold,
-    or AEVLP's selection (:func:`~train.pseudo_labels.crops.select_aevlp`, which reads the observed positives);
-    none for an unreadable image."""
+    """The pseudo-positives ``(N, C)`` of ``spec`` from the scores (none for an unreadable image)."""
     if spec.kind == WHOLE_IMAGE:
         mask = (torch.from_numpy(np.asarray(scores["global"], dtype=np.float32)) > spec.threshold).numpy()
     else:
@@ -122,8 +113,7 @@ def select_positives(spec: PseudoLabelSpec, scores: dict[str, np.ndarray], reada
 
 
 def _check_file(plan: PseudoLabelPlan, content: PseudoLabelFile, classes: list[str]) -> None:
-    """A file's scores serve this run only for its classes, its kind of pseudo-labelling and scoring settings, and
-    the CLIP model and prompt given explicitly."""
+    """Whether a file's scores serve this run: classes, kind, scoring settings, explicit model and prompt."""
     where = content.source
     if content.classes != classes:
         raise PseudoLabelFileError(f"{where}: its {len(content.classes)} classes ({', '.join(content.classes[:3])}, "
@@ -178,8 +168,7 @@ def _compute(plan: PseudoLabelPlan, splits: ProtocolSplits, paths: list[str], cf
 
 def prepare_pseudo_labels(plan: PseudoLabelPlan, splits: ProtocolSplits, dataset: DatasetSplits, cfg: TrainConfig,
                           run_dir: Path, device: torch.device) -> PseudoLabels:
-    """Read or compute the run's pseudo-labels (the module docstring), write ``run_dir/pseudo_labels.npz`` unless
-    it is the file read, and report them."""
+    """Read or compute the run's pseudo-labels, write ``run_dir/pseudo_labels.npz`` and report them."""
     # the training images relative to the dataset's image root (the names observed.npz uses too)
     root = image_root([part for part in (dataset.train, dataset.val, dataset.test) if part is not None])
     paths = relative_paths(splits.train, root)
@@ -209,8 +198,7 @@ def prepare_pseudo_labels(plan: PseudoLabelPlan, splits: ProtocolSplits, dataset
 
 def statistics(positives: np.ndarray, observed: np.ndarray, readable: np.ndarray,
                full_labels: np.ndarray | None) -> dict[str, Any]:
-    """Counts of the pseudo-positives beyond the observed positives (per image), the share of observed positives
-    that CLIP picks as well, and - given full labels (benchmarks only) - the precision of the new ones."""
+    """Counts of the new pseudo-positives, the share of observed ones CLIP picks, and their precision."""
     new = positives & (observed != 1)
     n = max(len(positives), 1)
     picked = positives[observed == 1]

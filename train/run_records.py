@@ -1,8 +1,5 @@
-"""What a run writes, prints and reads back: the run folder's files (config.json, metrics.jsonl, summary.json,
-scores.npz, the protocol file), each written atomically (a kill leaves a file's previous content or its new one) and
-only by rank 0; the RNG states and the shared reading of a checkpoint that ``--resume`` needs (``best.pt`` holds the
-selected weights, ``last.pt`` adds the ``training`` state, every piece an exact ``state_dict`` that loads with
-``weights_only=True``); and the lines a run prints: its opening, each epoch's line and record, the closing line."""
+"""What a run writes, prints and reads back: the run folder's files (written atomically, by rank 0 only), the RNG states
+and checkpoint reading ``--resume`` needs, and the lines a run prints."""
 
 from __future__ import annotations
 
@@ -60,8 +57,7 @@ class RunFolderWriter:
         atomic_write_text(self.run_dir / METRICS_FILE, "".join(line + "\n" for line in kept))
 
     def write_protocol(self, content: bytes, resume: bool) -> None:
-        """The protocol file (observed labels and split); a resumed run's existing file must hold the same
-        protocol (``ValueError`` otherwise)."""
+        """The protocol file; a resumed run's must hold the same protocol (``ValueError`` otherwise)."""
         if not self.writer:
             return
         path = self.run_dir / OBSERVED_FILE
@@ -110,8 +106,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def load_shared(path: Path, device: torch.device) -> Checkpoint:
-    """The checkpoint at ``path`` on every rank: rank 0 reads it and sends it to the others under torchrun (nodes
-    need not share the run folder)."""
+    """The checkpoint at ``path`` on every rank (rank 0 reads and sends it under torchrun)."""
     if not current_world().distributed:
         return load_checkpoint(path, map_location=device)
     barrier()  # rank 0 has finished writing it
@@ -124,8 +119,7 @@ def load_shared(path: Path, device: torch.device) -> Checkpoint:
 
 
 def opening_lines(run: Any) -> list[str]:
-    """The lines a run starts with (``run``: a :class:`~train.prepared_run.PreparedRun`): what
-    trains on what, the weights, preprocessing, label regimes, selection, k and stages."""
+    """The lines a run starts with: what trains on what, weights, preprocessing, regimes, selection, k."""
     cfg = run.cfg
     lines = [f"run {run.run_dir}: {cfg.method} on {run.dataset.name} ({run.splits.summary()}), {cfg.arch} "
              f"@{cfg.image_size}px, {run.device}" + (f", {run.precision.dtype}" if run.precision.dtype else ""),
@@ -153,8 +147,7 @@ def feature_phase_line(cfg: Any) -> str:
 
 def epoch_record(epoch: int, stage: int | None, stats: dict[str, float], selection: str,
                  candidates: list[Any], improved: bool) -> dict[str, Any]:
-    """The ``metrics.jsonl`` line of an epoch: its stats, the validation figures of the model (and its EMA), the
-    selection criterion's value and whether it is the best so far."""
+    """The ``metrics.jsonl`` line of an epoch: stats, validation figures, criterion and best-so-far."""
     val = candidates[0].assessment.metrics
     record: dict[str, Any] = {"epoch": epoch, **({"stage": stage} if stage is not None else {}),
                               **{k: round(v, 6) for k, v in stats.items()},
@@ -182,9 +175,7 @@ def epoch_line(epoch: int, total: int, phase: str, stats: dict[str, float], reco
 
 
 def held_out_line(metrics: dict[str, Any], logits: np.ndarray | None, num_classes: int) -> str:
-    """The end-of-run figures of a split with full labels, each saying what it is: mAP (over the classes that have
-    a positive there, when some have none) and OF1 / CF1 at the uncalibrated threshold 0.5 with the tags per image
-    it gives (the exported model calibrates per-class thresholds instead)."""
+    """The end-of-run figures of a fully labelled split: mAP, OF1 / CF1 at 0.5 and tags per image."""
     text = f"mAP {figure(metrics['mAP'])}"
     missing = int(metrics.get("classes_without_positives") or 0)
     if missing and metrics.get("mAP") is not None:

@@ -1,14 +1,6 @@
-"""Evaluation and model selection: forward passes over whole datasets in dataset order (sharded and gathered under
-torchrun, unreadable images marked missing), the metrics of a model's predictions, the criterion that picks the best
-epoch, and the best epoch so far.
-
-A selection criterion is a function of the validation predictions (logits, one row per image) and the
-validation labels that returns a score, higher being better (NaN when it cannot be computed). ``val_mAP`` is the
-papers' criterion and needs full validation labels; the label-free ones of :mod:`models.evaluation.criteria`
-need only single positives. ``--select auto`` (:func:`resolve_criterion`) takes the first where val has full
-labels, the label-free default (:data:`models.evaluation.criteria.LABEL_FREE_DEFAULT`) where it has not. Adding
-one is one function in :data:`CRITERIA`.
-"""
+"""Evaluation and model selection: forward passes over whole datasets (sharded under torchrun), the metrics of a model's
+predictions, and the criterion that picks the best epoch (``val_mAP`` with full validation labels, else a label-free one
+of :mod:`models.evaluation.criteria`: :func:`resolve_criterion`)."""
 
 from __future__ import annotations
 
@@ -62,9 +54,7 @@ def predict_rows(
     desc: str = "",
     progress: bool = False,
 ) -> Rows:
-    """``forward`` (already in the wanted mode, called under inference mode and ``autocast()``) over every batch
-    of ``loader``, whose dataset is an :class:`ImageLabelDataset`; ``width``: its outputs' columns (the shape of
-    an empty shard)."""
+    """``forward`` over every batch of ``loader``; ``width``: its outputs' columns."""
     dataset = loader.dataset
     assert isinstance(dataset, ImageLabelDataset)
     chunks: list[torch.Tensor] = []
@@ -87,9 +77,7 @@ def predict_rows(
 
 
 class DatasetForward:
-    """Runs a forward over whole datasets in dataset order with the run's evaluation settings: the evaluation
-    transform, loaders of ``batch_size`` with ``workers`` (sharded under torchrun, gathered back), the device,
-    autocast, channels-last inputs and the run's report of unreadable images."""
+    """A forward over whole datasets in dataset order with the run's evaluation settings."""
 
     def __init__(self, eval_transform: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
                  autocast: Callable[[], AbstractContextManager[Any]], channels_last: bool, reporter: SkipReporter,
@@ -115,12 +103,7 @@ class DatasetForward:
         return self.loader(ImageLabelDataset(images, self.eval_transform))
 
     def fixed_features(self, model: MultiLabelNet, images: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``model.features`` for extracting the features of a frozen backbone: those of an eval-mode copy with its
-        BatchNorms folded into the convolutions before them (the same features to float rounding, less work): the
-        exported form where the backbone family has one (ResNets, LgConv folded too), else the
-        generic fold where it checks out on a random batch of the evaluation size
-        (models/backbones/batchnorm_folding.py). On the CPU in float32, for ``images`` enough to pay off the
-        export, that copy runs in ONNX Runtime (models/runtimes/onnx_forward.py) when it matches PyTorch."""
+        """``model.features`` of a frozen backbone: a BatchNorm-folded copy, run by ONNX Runtime when it pays."""
         folded = model.fold_for_inference()
         size = getattr(self.eval_transform, "image_size", None)
         if size is None:
@@ -173,9 +156,7 @@ class SelectionRule:
 
 
 def resolve_criterion(select: str, val_has_full_labels: bool) -> SelectionRule:
-    """The selection rule of ``--select``: ``auto`` gives ``val_mAP`` when the validation labels are full and
-    the label-free default otherwise; a named criterion is taken as is (``val_mAP`` on validation labels that
-    are not full is allowed, and said)."""
+    """The rule of ``--select``: ``auto`` is ``val_mAP`` with full val labels, else the label-free default."""
     if select == "auto":
         name = default_criterion(val_has_full_labels)
         return SelectionRule(name, "auto: val has full labels" if val_has_full_labels else
@@ -192,10 +173,8 @@ def finite_score(value: float | None) -> float:
 
 @dataclass
 class Assessment:
-    """A model's predictions on a split, judged: ``metrics`` against the split's labels (mAP, F1, per-class AP;
-    :func:`models.evaluation.metrics.evaluate`; with ``full_labels`` False the figures that need full labels are None
-    and ``mAP_observed`` is the mAP against the labels as given), ``score``, the selection criterion's value (-inf
-    when undefined), and the ``logits`` and ``labels`` it was computed from."""
+    """A model's predictions on a split, judged: its ``metrics`` (None where full labels are needed and missing), the
+    criterion's ``score`` (-inf when undefined), and the ``logits`` and ``labels``."""
 
     metrics: dict[str, Any]
     score: float
@@ -206,8 +185,7 @@ class Assessment:
 def assess(logits: np.ndarray, labels: np.ndarray, classes: list[str],
            criterion: Criterion = CRITERIA[DEFAULT_CRITERION], full_labels: bool = True,
            metrics: bool = True) -> Assessment:
-    """The metrics of ``logits`` (N, C) against ``labels`` (N, C) (none with ``metrics`` False: the score alone) and
-    the criterion's score."""
+    """The metrics of ``logits`` against ``labels`` (unless ``metrics`` is False) and the criterion's score."""
     if not metrics:
         return Assessment({}, finite_score(criterion(logits, labels)), logits, labels)
     figures = evaluate(logits, labels, classes)

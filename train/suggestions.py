@@ -65,9 +65,7 @@ class Suggestions:
 
 def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0,
                order_by: str = DEFAULT_ORDER) -> tuple[list[ReviewItem], int]:
-    """The ``top`` unobserved (observed 0) pairs of ``pool`` in the order ``order_by`` (:data:`ORDERS`) of their
-    probability ``sigmoid(logits)``, at most ``per_image`` per image (0: no cap), each with the labels its image
-    has; and how many pairs were scored. Rows of unreadable images (NaN) are left out."""
+    """The ``top`` unobserved pairs of ``pool`` in order ``order_by`` (``per_image`` cap), and the count."""
     if order_by not in ORDERS:
         raise ValueError(f"unknown order {order_by!r}; choose from {', '.join(ORDERS)}")
     classes = pool.images.classes
@@ -98,8 +96,7 @@ def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0,
 
 
 def audit_items(pool: Pool, logits: np.ndarray, rows: np.ndarray) -> list[ReviewItem]:
-    """Every class of each of ``rows`` of ``pool`` as a pair, an image's most likely classes first (its given labels
-    among them), with the labels it has."""
+    """Every class of each of ``rows`` as a pair, most likely first, with the image's labels."""
     classes = pool.images.classes
     items = []
     for i in rows:
@@ -112,9 +109,8 @@ def audit_items(pool: Pool, logits: np.ndarray, rows: np.ndarray) -> list[Review
 
 def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0,
             order_by: str = DEFAULT_ORDER, audit: int = 0) -> Suggestions:
-    """Cross-fitted ``an`` heads on ``cfg``'s training images (its labels with its ``review`` answers) and the
-    ``top`` pairs they rank highest; with ``audit``, heads over the training and validation images and every class
-    of ``audit`` validation images drawn at random (module docstring)."""
+    """Cross-fitted ``an`` heads on ``cfg``'s training images and the ``top`` pairs they rank highest; with ``audit``,
+    every class of ``audit`` random validation images."""
     started = time.perf_counter()
     head_cfg = dataclasses.replace(head_config(cfg), method=BASELINE)
     if not cfg.fixed_features:

@@ -1,10 +1,5 @@
-"""The training run: epoch after epoch - train, evaluate and select, checkpoint - through the phase on fixed features
-(LinearInit, or the whole ``--trainable head`` run) and the method's end-to-end stages, then the selected weights
-tested. The run is built by :func:`train.prepared_run.prepare_run`; an end-to-end epoch's data, step and
-optimisation are in :mod:`train.epoch`, the method's loss in :mod:`train.methods`, evaluation and selection in
-:mod:`train.selection`, and what the run writes and prints in :mod:`train.run_records`. The phase on fixed features
-is :mod:`train.fixed_features`.
-"""
+"""The training run: epoch after epoch (train, evaluate and select, checkpoint) through the fixed-feature phase and the
+method's stages, then the selected weights tested. Built by :func:`train.prepared_run.prepare_run`."""
 
 from __future__ import annotations
 
@@ -44,8 +39,7 @@ from train.selection import AssessedWeights, Assessment, BestSoFar, Rows, assess
 
 
 class Trainer:
-    """Trains (or resumes) the run of a :class:`TrainConfig` in ``run_dir``; what it trains with is ``self.run``
-    (:class:`~train.prepared_run.PreparedRun`: ``model``, ``method``, ``splits``, ``predictor``, ...)."""
+    """Trains (or resumes) the run of a :class:`TrainConfig` in ``run_dir``; ``self.run`` holds the parts."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None, resume: bool = False) -> None:
         self.run: PreparedRun = prepare_run(cfg, run_dir, resume)
@@ -66,16 +60,14 @@ class Trainer:
         return self.optimisation.ema
 
     def _fresh_optimisation(self, stage: int) -> None:
-        """A new optimiser, schedule (over ``stage``'s epochs), grad scaler and EMA; the step module (DDP under
-        torchrun) is rebuilt at the next step, as the stage may train another set of parameters."""
+        """A new optimiser, schedule, scaler and EMA; the step module is rebuilt at the next step."""
         self.step_module: nn.Module | None = None  # the old DDP wrapper goes first: one reducer per parameter
         run = self.run
         self.optimisation = Optimisation(run.cfg, run.model, run.method, run.stage_plan[stage - 1] *
                                          run.steps_per_epoch, run.precision.dtype, run.device)
 
     def _next_stage(self, stage: int) -> None:
-        """End the current stage: keep its best checkpoint as ``best-stageK.pt``, load its best weights, then start
-        ``stage`` with a fresh optimiser, schedule and EMA and its own best-epoch selection."""
+        """End the stage (``best-stageK.pt``, its best weights loaded) and start ``stage`` afresh."""
         run, finished = self.run, stage - 1
         best_path = run.run_dir / BEST
         if run.world.is_main:
@@ -140,10 +132,7 @@ class Trainer:
         return to_device(batch, self.run.device, self.run.channels_last)
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """Forward, backward, clip, optimiser/scheduler/EMA step on one batch already on the device. The forward
-        is the method's step (:mod:`train.epoch`), in ``DistributedDataParallel`` under torchrun. A
-        non-finite loss is not checked here (that would wait for the device): the epoch loop does, every few
-        steps."""
+        """Forward, backward, clip and optimiser / scheduler / EMA step on one batch on the device."""
         if self.step_module is None:  # built on first use: LinearInit's wrapper is gone by then
             self.step_module = wrap_training_step(self.run.model, self.run.method, self.run.device)
         with self.run.precision.autocast():
@@ -152,9 +141,8 @@ class Trainer:
         return out
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One end-to-end pass over the training set; returns mean loss, method logs, throughput and lr. Under
-        torchrun, rank 0's BatchNorm statistics go to every rank afterwards (DDP broadcasts them only at the start
-        of a forward; the sharded evaluation, EMA selection and checkpoints need the one set rank 0 keeps)."""
+        """One end-to-end pass over the training set; returns mean loss, method logs, throughput and lr. Under torchrun
+        rank 0's BatchNorm statistics then go to every rank."""
         self.run.model.train()
         stats = train_epoch(self.run.train, epoch, self.train_step, self._to_device,
                             f"epoch {epoch}/{self.run.total_epochs}", self.run.progress)
@@ -174,8 +162,7 @@ class Trainer:
         return rows
 
     def predict_train(self, augment: bool) -> torch.Tensor:
-        """Probabilities (N_train, C) of the current model over the training set, in dataset order (an unreadable
-        image's row holds its observed labels)."""
+        """Probabilities (N_train, C) of the model over the training set, in dataset order."""
         run = self.run
         transform = run.train.dataset.transform if augment else run.predictor.eval_transform
         dataset = ImageLabelDataset(run.splits.train, transform, run.splits.train_observed)
@@ -185,9 +172,7 @@ class Trainer:
         return probs
 
     def evaluate(self, model: nn.Module, loader: Any, desc: str, split: str = "val") -> Assessment:
-        """``model``'s predictions on ``loader``'s dataset (the ``split``) against its labels, with the selection
-        criterion; the figures that need full labels are None when the split has none. With ``--trainable head``
-        the backbone part comes from the feature cache (the same values, computed once)."""
+        """``model``'s predictions on ``split`` against its labels, with the selection criterion."""
         run = self.run
         if run.cfg.fixed_features:
             self.linear = self.linear or run.feature_phase()
@@ -205,8 +190,7 @@ class Trainer:
         self.run.method.set_expected_positives(k.k)
 
     def _estimate_expected_positives(self, assessment: Assessment) -> dict[str, float]:
-        """When k is estimated each epoch: a new estimate from this epoch's validation scores (the same on every
-        rank), given to the method for the next epoch; returns it for the metrics line."""
+        """A new estimate of k from this epoch's validation scores, given to the method; returned."""
         k = self.run.expected_positives
         if (k is None or k.known or k.detail.startswith(CHOOSER_K) or assessment.logits is None
                 or assessment.labels is None):
@@ -217,8 +201,7 @@ class Trainer:
         return {"k_estimate": estimate.k}
 
     def _candidates(self, linear: FixedFeaturePhase | None) -> list[AssessedWeights]:
-        """The epoch's candidate weights with their val assessment: the model (its head on cached features in a
-        phase on fixed features), plus its EMA when there is one."""
+        """The epoch's candidate weights (the model, and its EMA) with their val assessment."""
         model, val = self.run.model, self.run.val_loader
         if linear is not None:
             return [AssessedWeights("model", model, linear.validate())]
@@ -229,8 +212,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- the run
     def fit(self) -> dict[str, Any]:
-        """Train from ``start_epoch`` through the phase on fixed features (if any) and the end-to-end stages, then
-        test the best checkpoint; returns the summary."""
+        """Train from ``start_epoch`` through every phase and stage, test the best checkpoint; the summary."""
         run = self.run
         cfg = run.cfg
         run.files.write_protocol(run.data.protocol_bytes, run.resumed)
@@ -269,8 +251,7 @@ class Trainer:
         return self.start_epoch > self.run.total_epochs or self.patience_exhausted(self.start_epoch - 1)
 
     def _run_epoch(self, epoch: int) -> None:
-        """Train ``epoch``, let the method act on it, evaluate and select, write its metrics line and checkpoints,
-        and move to the next phase or stage when this one ends."""
+        """Train ``epoch``, evaluate and select, write metrics and checkpoints, move on when a stage ends."""
         run = self.run
         cfg = run.cfg
         self.last_epoch = epoch
@@ -304,8 +285,7 @@ class Trainer:
         log(epoch_line(epoch, run.total_epochs, phase, stats, record, run.selection.name))
 
     def finish(self) -> dict[str, Any]:
-        """Evaluate the best checkpoint on val and test (and, where the training split has full labels, its label
-        recovery on the training set), store the metrics in best.pt, write summary.json."""
+        """Evaluate the best checkpoint on val and test, store the metrics in best.pt, write summary.json."""
         run = self.run
         best = load_shared(run.run_dir / BEST, run.device)
         model = model_from_meta(best.meta).to(run.device)

@@ -1,7 +1,5 @@
-"""Backbones: one registry of families (:data:`BACKBONE_FAMILIES`: ``torchvision`` ResNets with LgConv, any ``timm``
-model), each a :class:`BackboneFamily` registered with ``@BACKBONE_FAMILIES.register`` in its own module; the
-first family, in ``priority`` order, that accepts a name builds it.
-"""
+"""Backbones: one registry of families (:data:`BACKBONE_FAMILIES`), each a :class:`BackboneFamily` in its own module;
+the first family, in ``priority`` order, that accepts a name builds it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""What every backbone family provides, and their registry. A backbone is a plain ``nn.Module`` keeping its library's
-state-dict keys; its family knows how to run it (pooled features or the last feature map), its ImageNet weights and its
-preprocessing.
-"""
+"""What every backbone family provides (running it, its ImageNet weights, its preprocessing), and their registry."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""BatchNorm folded into the convolution before it, for a frozen backbone that only runs forward: in eval mode a
-BatchNorm is a per-channel affine map, so ``bn(conv(x))`` is one convolution with rescaled weights and a bias
-(PyTorch's ``fuse_conv_bn_eval``; the convolution keeps its class, timm's "same" padding too), and the separate
-BatchNorm passes are a large share of a small CPU network's forward time. timm's ``BatchNormAct2d`` keeps its
-activation (and dropout) after the fold.
-
-Pairs are found by position: a ``Conv2d`` child immediately followed, among its parent's children, by a BatchNorm
-of as many channels. That is how timm's and torchvision's convolutional blocks are built, but not a guarantee, so
-:func:`folded_copy` checks the folded copy against the network on a batch and keeps the network when they differ.
-"""
+"""BatchNorm folded into the convolution before it, for a frozen backbone that only runs forward (PyTorch's
+``fuse_conv_bn_eval``; timm's ``BatchNormAct2d`` keeps its activation). Pairs are found by position, which is not a
+guarantee, so :func:`folded_copy` checks the copy on a batch and keeps the network when they differ."""
 
 from __future__ import annotations
 

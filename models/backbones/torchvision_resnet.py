@@ -1,6 +1,5 @@
-"""The seeds' backbones: torchvision ResNet-18/34/50/101 (``fc`` removed), with PU-MLC's LgConv as an option;
-``imagenet`` is torchvision's ``IMAGENET1K_V1`` (the papers' weights), other weight enum members are accepted by name.
-"""
+"""The seeds' backbones: torchvision ResNet-18/34/50/101 (``fc`` removed), optionally with LgConv; ``imagenet`` is
+``IMAGENET1K_V1``."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ class TorchvisionResNets(BackboneFamily):
         return net
 
     def weights_enum(self, arch: str, name: str) -> tvm.WeightsEnum | None:
-        """torchvision's weights member for ``name`` (``imagenet`` = the papers' ``IMAGENET1K_V1``), None when
-        torchvision has none of that name; nothing is downloaded."""
+        """torchvision's weights member for ``name`` (``imagenet``: ``IMAGENET1K_V1``), or None; downloads nothing."""
         members = tvm.get_model_weights(arch)
         key = PAPER_WEIGHTS if name.lower() == "imagenet" else name
         return members[key] if key in members.__members__ else None

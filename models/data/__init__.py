@@ -1,5 +1,4 @@
-"""Datasets: loaders for CSV / folder / VOC / COCO / CUB / NUS-WIDE / formatted, the registry of dataset kinds, the
-SPML protocol, and the read side of built datasets (their builders are :mod:`models.sources`)."""
+"""Datasets: the loaders, the registry of kinds, the SPML protocol and the read side of built datasets."""
 
 from models.data.types import DataError, DatasetSplits, LabelledImages
 

@@ -1,8 +1,5 @@
-"""The audit list (``--audit SPEC``): a few images the user labelled completely. Its mean number of positives per image
-gives k (:mod:`models.evaluation.expected_positives`) and the export reports its F1 figures on it. It is any dataset
-``--data`` reads (every split used, classes among the model's, classes it never names absent), or a review file or
-answer log, where an image counts when every class has an answer (images answered in part are left out, and counted).
-"""
+"""The audit list (``--audit SPEC``): images the user labelled completely, which give k and the export's F1 figures. Any
+dataset ``--data`` reads, or a review file or answer log (an image counts when every class is answered)."""
 
 from __future__ import annotations
 
@@ -65,8 +62,7 @@ def _audit_from_answers(path: Path, classes: list[str]) -> AuditList:
 
 
 def load_audit(spec: str, classes: list[str]) -> AuditList:
-    """Read the audit list named by ``spec`` (any dataset spec, or a review file) with its labels over the model's
-    ``classes``. A class the model does not know, or an empty list, raises :class:`DataError`."""
+    """The audit list ``spec`` with its labels over the model's ``classes``; :class:`DataError` if unknown or empty."""
     if is_review_file(Path(spec).expanduser()):
         return _audit_from_answers(Path(spec).expanduser(), classes)
     splits = load_dataset(spec)

@@ -1,8 +1,5 @@
-"""Training-only augmentations beyond the papers' flip: LAC's strong view (docs/methods.md, "LAC"), on ``uint8 (3, H,
-W)`` tensors with torchvision's v2 transforms. torchvision's RandAugment ops stand in for pypi ``randaugment`` (a random
-pair, each applied with p = 0.5 at a random level 1-9); unlike the reference, the strong view is normalised with the
-model's mean/std and resized to S x S like the weak one, so the two can be batched.
-"""
+"""LAC's strong training view (docs/methods.md, "LAC") on ``uint8 (3, H, W)`` tensors: two random RandAugment ops,
+normalised and resized like the weak view so the two can be batched."""
 
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ from models.preprocess import EvalTransform
 
 
 def cutout(image: torch.Tensor, factor: float = 0.5) -> torch.Tensor:
-    """Paint one ``factor``-sized rectangle of a random colour at a random centre (clipped at the border) onto a
-    ``uint8 (3, H, W)`` image; returns a new tensor (CutoutPIL of the LAC/Query2Label code)."""
+    """One random-colour rectangle of ``factor`` size painted onto a copy of a ``uint8`` image (CutoutPIL)."""
     _, h, w = image.shape
     ch, cw = int(factor * h + 0.5), int(factor * w + 0.5)
     yc, xc = random.randrange(h), random.randrange(w)
@@ -43,8 +39,7 @@ class RandomPairAugment:
 
 
 class StrongTransform:
-    """LAC's strong view: resize, flip, cutout, random-pair RandAugment, ColorJitter, RandomGrayscale, normalise;
-    ``uint8 (3, H, W)`` in, ``float32 (3, S, S)`` out."""
+    """LAC's strong view: ``uint8 (3, H, W)`` in, augmented and normalised ``float32 (3, S, S)`` out."""
 
     def __init__(self, preprocessing: EvalTransform) -> None:
         self.preprocessing = preprocessing

@@ -1,6 +1,4 @@
-"""Where built datasets live: the cache root, the built-in dataset's folders, a drawing set's cache parent; importable
-without the builders of :mod:`models.sources`, which write these folders.
-"""
+"""Where built datasets live; importable without the builders of :mod:`models.sources`."""
 
 from __future__ import annotations
 
@@ -26,14 +24,12 @@ def cache_parent(kind: str, cache_dir: str | Path | None) -> Path:
 
 
 def builtin_folder(preset: str, seed: int, cache_dir: str | Path | None = None) -> Path:
-    """Where the built-in dataset ``preset`` of ``seed`` is (or would be) generated: under ``cache_dir`` (default
-    :func:`cache_root`), ``builtin/<preset>-seed<seed>-v<generator version>``."""
+    """Where the built-in dataset ``preset`` of ``seed`` is (or would be) generated under ``cache_dir``."""
     return cache_parent("builtin", cache_dir) / f"{preset}-seed{seed}-v{GENERATOR_VERSION}"
 
 
 def generated_builtin_folders(cache_dir: str | Path | None = None) -> list[Path]:
-    """The built-in datasets of this generator version already generated under ``cache_dir`` (default
-    :func:`cache_root`), the ``default`` preset first; nothing is generated."""
+    """The built-in datasets of this generator version already under ``cache_dir``, ``default`` first."""
     parent = builtin_folder("default", 0, cache_dir).parent
     found = [p for p in parent.glob(f"*-v{GENERATOR_VERSION}") if (p / ".complete").is_file()]
     return sorted(found, key=lambda p: (not p.name.startswith("default"), p.name))

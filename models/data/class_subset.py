@@ -1,8 +1,5 @@
-"""Restrict a CSV dataset to some of its classes, for transfer experiments: ``python -m models.data.class_subset
-SRC/labels.csv --keep a,b,c --out DIR`` drops every other label and the images left without one, and writes
-``DIR/labels.csv`` + ``DIR/classes.txt`` (absolute image paths; ``--train-only`` leaves out val and test).
-docs/methods-investigation.md uses it.
-"""
+"""Restrict a CSV dataset to some of its classes: ``python -m models.data.class_subset SRC/labels.csv --keep a,b,c --out
+DIR`` (docs/methods-investigation.md uses it)."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ __all__ = ["keep_classes", "main", "subset_splits"]
 
 
 def keep_classes(images: LabelledImages, keep: list[str]) -> LabelledImages:
-    """``images`` with only the columns of ``keep`` (in the dataset's class order) and only the rows that still
-    have a positive label. Raises ``DataError`` for a class the dataset does not have."""
+    """``images`` with only the ``keep`` columns and the rows still positive; ``DataError`` for an unknown class."""
     for name in keep:
         if name not in images.classes:
             raise DataError(unknown_class_message(name, images.classes))
@@ -32,8 +28,7 @@ def keep_classes(images: LabelledImages, keep: list[str]) -> LabelledImages:
 
 
 def subset_splits(data: DatasetSplits, keep: list[str], train_only: bool = False) -> dict[str, LabelledImages]:
-    """The splits of ``data`` (only train with ``train_only``) restricted to the classes ``keep``; empty val and test
-    are left out, and ``DataError`` when no training image is left."""
+    """The splits of ``data`` restricted to ``keep``; ``DataError`` when no training image is left."""
     chosen = {"train": data.train} if train_only else {"train": data.train, "val": data.val, "test": data.test}
     out = {name: keep_classes(images, keep) for name, images in chosen.items() if images is not None}
     if not len(out["train"]):

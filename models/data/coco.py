@@ -1,11 +1,5 @@
-"""MS-COCO (2014, else 2017) instance annotations as a multi-label dataset (docs/datasets.md, "coco"): train = the train
-json, test = the val json, an image positive for every category with an instance on it (images without one skipped, with
-a note).
-
-As the seeds' ``preproc/format_coco.py``, images are ordered by their id sorted as a string (``"100"`` before ``"9"``),
-so the split and the observed labels drawn by row are the published ones; classes in category-id order (the json's order
-with ``coco:DIR?reference``).
-"""
+"""MS-COCO (2014, else 2017) instance annotations as a multi-label dataset (docs/datasets.md, "coco"); images ordered as
+the seeds' ``format_coco.py`` orders them, so the published splits and observed labels are reproduced."""
 
 from __future__ import annotations
 
@@ -73,8 +67,7 @@ def _field(path: Path, record: Any, key: str, kind: type, what: str) -> Any:
 
 
 def _categories(path: Path, data: dict[str, Any], json_order: bool = False) -> list[tuple[int, str]]:
-    """Return (id, name) for every category, sorted by id (in the json's order with ``json_order``); duplicate ids
-    or names -> ``DataError``."""
+    """(id, name) of every category by id (or json order); ``DataError`` on duplicates."""
     cats: dict[int, str] = {}
     for number, cat in enumerate(data["categories"], start=1):
         cat_id = _field(path, cat, "id", int, f"category #{number}")
@@ -100,8 +93,7 @@ def _load_split(
     categories: list[tuple[int, str]],
     notes: list[str],
 ) -> tuple[LabelledImages, list[int]]:
-    """Build the label matrix for one json, rows ordered by image id as a string (the seeds' order); skip (and
-    note) images with no annotation. Returns the images and their ids."""
+    """The label matrix of one json, rows ordered as the seeds' (by id as a string); the images and their ids."""
     image_dir = root / f"{split}{year}"
     cat_index = {cat_id: i for i, (cat_id, _) in enumerate(categories)}
     image_index: dict[int, int] = {}
@@ -159,8 +151,7 @@ def _number(path: Path, record: dict[str, Any], key: str, what: str) -> float:
 
 
 def coco_objects(path: Path, image_ids: list[int], categories: list[tuple[int, str]] | None = None) -> ObjectTable:
-    """The :class:`ObjectTable` of the images ``image_ids`` (rows, in that order) from the instance json ``path``: each
-    annotation's category column, area and box centre, and each image's size."""
+    """The :class:`ObjectTable` of ``image_ids`` from the instance json ``path``."""
     data = _read_json(path)
     if categories is None:
         categories = _categories(path, data, json_order=True)

@@ -1,9 +1,5 @@
-"""The generic CSV dataset format: ``labels.csv`` (+ optional ``classes.txt``), read and written strictly.
-docs/datasets.md ("csv") states the rules: UTF-8 (a BOM accepted), columns matched by name (case-insensitive) ``image``
-(must exist), ``labels`` (``;``-separated names, ``-name`` a known negative) and an optional ``split``; one image on
-several rows is merged (in two splits, an error); the class list from ``classes.txt`` or the sorted names seen. Every
-problem raises ``DataError`` with ``file:line: message``.
-"""
+"""The generic CSV dataset format, ``labels.csv`` (+ optional ``classes.txt``), read and written strictly by the rules
+of docs/datasets.md ("csv"); every problem raises ``DataError`` with ``file:line: message``."""
 
 from __future__ import annotations
 
@@ -61,8 +57,7 @@ def _decode(path: Path) -> str:
 
 
 def read_classes_file(path: Path) -> list[str]:
-    """Read a class list (one name per line, blank lines ignored) in file order; duplicates, names containing ``;`` and
-    an empty file raise ``DataError``."""
+    """A class list, one name per line; duplicates, names with ``;`` or an empty file raise ``DataError``."""
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise DataError(f"{path}: class file not found")
@@ -88,8 +83,7 @@ def read_classes_file(path: Path) -> list[str]:
 
 @dataclass
 class _Entry:
-    """One image while reading: its split, the line it first appeared on, and its label names (present, and known
-    to be absent) so far."""
+    """One image while reading: its split, first line, and its present and absent label names."""
 
     split: str
     line: int
@@ -98,8 +92,7 @@ class _Entry:
 
 
 def _parse_labels(field_text: str, where: str) -> tuple[list[str], list[str]]:
-    """Split a ``labels`` field on ``;`` into the present names and the known negatives (``-name``); an empty field
-    or empty name -> ``DataError`` at ``where``."""
+    """Split a ``labels`` field into present names and known negatives (``-name``); ``DataError`` if empty."""
     if not field_text.strip():
         raise DataError(f"{where}: empty labels field (give at least one class name)")
     names = [part.strip() for part in field_text.split(LABEL_SEPARATOR)]
@@ -165,8 +158,7 @@ def _read_rows(csv_path: Path) -> tuple[dict[str, int], int, list[tuple[int, lis
 def load_csv(
     csv_path: Path, classes_file: Path | None = None, images_root: Path | None = None
 ) -> DatasetSplits:
-    """Load a dataset in the generic CSV format (module docstring) from the ``labels.csv`` ``csv_path``; named after the
-    CSV's folder, source ``csv:<absolute csv path>``."""
+    """Load a dataset in the CSV format from ``csv_path``, named after its folder."""
     csv_path = Path(csv_path).expanduser().resolve()
     if not csv_path.is_file():
         raise DataError(f"{csv_path}: CSV file not found")
@@ -275,8 +267,7 @@ def load_csv(
 
 
 def write_csv(folder: Path, splits: dict[str, LabelledImages]) -> Path:
-    """Write ``classes.txt`` and ``labels.csv`` for ``splits`` into ``folder`` (paths under it relative, others
-    absolute) and return the CSV path; every image needs a positive and all splits one class list."""
+    """Write ``classes.txt`` and ``labels.csv`` for ``splits`` into ``folder``; returns the CSV path."""
     folder = Path(folder).expanduser().resolve()
     unknown = sorted(set(splits) - set(SPLITS))
     if unknown:

@@ -1,9 +1,5 @@
-"""CUB-200-2011 with its 312 binary attributes as the labels (``--data cub:DIR``), as the seeds use it
-(docs/datasets.md, "cub"). ``DIR`` is ``CUB_200_2011/`` or its parent. An attribute is positive when ``is_present`` is
-1, certainty ignored; some official lines carry an extra field, so every line is read by its first three fields. Images
-in id order; the official train split is the training pool (the protocol holds out 20% as val), the official test split
-the test set; images with no present attribute are kept.
-"""
+"""CUB-200-2011 with its 312 binary attributes as the labels (``--data cub:DIR``; docs/datasets.md, "cub"): a line is
+read by its first three fields, certainty ignored."""
 
 from __future__ import annotations
 
@@ -31,8 +27,7 @@ _EXPECTED = (f"expected the official {CUB_FOLDER} release: images.txt, train_tes
 
 
 def find_cub_dir(root: Path) -> Path | None:
-    """The ``CUB_200_2011`` folder at ``root`` (itself or its ``CUB_200_2011/`` child, whichever holds
-    ``images.txt``), or None."""
+    """The ``CUB_200_2011`` folder at ``root`` (itself or its child), or None."""
     root = Path(root).expanduser().resolve()
     return next((d for d in (root, root / CUB_FOLDER) if (d / "images.txt").is_file()), None)
 
@@ -65,8 +60,7 @@ def _id_table(path: Path, value_name: str) -> dict[int, tuple[str, int]]:
 
 
 def _read_attribute_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Parse ``image_id attribute_id is_present`` (first three fields of each line) into four int arrays:
-    image ids, attribute ids, is_present values and 1-based line numbers."""
+    """The first three fields of each line as int arrays, with 1-based line numbers."""
     images, attributes, present, lines = array("i"), array("i"), array("b"), array("i")
     lines_in_file = tqdm(iter_lines(path), desc="cub attributes", unit="line", file=sys.stderr, leave=False,
                          disable=None, mininterval=0.5)  # the bar shows when stderr is a terminal
@@ -101,8 +95,7 @@ def _positions(values: np.ndarray, known_ids: list[int]) -> np.ndarray:
 
 
 def _label_matrix(path: Path, image_ids: list[int], attribute_ids: list[int]) -> np.ndarray:
-    """The (images, attributes) 0/1 matrix of ``image_attribute_labels.txt``, checking that every image has
-    exactly one row per attribute (the first doubled, unknown or missing row is reported by line)."""
+    """The (images, attributes) 0/1 matrix, one row per pair required (the first bad line reported)."""
     images, attributes, present, lines = _read_attribute_rows(path)
     rows, cols = _positions(images, image_ids), _positions(attributes, attribute_ids)
     for where, ids, what in ((rows, images, "image id"), (cols, attributes, "attribute id")):
@@ -134,8 +127,7 @@ def _label_matrix(path: Path, image_ids: list[int], attribute_ids: list[int]) ->
 
 
 def load_cub(root: Path | str) -> DatasetSplits:
-    """Load CUB-200-2011 from its ``CUB_200_2011/`` folder (or that folder's parent) as train/test splits
-    over the 312 attributes; see the module docstring. Name ``cub``; source ``cub:<absolute folder>``."""
+    """Load CUB-200-2011 as train/test splits over the 312 attributes; source ``cub:<absolute folder>``."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise DataError(f"{root}: CUB folder not found ({_EXPECTED})")

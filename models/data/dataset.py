@@ -1,7 +1,5 @@
-"""The torch ``Dataset`` over a :class:`LabelledImages`. An unreadable image yields an item holding only its row under
-``SKIPPED``; :func:`collate_readable` keeps it out of the batch, so training reports each file once
-(:class:`SkipReporter`) and evaluation leaves its row out.
-"""
+"""The torch ``Dataset`` over a :class:`LabelledImages`; an unreadable image yields an item holding only its row under
+``SKIPPED``, which :func:`collate_readable` keeps out of the batch."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ FULL_LABELS = "full"  # batch key of the annotated labels: only in the batches o
 
 
 class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
-    """Items are dicts: ``images``, ``observed`` (1 at the observed positives), ``observed_negatives``, ``index`` (the
-    row) and one entry per extra view (``views``), plus the annotated labels under ``FULL_LABELS`` only with
-    ``annotated_in_items``. An unreadable image gives an item holding only ``SKIPPED``."""
+    """Items are dicts: ``images``, ``observed``, ``observed_negatives``, ``index``, the extra views, and the annotated
+    labels under ``FULL_LABELS`` only with ``annotated_in_items``."""
 
     def __init__(
         self,
@@ -74,8 +71,7 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
 
 
 def collate_readable(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """``default_collate`` over the readable items; the rows of unreadable ones go to ``batch[SKIPPED]`` (absent
-    when there are none). A batch of unreadable images only holds ``SKIPPED``."""
+    """``default_collate`` over the readable items; unreadable rows go to ``batch[SKIPPED]``."""
     readable = [item for item in items if SKIPPED not in item]
     batch: dict[str, torch.Tensor] = default_collate(readable) if readable else {}
     skipped = [item[SKIPPED] for item in items if SKIPPED in item]

@@ -1,7 +1,5 @@
-"""The read side of a dataset built once from drawings (the clip art, the Tux Paint stamps, the icon sets): a cache
-folder per digest with its rasters and ``manifest.json``, its spec options, views and :class:`DatasetSplits`. The
-builders in :mod:`models.sources` write the folders.
-"""
+"""The read side of a dataset built from drawings: a cache folder per digest with rasters and ``manifest.json``; the
+builders in :mod:`models.sources` write them."""
 
 from __future__ import annotations
 
@@ -41,9 +39,7 @@ def split_parts(folder: Path, images: Sequence[dict[str, Any]], classes: Sequenc
 
 def folder_view_parts(folder: Path, images: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, LabelledImages],
                                                                                Counter[str]]:
-    """The folder view of manifest ``images``: its classes (the training images' ``folder_class``), the parts (train and
-    val with their folder class, test with its labels among the classes) and the counts left out per split (``unseen``:
-    val images of a class with no training image)."""
+    """The folder view of manifest ``images``: its classes, the parts per split, and the counts left out per split."""
     classes = sorted({i["folder_class"] for i in images if i["split"] == "train" and i["folder_class"] is not None})
     known = set(classes)
     rows: dict[str, list[tuple[Path, list[str]]]] = {"train": [], "val": [], "test": []}
@@ -80,8 +76,7 @@ FOLDER_VIEW = "folders"
 
 
 def parse_spec(kind: str, argument: str, views: Sequence[str], min_count: int) -> tuple[str, str, int]:
-    """``DIR[?view=V][&min-count=N]`` of a drawing dataset -> (DIR, view, min count); ``views[0]`` (the full-label
-    view) and ``min_count`` when not given."""
+    """``DIR[?view=V][&min-count=N]`` -> (DIR, view, min count), with the defaults."""
     path, options = split_spec_options(argument, SPEC_OPTIONS, kind)
     view = options.get("view", views[0]) or views[0]
     if view not in views:
@@ -104,8 +99,7 @@ def dataset_name(kind: str, argument: str) -> str:
 
 def view_splits(kind: str, source: str, view: str, full_view: str, min_count: int, default_min_count: int,
                 classes: list[str], parts: dict[str, LabelledImages]) -> DatasetSplits:
-    """The :class:`DatasetSplits` of one view of a drawing dataset; every split is complete in the full-label view, only
-    test in the folder view."""
+    """The :class:`DatasetSplits` of one view of a drawing dataset."""
     if not len(parts["train"]):
         raise DataError(f"{kind}: {source}: the {view} view has no training image")
     options = [f"view={view}"] if view != full_view else []

@@ -1,8 +1,5 @@
-"""The dataset families the methods' presets are keyed by (``voc``, ``coco``, ``nus``, ``cub``, ``builtin``). A kind's
-row of :data:`models.data.registry.DATASET_KINDS` declares its family; the kinds that may hold a benchmark's data
-(``formatted``, ``csv``, ``folder``) take the family whose ``names`` include the folder's name, whole and
-case-insensitive (:func:`family_named`): ``coconut`` is no family.
-"""
+"""The dataset families the methods' presets are keyed by; ``formatted``, ``csv`` and ``folder`` data take the family
+whose ``names`` include the folder's name, whole (:func:`family_named`: ``coconut`` is no family)."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ __all__ = ["DATASET_FAMILIES", "Family", "family_named"]
 
 @dataclass(frozen=True)
 class Family:
-    """A dataset family: its ``name``, its ``classes`` (None: they vary, the built-in presets) and the regular
-    expression of the dataset ``names`` that are this family (matched whole, any case)."""
+    """A dataset family: its ``name``, ``classes`` (None: they vary) and the pattern of its dataset ``names``."""
 
     name: str
     classes: tuple[str, ...] | None
@@ -40,6 +36,5 @@ DATASET_FAMILIES: Table[Family] = Table("dataset family", [Row(f.name, help, f) 
 
 
 def family_named(name: str) -> str | None:
-    """The family whose declared names include the dataset name ``name`` (``voc2012`` -> ``voc``, ``nuswide`` ->
-    ``nus``), or None (``coconut``, ``mydata``)."""
+    """The family whose names include ``name`` (``voc2012`` -> ``voc``), or None (``coconut``)."""
     return next((f.name for f in DATASET_FAMILIES.values() if f.matches(name)), None)

@@ -1,6 +1,5 @@
-"""Every file under a folder as a set of relative paths: one walk (:mod:`models.files.folder_walk`) answers existence
-checks on large image sets (269,648 NUS-WIDE paths) with one directory read per folder instead of one ``stat`` per path.
-"""
+"""Every file under a folder as a set of relative paths: one directory read per folder instead of one ``stat`` per
+path."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ __all__ = ["scan_files"]
 
 
 def scan_files(root: Path, desc: str, progress: bool | None = None) -> set[str]:
-    """The paths (relative to ``root``, ``/``-separated) of every file under ``root`` by the one folder walk's rule,
-    unreadable folders skipped; a tqdm bar on stderr when ``progress`` (default: on a terminal)."""
+    """The relative paths of every file under ``root`` by the one folder walk (``progress``: a tqdm bar)."""
     with tqdm(desc=desc, unit="file", file=sys.stderr, disable=None if progress is None else not progress,
               leave=False) as bar:
         listing = walk_folder(Path(root), on_folder=bar.update)

@@ -1,12 +1,6 @@
-"""Class-per-folder image trees: ``folder:ROOT`` as ``ROOT/<class>/<image>`` or
-``ROOT/{train,val,test}/<class>/<image>`` (docs/datasets.md, "folder"), read with the one folder walk's rule
-(:mod:`models.files.folder_walk`); ``ROOT/classes.txt`` fixes the class order.
-
-The same image (identical bytes: a copy, hard link or symlink) under several class folders is ONE image with several
-positives; to stay fast only files of equal size are hashed. Every problem of the tree (empty or unlisted class folders,
-images outside a class, one image in two splits, unreadable images unless ``?skip-verify``) is reported at once in one
-:class:`DataError`.
-"""
+"""Class-per-folder image trees, ``folder:ROOT`` (docs/datasets.md, "folder"). Identical files under several class
+folders are ONE image with several positives; every problem of the tree is reported at once in one
+:class:`DataError`."""
 
 from __future__ import annotations
 
@@ -94,8 +88,7 @@ def _layout(root: Path) -> dict[str, Path]:
 
 
 def is_class_tree(path: Path) -> bool:
-    """True when ``path`` looks like a class-per-folder tree: its sub-folders are exactly split folders, or at
-    least one of them holds an image file directly (cheap: no deep walk). Used to detect bare paths."""
+    """True when ``path`` looks like a class-per-folder tree (cheap: no deep walk)."""
     path = Path(path)
     if not path.is_dir():
         return False
@@ -118,8 +111,7 @@ def is_class_tree(path: Path) -> bool:
 
 
 def _walk_images(folder: Path, ignored: list[Path], linked: list[Path], unreadable: list[str]) -> list[Path]:
-    """Every image file below ``folder`` by the one folder walk's rule, sorted; skipped files go to ``ignored``,
-    symlinked folders to ``linked``, unlistable folders to ``unreadable``."""
+    """Every image file below ``folder``, sorted; the rest counted in ``ignored``, ``linked``, ``unreadable``."""
     listing = walk_folder(folder)
     ignored += listing.ignored()
     linked += listing.linked_folders
@@ -160,8 +152,7 @@ def _verify(path: Path) -> str | None:
 
 
 def _group_identical(files: list[_File], problems: list[str], progress: bool | None) -> list[_Image]:
-    """Group files by identical content: by size first, then by inode, then by hashing only the files whose
-    size is shared by another file. Unreadable files become problems and are left out."""
+    """Group files by identical content (size, then inode, then hash); unreadable files become problems."""
     by_size: dict[int, list[_File]] = defaultdict(list)
     for f in files:
         by_size[f.size].append(f)
@@ -199,8 +190,7 @@ def _describe_problems(root: Path, problems: list[str]) -> str:
 
 
 def load_folder(root: Path, verify: bool = True, progress: bool | None = None) -> DatasetSplits:
-    """Load a class-per-folder tree (module docstring) as :class:`DatasetSplits`; ``verify`` opens every distinct image
-    with PIL first. A :class:`DataError` lists every problem at once."""
+    """Load a class-per-folder tree as :class:`DatasetSplits` (``verify``: open every image first)."""
     root = Path(root).expanduser().absolute()
     if not root.is_dir():
         raise DataError(f"{root}: no such folder")

@@ -1,12 +1,5 @@
-"""The "formatted .npy" layout of the seeds' reference repositories (Cole et al. 2021), as ``formatted:DIR``:
-``formatted_{train,val}_{images,labels}.npy``, optional ``formatted_train_labels_obs.npy`` (the shipped observed labels,
-used for ``--observed single`` unless ``?resample``) and ``classes.txt``. docs/datasets.md ("formatted") tells the rest.
-
-As in the seeds' ``datasets.py``, the "val" files are the TEST split; val is carved out of train. Image paths are
-relative to the seeds' image folder of each dataset (tried in turn under DIR, or ``?image-root=PATH``); absolute paths
-that do not exist are re-rooted there. The family comes from ``?dataset=`` or the folder's name with the family's class
-count.
-"""
+"""The "formatted .npy" layout of the seeds' reference repositories (Cole et al. 2021), ``formatted:DIR``
+(docs/datasets.md, "formatted"). As in the seeds' ``datasets.py``, the "val" files are the TEST split."""
 
 from __future__ import annotations
 
@@ -62,8 +55,7 @@ def _load_paths(path: Path) -> list[str]:
 
 
 def load_label_matrix(path: Path, rows: int, allowed: tuple[int, ...] = (0, 1)) -> np.ndarray:
-    """The (rows, C) label matrix in .npy file ``path``; every value must be in ``allowed`` (else ``DataError``
-    naming the first bad cell). Returned as int8."""
+    """The int8 label matrix in ``path``, every value in ``allowed`` (``DataError`` naming a bad cell)."""
     array = _load_array(path)
     if array.ndim != 2 or array.shape[0] != rows:
         raise DataError(f"{path}: expected a ({rows}, C) label matrix (one row per image), found shape {array.shape}")
@@ -80,8 +72,7 @@ _KNOWN = {name: family for name, family in DATASET_FAMILIES.items() if family.cl
 
 
 def _family(root: Path, num_classes: int, override: str | None) -> str | None:
-    """The family of ``root``: ``override`` (checked against the class count), else the family named by the folder's
-    name whose class count is the label files'."""
+    """The family of ``root``: ``override`` (checked), else the one named by the folder with this class count."""
     if override is None:
         family = _KNOWN.get(family_named(root.name) or "")
         return family.name if family is not None and len(family.classes or ()) == num_classes else None
@@ -155,8 +146,7 @@ def _resolve(raw: list[str], root: Path, family: str | None, image_root: str | N
 
 
 def _spec_family(argument: str) -> tuple[Path, str] | None:
-    """The folder of ``formatted:argument`` and its family (``""``: none), read from the label file's header only;
-    None when the folder cannot be read."""
+    """The folder of ``formatted:argument`` and its family from the label file's header; None if unreadable."""
     try:
         path_text, options = split_spec_options(argument, OPTIONS, "formatted")
         root = Path(path_text).expanduser().resolve()
@@ -167,22 +157,19 @@ def _spec_family(argument: str) -> tuple[Path, str] | None:
 
 
 def formatted_family(argument: str) -> str:
-    """The family of the dataset ``formatted:argument`` (module docstring), without loading it; ``""`` for none, or
-    when the folder cannot be read."""
+    """The family of ``formatted:argument`` without loading it (``""``: none or unreadable)."""
     found = _spec_family(argument)
     return found[1] if found is not None else ""
 
 
 def formatted_dataset_name(argument: str) -> str:
-    """The dataset name ``formatted:argument`` loads under (its family, else the folder name), without loading it;
-    ``""`` when the folder cannot be read."""
+    """The dataset name ``formatted:argument`` loads under, without loading it (``""`` if unreadable)."""
     found = _spec_family(argument)
     return "" if found is None else found[1] or found[0].name
 
 
 def load_formatted(argument: str) -> DatasetSplits:
-    """``formatted:DIR[?image-root=PATH&dataset=NAME&resample]``: the seeds' formatted .npy files as
-    DatasetSplits (train pool, test = the "val" files, observed labels when DIR holds them)."""
+    """``formatted:DIR[?image-root=PATH&dataset=NAME&resample]`` as DatasetSplits."""
     path_text, options = split_spec_options(argument, OPTIONS, "formatted")
     root = Path(path_text).expanduser().resolve()
     spec = f"formatted:{root}"
@@ -223,8 +210,7 @@ def load_formatted(argument: str) -> DatasetSplits:
 
 
 def _coco_objects(instances: Path, names: list[str]) -> ObjectTable:
-    """The objects of the formatted COCO images ``names`` (``train2014/COCO_train2014_<id>.jpg``) from the
-    instance json beside the formatted files."""
+    """The objects of the formatted COCO images ``names`` from the instance json beside the files."""
     try:
         ids = [int(PurePath(name).stem.rsplit("_", 1)[-1]) for name in names]
     except ValueError as exc:

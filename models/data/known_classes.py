@@ -1,6 +1,4 @@
-"""Class names of the four datasets the seeds' papers report on, in the order of their label matrices: VOC alphabetical,
-COCO by category id, NUS-WIDE in ``Concepts81.txt`` order, CUB's 312 attributes in ``attributes.txt`` order.
-"""
+"""Class names of the four datasets the seeds' papers report on, in the order of their label matrices."""
 
 from __future__ import annotations
 

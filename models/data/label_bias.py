@@ -1,9 +1,6 @@
-"""The label-bias protocols (Arroyo, Perona & Cole 2023, the reference's ``spml-bias`` branch; docs/datasets.md): each
-image's kept positive drawn with a probability from its objects (``size``: their area; ``location``: inverse distance of
-their centres from the image centre) or from per-class weights (``empirical``). Weights are computed in the reference's
-order of float operations (the location weights' constant factor included) and drawn as
-:func:`models.data.sampling.observe_weighted` does, so COCO with seed 1200 gives the reference's files.
-"""
+"""The label-bias protocols (Arroyo, Perona & Cole 2023; docs/datasets.md): each image's kept positive drawn with a
+probability from its objects (``size``, ``location``) or per class (``empirical``), as the reference computes and draws
+them, so COCO with seed 1200 gives the reference's files."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The label regime of each split (docs/your-data.md): ``single-positive`` (no image with two positives; the default for
-one label per image), ``full`` (several positives and the dataset declares the split complete, or the user does) or
-``partial`` (several positives, nothing says all are there). Figures that need full labels are only computed on full
-splits. ``declared`` is ``auto`` or a regime, for every split or per split (``--labels test=full``); a declaration the
-matrix contradicts is a ``ValueError``.
-"""
+"""The label regime of each split (docs/your-data.md): ``single-positive``, ``full`` or ``partial``; ``declared`` is
+``auto`` or a regime, for all or per split, and a declaration the matrix contradicts is a ``ValueError``."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ _ALIASES = {"single": SINGLE, "single-positive": SINGLE, "full": FULL, "partial"
 
 @dataclass(frozen=True)
 class LabelRegime:
-    """The labels of one split: its regime ``kind``, how it was decided, image count, positives per image and the known
-    negatives."""
+    """The labels of one split: regime, how it was decided, images, positives per image, known negatives."""
 
     split: str
     kind: str
@@ -57,8 +52,7 @@ class LabelRegime:
 
 
 def parse_declared(text: str) -> str:
-    """``auto`` | ``full`` | ``single-positive`` (or ``single``) | ``partial`` -> the canonical name; anything
-    else is a ``ValueError`` listing the accepted words."""
+    """A regime word -> its canonical name; ``ValueError`` listing the accepted words."""
     word = text.strip().lower()
     if word not in _ALIASES:
         raise ValueError(f"unknown label regime {text!r}: use {', '.join(DECLARABLE)}")
@@ -69,8 +63,7 @@ SPLITS = ("train", "val", "test")
 
 
 def parse_declarations(text: str) -> dict[str, str]:
-    """``--labels``: one regime for every split, or ``SPLIT=REGIME`` pairs (``train=partial,test=full``; others
-    ``auto``) -> the declared regime of train, val and test; ``ValueError`` on a bad word."""
+    """``--labels`` (one regime, or ``SPLIT=REGIME`` pairs) -> the declared regimes of train, val, test."""
     text = text.strip()
     if "=" not in text:
         word = parse_declared(text)
@@ -86,8 +79,7 @@ def parse_declarations(text: str) -> dict[str, str]:
 
 
 def detect_regime(labels: np.ndarray, split: str, declared: str = "auto", complete: bool = True) -> LabelRegime:
-    """The :class:`LabelRegime` of one split's 0/1 labels (N, C) by the module docstring's rule; ``complete``: the
-    dataset says the split's labels are complete."""
+    """The :class:`LabelRegime` of one split's labels; ``complete``: the dataset declares them complete."""
     matrix = np.asarray(labels)
     if matrix.ndim != 2:
         raise ValueError(f"{split} labels must be a 2-D (N, C) matrix, got shape {matrix.shape}")
@@ -114,8 +106,7 @@ def detect_regimes(labels_by_split: dict[str, np.ndarray | None], declared: str 
 
 
 def describe_regimes(regimes: dict[str, LabelRegime]) -> str:
-    """The start-of-run line: ``labels: train single-positive (...); val ...; test full (...)``, with a note
-    when val has no full labels."""
+    """The start-of-run ``labels: ...`` line, with a note when val has no full labels."""
     line = "labels: " + "; ".join(regime.describe() for regime in regimes.values())
     val = regimes.get("val")
     if val is not None and not val.full:

@@ -1,9 +1,5 @@
-"""NUS-WIDE with its 81 concepts (``--data nus:DIR``) from the official ``ConceptsList``, ``ImageList`` and
-``Groundtruth`` downloads (docs/datasets.md, "nus"); images in ``DIR/Flickr/`` or ``?images=PATH``. Listed images
-missing on disk are dropped with a note, as are images with no positive concept unless ``?keep-unlabelled``. The
-official train list is the training pool, the official test list the test set; for the seeds' own re-crawl use their
-files with ``--data formatted:DIR``.
-"""
+"""NUS-WIDE with its 81 concepts (``--data nus:DIR``) from the official downloads (docs/datasets.md, "nus"); missing and
+unlabelled images are dropped with a note."""
 
 from __future__ import annotations
 
@@ -75,8 +71,7 @@ def _image_list(root: Path, split: str) -> list[str]:
 
 
 def _label_column(path: Path, root: Path, split: str, count: int) -> np.ndarray:
-    """One concept's 0/1 labels for the ``count`` images of ``split``; a short, long or non-0/1 file ->
-    ``DataError`` naming it."""
+    """One concept's 0/1 labels for ``count`` images; ``DataError`` naming a bad file."""
     if not path.is_file():
         raise DataError(f"{root}: missing {path.relative_to(root)} ({_EXPECTED})")
     try:
@@ -96,8 +91,7 @@ def _label_column(path: Path, root: Path, split: str, count: int) -> np.ndarray:
 
 def _load_split(root: Path, split: str, entries: list[str], concepts: list[str], image_root: Path,
                 on_disk: set[str], keep_unlabelled: bool, notes: list[str]) -> LabelledImages:
-    """The images of one official split (``entries``, in list order) that are on disk, with their labels; those
-    with no positive label are dropped unless ``keep_unlabelled`` (a note gives the count)."""
+    """The on-disk images of one official split with their labels (unlabelled dropped unless kept)."""
     suffix = split.capitalize()
     labels = np.stack([_label_column(root / LABELS_DIR / f"Labels_{concept}_{suffix}.txt", root, split, len(entries))
                        for concept in concepts], axis=1)
@@ -114,8 +108,7 @@ def _load_split(root: Path, split: str, entries: list[str], concepts: list[str],
 
 
 def load_nus(root: Path, image_root: Path | None = None, keep_unlabelled: bool = False) -> DatasetSplits:
-    """Load NUS-WIDE from the official annotation layout under ``root``, images under ``image_root``
-    (default ``root/Flickr``); see the module docstring. Name ``nus``; source ``nus:<root>[?options]``."""
+    """Load NUS-WIDE from ``root`` (images under ``image_root``, default ``root/Flickr``)."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise DataError(f"{root}: NUS-WIDE folder not found ({_EXPECTED})")

@@ -1,8 +1,5 @@
-"""The protocol file of a run (``observed.npz``): the observed training labels, the train/val split and the val labels,
-so that a later run (``--observed FILE``) trains on exactly the same (docs/datasets.md lists its arrays). Version 1
-files are still read. The bytes depend only on the values (fixed member order, timestamps and compression), so the
-file's sha256 identifies the protocol.
-"""
+"""The protocol file of a run (``observed.npz``; docs/datasets.md), so a later run trains on exactly the same labels and
+split. Its bytes depend only on the values, so its sha256 identifies the protocol."""
 
 from __future__ import annotations
 
@@ -79,8 +76,7 @@ def _check_shape(path: Path, name: str, matrix: np.ndarray, rows: int, columns: 
 
 
 def read_protocol_file(path: Path) -> ProtocolRecord:
-    """Read a protocol file written by :func:`protocol_file_bytes` (version 2, or a version 1 file); anything
-    else -> one-line ``DataError``."""
+    """Read a protocol file (version 2 or 1); anything else is a one-line ``DataError``."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}

@@ -1,8 +1,5 @@
-"""The ``--observed`` syntax (docs/datasets.md, "The protocol and its saved file"): ``auto``,
-``single[:uniform|size|location|empirical][?pos=N&neg=M&weights=FILE&val=clean|observed]``, ``all`` (or ``full``),
-``partial:R`` or ``FILE``. ``auto`` is resolved with the dataset: ``single`` on a benchmark, ``all`` on the user's own
-data. ``single`` alone is every published run's setting (the seeds' ``generate_observed_labels.py`` defaults).
-"""
+"""The ``--observed`` syntax (docs/datasets.md, "The protocol and its saved file"); ``auto`` is ``single`` on a
+benchmark, ``all`` on the user's own data."""
 
 from __future__ import annotations
 
@@ -24,9 +21,7 @@ _USAGE = ("use auto, single[:uniform|size|location|empirical][?pos=N&neg=M&weigh
 
 @dataclass(frozen=True)
 class ObservedSpec:
-    """How labels are observed: ``kind`` (``auto``, ``single`` with its ``variant``, ``num_pos`` / ``num_neg`` and
-    ``weights``, ``all``, ``partial`` with its ``rate``, ``file`` or ``given`` with their ``path``) and the ``val``
-    labels (``clean`` or ``observed``)."""
+    """How labels are observed: the ``kind`` with its settings, and the ``val`` labels (``clean`` or ``observed``)."""
 
     kind: str
     rate: float = 1.0
@@ -39,8 +34,7 @@ class ObservedSpec:
 
     @property
     def is_published(self) -> bool:
-        """True for the published setting (``single``: one uniform positive, no negative), the one the seeds'
-        distributed ``formatted_train_labels_obs.npy`` files hold."""
+        """True for the published setting: one uniform positive, no negative."""
         return (self.kind, self.variant, self.num_pos, self.num_neg) == ("single", "uniform", 1, 0)
 
     def options(self) -> str:
@@ -78,8 +72,7 @@ def _count(text: str, key: str, original: str) -> int:
 
 
 def _with_options(spec: ObservedSpec, options: dict[str, str], original: str, check_files: bool) -> ObservedSpec:
-    """``spec`` with the parsed spec options applied and checked against its kind and variant (and, with
-    ``check_files``, the weights file's existence)."""
+    """``spec`` with its parsed options applied and checked (``check_files``: the weights file exists)."""
     val = options.get("val", "clean") or "clean"
     if val not in VAL_LABELS:
         raise ValueError(f"invalid --observed {original!r}: val= takes clean or observed, got {val!r}")
@@ -111,8 +104,7 @@ def _with_options(spec: ObservedSpec, options: dict[str, str], original: str, ch
 
 
 def parse_observed(text: str, check_files: bool = True) -> ObservedSpec:
-    """Parse an ``--observed`` value into an :class:`ObservedSpec` (``ValueError`` listing the accepted forms);
-    ``check_files=False`` takes a weights path as it is."""
+    """An ``--observed`` value as an :class:`ObservedSpec` (``ValueError`` listing the forms)."""
     stripped = text.strip()
     if Path(stripped).expanduser().is_file():
         return ObservedSpec("file", path=str(Path(stripped).expanduser().resolve()))

@@ -1,8 +1,5 @@
 """The SPML protocol of Cole et al. (CVPR 2021; docs/methods.md, "The SPML protocol"): observed labels sampled ONCE from
-the whole training pool with a fixed seed, before the split and whatever the method, bit for bit as the reference's
-``generate_observed_labels.py`` (or taken from the dataset or a protocol file); then 20% of the pool held out as val,
-scored with clean or observed labels. The test split is always fully labelled.
-"""
+the training pool as the reference does, then 20% held out as val. The test split is always fully labelled."""
 
 from __future__ import annotations
 
@@ -31,9 +28,7 @@ PROTOCOL_SEED = 1200
 
 def sample_observed(labels: np.ndarray, spec: ObservedSpec, seed: int = PROTOCOL_SEED,
                     splits: DatasetSplits | None = None) -> np.ndarray:
-    """Observed int8 matrix (1 positive, -1 negative, 0 unobserved) from the training pool's full ``labels`` by
-    ``spec``: ``single`` (uniform as the reference, or a label-bias variant drawn from ``splits``), ``partial`` or
-    ``all``."""
+    """Observed int8 matrix (1 positive, -1 negative, 0 unobserved) from the pool's full ``labels`` by ``spec``."""
     labels = np.asarray(labels)
     if spec.kind == "all":
         return (labels == 1).astype(np.int8)
@@ -50,8 +45,7 @@ def sample_observed(labels: np.ndarray, spec: ObservedSpec, seed: int = PROTOCOL
 
 
 def resolve_observed(observed: ObservedSpec, splits: DatasetSplits) -> ObservedSpec:
-    """``--observed auto``: the papers' protocol (``single``: one positive drawn per image) on a dataset whose training
-    labels are complete (a benchmark), the labels as given (``all``) on a user's own data; other specs unchanged."""
+    """``--observed auto``: ``single`` on a benchmark (complete training labels), ``all`` on a user's own data."""
     if observed.kind != "auto":
         return observed
     kind = "single" if "train" in splits.complete_splits else "all"
@@ -59,8 +53,7 @@ def resolve_observed(observed: ObservedSpec, splits: DatasetSplits) -> ObservedS
 
 
 def split_train_val(n: int, val_fraction: float = 0.2, seed: int = PROTOCOL_SEED) -> tuple[np.ndarray, np.ndarray]:
-    """Cole et al.'s split: permute ``range(n)`` with ``RandomState(seed)``; the first ``n - round(f n)``
-    indices (sorted) are train, the rest (sorted) val."""
+    """Cole et al.'s split: ``RandomState(seed)`` permutes ``range(n)``; train first, val last, each sorted."""
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError("val_fraction must be in [0, 1)")
     perm = np.random.RandomState(seed).permutation(n)
@@ -86,8 +79,7 @@ class ProtocolSplits:
 
     @cached_property
     def regimes(self) -> dict[str, LabelRegime]:
-        """The label regime of each split's labels as given (train: the annotated labels, not the observed ones;
-        val: what it is scored with): full, single-positive or partial (models/data/label_regime.py)."""
+        """The label regime of each split's labels as given (train: annotated; val: as scored)."""
         parts = {"train": self.train.labels, "val": self.val.labels,
                  "test": self.test.labels if self.test is not None else None}
         regimes = detect_regimes(parts, self.declared_labels, self.complete_splits)
@@ -107,8 +99,7 @@ class ProtocolSplits:
 
     @property
     def train_has_full_labels(self) -> bool:
-        """Whether the training split has full labels that training does not observe (then the trainer scores label
-        recovery and pseudo-label precision)."""
+        """Whether the training split has full labels that training does not observe."""
         return self.train_labels_full and not np.array_equal(self.train_observed, self.train.labels)
 
     def summary(self) -> str:
@@ -124,8 +115,7 @@ class ProtocolSplits:
 
 
 def dataset_fingerprint(splits: DatasetSplits) -> str:
-    """A short sha256 over class names, relative image paths and label matrices (not image bytes): it identifies the
-    annotation."""
+    """A short sha256 of the class names, relative paths and labels: it identifies the annotation."""
     h = hashlib.sha256()
     h.update("\n".join(splits.classes).encode())
     for part_name in ("train", "val", "test"):
@@ -153,8 +143,7 @@ def _val_part(val: LabelledImages, val_observed: np.ndarray | None, observed: Ob
 def _split_pool(
     splits: DatasetSplits, pool_observed: np.ndarray, observed: ObservedSpec, val_fraction: float, seed: int
 ) -> ProtocolSplits:
-    """Hold out ``val_fraction`` of the training pool as val (unless the dataset has an explicit val split); the
-    val images' observed labels are the pool's rows (sampled on an explicit val split as on a pool)."""
+    """Hold out ``val_fraction`` of the pool as val (unless there is a val split), with its observed labels."""
     pool = splits.train
     if splits.val is not None and len(splits.val) > 0:
         train, train_obs, val = pool, pool_observed, splits.val
@@ -241,9 +230,8 @@ def build_protocol(
     seed: int = PROTOCOL_SEED,
     labels: str = "auto",
 ) -> ProtocolSplits:
-    """Apply the protocol to a loaded dataset: the training pool's observed labels (sampled, shipped, or read from
-    ``observed.path``), then ``val_fraction`` held out as val unless the dataset has a val split. ``labels`` declares
-    the label regimes (``auto``: detected)."""
+    """Apply the protocol to a loaded dataset: the observed labels, then ``val_fraction`` held out unless the dataset
+    has a val split; ``labels`` declares the regimes."""
     parse_declarations(labels)  # a bad --labels value fails here
     protocol = replace(_with_known_negatives(_build_protocol(splits, resolve_observed(observed, splits),
                                                              val_fraction, seed)),
@@ -253,8 +241,7 @@ def build_protocol(
 
 
 def _with_known_negatives(protocol: ProtocolSplits) -> ProtocolSplits:
-    """The labels the dataset gives as absent (a user's ``-dog`` in labels.csv) are observed negatives (-1) of the
-    training and validation images, whatever the protocol drew."""
+    """The labels the dataset gives as absent become observed negatives (-1) of train and val."""
     def marked(observed: np.ndarray | None, images: LabelledImages) -> np.ndarray | None:
         if observed is None or images.negatives is None:
             return observed

@@ -1,8 +1,5 @@
-"""One table of dataset kinds (:data:`DATASET_KINDS`) and :func:`load_dataset`, which turns a spec into
-``DatasetSplits``: ``kind:argument`` (``builtin:tiny``, ``csv:path/labels.csv``, ``voc:/data/VOCdevkit``,
-``nus:/data/nus?images=/mnt/flickr``, ...), ``builtin`` or ``openclipart`` alone, or a bare path whose kind is detected.
-Each kind is one row (:class:`DatasetKind`); adding a kind is one loader module and one row.
-"""
+"""One table of dataset kinds (:data:`DATASET_KINDS`) and :func:`load_dataset`, which turns a spec (``kind:argument``, a
+standalone name, or a bare path whose kind is detected) into ``DatasetSplits``."""
 
 from __future__ import annotations
 
@@ -67,8 +64,7 @@ def _load_builtin(argument: str) -> DatasetSplits:
 
 
 def _builder(name: str) -> Callable[[str], object]:
-    """``models.sources.<module>.<function>``, imported when called, so that this table (and ``export``, ``serve``)
-    never imports :mod:`models.sources`."""
+    """``models.sources.<module>.<function>``, imported only when called."""
     module, _, function = name.partition(".")
     return lambda argument: getattr(importlib.import_module(f"models.sources.{module}"), function)(argument)
 
@@ -87,8 +83,7 @@ def _csv_file(argument: str) -> Path:
 
 
 def _load_coco_spec(argument: str) -> DatasetSplits:
-    """``coco:<root with annotations/instances_*.json>[?reference]``: load MS-COCO (``reference``: the classes in
-    the json's category order, as the seeds' format script)."""
+    """``coco:<root>[?reference]``: MS-COCO (``reference``: classes in the json's order)."""
     path, options = split_spec_options(argument, ("reference",), "coco")
     return load_coco(Path(path), reference="reference" in options)
 
@@ -113,8 +108,7 @@ def _folder_name(argument: str) -> str:
 
 
 def _family_by_name(name_of: Callable[[str], str]) -> Callable[[str], str]:
-    """The family whose declared names include the folder name ``name_of(argument)``, whole (``cub_200``: ``cub``;
-    ``coconut``: none): :func:`models.data.families.family_named`."""
+    """The family whose names include the folder name ``name_of(argument)``."""
     return lambda argument: family_named(name_of(argument)) or ""
 
 
@@ -130,9 +124,7 @@ def _is_coco(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class DatasetKind:
-    """One kind of dataset spec: its ``name``, ``load(argument)``, help ``form``, ``detect(path)`` for bare paths,
-    its ``family`` or ``find_family(argument)``, ``dataset_name(argument)`` and ``standalone`` (the name alone is a
-    spec)."""
+    """One kind of dataset spec: its name, loader, help form, path detection, family and dataset name."""
 
     name: str
     load: Callable[[str], DatasetSplits]
@@ -194,8 +186,7 @@ def describe_kinds() -> str:
 
 
 def detect_kind(path: Path) -> str | None:
-    """Return the dataset kind of an existing bare path (the first row of :data:`DATASET_KINDS` whose detector
-    accepts it), or None."""
+    """The dataset kind of an existing bare path, or None."""
     path = Path(path).expanduser().resolve()
     if not path.exists():
         return None
@@ -203,8 +194,7 @@ def detect_kind(path: Path) -> str | None:
 
 
 def _spec_kind(spec: str) -> tuple[DatasetKind | None, str]:
-    """The kind of ``spec`` and its argument, without loading: a standalone kind, ``kind:argument``, or a bare path
-    whose kind is detected (None when none is)."""
+    """The kind of ``spec`` and its argument, without loading (None when undetected)."""
     spec = spec.strip()
     if spec in DATASET_KINDS and DATASET_KINDS[spec].standalone:
         return DATASET_KINDS[spec], ""
@@ -216,22 +206,19 @@ def _spec_kind(spec: str) -> tuple[DatasetKind | None, str]:
 
 
 def spec_dataset_name(spec: str) -> str:
-    """The dataset name a spec will load under, without loading it (``builtin-<preset>``, ``voc``,
-    ``openclipart-folders``, a folder's name, ...); ``""`` if unknown."""
+    """The dataset name a spec will load under, without loading it; ``""`` if unknown."""
     kind, argument = _spec_kind(spec)
     return kind.dataset_name(argument) if kind is not None else ""
 
 
 def spec_family(spec: str) -> str:
-    """The family (``models.data.families``) of the dataset a spec names, without loading it, as its kind declares it;
-    ``""`` for none (a user's own data, an unknown spec)."""
+    """The family of the dataset a spec names, without loading it; ``""`` for none."""
     kind, argument = _spec_kind(spec)
     return kind.family_of(argument) if kind is not None else ""
 
 
 def load_dataset(spec: str) -> DatasetSplits:
-    """Load the dataset named by ``spec`` as DatasetSplits, its ``family`` declared by its kind; an unknown kind or
-    undetectable path raises ``DataError`` listing the accepted forms."""
+    """Load the dataset ``spec`` as DatasetSplits; ``DataError`` listing the forms when unknown."""
     spec = spec.strip()
     if not spec:
         raise DataError(f"empty dataset spec\n{describe_kinds()}")

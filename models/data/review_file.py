@@ -1,9 +1,5 @@
-"""Label review files (docs/label-review.md): (image, label) pairs as ``python -m train suggest`` writes them, in CSV
-(columns ``image``, ``label`` and optional ``score``, ``given``, ``answer``) or JSONL. An ``answer`` is ``yes`` (a
-confirmed positive) or ``no`` (a known negative), with the usual spellings read too; empty means not answered. The last
-row of a pair wins, so an append-only answer log records an undo as an empty answer. Problems raise ``DataError`` with
-``file:line: message``.
-"""
+"""Label review files (docs/label-review.md): (image, label) pairs in CSV or JSONL with an optional ``answer`` (``yes``,
+``no``, empty); the last row of a pair wins. Problems raise ``DataError`` with ``file:line: message``."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ GIVEN_SEPARATOR = ";"
 
 @dataclass(frozen=True)
 class ReviewItem:
-    """One (image, label) pair of a review file: its suggestion score (None when the file has none), the image's
-    labels as given, and its answer (True present, False absent, None not answered)."""
+    """One (image, label) pair of a review file: its score, the image's labels, its answer (True/False/None)."""
 
     image: str
     label: str
@@ -137,8 +132,7 @@ def _answer_word(answer: bool | None) -> str:
 
 
 def write_review(path: str | Path, items: Iterable[ReviewItem]) -> None:
-    """Write ``items`` as a review file (CSV, or JSONL by the ``.jsonl`` suffix), atomically: an interrupted write
-    leaves the old file."""
+    """Write ``items`` as a review file (CSV, or JSONL by suffix), atomically."""
     path = Path(path)
     if path.suffix.lower() == ".jsonl":
         text = "".join(json.dumps({"image": i.image, "label": i.label, "score": i.score, "given": list(i.given),
@@ -155,8 +149,7 @@ def write_review(path: str | Path, items: Iterable[ReviewItem]) -> None:
 
 
 def final_answers(items: Iterable[ReviewItem]) -> dict[tuple[str, str], bool]:
-    """The answer of every answered pair: the last row of each (image, label) wins; a pair whose last row is not
-    answered (never answered, or undone) is left out."""
+    """The answer of every answered pair: the last row of each pair wins (an unanswered last row: left out)."""
     last: dict[tuple[str, str], bool | None] = {}
     for item in items:
         last[(item.image, item.label)] = item.answer
@@ -164,8 +157,7 @@ def final_answers(items: Iterable[ReviewItem]) -> dict[tuple[str, str], bool]:
 
 
 class AnswerLog:
-    """An append-only JSONL answer log: each answer is flushed and synced before :meth:`record` returns, and opening
-    drops a last line cut short by a kill, so no confirmed answer is lost."""
+    """An append-only JSONL answer log, each answer synced before :meth:`record` returns; a torn last line dropped."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -1,8 +1,5 @@
-"""A run's labels with the user's review answers (``--review FILE``; docs/label-review.md): ``yes`` makes the pair an
-observed positive, ``no`` a known negative, on training and validation images. On a user's own data the given labels
-change too; on a benchmark only the observed ones. Pairs of other images, unknown classes or that repeat the labels are
-counted and left out.
-"""
+"""A run's labels with the review answers (``--review FILE``; docs/label-review.md): ``yes`` an observed positive,
+``no`` a known negative; pairs that do not apply are counted and left out."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ __all__ = ["ReviewCounts", "apply_answers", "apply_review"]
 
 @dataclass(frozen=True)
 class ReviewCounts:
-    """What answers did to the labels: confirmed positives, known negatives, and the pairs left out (image not
-    among the training and validation images, label not a class, answer agreeing with the labels already)."""
+    """What answers did: confirmed positives, known negatives, and the pairs left out (by reason)."""
 
     confirmed: int = 0
     rejected: int = 0
@@ -48,8 +44,7 @@ class ReviewCounts:
 
 def apply_answers(observed: np.ndarray, paths: list[Path] | list[str], classes: list[str],
                   answers: dict[tuple[str, str], bool]) -> tuple[np.ndarray, ReviewCounts]:
-    """``observed`` (N, C) int8 with the answers applied (``yes`` -> 1, ``no`` -> -1) and what was done; answers of
-    images not in ``paths`` count as ``other_images``."""
+    """``observed`` with the answers applied (``yes`` -> 1, ``no`` -> -1) and what was done."""
     out = np.array(observed, dtype=np.int8, copy=True)
     row_of = {str(p): i for i, p in enumerate(paths)}
     column_of = {c: j for j, c in enumerate(classes)}

@@ -1,8 +1,5 @@
-"""Observation processes: which labels of a full label matrix training may see, as int8 (1 observed positive, -1
-observed negative, 0 unobserved), drawn consuming random numbers exactly as the reference does, so a seed gives the same
-matrix bit for bit: :func:`observe_uniform` (``generate_observed_labels.py``: the negatives are shuffled even when none
-is kept), :func:`observe_weighted` (the ``spml-bias`` branch) and :func:`observe_partial` (PU-MLC's setting).
-"""
+"""Observation processes: which labels of a full matrix training may see (int8: 1, -1, 0), drawn consuming random
+numbers exactly as the reference does, so a seed gives the same matrix bit for bit."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ def _first_shuffled(indices: np.ndarray, count: int, rng: np.random.RandomState)
 
 
 def observe_uniform(labels: np.ndarray, num_pos: int = 1, num_neg: int = 0, seed: int = 1200) -> np.ndarray:
-    """Up to ``num_pos`` positives and ``num_neg`` negatives per image drawn uniformly (-1: all of them), in row
-    order with one ``RandomState(seed)``; see the module docstring."""
+    """Up to ``num_pos`` positives and ``num_neg`` negatives per image (-1: all), drawn as the reference does."""
     if num_pos < -1 or num_neg < -1:
         raise ValueError("num_pos and num_neg must be >= 0, or -1 for all")
     labels = np.asarray(labels)
@@ -36,9 +32,7 @@ def observe_uniform(labels: np.ndarray, num_pos: int = 1, num_neg: int = 0, seed
 
 def observe_weighted(labels: np.ndarray, weights_of: Callable[[int], Sequence[float]], seed: int,
                      uniform_if_equal: bool = False) -> np.ndarray:
-    """One positive per image drawn in proportion to ``weights_of(i)`` with one ``random.Random(seed)`` in row order;
-    with ``uniform_if_equal``, an image whose weights are all equal draws with ``choice``. Images without a positive
-    stay empty."""
+    """One positive per image drawn in proportion to ``weights_of(i)`` with one ``random.Random(seed)`` in row order."""
     labels = np.asarray(labels)
     rng = random.Random(seed)
     observed = np.zeros(labels.shape, dtype=np.int8)

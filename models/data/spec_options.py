@@ -1,6 +1,4 @@
-"""Options inside a dataset spec, ``kind:PATH?key=value&flag``: one parser, so every ``--data`` kind spells them the
-same way.
-"""
+"""Options inside a dataset spec, ``kind:PATH?key=value&flag``, parsed the same way for every kind."""
 
 from __future__ import annotations
 
@@ -10,8 +8,7 @@ from models.data.types import DataError
 
 
 def split_spec_options(argument: str, known: Collection[str], kind: str) -> tuple[str, dict[str, str]]:
-    """Split ``PATH?key=value&flag`` into ``(PATH, {key: value, flag: ""})``; a key not in ``known`` raises
-    :class:`DataError` naming the accepted keys."""
+    """``PATH?key=value&flag`` -> ``(PATH, {key: value, flag: ""})``; ``DataError`` for a key not in ``known``."""
     path, _, query = argument.partition("?")
     options: dict[str, str] = {}
     for part in filter(None, query.split("&")):

@@ -11,8 +11,7 @@ __all__ = ["iter_lines", "read_lines", "read_table"]
 
 
 def iter_lines(path: Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file one at a time (BOM accepted, line ends removed), for files too
-    large to hold as a list; unreadable -> ``DataError``."""
+    """The lines of a UTF-8 text file one at a time (BOM accepted, line ends removed); ``DataError`` if unreadable."""
     try:
         with Path(path).open(encoding="utf-8-sig", newline=None) as handle:
             for line in handle:
@@ -29,8 +28,7 @@ def read_lines(path: Path) -> list[str]:
 
 
 def read_table(path: Path, fields: tuple[str, ...]) -> list[tuple[int, list[str]]]:
-    """Read a whitespace-separated table whose lines start with ``fields`` (extra fields are ignored, blank
-    lines skipped); return ``(line number, first len(fields) values)`` pairs. A short line -> ``DataError``."""
+    """``(line number, first values)`` of each line of a whitespace-separated table; ``DataError`` on a short line."""
     rows: list[tuple[int, list[str]]] = []
     for lineno, raw in enumerate(read_lines(path), start=1):
         parts = raw.split(None, len(fields))

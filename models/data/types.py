@@ -18,8 +18,7 @@ class DataError(ValueError):
 
 @dataclass
 class LabelledImages:
-    """Images with their annotated 0/1 label matrix: absolute ``paths``, ``labels`` (uint8 ``(N, C)`` over ``classes``)
-    and the known-absent ``negatives`` (same shape) or None."""
+    """Images with their labels: absolute ``paths``, uint8 ``labels`` ``(N, C)`` and known-absent ``negatives``."""
 
     paths: list[Path]
     labels: np.ndarray
@@ -88,9 +87,8 @@ class ObjectTable:
 
 @dataclass
 class DatasetSplits:
-    """What a loader returns: the train pool, optional val and test splits, a short ``name`` and the ``source`` spec
-    (recorded in checkpoints); optionally the shipped observed labels (``train_observed``), the objects of ``train``
-    (``train_objects``), the ``complete_splits`` and the benchmark ``family``, all declared by the loader."""
+    """What a loader returns: the splits, a ``name``, the ``source`` spec, and what the loader declares (shipped
+    observed labels, objects, complete splits, family)."""
 
     name: str
     source: str

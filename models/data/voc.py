@@ -1,8 +1,5 @@
-"""PASCAL VOC (2007 / 2012) as a multi-label dataset (docs/datasets.md, "voc"): an image is positive for a class with a
-non-difficult object of it (images without one skipped); the 20 classes in alphabetical order. Splits: trainval/test
-when a complete ``test.txt`` exists (VOC2007), else train/val (VOC2012, the papers' test set). Images sorted by file
-name, which gives the seeds' ``format_pascal.py`` output row for row.
-"""
+"""PASCAL VOC (2007 / 2012) as a multi-label dataset (docs/datasets.md, "voc"), row for row the seeds'
+``format_pascal.py`` output."""
 
 from __future__ import annotations
 
@@ -108,8 +105,7 @@ def _parse_annotation(xml_path: Path) -> np.ndarray:
 
 
 def _load_list(year_dir: Path, list_name: str, notes: list[str]) -> LabelledImages:
-    """Load the images listed in ``ImageSets/Main/<list_name>``, sorted by file name as the seeds'
-    ``format_pascal.py`` sorts them; skip (and note) those with no label."""
+    """The labelled images of ``ImageSets/Main/<list_name>``, sorted by file name as the seeds sort them."""
     list_path = year_dir / "ImageSets" / "Main" / list_name
     paths: list[Path] = []
     rows: list[np.ndarray] = []
@@ -137,8 +133,7 @@ def _load_list(year_dir: Path, list_name: str, notes: list[str]) -> LabelledImag
 
 
 def load_voc(root: Path | str) -> DatasetSplits:
-    """Load PASCAL VOC from ``VOCdevkit/`` or ``VOCdevkit/VOC20xx`` (module docstring) as train/test splits named
-    ``voc2007``/``voc2012``."""
+    """Load PASCAL VOC from ``VOCdevkit/`` or ``VOCdevkit/VOC20xx`` as train/test splits."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise DataError(f"{root}: VOC root folder not found")

@@ -1,9 +1,5 @@
-"""Model-selection criteria for single-positive validation labels (docs/choosing.md): pure functions ``(val_logits (N,
-C), val_labels (N, C) 0/1) -> score``, higher better, NaN when not computable; the validation mAP needs full labels,
-these only the observed positives. ``observed-auc`` rests on the positive-vs-unlabelled AUC being an increasing affine
-function of the true AUC under SCAR (Menon et al. 2015). :data:`LABEL_FREE_DEFAULT`, ``observed-map``, lost the least
-test mAP against full-label selection on every development set (bench/README.md).
-"""
+"""Model-selection criteria for single-positive validation labels (docs/choosing.md): ``(val_logits, val_labels) ->
+score``, higher better, NaN when not computable."""
 
 from __future__ import annotations
 
@@ -108,6 +104,5 @@ DESCRIPTIONS: dict[str, str] = {row.name: row.help for row in CRITERIA.rows() if
 
 
 def default_criterion(val_has_full_labels: bool) -> str:
-    """The name of the criterion to select epochs with: ``val_mAP`` when the validation labels are full,
-    :data:`LABEL_FREE_DEFAULT` when they are not (:func:`models.data.label_regime.detect_regime` tells which)."""
+    """The criterion to select epochs with: ``val_mAP`` with full validation labels, else :data:`LABEL_FREE_DEFAULT`."""
     return FULL_LABEL_DEFAULT if val_has_full_labels else LABEL_FREE_DEFAULT

@@ -1,19 +1,8 @@
-"""The expected number of positives per image, k, and the class priors, without full labels (docs/choosing.md). k comes
-from, in order (:func:`resolve_expected_positives`): the user's ``--hp k=``, the papers' value for a known
-dataset, full labels, an audit list, or an estimate from a model's logits (:func:`estimate_k`).
-
-One label per image cannot tell images with one label from images with several that a model cannot tell apart, so any
-estimate rests on the model. Two best-bin estimates (after Garg et al., NeurIPS 2021) pool every (image, class) entry
-into one positive-unlabelled problem (per class, one or two observed positives are noise): ``low`` on the logits (pulled
-down: observed positives come more often from images with few labels) and ``high`` on each entry's log-probability minus
-its image's highest (exact for an ideal model, pushed up by negatives ranked above positives); k is their geometric
-mean. The same estimate with the labels shuffled across images (``uninformed``) says whether it is informative
-(:data:`MIN_INFORMATIVE`). Both estimates lean on the top of the model's ranking being nearly all positives, so a weak
-model pushes them up together (``high / low`` stays narrow): the model's ``observed-rank`` (its mean reciprocal rank of
-the observed labels) must reach :data:`MIN_OBSERVED_RANK`. k is claimed within 25% when it is informative, the bracket
-is at most :data:`BRACKET_RATIO` and the model ranks well enough, else the run asks for an audit list
-(:data:`AUDIT_ADVICE`).
-"""
+"""The expected number of positives per image, k, and the class priors, without full labels (docs/choosing.md, "k").
+:func:`resolve_expected_positives` takes the first source there is; :func:`estimate_k` estimates it from a model's
+logits as the geometric mean of two best-bin estimates (after Garg et al., NeurIPS 2021), claimed within 25% only when
+informative (:data:`MIN_INFORMATIVE`), narrow (:data:`BRACKET_RATIO`) and the model ranks well
+(:data:`MIN_OBSERVED_RANK`)."""
 
 from __future__ import annotations
 
@@ -60,9 +49,8 @@ SHUFFLE_SEED = 0
 
 @dataclass(frozen=True)
 class KEstimate:
-    """k estimated from one label per image (module docstring): the ``low`` and ``high`` best-bin estimates, and the
-    ``uninformed`` value the same estimator gives with the observed labels shuffled across images, and the model's
-    ``rank``: its observed-rank of those labels (None in records made before it was kept)."""
+    """k estimated from one label per image: the ``low`` and ``high`` estimates, the ``uninformed`` one (labels
+    shuffled) and the model's observed-``rank`` (None in older records)."""
 
     low: float
     high: float
@@ -81,8 +69,7 @@ class KEstimate:
 
     @property
     def informativeness(self) -> float:
-        """How far the estimate is from the uninformed value towards 1, on a log scale (1: at 1; 0: no closer than
-        shuffled labels)."""
+        """How far the estimate is from the uninformed value towards 1, on a log scale (1: at 1; 0: no closer)."""
         if self.uninformed <= 1.0:
             return 0.0
         return float(math.log(self.uninformed / self.k) / math.log(self.uninformed))
@@ -182,8 +169,7 @@ def _best_bin_prior(scores: np.ndarray, observed: np.ndarray) -> float:
 
 
 def estimate_class_priors(scores: np.ndarray, observed: np.ndarray) -> np.ndarray:
-    """Per-class prior estimates (C,) from held-out ``scores`` (any monotone scale) and their observed 0/1 labels; a
-    class with no observed positive gets 0."""
+    """Per-class priors (C,) from held-out ``scores`` and their observed labels (0 without an observed positive)."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(observed) > 0
     if s.ndim != 2 or s.shape != y.shape or len(s) == 0:
@@ -232,8 +218,7 @@ def resolve_expected_positives(
     estimate: float | KEstimate | None = None,
     estimate_detail: str = "",
 ) -> ExpectedPositives:
-    """k from the first available source, in the order of :data:`K_SOURCES`: the full labels, the audit labels, then
-    ``estimate``; ``ValueError`` when nothing is given."""
+    """k from the first source of :data:`K_SOURCES` there is; ``ValueError`` when nothing is given."""
     if given is not None:
         return ExpectedPositives(float(given), "given", "--hp k")
     if published is not None:

@@ -1,7 +1,5 @@
-"""Multi-label metrics: per-class AP (the step-wise AP of scikit-learn's ``average_precision_score``, tied scores one
-threshold), mAP, OF1 and CF1. A class without positives has AP NaN: excluded from the mean by default, counted as 0 by
-the papers' code (``empty="zero"``).
-"""
+"""Multi-label metrics: per-class AP (scikit-learn's step-wise AP), mAP, OF1 and CF1. A class without positives has AP
+NaN: excluded from the mean by default, counted as 0 with ``empty="zero"`` (the papers' code)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ def _current_umask() -> int:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path (with ``suffix``) beside ``path``; on normal exit it replaces ``path``, on an exception it
-    is deleted and ``path`` left untouched."""
+    """Yield a temporary path beside ``path`` that replaces it on normal exit and is deleted on an exception."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)

@@ -1,5 +1,4 @@
-"""File digests: the SHA-256 every layer records (export metadata, tagging journals), and the short BLAKE2b the
-dataset loaders compare file contents with."""
+"""File digests: the SHA-256 every layer records, and the short BLAKE2b the dataset loaders compare with."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""An exclusive lock between processes on a lock file, so that parallel processes (torchrun ranks, two runs started
-at once) build a cached dataset once: the first builds while the others wait, then find it built."""
+"""An exclusive lock between processes on a lock file, so parallel processes build a cached dataset once."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive inter-process lock on ``path`` (created with its folder; POSIX ``flock``, a no-op where
-    that is unavailable) for the duration of the ``with`` block."""
+    """Hold an exclusive ``flock`` on ``path`` (created) for the ``with`` block; a no-op where unavailable."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows

@@ -1,9 +1,5 @@
-"""The one walk of a folder tree, so that every stage that lists files (``folder:DIR``, the ``nus:``/``cub:`` checks,
-``serve tag DIR``, ``export --images DIR``, the demo's ``--examples``) sees the same files. Rule: every sub-folder
-walked; hidden entries skipped (hidden files counted); a symbolic link to a file listed under its own path, one to a
-folder not entered (no loops, one path per file) and counted; an unlistable folder reported, the walk going on. Files
-sorted by their relative POSIX path.
-"""
+"""The one walk of a folder tree, so every stage that lists files sees the same ones: hidden entries skipped, links to
+files listed, links to folders not entered, unlistable folders reported; sorted by relative POSIX path."""
 
 from __future__ import annotations
 
@@ -44,8 +40,7 @@ class FolderListing:
 
 
 def walk_folder(root: str | Path, on_folder: Callable[[int], None] | None = None) -> FolderListing:
-    """Walk ``root`` with the module's rule; ``on_folder`` is called with the number of entries of each folder
-    read (a progress bar's update)."""
+    """Walk ``root`` by the module's rule; ``on_folder`` gets each folder's entry count (for progress)."""
     root = Path(root)
     listing = FolderListing(root)
     pending = [root]

@@ -21,8 +21,7 @@ SCORES_FILE = "scores.npz"  # the best checkpoint's val and test logits with the
 
 
 def list_runs(runs_dir: Path | None = None) -> list[Path]:
-    """Run folders under ``runs_dir`` (default: :func:`default_runs_dir`) that hold a best checkpoint, oldest
-    first (by its mtime)."""
+    """Run folders under ``runs_dir`` holding a best checkpoint, oldest first."""
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     if not runs_dir.is_dir():
         return []

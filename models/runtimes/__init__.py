@@ -1,8 +1,5 @@
-"""The one table of inference runtimes (:data:`RUNTIMES`), picked from the model file's suffix, for export and serve. A
-runtime class has ``name``, ``suffixes``, classmethods ``load``, ``open`` and ``read_meta``, ``meta`` and
-``predict_logits(float32 (N,3,S,S)) -> float32 (N,C)``. Heavy dependencies are imported in ``load`` only, so this
-module, :mod:`models.runtimes.devices` and :func:`read_model_meta` are light.
-"""
+"""The one table of inference runtimes (:data:`RUNTIMES`), picked from the model file's suffix; each imports its heavy
+dependency in ``load`` only."""
 
 from __future__ import annotations
 

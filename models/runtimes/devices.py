@@ -1,5 +1,4 @@
-"""Device names (``--device``: ``cpu``, ``cuda[:N]``, ``tensorrt[:N]``) and the ONNX Runtime execution providers
-they ask for. No heavy import: command lines check a device name before anything loads."""
+"""Device names (``cpu``, ``cuda[:N]``, ``tensorrt[:N]``) and their ONNX Runtime providers; no heavy import."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ _ORT_PROVIDER = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecution
 
 
 def parse_device(device: str | None) -> tuple[str, int | None]:
-    """``"cpu"`` / ``"cuda[:N]"`` / ``"tensorrt[:N]"`` -> ``(kind, index or None)``; None gives ``("default",
-    None)``."""
+    """``"cpu"`` / ``"cuda[:N]"`` / ``"tensorrt[:N]"`` -> ``(kind, index or None)``; None: ``("default", None)``."""
     if device is None:
         return "default", None
     kind, _, index = str(device).strip().lower().partition(":")
@@ -23,8 +21,7 @@ def parse_device(device: str | None) -> tuple[str, int | None]:
 
 
 def ort_providers(device: str | None, available: Sequence[str]) -> list[Any]:
-    """ONNX Runtime providers for ``device`` (CPU always last; TensorRT then CUDA for ``tensorrt``);
-    :class:`BackendUnavailableError` when this build lacks one."""
+    """ONNX Runtime providers for ``device``, CPU last; :class:`BackendUnavailableError` when one is missing."""
     kind, index = parse_device(device)
     if kind in ("default", "cpu"):
         return ["CPUExecutionProvider"]

@@ -18,8 +18,7 @@ class BackendUnavailableError(ModelLoadError):
 
 
 def import_optional(module: str, hint: str) -> Any:
-    """The top-level ``module``, imported; ``ModuleNotFoundError`` naming the runtime that needs it and the pip
-    command ``hint``."""
+    """The top-level ``module``, imported; else ``ModuleNotFoundError`` naming the runtime and the pip ``hint``."""
     try:
         return __import__(module)  # through builtins.__import__, as an import statement (import hooks see it)
     except ImportError as exc:

@@ -1,8 +1,5 @@
-"""A frozen network's forward run by ONNX Runtime on the CPU, for extracting the features of many images: exported in
-memory once (``torch.onnx.export``, batch size dynamic) and checked against PyTorch on an example batch. On a CPU
-ONNX Runtime runs a small convolutional network several times faster than PyTorch's eager mode, but the export takes
-seconds, so it pays off only on enough work (:func:`worth_exporting`); docs/backbones.md has the measurements.
-"""
+"""A frozen network's forward run by ONNX Runtime on the CPU for feature extraction, exported in memory and checked
+against PyTorch; it pays off only on enough work (:func:`worth_exporting`; docs/backbones.md)."""
 
 from __future__ import annotations
 
@@ -43,9 +40,8 @@ Forward = Callable[[torch.Tensor], torch.Tensor]
 
 def onnx_forward(network: nn.Module, function: Callable[[nn.Module, torch.Tensor], torch.Tensor],
                  example: torch.Tensor, threads: int, rtol: float = 1e-3) -> Forward | str:
-    """``x -> function(network, x)`` run by an ONNX Runtime CPU session with ``threads`` intra-op threads (float32
-    CPU tensors in and out), when it exports and matches PyTorch on ``example`` within ``rtol`` of its scale; else
-    why not (the caller keeps PyTorch's forward)."""
+    """``x -> function(network, x)`` run by ONNX Runtime on the CPU when it exports and matches PyTorch on ``example``;
+    else why not."""
     try:
         ort = import_onnxruntime()
     except ModuleNotFoundError as exc:

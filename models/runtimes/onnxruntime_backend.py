@@ -1,6 +1,4 @@
-"""ONNX Runtime backend for exported ``.onnx`` models; onnxruntime is imported only to load one, the metadata is read
-with ``onnx``.
-"""
+"""ONNX Runtime backend for exported ``.onnx`` models."""
 
 from __future__ import annotations
 
@@ -57,9 +55,8 @@ class OnnxRuntimeBackend:
         cls, path: str | Path, providers: Sequence[str] = DEFAULT_PROVIDERS, threads: int | None = None,
         spinning: bool = True,
     ) -> OnnxRuntimeBackend:
-        """Open ``path`` with ``providers`` (default: CPU) and ``threads`` intra-op threads; ``ValueError`` for a file
-        that is no ONNX model of this package. ``spinning=False``: the intra-op threads sleep between runs instead of
-        busy-waiting, leaving their cores to other threads of the process (the HTTP service's decoding)."""
+        """Open ``path`` with ``providers`` (default: CPU); ``ValueError`` for a file that is no model of this package.
+        ``spinning=False`` lets idle intra-op threads sleep."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"model not found: {path}")

@@ -1,8 +1,5 @@
-"""OpenVINO backend for the same exported ``.onnx`` files: Intel's CPU runtime. ``--backend openvino`` compiles
-for the CPU in float32 (OpenVINO's own default on CPUs with bfloat16 units is bfloat16, which changes the scores: it
-is never taken silently); ``--backend openvino-bf16`` asks for bfloat16 where the CPU has it. openvino is imported
-only to load a model; the metadata is read with ``onnx``.
-"""
+"""OpenVINO backend for the exported ``.onnx`` files on the CPU: ``openvino`` in float32 (never bfloat16 silently),
+``openvino-bf16`` in bfloat16 where the CPU has it."""
 
 from __future__ import annotations
 
@@ -63,8 +60,8 @@ class OpenVinoBackend:
 
     @classmethod
     def load(cls, path: str | Path, threads: int | None = None) -> OpenVinoBackend:
-        """Compile ``path`` for the CPU at the class's precision with ``threads`` inference threads; ``ValueError``
-        for a file that OpenVINO cannot read."""
+        """Compile ``path`` for the CPU at the class's precision with ``threads`` threads; ``ValueError`` if OpenVINO
+        cannot read it."""
         path = Path(path)
         meta = cls.read_meta(path)
         ov = import_openvino()

@@ -1,10 +1,5 @@
-"""TensorRT backend for engines built by ``export.tensorrt_build`` (``.engine`` / ``.plan`` + ``<engine>.json``).
-
-Two flavours, whose engines are not interchangeable: full ``tensorrt`` (an engine runs on the GPU model and TensorRT
-version that built it) and ``tensorrt-rtx`` (built ahead of time, also without a GPU, for chosen compute
-capabilities; finished just in time on the GPU). The sidecar JSON names the flavour, version, targets and the model
-metadata. TensorRT, CUDA and torch are imported only to run an engine, so reading its metadata is light.
-"""
+"""TensorRT backend for engines built by ``export.tensorrt_build`` (``.engine`` / ``.plan`` + ``<engine>.json``), of
+either flavour (``tensorrt`` or ``tensorrt-rtx``, not interchangeable). Reading the metadata is light."""
 
 from __future__ import annotations
 
@@ -64,8 +59,7 @@ class TensorRTRuntimeError(RuntimeError, OSError):
 
 
 def import_tensorrt(flavour: str) -> ModuleType:
-    """Import the Python module of ``flavour``; ``ModuleNotFoundError`` naming the install command when it is missing
-    or its native libraries cannot be loaded."""
+    """Import the module of ``flavour``; ``ModuleNotFoundError`` naming the install command when it cannot."""
     spec = TENSORRT_FLAVOURS[flavour]  # an unknown flavour: UnknownName (a ValueError) listing them
     problems: list[str] = []
     for name in spec.modules:

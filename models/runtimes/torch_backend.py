@@ -1,6 +1,4 @@
-"""PyTorch backend for training checkpoints (``.pt``), the reference the exported runtimes must match; torch is imported
-by :meth:`TorchBackend.load` only.
-"""
+"""PyTorch backend for training checkpoints (``.pt``), the reference the exported runtimes must match."""
 
 from __future__ import annotations
 

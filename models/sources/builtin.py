@@ -1,8 +1,5 @@
-"""The built-in procedural multi-label dataset (images from :mod:`models.sources.builtin_scenes`): its presets, its
-generation into ``<cache>/builtin/<preset>-seed<seed>-v<version>/`` (``classes.txt``, ``labels.csv``,
-``images/{train,test}/NNNNNN.jpg``; in parallel, byte-identical whatever the number of workers) and the command line
-``python -m models.sources.builtin --preset default --seed 0``.
-"""
+"""The built-in procedural multi-label dataset: presets, generation into the cache (byte-identical whatever the number
+of workers) and ``python -m models.sources.builtin --preset default --seed 0``."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ JPEG_QUALITY = 90
 
 @dataclass(frozen=True)
 class BuiltinPreset:
-    """A named size of the built-in dataset; ``attributes``: the dense variant, labelled with the shapes and
-    their attributes (:mod:`models.sources.builtin_attributes`)."""
+    """A named size of the built-in dataset; ``attributes``: the dense variant with attribute labels."""
 
     name: str
     image_size: int
@@ -77,8 +73,7 @@ BUILTIN_PRESETS: Table[BuiltinPreset] = Table("builtin preset", [
 
 
 def label_statistics(labels: np.ndarray) -> dict[str, Any]:
-    """Summarise an ``(N, C)`` 0/1 label matrix: image count, labels per image, each class's frequency and the most
-    over least frequent class's ratio (inf if a class never occurs)."""
+    """Summarise an ``(N, C)`` label matrix: images, labels per image, class frequencies, most/least ratio."""
     labels = np.asarray(labels)
     if labels.ndim != 2:
         raise ValueError(f"labels must be a 2-D (N, C) matrix, got shape {labels.shape}")
@@ -96,8 +91,7 @@ def label_statistics(labels: np.ndarray) -> dict[str, Any]:
 
 
 def read_label_matrix(folder: Path) -> tuple[list[str], np.ndarray, list[str]]:
-    """Read a generated dataset folder back: returns ``(classes, labels (N, C) uint8, splits)`` with rows
-    in ``labels.csv`` order. A minimal reader for statistics, not the package's CSV loader."""
+    """A generated dataset folder read back: ``(classes, labels (N, C) uint8, splits)`` in ``labels.csv`` order."""
     folder = Path(folder)
     classes = (folder / "classes.txt").read_text().split()
     index = {name: i for i, name in enumerate(classes)}
@@ -171,9 +165,7 @@ def _objects_chunk(seed: int, indices: list[int], image_size: int) -> list[tuple
 
 
 def builtin_objects(preset: str, seed: int, train: LabelledImages) -> ObjectTable:
-    """The :class:`ObjectTable` of the built-in training images ``train``: the instances behind each image's labels
-    (visible area, centre), regenerated from the images' seeds without painting; a label differing from ``train``'s
-    is an error."""
+    """The :class:`ObjectTable` of the built-in training images, regenerated from their seeds without painting."""
     spec = BUILTIN_PRESETS[preset]
     indices = [int(path.stem) for path in train.paths]
     chunks = [indices[start:start + 200] for start in range(0, len(indices), 200)]
@@ -207,8 +199,7 @@ def _default_workers(preset: BuiltinPreset) -> int:
 
 def ensure_builtin(preset: str = "default", seed: int = 0, cache_dir: Path | None = None, workers: int | None = None,
                    progress: bool = True) -> Path:
-    """Return the folder of the built-in dataset, generating it first if it is missing or incomplete; ``workers``
-    (default ``min(cpu_count, 8)``, one for tiny) never changes the files."""
+    """The built-in dataset's folder, generated first if missing; ``workers`` never changes the files."""
     try:
         BUILTIN_PRESETS.row(preset)
     except UnknownName as exc:
@@ -264,8 +255,7 @@ def _format_statistics(stats: dict[str, Any], classes: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point: generate (if needed) a built-in dataset and print its folder and label
-    statistics. Returns the process exit code."""
+    """Generate (if needed) a built-in dataset and print its folder and label statistics; the exit code."""
     parser = argparse.ArgumentParser(
         prog="python -m models.sources.builtin",
         description="Generate the built-in procedural multi-label shapes dataset (no download) into the "

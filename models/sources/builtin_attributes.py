@@ -1,7 +1,5 @@
-"""Attribute labels of the dense built-in variant (``builtin:dense-*``): the same images, labelled besides their 20
-shapes with where and how their visible objects appear (quadrants, ``large``, ``partly_hidden``, ``crowded``), in the
-manner of CUB's attributes: about 6.5 positives per image instead of 2.8.
-"""
+"""Attribute labels of the dense built-in variant (``builtin:dense-*``): where and how visible objects appear, about 6.5
+positives per image."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ CROWDED_OBJECTS = 4
 
 
 def _shown_objects(scene: list[SceneObject], canvas: int) -> list[tuple[SceneObject, float]]:
-    """The class instances that count as present (the rule of the shape labels: at least
-    ``MIN_VISIBLE_FRACTION`` of their pixels left uncovered by what is drawn later), with that visible fraction."""
+    """The class instances that count as present (as the shape labels decide), with their visible fraction."""
     masks = scene_masks(scene, canvas)
     covered = np.zeros((canvas, canvas), dtype=bool)
     shown: list[tuple[SceneObject, float]] = []
@@ -60,8 +57,7 @@ def scene_attributes(scene: list[SceneObject], canvas: int) -> np.ndarray:
 
 
 def generate_dense_image(seed: int, split: str, index: int, image_size: int) -> tuple[Image.Image, np.ndarray]:
-    """Image ``index`` of ``split`` for ``seed`` (the same pixels as
-    :func:`models.sources.builtin_scenes.generate_image`) and its labels over :data:`DENSE_CLASS_NAMES`."""
+    """Image ``index`` of ``split`` for ``seed`` and its labels over :data:`DENSE_CLASS_NAMES`."""
     rng = np.random.default_rng([seed, SPLITS[split], index])
     canvas = SUPERSAMPLE * image_size
     scene, shapes = sample_labelled_scene(rng, canvas)

@@ -1,8 +1,6 @@
-"""The procedural image generator of the built-in dataset: 1 to 6 overlapping shapes (:mod:`models.sources.shapes`),
-partly hidden by occluder blobs, on a textured, cluttered background; long-tailed, with co-occurring class pairs. An
-image's labels are the classes that stay visible (at least ``MIN_VISIBLE_FRACTION`` of an instance's pixels not
-covered by anything drawn later). Every image has its own RNG, seeded with ``(seed, split, index)``.
-"""
+"""The procedural image generator of the built-in dataset: overlapping shapes, occluders, textured backgrounds; an
+image's labels are the classes that stay visible (``MIN_VISIBLE_FRACTION``), its RNG seeded by ``(seed, split,
+index)``."""
 
 from __future__ import annotations
 
@@ -64,8 +62,7 @@ _PARTNER = {CLASS_NAMES.index(a): CLASS_NAMES.index(b) for a, b in COOCCURRING_P
 
 @dataclass(frozen=True)
 class SceneObject:
-    """One thing drawn in a scene: class index (-1 for an occluder, whose shape is ``blob``: aspect ratio, then three
-    (amplitude, phase) pairs), centre and diameter as fractions of the image side, rotation in radians."""
+    """One thing drawn: class (-1: an occluder ``blob``), centre and diameter as fractions of the side, rotation."""
 
     cls: int
     cx: float
@@ -165,8 +162,7 @@ def scene_masks(scene: list[SceneObject], canvas: int) -> list[np.ndarray]:
 
 def _counting_instances(scene: list[SceneObject], masks: list[np.ndarray],
                         boxes: list[Box | None]) -> list[tuple[SceneObject, int]]:
-    """The class instances that count (visible fraction >= ``MIN_VISIBLE_FRACTION``) with their visible pixels,
-    from the last-drawn back: walk the scene tracking the union of everything drawn later."""
+    """The class instances that count, with their visible pixels, walking the scene from the last drawn back."""
     counting: list[tuple[SceneObject, int]] = []
     if not masks:
         return counting
@@ -193,12 +189,6 @@ def _labels_from_masks(scene: list[SceneObject], masks: list[np.ndarray], boxes:
     return labels
 
 
-def visible_labels(scene: list[SceneObject], canvas: int = 64) -> np.ndarray:
-    """Multi-hot uint8 label vector ``(C,)`` of the classes with at least one instance whose visible fraction
-    (rasterised at ``canvas`` px, after everything drawn later) is >= ``MIN_VISIBLE_FRACTION``."""
-    return _labels_from_masks(scene, *_masks_and_boxes(scene, canvas))
-
-
 def _sample_rasterised(rng: np.random.Generator,
                        canvas: int) -> tuple[list[SceneObject], list[np.ndarray], list[Box | None], np.ndarray]:
     while True:
@@ -210,8 +200,7 @@ def _sample_rasterised(rng: np.random.Generator,
 
 
 def sample_labelled_scene(rng: np.random.Generator, canvas: int = 64) -> tuple[list[SceneObject], np.ndarray]:
-    """Sample scenes until at least one class stays visible when rasterised at ``canvas`` px (as
-    :func:`generate_image` does before painting); returns ``(scene, labels)``."""
+    """Sample scenes until a class stays visible at ``canvas`` px; returns ``(scene, labels)``."""
     scene, _masks, _boxes, labels = _sample_rasterised(rng, canvas)
     return scene, labels
 
@@ -239,8 +228,7 @@ def _ramp(width: int, height: int, angle: float, x0: int = 0, y0: int = 0, scale
 
 
 def _background(rng: np.random.Generator, canvas: int) -> Image.Image:
-    """Textured background: two octaves of smooth colour noise plus a linear gradient, computed at up to
-    128 px (it is smooth) and bicubically upsampled to ``canvas`` px. Fine noise comes after downsampling."""
+    """Textured background: smooth colour noise plus a gradient, computed small and upsampled to ``canvas``."""
     work = min(canvas, 128)
     coarse = _smooth_noise(rng, work, work, int(rng.integers(2, 5)))
     fine = _smooth_noise(rng, work, work, int(rng.integers(6, 14)))
@@ -284,8 +272,7 @@ def _draw_clutter(rng: np.random.Generator, img: Image.Image, canvas: int) -> No
 
 def _paint_object(rng: np.random.Generator, img: np.ndarray, obj: SceneObject, mask: np.ndarray, box: Box,
                   canvas: int) -> None:
-    """Composite one object (solid colour with soft shading, plus its pattern) or occluder (a tinted
-    noise texture) into the uint8 ``img``, inside the mask's bounding ``box``."""
+    """Composite one object or occluder into the uint8 ``img`` inside the mask's bounding ``box``."""
     x0, y0, x1, y1 = box
     m = mask[y0:y1, x0:x1]
     region = img[y0:y1, x0:x1]
@@ -330,16 +317,14 @@ def _render(rng: np.random.Generator, scene: list[SceneObject], masks: list[np.n
 
 
 def render_scene(rng: np.random.Generator, scene: list[SceneObject], image_size: int) -> Image.Image:
-    """Paint ``scene`` on a fresh textured, cluttered background drawn from ``rng`` (at ``SUPERSAMPLE``x,
-    then downsampled, plus fine noise); returns an RGB PIL image of ``image_size`` px."""
+    """Paint ``scene`` on a fresh background drawn from ``rng``; an RGB image of ``image_size`` px."""
     masks, boxes = _masks_and_boxes(scene, SUPERSAMPLE * image_size)
     return _render(rng, scene, masks, boxes, image_size)
 
 
 def labelled_objects(seed: int, split: str, index: int,
                      image_size: int) -> tuple[np.ndarray, list[tuple[int, float, float, float]]]:
-    """The labels of image ``index`` of ``split`` (without painting) and the instances behind them, in drawing order:
-    ``(class, visible pixels, centre x, centre y)`` on the canvas the labels are decided on."""
+    """The labels of image ``index`` of ``split`` (no painting) and the instances behind them."""
     rng = np.random.default_rng([seed, SPLITS[split], index])
     canvas = SUPERSAMPLE * image_size
     scene, masks, boxes, labels = _sample_rasterised(rng, canvas)
@@ -348,8 +333,7 @@ def labelled_objects(seed: int, split: str, index: int,
 
 
 def generate_image(seed: int, split: str, index: int, image_size: int) -> tuple[Image.Image, np.ndarray]:
-    """Deterministically generate image ``index`` of ``split`` ("train"/"test") for ``seed``: returns the
-    RGB image (``image_size`` px) and its multi-hot uint8 labels ``(C,)`` (at least one 1)."""
+    """Image ``index`` of ``split`` for ``seed``, deterministic: RGB image and multi-hot uint8 labels ``(C,)``."""
     rng = np.random.default_rng([seed, SPLITS[split], index])
     scene, masks, boxes, labels = _sample_rasterised(rng, SUPERSAMPLE * image_size)
     return _render(rng, scene, masks, boxes, image_size), labels

@@ -1,7 +1,4 @@
-"""The build side shared by the drawing sets: keyword folding, source listing and cache digest, resumable rasters and
-their digests, grouped splits, the cache built under a lock, notes, report and command line. The read side is
-:mod:`models.data.drawing_cache`.
-"""
+"""The build side shared by the drawing sets (the read side is :mod:`models.data.drawing_cache`)."""
 
 from __future__ import annotations
 
@@ -33,15 +30,13 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def fold(text: str, runs: re.Pattern[str] | None = None, joiner: str = "", quotes: str = "") -> str:
-    """A keyword as a label: NFKC, stripped (of spaces, then of ``quotes``), lower case, each run of ``runs`` as one
-    ``joiner``."""
+    """A keyword as a label: NFKC, stripped, lower case, each run of ``runs`` as one ``joiner``."""
     word = unicodedata.normalize("NFKC", text).strip().strip(quotes).lower()
     return runs.sub(joiner, word) if runs is not None else word
 
 
 def files_below(root: Path, suffixes: tuple[str, ...], info: Callable[[str], T]) -> list[tuple[str, T]]:
-    """``(relative POSIX path, info(path))`` of every file below ``root`` ending with one of ``suffixes`` (any case),
-    sorted; hidden entries and files whose ``info`` raises are left out."""
+    """``(relative path, info(path))`` of every file below ``root`` with one of ``suffixes``, sorted."""
     found = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -57,8 +52,7 @@ def files_below(root: Path, suffixes: tuple[str, ...], info: Callable[[str], T])
 
 
 def source_folder(root: Path | str | None, default: Path, inner: str) -> Path:
-    """The source folder: ``root`` (``default`` when None or blank), absolute; its ``inner`` sub-folder when it has
-    one."""
+    """The absolute source folder (``default`` when blank), or its ``inner`` sub-folder when it has one."""
     given = root is not None and str(root).strip() != ""
     path = (Path(str(root).strip()).expanduser() if given else default).absolute()
     return path / inner if (path / inner).is_dir() else path
@@ -102,8 +96,7 @@ def save_png(image: Any, path: Path) -> None:
 
 
 def write_raster(path: Path, drawing: Path, dataset: str) -> str:
-    """Rasterise the file ``drawing`` into ``path`` (:func:`~models.sources.drawings.raster_of_file`): ``""``,
-    or why it failed; a :class:`DataError` (cairosvg missing) is raised."""
+    """Rasterise ``drawing`` into ``path``: ``""`` or why it failed (``DataError`` if cairosvg is missing)."""
     try:
         image = raster_of_file(drawing, dataset)
     except DataError:
@@ -121,8 +114,7 @@ def progress_bar(items: Sequence[T], desc: str, unit: str, progress: bool | None
 
 def cached_manifest(kind: str, source: object, cache_dir: Path | None, digest: str,
                     build: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
-    """``(<cache_dir>/<kind>/<digest>, manifest)``, calling ``build(folder)`` under a lock when the folder has no valid
-    manifest."""
+    """``(<cache_dir>/<kind>/<digest>, manifest)``, built under a lock when missing."""
     parent = cache_parent(kind, cache_dir)
     folder = parent / digest
     manifest = read_manifest(folder, digest)
@@ -152,8 +144,7 @@ def pixels_digest(path: Path) -> str:
 
 
 def grouped_splits(groups: Sequence[str], salt: str, fractions: Sequence[tuple[str, float]]) -> list[str]:
-    """The split of each image of ``groups`` (a group never straddles two splits): groups ranked by a hash of
-    ``salt:group`` fill each split to its fraction in turn."""
+    """The split of each image, whole groups ranked by a hash of ``salt:group`` filling each split in turn."""
     sizes = Counter(groups)
     order = sorted(sizes, key=lambda g: hashlib.blake2b(f"{salt}:{g}".encode(), digest_size=16).hexdigest())
     split_of: dict[str, str] = {}
@@ -182,8 +173,7 @@ def class_lines(manifest: dict[str, Any], width: int) -> list[str]:
 
 def command_line_parser(prog: str, description: str, root_help: str, min_count: int, label: str,
                         rule_help: str) -> argparse.ArgumentParser:
-    """The ``python -m models.sources.<drawings>`` parser: the source folder, ``--min-count``, ``--cache``, ``--rule``
-    and ``--quiet`` (a dataset adds its own options)."""
+    """The ``python -m models.sources.<drawings>`` parser with the options every drawing set shares."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("root", nargs="?", default=None, metavar="DIR", help=root_help)
     parser.add_argument("--min-count", type=int, default=min_count,
@@ -236,8 +226,7 @@ def images_line(manifest: dict[str, Any]) -> str:
 
 def run_command(ensure: Callable[[], tuple[Path, dict[str, Any]]],
                 report: Callable[[Path, dict[str, Any]], None]) -> int:
-    """A drawing set's command line: build the cache if needed (``ensure``), say how long it took, ``report`` it;
-    ``error: ...`` and exit status 2 on a :class:`DataError`."""
+    """A drawing set's command line: build the cache if needed and report it; exit 2 on a ``DataError``."""
     try:
         started = time.perf_counter()
         folder, manifest = ensure()

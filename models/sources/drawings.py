@@ -1,6 +1,5 @@
-"""Drawings as training images: flattened on white, cropped to what is drawn (plus a margin), resized to
-:data:`RASTER_SIZE` px on the longest side; SVGs rendered with cairosvg (imported only when something is rendered),
-again closer when the drawing is small on its page. Shared by the drawing sets (docs/datasets.md, "openclipart")."""
+"""Drawings as training images: flattened on white, cropped, resized to :data:`RASTER_SIZE` px on the longest side (SVGs
+rendered with cairosvg)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ DEFAULT_PAGE = 1000
 
 
 def cairosvg_svg2png(dataset: str) -> Callable[..., bytes]:
-    """cairosvg's ``svg2png``, imported on first use; a :class:`DataError` naming ``dataset`` and the fix when it
-    cannot be imported (cairosvg missing, or the system's cairo library)."""
+    """cairosvg's ``svg2png``, imported on first use; a :class:`DataError` naming the fix when missing."""
     try:
         import cairosvg  # lazy: only a build renders SVGs
     except (ImportError, OSError) as exc:  # OSError: cairocffi finds no libcairo
@@ -64,8 +62,7 @@ def open_checked(source: Path | io.BytesIO) -> Image.Image:
 
 
 def content_box(image: Image.Image, tolerance: int = BACKGROUND_TOLERANCE) -> tuple[int, int, int, int] | None:
-    """The box ``(left, top, right, bottom)`` (PIL's convention) of the pixels of an RGB ``image`` with some
-    channel more than ``tolerance`` below 255 (the drawing, on white), or None when there is none."""
+    """The PIL box of the non-white pixels of an RGB ``image`` (beyond ``tolerance``), or None."""
     pixels = np.asarray(image.convert("RGB"), dtype=np.uint8)
     mask = (pixels < 255 - tolerance).any(axis=2)
     rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
@@ -76,8 +73,7 @@ def content_box(image: Image.Image, tolerance: int = BACKGROUND_TOLERANCE) -> tu
 
 def crop_to_content(image: Image.Image, box: tuple[int, int, int, int], margin: float = CROP_MARGIN,
                     size: int = RASTER_SIZE) -> Image.Image:
-    """Crop an RGB ``image`` (on white) to ``box`` plus ``margin`` times the box's longest side of white on each
-    side, and resize it so its longest side is ``size`` px (Lanczos)."""
+    """Crop ``image`` to ``box`` plus a white ``margin`` and resize its longest side to ``size`` px."""
     left, top, right, bottom = box
     width, height = right - left, bottom - top
     pad = math.ceil(margin * max(width, height))
@@ -89,8 +85,7 @@ def crop_to_content(image: Image.Image, box: tuple[int, int, int, int], margin: 
 
 
 def raster_of_bitmap(path: Path) -> Image.Image:
-    """The cropped raster of a bitmap drawing (PNG, ...); raises on an unreadable or too large file and
-    ``ValueError`` when nothing is drawn on white."""
+    """The cropped raster of a bitmap drawing; ``ValueError`` when nothing is drawn on white."""
     image = open_checked(path)
     box = content_box(image)
     if box is None:
@@ -99,8 +94,7 @@ def raster_of_bitmap(path: Path) -> Image.Image:
 
 
 def render_svg(svg2png: Callable[..., bytes], path: Path, longest: int, portrait: bool | None) -> Image.Image:
-    """Render ``path`` with its page's longest side ``longest`` px, on white. ``portrait`` None: not known yet
-    (rendered by width first, again by height if the page is taller than wide)."""
+    """Render ``path`` with its page's longest side ``longest`` px, on white (``portrait`` None: unknown)."""
     def render(**size: int) -> Image.Image:
         data = svg2png(url=str(path), parent_width=DEFAULT_PAGE, parent_height=DEFAULT_PAGE, **size)
         return open_checked(io.BytesIO(data))
@@ -118,8 +112,7 @@ class BlankDrawing(ValueError):
 
 
 def raster_of_svg(svg2png: Callable[..., bytes], path: Path) -> Image.Image:
-    """The cropped raster of an SVG (module docstring), rendered a second time, closer, when the drawing is small
-    on its page. Raises on a cairosvg error and :class:`BlankDrawing` when nothing visible is drawn."""
+    """The cropped raster of an SVG, closer when small on its page; :class:`BlankDrawing` when blank."""
     page = render_svg(svg2png, path, RENDER_SIZE, None)
     box = content_box(page)
     if box is None:
@@ -135,8 +128,7 @@ def raster_of_svg(svg2png: Callable[..., bytes], path: Path) -> Image.Image:
 
 
 def raster_of_file(path: Path, dataset: str) -> Image.Image:
-    """The cropped raster of a drawing file: an SVG rendered with cairosvg (a :class:`DataError` naming ``dataset``
-    when it is missing), any other file read as a bitmap."""
+    """The cropped raster of a drawing file: SVGs rendered with cairosvg, others read as bitmaps."""
     if path.suffix.lower() == ".svg":
         return raster_of_svg(cairosvg_svg2png(dataset), path)
     return raster_of_bitmap(path)

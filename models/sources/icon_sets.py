@@ -1,7 +1,5 @@
-"""Icon sets from the npm registry, their keyword tags as labels: ``--data icons:DIR[?min-count=N]``, ``DIR`` an
-unpacked package of one of the :data:`LAYOUTS` (Tabler, Lucide). The keywords are cleaned by the rule below (all in the
-cache digest), the icons rasterised once into the cache and split 60/20/20 by group; docs/datasets.md, "icons".
-"""
+"""Icon sets from the npm registry (:data:`LAYOUTS`), their keyword tags as labels: ``--data icons:DIR[?min-count=N]``
+(docs/datasets.md, "icons")."""
 
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ _SPACES = re.compile(r"[\s_]+")
 
 @dataclass(frozen=True)
 class IconLayout:
-    """How one icon set lays out its catalogue: the catalogue file, its reader (catalogue JSON -> keywords per icon
-    name), where an icon's SVG is, and the least number of icons a label needs to be a class by default."""
+    """How an icon set lays out its catalogue: file, reader, SVG location and default class size."""
 
     catalogue: str
     keywords: Callable[[Any], dict[str, list[str]]]
@@ -78,8 +75,7 @@ def icon_group(name: str) -> str:
 
 
 def merge_synonyms(keywords: dict[str, set[str]], least: int) -> dict[str, str]:
-    """Rule 2 over the keywords on at least ``least`` icons: keyword -> the label it merges into (itself when
-    kept)."""
+    """Rule 2 over the keywords on at least ``least`` icons: keyword -> the label it merges into."""
     icons: dict[str, set[str]] = {}
     for name, words in keywords.items():
         for word in words:
@@ -162,8 +158,7 @@ def _build_manifest(root: Path, layout: IconLayout, folder: Path, digest: str, m
 
 def ensure_icon_set(root: Path | str, min_count: int | None = None, cache_dir: Path | None = None,
                     progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
-    """``(cache folder, manifest)`` of the cleaned icon set in ``root``, built first when needed (``min_count``
-    None: the layout's default)."""
+    """``(cache folder, manifest)`` of the cleaned icon set in ``root``, built first when needed."""
     source, layout = resolve_layout(root)
     least = ds.check_min_count("icons", layout.min_count if min_count is None else min_count)
     catalogue = source / layout.catalogue
@@ -177,8 +172,7 @@ def ensure_icon_set(root: Path | str, min_count: int | None = None, cache_dir: P
 
 def load_icon_set(root: Path | str, min_count: int | None = None, cache_dir: Path | None = None,
                   progress: bool | None = None) -> DatasetSplits:
-    """The cleaned icon set in ``root`` (module docstring) as :class:`DatasetSplits` named ``icons-<layout>``, every
-    split with its full labels."""
+    """The cleaned icon set in ``root`` as :class:`DatasetSplits` named ``icons-<layout>``."""
     folder, manifest = ensure_icon_set(root, min_count, cache_dir, progress)
     classes = list(manifest["classes"])
     parts = split_parts(folder, manifest["images"], classes)

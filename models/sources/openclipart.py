@@ -1,8 +1,5 @@
-"""The Open Clip Art Library 0.18 (Debian ``openclipart-svg``) as a human-tagged multi-label dataset: ``--data
-openclipart[:DIR][?view=folders][&min-count=N]``. Its keywords are cleaned by the rule below (module constants with
-their reasons, all in the cache digest), the drawings rasterised once into the cache; docs/datasets.md, "openclipart",
-tells the rest.
-"""
+"""The Open Clip Art Library 0.18 as a human-tagged multi-label dataset, ``--data
+openclipart[:DIR][?view=folders][&min-count=N]`` (docs/datasets.md, "openclipart")."""
 
 from __future__ import annotations
 
@@ -160,8 +157,7 @@ LEFT_OUT_REASONS = ("unreadable", "dropped folder", "batch drawing", "no keyword
 
 
 def normalise_keyword(text: str) -> list[str]:
-    """Split one keyword text on ``,`` and ``;`` and normalise each part (NFKC, lower case, quotes stripped, runs of
-    spaces, ``-``, ``/`` and ``.`` one ``_``); empty parts are kept as ``""``."""
+    """Split a keyword text on ``,`` and ``;`` and normalise each part (empty parts kept as ``""``)."""
     return [ds.fold(part, _SEPARATORS, "_", "\"'").strip("_")
             for part in _ITEM_SPLIT.split(unicodedata.normalize("NFKC", text or ""))]
 
@@ -201,8 +197,7 @@ class SvgMetadata:
 
 
 def read_svg_metadata(path: Path) -> SvgMetadata:
-    """Parse ``path`` with :mod:`xml.etree.ElementTree` and return its keywords and author. Raises
-    ``ET.ParseError`` (not well-formed XML) or ``OSError``."""
+    """The keywords and author of the SVG ``path`` (``ET.ParseError`` or ``OSError``)."""
     tree = ET.parse(path)
     keywords: list[str] = []
     for subject in tree.iter(f"{_DC}subject"):
@@ -218,8 +213,7 @@ def read_svg_metadata(path: Path) -> SvgMetadata:
 
 
 def folder_class(sources: list[str], classes: set[str] | frozenset[str]) -> str | None:
-    """The folder-view class of an image: for each of its ``sources`` (relative POSIX paths) in sorted order, the
-    deepest folder whose name, normalised and merged like a keyword, is in ``classes``; the first found, or None."""
+    """The folder-view class of an image: the deepest class-named folder of its sorted ``sources``, or None."""
     for source in sorted(sources):
         for folder in reversed(PurePosixPath(source).parent.parts):
             for word in normalise_keyword(folder):
@@ -240,8 +234,7 @@ def _cairosvg_svg2png() -> Callable[..., bytes]:
 
 def rasterise_drawing(svg: Path, fallbacks: list[Path],
                       svg2png: Callable[..., bytes] | None = None) -> tuple[Image.Image | None, str, str]:
-    """Rasterise one drawing: ``(image, "svg", "")``; when cairosvg fails, ``(image, "png", why)`` from the first PNG
-    render of ``fallbacks``; else ``(None, "", reason)``. A blank SVG gets no fallback (its render is blank too)."""
+    """Rasterise one drawing from its SVG, else a PNG render of ``fallbacks``: ``(image, kind, why)``."""
     renderer = svg2png if svg2png is not None else _cairosvg_svg2png()
     try:
         return raster_of_svg(renderer, svg), "svg", ""
@@ -286,8 +279,7 @@ class _Source:
 
 
 def resolve_source(root: Path | str | None) -> _Source:
-    """The SVG folder (``root``, its ``svg/``, or :data:`DEFAULT_ROOT`) and the PNG renders' folder beside it (None when
-    absent); a :class:`DataError` naming the Debian package when missing."""
+    """The SVG folder and the PNG renders' folder beside it; a :class:`DataError` when missing."""
     path = ds.source_folder(root, DEFAULT_ROOT, "svg")
     if not path.is_dir():
         raise DataError(
@@ -301,8 +293,7 @@ def resolve_source(root: Path | str | None) -> _Source:
 
 
 def _svg_entries(root: Path) -> list[tuple[str, os.stat_result, str]]:
-    """``(relative POSIX path, lstat, link target or "")`` of every ``*.svg`` below ``root`` (files and symlinks;
-    hidden entries skipped, symlinked folders not followed), sorted by path."""
+    """``(relative path, lstat, link target or "")`` of every ``*.svg`` below ``root``, sorted."""
     return [(rel, info, target) for rel, (info, target) in ds.files_below(root, (".svg",), _lstat_and_link)]
 
 
@@ -311,15 +302,13 @@ def _lstat_and_link(path: str) -> tuple[os.stat_result, str]:
 
 
 def source_fingerprint(source: _Source) -> str:
-    """A digest of the SVG folder's listing (every ``*.svg``'s path, size, mtime and link target): a changed
-    source is another cache folder. One ``lstat`` per entry, no file read."""
+    """A digest of the SVG folder's listing, one ``lstat`` per entry: a changed source is another cache."""
     return ds.listing_digest((rel, info.st_size, info.st_mtime_ns, target)
                           for rel, info, target in _svg_entries(source.svg))
 
 
 def _scan(source: _Source, left_out: list[dict[str, Any]]) -> tuple[list[_Drawing], dict[str, int]]:
-    """Read every SVG once: identical files (by inode, then content) grouped into drawings with their metadata,
-    unreadable ones to ``left_out``; returns the drawings and counts."""
+    """Read every SVG once, grouping identical files into drawings; returns the drawings and counts."""
     entries = _svg_entries(source.svg)
     if not entries:
         raise DataError(f"openclipart: {source.svg}: no .svg file below this folder (expected the layout of the "
@@ -411,8 +400,7 @@ def _read_record(path: Path) -> dict[str, Any] | None:
 
 
 def _rasterise_all(drawings: list[_Drawing], source: _Source, images: Path, progress: bool | None) -> None:
-    """Render every drawing that has no record yet (resumable): ``images/<name>.png`` then ``<name>.json``, each
-    written atomically."""
+    """Render every drawing without a record yet (resumable), each file written atomically."""
     todo = []
     for drawing in drawings:
         name = _raster_name(drawing)
@@ -446,8 +434,7 @@ def _split_key(identity: str) -> str:
 
 
 def _assign_splits(identities: list[str]) -> list[str]:
-    """Split names for ``identities``: ranked by a hash of each, the first 60% train, the next 20% val, the
-    rest test (:data:`SPLIT_FRACTIONS`)."""
+    """Split names for ``identities`` by hash rank (:data:`SPLIT_FRACTIONS`)."""
     order = sorted(range(len(identities)), key=lambda i: _split_key(identities[i]))
     splits = [""] * len(identities)
     start = 0
@@ -547,8 +534,7 @@ def _build_manifest(source: _Source, folder: Path, digest: str, min_count: int,
 
 def ensure_openclipart(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
                        cache_dir: Path | None = None, progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
-    """``(cache folder, manifest)`` of the cleaned dataset, building it first when it has no valid manifest (an
-    interrupted build resumes)."""
+    """``(cache folder, manifest)`` of the cleaned dataset, built (or resumed) first when needed."""
     least = ds.check_min_count("openclipart", min_count)
     source = resolve_source(root)
     digest = cache_digest(source, least)
@@ -595,8 +581,7 @@ def _folder_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dic
 
 def load_openclipart(root: Path | str | None = None, view: str = "keywords", min_count: int = MIN_CLASS_COUNT,
                      cache_dir: Path | None = None, progress: bool | None = None) -> DatasetSplits:
-    """Load the cleaned Open Clip Art Library as :class:`DatasetSplits`: ``view`` ``keywords`` (full keyword labels) or
-    ``folders`` (one category-folder positive per train/val image)."""
+    """The cleaned Open Clip Art Library as :class:`DatasetSplits`, ``view`` ``keywords`` or ``folders``."""
     if view not in VIEWS:
         raise DataError(f"openclipart: unknown view {view!r} (use {' or '.join(VIEWS)})")
     folder, manifest = ensure_openclipart(root, min_count, cache_dir, progress)
@@ -610,8 +595,7 @@ def load_openclipart(root: Path | str | None = None, view: str = "keywords", min
 
 
 def load_openclipart_spec(argument: str) -> DatasetSplits:
-    """``openclipart[:DIR][?view=folders][&min-count=N]``: the Open Clip Art Library (module docstring); an empty
-    ``DIR`` is ``/usr/share/openclipart/svg``."""
+    """``openclipart[:DIR][?view=folders][&min-count=N]``; an empty ``DIR`` is the Debian folder."""
     path, view, min_count = parse_spec("openclipart", argument, VIEWS, MIN_CLASS_COUNT)
     return load_openclipart(path or None, view=view, min_count=min_count)
 
@@ -632,9 +616,8 @@ def _place(target: Path, link: Path, how: str) -> None:
 def export_folder_view(out: Path, root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
                        link: str = "symlink", cache_dir: Path | None = None,
                        progress: bool | None = None) -> dict[str, int]:
-    """Write the folder view as a ``folder:`` tree, ``out/{train,val}/<class>/<image>.png`` (``link``: symlink, hardlink
-    or copy), with ``out/test_labels.csv`` in the ``csv:`` format; ``out`` must be new or empty. Returns the images
-    written per split."""
+    """Write the folder view as a ``folder:`` tree with ``out/test_labels.csv``; ``out`` must be new or empty. Returns
+    the images written per split."""
     if link not in ("symlink", "hardlink", "copy"):
         raise DataError(f"openclipart: unknown link kind {link!r} (use symlink, hardlink or copy)")
     out = Path(out).expanduser().absolute()
@@ -672,8 +655,7 @@ def _folder_size(folder: Path) -> int:
 
 
 def report(folder: Path, manifest: dict[str, Any]) -> str:
-    """The cleaning report of a built cache folder: counts per reason, classes with their image counts per
-    split, labels per image, the folder view's size (train/val images with a folder class, its classes)."""
+    """The cleaning report of a built cache folder: reasons, classes, labels per image, the folder view."""
     counts, images = manifest["counts"], manifest["images"]
     lines = [
         f"cache: {folder} ({_folder_size(folder) / 1e6:.1f} MB)",
@@ -698,8 +680,7 @@ def report(folder: Path, manifest: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: build the cache if needed, print the cleaning report; ``--export-folders OUT`` writes the
-    folder view as a ``folder:`` tree. Returns the exit status (2 on a data error)."""
+    """Command line: build the cache, print its report, ``--export-folders OUT``; the exit status."""
     parser = ds.command_line_parser(
         "python -m models.sources.openclipart", "The Open Clip Art Library 0.18 (Debian package openclipart-svg) as a "
         "multi-label dataset: clean its keywords, render the drawings once into the cache, print the cleaning report.",

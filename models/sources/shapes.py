@@ -1,7 +1,5 @@
-"""Geometry of the built-in dataset's classes: polygons in unit coordinates within the unit circle, a *footprint* (added
-polygons, then holes) and an optional *pattern* painted in a second colour. Classes differ by shape only, and none is a
-rotation of another, since objects are drawn at any angle.
-"""
+"""Geometry of the built-in dataset's classes: polygons within the unit circle, a footprint and an optional pattern;
+none is a rotation of another."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ Polygon = np.ndarray  # float array of shape (K, 2): x, y in unit coordinates (y
 
 @dataclass(frozen=True)
 class ShapeGeometry:
-    """One class's polygons: ``footprint`` is a list of ``(polygon, add)`` drawn in order (``add=False``
-    cuts a hole), ``pattern`` the polygons painted in the second colour."""
+    """One class's polygons: the ``footprint`` (``add=False`` cuts a hole) and the ``pattern``."""
 
     footprint: tuple[tuple[Polygon, bool], ...]
     pattern: tuple[Polygon, ...] = ()
@@ -209,8 +206,7 @@ SHAPES: list[ShapeGeometry] = [_normalise(build()) for build in _BUILDERS.values
 
 
 def transform(poly: Polygon, cx: float, cy: float, radius: float, angle: float) -> list[tuple[float, float]]:
-    """Rotate ``poly`` (unit coordinates) by ``angle`` radians, scale it by ``radius`` pixels and move it to
-    ``(cx, cy)``; returns the pixel-space point list that ``ImageDraw.polygon`` takes."""
+    """``poly`` rotated by ``angle``, scaled by ``radius`` px and moved to ``(cx, cy)``, as pixel points."""
     c, s = math.cos(angle), math.sin(angle)
     x = poly[:, 0] * c - poly[:, 1] * s
     y = poly[:, 0] * s + poly[:, 1] * c
@@ -220,8 +216,7 @@ def transform(poly: Polygon, cx: float, cy: float, radius: float, angle: float) 
 def draw_footprint(
     draw: ImageDraw.ImageDraw, cls: int, cx: float, cy: float, radius: float, angle: float
 ) -> None:
-    """Draw class ``cls``'s footprint (value 255, holes 0) on the mode-"L" ``draw`` at the given pixel
-    centre, radius and rotation."""
+    """Draw class ``cls``'s footprint (255, holes 0) on ``draw`` at the given centre, radius and angle."""
     for poly, add in SHAPES[cls].footprint:
         draw.polygon(transform(poly, cx, cy, radius, angle), fill=255 if add else 0)
 
@@ -229,8 +224,7 @@ def draw_footprint(
 def draw_pattern(
     draw: ImageDraw.ImageDraw, cls: int, cx: float, cy: float, radius: float, angle: float
 ) -> bool:
-    """Draw class ``cls``'s second-colour pattern (value 255) on ``draw``; returns False (drawing nothing)
-    for classes without a pattern."""
+    """Draw class ``cls``'s second-colour pattern on ``draw``; False for classes without one."""
     pattern = SHAPES[cls].pattern
     for poly in pattern:
         draw.polygon(transform(poly, cx, cy, radius, angle), fill=255)

@@ -1,7 +1,5 @@
-"""The Tux Paint stamps (Debian ``tuxpaint-stamps-default``) as a human-tagged multi-label dataset: ``--data
-tuxpaint[:DIR][?view=folders][&min-count=N]``. A stamp's labels are its folders and the words of its description,
-cleaned by the rule below (all in the cache digest); docs/datasets.md, "tuxpaint", tells the rest.
-"""
+"""The Tux Paint stamps as a human-tagged multi-label dataset, ``--data tuxpaint[:DIR][?view=folders][&min-count=N]``
+(docs/datasets.md, "tuxpaint")."""
 
 from __future__ import annotations
 
@@ -96,8 +94,7 @@ def _canonical(name: str) -> str:
 
 
 def folder_labels(relative: str) -> list[str]:
-    """The folder labels of a stamp at ``relative`` (POSIX path below DIR): every folder along it, normalised and
-    merged, style folders left out; in path order, each once."""
+    """The folder labels of a stamp: its folders, normalised and merged, style folders left out, each once."""
     labels: list[str] = []
     for folder in PurePosixPath(relative).parent.parts:
         name = ds.fold(folder, _FOLDER_RUNS, "_")
@@ -107,15 +104,13 @@ def folder_labels(relative: str) -> list[str]:
 
 
 def description_labels(description: str) -> list[str]:
-    """The labels of a description: its words (letters only, lower case) of at least :data:`MIN_WORD_LENGTH`
-    letters that are not stop words, merged; sorted, each once."""
+    """The labels of a description: its long enough non-stop words, merged, sorted, each once."""
     words = _WORD.findall(ds.fold(description))
     return sorted({_canonical(w) for w in words if len(w) >= MIN_WORD_LENGTH and w not in STOP_WORDS})
 
 
 def stamp_group(relative: str) -> str:
-    """A stamp's split group: its folder and its name without a trailing number (``animals/frog-1`` ->
-    ``animals/frog``)."""
+    """A stamp's split group: its folder and name without a trailing number."""
     path = PurePosixPath(relative)
     stem = _TRAILING_NUMBER.sub("", path.stem) or path.stem
     return str(path.parent / stem)
@@ -144,8 +139,7 @@ class _Stamp:
 
 
 def resolve_root(root: Path | str | None) -> Path:
-    """The stamps folder: ``root`` or :data:`DEFAULT_ROOT`; a :class:`DataError` naming the Debian package when it
-    is missing."""
+    """The stamps folder; a :class:`DataError` naming the Debian package when it is missing."""
     path = ds.source_folder(root, DEFAULT_ROOT, "stamps")
     if not path.is_dir():
         raise DataError(
@@ -157,8 +151,7 @@ def resolve_root(root: Path | str | None) -> Path:
 
 
 def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
-    """``(relative POSIX path, stat)`` of every image and description file below ``root``, sorted by path (hidden
-    entries skipped)."""
+    """``(relative path, stat)`` of every image and description file below ``root``, sorted."""
     return ds.files_below(root, (*IMAGE_SUFFIXES, ".txt"), os.stat)
 
 
@@ -219,8 +212,7 @@ def _raster_name(stamp: _Stamp) -> str:
 
 
 def _rasterise_all(stamps: list[_Stamp], images: Path, progress: bool | None) -> dict[str, str]:
-    """Rasterise every stamp that has no raster yet (resumable: each raster is written atomically); returns the
-    reason per stamp that could not be rasterised."""
+    """Rasterise every stamp without a raster yet (resumable); the reason per stamp that failed."""
     failed: dict[str, str] = {}
     todo = [s for s in stamps if not (images / _raster_name(s)).is_file()]
     if not todo:
@@ -290,8 +282,7 @@ def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progr
 
 def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT, cache_dir: Path | None = None,
                     progress: bool | None = None) -> tuple[Path, dict[str, Any]]:
-    """``(cache folder, manifest)`` of the cleaned stamps, building the cache first when it has no valid manifest
-    (an interrupted build resumes). ``cache_dir`` defaults to ``$SPML_CACHE``, else ``~/.cache/spml``."""
+    """``(cache folder, manifest)`` of the cleaned stamps, built (or resumed) first when needed."""
     least = ds.check_min_count("tuxpaint", min_count)
     source = resolve_root(root)
     digest = cache_digest(source, least)
@@ -305,8 +296,7 @@ def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_C
 
 def load_tuxpaint(root: Path | str | None = None, view: str = "labels", min_count: int = MIN_CLASS_COUNT,
                   cache_dir: Path | None = None, progress: bool | None = None) -> DatasetSplits:
-    """Load the cleaned Tux Paint stamps as :class:`DatasetSplits`: ``view`` ``labels`` (full labels) or ``folders``
-    (one deepest-folder positive per train/val image)."""
+    """The cleaned Tux Paint stamps as :class:`DatasetSplits`, ``view`` ``labels`` or ``folders``."""
     if view not in VIEWS:
         raise DataError(f"tuxpaint: unknown view {view!r} (use view=folders, or no view for the full labels)")
     folder, manifest = ensure_tuxpaint(root, min_count, cache_dir, progress)

@@ -1,10 +1,7 @@
-"""The HTTP inference service, ``python -m serve api`` (:mod:`serve.commands.api`): one FastAPI app
-(:mod:`serve.api.app`) over one :class:`~serve.api.service.TaggingService` (the loaded model, decoding, the request
-limits, the tags of ``serve tag``), run by an engine of :data:`serve.commands.api.API_ENGINES`: ``local`` (uvicorn,
-one process, the :class:`~serve.api.batching.Batcher`) or ``ray`` (Ray Serve replicas wrapping the same app, Ray's
-``@serve.batch``; :mod:`serve.api.ray_serve`). Why these, and how to run them: docs/deploy.md. This module holds
-the service's defaults and imports nothing (the command line reads it).
-"""
+"""The HTTP inference service, ``python -m serve api``: one FastAPI app over one
+:class:`~serve.api.service.TaggingService`, run by the ``local`` engine (uvicorn and the
+:class:`~serve.api.batching.Batcher`) or ``ray`` (Ray Serve replicas); docs/deploy.md. This module holds the service's
+defaults and imports nothing."""
 
 from __future__ import annotations
 

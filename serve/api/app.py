@@ -1,11 +1,6 @@
-"""The HTTP side of the service: :func:`build_app`, the FastAPI app over a
-:class:`~serve.api.service.TaggingService` (also what each Ray Serve replica serves), and :func:`run_local`, the
-``local`` engine (uvicorn, one process). Endpoints: ``POST /v1/tag``, ``GET /v1/model``, ``GET /healthz``,
-``GET /readyz``, ``GET /metrics``; the OpenAPI description at ``/openapi.json`` and ``/docs``.
-
-Request bodies are read here, in memory and bounded (``max_upload_bytes``: 413 beyond it): a multipart upload's
-files never reach a temporary file, since Starlette's spool size is set above the limit.
-"""
+"""The HTTP side of the service: :func:`build_app`, the FastAPI app over a :class:`~serve.api.service.TaggingService`
+(``/v1/tag``, ``/v1/model``, ``/healthz``, ``/readyz``, ``/metrics``), and :func:`run_local`, the ``local`` engine.
+Request bodies are read in memory, bounded by ``max_upload_bytes`` (413 beyond it)."""
 
 from __future__ import annotations
 
@@ -86,8 +81,7 @@ async def _body(request: Request, limit: int) -> AsyncIterator[bytes]:
 
 
 async def read_images(request: Request, service: TaggingService) -> list[tuple[str, bytes | Path]]:
-    """The named images of a ``POST /v1/tag`` body: multipart files, a raw image body, or JSON ``paths`` /
-    ``urls`` (where the server allows them), all in memory."""
+    """The named images of a ``POST /v1/tag`` body (multipart, raw image, or allowed JSON paths / urls), in memory."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     limit = service.settings.max_upload_bytes
     if kind == "multipart/form-data":
@@ -160,9 +154,8 @@ def build_app(service: TaggingService) -> FastAPI:
         escape: Annotated[bool, Query(description="escape parentheses")] = False,
         weights: Annotated[bool, Query(description="each tag with its score, (tag:0.83)")] = False,
     ) -> JSONResponse:
-        """Every class score and the tags of each image: multipart files (any field name), one raw image body
-        (`image/*` or `application/octet-stream`), or JSON `{"paths": [...]}` / `{"urls": [...]}` where the server
-        allows them. One unusable image refuses the whole request (4xx naming it)."""
+        """Every class score and the tags of each image: multipart files, one raw image body, or JSON `{"paths": [...]}`
+        / `{"urls": [...]}` where allowed. One unusable image refuses the whole request (4xx naming it)."""
         lists = [exclude or [], exclude_re or [], replace or [], first or []]
         try:
             rules = make_rules(*lists, spaces, escape, weights) if any(lists) or spaces or escape or weights else None
@@ -195,8 +188,7 @@ def build_app(service: TaggingService) -> FastAPI:
 
 
 def run_local(settings: ApiSettings, host: str, port: int) -> None:
-    """The ``local`` engine: load the model, serve :func:`build_app` with uvicorn on ``host:port`` until stopped
-    (the exceptions of :meth:`serve.predictor.Predictor.load`; ``OSError`` when the port cannot be bound)."""
+    """The ``local`` engine: serve :func:`build_app` with uvicorn on ``host:port`` (``OSError``: port not bound)."""
     import socket
 
     import uvicorn

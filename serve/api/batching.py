@@ -1,8 +1,6 @@
-"""Dynamic batching for the one-process service: :class:`Batcher` gathers single images from concurrent requests
-into model batches (up to ``max_batch`` images, waiting at most ``max_wait_s`` for more after the first), runs the
-model on one worker thread off the event loop, and answers each image's future. A batch that fails fails its own
-images only; the loop goes on with the next batch. (Ray Serve's ``@serve.batch`` does the same in the ray engine.)
-"""
+"""Dynamic batching for the one-process service: :class:`Batcher` gathers single images from concurrent requests into
+model batches (up to ``max_batch``, waiting at most ``max_wait_s``), runs the model on one worker thread and answers
+each image's future; a failing batch fails its own images only."""
 
 from __future__ import annotations
 
@@ -58,8 +56,7 @@ class Batcher:
         self._model_thread.shutdown(wait=True)
 
     async def submit(self, image: np.ndarray) -> np.ndarray:
-        """The model's row for one image, run in a batch with whatever else is waiting (:class:`QueueFull` when
-        ``max_queue`` images wait already; the model's exception when its batch failed)."""
+        """The model's row for one image, batched (:class:`QueueFull` past ``max_queue``; its batch's exception)."""
         if self._queue is None or not self.alive:
             raise RuntimeError("the batcher is not running")
         if self._queue.qsize() >= self.max_queue:

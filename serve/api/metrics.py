@@ -1,7 +1,4 @@
-"""The service's Prometheus metrics (``GET /metrics``, the text format of ``prometheus_client``), one registry per
-service (per replica on Ray): requests by path and status with their latency, images tagged or refused, model
-batches (size, seconds, failures) and the queue depth; :class:`RequestMetrics` counts every HTTP request.
-"""
+"""The service's Prometheus metrics (``GET /metrics``): requests, latency, images, model batches, queue depth."""
 
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ class ApiMetrics:
 
 
 class RequestMetrics:
-    """ASGI middleware: each HTTP request counted by path (the route's; ``other`` when none matched) and status, with
-    its latency."""
+    """ASGI middleware: each HTTP request counted by route (``other``: none matched) and status, with its latency."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], metrics: ApiMetrics) -> None:
         self.app, self.metrics = app, metrics

@@ -1,9 +1,6 @@
 """The ``ray`` engine of ``serve api``: Ray Serve replicas (:class:`TaggerReplica`) each serving the same FastAPI app
-(:func:`serve.api.app.build_app`, through ``@serve.ingress``) over its own :class:`~serve.api.service.TaggingService`,
-with Ray's ``@serve.batch`` batching in place of the local batcher. Ray Serve's proxies take the HTTP traffic and
-spread it over the replicas; its controller replaces a replica that dies or fails its health check, and scales
-between ``--replicas`` and ``--max-replicas``. Imported only by that engine (it needs ``ray[serve]``).
-"""
+over its own :class:`~serve.api.service.TaggingService`, batched by ``@serve.batch``, scaled between ``--replicas`` and
+``--max-replicas``. Imported only by that engine (it needs ``ray[serve]``)."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ LOGGING = {"enable_access_log": False, "log_level": "WARNING"}
 @serve.deployment(name=DEPLOYMENT_NAME, logging_config=LOGGING, health_check_period_s=5)
 @serve.ingress()
 class TaggerReplica:
-    """One replica: the service with its model, its images batched by Ray (``@serve.batch``), the model run on one
-    thread off the replica's event loop."""
+    """One replica: the service with its model, images batched by ``@serve.batch``, the model off the event loop."""
 
     def __init__(self, settings: ApiSettings) -> None:
         self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -60,10 +56,8 @@ class TaggerReplica:
 
 def deployment_options(settings: ApiSettings, replicas: int, max_replicas: int | None, cpus: float,
                        gpus: float) -> dict[str, Any]:
-    """Ray Serve options of the deployment: ``replicas`` (autoscaling up to ``max_replicas`` when given, each
-    replica aiming at one full batch in flight), each with ``cpus`` and ``gpus``, taking up to ``max_queue``
-    requests (they wait in its batch queue, not in Ray's router, which retries a full replica with a backoff), and
-    as many more waiting in Ray's queue before it answers 503."""
+    """Ray Serve options of the deployment: ``replicas`` (autoscaling up to ``max_replicas``), their ``cpus`` and
+    ``gpus``, and ``max_queue`` requests per replica plus as many in Ray's queue before a 503."""
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus},
         "max_ongoing_requests": settings.max_queue,
@@ -80,10 +74,7 @@ def deployment_options(settings: ApiSettings, replicas: int, max_replicas: int |
 def run_ray(settings: ApiSettings, host: str, port: int, address: str | None = None, replicas: int = 1,
             max_replicas: int | None = None, cpus_per_replica: int | None = None,
             gpus_per_replica: float = 0.0) -> None:
-    """Serve ``settings`` with Ray Serve on ``host:port`` until Ctrl-C: join the cluster at ``address`` (default:
-    start a local instance), deploy the replicas (each with ``cpus_per_replica`` CPUs, default the cluster's CPUs
-    over the replicas, its model and decoding threads as many, and ``gpus_per_replica``), then remove the
-    application on the way out."""
+    """Serve ``settings`` with Ray Serve on ``host:port`` until Ctrl-C, then remove the application."""
     import ray
 
     started = not ray.is_initialized()

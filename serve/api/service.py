@@ -1,10 +1,6 @@
 """What the HTTP service does, apart from HTTP: :class:`ApiSettings` (the options of ``serve api``) and
-:class:`TaggingService`: one loaded :class:`~serve.predictor.Predictor`, images decoded in memory in a bounded thread
-pool (the preprocessing of ``serve tag``), their model rows from a batching scorer (the local
-:class:`~serve.api.batching.Batcher` or Ray Serve's ``@serve.batch``) and their records from the tagger's own
-:class:`~serve.outputs.stage.TagSelector`. Every refusal is a :class:`RequestError` with its HTTP status; nothing is
-written to disk.
-"""
+:class:`TaggingService` (one loaded model, images decoded in memory in a bounded pool, batched scoring, the tagger's
+:class:`~serve.outputs.stage.TagSelector`). Every refusal is a :class:`RequestError` with its HTTP status."""
 
 from __future__ import annotations
 
@@ -56,12 +52,8 @@ def default_decode_threads() -> int:
 
 @dataclass(frozen=True)
 class ApiSettings:
-    """The service's options (``serve api``'s, by their command-line names): the ``model`` and its runtime
-    (``backend``, ``device``, CPU ``threads``), the default tag ``choice`` (selection, thresholds, caption rules;
-    a request may override them), batching (``max_batch`` images per model call, ``max_wait_ms`` for more,
-    ``max_queue`` images waiting at most), request limits (``max_images`` per request, ``max_upload_bytes`` per
-    request body or fetched URL, ``max_pixels`` per image), ``decode_threads``, the inputs beside uploads
-    (``allow_paths`` folders, ``allow_urls``) and the ``api_key`` requests must bear."""
+    """The service's options, by their command-line names: the model and runtime, the default tag choice (a request may
+    override it), batching, request limits, decoding threads, the inputs allowed besides uploads and the ``api_key``."""
 
     model: str
     backend: str | None = None
@@ -98,9 +90,7 @@ class RequestError(Exception):
 
 
 class TaggingService:
-    """One loaded model serving tag requests (module docstring). ``scorer``: the batching scorer (default: a
-    :class:`~serve.api.batching.Batcher` started by :meth:`start`). Unless the model runs in PyTorch, torch is set
-    to one thread for the process: here it only resizes images, on each decoding thread."""
+    """One loaded model serving tag requests; ``scorer`` defaults to a :class:`~serve.api.batching.Batcher`."""
 
     def __init__(self, settings: ApiSettings, predictor: Predictor, scorer: Scorer | None = None) -> None:
         if predictor.backend != "torch":  # torch only resizes here, on each decoding thread: one thread each, inline
@@ -174,8 +164,7 @@ class TaggingService:
 
     def selector(self, select: str | None = None, threshold: float | None = None, max_tags: int | None = None,
                  min_score: float | None = None, rules: CaptionRules | None = None) -> TagSelector:
-        """The tag selection of a request: the server's choice with the request's values in its place (the
-        request's caption ``rules`` added to the server's); :class:`RequestError` 422 on a bad value."""
+        """A request's tag selection: the server's with the request's values (422 :class:`RequestError` if bad)."""
         base = self.settings.choice
         try:
             mode = base.mode
@@ -194,8 +183,7 @@ class TaggingService:
         return TagSelector(list(self.predictor.classes), thresholds, mode, combined)
 
     def local_path(self, text: str) -> Path:
-        """The file a request's path names: absolute, or relative to the first ``allow_paths`` folder, and inside
-        one of them once links are resolved (403 otherwise; 404 when it is not a file)."""
+        """The file a request's path names, inside an ``allow_paths`` folder (403 otherwise; 404: not a file)."""
         roots = self.settings.allow_paths
         if not roots:
             raise RequestError(403, "this server reads no local paths (start it with --allow-paths DIR)")
@@ -234,8 +222,7 @@ class TaggingService:
         return await asyncio.get_running_loop().run_in_executor(self.decode_pool, fn, arg)
 
     async def decode(self, name: str, image: bytes | Path) -> np.ndarray:
-        """One image's model input, decoded on a decoding thread (:class:`RequestError` with the decoder's
-        reason: 413 too many pixels, 415 not an image, 422 corrupt or truncated)."""
+        """One image's model input, decoded on a decoding thread (:class:`RequestError` 413, 415 or 422)."""
         try:
             return await self._in_pool(self.preprocess, image)
         except ImageError as exc:
@@ -253,8 +240,7 @@ class TaggingService:
                                "the service goes on: try again") from None
 
     async def tag(self, images: Sequence[tuple[str, bytes | Path]], selector: TagSelector) -> list[dict[str, Any]]:
-        """The records ``{"name", "scores", "tags"}`` of named images (encoded bytes or allowed files), every image
-        decoded before any is scored: one bad image refuses the request."""
+        """The records of named images, all decoded before any is scored: one bad image refuses the request."""
         if not self.ready:
             raise RequestError(503, "the model is not ready yet")
         if not images:
@@ -272,8 +258,7 @@ class TaggingService:
         return [{"name": r["path"], "scores": r["scores"], "tags": r["tags"]} for r in records]
 
     def describe(self) -> dict[str, Any]:
-        """``GET /v1/model``: the model (:meth:`Predictor.describe`), its classes, the default tag choice (mode,
-        thresholds, caption rules), the limits and the inputs accepted."""
+        """``GET /v1/model``: the model, its classes, the default tag choice, the limits and the inputs accepted."""
         s = self.settings
         return {
             "model": self.predictor.describe(),

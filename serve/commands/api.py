@@ -1,5 +1,4 @@
-"""``python -m serve api --model MODEL``: the HTTP inference service's command line (the service: :mod:`serve.api`).
-``--help`` and usage errors answer without importing torch, FastAPI or Ray."""
+"""``python -m serve api --model MODEL``: the HTTP service's command line; ``--help`` imports no torch."""
 
 from __future__ import annotations
 

@@ -165,8 +165,7 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def _open_review(review: Path | None, answers: Path | None, option: str = "review") -> ReviewQueue | None:
-    """The queue of ``--review`` (or ``--audit``), holding the lock on its answer log while the process serves
-    (None without the option); a bad file or log, or a log another demo holds, is a ``UsageError``."""
+    """The locked queue of ``--review`` / ``--audit`` (None without them); a bad file or busy log: ``UsageError``."""
     if review is None:
         return None
     from models.data.types import DataError
@@ -185,8 +184,7 @@ def _open_review(review: Path | None, answers: Path | None, option: str = "revie
 
 
 def _load_models(args: argparse.Namespace, runs_dir: Path) -> tuple[ModelStore, str, ExampleSet]:
-    """The picker's models with the one shown first loaded, its key and the examples (``UsageError`` /
-    ``CommandFailed``)."""
+    """The picker's models with the first one loaded, its key and the examples (``UsageError`` / ``CommandFailed``)."""
     from models.runtimes import ModelSpecError
     from serve.demo.catalog import find_examples, find_models
     from serve.demo.model_store import ModelStore

@@ -1,8 +1,4 @@
-"""``python -m serve tag SOURCE --model MODEL``: the tagger's command line (options, checks, exit codes).
-
-The run itself is :mod:`serve.tagging`'s pipeline, with a tagging engine (:mod:`serve.tagging.engines`): ``local``
-(default) or ``ray``. ``--help`` and usage errors answer without importing torch or a runtime.
-"""
+"""``python -m serve tag SOURCE --model MODEL``: the tagger's command line (options, checks, exit codes)."""
 
 from __future__ import annotations
 
@@ -231,8 +227,7 @@ def add_max_pixels(group: argparse._ActionsContainer) -> None:
 
 
 def _check_tag_args(args: argparse.Namespace) -> None:
-    """The cheap checks (no torch import): :class:`~models.command_line.UsageError` naming the first problem. Option
-    values themselves are checked by :class:`serve.tagging.job.TagJob`."""
+    """The cheap checks (no torch import): a :class:`~models.command_line.UsageError` naming the first problem."""
     from serve.tagging.sources import Partition, source_kind
 
     try:
@@ -256,8 +251,7 @@ def _check_tag_args(args: argparse.Namespace) -> None:
 
 
 def caption_rules_of(args: argparse.Namespace) -> CaptionRules:
-    """The caption rules of :func:`add_caption_options`' arguments: the flags added to ``--caption-rules FILE``
-    (:class:`~models.command_line.UsageError` on a bad rule or an unreadable file)."""
+    """The caption rules of the flags and ``--caption-rules FILE`` (``UsageError`` on a bad rule or file)."""
     from serve.outputs.caption_rules import CaptionRuleError, combine, make_rules, read_rules_file
 
     try:
@@ -271,8 +265,7 @@ def caption_rules_of(args: argparse.Namespace) -> CaptionRules:
 
 
 def _tag_job(args: argparse.Namespace) -> TagJob:
-    """The :class:`~serve.tagging.job.TagJob` of the arguments; raises ``ValueError`` / ``OSError`` (bad values,
-    thresholds file) and :class:`~models.runtimes.ModelSpecError` (unknown device)."""
+    """The :class:`~serve.tagging.job.TagJob` of the arguments (``ValueError``, ``OSError``, ``ModelSpecError``)."""
     from serve.outputs.selection_modes import Selection
     from serve.outputs.sidecar_formats import parse_formats
     from serve.outputs.sidecars import DEFAULT_FORMATS, SidecarSpec
@@ -323,8 +316,7 @@ def _print_dry_run(plan: TagPlan) -> None:
 
 
 def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Execute ``tag`` with parsed arguments; returns the exit status. Usage errors are found without importing
-    torch or a runtime; the model is loaded by the engine, where it runs."""
+    """Execute ``tag`` with parsed arguments; returns the exit status."""
     from serve.tagging.journal import journal_path
 
     prog = f"{parser.prog} tag"
@@ -334,8 +326,7 @@ def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 @contextlib.contextmanager
 def _command_errors(failed_suffix: str = "") -> Iterator[None]:
-    """The tag pipeline's errors as the command's: a bad model spec or a conflicting output is a usage error, a
-    model that does not load or a run that fails is a failure (``failed_suffix`` says what was kept)."""
+    """The pipeline's errors as the command's: usage errors (model spec, output conflict) or failures."""
     from models.runtimes import ModelLoadError, ModelSpecError
     from serve.outputs.records import OutputConflictError
 
@@ -352,8 +343,7 @@ def _command_errors(failed_suffix: str = "") -> Iterator[None]:
 
 
 def _tag(args: argparse.Namespace, prog: str, kept: str) -> int:
-    """Check, plan and run the tagging of ``args`` (the exceptions of :func:`models.command_line.run_command`);
-    ``kept``: where an interrupted run's finished images are."""
+    """Check, plan and run the tagging of ``args``; ``kept``: where an interrupted run's finished images are."""
     _check_tag_args(args)
     from serve.outputs.run_summary import summary_table
     from serve.outputs.thresholds import thresholds_source

@@ -1,8 +1,4 @@
-"""``python -m serve demo``: the Gradio web demo over a :class:`~serve.predictor.Predictor`, put together from
-:mod:`serve.demo.layout` and :mod:`serve.demo.handlers`, and launched. The model runs once per image; moving a
-control only re-filters the scores kept in ``gr.State``. Importing this module is cheap: gradio and torch are
-imported inside the functions that need them.
-"""
+"""``python -m serve demo``: the Gradio demo; the model runs once per image, controls re-filter the kept scores."""
 
 from __future__ import annotations
 
@@ -48,11 +44,7 @@ def parse_size(text: str | int) -> int:
 def build_demo(store: ModelStore | None, default_model: str | None, examples: ExampleSet | None = None, *,
                max_batch_files: int = DEFAULT_MAX_BATCH_FILES, title: str = "spml multi-label tagger",
                review: ReviewQueue | None = None, audit: ReviewQueue | None = None) -> gr.Blocks:
-    """Build the Blocks app (not launched) over ``store``, showing ``default_model`` first: the page's parts
-    (:func:`serve.demo.layout.lay_out`) connected to their handlers (:class:`serve.demo.handlers.DemoHandlers`).
-    With ``review`` (suggested labels to answer) the page has a *Review* tab too, shown first, and with ``audit``
-    (images to label completely) an *Audit* tab; without a ``store`` it has only those tabs
-    (:func:`build_review_demo`)."""
+    """The Blocks app over ``store`` (first ``default_model``); ``review`` / ``audit`` add their tabs."""
     import gradio as gr
 
     if store is None or default_model is None:
@@ -93,9 +85,7 @@ def launch_demo(demo: gr.Blocks, *, host: str = DEFAULT_HOST, port: int | None =
                 max_file_size: str | int | None = DEFAULT_MAX_FILE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE,
                 concurrency: int = DEFAULT_CONCURRENCY, prevent_thread_lock: bool = False,
                 quiet: bool = False) -> tuple[Any, str, str | None]:
-    """Queue (``max_size=queue_size``, ``default_concurrency_limit=concurrency``) and launch on ``host:port``
-    (loopback by default; ``port=None`` scans from 7860), uploads bounded by ``max_file_size``; returns
-    ``(app, local_url, share_url)``."""
+    """Queue and launch on ``host:port`` (``port=None`` scans from 7860); returns ``(app, local_url, share_url)``."""
     demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
     return demo.launch(
         server_name=host,

@@ -1,5 +1,4 @@
-"""The demo's catalogue (no gradio, no torch): model files under the runs folder, example images with their true
-labels."""
+"""The demo's catalogue (no gradio, no torch): model files under the runs folder, example images."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ DEFAULT_EXAMPLES = 8
 
 
 def find_models(runs_dir: str | Path, max_depth: int = SEARCH_DEPTH) -> dict[str, Path]:
-    """Model files under ``runs_dir``: every run folder's ``best.pt`` and exports (``export/*.onnx`` and any other
-    registered suffix, e.g. ``.engine``), keyed by their path relative to ``runs_dir``; newest run first."""
+    """Model files under ``runs_dir`` (``best.pt`` and exports), keyed by their relative path; newest run first."""
     from serve.model_files import models_in_folder
 
     root = Path(runs_dir)
@@ -105,9 +103,7 @@ def _builtin_folders(meta: ModelMeta | None) -> list[Path]:
 def find_examples(
     meta: ModelMeta | None, folder: str | Path | None = None, limit: int = DEFAULT_EXAMPLES
 ) -> ExampleSet:
-    """Example images: the first ``limit`` images of ``folder`` if given (with true labels when it holds a
-    ``labels.csv``), else test images of the model's built-in dataset if it is already generated in the cache
-    (``$SPML_CACHE``), chosen to cover many classes. Never generates data; the note says what was found."""
+    """Example images of ``folder`` (with its labels), else cached built-in test images; never generates data."""
     from models.files.folder_walk import find_images
 
     if limit <= 0:

@@ -1,6 +1,5 @@
-"""What the demo page does, one method per event: score an image, re-filter its kept scores with the controls
-(no model call), answer ``/predict``, tag a batch and re-filter it, change the model. It imports gradio.
-"""
+"""What the demo page does, one method per event (score, re-filter, ``/predict``, batch, change model). Imports
+gradio."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ def calibrated_info(meta: ModelMeta) -> str:
 
 
 class DemoHandlers:
-    """The page's event handlers over ``store`` (the picker's models), ``examples`` (their true labels are shown),
-    at most ``max_batch_files`` files per batch, batch downloads written under ``work_root``."""
+    """The page's event handlers over the picker's models ``store``, the ``examples`` and batch limits."""
 
     def __init__(self, store: ModelStore, examples: ExampleSet, max_batch_files: int, work_root: Path) -> None:
         self.store = store
@@ -110,8 +108,7 @@ class DemoHandlers:
 
     def predict(self, payload: Any, use_calibrated: bool, threshold: float, model: str,
                 *tagging: Any) -> tuple[dict, dict]:
-        """The ``/predict`` endpoint: every class score, the thresholds used, the tags and the caption, as JSON
-        (the state, which API clients do not see, lets the same session call ``/refilter``)."""
+        """The ``/predict`` endpoint: every class score, the thresholds, the tags and the caption, as JSON."""
         if payload is None:
             raise gr.Error("No image given.")
         self.predictor_for(model)
@@ -121,8 +118,7 @@ class DemoHandlers:
         return self.document(state, use_calibrated, threshold, *tagging)[0], state
 
     def predict_ui(self, payload: Any, model: str) -> dict | None:
-        """The page's own call: the model's scores for the page to show (``render``); an unreadable image is
-        reported in the result panel."""
+        """The page's own call: the model's scores to show; an unreadable image is reported in the panel."""
         if payload is None:
             return None
         try:
@@ -132,8 +128,7 @@ class DemoHandlers:
             return {"error": exc.message}
 
     def render(self, state: dict | None, use_calibrated: bool, threshold: float, *tagging: Any) -> tuple[Any, str]:
-        """Re-filter the kept scores with the current controls (no model call): (API document, HTML). A bad
-        control value (e.g. a caption rule being typed) is shown in the panel."""
+        """Re-filter the kept scores with the controls (no model call): (API document, HTML)."""
         if not state:
             return None, EMPTY_HTML
         if "error" in state:

@@ -1,6 +1,4 @@
-"""The demo page's parts, in order (the model picker, the shared controls, the *Image*, *Batch* and *API* tabs),
-and the events that connect them to :class:`serve.demo.handlers.DemoHandlers`. It imports gradio.
-"""
+"""The demo page's parts, in order, and the events that connect them to :class:`serve.demo.handlers.DemoHandlers`."""
 
 from __future__ import annotations
 
@@ -111,8 +109,7 @@ class Page:
 
 
 def shared_controls(choices: list[str], default_model: str, default: Predictor) -> Controls:
-    """The model picker with the model's facts, the thresholds (calibrated box, global slider), the tag selection
-    and the caption rules."""
+    """The model picker with its facts, the thresholds, the tag selection and the caption rules."""
     with gr.Row(equal_height=True):
         model_box = gr.Dropdown(choices=choices, value=default_model, label="Model", scale=1, elem_id="spml-model")
         model_info = gr.Markdown(model_markdown(default_model, default))
@@ -173,8 +170,7 @@ def batch_tab() -> BatchTab:
 
 def lay_out(title: str, choices: list[str], default_model: str, default: Predictor, examples: ExampleSet,
             review: ReviewQueue | None = None, audit: ReviewQueue | None = None) -> Page:
-    """Every part of the page, in order, inside the current ``gr.Blocks``; with ``review`` and ``audit``, their
-    tabs too (:func:`serve.demo.review_tab.answer_tabs`, connected there), shown first."""
+    """Every part of the page, in order, inside the current ``gr.Blocks``; the answer tabs first when given."""
     gr.Markdown(f"## {html.escape(title)}")
     controls = shared_controls(choices, default_model, default)
     single_state = gr.State(None)
@@ -196,8 +192,7 @@ def lay_out(title: str, choices: list[str], default_model: str, default: Predict
 
 
 def connect(page: Page, handlers: DemoHandlers) -> None:
-    """The page's events: tagging an image (the page's call and the ``/predict`` API), tagging a batch
-    (``/predict_batch``), re-filtering on every control change (``/refilter``), the model picker, clearing."""
+    """The page's events: tag an image (``/predict``), a batch (``/predict_batch``), re-filter, pick, clear."""
     c, single, batch = page.controls, page.image_tab, page.batch_tab
     inputs, tagging = c.thresholds, c.tagging
     run = {"concurrency_id": "model", "preprocess": False}

@@ -1,5 +1,4 @@
-"""The demo's models: the picker's choices (key -> model file), loaded on first use and kept in a small LRU, and the
-one-paragraph description of a loaded model for the page's header."""
+"""The demo's models: the picker's choices, loaded on first use into a small LRU, and their descriptions."""
 
 from __future__ import annotations
 

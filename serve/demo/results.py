@@ -1,6 +1,4 @@
-"""The demo's pure helpers (no gradio): the tag choice of the controls, the result document, the score HTML and
-the batch table and downloads.
-"""
+"""The demo's pure helpers (no gradio): the tag choice, the result document, the score HTML, the batch outputs."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ NEAR_MISS = 0.1  # below the threshold by at most this much: shown as a near mis
 
 
 def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) -> tuple[Any, str, str]:
-    """``(thresholds (C,), mode, description)`` for the demo's controls, via
-    :func:`serve.outputs.thresholds.resolve_thresholds`. ``mode`` is ``calibrated``, ``default`` or ``global``."""
+    """``(thresholds (C,), mode, description)`` of the controls; ``mode``: ``calibrated``, ``default`` or ``global``."""
     from serve import DEFAULT_THRESHOLD
     from serve.outputs.thresholds import resolve_thresholds
 
@@ -43,11 +40,7 @@ def threshold_choice(meta: ModelMeta, use_calibrated: bool, threshold: float) ->
 def tag_choice(meta: ModelMeta, use_calibrated: bool, threshold: float, mode: str = "thresholds",
                k: float | None = None, max_tags: float | None = None, min_score: float | None = None,
                rules: str = "") -> tuple[TagSelector, str, str]:
-    """The demo's controls -> ``(selection, threshold mode, description)``: the tagging pipeline's
-    :class:`~serve.outputs.stage.TagSelector` with the thresholds of :func:`threshold_choice`, the selection ``mode``
-    (``top-k`` with ``k``), ``max_tags`` (0 or empty: no cap), ``min_score`` and the caption ``rules`` (the text
-    of a rules file). Raises ``ValueError`` (:class:`~serve.outputs.caption_rules.CaptionRuleError` naming a bad
-    rule)."""
+    """The controls -> ``(selection, threshold mode, description)``; ``ValueError`` on a bad rule."""
     from serve.outputs.caption_rules import parse_rules_text
     from serve.outputs.selection_modes import MODES, make_selection
     from serve.outputs.stage import TagSelector
@@ -69,9 +62,7 @@ def tag_choice(meta: ModelMeta, use_calibrated: bool, threshold: float, mode: st
 def result_document(
     prediction: Prediction, model: str, mode: str, seconds: float | None = None, select: TagSelector | None = None
 ) -> dict[str, Any]:
-    """What ``/predict`` returns: every class score (model order, full precision), thresholds used, tags (the
-    selected classes), and with ``select`` the selection and ``caption``: the tags as a sidecar writes them
-    (caption rules applied, joined with ``", "``)."""
+    """What ``/predict`` returns: scores, thresholds, tags, and with ``select`` the selection and ``caption``."""
     doc: dict[str, Any] = {"model": model, "threshold_mode": mode, **prediction.to_dict()}
     if select is not None:
         doc["selection"] = select.mode.to_dict()
@@ -115,9 +106,7 @@ CSS = """
 
 def scores_html(prediction: Prediction, *, description: str, truth: Sequence[str] | None = None, caption: str = "",
                 written: str | None = None) -> str:
-    """Every class as a row: a bar for the score with its own threshold marked, score, threshold, margin and
-    status (tag / near miss), highest score first; true labels marked when known; ``written``: the caption as a
-    sidecar holds it (caption rules applied)."""
+    """Every class as a row (score bar, threshold, margin, status), highest first; true labels marked."""
     scores, thresholds = prediction.scores, prediction.thresholds
     truth_set = set(truth or [])
     tags = prediction.tags
@@ -176,11 +165,7 @@ class BatchRow:
 
 
 def batch_outputs(rows: Sequence[BatchRow], select: TagSelector, folder: Path) -> tuple[Any, Path, Path, Path]:
-    """Table (pandas DataFrame: file, tags, error, one column per class) and the CSV, JSONL and captions zip files
-    written into ``folder``, the tags chosen by ``select`` (the tagging pipeline's selection, caption rules
-    applied). The JSONL lines have the format of ``python -m serve tag`` (``{"path", "scores", "tags"}``),
-    unreadable files ``{"path", "error"}``; the zip holds one ``.txt`` caption per image, named as ``serve tag
-    --sidecar`` names them (``a.jpg`` -> ``a.txt``)."""
+    """The batch table (a DataFrame) and its CSV, JSONL and captions zip written into ``folder``."""
     import numpy as np
     import pandas as pd
 
@@ -212,8 +197,7 @@ def batch_outputs(rows: Sequence[BatchRow], select: TagSelector, folder: Path) -
 
 
 def caption_names(names: Sequence[str]) -> list[str]:
-    """The caption file of each uploaded file name, as :func:`serve.outputs.sidecars.sidecar_paths` names sidecars
-    (``a.jpg`` -> ``a.txt``; ``a.jpg.txt`` when stems collide); the same name uploaded twice gets ``a-2.txt``."""
+    """The caption file of each uploaded file name, named as sidecars are (repeats get ``a-2.txt``)."""
     from serve.outputs.sidecars import SidecarSpec, sidecar_paths
 
     unique: list[Path] = []

@@ -1,9 +1,6 @@
-"""The answer tabs' state, without gradio: :class:`ReviewQueue` holds the unique (image, label) pairs of a review
-file (``python -m train suggest``), their answers (the file's, then the answer log's: the last word wins) and
-the pairs still to show (Skip moves one to the back, Undo puts it in front). Every answer is in the log
-(:class:`models.data.review_file.AnswerLog`) before the call returns; one queue serves every browser tab, under a
-lock, and a second demo on the same log is refused (:func:`claim_log`).
-"""
+"""The answer tabs' state, without gradio: :class:`ReviewQueue` holds a review file's pairs, their answers (the last
+word wins) and those still to show. Every answer is in the log before the call returns; one queue serves every browser
+tab under a lock, and a second demo on the same log is refused (:func:`claim_log`)."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ def image_path(image: str, folder: Path) -> Path:
 
 
 def load_review(review_path: str | Path) -> list[ReviewItem]:
-    """The rows of a review file, checked up front: readable, at least one row, every image an existing file
-    (``DataError``, one line, naming at most :data:`MISSING_SHOWN` missing images)."""
+    """The rows of a review file, checked: readable, not empty, every image a file (``DataError``)."""
     review_path = Path(review_path)
     items = read_review(review_path)
     if not items:
@@ -54,9 +50,8 @@ def load_review(review_path: str | Path) -> list[ReviewItem]:
 
 
 def claim_log(path: str | Path) -> IO[str]:
-    """Lock the answer log ``path`` (created if absent) for this process, so that a second demo on the same log is
-    refused (``DataError``) instead of keeping a state of its own; keep the returned file open while serving
-    (the lock goes with the process, however it ends)."""
+    """Lock the answer log ``path`` for this process (``DataError`` when another holds it); keep the returned file
+    open."""
     import fcntl
 
     path = Path(path)
@@ -71,8 +66,7 @@ def claim_log(path: str | Path) -> IO[str]:
 
 
 def display_image(path: str | Path, side: int = DISPLAY_SIDE) -> tuple[Image.Image | None, str]:
-    """The image as shown: a Pillow RGB image (EXIF orientation applied, at most ``side`` pixels on its longest
-    side) and an empty message, or ``(None, reason)`` when it cannot be read."""
+    """The image as shown (RGB, EXIF-oriented, at most ``side`` px) and "", or ``(None, reason)``."""
     try:
         with Image.open(path) as img:
             img.draft("RGB", (side, side))
@@ -85,8 +79,7 @@ def display_image(path: str | Path, side: int = DISPLAY_SIDE) -> tuple[Image.Ima
 
 @dataclass(frozen=True)
 class ReviewView:
-    """What the tab shows: the pair to answer (None once every pair is answered), the image's other pending
-    suggestions, the labels this image was answered, the counts, and a note on the last action."""
+    """What the tab shows: the pair to answer (None when done), the image's labels and answers, counts, a note."""
 
     item: ReviewItem | None
     others: tuple[ReviewItem, ...]
@@ -109,9 +102,7 @@ class ReviewView:
 
 @dataclass(frozen=True)
 class ImageView:
-    """What the image-at-a-time tab shows: the image to answer (None once every pair is answered), its pending
-    labels (the most likely first), the labels it has and those already answered, the counts of images, and a note
-    on the last action."""
+    """What the image-at-a-time tab shows: the image (None when done), its labels, counts and a note."""
 
     image: str | None
     pending: tuple[ReviewItem, ...]
@@ -127,8 +118,7 @@ class ImageView:
 
 
 class ReviewQueue:
-    """The pairs of a review file, their answers and the order still to show; every change is recorded in
-    ``log`` first. Thread-safe: one queue serves every browser tab."""
+    """A review file's pairs, answers and order still to show, logged first; one queue serves every tab."""
 
     def __init__(self, items: list[ReviewItem], log: AnswerLog, source: Path | None = None) -> None:
         self.log = log
@@ -152,9 +142,7 @@ class ReviewQueue:
 
     @classmethod
     def open(cls, review_path: str | Path, log_path: str | Path | None = None, claim: bool = False) -> ReviewQueue:
-        """The queue of a review file (checked: :func:`load_review`) with its answer log (default:
-        :func:`default_log_path`); with ``claim``, the log is locked (:func:`claim_log`) before it is read, until
-        :meth:`close` or the process ends. ``DataError`` for a bad file or log, or a log in use."""
+        """The queue of a review file with its answer log (locked with ``claim``); ``DataError`` if bad or in use."""
         review_path = Path(review_path)
         log_path = Path(log_path) if log_path is not None else default_log_path(review_path)
         if log_path.resolve() == review_path.resolve():
@@ -199,8 +187,7 @@ class ReviewQueue:
             return self._view(note)
 
     def _set(self, answers: list[tuple[Pair, bool | None]]) -> None:
-        """Record ``answers`` in the log (one synced write), then in memory; a pair set to None is pending again,
-        in front (in the order given)."""
+        """Record ``answers`` in the log (one synced write), then in memory; None puts a pair back in front."""
         self.log.record_many([(image, label, answer) for (image, label), answer in answers])
         undone = []
         for pair, answer in answers:
@@ -214,8 +201,7 @@ class ReviewQueue:
         self.pending[:0] = undone
 
     def answer(self, image: str, label: str, present: bool) -> ReviewView:
-        """Answer the pair (``present``: yes, the label is in the image) and show the next; the answer is in the
-        log when this returns. ``KeyError`` for a pair that is not in the file."""
+        """Answer the pair (logged on return) and show the next; ``KeyError`` for a pair not in the file."""
         pair = (image, label)
         if pair not in self.items:
             raise KeyError(f"{label!r} on {image} is not a suggestion of this review file")
@@ -238,8 +224,7 @@ class ReviewQueue:
             return self._view(note if len(self.pending) > 1 else f"{label}: skipped, the last one left")
 
     def undo(self) -> ReviewView:
-        """Take back the last answer given in this session (the pair's answer before it is restored, usually
-        none) and show that pair again; repeatable."""
+        """Take back this session's last answer and show that pair again; repeatable."""
         with self.lock:
             if not self.history:
                 return self._view("nothing to undo in this session")
@@ -269,9 +254,7 @@ class ReviewQueue:
         return sorted(pairs, key=lambda item: -(item.score if item.score is not None else -1.0))
 
     def answer_image(self, image: str, present: set[str] | list[str]) -> ImageView:
-        """Answer every pending pair of ``image`` at once: yes for the labels in ``present``, no for the others (in
-        the log, one synced write, when this returns); the next image. ``KeyError`` for a label in ``present`` that
-        is not a pending pair of the image."""
+        """Answer every pending pair of ``image`` (yes for ``present``) in one write; ``KeyError`` if not pending."""
         with self.lock:
             pending = [item.label for item in self._image_pairs(image)]
             unknown = set(present) - set(pending)

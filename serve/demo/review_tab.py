@@ -1,8 +1,5 @@
-"""The *Review* tab (``python -m serve demo --review FILE``): one suggested label at a time, answered Yes / No,
-skipped or taken back (keys ``y`` ``n`` ``s`` ``u``), over the server's :class:`serve.demo.review.ReviewQueue`.
-Its events are also an API (``/review_show``, ``/review_yes``, ``/review_no``, ``/review_skip``,
-``/review_undo``). It imports gradio.
-"""
+"""The *Review* tab (``--review FILE``): one suggested label at a time, Yes / No / Skip / Undo (keys ``y n s u``), over
+a :class:`serve.demo.review.ReviewQueue`; its events are also an API (``/review_*``)."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ CSS = """
 
 @dataclass
 class ReviewTab:
-    """The *Review* tab's parts: the image, the card (question, score, labels), the progress line, the pair shown
-    (hidden: the answer buttons' input) and the four buttons."""
+    """The *Review* tab's parts: the image, the card, the progress line, the pair shown and the four buttons."""
 
     image: gr.Image
     card: gr.HTML
@@ -68,8 +64,7 @@ def labels_html(names: list[str] | tuple[str, ...], empty: str = "none listed") 
 
 
 def done_html(view: ReviewView, log_path: str, review_path: str = "", from_file: int = 0) -> str:
-    """The card once every pair is answered: that message and the retraining command (with the review file too
-    when it came with ``from_file`` answers filled in, which the log does not hold; the later file wins)."""
+    """The card once every pair is answered: that message and the retraining command."""
     files = f"--review {review_path} --review {log_path}" if from_file and review_path else f"--review {log_path}"
     in_file = (f'<div class="muted">{from_file} answers were filled in the review file itself: pass it too, '
                "before the log.</div>") if from_file and review_path else ""
@@ -80,8 +75,7 @@ def done_html(view: ReviewView, log_path: str, review_path: str = "", from_file:
 
 def card_html(view: ReviewView, log_path: str, image_note: str = "", review_path: str = "",
               from_file: int = 0) -> str:
-    """The card: the label asked about, its score, the image's labels, answers and other suggestions, the note;
-    once every pair is answered, :func:`done_html`."""
+    """The card: the label asked about, its score, the image's labels and answers, the note."""
     note = f'<div class="muted">{html.escape(view.note)}</div>' if view.note else ""
     if view.item is None:
         return done_html(view, log_path, review_path, from_file)
@@ -167,8 +161,7 @@ class ReviewHandlers:
 
 
 def review_tab(queue: ReviewQueue) -> ReviewTab:
-    """Lay out the *Review* tab (inside the current ``gr.Tabs``) and connect its events to a
-    :class:`ReviewHandlers` over ``queue``; the first view is shown on page load."""
+    """Lay out the *Review* tab and connect it to a :class:`ReviewHandlers` over ``queue``."""
     with gr.Tab("Review", id="review", elem_id="spml-review-tab"), gr.Row():
         with gr.Column(scale=3):
             image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=480,
@@ -203,9 +196,7 @@ AUDIT_COMMAND = "python -m train ... --method auto --audit {log}"
 
 
 def answer_tabs(review: ReviewQueue | None, audit: ReviewQueue | None) -> None:
-    """The tabs that answer labels (inside the current ``gr.Tabs``): *Review*, one suggested label at a time
-    (:func:`serve.demo.review_tab.review_tab`), and *Audit*, every label of an image at once
-    (:func:`serve.demo.toggles_tab.toggles_tab`)."""
+    """The tabs that answer labels: *Review* (one label at a time) and *Audit* (every label of an image)."""
     if review is not None:
         review_tab(review)
     if audit is not None:

@@ -1,9 +1,5 @@
-"""A tab that answers a whole image at a time (``python -m serve demo --audit FILE``): the image with its pending
-labels as toggles (the most likely first, the given ones ticked) and a filter box; Save answers them all
-(ticked: present), Skip leaves the image for later, Undo takes the last saved image back (keys: Enter, ``1``-``9``,
-``s``, ``u``). The state is the server's :class:`serve.demo.review.ReviewQueue`; the events are also an API
-(``/{name}_show``, ``/{name}_save``, ``/{name}_skip``, ``/{name}_undo``). It imports gradio.
-"""
+"""A tab that answers a whole image at a time (``--audit FILE``): its pending labels as toggles; Save, Skip, Undo (keys
+Enter, ``1``-``9``, ``s``, ``u``), over a :class:`serve.demo.review.ReviewQueue`; the events are also an API."""
 
 from __future__ import annotations
 
@@ -58,8 +54,7 @@ FILTER_JS = """
 
 @dataclass
 class TogglesTab:
-    """The tab's parts: the image, the card, the filter box, the toggles, the progress line, the image shown
-    (hidden: Save's input) and the buttons."""
+    """The tab's parts: the image, the card, the filter, the toggles, the progress line and the buttons."""
 
     image: gr.Image
     card: gr.HTML
@@ -143,9 +138,7 @@ class TogglesHandlers:
 
 
 def toggles_tab(queue: ReviewQueue, title: str, name: str, command: str) -> TogglesTab:
-    """Lay out the tab (inside the current ``gr.Tabs``; ``name``: its id and its API's prefix) and connect its
-    events to an :class:`TogglesHandlers` over ``queue``; ``command`` (with ``{log}``) is what the done card says to
-    run with the answers."""
+    """Lay out the tab (``name``: its id and API prefix) and connect it to :class:`TogglesHandlers` over ``queue``."""
     with gr.Tab(title, id=name, elem_id=f"spml-{name}-tab"), gr.Row():
         with gr.Column(scale=3):
             image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=480,

@@ -1,8 +1,5 @@
-"""Caption rules: how selected classes become the tag text of sidecars and run files, applied in the order
-exclude / exclude-re, replace, spaces, escape, weights, first (docs/tagging-at-scale.md, *Writing the tags*); a
-tag produced twice is written once. The same rules come as flags, as a rules file (a rule per line, the flag
-without its dashes; ``#`` comments), as fields of the demo and as :class:`CaptionRules` in Python.
-"""
+"""Caption rules: how selected classes become tag text, applied in a fixed order (docs/tagging-at-scale.md, *Writing the
+tags*), as flags, a rules file, demo fields or :class:`CaptionRules`."""
 
 from __future__ import annotations
 
@@ -84,8 +81,7 @@ class CaptionRules:
         return out
 
     def labels(self, names: Sequence[str]) -> list[str]:
-        """The tag names of selected classes with rules 1-3 only (exclude, replace, spaces; no escaping, weights
-        or first words): what names a tag folder (``--sort-into``). Each name once."""
+        """The tag folder names of selected classes: rules 1-3 only (exclude, replace, spaces), each once."""
         return list(dict.fromkeys(tag for tag, _ in self._names(names, [0.0] * len(names))))
 
     def apply(self, names: Sequence[str], scores: Sequence[float]) -> list[str]:

@@ -1,8 +1,5 @@
-"""Output records, shared by every engine (through :mod:`serve.outputs.stage`) and the demo: scores -> one record
-``{"path", "scores": {class: p rounded to 6 decimals}, "tags"}`` per image, and the files they go to, written
-atomically: the run file (JSON Lines, or CSV ``path, tags, <one column per class>``) and the errors file
-(``path<TAB>reason``).
-"""
+"""Output records ``{"path", "scores", "tags"}`` (scores rounded to 6 decimals) and the files they go to, written
+atomically: the run file (JSON Lines or CSV) and the errors file (``path<TAB>reason``)."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ DEFAULT_SEPARATOR = ", "
 
 @dataclass(frozen=True)
 class Result:
-    """What a tagging engine returns for one image: its sigmoid scores ``(C,)`` float32, or why it could not be
-    used."""
+    """What a tagging engine returns for one image: its sigmoid scores ``(C,)``, or why it was unusable."""
 
     key: str
     scores: np.ndarray | None
@@ -34,9 +30,8 @@ class Result:
 
 def tag_record(rel_path: str, probs: np.ndarray, classes: list[str], thresholds: np.ndarray | None = None,
                selection: Selection | None = None, rules: CaptionRules | None = None) -> dict[str, Any]:
-    """One output record from a probability row ``(C,)``: the scores of all classes, rounded as stored, and the
-    tags: the classes ``selection`` chooses from the rounded scores (default: at or above their ``thresholds``),
-    highest first, written with the caption ``rules`` (default: the class names)."""
+    """One output record from a probability row ``(C,)``: the rounded scores and the tags ``selection`` chooses from
+    them, highest first, written with the caption ``rules``."""
     scores = rounded_scores(probs)
     chosen = select_classes(scores, thresholds, selection or Selection())
     names = [classes[i] for i in chosen]
@@ -57,8 +52,7 @@ def is_csv(path: str | Path) -> bool:
 
 
 def iter_run_file(path: Path, separator: str = DEFAULT_SEPARATOR) -> Iterator[dict[str, Any]]:
-    """The records of an existing run file (JSONL or CSV), streamed in file order; nothing when it does not
-    exist. Raises :class:`OutputConflictError` when it cannot be parsed."""
+    """An existing run file's records, streamed (none if absent); :class:`OutputConflictError` if unparsable."""
     if not path.is_file():
         return
     try:
@@ -93,8 +87,7 @@ def _csv_records(lines: Iterable[str], separator: str) -> Iterator[dict[str, Any
 
 
 def write_run_file(path: Path, records: Iterable[dict[str, Any]], classes: Sequence[str], separator: str) -> None:
-    """Write records, in the order given (callers sort them by path), to ``path`` atomically as CSV or JSONL
-    (see the module docstring); records are streamed, never all held at once."""
+    """Write records, in the order given, to ``path`` atomically as CSV or JSONL, streamed."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
         if is_csv(path):
             writer = csv.writer(fh, lineterminator="\n")

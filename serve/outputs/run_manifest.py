@@ -1,7 +1,4 @@
-"""The manifest of a run file (``tags.jsonl`` -> ``tags.manifest.json``): the model, tag selection, thresholds and
-caption rules that produced its tags, written with the run file at the end of every completed run; read by
-``python -m serve summary`` and by a resumed run.
-"""
+"""The manifest of a run file (``tags.jsonl`` -> ``tags.manifest.json``): the model and tag options behind its tags."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ def write_manifest(run_file: Path, doc: dict[str, Any]) -> Path:
 
 
 def read_manifest(run_file: str | Path) -> dict[str, Any] | None:
-    """The manifest of ``run_file``, or ``None`` when there is none (or the file beside it is not one, or
-    describes another run file)."""
+    """The manifest of ``run_file``, or ``None`` when there is none for it."""
     path = manifest_path(run_file)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))

@@ -1,8 +1,5 @@
-"""The summary of a tagging run (``python -m serve summary RUNFILE``, or at the end of ``serve tag``): images per tag,
-tags per image and the classes never predicted, as a terminal table, Markdown and JSON reports and a bar plot
-(with matplotlib). With the selection known (the manifest), tags are counted by name and "never predicted" is
-per class (docs/tagging-at-scale.md, *The manifest and the summary*).
-"""
+"""The summary of a tagging run (``python -m serve summary RUNFILE``): images per tag, tags per image and the classes
+never predicted, as a table, Markdown and JSON reports and a bar plot (docs/tagging-at-scale.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ TOP_TAGS = 20
 
 @dataclass
 class RunSummary:
-    """Counts of one run: ``images``; ``per_tag`` (tag -> images); ``tags_per_image`` (count -> images);
-    ``never_predicted`` (classes no image was tagged with, in class order)."""
+    """Counts of one run: images, images per tag, images per tag count, classes never predicted."""
 
     images: int
     per_tag: dict[str, int]
@@ -52,12 +48,8 @@ def summarize(
     chosen: Callable[[Mapping[str, float]], Sequence[str]] | None = None,
     names: Callable[[Sequence[str]], Sequence[str]] | None = None,
 ) -> RunSummary:
-    """Count a run's ``records`` (each with ``tags``; streamed, not held). ``classes`` default to the first
-    record's score keys; ``chosen`` (a record's scores -> the classes selected, before caption rules, e.g.
-    :meth:`serve.outputs.stage.TagSelector.chosen`) decides which classes were never predicted; without it a class
-    counts as predicted when its name appears among the tags. ``names`` (selected classes -> tag names, e.g.
-    :meth:`serve.outputs.caption_rules.CaptionRules.labels`; with ``chosen``) gives the tags counted instead of the
-    record's ``tags``."""
+    """Count a run's ``records`` (streamed). ``classes`` default to the first record's; ``chosen`` (scores -> classes
+    selected) decides which were never predicted (else by tag name), ``names`` maps them to the tags counted."""
     per_tag: Counter[str] = Counter()
     per_count: Counter[int] = Counter()
     predicted: set[str] = set()
@@ -82,8 +74,7 @@ def summarize(
 
 
 def summarize_run_file(run_file: Path, separator: str, select: TagSelector | None = None) -> RunSummary:
-    """:func:`summarize` of the records of a run file (JSONL or CSV), streamed; with ``select`` (the run's
-    selection, from its manifest) the tags are counted by name and "never predicted" is per class."""
+    """:func:`summarize` of a run file's records, with ``select`` (from its manifest) per class."""
     if select is None:
         return summarize(iter_run_file(run_file, separator))
     return summarize(iter_run_file(run_file, separator), chosen=select.chosen, names=select.rules.labels)

@@ -1,8 +1,5 @@
-"""Which classes become an image's tags (``serve tag``, the demo, the Python API): the modes of :data:`MODES`
-(``thresholds``, ``mcut``: MCut, Largeron, Moulin & Géry 2012, ``top-k:K``), each with a cap (``max_tags``) and
-a floor (``min_score``). Tags come highest score first (ties: class order); scores are compared as the run file
-stores them, rounded to 6 decimals, so a record's tags can be recomputed from its scores.
-"""
+"""Which classes become an image's tags: the modes of :data:`MODES` (``thresholds``, ``mcut``, ``top-k:K``) with a cap
+and a floor, highest score first, on scores rounded as the run file stores them."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ SCORE_DECIMALS = 6
 
 @dataclass(frozen=True)
 class Selection:
-    """A selection mode with its values: ``mode`` (a row of :data:`MODES`), ``k`` for ``top-k``, and the limits
-    ``max_tags`` (None: no cap) and ``min_score`` (0: no floor) that combine with every mode."""
+    """A selection mode (:data:`MODES`) with ``k`` for ``top-k``, and ``max_tags`` / ``min_score`` limits."""
 
     mode: str = DEFAULT_MODE
     k: int | None = None
@@ -99,8 +95,7 @@ def rounded_scores(probs: np.ndarray) -> np.ndarray:
 
 
 def mcut_threshold(scores: np.ndarray) -> float:
-    """The MCut threshold of one score row: the midpoint of the largest gap between neighbouring sorted scores
-    (the first such gap from the top on ties); 1.0 (nothing above) when there are fewer than two scores."""
+    """The MCut threshold of a score row: the midpoint of its largest gap (1.0 with fewer than two scores)."""
     ordered = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
     if ordered.size < 2:
         return 1.0
@@ -138,11 +133,7 @@ MODES: Table[Chooser] = Table("selection mode", [
 
 
 def select_classes(probs: np.ndarray, thresholds: np.ndarray | None, selection: Selection) -> list[int]:
-    """Indices of the classes selected for one image, highest score first (ties: class order).
-
-    ``probs`` ``(C,)`` are probabilities; they are rounded as stored (:func:`rounded_scores`) before comparing.
-    ``thresholds`` ``(C,)`` are needed only by the ``thresholds`` mode.
-    """
+    """Indices of the classes selected for one image, highest score first; ``thresholds`` only for that mode."""
     scores = rounded_scores(probs)
     order = sorted(range(scores.size), key=lambda i: (-scores[i], i))
     chosen = MODES[selection.mode](scores, order, thresholds, selection)

@@ -1,7 +1,5 @@
-"""What a sidecar holds, per format of :data:`SIDECAR_FORMATS`: ``txt`` (the tags), ``json`` (the tags and every
-score) and ``xmp`` (the tags as XMP keywords, ``dc:subject``). An existing sidecar is updated: its tags are
-replaced, or merged (``--existing append``), and whatever else it holds is kept.
-"""
+"""What a sidecar holds, per format of :data:`SIDECAR_FORMATS` (``txt``, ``json``, ``xmp``); an existing one is updated,
+its other contents kept."""
 
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ def json_sidecar(tags: Sequence[str], scores: Mapping[str, float], extra: Mappin
 
 def json_updated(existing: str, tags: Sequence[str], scores: Mapping[str, float], extra: Mapping[str, Any],
                  combine: Combine) -> str:
-    """An existing JSON sidecar with this run's scores and ``extra`` fields, and its tags ``combine``-d with
-    ``tags``; its other fields are kept. ``ValueError`` when it is not a JSON object."""
+    """An existing JSON sidecar with new scores, ``extra`` and combined tags (``ValueError``: not an object)."""
     try:
         doc = json.loads(existing)
     except json.JSONDecodeError as exc:
@@ -57,8 +54,7 @@ def _xmp_document(root: ET.Element) -> str:
 
 
 def _xmp_root(text: str) -> ET.Element:
-    """The parsed XMP document (the ``xpacket`` wrapper dropped); its namespace prefixes are registered so that
-    writing it back keeps them. ``ValueError`` when it is not XML."""
+    """The parsed XMP document, its namespace prefixes registered (``ValueError`` when it is not XML)."""
     body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("<?xpacket"))
     try:
         for _, (prefix, uri) in ET.iterparse(StringIO(body), events=("start-ns",)):
@@ -106,15 +102,13 @@ def _set_keywords(root: ET.Element, tags: Sequence[str]) -> None:
 
 
 def xmp_keywords(text: str) -> list[str]:
-    """The ``dc:subject`` keywords of an XMP document (for appending to an existing sidecar); ``ValueError`` when
-    it is not XML."""
+    """The ``dc:subject`` keywords of an XMP document (``ValueError`` when it is not XML)."""
     root = _xmp_root(text)
     return [li.text or "" for li in root.iterfind(f".//{_SUBJECT}/{_BAG}/{_LI}")]
 
 
 def xmp_updated(existing: str, tags: Sequence[str], combine: Combine) -> str:
-    """An existing XMP sidecar whose keywords are its own ``combine``-d with ``tags``; everything else in it (a
-    photo manager's ratings, edits, other namespaces) is kept. ``ValueError`` when it is not XMP."""
+    """An existing XMP sidecar with its keywords ``combine``-d with ``tags``, the rest kept (``ValueError``)."""
     root = _xmp_root(existing)
     old = [li.text or "" for li in root.iterfind(f".//{_SUBJECT}/{_BAG}/{_LI}")]
     _set_keywords(root, combine(old, tags))
@@ -160,8 +154,7 @@ def _xmp(existing: str | None, tags: Sequence[str], scores: Mapping[str, float],
 
 @dataclass(frozen=True)
 class SidecarFormat:
-    """How a sidecar format is named and written: its ``suffix`` (None: the ``--sidecar-ext`` of ``txt``), whether
-    it follows the image's whole name (``a.jpg.xmp``) rather than replacing its suffix, and its ``render``."""
+    """A sidecar format: its ``suffix`` (None: ``--sidecar-ext``), whether it keeps the image suffix, ``render``."""
 
     suffix: str | None
     after_image_name: bool

@@ -1,6 +1,5 @@
-"""Sidecar files, one per image and format, next to it or in a mirrored tree: ``a.jpg`` -> ``a.txt`` (or the
-``--sidecar-ext``), ``a.json``, ``a.jpg.xmp``; images sharing a stem keep their suffix (``a.jpg.txt``).
-"""
+"""Sidecar files, one per image and format, next to it or in a mirrored tree (``a.jpg`` -> ``a.txt``, ``a.json``,
+``a.jpg.xmp``; images sharing a stem keep their suffix)."""
 
 from __future__ import annotations
 
@@ -22,9 +21,7 @@ DEFAULT_FORMATS = ("txt",)
 
 @dataclass(frozen=True)
 class SidecarSpec:
-    """Sidecar files: ``formats`` (rows of :data:`~serve.outputs.sidecar_formats.SIDECAR_FORMATS`), the ``txt`` files'
-    ``ext`` (with its dot) and tag ``separator``, and ``folder`` (``None``: next to each image; else a tree
-    mirroring the input folder's)."""
+    """Sidecar files: ``formats``, the ``txt`` ``ext`` and ``separator``, and ``folder`` (None: beside images)."""
 
     ext: str = DEFAULT_SIDECAR_EXT
     separator: str = DEFAULT_SEPARATOR
@@ -51,8 +48,7 @@ class SidecarSpec:
 
 
 def sidecar_paths(folder: Path, images: Sequence[Path], spec: SidecarSpec) -> dict[Path, dict[str, Path]]:
-    """The sidecar file of each image in each format (see the module docstring), under ``spec.folder`` when
-    set (mirroring the tree)."""
+    """The sidecar file of each image in each format, under ``spec.folder`` when set."""
     base = spec.folder if spec.folder is not None else folder
     out: dict[Path, dict[str, Path]] = {p: {} for p in images}
     for fmt in spec.formats:
@@ -76,11 +72,8 @@ def image_rel_with_ext(folder: Path, image: Path, ext: str) -> Path:
 
 def write_sidecars(paths: Mapping[str, Path], tags: Sequence[str], scores: Mapping[str, float],
                    extra: Mapping[str, Any], spec: SidecarSpec, append: bool) -> None:
-    """Write one image's sidecars, ``paths`` by format, atomically. ``txt``: the ``tags``; ``json``: the tags,
-    every score and the ``extra`` fields; ``xmp``: the tags as keywords. An existing ``json`` or ``xmp`` file
-    is updated, its other contents kept (its tags replaced, or merged with ``append``); an existing ``txt``
-    file is replaced, or appended to without duplicates. Raises ``ValueError`` naming a ``json`` / ``xmp``
-    file that exists but cannot be read as one."""
+    """Write one image's sidecars atomically, updating existing ones (tags replaced, or merged with ``append``). Raises
+    ``ValueError`` naming a ``json`` / ``xmp`` file that cannot be read as one."""
     for fmt, path in paths.items():
         existing = path.read_text(encoding="utf-8") if path.is_file() else None
         try:

@@ -1,9 +1,6 @@
-"""The output stage of the tagging pipeline: a *selection* function (:class:`TagSelector`: scores -> record,
-with the selection mode and the caption rules) and a list of *writers* (:class:`OutputWriter`) that take every
-finished batch and are told when the run has completed; another output is one more writer
-(:func:`serve.tagging.run.default_outputs`). TagSelector works on the scores as stored (6 decimals), so a stored
-record's tags can be chosen again exactly (:meth:`TagSelector.reselect`, :meth:`TagSelector.chosen`).
-"""
+"""The output stage of the tagging pipeline: a selection (:class:`TagSelector`: scores -> record) and the writers
+(:class:`OutputWriter`) that take every finished batch. Selection works on the stored (rounded) scores, so a record's
+tags can be chosen again exactly."""
 
 from __future__ import annotations
 
@@ -37,9 +34,8 @@ Select = Callable[[str, np.ndarray], Record]
 
 @dataclass(frozen=True)
 class TagSelector:
-    """The tags of an image: the classes ``mode`` chooses (:class:`serve.outputs.selection_modes.Selection`: per-class
-    ``thresholds`` by default, or MCut, or top-k; a cap and a floor), highest score first, written with the
-    caption ``rules``. ``thresholds`` ``(C,)`` are needed by the ``thresholds`` mode only."""
+    """The tags of an image: the classes ``mode`` chooses, highest first, written with the caption ``rules``;
+    ``thresholds`` are needed by the ``thresholds`` mode only."""
 
     classes: list[str]
     thresholds: np.ndarray | None = None
@@ -56,8 +52,7 @@ class TagSelector:
         return [self.classes[i] for i in selection_modes.select_classes(row, self.thresholds, self.mode)]
 
     def reselect(self, record: Mapping[str, Any]) -> Record:
-        """``record`` with its tags chosen again from its stored scores (exact: the same options give the same
-        tags)."""
+        """``record`` with its tags chosen again, exactly, from its stored scores."""
         return self(str(record["path"]), np.array([record["scores"][c] for c in self.classes], dtype=np.float64))
 
     def labels(self, record: Mapping[str, Any]) -> list[str]:
@@ -65,8 +60,7 @@ class TagSelector:
         return self.rules.labels(self.chosen(record["scores"]))
 
     def to_dict(self) -> dict[str, Any]:
-        """What decides the tags, JSON-able: the mode, the thresholds (``thresholds`` mode only) and the rules;
-        :meth:`from_dict` reads it back."""
+        """What decides the tags, JSON-able (read back by :meth:`from_dict`)."""
         values = None
         if self.mode.uses_thresholds and self.thresholds is not None:
             values = {c: float(t) for c, t in zip(self.classes, self.thresholds, strict=True)}
@@ -123,8 +117,7 @@ class OutputStage:
 
 
 class SidecarWriter:
-    """The sidecar files of each image (``spec``: txt, json, xmp), written atomically as its batch finishes;
-    ``append`` merges the new tags with those already there instead of replacing them."""
+    """The sidecar files of each image, written as its batch finishes (``append``: merge the tags)."""
 
     def __init__(
         self, spec: SidecarSpec, paths: Mapping[str, Mapping[str, Path]], select: TagSelector, append: bool
@@ -143,9 +136,7 @@ class SidecarWriter:
 
 
 class TagFolderWriter:
-    """Links (or copies) each image into ``DIR/<tag>/`` for each of its tags (:func:`serve.outputs.tag_folders.place`)
-    as its batch finishes; at the end, the images of earlier runs that the run file keeps (``kept``, read from
-    the ``journal``) are placed too. Placing is idempotent: a re-run adds only what is missing."""
+    """Places each image into ``DIR/<tag>/`` per tag as its batch finishes, and the ``kept`` earlier ones at the end."""
 
     def __init__(self, spec: TagFolders, folder: Path, select: TagSelector, journal: StoredRecords,
                  kept: Iterable[str]) -> None:
@@ -167,9 +158,8 @@ class TagFolderWriter:
 
 
 class RunFileWriter:
-    """The run file: the records of this run plus the ``kept`` ones of earlier runs (re-selected with this run's
-    ``select``), sorted by path, written atomically at the end from the ``journal`` (which holds them all, so no
-    record is kept in memory); then its manifest (:mod:`serve.outputs.run_manifest`): ``manifest`` plus the count."""
+    """The run file (this run's records plus the ``kept`` ones, re-selected), sorted by path and written atomically from
+    the ``journal`` at the end, then its manifest."""
 
     def __init__(self, path: Path, journal: StoredRecords, select: TagSelector, separator: str, kept: Iterable[str],
                  manifest: Mapping[str, Any] | None = None) -> None:
@@ -192,8 +182,7 @@ class RunFileWriter:
 
 
 class ErrorsWriter:
-    """The errors file (``path<TAB>reason``): this run's failures (after ``initial`` ones, e.g. folders that
-    could not be listed), written at the end when there are any or when an older errors file must be replaced."""
+    """The errors file (``path<TAB>reason``), written at the end when there are failures or an old one."""
 
     def __init__(self, path: Path, initial: Sequence[tuple[str, str]] = ()) -> None:
         self.path = path

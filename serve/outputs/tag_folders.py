@@ -1,7 +1,5 @@
-"""Sorting images into folders by tag (``--sort-into DIR``): ``sub/a.jpg`` tagged ``cat`` -> ``DIR/cat/sub/a.jpg``
-(untagged: ``DIR/<untagged>/``), by a symbolic link, a hard link or a copy (:data:`LINK_MODES`). A re-run adds
-what is missing; an entry that is another file is an error, never overwritten.
-"""
+"""Sorting images into folders by tag (``--sort-into DIR``) by link or copy (:data:`LINK_MODES`); a re-run adds what is
+missing, and an entry that is another file is an error, never overwritten."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ class TagFolderError(OSError):
 
 @dataclass(frozen=True)
 class TagFolders:
-    """Where and how to sort images: ``root`` (``DIR``), ``how`` (a row of :data:`LINK_MODES`) and the folder name
-    of images without tags."""
+    """Where and how to sort images: ``root``, ``how`` (:data:`LINK_MODES`) and the untagged folder's name."""
 
     root: Path
     how: str = DEFAULT_LINK_MODE
@@ -81,8 +78,7 @@ def _same_image(entry: Path, image: Path) -> bool:
 
 
 def place(image: Path, rel: str, tags: Sequence[str], spec: TagFolders) -> int:
-    """Put ``image`` (its path ``rel`` below the source) into the folder of each tag (or the untagged folder);
-    returns how many entries were created (0 on a re-run). Raises :class:`TagFolderError`."""
+    """Put ``image`` into each tag's folder; returns the entries created. Raises :class:`TagFolderError`."""
     image = image.resolve()
     created = 0
     for tag in dict.fromkeys(tags or [spec.untagged]):

@@ -1,6 +1,4 @@
-"""Per-class thresholds, the one home of their resolution (tagger, predictor, demo): the model's calibrated ones
-(else 0.5), one global value, per-class overrides from a file.
-"""
+"""Per-class thresholds, resolved in one place: calibrated (else 0.5), global, per-class overrides."""
 
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ from serve import DEFAULT_THRESHOLD
 
 
 def read_thresholds_file(path: str | Path) -> dict[str, float]:
-    """Per-class thresholds from a file: a JSON object ``{class: threshold}``, or lines ``class<TAB>threshold``
-    / ``class,threshold`` (blank lines and ``#`` comments ignored). Raises ``ValueError`` / ``OSError``."""
+    """Per-class thresholds from a JSON object or ``class<TAB|,>threshold`` lines (``ValueError`` / ``OSError``)."""
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("{"):
         try:
@@ -61,9 +58,8 @@ def thresholds_source(meta: ModelMeta, threshold: float | None, per_class: Mappi
 def resolve_thresholds(
     meta: ModelMeta, threshold: float | None = None, per_class: Mapping[str, float] | None = None
 ) -> np.ndarray:
-    """Per-class thresholds ``(C,)`` float64: ``threshold`` for every class if given, else the model's calibrated
-    thresholds, else 0.5; then ``per_class`` overrides by class name. Raises ``ValueError`` for values outside
-    [0, 1], unknown class names or metadata with a threshold count that is not the class count."""
+    """Per-class thresholds ``(C,)``: ``threshold`` if given, else the model's, else 0.5; then the ``per_class``
+    overrides. Raises ``ValueError`` for values outside [0, 1], unknown classes or a bad threshold count."""
     n = len(meta.classes)
     if threshold is not None:
         if not 0.0 <= threshold <= 1.0:

@@ -1,10 +1,5 @@
-"""The tagging pipeline of ``python -m serve tag`` and of Python callers: :mod:`~serve.tagging.plan` ->
-:mod:`~serve.tagging.scoring` (run by :mod:`~serve.tagging.engines`) -> :mod:`~serve.tagging.journal` ->
-:mod:`serve.outputs`, put together in :mod:`~serve.tagging.run`; a run's options are
-:class:`~serve.tagging.job.TagJob` and what it reads is :mod:`~serve.tagging.sources` (docs/tagging-at-scale.md).
-
-The names below load their module on first use (PEP 562).
-"""
+"""The tagging pipeline of ``python -m serve tag`` and of Python callers: plan -> scoring (by an engine) -> journal ->
+outputs, put together in :mod:`~serve.tagging.run` (docs/tagging-at-scale.md). Names load lazily."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""A tagging run's options, :class:`TagJob`, in four small groups (how tags are chosen, the output files, how it
-runs, the Ray cluster): those of ``python -m serve tag``, given and read back by their command-line name
-(``batch_size`` is ``--batch-size`` and ``job.run.batch_size``). Invalid values raise ``ValueError`` naming the
-option.
-"""
+"""A tagging run's options, :class:`TagJob`, in four groups; invalid values raise ``ValueError``."""
 
 from __future__ import annotations
 
@@ -42,9 +38,7 @@ def _at_least_one(options: object, *names: str) -> None:
 
 @dataclass(frozen=True)
 class TagChoice:
-    """How an image's tags are chosen and written: the per-class ``threshold`` (one for every class) and
-    ``per_class`` overrides (else the model's calibrated thresholds), the selection ``mode`` (thresholds, MCut or
-    top-k, with its cap and floor) and the caption ``rules``."""
+    """How tags are chosen and written: thresholds, overrides, the selection ``mode`` and the ``rules``."""
 
     threshold: float | None = None
     per_class: Mapping[str, float] | None = None
@@ -58,12 +52,8 @@ class TagChoice:
 
 @dataclass(frozen=True)
 class OutputOptions:
-    """The files of a run besides the run file: ``errors`` (default ``<output stem>.errors.tsv``), the ``sidecar``
-    files (formats, names, tag separator), ``tag_separator`` (of a CSV run file's tags without sidecars),
-    ``sort_into`` (tag folders; folder sources), ``summary`` (count the run file's tags at the end and write the
-    reports beside it) and ``existing``: ``skip`` resumes (images whose sidecars exist, with ``sidecar``, or whose
-    record is in the run file or the journal, are not tagged again and their records are kept), ``overwrite``
-    redoes everything, ``append`` redoes everything and adds new tags to existing sidecars."""
+    """The files of a run besides the run file (errors, sidecars, tag separator, tag folders, summary) and ``existing``:
+    ``skip`` resumes, ``overwrite`` redoes everything, ``append`` also adds new tags to existing sidecars."""
 
     errors: Path | None = None
     sidecar: SidecarSpec | None = None
@@ -82,9 +72,7 @@ class OutputOptions:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a run goes: the ``engine``, the runtime (``backend``, ``device``), ``batch_size``, ``workers`` (decode
-    threads of the local engine, model actors of ray), ``max_pixels`` (the decompression-bomb limit; ``None`` turns
-    it off), the progress bar and the ``partition`` of the source (``--shard K/N``)."""
+    """How a run goes: engine, runtime, batch size, workers, ``max_pixels``, progress, ``--shard``."""
 
     engine: str = DEFAULT_ENGINE
     backend: str | None = None
@@ -102,8 +90,7 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class RayOptions:
-    """The ray engine's cluster (``address``; none: a local instance) and each model actor's share of it:
-    ``gpus_per_worker`` and ``cpus_per_worker`` (its decode threads and the model's CPU threads)."""
+    """The ray engine's cluster ``address`` (none: local) and each actor's GPUs and CPUs."""
 
     address: str | None = None
     gpus_per_worker: float = 0.0
@@ -124,14 +111,9 @@ SELECTION_OPTIONS = ("selection", "max_tags", "min_score", "top_k")
 
 @dataclass(init=False)
 class TagJob:
-    """A tagging run: ``source`` (a folder, a list file, ``.tar`` shards or a :class:`~serve.tagging.sources.Source`),
-    ``model`` (a model file, or an already loaded :class:`~serve.predictor.Predictor` or runtime, which the local
-    engine uses as is), ``output`` (the run file) and the option groups :class:`TagChoice` (``choice``),
-    :class:`OutputOptions` (``outputs``), :class:`RunOptions` (``run``) and :class:`RayOptions` (``cluster``).
-
-    The options (module docstring) fill the groups. ``selection``: ``"thresholds"`` (the default), ``"mcut"``,
-    ``"top-k:K"`` or a :class:`~serve.outputs.selection_modes.Selection`; ``max_tags`` caps and ``min_score`` floors
-    it (``top_k``: the deprecated name of ``max_tags``)."""
+    """A tagging run: ``source``, ``model`` (a file, or a loaded Predictor or runtime), ``output`` and the option
+    groups. ``selection``: ``"thresholds"``, ``"mcut"``, ``"top-k:K"`` or a Selection (``top_k``: deprecated
+    ``max_tags``)."""
 
     source: str | Path | Source
     model: Path | None
@@ -183,8 +165,7 @@ class TagJob:
 
     @property
     def errors_file(self) -> Path:
-        """Where failures are listed: ``errors``, else :func:`serve.outputs.records.default_errors_path` of the
-        output."""
+        """Where failures are listed: ``errors``, else the default beside the output."""
         errors = self.outputs.errors
         return errors if errors is not None else default_errors_path(self.output)
 
@@ -196,8 +177,7 @@ class TagJob:
 
 
 def _selection_mode(options: Mapping[str, Any], mode: Selection | None) -> Selection:
-    """The selection mode of the flat options ``selection``, ``max_tags``, ``min_score`` (and the deprecated
-    ``top_k``), on top of ``mode`` (a :class:`TagChoice` field given as such)."""
+    """The selection mode of the flat options on top of ``mode``."""
     max_tags, min_score, top_k = (options.get(n) for n in ("max_tags", "min_score", "top_k"))
     selection = options.get("selection", mode if mode is not None else DEFAULT_MODE)
     if top_k is not None:
@@ -223,8 +203,7 @@ def _selection_mode(options: Mapping[str, Any], mode: Selection | None) -> Selec
 
 
 def as_predictor(model: Predictor | Runtime) -> Predictor:
-    """A :class:`~serve.predictor.Predictor` from a loaded one or a runtime (``ValueError`` unless it outputs
-    logits)."""
+    """A :class:`~serve.predictor.Predictor` from a loaded one or a runtime (``ValueError`` unless logits)."""
     from serve.predictor import Predictor
 
     if isinstance(model, Predictor):

@@ -1,10 +1,5 @@
-"""The journal of a tagging run (``<output>.partial``), where every engine's results are appended and flushed as
-each batch finishes, so that a killed run resumes (``--existing skip``) losing at most the batches in flight.
-
-JSON Lines: the :class:`JournalHeader` (the model, the tag options), then one run-file record or one failure
-``{"path", "error"}`` per image; a line cut short by a kill is dropped. Resuming keeps, per image, the byte
-offset of its last record, not the record. A journal of another model is refused, never merged.
-"""
+"""The journal of a tagging run (``<output>.partial``): JSON Lines, a :class:`JournalHeader` then a record or failure
+per image, flushed per batch, so a killed run resumes losing only batches in flight; another model's is refused."""
 
 from __future__ import annotations
 
@@ -29,9 +24,7 @@ def journal_path(output: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class JournalHeader:
-    """Which model produced a journal's results: its file, the file's SHA-256 and its classes; and ``tagging``,
-    the tag options its records' tags (and the sidecars written) were chosen with
-    (:meth:`serve.outputs.stage.TagSelector.to_dict`), ``None`` when unknown."""
+    """Which model produced a journal (file, SHA-256, classes) and the tag options (``tagging``, None when unknown)."""
 
     model: str
     sha256: str
@@ -73,8 +66,7 @@ class JournalHeader:
 
 @dataclass
 class JournalContents:
-    """What a journal holds: its header (``None`` for an empty or missing file), the byte offset of the last
-    record of each image, the failures, and the byte length of its complete lines."""
+    """What a journal holds: header (None if empty), each image's last record offset, failures, length."""
 
     header: JournalHeader | None
     offsets: dict[str, int]
@@ -83,8 +75,7 @@ class JournalContents:
 
 
 def read_journal(path: Path) -> JournalContents:
-    """Scan the journal at ``path`` once (a missing file is an empty journal). Raises :class:`OutputConflictError`
-    when the file has lines but no header (not a journal of this version)."""
+    """Scan the journal at ``path`` once (missing: empty); :class:`OutputConflictError` without a header."""
     contents = JournalContents(None, {}, {})
     if not path.is_file():
         return contents
@@ -120,8 +111,7 @@ class Journal:
     """The journal of the run in progress: opened fresh (header written) or for appending after a kill."""
 
     def __init__(self, path: Path, header: JournalHeader, contents: JournalContents | None = None) -> None:
-        """Start a fresh journal at ``path`` (``contents=None``, replacing any old one), or continue the journal
-        whose :func:`read_journal` ``contents`` are given (a line cut short by the kill is dropped)."""
+        """Start a fresh journal at ``path`` (``contents=None``) or continue one :func:`read_journal` read."""
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if contents is None or contents.header is None:
@@ -136,8 +126,7 @@ class Journal:
         self._fh = open(path, "ab")  # noqa: SIM115 - closed in close()
 
     def write(self, records: Sequence[dict[str, Any]], failed: Sequence[tuple[str, str]] = ()) -> None:
-        """Append records and (path, reason) failures, then flush them to the operating system (a killed process
-        loses nothing written here)."""
+        """Append records and (path, reason) failures, then flush them to the operating system."""
         position = self._fh.tell()
         chunks = []
         for rec in records:

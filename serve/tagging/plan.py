@@ -1,7 +1,4 @@
-"""Step 1 of the tagging pipeline, :func:`plan_tagging`: once, before any model is loaded, the SOURCE's items,
-those already done under ``existing``, the model's metadata and thresholds (read from the file: no torch) and
-the sidecar paths. The plan holds the source's keys, never records or images.
-"""
+"""Step 1 of the tagging pipeline, :func:`plan_tagging`: what to tag, the model's metadata, sidecar paths."""
 
 from __future__ import annotations
 
@@ -48,8 +45,7 @@ class TagPlan:
 
 
 def model_header(job: TagJob, meta: ModelMeta, tagging: dict[str, Any] | None = None) -> JournalHeader:
-    """The journal header of ``job``'s model: its file's SHA-256 (of its metadata for a model given in memory),
-    with the ``tagging`` options."""
+    """The journal header of ``job``'s model: its file's SHA-256, with the ``tagging`` options."""
     if job.model is not None and Path(job.model).is_file():
         return JournalHeader(str(job.model), file_sha256(job.model), tuple(meta.classes), tagging)
     digest = hashlib.sha256(meta.to_json().encode("utf-8")).hexdigest()
@@ -57,11 +53,8 @@ def model_header(job: TagJob, meta: ModelMeta, tagging: dict[str, Any] | None = 
 
 
 def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
-    """Plan ``job``: list the source, decide what is done and, with ``read_model`` (not for a dry run), read the
-    model's metadata, resolve its thresholds and check the caption rules against its classes. Reads, never
-    writes. Raises ``FileNotFoundError`` (no source), ``ValueError`` (a bad option or rule;
-    :class:`~serve.outputs.records.OutputConflictError`: outputs of another model, or sidecars kept that were
-    written with other tag options) and :class:`~models.runtimes.ModelLoadError` (metadata unreadable)."""
+    """Plan ``job``; reads, never writes. Raises ``FileNotFoundError`` (no source), ``ValueError`` (a bad option or
+    rule; :class:`~serve.outputs.records.OutputConflictError`) or :class:`~models.runtimes.ModelLoadError`."""
     src = job.source if isinstance(job.source, Source) else Source.open(job.source, job.run.partition)
     if job.outputs.sidecar is not None and src.kind != "folder":
         raise ValueError(f"sidecars need a folder SOURCE; {src.spec} is a {src.kind} source")
@@ -125,9 +118,7 @@ def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
 
 
 def _check_earlier_options(plan: TagPlan, has_run_file: bool) -> None:
-    """Compare this run's tag options with those of the outputs it keeps (the journal's header, the run file's
-    manifest). Records kept from a run with other options are re-selected (``plan.reselected``); sidecars kept
-    from one are refused, as they would not match the new ones."""
+    """Compare this run's tag options with the kept outputs': kept records are re-selected, kept sidecars refused."""
     assert plan.header is not None
     earlier: list[tuple[str, dict[str, Any] | None]] = []
     if plan.journal.header is not None:

@@ -1,7 +1,5 @@
-"""The tagging pipeline, one for every engine, for ``python -m serve tag`` and for Python callers: plan
-(:func:`~serve.tagging.plan.plan_tagging`) -> score (an engine of :mod:`serve.tagging.engines`) -> journal
-(:mod:`serve.tagging.journal`) -> outputs (:mod:`serve.outputs`) -> summary (:mod:`serve.outputs.run_summary`);
-docs/tagging-at-scale.md describes each step.
+"""The tagging pipeline, one for every engine: plan -> score -> journal -> outputs -> summary
+(docs/tagging-at-scale.md).
 
 >>> summary = tag(TagJob("photos", "model.onnx", Path("tags.jsonl")))      # doctest: +SKIP
 >>> summary = tag_folder("photos", "model.onnx", "tags.csv", threshold=0.3)  # doctest: +SKIP
@@ -66,8 +64,7 @@ class TagSummary:
 
 
 def default_outputs(plan: TagPlan, journal: Journal) -> OutputStage:
-    """The outputs of a run: the plan's :class:`~serve.outputs.stage.TagSelector` (mode, thresholds, caption rules),
-    then sidecars and tag folders (when asked), the run file with its manifest, and the errors file."""
+    """The outputs of a run: the plan's selector, sidecars and tag folders, the run file, the errors file."""
     job = plan.job
     assert plan.meta is not None and plan.select is not None and plan.header is not None
     writers: list[Any] = []
@@ -82,8 +79,7 @@ def default_outputs(plan: TagPlan, journal: Journal) -> OutputStage:
 
 
 def run_manifest(plan: TagPlan) -> dict[str, Any]:
-    """What the run file's manifest records (:mod:`serve.outputs.run_manifest`): the model, the tag options (selection,
-    thresholds and where they come from, caption rules), the sidecars and tag folders."""
+    """What the run file's manifest records: the model, the tag options, the sidecars and tag folders."""
     job = plan.job
     assert plan.meta is not None and plan.select is not None and plan.header is not None
     sidecar, sort_into = job.outputs.sidecar, job.outputs.sort_into
@@ -102,10 +98,8 @@ def run_manifest(plan: TagPlan) -> dict[str, Any]:
 
 def run_plan(plan: TagPlan, *, outputs: Callable[[TagPlan, Journal], OutputStage] = default_outputs,
              warn: Callable[[str], None] | None = None, engine: Any = None) -> TagSummary:
-    """Run a plan made with the model (:func:`plan_tagging`): ``engine`` (default: ``job.run.engine``'s) scores
-    the to-do items, each batch is journaled then given to ``outputs(plan, journal)``; at the end the writers
-    finish and the journal is removed (an interruption leaves it, and the files written so far). Failures and
-    start-up lines go to ``warn`` (default: stderr). Raises what the engine raises and ``OSError``."""
+    """Run a plan: ``engine`` scores the to-do items, each batch journaled then given to ``outputs``; the writers finish
+    and the journal is removed at the end. Raises what the engine raises and ``OSError``."""
     job = plan.job
     if plan.meta is None or plan.header is None:
         raise ValueError("this plan was made without the model (a dry run): plan again with read_model=True")
@@ -146,8 +140,7 @@ def run_plan(plan: TagPlan, *, outputs: Callable[[TagPlan, Journal], OutputStage
 
 
 def _import_run_file(plan: TagPlan, journal: Journal) -> None:
-    """Copy the kept records found only in the existing run file into the journal, which then holds every
-    record the new run file needs."""
+    """Copy the kept records found only in the existing run file into the journal."""
     if not plan.imports:
         return
     chunk: list[dict[str, Any]] = []
@@ -168,7 +161,5 @@ def tag(job: TagJob, *, warn: Callable[[str], None] | None = None) -> TagSummary
 def tag_folder(folder: str | Path | Source, model: Predictor | Runtime | str | Path,
                output: str | Path = DEFAULT_OUTPUT, *, warn: Callable[[str], None] | None = None,
                **options: Any) -> TagSummary:
-    """:func:`tag` of ``TagJob(folder, model, output, **options)``: every image of ``folder`` (a folder, list file,
-    shard pattern or :class:`~serve.tagging.sources.Source`) tagged with ``model`` (a model file, a loaded Predictor
-    or runtime). Raises as :func:`plan_tagging` and :func:`run_plan` do; without image files nothing is written."""
+    """:func:`tag` of ``TagJob(folder, model, output, **options)``; without image files nothing is written."""
     return tag(TagJob(folder, model, Path(output), **options), warn=warn)

@@ -1,8 +1,5 @@
-"""Step 2 of the tagging pipeline, the one scoring loop (local engine, Ray actors, the demo's batch tab): image
-items -> :class:`~serve.outputs.records.Result` batches, ``workers`` threads decoding a bounded window of items
-ahead of the model (as resized ``uint8``), so memory follows ``batch_size`` and ``workers``, never the number of
-images (docs/tagging-at-scale.md, *Memory and speed*).
-"""
+"""Step 2 of the tagging pipeline, the one scoring loop: items -> result batches, ``workers`` threads decoding a bounded
+window ahead of the model, so memory follows ``batch_size`` and ``workers``, never the image count."""
 
 from __future__ import annotations
 
@@ -32,8 +29,7 @@ def default_workers() -> int:
 
 
 def decode_window(batch_size: int, workers: int) -> int:
-    """How many items are decoded (or decoding) ahead of the batch being filled: two batches, or two items per
-    decode thread when there are more threads than that, so that decoding never waits for the model."""
+    """How many items are decoded ahead of the batch: two batches, or two per decode thread."""
     return max(2 * batch_size, 2 * workers)
 
 
@@ -66,8 +62,7 @@ def decode_item(preprocess: ImagePreprocessor, item: Item) -> tuple[np.ndarray |
 def decode_ahead(
     items: Iterable[Item], preprocess: ImagePreprocessor, pool: Executor, window: int
 ) -> Iterator[tuple[Item, np.ndarray | None, str | None]]:
-    """Yield ``(item, decoded image or None, error or None)`` in input order, decoding up to ``window`` items
-    ahead on ``pool`` (so decoding continues while the caller runs the model)."""
+    """Yield ``(item, decoded or None, error or None)`` in order, decoding up to ``window`` ahead on ``pool``."""
     it = iter(items)
     pending: deque[tuple[Item, Future[tuple[np.ndarray | None, str | None]]]] = deque()
     try:
@@ -89,9 +84,7 @@ def decode_ahead(
 
 def score_items(items: Iterable[Item], scorer: Scorer, preprocess: ImagePreprocessor, batch_size: int,
                 workers: int | None = None, pool: Executor | None = None) -> Iterator[list[Result]]:
-    """Score ``items``: one list of results per model batch (with the failures met while filling it), in input
-    order. Decoding runs on ``pool``, or on ``workers`` threads (default :func:`default_workers`) of a pool made
-    for this call."""
+    """Score ``items``: one list of results per model batch, in input order."""
     n_workers = workers or default_workers()
     window = decode_window(batch_size, n_workers)
     own = ThreadPoolExecutor(n_workers, thread_name_prefix="decode") if pool is None else None

@@ -1,9 +1,5 @@
-"""What ``python -m serve tag SOURCE`` reads, for every engine: a folder (the one folder walk's rule,
-:mod:`models.files.folder_walk`; keys relative to it), a list file (one path or URI per line, relative to the
-list file; ``#`` comments) or WebDataset ``.tar`` shards (a file, a glob or a brace pattern; keys
-``<shard name>/<sample key>.<ext>``). List files and shards stream. :class:`Partition` (``--shard K/N``) keeps a
-deterministic subset by a CRC-32 of the key, or of the shard file's name.
-"""
+"""What ``serve tag SOURCE`` reads: a folder, a list file (a path or URI per line) or WebDataset ``.tar`` shards;
+:class:`Partition` (``--shard K/N``) keeps a deterministic subset by CRC-32."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ _IMAGE_EXTS = {e.lstrip(".") for e in IMAGE_EXTENSIONS}
 
 @dataclass(frozen=True)
 class Item:
-    """One image to tag: ``key`` (its ``path`` in the outputs), and where its bytes are: ``location`` (a file
-    path or URI) or ``data`` (bytes already read, from a shard); ``error`` when it is known to be unusable."""
+    """One image to tag: its ``key``, and its ``location`` or ``data``; ``error`` when known unusable."""
 
     key: str
     location: str = ""
@@ -101,8 +96,7 @@ class Source:
         return Path(self.spec)
 
     def folder_images(self) -> list[Path]:
-        """A folder source's image files in this partition, sorted by key; folders that cannot be listed go to
-        ``scan_errors``, the count of other files (not images, or hidden) to ``ignored``."""
+        """A folder source's images in this partition, sorted (``scan_errors``, ``ignored`` counted)."""
         listing = walk_folder(self.spec)
         self.scan_errors += [(listing.relative(where) + "/", f"folder cannot be listed ({reason})")
                              for where, reason in listing.unreadable]
@@ -126,8 +120,7 @@ class Source:
                 yield Item(key, key if "://" in key or os.path.isabs(key) else str(base / key))
 
     def locations(self) -> Iterator[Item]:
-        """Items without their bytes (folders, list files) or one item per shard file (``location`` = shard),
-        the cheap units an engine distributes; expand shard units with :func:`shard_items`."""
+        """The cheap units an engine distributes: items without bytes, or one item per shard file."""
         if self.kind == "folder":
             yield from (Item(p.relative_to(self.spec).as_posix(), str(p)) for p in self.folder_images())
         elif self.kind == "list":
@@ -142,8 +135,7 @@ class Source:
 
 
 def shard_items(shard: str) -> Iterator[Item]:
-    """The samples of one WebDataset ``.tar`` shard as items with their image bytes; a sample without an image
-    member, or a shard that cannot be read, gives an item with an ``error``."""
+    """The samples of one ``.tar`` shard as items with their bytes (an ``error`` when unusable)."""
     from webdataset import tariterators
 
     name = os.path.basename(shard)

@@ -1,9 +1,5 @@
-"""Training methods, one file each, registered in :data:`METHODS` (name -> class) by their ``@register`` decorator.
-
-Every module of this folder is imported here, so adding a method is adding its file. Every list of methods (the
-CLI's choices, the benchmark's default comparison, the tables of README.md and docs/methods.md, which ``python -m
-train.methods`` prints) is read from this registry.
-"""
+"""Training methods, one file each, registered in :data:`METHODS` by their ``@register`` decorator; every module here is
+imported, so adding a method is adding its file. Every list of methods is read from this registry."""
 
 from __future__ import annotations
 

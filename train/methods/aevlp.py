@@ -1,12 +1,6 @@
-"""AEVLP: GPR loss with DAMP pseudo-labels (Tran et al., "More Reliable Pseudo-labels, Better Performance: A
-Generalized Approach to Single Positive Multi-label Learning", ICCV 2025). Reference code: Fsoft-AIC/AEVLP.
-
-CLIP pseudo-positives from the whole image and a grid of crops (``train/pseudo_labels/crops.py``); the loss is
-GR-Loss's on unknown labels (``train/methods/gr_loss.py``, its functions and schedules reused), a pseudo-positive
-weighted by ``1 - v'`` (GR-Loss's ``v`` clamped to ``[1 - lam1, 1 - lam2]``), plus ``reg`` times Cole et al.'s
-expected-positives regulariser. docs/methods.md ("AEVLP") has the settings per dataset and the reference's
-pitfalls (its negative pseudo-labels never fire; its random graph branch is left out).
-"""
+"""AEVLP: GPR loss with DAMP pseudo-labels (Tran et al., ICCV 2025; reference code Fsoft-AIC/AEVLP): GR-Loss on unknown
+labels, CLIP pseudo-positives from the whole image and a grid of crops weighted by ``1 - v'``, plus the
+expected-positives regulariser. Settings and the reference's pitfalls: docs/methods.md ("AEVLP")."""
 
 from __future__ import annotations
 
@@ -35,11 +29,8 @@ AEVLP_PROMPT = "a photo of a {}."  # PromptLearner: ctx_init + " " + name + "."
 
 @dataclass
 class AevlpHparams(GrLossHparams):
-    """GR-Loss's ``beta``, ``alpha``, ``q2``, ``q3`` (unknown labels and the schedules); ``lam = (lam1, lam2)``
-    (the pseudo-positives' weight ``1 - v'`` stays in ``[lam2, lam1]``), ``rho`` (their positive share), ``reg`` and
-    ``k`` (the expected-positives regulariser; ``k`` None = the dataset's published or the run's k); the
-    pseudo-labels' ``temperature``, ``threshold``, ``top_k``, ``eta``, ``grid_size``, ``negative_ratio``
-    (``--hp lam=0.7,0.4``)."""
+    """GR-Loss's ``beta``, ``alpha``, ``q2``, ``q3``; the pseudo-positives' weight bounds ``lam`` and positive share
+    ``rho``; ``reg`` and ``k`` (None: the published or the run's k) of the regulariser; the pseudo-label settings."""
 
     lam: tuple[float, float] = (0.8, 0.3)
     rho: float = 0.9
@@ -65,8 +56,7 @@ _ALPHA = (0.5, 2.0, 0.8, 0.5)
 
 @register
 class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
-    """GR-Loss on unknown labels; CLIP pseudo-positives (whole image + grid of crops) with a bounded weight;
-    expected-positives regulariser."""
+    """GR-Loss on unknown labels, weighted CLIP pseudo-positives, expected-positives regulariser."""
 
     name = "aevlp"
     left_out_of_auto = ""  # GR Loss's measurement is not its own (the chooser leaves it out: CLIP pseudo-labels)
@@ -132,7 +122,6 @@ class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
         return LossOutput(entries.mean() + self.hp.reg * reg, {"epr_reg": reg.detach()})
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """CLIP's pseudo-positives beyond the observed labels: with full labels the trainer logs their precision
-        (``clip_positive_precision``)."""
+        """CLIP's pseudo-positives beyond the observed labels (``clip_positive_precision``)."""
         return {"clip_positive": LabelEstimate(self.pseudo_positives & (self.ctx.train_observed.to(
             self.pseudo_positives.device) == 0), POSITIVES)}

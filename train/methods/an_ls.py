@@ -1,9 +1,5 @@
-"""AN-LS: assume negative with label smoothing (Cole et al., CVPR 2021; docs/methods.md).
-
-As the reference code: ``ls_coef = 0.1`` gives targets 0.9 / 0.1 (the paper's formula would give 0.95 / 0.05:
-``--hp ls_coef=0.05``). ``ls_pos`` / ``ls_neg`` give the asymmetric AN-LS(eps_p, eps_n) of Cole et al.'s appendix;
-``--hp ls_pos=0`` is AN-LS(0, 0.1), which beats AN-LS on VOC and COCO there.
-"""
+"""AN-LS: assume negative with label smoothing (Cole et al., CVPR 2021; docs/methods.md). ``ls_coef = 0.1`` gives
+targets 0.9 / 0.1 as the reference code; ``ls_pos`` / ``ls_neg`` give the asymmetric AN-LS(eps_p, eps_n)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
 """The method interface and registry (docs/methods.md, "The method interface").
 
-A method is an ``nn.Module``: the state it registers as buffers or parameters (label matrices, pseudo-labels,
-queues) is saved in ``last.pt``, restored by ``--resume`` and moved to the device with the model; keep state that
-must survive a resume there, not in plain attributes. The trainer runs the model, the method never does.
-
-Override :meth:`Method.loss` ``(logits, batch) -> LossOutput``: the loss of one batch from the model's float32
-logits ``(N, C)`` on ``batch["images"]``. ``batch`` holds ``observed`` (the labels the method may train on, float
-0/1), ``index`` (the images' rows in the training set) and the further model outputs the hooks ask for; never
-ground-truth labels, except for an oracle (:attr:`Method.trains_on_full_labels`). Give :class:`LossOutput`'s log
-values as detached tensors (a Python float makes the device finish the step before the next one starts). Under
-torchrun the loss runs inside one DistributedDataParallel forward (``train.epoch``); collectives it issues itself
-(EPR's global mean, LAC's gathers) must run in the same order on every rank.
-
-The optional hooks are documented where :class:`Method` declares them: extra views (run through the model in one
-call with ``images``; their logits reach the loss as ``logits_<name>``), per-class embeddings (``embeddings`` /
-``embeddings_<name>`` ``(N, C, D)``), extra model inputs, the method's own parameters, epoch ends, training stages,
-CLIP pseudo-labels and label estimates. Hyperparameters are a dataclass per method (``Hparams``, set with ``--hp
-name=value``); ``presets`` holds per-dataset published values and ``paper_settings`` the published optimisation
-(``--preset paper``). Adding a method is adding one file to ``train/methods/`` with a ``@register`` class.
-"""
+A method is an ``nn.Module`` whose buffers and parameters are checkpointed and restored by ``--resume``. It overrides
+:meth:`Method.loss` ``(logits, batch) -> LossOutput``; ``batch`` holds ``observed``, ``index`` and the model outputs its
+hooks ask for, never ground truth (except for an oracle). Log values are detached tensors; under torchrun, collectives a
+loss issues must run in the same order on every rank. Hyperparameters are a dataclass per method (``--hp``), with
+per-dataset ``presets`` and ``paper_settings``."""
 
 from __future__ import annotations
 
@@ -79,8 +65,7 @@ class MethodContext:
 
 @dataclass
 class LossOutput:
-    """A training step's loss and values to log (batch-size weighted means per epoch; preferably detached scalar
-    tensors, which the trainer sums on the device, else floats)."""
+    """A step's loss and values to log (preferably detached scalar tensors, summed on the device)."""
 
     loss: torch.Tensor
     logs: dict[str, torch.Tensor | float] = dataclasses.field(default_factory=dict)
@@ -88,11 +73,8 @@ class LossOutput:
 
 @dataclass
 class EpochEndContext:
-    """Given to :meth:`Method.on_epoch_end`: the epoch (1-based) and a train-set predictor.
-
-    ``predict_train(augment)`` returns the model's probabilities ``(N_train, C)`` in dataset order, in eval
-    mode; ``augment=True`` uses the training transform (as EM-APL's reference code does).
-    """
+    """Given to :meth:`Method.on_epoch_end`: the epoch (1-based) and ``predict_train(augment)``, the model's train-set
+    probabilities ``(N_train, C)`` in dataset order."""
 
     epoch: int
     predict_train: Callable[[bool], torch.Tensor]
@@ -103,13 +85,8 @@ SCORES, POSITIVES, NEGATIVES = "scores", "positives", "negatives"
 
 @dataclass
 class LabelEstimate:
-    """A method's current belief about the training set's labels, for the trainer to score (never to train on).
-
-    ``kind``: ``"scores"`` - ``values`` (N_train, C) rank how likely each entry is positive, scored as label
-    recovery (mAP against the full labels, logged as ``<name>_recovery_mAP``); ``"positives"`` / ``"negatives"`` -
-    ``values`` is a bool mask of the entries the method takes as positive / negative (pseudo-labels, corrections),
-    scored by precision (the share that truly are, ``<name>_precision``; nothing logged for an empty mask).
-    """
+    """A method's current belief about the training labels, for the trainer to score: ``"scores"`` (scored as recovery
+    mAP) or a bool mask of ``"positives"`` / ``"negatives"`` (scored by precision)."""
 
     values: torch.Tensor
     kind: str
@@ -167,17 +144,14 @@ class Method(nn.Module):
 
     @classmethod
     def known_negatives_use(cls) -> str:
-        """What the method does with known negatives: ``own loss`` (its loss trains on them: iu), ``full labels`` (an
-        oracle, whose labels hold them already) or ``added term`` (-log(1 - p) at each is added to its loss; for a
-        loss that already pushes unobserved labels down, such as an's, a known negative counts twice)."""
+        """What the method does with known negatives: ``own loss``, ``full labels`` (an oracle) or ``added term``."""
         if cls.trains_on_full_labels:
             return "full labels"
         return "own loss" if cls.uses_observed_negatives else "added term"
 
     def training_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """:meth:`loss`, plus, for a method whose own loss has no place for known negatives, their term: ``-log(1 -
-        p)`` at every known negative, summed and divided by the N*C entries of the batch (the scale of IU's and AN's
-        terms), logged as ``known_negatives_loss``."""
+        """:meth:`loss`, plus, where the method's loss has no place for known negatives, ``-log(1 - p)`` at each of them
+        over the batch's N*C entries (logged as ``known_negatives_loss``)."""
         out = self.loss(logits, batch)
         negatives = batch.get(NEGATIVES_KEY)
         if negatives is None or self.known_negatives_use() != "added term" or not bool((negatives > 0.5).any()):
@@ -195,14 +169,12 @@ class Method(nn.Module):
         return batch[FULL_LABELS] if self.trains_on_full_labels else batch["observed"]
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """The loss of a batch from the model's logits ``(N, C)`` (float32) and the batch (keys ``observed``,
-        ``index`` and the model outputs the hooks asked for; see the module docstring)."""
+        """The loss of a batch from the float32 logits ``(N, C)`` and the batch (see the module docstring)."""
         raise NotImplementedError
 
     def extra_model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Further model inputs made from the batch (it already holds ``logits``): ``images_<name>`` entries run
-        through the model, one call each, and reach :meth:`loss` as ``logits_<name>``; other entries reach it
-        unchanged (default: none)."""
+        """Further model inputs made from the batch: ``images_<name>`` entries run through the model and reach
+        :meth:`loss` as ``logits_<name>``, others unchanged (default: none)."""
         return {}
 
     def set_expected_positives(self, k: float) -> None:
@@ -218,20 +190,17 @@ class Method(nn.Module):
         return {}
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """The method's current estimates of the training labels by name, scored by the trainer against the full
-        labels after each epoch when they exist (default: none)."""
+        """The method's current estimates of the training labels by name (default: none)."""
         return {}
 
     def extra_views(self, preprocessing: EvalTransform) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-        """Extra training views: batch key (``images_<name>``) -> transform of the decoded ``uint8 (3, H, W)``
-        image to a model input, ending in the model's ``preprocessing`` (its resize and normalisation) (default:
-        none; ``images`` always holds the standard training view)."""
+        """Extra training views: batch key ``images_<name>`` -> transform of the decoded ``uint8 (3, H, W)`` image
+        ending in the model's ``preprocessing`` (default: none)."""
         return {}
 
     @classmethod
     def trains_on_pooled_features(cls) -> bool:
-        """Whether the method's head can train on cached pooled features of one view (LinearInit's phase,
-        ``--trainable head``): no extra augmented views and no feature-map head."""
+        """Whether the head can train on cached pooled features (no extra views, no feature-map head)."""
         return cls.extra_views is Method.extra_views and cls.required_head in (None, "linear")
 
     @classmethod
@@ -280,9 +249,7 @@ def _convert(value: str, annotation: Any) -> Any:
 
 
 def dataset_family(dataset: str) -> str:
-    """The preset family of a dataset (``voc``, ``coco``, ``nus``, ``cub``, ``builtin``), or of a name a family
-    declares whole (``voc2012`` -> ``voc``: :func:`models.data.families.family_named`); any other name is returned
-    unchanged and has no preset (a folder called ``coconut`` is not COCO)."""
+    """The preset family of a dataset name (``voc2012`` -> ``voc``); any other name is returned unchanged."""
     return family_named(dataset) or dataset
 
 
@@ -292,9 +259,7 @@ def preset_for(method: type[Method], dataset: str) -> dict[str, Any]:
 
 
 def paper_settings_for(method: type[Method], dataset: str) -> dict[str, Any]:
-    """The method's published optimisation settings (``TrainConfig`` field -> value) for ``dataset``'s family:
-    its trainable scope, its ``"*"`` entry and the family's own entry (later ones win); empty when the papers
-    publish none."""
+    """The method's published optimisation settings for ``dataset``'s family (empty when none are published)."""
     settings: dict[str, Any] = {"trainable": method.trainable_scope} if method.trainable_scope else {}
     settings.update(method.paper_settings.get("*", {}))
     settings.update(method.paper_settings.get(dataset_family(dataset), {}))
@@ -302,9 +267,8 @@ def paper_settings_for(method: type[Method], dataset: str) -> dict[str, Any]:
 
 
 def make_hparams(method: type[Method], overrides: dict[str, str], dataset: str = "") -> MethodHparams:
-    """Build a method's hyperparameters: dataclass defaults, then the preset for ``dataset``'s family
-    (:func:`dataset_family`) if the method has one, then ``overrides`` (strings from ``--hp``), each
-    converted to its field's type."""
+    """A method's hyperparameters: dataclass defaults, then the family's preset, then ``overrides`` (``--hp``
+    strings)."""
     fields = {f.name: f for f in dataclasses.fields(method.Hparams)}
     hints = typing.get_type_hints(method.Hparams)
     values: dict[str, Any] = dict(preset_for(method, dataset))

@@ -1,6 +1,4 @@
-"""The full-label BCE oracle: trains on the annotated labels (an upper bound, not an SPML method), which reach its
-batches through the trainer's oracle capability (:attr:`~train.methods.base.Method.trains_on_full_labels`).
-"""
+"""The full-label BCE oracle: trains on the annotated labels (an upper bound, not an SPML method)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""EM ("entropy maximisation") and EM + APL, asymmetric pseudo-labelling (Zhou et al., ECCV 2022).
-
-EM: ``-log p`` at the observed positive and ``-alpha * H(p)`` at unobserved entries, mean over N*C entries.
-EM-APL adds, after each epoch from the warm-up on, accumulating soft negative pseudo-labels for the lowest-scored
-unlabelled entries of each class, trained with weight ``beta`` (docs/methods.md, "Zhou et al."). Without a preset
-the warm-up is half the run, 1 to 5 epochs: pseudo-labels taken after one epoch of a longer run freeze a
-near-chance network's mistakes (docs/methods-investigation.md).
-"""
+"""EM ("entropy maximisation") and EM + APL, asymmetric pseudo-labelling (Zhou et al., ECCV 2022; docs/methods.md).
+Without a preset APL's warm-up is half the run, 1 to 5 epochs (docs/methods-investigation.md)."""
 
 from __future__ import annotations
 
@@ -66,9 +60,7 @@ class EntropyMaximisation(Method):
 
 @dataclass
 class EmAplHparams(EmHparams):
-    """EM's ``alpha`` plus APL's ``beta`` (pseudo-label weight), ``theta`` (share of unobserved entries
-    pseudo-labelled in total), ``warmup_epochs`` (None = :func:`default_warmup` of the run) and ``total_epochs``
-    (None = the run's epochs)."""
+    """EM's ``alpha`` plus APL's ``beta``, ``theta``, ``warmup_epochs`` and ``total_epochs`` (None: from the run)."""
 
     beta: float = 0.9
     theta: float = 0.9
@@ -80,8 +72,7 @@ PAPER_WARMUP_EPOCHS = 5  # T_w of Zhou et al.'s VOC and COCO runs (10 epochs in 
 
 
 def default_warmup(total_epochs: int) -> int:
-    """EM-APL's warm-up when no preset or ``--hp warmup_epochs`` sets one: half of ``total_epochs``, at least 1
-    and at most the papers' 5."""
+    """EM-APL's default warm-up: half of ``total_epochs``, from 1 to the papers' 5."""
     return min(PAPER_WARMUP_EPOCHS, max(1, total_epochs // 2))
 
 
@@ -145,6 +136,5 @@ class EmAsymmetricPseudoLabels(EntropyMaximisation):
         return {"apl_added": float(added), "apl_total": float((self.pseudo >= 0).sum())}
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """The pseudo-negatives so far: where full labels exist the trainer logs the share that truly are negative
-        (``apl_negative_precision``)."""
+        """The pseudo-negatives so far (``apl_negative_precision``)."""
         return {"apl_negative": LabelEstimate(self.pseudo >= 0, NEGATIVES)}

@@ -1,8 +1,4 @@
-"""EPR: expected positive regularisation (Cole et al., CVPR 2021; docs/methods.md).
-
-As in the reference code: the positive term is divided by N*C like every loss, and the regulariser
-``((k_hat - k) / C)^2`` is added with weight 1 (the code equals a paper weight of C).
-"""
+"""EPR: expected positive regularisation (Cole et al., CVPR 2021; docs/methods.md), scaled as the reference code."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ EXPECTED_POSITIVES = {"voc": 1.5, "coco": 2.9, "nus": 1.9, "cub": 31.4}
 
 @dataclass
 class EprHparams(MethodHparams):
-    """``k``: expected number of positives per image; None = the run's k (published for VOC/COCO/NUS/CUB, else
-    from full labels, the ``--audit`` list, or estimated: models/evaluation/expected_positives.py)."""
+    """``k``: expected positives per image; None = the run's k."""
 
     k: float | None = None
 

@@ -1,11 +1,5 @@
-"""GR-Loss (Chen et al.; "Boosting Single Positive Multi-label Classification with Generalized Robust Loss",
-IJCAI 2024). Reference code: yan4xi1/GRLoss; per-dataset settings from Fsoft-AIC/AEVLP's ``configs/*.json``.
-
-Observed positive: ``-log(p + 1e-7)``; unobserved: ``v(p') [k(p') (1 - p^q2) / q2 + (1 - k(p')) (1 - (1 - p)^q3) /
-q3]``, a soft pseudo-label ``k`` and a Gaussian weight ``v`` of the detached probabilities, both scheduled over the
-epochs; mean over all N x C entries. docs/methods.md ("GR-Loss") has the schedules, the numerics and where the
-package departs from the reference. State: the ``epoch`` buffer, which loading a state never moves backwards.
-"""
+"""GR-Loss (Chen et al., IJCAI 2024; reference code yan4xi1/GRLoss, settings from Fsoft-AIC/AEVLP). The schedules,
+numerics and departures from the reference: docs/methods.md ("GR-Loss"). The ``epoch`` buffer never moves back."""
 
 from __future__ import annotations
 
@@ -25,10 +19,8 @@ Quad = tuple[float, float, float, float]
 
 @dataclass
 class GrLossHparams(MethodHparams):
-    """``beta = (w_0, w_T, b_0, b_T)``: the pseudo-label function's slope and bias, first and last;
-    ``alpha = (mu_0, sigma_0, mu_T, sigma_T)``: the weight function's centre and width, first and last;
-    ``q2``, ``q3``: the robust terms' exponents on the positive and negative side of unobserved entries
-    (``--hp beta=0,2,-2,-2``)."""
+    """``beta = (w_0, w_T, b_0, b_T)`` and ``alpha = (mu_0, sigma_0, mu_T, sigma_T)``, the schedules' first and last
+    values; ``q2``, ``q3`` the robust terms' exponents."""
 
     beta: tuple[float, float, float, float] = (0.0, 2.0, -2.0, -2.0)
     alpha: tuple[float, float, float, float] = (0.5, 2.0, 0.8, 0.5)

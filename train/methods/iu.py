@@ -1,8 +1,5 @@
-"""IU, "ignore unobserved" (Cole et al. 2021, ``loss_iu`` in the reference code): the observed positives and the
-observed negatives, nothing else (``-log p`` / ``-log(1 - p)``, 0 elsewhere; mean over all N*C entries).
-
-It needs a protocol that observes negatives (``--observed 'single?neg=N'``, the reference's ``--num-neg``).
-"""
+"""IU, "ignore unobserved" (Cole et al. 2021): the observed positives and negatives only; it needs a protocol that
+observes negatives (``--observed 'single?neg=N'``)."""
 
 from __future__ import annotations
 

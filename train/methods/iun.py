@@ -1,8 +1,5 @@
-"""IUN, "ignore unobserved positives" (Cole et al., CVPR 2021): the observed positive plus every TRUE negative.
-
-A reference bound, not an SPML method: it finds the negatives in the full labels, through the trainer's oracle
-capability (``trains_on_full_labels``). Mean over all N*C entries (zeros included), as in the reference code.
-"""
+"""IUN, "ignore unobserved positives" (Cole et al., CVPR 2021): the observed positive plus every TRUE negative (an
+oracle reference bound)."""
 
 from __future__ import annotations
 

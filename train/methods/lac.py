@@ -1,13 +1,6 @@
-"""LAC: label-aware global consistency (Xie, Xiao, Huang, NeurIPS 2022). Reference code: xiemk/SPML-LAC.
-
-Needs the label-wise embedding head (``--head lem``, chosen automatically). Each step runs the weak (standard)
-and the strong view (``images_strong``, :class:`models.data.augment.StrongTransform`) through the model in one
-call. Stage 1: AN on the weak view plus pseudo-label consistency on the strong one; stage 2 (from stage 1's best
-weights, with a fresh optimiser, schedule, EMA and projector) adds a SupCon loss over a memory queue of projected
-(weak, strong) embedding pairs, computed in float32 (the reference's fp16 contrastive logits are a suspected NaN
-source). docs/methods.md ("LAC") says where the reference and the paper differ and what is not reproduced (its
-FrozenBatchNorm, frozen stem and optimisation, which the trainer's flags set).
-"""
+"""LAC: label-aware global consistency (Xie, Xiao, Huang, NeurIPS 2022; reference code xiemk/SPML-LAC), on the
+label-wise embedding head. Stage 1: AN plus pseudo-label consistency on a strong view; stage 2 adds a SupCon loss over a
+queue of embedding pairs, in float32. Departures from the reference: docs/methods.md ("LAC")."""
 
 from __future__ import annotations
 
@@ -29,9 +22,8 @@ STRONG = "images_strong"
 
 def plc_loss(strong_logits: torch.Tensor, weak_logits: torch.Tensor, observed: torch.Tensor,
              threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """LAC's pseudo-label consistency: (loss, hard targets). ``q = sigmoid(weak).detach() + z``; entries with
-    ``q >= threshold`` are positives, ``q < 1 - threshold`` negatives; BCE of the strong logits on those entries,
-    summed and divided by their number (0 when none is selected)."""
+    """LAC's pseudo-label consistency: (loss, hard targets); BCE of the strong logits on the confident entries of the
+    weak ones, averaged over them (0 when none)."""
     q = torch.sigmoid(weak_logits.detach()) + observed
     target = (q >= threshold).to(strong_logits.dtype)
     mask = ((q >= threshold) | (q < 1.0 - threshold)).to(strong_logits.dtype)
@@ -40,10 +32,7 @@ def plc_loss(strong_logits: torch.Tensor, weak_logits: torch.Tensor, observed: t
 
 
 def supcon_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
-    """SupCon over ``features (M, V, d)`` (V views of M items, L2-normalised) with class ``labels (M,)``, as LAC's
-    reference implements it: every one of the M*V vectors is an anchor; its positives are all other vectors of
-    the same label; the softmax denominator runs over all other vectors; the loss is the mean over anchors of
-    minus the mean positive log-probability. 0 for an empty input."""
+    """SupCon over ``features (M, V, d)`` with ``labels (M,)`` as LAC's reference computes it; 0 for an empty input."""
     m, views, _ = features.shape
     if m == 0:
         return features.sum() * 0.0
@@ -62,8 +51,7 @@ def supcon_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float
 
 @torch.no_grad()
 def class_embedding_similarity(embeddings: torch.Tensor) -> float:
-    """Mean cosine similarity between the different classes' embeddings of the same image, over a batch
-    ``(N, C, D)``: 1 means the head's embeddings do not depend on the class (not label-wise at all)."""
+    """Mean cosine between different classes' embeddings of the same image over ``(N, C, D)``."""
     n, c, _ = embeddings.shape
     if c < 2:
         return 1.0
@@ -74,10 +62,8 @@ def class_embedding_similarity(embeddings: torch.Tensor) -> float:
 
 @dataclass
 class LacHparams(MethodHparams):
-    """``threshold_stage1`` / ``threshold_stage2``: PLC's delta per stage; ``plc_weight`` / ``lac_weight``: loss
-    weights (0 switches a term off); ``temperature``: SupCon tau; ``queue_size``: memory queue length K (raised
-    to batch_size * C if smaller, so it cannot overflow); ``feat_dim``: projector output width; ``stages``: 2
-    (the paper) or 1 (stage 1 only: AN + PLC)."""
+    """PLC's threshold per stage, the loss weights (0 switches a term off), SupCon's temperature, the queue size (raised
+    to batch_size * C), the projector width and the number of ``stages`` (1 or 2)."""
 
     threshold_stage1: float = 0.6
     threshold_stage2: float = 0.9
@@ -161,11 +147,8 @@ class LabelAwareConsistency(Method):
         return self.hp.threshold_stage2 if self._stage >= 2 else self.hp.threshold_stage1
 
     def _enqueue(self, feats: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this batch's items (with gradients) at the queue pointer (wrapping to 0 when they do not fit);
-        returns the valid queue entries for the loss, the batch's items still carrying their gradients.
-
-        Under torchrun the items of every rank are gathered first (rank order, other ranks' detached, as MoCo
-        gathers its keys), so every rank enqueues the same global batch and the queues stay identical."""
+        """Write this batch's items at the queue pointer; returns the valid queue entries and the batch's items with
+        their gradients. Under torchrun every rank enqueues the same gathered global batch."""
         feats, _ = gather_varying(feats)
         labels, _ = gather_varying(labels)
         count, capacity = feats.shape[0], self.queue.shape[0]
@@ -204,8 +187,7 @@ class LabelAwareConsistency(Method):
         return LossOutput(loss, logs)
 
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
-        """``class_embedding_cos`` (a log line only): the mean cosine between one image's class embeddings on the
-        epoch's last training batch (an N x C x C Gram matrix per step is not worth it)."""
+        """Logs ``class_embedding_cos`` on the epoch's last training batch."""
         if self._last_embeddings is None:
             return {}
         similarity = class_embedding_similarity(self._last_embeddings)

@@ -1,12 +1,6 @@
-"""Large Loss (Kim, Kim, Akata, Lee; "Large Loss Matters in Weakly Supervised Multi-Label Classification",
-CVPR 2022): LL-R, LL-Ct and LL-Cp. Reference code: snucml/LargeLossMatters ``losses.py`` / ``train.py``, and
-its copy in youngwk/BridgeGapExplanationPAMC (the BoostLU paper).
-
-AN as BCE on logits; from the second epoch, in each batch, the unobserved entries whose loss is at least the k-th
-largest unobserved loss are rejected (``ll-r``) or trained as positives (``ll-ct``; ``ll-cp`` also keeps them as
-observed positives). docs/large-loss-and-boostlu.md has k's schedule and where the package departs from the
-reference; under torchrun the threshold is taken over the global batch (docs/distributed.md).
-"""
+"""Large Loss (Kim et al., CVPR 2022): LL-R, LL-Ct and LL-Cp; reference code snucml/LargeLossMatters. From the second
+epoch the largest unobserved losses are rejected or corrected to positives; k's schedule and departures:
+docs/large-loss-and-boostlu.md."""
 
 from __future__ import annotations
 
@@ -22,9 +16,8 @@ from train.methods.base import EpochEndContext, LossOutput, Method, MethodContex
 
 
 def large_loss_entries(loss: torch.Tensor, unobserved: torch.Tensor, share: float) -> torch.Tensor:
-    """Bool mask of the unobserved entries of ``loss`` ``(N, C)`` at or above the k-th largest unobserved
-    loss, ``k = ceil(entries * share)`` over the entries of the global batch (every rank's rows under
-    torchrun, gathered), clipped to ``[1, entries]``."""
+    """Bool mask of the unobserved entries of ``loss`` at or above the k-th largest unobserved loss of the global batch,
+    ``k = ceil(entries * share)`` clipped to ``[1, entries]``."""
     masked = torch.where(unobserved, loss.detach(), torch.zeros_like(loss))
     everyone, _ = gather_varying(masked)
     count = min(max(math.ceil(everyone.numel() * share), 1), everyone.numel())

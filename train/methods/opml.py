@@ -1,10 +1,5 @@
-"""OPML and OPML-SP: "Pushing One Pair of Labels Apart Each Time" (Li, Wang, Chen).
-
-No reference code exists and the paper's equations were lost, so this follows the package's documented decision
-(docs/methods.md, "OPML and OPML-SP"), every piece switchable: a per-sample log-sum-exp loss on logits with
-constants ``a``, ``b``; OPML-SP adds AP-weighted soft labels, a high-rank regulariser and AP-based label
-correction. APs and corrections are buffers saved with the checkpoint.
-"""
+"""OPML and OPML-SP: "Pushing One Pair of Labels Apart Each Time" (Li, Wang, Chen). No reference code exists; the
+documented decision is in docs/methods.md ("OPML and OPML-SP"), every piece switchable."""
 
 from __future__ import annotations
 
@@ -159,6 +154,5 @@ class OpmlSp(Opml):
         return logs
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """The label corrections so far: where full labels exist the trainer logs the share that truly are
-        positive (``correction_precision``)."""
+        """The label corrections so far (``correction_precision``)."""
         return {"correction": LabelEstimate(self.corrected > 0.5, POSITIVES)}

@@ -1,11 +1,5 @@
-"""PU-MLC: "Positive Label Is All You Need for Multi-Label Classification" (Yuan, Zhang, Huang; ICME 2024).
-
-The reference's variational PU loss per class (``vpuLoss``: U = all images of the batch, positives included) on
-logits divided by an adaptive per-class temperature, with a re-balance factor, summed over classes; plus the mixup
-regulariser, whose mixed images (:meth:`PuMlc.extra_model_inputs`) run through the model in a second call. All in
-float32 (the 1e-10 epsilon underflows in fp16). docs/methods.md ("PU-MLC and LgConv") has the formulas; a class
-whose logits are all equal gets temperature 1 (a guard the reference lacks).
-"""
+"""PU-MLC: "Positive Label Is All You Need for Multi-Label Classification" (Yuan, Zhang, Huang; ICME 2024): the
+reference's variational PU loss per class plus the mixup regulariser, in float32. Formulas: docs/methods.md."""
 
 from __future__ import annotations
 
@@ -89,8 +83,7 @@ class PuMlc(Method):
         self.mixing = torch.distributions.Beta(hparams.mixup_alpha, hparams.mixup_alpha)
 
     def extra_model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The mixup images (the permuted first half of the batch mixed with the second half), the pairs and
-        lambda; nothing when the regulariser is off."""
+        """The mixup images, the pairs and lambda; nothing when the regulariser is off."""
         if self.hp.mixup_weight <= 0:
             return {}
         images = batch["images"]

@@ -1,10 +1,5 @@
-"""ROLE: regularised online label estimation (Cole et al., CVPR 2021; docs/methods.md).
-
-A free label-estimator matrix Phi (N_train x C logits) is learnt jointly with the classifier, at 10x the learning
-rate in its own optimiser group; each side is trained against the other's stop-gradient predictions, both with
-the expected-positives regulariser. Phi is a parameter of this module: checkpoints carry it, and under torchrun
-DistributedDataParallel averages its gradient with the model's (docs/distributed.md).
-"""
+"""ROLE: regularised online label estimation (Cole et al., CVPR 2021; docs/methods.md): a label-estimator matrix
+parameter learnt with the classifier at 10x the learning rate, each trained on the other's predictions."""
 
 from __future__ import annotations
 
@@ -83,14 +78,12 @@ class Role(Method):
 
     @torch.no_grad()
     def on_epoch_end(self, ctx: EpochEndContext) -> dict[str, float]:
-        """Logs only (nothing changes): how far the estimator's unobserved entries have moved from their
-        initial 0.5 +- 0.1."""
+        """Logs only: how far the estimator's unobserved entries moved from their initial 0.5 +- 0.1."""
         unobserved = self.ctx.train_observed.to(self.estimator.device) < 0.5
         probs = torch.sigmoid(self.estimator)
         return {"estimator_unobserved_mean": float(probs[unobserved].mean()),
                 "estimator_unobserved_abs_logit": float(self.estimator[unobserved].abs().mean())}
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """The estimator's logits: where full labels exist the trainer logs their label recovery
-        (``estimator_recovery_mAP``), beside the classifier's in the run summary (both ranked on logits)."""
+        """The estimator's logits (``estimator_recovery_mAP``)."""
         return {"estimator": LabelEstimate(self.estimator.detach(), SCORES)}

@@ -1,10 +1,5 @@
-"""VLPL: vision-language pseudo-labels (Xing et al., "VLPL: Vision Language Pseudo Labels for Multi-label Learning
-with Single Positive Labels", CVPR 2024 workshop LIMIT). Reference code: mvrl/VLPL (``losses.py`` ``loss_EM_PL``).
-
-CLIP's pseudo-positives (a class's temperature softmax above ``threshold``, computed once before training) are
-trained as label-smoothed positives with weight ``beta_pos``; the other unobserved entries get EM's ``-alpha H(p)``;
-mean over all N x C entries. docs/methods.md ("VLPL") has the settings and where the reference is unclear.
-"""
+"""VLPL: vision-language pseudo-labels (Xing et al., CVPR 2024 workshop; reference code mvrl/VLPL): CLIP
+pseudo-positives trained as label-smoothed positives, EM's entropy term elsewhere. docs/methods.md ("VLPL")."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ VLPL_PRE_RESIZE = 448  # the reference's training resolution, from which its CLI
 
 @dataclass
 class VlplHparams(EmHparams):
-    """EM's ``alpha`` (weight of the entropy term on unobserved entries), ``beta_pos`` (weight of the
-    pseudo-positives' term), ``temperature`` and ``threshold`` of the CLIP pseudo-labels."""
+    """EM's ``alpha``, the pseudo-positives' weight ``beta_pos``, the CLIP ``temperature`` and ``threshold``."""
 
     beta_pos: float = 0.7
     temperature: float = 0.01
@@ -47,8 +41,7 @@ def pseudo_positive_loss(p: torch.Tensor) -> torch.Tensor:
 
 
 def take_pseudo_positives(method: Method, ctx: MethodContext) -> None:
-    """Register ``ctx.pseudo_positives`` as the method's (non-persistent) ``pseudo_positives`` buffer: the run
-    recomputes or reads them from its pseudo-label file, so checkpoints do not carry them."""
+    """Keep ``ctx.pseudo_positives`` as a non-persistent buffer (checkpoints do not carry them)."""
     positives = ctx.pseudo_positives
     if positives is None:
         raise ValueError(f"method {method.name!r} trains on CLIP pseudo-labels: MethodContext.pseudo_positives is "
@@ -100,7 +93,6 @@ class VisionLanguagePseudoLabels(Method):
         return LossOutput(entries.mean())
 
     def label_estimates(self) -> dict[str, LabelEstimate]:
-        """CLIP's pseudo-positives beyond the observed labels: with full labels the trainer logs their precision
-        (``clip_positive_precision``)."""
+        """CLIP's pseudo-positives beyond the observed labels (``clip_positive_precision``)."""
         return {"clip_positive": LabelEstimate(self.pseudo_positives & (self.ctx.train_observed.to(
             self.pseudo_positives.device) == 0), POSITIVES)}

@@ -1,13 +1,6 @@
-"""CLIP through ``open_clip``: the model a run asks for (``--clip MODEL[:PRETRAINED]``), whether its weights can be
-had before anything trains, the class prompts, the references' preprocessing, and the scoring pass.
-
-Model names are open_clip's (``ViT-B-16:openai`` for AEVLP, ``ViT-L-14-336:openai`` for VLPL); OpenAI's weights
-are built with QuickGELU, as trained; ``MODEL:FILE`` loads a state dict, ``MODEL:none`` initialises at random
-(tests only). A class's score is the softmax over the classes of the cosine similarities divided by the
-temperature. Images are preprocessed as the references do (ImageNet's mean and std, not CLIP's; VLPL's squash to
-448 px first, AEVLP's crops in :mod:`train.pseudo_labels.crops`) and scored in float32 (docs/methods.md, "The
-pseudo-label stage").
-"""
+"""CLIP through ``open_clip`` (``--clip MODEL[:PRETRAINED]``; ``MODEL:FILE`` loads a state dict, ``MODEL:none``
+initialises at random): the weights check, the class prompts, the references' preprocessing and the scoring pass
+(docs/methods.md, "The pseudo-label stage")."""
 
 from __future__ import annotations
 
@@ -86,8 +79,7 @@ def _pretrained_cfg(choice: ClipChoice) -> dict[str, Any]:
 
 
 def _hub_files(hf_hub: str) -> tuple[str, list[str]]:
-    """The repository and the weight files open_clip tries for a pretrained config's ``hf_hub`` entry (safetensors
-    first, as its ``download_pretrained_from_hf``)."""
+    """The repository and weight files open_clip tries for a config's ``hf_hub`` entry."""
     repo, filename = os.path.split(hf_hub)
     filename = filename or HF_WEIGHTS
     names = []
@@ -99,8 +91,7 @@ def _hub_files(hf_hub: str) -> tuple[str, list[str]]:
 
 
 def _cached(choice: ClipChoice, cfg: dict[str, Any]) -> bool:
-    """Whether open_clip finds the weights of ``cfg`` without the network (the Hugging Face cache, or for a URL
-    its ``~/.cache/clip`` download folder)."""
+    """Whether open_clip finds the weights of ``cfg`` without the network."""
     from huggingface_hub import try_to_load_from_cache
 
     if cfg.get("hf_hub"):
@@ -118,8 +109,7 @@ def _download_host(cfg: dict[str, Any]) -> str:
 
 
 def hub_reachable(host: str, timeout: float = REACH_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to ``host``:443 (or to the ``HTTPS_PROXY``, when one is set) opens within
-    ``timeout`` seconds, name lookup included: one quick try, no retries."""
+    """Whether a TCP connection to ``host``:443 (or the ``HTTPS_PROXY``) opens within ``timeout`` s."""
     proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
     target = (host, 443)
     if proxy:
@@ -148,9 +138,8 @@ def _offline_env() -> str | None:
 
 
 def check_available(choice: ClipChoice, method: str) -> None:
-    """Raise :class:`ClipUnavailable` (a one-line ``ValueError``) unless the weights of ``choice`` are random, a
-    file, cached, or downloadable now (``HF_HUB_OFFLINE`` unset and the download host reachable within a few
-    seconds); a ``ValueError`` for a tag open_clip does not know."""
+    """Raise :class:`ClipUnavailable` unless the weights of ``choice`` are random, a file, cached or downloadable now; a
+    ``ValueError`` for a tag open_clip does not know."""
     import open_clip
 
     if choice.schema == "local-dir":
@@ -198,8 +187,7 @@ class ClipModel:
 
 
 def load_clip(choice: ClipChoice, device: torch.device) -> ClipModel:
-    """Build (and download, when needed and possible) the CLIP model of ``choice`` on ``device``, in eval mode.
-    Random initialisation (``none``) is seeded, so it is the same model in every process and run."""
+    """The CLIP model of ``choice`` on ``device`` in eval mode (downloaded if needed; ``none`` is seeded)."""
     import open_clip
 
     cfg = _pretrained_cfg(choice) if choice.pretrained != RANDOM_INIT else {}
@@ -221,9 +209,8 @@ def load_clip(choice: ClipChoice, device: torch.device) -> ClipModel:
 
 
 def prompt_name(class_name: str) -> str:
-    """The class name as prompts say it: ``_`` read as a space; a CUB attribute ``has_<part>_...::<value>`` as
-    AEVLP's ``cub_labels.txt`` words it, ``<value without its "_(...)" note> <first word after has_>``
-    (``has_bill_shape::curved_(up_or_down)`` -> ``curved bill``, ``has_wing_color::blue`` -> ``blue wing``)."""
+    """The class name as prompts say it (``_`` as a space; a CUB attribute as AEVLP words it:
+    ``has_bill_shape::curved_(up_or_down)`` -> ``curved bill``)."""
     if _CUB_ATTRIBUTE.match(class_name):
         value = class_name.split("::", 1)[1].split("_(")[0]
         class_name = f"{value} {class_name.split('_')[1]}"
@@ -297,9 +284,7 @@ def view_cosines(clip: ClipModel, views: torch.Tensor, text: torch.Tensor) -> to
 def score_images(clip: ClipModel, text: torch.Tensor, spec: PseudoLabelSpec, paths: Sequence[Path],
                  rows: Sequence[int], device: torch.device, batch_size: int, workers: int,
                  progress: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Score the images ``paths[rows]``: per image the softmax scores of its views (vlpl: ``global``; aevlp:
-    ``global``, ``crop_max``, ``crop_min``, ``crop_mean``), each ``(len(rows), C)`` float32 in the order of
-    ``rows``, and whether the image could be read."""
+    """Score ``paths[rows]``: the softmax scores per view ``(len(rows), C)``, and which images were read."""
     dataset = _Views(paths, rows, spec, clip.size)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_collate)
     c = text.shape[0]

@@ -1,13 +1,6 @@
-"""AEVLP's "dynamic augmented multi-focus" pseudo-labelling (Fsoft-AIC/AEVLP ``datasets.py`` ``ds_multilabel``,
-``utils.py`` ``get_pseudo_labels``): CLIP scores of the whole image and of a grid of crops, and how they combine.
-
-Views: the whole image, then ``g x g`` tiles of ``W // g`` by ``H // g`` pixels, row by row (the reference's random
-tile offsets set to 0, its random flips left out: the pseudo-labels are computed once), each squashed to CLIP's
-input size and normalised with ImageNet's mean and std, as the reference does. The crops' scores reduce to their
-maximum, minimum and mean per class; :func:`select_aevlp` combines them as ``get_pseudo_labels`` does
-(docs/methods.md, "AEVLP"). Its "negative" pseudo-labels are written as 0 (unknown), as there: they only clear a
-pseudo-positive that falls among them. A mask may hold the observed positive; the loss treats it as observed.
-"""
+"""AEVLP's "dynamic augmented multi-focus" pseudo-labelling (Fsoft-AIC/AEVLP): CLIP scores of the whole image and a ``g
+x g`` grid of tiles, reduced to their max, min and mean per class, combined by :func:`select_aevlp` (docs/methods.md,
+"AEVLP")."""
 
 from __future__ import annotations
 
@@ -22,9 +15,7 @@ Box = tuple[int, int, int, int]
 
 
 def grid_boxes(width: int, height: int, grid: int) -> list[Box]:
-    """The ``grid x grid`` tiles of a ``width x height`` image as PIL boxes ``(left, upper, right, lower)``, row by
-    row. Tiles are ``width // grid`` by ``height // grid`` pixels; in an image narrower (or lower) than ``grid``
-    pixels, where the reference's tiles would be empty, tiles are one pixel wide (high), the last ones repeated."""
+    """The ``grid x grid`` tiles of an image as PIL boxes, row by row (at least one pixel wide and high)."""
     tile_w, tile_h = max(1, width // grid), max(1, height // grid)
     boxes = []
     for y in range(grid):
@@ -41,9 +32,7 @@ _STD = np.array(IMAGENET_STD, dtype=np.float32)
 
 
 def clip_input(image: Image.Image, size: tuple[int, int]) -> torch.Tensor:
-    """One view as the references feed CLIP: PIL bilinear squash to ``size`` (height, width), then torchvision's
-    ``to_tensor`` and ``normalize`` with ImageNet's mean and std; ``(3, H, W)`` float32. Computed in numpy with the
-    same float32 operations (``/ 255``, ``- mean``, ``/ std``: the same values), on one thread."""
+    """One view as the references feed CLIP: bilinear squash to ``size``, ImageNet-normalised ``(3, H, W)`` float32."""
     resized = np.asarray(image.resize((size[1], size[0]), Image.BILINEAR), dtype=np.float32)
     normalised = (resized / np.float32(255) - _MEAN) / _STD
     return torch.from_numpy(np.ascontiguousarray(normalised.transpose(2, 0, 1)))

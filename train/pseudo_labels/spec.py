@@ -1,7 +1,4 @@
-"""What a method asks of the pseudo-label stage: which CLIP scoring, and how scores become pseudo-positives.
-
-A leaf module (standard library only), so that the methods can import it without importing the stage.
-"""
+"""What a method asks of the pseudo-label stage; a leaf module (standard library only) the methods can import."""
 
 from __future__ import annotations
 
@@ -20,10 +17,8 @@ SELECTION_FIELDS = ("threshold", "top_k", "eta", "negative_ratio")
 
 @dataclass(frozen=True)
 class PseudoLabelSpec:
-    """The pseudo-labelling of one method, from its hyperparameters: the ``kind`` of scoring (``whole-image``,
-    VLPL's, resized to ``pre_resize`` px first; ``image-and-grid``, AEVLP's, with a ``grid_size`` x ``grid_size``
-    grid of crops), the default CLIP model (``MODEL:PRETRAINED``, ``--clip``) and prompt template (``{}`` for the
-    class name, ``--clip-prompt``), the softmax ``temperature`` and the selection settings (docs/methods.md)."""
+    """The pseudo-labelling of one method: the ``kind`` of scoring (``whole-image`` or ``image-and-grid``), the default
+    CLIP model and prompt, the softmax ``temperature`` and the selection settings (docs/methods.md)."""
 
     kind: str
     clip: str

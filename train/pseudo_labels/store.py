@@ -64,8 +64,7 @@ class PseudoLabelFile:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def rows_for(self, paths: Sequence[str], what: str) -> np.ndarray:
-        """The row of each of ``paths`` in this file; a :class:`PseudoLabelFileError` naming the first missing
-        image when the file does not cover them all."""
+        """The row of each of ``paths``; :class:`PseudoLabelFileError` naming the first missing image."""
         index = {p: i for i, p in enumerate(self.paths)}
         missing = [p for p in paths if p not in index]
         if missing:

@@ -1,6 +1,4 @@
-"""Tagging engines, one module each, registered with ``@ENGINES.register`` (every module here is imported to
-register; none imports its heavy package before it is used).
-"""
+"""Tagging engines, one module each, registered with ``@ENGINES.register``."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ def engine_names() -> list[str]:
 
 
 def get_engine(name: str) -> type[Engine]:
-    """The engine registered as ``name``, checked usable (its ``check_available``). Raises ``ValueError`` for an
-    unknown name, :class:`EngineUnavailableError` when its package is missing."""
+    """The usable engine ``name``: ``ValueError`` if unknown, :class:`EngineUnavailableError` if missing."""
     chosen = ENGINES[name]
     chosen.check_available()
     return chosen

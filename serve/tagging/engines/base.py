@@ -1,7 +1,4 @@
-"""What a tagging engine is, and their registry :data:`ENGINES`: a subclass of :class:`Engine` registered with
-``@ENGINES.register`` (the package's one plug-in decorator), whose ``score(job, plan, report)`` yields the results
-of each finished batch (each key of ``plan.todo`` once, in any order); it loads ``job.model`` itself, or uses
-``job.predictor``. Everything else is the pipeline's (:mod:`serve.tagging.run`)."""
+"""What a tagging engine is: an :class:`Engine` in :data:`ENGINES` whose ``score`` yields finished batches."""
 
 from __future__ import annotations
 

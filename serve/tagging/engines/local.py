@@ -1,5 +1,4 @@
-"""The ``local`` engine: this machine; ``--workers`` threads decode images ahead of one model
-(:func:`serve.tagging.scoring.score_items`)."""
+"""The ``local`` engine: ``--workers`` threads decode images ahead of one model on this machine."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ if TYPE_CHECKING:
 
 
 def score(job: TagJob, plan: TagPlan, report: Callable[[str], None]) -> Iterator[list[Result]]:
-    """Score ``plan.todo`` in batches of ``job.run.batch_size`` with ``job.predictor``, else ``job.model`` loaded on
-    ``job.run.device`` (only when there is something to tag)."""
+    """Score ``plan.todo`` with ``job.predictor``, else ``job.model`` loaded only if there is work."""
     from serve.images import ImagePreprocessor
     from serve.predictor import Predictor
 

@@ -1,8 +1,4 @@
-"""The ``ray`` engine: a pool of model actors (:class:`TagActor`) on a Ray cluster or a local Ray instance, each
-running the local engine's loop on work units (:data:`CHUNK_IMAGES` images, or one ``.tar`` shard); the driver
-handles metadata only and never imports torch or ONNX Runtime. Layout, CPU budget and faults:
-docs/tagging-at-scale.md, *A Ray cluster*.
-"""
+"""The ``ray`` engine: model actors (:class:`TagActor`) on work units (docs/tagging-at-scale.md)."""
 
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ def import_ray() -> Any:
 
 
 def actor_layout(nodes: Sequence[dict[str, Any]], job: TagJob) -> tuple[int, int]:
-    """``(actors, CPUs per actor)`` for the cluster's alive ``nodes`` (``ray.nodes()``) and the job's
-    ``workers``, ``gpus_per_worker`` and ``cpus_per_worker`` (each used as given when set)."""
+    """``(actors, CPUs per actor)`` for the cluster's alive ``nodes`` and the job's settings."""
     resources = [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
     if job.cluster.gpus_per_worker > 0:
         hosts = [(r, int(r.get("GPU", 0) // job.cluster.gpus_per_worker)) for r in resources]
@@ -65,9 +60,7 @@ def actor_layout(nodes: Sequence[dict[str, Any]], job: TagJob) -> tuple[int, int
 
 
 class TagActor:
-    """A model actor: loads the model once on its device, then decodes (``threads`` threads, ahead of the
-    model) and scores the work units it receives. It runs :data:`CALLS_PER_ACTOR` units at once, one of them in
-    the model at a time, so that decoding never waits for the model."""
+    """A model actor: loads the model once and scores units, decoding ahead on ``threads`` threads."""
 
     def __init__(
         self, model: str, backend: str | None, device: str | None, max_pixels: int | None, batch_size: int, threads: int
@@ -118,8 +111,7 @@ class TagActor:
 
 
 def work_units(plan: TagPlan) -> list[Unit]:
-    """The plan's work units: chunks of :data:`CHUNK_IMAGES` images, or one unit per shard file with the keys
-    already done inside it (grouped in one pass over the done keys)."""
+    """The plan's work units: chunks of :data:`CHUNK_IMAGES` images, or one per shard with its done keys."""
     if plan.source.kind != "shards":
         todo = [(i.key, i.location) for i in plan.todo]
         return [("images", todo[i : i + CHUNK_IMAGES]) for i in range(0, len(todo), CHUNK_IMAGES)]
@@ -132,8 +124,7 @@ def work_units(plan: TagPlan) -> list[Unit]:
 def score(
     job: TagJob, plan: TagPlan, report: Callable[[str], None], actor_cls: type = TagActor
 ) -> Iterator[list[Result]]:
-    """Score the plan's images on the Ray cluster (``actor_cls``: :class:`TagActor`; tests pass one that fails
-    on purpose). Starts Ray only when there is something to tag."""
+    """Score the plan's images on the Ray cluster, started only when there is something to tag."""
     if job.model is None:
         raise ValueError("the ray engine needs a model file (its actors load it), not a model in memory")
     if parse_device(job.run.device)[0] in ("cuda", "tensorrt") and not job.cluster.gpus_per_worker:
