@@ -329,7 +329,7 @@ def export_run(checkpoint: str | Path, output: str | Path | None = None, *,
     with_openvino = opts.openvino == "on" or (opts.openvino == "auto" and importlib.util.find_spec("openvino"))
 
     def check_runtimes(art: Artifact) -> None:
-        if with_openvino and art.runtime == "onnxruntime":
+        if with_openvino and art.runtime == "onnxruntime" and art.precision in ("fp32", "int8"):
             rows, chosen = _openvino_rows(art, ref_logits, ref_thresholds, val, (bounds or {}).get("int8"), say)
             result.artifacts += rows
             if chosen:

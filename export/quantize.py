@@ -266,6 +266,7 @@ def convert_fp16(src: str | Path, dst: str | Path, *, op_block_list: Sequence[st
     fp16_meta = dataclasses.replace(
         meta,
         precision="fp16",
+        runtime_pick={},  # the FP32 file's pick was measured on that file
         quantization={
             "tool": f"onnxruntime.transformers.float16.convert_float_to_float16 ({_onnxruntime_version()})",
             "keep_io_types": True,
@@ -475,6 +476,7 @@ def quantize_int8(src: str | Path, dst: str | Path, calibration: np.ndarray | It
     int8_meta = dataclasses.replace(
         meta,
         precision="int8",
+        runtime_pick={},  # the FP32 file's pick was measured on that file
         quantization={
             "tool": f"onnxruntime.quantization.quantize_static ({_onnxruntime_version()})",
             "preprocess": "onnxruntime.quantization.shape_inference.quant_pre_process",

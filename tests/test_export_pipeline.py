@@ -174,6 +174,7 @@ def _check_openvino_rows(artifacts: list[Any], folder: Path) -> None:
     assert fp32_ov.max_prob_diff <= 1e-4 and fp32_ov.agreement == 1.0 and fp32_ov.images_per_s > 0
     assert int8_ov.agreement is not None and int8_ov.images_per_s > 0 and int8_ov.path == rows["int8-cpu"].path
     assert bf16.agreement is not None if cpu_has_bf16() else "no bfloat16 units" in bf16.note
+    assert read_onnx_meta(folder / "model.fp16.onnx").runtime_pick == {}  # not inherited from the FP32 file
     card = (folder / "README.md").read_text()
     for name in ("model.onnx", "model.int8-cpu.onnx"):
         pick = read_onnx_meta(folder / name).runtime_pick
