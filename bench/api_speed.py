@@ -226,7 +226,8 @@ def report(args: argparse.Namespace, argv: list[str] | None, predictor: Predicto
     first = rounds[0]
     by_size = "; ".join(f"{name}: " + ", ".join(f"{b}: {first[(name, b)]:.1f}" for (n, b) in first if n == name)
                         for name in dict.fromkeys(n for n, _ in first if n != "decoding"))
-    lines = ["## HTTP service under load (CPU, loopback)", "",
+    runtime = f", {args.backend}" if args.backend else ""
+    lines = [f"## HTTP service under load (CPU, loopback{runtime})", "",
              f"Command: `{command_line('bench.api_speed', argv)}`", "", machine_line(), f"At the start: {load_start}.",
              "", f"Model: `{args.model.name}`, {predictor.meta.arch} @{predictor.meta.image_size} px, "
              f"{len(predictor.classes)} classes (method {predictor.meta.method or '-'}, data "
