@@ -61,7 +61,7 @@ class DevSet:
     full_data: str = ""  # the spec whose labels are every image's full labels (default: data itself)
 
 
-#: Where the npm icon sets are unpacked (``<dir>/tabler/package``, ``<dir>/lucide/package``; docs/datasets.md).
+#: Where the npm icon sets are unpacked (``<dir>/<tabler, lucide or phosphor>/package``; docs/datasets.md).
 ICON_SETS = os.environ.get("SPML_ICON_SETS", "~/icon-sets")
 
 DEV_SETS: dict[str, DevSet] = {d.name: d for d in (
@@ -74,6 +74,7 @@ DEV_SETS: dict[str, DevSet] = {d.name: d for d in (
     # real sets the chooser's rule was not fitted on: npm icon sets, their keyword tags as labels
     DevSet("icons-tabler", f"icons:{ICON_SETS}/tabler", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
     DevSet("icons-lucide", f"icons:{ICON_SETS}/lucide", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
+    DevSet("icons-phosphor", f"icons:{ICON_SETS}/phosphor", (*BACKBONE, "--image-size", "224", *USER_VIEW)),
 )}
 
 
@@ -90,6 +91,7 @@ TITLES = {
     "tuxpaint-folders": "the Tux Paint stamps, the label of its folder",
     "icons-tabler": "the Tabler icons, a random keyword per icon",
     "icons-lucide": "the Lucide icons, a random keyword per icon",
+    "icons-phosphor": "the Phosphor icons, a random keyword per icon",
 }
 
 

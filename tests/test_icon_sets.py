@@ -99,3 +99,26 @@ def test_lucide_layout_and_errors(tmp_path: Path) -> None:
     (folder / "tags.json").write_text("{not json")
     with pytest.raises(DataError, match="not a readable lucide-static catalogue"):
         load_dataset(f"icons:{tmp_path / 'lucide'}?min-count=2")
+
+
+def test_phosphor_layout_reads_its_javascript_catalogue(tmp_path: Path) -> None:
+    """@phosphor-icons/core lists its icons in ``dist/index.mjs``: names and tags are read from it (the ``*new*``
+    markers are not keywords; ``pascal_name`` is not a name); an icon without an SVG is left out, not fatal."""
+    folder = tmp_path / "phosphor" / "package"
+    (folder / "assets" / "regular").mkdir(parents=True)
+    (folder / "dist").mkdir()
+    entries = []
+    for i in range(8):
+        name = f"bell-{i}"
+        tags = ["*new*", "alarm", "ring"] if i % 2 else ["alarm"]
+        entries.append(f'  {{\n    name: "{name}",\n    pascal_name: "Bell{i}",\n    categories: [e.OBJECTS],\n'
+                       f'    tags: [\n      {", ".join(json.dumps(t) for t in tags)}\n    ],\n    codepoint: {i}\n  }}')
+        if i < 7:
+            (folder / "assets" / "regular" / f"{name}.svg").write_text(SVG.format(shape(i)))
+    (folder / "dist" / "index.mjs").write_text("var t = 1;\nconst n = [\n" + ",\n".join(entries) + "\n];\n")
+    splits = load_dataset(f"icons:{tmp_path / 'phosphor'}?min-count=3")
+    assert splits.name == "icons-phosphor" and splits.classes == ["alarm", "ring"]
+    assert sum(len(part.paths) for part in (splits.train, splits.val, splits.test) if part is not None) == 7
+    (folder / "dist" / "index.mjs").write_text("export {};\n")
+    with pytest.raises(DataError, match="not a readable @phosphor-icons/core catalogue"):
+        load_dataset(f"icons:{tmp_path / 'phosphor'}?min-count=2")

@@ -40,6 +40,7 @@ class IconLayout:
     svg: str  # relative path with {name}
     min_count: int
     package: str  # the npm package
+    parse: Callable[[str], Any] = json.loads  # the catalogue's text -> what ``keywords`` reads
 
 
 def _tabler_keywords(catalogue: Any) -> dict[str, list[str]]:
@@ -51,12 +52,33 @@ def _lucide_keywords(catalogue: Any) -> dict[str, list[str]]:
     return {str(name): [str(t) for t in tags] for name, tags in catalogue.items()}
 
 
+_PHOSPHOR_ENTRY = re.compile(r'\bname: "([^"]+)"')
+_PHOSPHOR_TAGS = re.compile(r"tags: \[(.*?)\]", re.S)
+
+
+def _phosphor_catalogue(text: str) -> dict[str, list[str]]:
+    """Icon name -> tags from @phosphor-icons/core's ``dist/index.mjs`` (a JavaScript array of entries); the
+    ``*new*``-style markers are not keywords."""
+    parts = _PHOSPHOR_ENTRY.split(text)[1:]  # name, its entry's text, name, ...
+    catalogue = {}
+    for name, entry in zip(parts[::2], parts[1::2], strict=True):
+        tags = _PHOSPHOR_TAGS.search(entry)
+        words = re.findall(r'"([^"]*)"', tags.group(1)) if tags else []
+        catalogue[name] = [w for w in words if not w.startswith("*")]
+    if not catalogue:
+        raise ValueError("no icon entries found")
+    return catalogue
+
+
 #: The layouts read, detected in this order by their catalogue file.
 LAYOUTS: Table[IconLayout] = Table("icon set layout", [
     Row("tabler", "@tabler/icons: icons.json, icons/outline/<name>.svg",
         IconLayout("icons.json", _tabler_keywords, "icons/outline/{name}.svg", 100, "@tabler/icons")),
     Row("lucide", "lucide-static: tags.json, icons/<name>.svg",
         IconLayout("tags.json", _lucide_keywords, "icons/{name}.svg", 20, "lucide-static")),
+    Row("phosphor", "@phosphor-icons/core: dist/index.mjs, assets/regular/<name>.svg",
+        IconLayout("dist/index.mjs", _lucide_keywords, "assets/regular/{name}.svg", 10, "@phosphor-icons/core",
+                   _phosphor_catalogue)),
 ])
 
 
@@ -113,7 +135,7 @@ def _build_manifest(root: Path, layout: IconLayout, folder: Path, digest: str, m
                     progress: bool | None) -> dict[str, Any]:
     """Read the catalogue, label by the rule, rasterise (resumable) and return the manifest."""
     try:
-        raw = json.loads((root / layout.catalogue).read_text(encoding="utf-8"))
+        raw = layout.parse((root / layout.catalogue).read_text(encoding="utf-8"))
         keywords = {name: {w for w in map(normalise_keyword, words) if w}
                     for name, words in sorted(layout.keywords(raw).items())}
     except (OSError, ValueError, AttributeError, TypeError) as exc:
@@ -214,9 +236,10 @@ def icon_set_dataset_name(argument: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Build the cache if needed and print the counts and classes; exit status 2 on a data error."""
-    parser = ds.command_line_parser("python -m models.sources.icon_sets", "An npm icon set (Tabler, Lucide) as a "
-                                 "multi-label dataset: label its icons by the rule, rasterise them once, print the "
-                                 "counts.", "the unpacked npm package", 0, "keyword", "also print the merged keywords")
+    parser = ds.command_line_parser("python -m models.sources.icon_sets", "An npm icon set (Tabler, Lucide, "
+                                 "Phosphor) as a multi-label dataset: label its icons by the rule, rasterise them "
+                                 "once, print the counts.", "the unpacked npm package", 0, "keyword",
+                                 "also print the merged keywords")
     args = parser.parse_args(argv)
 
     def show(folder: Path, manifest: dict[str, Any]) -> None:
