@@ -313,7 +313,7 @@ def shows_colour(shot: Path, box: dict[str, float], colour: tuple[int, int, int]
 def check_review_page(browser: DevTools, shot: Path, letter: str, label: str) -> dict[str, dict[str, float]]:
     """At the top of the Review tab asking about ``label`` of image ``letter``: the image, the question and the four
     buttons inside the viewport, the image large and left of the question, and a screenshot of the viewport that
-    shows the image's colour in the image's box and the Yes button's colour in its box; returns the boxes."""
+    shows the image's colour at the image's centre and the Yes button's colour in its box; returns the boxes."""
     browser.wait_for(f"document.querySelector('#spml-review-card .question')?.innerText === {json.dumps(label + '?')}"
                      " && document.querySelector('#spml-review-image img')?.complete", timeout=60)
     buttons = [f"#spml-review-{b}" for b in ("yes", "no", "skip", "undo")]
@@ -327,7 +327,9 @@ def check_review_page(browser: DevTools, shot: Path, letter: str, label: str) ->
         assert img.size == VIEWPORT
     yes = browser.evaluate("getComputedStyle(document.querySelector('#spml-review-yes')).backgroundColor")
     assert shows_colour(shot, boxes["#spml-review-yes"], tuple(int(v) for v in yes[4:-1].split(",")[:3]), 0.5)
-    assert shows_colour(shot, boxes["#spml-review-image img"], COLOURS[letter], 0.2)
+    shown_box = boxes["#spml-review-image img"]  # the image, not scaled up, sits at its centre
+    x, y = (shown_box["left"] + shown_box["right"]) / 2, (shown_box["top"] + shown_box["bottom"]) / 2
+    assert shows_colour(shot, {"left": x - 8, "top": y - 8, "right": x + 8, "bottom": y + 8}, COLOURS[letter], 0.9)
     return boxes
 
 
@@ -444,7 +446,7 @@ def test_review_tab_above_the_fold_and_its_keys_in_headless_chromium(app: dict[s
         assert tabs[:2] == ["Review", "Audit"] and {"Image", "Batch", "API"} <= set(tabs)
         boxes = check_review_page(browser, tmp_path / "review.png", *first)
         print("review boxes at 1366x768:", json.dumps({k: round(v["bottom"]) for k, v in boxes.items()}))
-        assert browser.evaluate("document.querySelector('#spml-rules').offsetParent === null")
+        assert browser.evaluate("(e => !e || e.offsetParent === null)(document.querySelector('#spml-rules'))")
         done = queue.view().answered
         press(browser, "y")
         browser.wait_for(f"{progress}.includes('{done + 1} of 6 answered')")
