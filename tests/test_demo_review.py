@@ -1,9 +1,11 @@
 """The demo's *Review* tab (``python -m serve demo --review FILE``): the queue's logic (answer, skip, undo, progress,
-resume), the tab through the launched app, answers surviving a killed server, the ``y`` key in headless Chromium,
-and the command line's errors. The browser helpers and the port finder are test_demo's."""
+resume), the tab through the launched app, answers surviving a killed server, the page in headless Chromium at
+1366x768 (the answer tabs above the fold, their keys), and the command line's errors. The browser client and the
+port finder are test_demo's."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -257,6 +259,80 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         demo.close()
 
 
+#: A laptop screen: the answer tabs' image, question and buttons must fit in it without scrolling.
+VIEWPORT = (1366, 768)
+
+
+def open_browser(url: str, profile: Path) -> DevTools:
+    """Headless Chromium showing ``url`` in a :data:`VIEWPORT` window."""
+    browser = DevTools(str(CHROMIUM), profile, size=VIEWPORT)
+    try:
+        browser.open_page(url)
+        browser.send("Emulation.setDeviceMetricsOverride", {"width": VIEWPORT[0], "height": VIEWPORT[1],
+                                                            "deviceScaleFactor": 1, "mobile": False})
+    except BaseException:
+        browser.close()
+        raise
+    return browser
+
+
+def press(browser: DevTools, key: str, code: str | None = None) -> None:
+    """Press and release ``key`` (``code``: its key's name, ``Key<KEY>`` by default)."""
+    for kind in ("keyDown", "keyUp"):
+        browser.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": code or f"Key{key.upper()}",
+                                                **({"text": key} if len(key) == 1 else {})})
+
+
+def boxes_in_view(browser: DevTools, selectors: list[str]) -> dict[str, dict[str, float]]:
+    """Each selector's bounding box (``getBoundingClientRect``), asserted not empty and fully inside the viewport
+    of the page scrolled to its top."""
+    box = ("(s => { const e = document.querySelector(s); const r = e && e.getBoundingClientRect(); "
+           "return r && {left: r.left, top: r.top, right: r.right, bottom: r.bottom}; })")
+    script = f"[window.innerWidth, window.innerHeight, window.scrollY, ...{json.dumps(selectors)}.map({box})]"
+    width, height, scrolled, *found = browser.evaluate(script)
+    assert (width, height, scrolled) == (*VIEWPORT, 0)
+    boxes = dict(zip(selectors, found, strict=True))
+    for selector, box in boxes.items():
+        assert box is not None, f"no {selector} on the page"
+        inside = 0 <= box["left"] < box["right"] <= width and 0 <= box["top"] < box["bottom"] <= height
+        assert inside, f"{selector} is not inside the {width}x{height} viewport: {box}"
+    return boxes
+
+
+def shows_colour(shot: Path, box: dict[str, float], colour: tuple[int, int, int], share: float) -> bool:
+    """Whether at least ``share`` of the screenshot's pixels inside ``box`` (2 px in from its edges) are ``colour``
+    (within 40 per channel)."""
+    with Image.open(shot) as img:
+        crop = img.convert("RGB").crop((int(box["left"]) + 2, int(box["top"]) + 2, int(box["right"]) - 2,
+                                        int(box["bottom"]) - 2))
+        pixels = list(crop.getdata())
+    close = sum(all(abs(a - b) <= 40 for a, b in zip(pixel, colour, strict=True)) for pixel in pixels)
+    return close >= share * len(pixels) > 0
+
+
+def check_review_page(browser: DevTools, shot: Path, letter: str, label: str) -> dict[str, dict[str, float]]:
+    """At the top of the Review tab asking about ``label`` of image ``letter``: the image, the question and the four
+    buttons inside the viewport, the image large and left of the question, and a screenshot of the viewport that
+    shows the image's colour at the image's centre and the Yes button's colour in its box; returns the boxes."""
+    browser.wait_for(f"document.querySelector('#spml-review-card .question')?.innerText === {json.dumps(label + '?')}"
+                     " && document.querySelector('#spml-review-image img')?.complete", timeout=60)
+    buttons = [f"#spml-review-{b}" for b in ("yes", "no", "skip", "undo")]
+    boxes = boxes_in_view(browser, ["#spml-review-image", "#spml-review-image img", "#spml-review-card .question",
+                                    *buttons])
+    image, question = boxes["#spml-review-image"], boxes["#spml-review-card .question"]
+    assert image["bottom"] - image["top"] >= 0.6 * VIEWPORT[1] and image["right"] <= question["left"]
+    data = browser.send("Page.captureScreenshot", {"format": "png"})["data"]
+    shot.write_bytes(base64.b64decode(data))
+    with Image.open(shot) as img:
+        assert img.size == VIEWPORT
+    yes = browser.evaluate("getComputedStyle(document.querySelector('#spml-review-yes')).backgroundColor")
+    assert shows_colour(shot, boxes["#spml-review-yes"], tuple(int(v) for v in yes[4:-1].split(",")[:3]), 0.5)
+    shown_box = boxes["#spml-review-image img"]  # the image, not scaled up, sits at its centre
+    x, y = (shown_box["left"] + shown_box["right"]) / 2, (shown_box["top"] + shown_box["bottom"]) / 2
+    assert shows_colour(shot, {"left": x - 8, "top": y - 8, "right": x + 8, "bottom": y + 8}, COLOURS[letter], 0.9)
+    return boxes
+
+
 def test_tab_answers_through_the_api(app: dict[str, Any]) -> None:
     client, log, folder = app["client"], app["log"], app["folder"]
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
@@ -285,40 +361,39 @@ def test_audit_keys_and_filter_in_headless_chromium(app: dict[str, Any], tmp_pat
         pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
     log = app["audit"].log.path
     before = len(log_rows(log))
-    browser = DevTools(str(CHROMIUM), tmp_path / "profile")
-
-    def press(key: str, code: str) -> None:
-        for kind in ("keyDown", "keyUp"):
-            browser.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": code,
-                                                    **({"text": key} if len(key) == 1 else {})})
-
+    browser = open_browser(app["url"], tmp_path / "profile")
     boxes = ("[...document.querySelectorAll('#spml-toggles-labels label')].filter(l => l.offsetParent !== null)"
              ".map(l => l.innerText.trim())")
     try:
-        browser.open_page(app["url"])
         browser.wait_for("(t => t ? (t.click(), true) : false)([...document.querySelectorAll('[role=tab]')]"
                          ".find(t => t.innerText.trim() === 'Audit'))", timeout=60)
         browser.wait_for("document.querySelector('#spml-toggles-card .question')?.innerText", timeout=60)
         assert [b.split()[0] for b in browser.wait_for(f"{boxes}.length === 6 && {boxes}")] == [
             "cat", "dog", "person", "car", "bird", "tree"]
+        # at 1366x768 the image, the question, the toggles and the buttons are all in view
+        in_view = boxes_in_view(browser, ["#spml-toggles-image", "#spml-toggles-card .question", "#spml-toggles-labels",
+                                          "#spml-toggles-save", "#spml-toggles-skip", "#spml-toggles-undo"])
+        print("audit boxes at 1366x768:", json.dumps({k: round(v["bottom"]) for k, v in in_view.items()}))
+        image = in_view["#spml-toggles-image"]
+        assert image["bottom"] - image["top"] >= 0.6 * VIEWPORT[1]
         # the filter narrows the toggles (the ticked given label stays)
         browser.evaluate("document.querySelector('#spml-toggles-filter textarea, #spml-toggles-filter input').focus()")
         browser.send("Input.insertText", {"text": "do"})
         assert [b.split()[0] for b in browser.wait_for(f"{boxes}.length === 2 && {boxes}")] == ["cat", "dog"]
-        press("2", "Digit2")  # in the text box: typed, not a toggle
+        press(browser, "2", "Digit2")  # in the text box: typed, not a toggle
         assert browser.evaluate("document.activeElement.value") == "do2"
         assert browser.evaluate("document.querySelectorAll('#spml-toggles-labels input:checked').length") == 1
         browser.evaluate("document.activeElement.select()")
         browser.send("Input.insertText", {"text": "do"})
         browser.wait_for(f"{boxes}.length === 2")
         browser.evaluate("document.activeElement.blur()")
-        press("2", "Digit2")  # ticks the second label shown: dog
+        press(browser, "2", "Digit2")  # ticks the second label shown: dog
         browser.wait_for("document.querySelectorAll('#spml-toggles-labels input:checked').length === 2")
-        press("Enter", "Enter")
+        press(browser, "Enter", "Enter")
         progress = "document.querySelector('#spml-toggles-progress').innerText"
         browser.wait_for(f"{progress}.includes('1 of 2 images answered')")
         assert sorted(r for r in log_rows(log)[before:] if r[2]) == [("a", "cat", True), ("a", "dog", True)]
-        press("u", "KeyU")
+        press(browser, "u")
         browser.wait_for(f"{progress}.includes('0 of 2 images answered')")
         assert len(log_rows(log)) == before + 12 and app["audit"].image_view().images_done == 0
     finally:
@@ -355,46 +430,52 @@ def test_audit_tab_answers_an_image_at_a_time_through_the_api(app: dict[str, Any
     assert f"python -m train ... --method auto --audit {log.resolve()}" in last[1]
 
 
-def test_y_key_answers_in_headless_chromium(app: dict[str, Any], tmp_path: Path) -> None:
+def test_review_tab_above_the_fold_and_its_keys_in_headless_chromium(app: dict[str, Any], tmp_path: Path) -> None:
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
     log, queue = app["log"], app["queue"]
-    before, view = len(log_rows(log)), queue.view()  # the app's state after the test above, if it ran
-    expected = shown(view)
-    browser = DevTools(str(CHROMIUM), tmp_path / "profile")
-
-    def press(key: str) -> None:
-        for kind in ("keyDown", "keyUp"):
-            browser.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "text": key,
-                                                    "code": f"Key{key.upper()}"})
-
+    before = len(log_rows(log))
+    first = shown(queue.view())  # the app's state after the tests above, if they ran
+    browser = open_browser(app["url"], tmp_path / "profile")
+    tab = "[...document.querySelectorAll('[role=tab]')].find(t => t.innerText.trim() === '{}').click()"
+    progress = "document.querySelector('#spml-review-progress').innerText"
+    question = "document.querySelector('#spml-review-card .question')?.innerText === '{}?'"
     try:
-        browser.open_page(app["url"])
-        # the Review tab is the one shown, beside the model's tabs
+        # the Review tab comes first and is shown; the model's tabs after it, its controls folded away
         tabs = browser.wait_for("[...document.querySelectorAll('[role=tab]')].map(t => t.innerText.trim())")
-        assert {"Image", "Batch", "API", "Review"} <= set(tabs)
-        question = browser.wait_for("document.querySelector('#spml-review-card .question')?.innerText", timeout=60)
-        assert question == f"{expected[1]}?"
-        assert browser.evaluate("document.querySelector('#spml-review-image img') !== null")
-        # a key typed into a text field is text, not an answer; outside one, it presses the button
-        browser.evaluate("document.querySelector('#spml-rules textarea').focus()")
-        press("n")
-        browser.evaluate("document.activeElement.blur()")
-        press("y")
-        progress = "document.querySelector('#spml-review-progress').innerText"
-        browser.wait_for(f"{progress}.includes('{view.answered + 1} of 6 answered')")
-        assert log_rows(log)[before:] == [(*expected, True)]
-        # while another tab is shown the keys do nothing: the "n" below is not an answer, the "u" is
-        tab = "[...document.querySelectorAll('[role=tab]')].find(t => t.innerText.trim() === '{}').click()"
+        assert tabs[:2] == ["Review", "Audit"] and {"Image", "Batch", "API"} <= set(tabs)
+        boxes = check_review_page(browser, tmp_path / "review.png", *first)
+        print("review boxes at 1366x768:", json.dumps({k: round(v["bottom"]) for k, v in boxes.items()}))
+        assert browser.evaluate("(e => !e || e.offsetParent === null)(document.querySelector('#spml-rules'))")
+        done = queue.view().answered
+        press(browser, "y")
+        browser.wait_for(f"{progress}.includes('{done + 1} of 6 answered')")
+        second = shown(queue.view())
+        browser.wait_for(question.format(second[1]))
+        press(browser, "n")
+        browser.wait_for(f"{progress}.includes('{done + 2} of 6 answered')")
+        press(browser, "u")  # takes back the No: the pair is asked again
+        browser.wait_for(f"{progress}.includes('{done + 1} of 6 answered')")
+        browser.wait_for(question.format(second[1]))
+        assert "taken back" in browser.evaluate("document.querySelector('#spml-review-card').innerText")
+        assert log_rows(log)[before:] == [(*first, True), (*second, False), (*second, None)]
+        # while another tab is shown the keys do nothing: the "n" below is not an answer
         browser.evaluate(tab.format("Image"))
         browser.wait_for("document.querySelector('#spml-review-yes')?.offsetParent === null")
-        press("n")
+        press(browser, "n")
         browser.evaluate(tab.format("Review"))
         browser.wait_for("document.querySelector('#spml-review-yes')?.offsetParent !== null")
-        press("u")
-        browser.wait_for("document.querySelector('#spml-review-card').innerText.includes('taken back')")
-        assert log_rows(log)[before:] == [(*expected, True), (*expected, None)]
+        # the model's controls are one click away; a key typed into one of their text fields is text, not an answer
+        browser.evaluate("document.querySelector('#spml-settings .label-wrap').click()")
+        browser.wait_for("document.querySelector('#spml-rules textarea')?.offsetParent !== null")
+        browser.evaluate("document.querySelector('#spml-rules textarea').focus()")
+        press(browser, "n")
+        browser.evaluate("document.activeElement.blur()")
+        press(browser, "u")  # takes back the Yes: the page is back where it started
+        browser.wait_for(question.format(first[1]))
+        assert log_rows(log)[before:] == [(*first, True), (*second, False), (*second, None), (*first, None)]
         assert browser.evaluate("document.querySelector('#spml-rules textarea').value") == "n"
+        assert queue.view().answered == done
     finally:
         browser.close()
 
@@ -448,6 +529,17 @@ def test_answers_survive_a_killed_server(tmp_path: Path, capsys: pytest.CaptureF
         assert "2 of 6 answered (1 yes, 1 no)" in progress and "person?" in card
         config = httpx.get(f"http://127.0.0.1:{port}/config", timeout=5).json()
         assert not any(d.get("api_name") == "predict" for d in config["dependencies"])  # no model: Review only
+        if CHROMIUM is not None:  # the page too continues at the next pair, and its next answer is the 3rd line
+            browser = open_browser(f"http://127.0.0.1:{port}/", tmp_path / "profile")
+            try:
+                check_review_page(browser, tmp_path / "restarted.png", "a", "person")
+                press(browser, "y")
+                browser.wait_for("document.querySelector('#spml-review-card .question')?.innerText === 'bird?'")
+                assert "3 of 6 answered (2 yes, 1 no)" in browser.evaluate(
+                    "document.querySelector('#spml-review-progress').innerText")
+            finally:
+                browser.close()
+            assert log_rows(log) == [("a", "dog", True), ("b", "car", False), ("a", "person", True)]
     finally:
         proc.kill()
         out = proc.communicate()[0]

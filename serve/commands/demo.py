@@ -35,8 +35,9 @@ review: --review FILE adds a Review tab to check the labels `python -m train sug
 model sees in an image that you never gave), one at a time: Yes (present), No (absent), Skip, Undo, or the
 keys y n s u. Each answer is saved at once to the answer log (--answers, default FILE's name with
 .answers.jsonl, beside it), and a restarted demo continues where you stopped; train again with
-`--review LOG` added to your training command. --review works without a model: with no --model and no model
-under --runs-dir, the page has only the Review tab.
+`--review LOG` added to your training command. The page opens on the Review tab, the image and the question
+large; the model's controls fold into a panel above the tabs (one click opens it). --review works without a
+model: with no --model and no model under --runs-dir, the page has only the Review tab.
 
 audit: --audit FILE (from `python -m train suggest RUN --audit 50 -o FILE`) adds an Audit tab to label a few
 validation images completely: each image with every class as a toggle, the most likely first and its given

@@ -27,6 +27,8 @@ DEFAULT_QUEUE_SIZE = 32
 DEFAULT_CONCURRENCY = 1
 DEFAULT_MAX_BATCH_FILES = 64
 
+#: The page's own style: the Audit tab's toggles scroll in a box that keeps them in view on a 768 px high screen.
+PAGE_CSS = "#spml-toggles-labels { max-height: max(120px, calc(100vh - 600px)); overflow-y: auto; }"
 
 _UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
 
@@ -96,5 +98,6 @@ def launch_demo(demo: gr.Blocks, *, host: str = DEFAULT_HOST, port: int | None =
         quiet=quiet,
         show_error=False,
         ssr_mode=False,
+        css=PAGE_CSS,
         footer_links=["api", "gradio"],
     )

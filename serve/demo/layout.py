@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,9 @@ mode (thresholds, mcut, top-k), K (top-k), at most N tags (0: no cap), minimum s
 of a `serve tag --caption-rules` file). `/predict_batch` takes a list of images and the same options, and
 returns the table and the CSV, JSONL and captions zip files.
 """
+
+#: The closed accordion that holds the model's controls when the page is made for answering (``--review``, ``--audit``).
+SETTINGS_LABEL = "Model, thresholds, tag selection, caption rules"
 
 
 @dataclass
@@ -170,19 +174,22 @@ def batch_tab() -> BatchTab:
 
 def lay_out(title: str, choices: list[str], default_model: str, default: Predictor, examples: ExampleSet,
             review: ReviewQueue | None = None, audit: ReviewQueue | None = None) -> Page:
-    """Every part of the page, in order, inside the current ``gr.Blocks``; the answer tabs first when given."""
+    """Every part of the page, in order, inside the current ``gr.Blocks``; with answer tabs, they come first and the
+    model's controls fold into a closed accordion above the tabs."""
+    from serve.demo.review_tab import answer_tabs
+
     gr.Markdown(f"## {html.escape(title)}")
-    controls = shared_controls(choices, default_model, default)
+    answering = review is not None or audit is not None
+    with (gr.Accordion(SETTINGS_LABEL, open=False, elem_id="spml-settings") if answering else contextlib.nullcontext()):
+        controls = shared_controls(choices, default_model, default)
     single_state = gr.State(None)
     batch_state = gr.State(None)
     with gr.Tabs(selected="review" if review is not None else ("audit" if audit is not None else None)):
+        answer_tabs(review, audit)
         images = image_tab(examples)
         batch = batch_tab()
         with gr.Tab("API"):
             gr.Markdown(API_HELP.format(model=default_model))
-        from serve.demo.review_tab import answer_tabs
-
-        answer_tabs(review, audit)
     # /predict is its own event (on a button that is never shown) so that the page's calls can report a bad
     # image in the result panel while API callers get the error itself
     api_button = gr.Button(visible=False)

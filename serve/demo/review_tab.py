@@ -38,6 +38,10 @@ CSS = """
 .spml-review .muted { opacity: 0.7; }
 """
 
+#: The answer tabs' image: the viewport's height less the page's title, folded controls and tab bar above it (the
+#: question and the buttons sit beside it), so that a 1366x768 screen shows all of it without scrolling.
+IMAGE_HEIGHT = "max(320px, calc(100vh - 230px))"
+
 
 @dataclass
 class ReviewTab:
@@ -164,9 +168,8 @@ def review_tab(queue: ReviewQueue) -> ReviewTab:
     """Lay out the *Review* tab and connect it to a :class:`ReviewHandlers` over ``queue``."""
     with gr.Tab("Review", id="review", elem_id="spml-review-tab"), gr.Row():
         with gr.Column(scale=3):
-            image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=480,
-                             buttons=["fullscreen"],
-                             elem_id="spml-review-image")
+            image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=IMAGE_HEIGHT,
+                             buttons=["fullscreen"], elem_id="spml-review-image")
         with gr.Column(scale=2):
             card = gr.HTML("", elem_id="spml-review-card", js_on_load=KEYS_JS, css_template=CSS)
             with gr.Row():

@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from serve.demo.review import ImageView, ReviewQueue, display_image
-from serve.demo.review_tab import CSS, labels_html, progress_html
+from serve.demo.review_tab import CSS, IMAGE_HEIGHT, labels_html, progress_html
 
 KEYS_JS = """
 if (!window.spmlTogglesKeys) {
@@ -141,7 +141,7 @@ def toggles_tab(queue: ReviewQueue, title: str, name: str, command: str) -> Togg
     """Lay out the tab (``name``: its id and API prefix) and connect it to :class:`TogglesHandlers` over ``queue``."""
     with gr.Tab(title, id=name, elem_id=f"spml-{name}-tab"), gr.Row():
         with gr.Column(scale=3):
-            image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=480,
+            image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=IMAGE_HEIGHT,
                              buttons=["fullscreen"], elem_id="spml-toggles-image")
         with gr.Column(scale=2):
             card = gr.HTML("", elem_id="spml-toggles-card", js_on_load=KEYS_JS, css_template=CSS)
