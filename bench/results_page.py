@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import shlex
 import sys
@@ -18,6 +17,8 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
+
+from models.runtimes.devices import cpu_name
 
 PAGE = Path(__file__).resolve().parent / "README.md"
 SECTION_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
@@ -86,17 +87,6 @@ def publish(name: str, markdown: str, page: Path = PAGE) -> Path:
 
 # ------------------------------------------------------------------------------------------------------------------
 # The machine line every section carries: processor or GPU, thread counts, library versions, the load, the date
-
-
-def cpu_name() -> str:
-    """The CPU model name from /proc/cpuinfo (or the platform's processor string)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def gpu_names() -> list[str]:

@@ -18,7 +18,8 @@ import numpy as np
 from export.converted_vs_fp32 import OpenVinoModel, PrecisionReport, check_precision, compare_outputs
 from export.errors import PrecisionError
 from export.precisions import DEFAULT_INT8_MIN_AGREEMENT, PrecisionBounds
-from models.runtimes.openvino_backend import OpenVinoBackend, OpenVinoBf16Backend, cpu_has_bf16, cpu_name
+from models.runtimes.devices import cpu_name
+from models.runtimes.openvino_backend import OpenVinoBackend, OpenVinoBf16Backend, cpu_has_bf16
 
 #: How much faster than ONNX Runtime a checked runtime must be to become the file's default (timings on a busy CPU
 #: vary by several percent).

@@ -29,7 +29,8 @@ from models.data.registry import load_dataset
 from models.evaluation.metrics import per_class_ap
 from models.files.digest import file_sha256
 from models.preprocess import EvalTransform
-from models.runtimes.openvino_backend import cpu_has_bf16, cpu_name
+from models.runtimes.devices import cpu_name
+from models.runtimes.openvino_backend import cpu_has_bf16
 from models.runtimes.tensorrt_backend import tensorrt_importable
 from serve.demo.model_store import model_markdown
 from serve.predictor import Predictor

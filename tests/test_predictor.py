@@ -387,7 +387,7 @@ def test_the_exports_runtime_pick_is_the_default_on_the_same_cpu_model_only(file
     description says why and how to override); on another CPU model, or with --backend, ONNX Runtime."""
     pytest.importorskip("openvino")
     from export.pipeline import write_meta
-    from models.runtimes.openvino_backend import cpu_name
+    from models.runtimes.devices import cpu_name
 
     model = tmp_path / "model.onnx"
     shutil.copy(files["onnx"], model)

@@ -11,10 +11,10 @@ import numpy as np
 
 from models.checkpoint import ModelMeta
 from models.registry import Row, Table, UnknownName
-from models.runtimes.devices import parse_device
+from models.runtimes.devices import cpu_name, parse_device
 from models.runtimes.errors import BackendUnavailableError, ModelLoadError, ModelSpecError
 from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
-from models.runtimes.openvino_backend import OpenVinoBackend, OpenVinoBf16Backend, cpu_name
+from models.runtimes.openvino_backend import OpenVinoBackend, OpenVinoBf16Backend
 from models.runtimes.tensorrt_backend import TensorRTBackend
 from models.runtimes.torch_backend import TorchBackend
 

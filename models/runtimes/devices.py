@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import platform
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from models.runtimes.errors import BackendUnavailableError, ModelSpecError
@@ -40,3 +43,15 @@ def ort_providers(device: str | None, available: Sequence[str]) -> list[Any]:
 def provider_name(provider: Any) -> str:
     """The name of an ONNX Runtime provider entry (a name, or a ``(name, options)`` pair)."""
     return provider[0] if isinstance(provider, tuple) else str(provider)
+
+
+@functools.cache
+def cpu_name() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``'s model name, else the platform's processor string)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import functools
-import platform
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from models.checkpoint import ModelMeta
-from models.runtimes.devices import parse_device
+from models.runtimes.devices import cpu_name, parse_device
 from models.runtimes.errors import BackendUnavailableError, import_optional
 from models.runtimes.onnxruntime_backend import OnnxRuntimeBackend
 
@@ -21,18 +19,6 @@ INSTALL_HINT = 'pip install "openvino>=2025.0"  (or the package\'s extra: pip in
 def import_openvino() -> Any:
     """Import and return the ``openvino`` module; ``ModuleNotFoundError`` with the pip command if absent."""
     return import_optional("openvino", INSTALL_HINT)
-
-
-@functools.cache
-def cpu_name() -> str:
-    """This machine's CPU model (``/proc/cpuinfo``'s model name, else :func:`platform.processor`)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cpu_has_bf16() -> bool:
