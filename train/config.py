@@ -17,7 +17,14 @@ from typing import Any
 from models.data.label_regime import parse_declarations
 from models.data.protocol import PROTOCOL_SEED, parse_observed
 from models.files.run_folder import CONFIG_FILE, default_runs_dir
-from models.network import BOOSTLU_ALPHA, HEADS, TRAINABLE_SCOPES, head_on_feature_map, on_fixed_features
+from models.network import (
+    BOOSTLU_ALPHA,
+    HEADS,
+    TRAINABLE_SCOPES,
+    head_on_feature_map,
+    on_cached_stages,
+    on_fixed_features,
+)
 from models.registry import Row, Table
 from train.methods import BASELINE, METHODS, get_method
 from train.methods.base import paper_settings_for
@@ -113,6 +120,11 @@ class TrainConfig:
     def fixed_features(self) -> bool:
         """Whether the head alone trains, on fixed (cached) backbone features (``--trainable head``)."""
         return on_fixed_features(self.trainable)
+
+    @property
+    def cached_top(self) -> bool:
+        """Whether the last stage and the head train on cached inputs of the last stage (``--trainable top``)."""
+        return on_cached_stages(self.trainable)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of all fields."""
@@ -323,6 +335,8 @@ def validate(cfg: TrainConfig) -> None:
          "--trainable head caches pooled features (use --head linear)"),
         (cfg.linear_init == 0 or not cfg.fixed_features, "--linear-init trains the head on fixed features before "
          "training end to end; with --trainable head every epoch is already on fixed features"),
+        (not cfg.cached_top or (cfg.boostlu is None and not head_on_feature_map(cfg.head) and cfg.ema == 0),
+         "--trainable top trains the linear head on pooled features, without --boostlu, --head lem or --ema"),
         (0.0 < cfg.crop <= 1.0, "--crop must be in (0, 1]"),
         (cfg.head_bias in HEAD_BIASES, f"--head-bias must be one of {', '.join(HEAD_BIASES)}"),
         (cfg.bn_stats in BN_STATS, f"--bn-stats must be one of {', '.join(BN_STATS)}"),

@@ -39,10 +39,10 @@ HEAD_THREADS = 1
 
 
 @contextmanager
-def head_threads() -> Iterator[None]:
-    """Run the block with at most :data:`HEAD_THREADS` intra-op threads (restored afterwards)."""
+def head_threads(limit: int = HEAD_THREADS) -> Iterator[None]:
+    """Run the block with at most ``limit`` intra-op threads (restored afterwards)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(min(before, HEAD_THREADS))
+    torch.set_num_threads(min(before, limit))
     try:
         yield
     finally:
@@ -65,6 +65,8 @@ class FixedFeaturePhase:
     """State of a phase on fixed features: the features, the head-only optimiser and schedule, and the best head +
     method state so far. ``annotated`` is given only to an oracle method; ``features``: splits the caller extracted
     already."""
+
+    threads = HEAD_THREADS  # intra-op threads of its training and predictions
 
     def __init__(self, model: MultiLabelNet, method: Method, predictor: DatasetForward, train: LabelledImages,
                  val: LabelledImages, observed: torch.Tensor, negatives: torch.Tensor, annotated: torch.Tensor | None,
@@ -148,7 +150,7 @@ class FixedFeaturePhase:
 
     def predict_train(self, augment: bool) -> torch.Tensor:
         """Probabilities of the current head on the cached training features (no augmentation exists)."""
-        with torch.inference_mode(), head_threads():
+        with torch.inference_mode(), head_threads(self.threads):
             return torch.sigmoid(self.head(self.train_features)).cpu()
 
     @property
@@ -178,7 +180,7 @@ class FixedFeaturePhase:
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch over the cached training features in a seeded random order."""
-        with head_threads():
+        with head_threads(self.threads):
             self.head.train()
             totals = EpochTotals(epoch)
             world = current_world()
@@ -204,7 +206,7 @@ class FixedFeaturePhase:
     def validate(self, metrics: bool = True) -> Assessment:
         """The current head's val predictions against the val labels, with the criterion and metrics."""
         present = self.val_present
-        with torch.inference_mode(), head_threads():
+        with torch.inference_mode(), head_threads(self.threads):
             logits = self.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
         return assess(logits, self.val_labels[present.numpy()], self.classes, self.criterion,
                       full_labels=self.val_full_labels, metrics=metrics)

@@ -197,7 +197,10 @@ def _model_options(g: Any, d: TrainConfig) -> None:
                    f"{HEAD_BIASES.cli_help()}. A head loaded from --weights keeps its bias. Default: {d.head_bias}")
     scoped = ", ".join(f"{m.name}: {m.trainable_scope}" for m in METHODS.values() if m.trainable_scope)
     g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all; layer4 (the ResNets' "
-                   "LgConv branches + layer4 + head; stem and layers 1-3 frozen); or head (the seeds' fixed-feature "
+                   "LgConv branches + layer4 + head; stem and layers 1-3 frozen); top (after LinearInit's head, the "
+                   "last stage and the head train on the cached output of the frozen stages below, with random "
+                   "flips: seconds per epoch on a CPU; the timm EfficientNets and the ResNets); or head (the seeds' "
+                   "fixed-feature "
                    "mode, Cole et al.'s linear_fixed_features: the backbone is frozen, every image's features are "
                    "computed once and cached in $SPML_CACHE/features, and the head trains on them in seconds; methods "
                    "that need augmented views or feature maps refuse it). --preset paper applies a method's published "

@@ -40,6 +40,7 @@ from train.pseudo_label_stage import PseudoLabels, plan_pseudo_labels, prepare_p
 from train.pseudo_label_stage import describe as describe_pseudo_labels
 from train.run_records import RunFolderWriter
 from train.selection import DatasetForward, SelectionRule, resolve_criterion
+from train.top_phase import TopPhase
 
 
 @dataclass(kw_only=True)
@@ -116,6 +117,21 @@ class PreparedRun:
         reused = sum(phase.cache_hits)
         log(f"features of {len(phase.cache_hits)} splits: {reused} from the cache, {len(phase.cache_hits) - reused} "
             f"computed and stored ({FeatureCache().folder})")
+        return phase
+
+    def top_phase(self) -> TopPhase:
+        """``--trainable top``'s phase: the last stage and the head on cached last-stage inputs."""
+        cfg, splits, train = self.cfg, self.splits, self.train.dataset
+        optimisation = HeadOptimisation(cfg.optimizer, cfg.lr, sum(self.stage_plan), cfg.weight_decay, cfg.momentum,
+                                        cfg.scheduler)
+        key = split_feature_key(cfg.arch, self.model, self.transform, str(self.precision.dtype or "float32"))
+        phase = TopPhase(self.model, self.method, self.predictor, splits.train, splits.val, train.observed,
+                         train.negatives, train.labels if train.annotated_in_items else None, optimisation,
+                         cfg.batch_size, cfg.seed, self.selection.criterion, splits.has_full_labels("val"),
+                         FeatureCache(), key, cfg.head_lr_mult, cfg.bn_stats == "frozen")
+        reused = sum(phase.cache_hits)
+        log(f"last-stage inputs of {len(phase.cache_hits)} splits (training ones also flipped): {reused} from the "
+            f"cache, {len(phase.cache_hits) - reused} computed and stored ({FeatureCache().folder})")
         return phase
 
     def config_record(self) -> dict[str, Any]:
@@ -225,9 +241,12 @@ def prepare_run(cfg: TrainConfig, run_dir: Path | None = None, resume: bool = Fa
     progress = cfg.progress and world.is_main
     predictor = DatasetForward(transform, device, precision.autocast, channels_last, SkipReporter(),
                                cfg.eval_batch_size, cfg.workers, progress)
+    if cfg.cached_top and world.distributed:
+        raise ValueError("--trainable top trains in one process (its epochs on cached inputs take seconds); run it "
+                         "without torchrun")
     views = method.extra_views(transform)
-    if views and feature_epochs:
-        option = "--trainable head" if cfg.fixed_features else "--linear-init"
+    if views and (feature_epochs or cfg.cached_top):
+        option = "--trainable head" if cfg.fixed_features else "--trainable top" if cfg.cached_top else "--linear-init"
         raise ValueError(f"{option} trains on cached features of one fixed view; {cfg.method} trains on extra "
                          f"augmented views ({', '.join(views)}), so it cannot use {option}")
     train_set = ImageLabelDataset(splits.train, TrainTransform.like(transform), splits.train_observed, views=views,

@@ -36,6 +36,7 @@ from train.run_records import (
     summary_line,
 )
 from train.selection import AssessedWeights, Assessment, BestSoFar, Rows, assess, best_weights
+from train.top_phase import TopPhase
 
 
 class Trainer:
@@ -49,7 +50,9 @@ class Trainer:
         self.best = BestSoFar()
         self.stage_history: list[dict[str, Any]] = []  # best epoch and val score of each finished stage
         self.linear: FixedFeaturePhase | None = None
+        self.top: TopPhase | None = None  # --trainable top: the phase after LinearInit's
         self._linear_resume: dict[str, Any] | None = None
+        self._top_resume: dict[str, Any] | None = None
         if resume:
             self._load_resume_state()
 
@@ -82,6 +85,7 @@ class Trainer:
             f"stage {stage} starts from those weights")
         run.method.start_stage(stage)
         self._fresh_optimisation(stage)
+        self.top = None  # a new stage: a new optimiser over the same cached inputs
         self.best.reset()
 
     # ----------------------------------------------------------------- checkpoints and resuming
@@ -96,6 +100,8 @@ class Trainer:
                     "rng": capture_rng(), "stage_history": self.stage_history}
         if self.linear is not None:
             training["linear"] = self.linear.state_dict()
+        if self.top is not None:
+            training["top"] = self.top.state_dict()
         save_checkpoint(run.run_dir / LAST, run.model.state_dict(), run.checkpoint_meta(epoch, {}), training)
 
     def _load_resume_state(self) -> None:
@@ -119,6 +125,7 @@ class Trainer:
         self.optimisation.load_state_dict(t)
         restore_rng(t["rng"])
         self._linear_resume = t.get("linear")
+        self._top_resume = t.get("top")
         self.best.load_state_dict(t)
         if t.get("expected_positives") and run.expected_positives is not None:  # an estimate made before
             self._set_expected_positives(ExpectedPositives.from_dict(t["expected_positives"]))
@@ -256,11 +263,12 @@ class Trainer:
         cfg = run.cfg
         self.last_epoch = epoch
         linear = self.linear if epoch <= run.feature_epochs else None
-        stats = linear.train_epoch(epoch) if linear is not None else self.train_epoch(epoch)
-        predict = linear.predict_train if linear is not None else self.predict_train
+        cached = linear or (self._top_phase() if cfg.cached_top and epoch > run.feature_epochs else None)
+        stats = cached.train_epoch(epoch) if cached is not None else self.train_epoch(epoch)
+        predict = cached.predict_train if cached is not None else self.predict_train
         stats.update(run.method.on_epoch_end(EpochEndContext(epoch=epoch, predict_train=predict)))
         stats.update(run_diagnostics(run.method, run.splits, run.world.is_main))
-        candidates = self._candidates(linear)
+        candidates = self._candidates(cached)
         if linear is not None:
             linear.remember_if_best(candidates[0].assessment.score)
         chosen = best_weights(candidates)
@@ -281,8 +289,18 @@ class Trainer:
         if stage < len(run.stage_plan) and epoch == run.last_epoch_of_stage(stage):
             self._next_stage(stage + 1)
         self.save_last(epoch)
-        phase = "" if linear is None else (" (head on features)" if cfg.fixed_features else " (linear)")
+        phase = (" (last stage on cached inputs)" if cached is not None else "") if linear is None else (
+            " (head on features)" if cfg.fixed_features else " (linear)")
         log(epoch_line(epoch, run.total_epochs, phase, stats, record, run.selection.name))
+
+    def _top_phase(self) -> TopPhase:
+        """``--trainable top``'s phase, built at its first epoch (and after a resume, with its saved state)."""
+        if self.top is None:
+            self.top = self.run.top_phase()
+            if self._top_resume is not None:
+                self.top.load_state_dict(self._top_resume)
+                self._top_resume = None
+        return self.top
 
     def finish(self) -> dict[str, Any]:
         """Evaluate the best checkpoint on val and test, store the metrics in best.pt, write summary.json."""

@@ -78,10 +78,19 @@ class BackboneFamily:
         raise NotImplementedError
 
     def last_stage_frozen_below(self, backbone: nn.Module) -> list[nn.Module]:
-        """The modules before the last stage (``--trainable layer4``), or ``ValueError`` when the family has no such
-        scope."""
-        raise ValueError(f"--trainable layer4 is the torchvision ResNets' last stage; {self.name} backbones train "
-                         "all, or only the head (--trainable head)")
+        """The modules before the last stage (``--trainable layer4`` and ``top``), or ``ValueError`` when the family
+        has no such scope."""
+        raise ValueError(f"--trainable layer4 and top need a backbone with stages; {self.name} backbones train all, "
+                         "or only the head (--trainable head)")
+
+    def below_last_stage(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The input of the last stage for a normalised batch ``x`` (what ``--trainable top`` caches)."""
+        self.last_stage_frozen_below(backbone)  # the family's refusal
+        raise NotImplementedError
+
+    def from_last_stage(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`pooled` from the last stage's input (``below_last_stage``'s output)."""
+        raise NotImplementedError
 
     def fold_for_inference(self, model: nn.Module) -> nn.Module:
         """A copy of the whole network ``model`` in its exported form (exact folds such as BatchNorm into convolutions);

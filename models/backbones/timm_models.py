@@ -102,6 +102,19 @@ class TimmModels(BackboneFamily):
             raise ValueError(f"{arch} has no EfficientNet-style blocks")
         return [len(stage) for stage in blocks]
 
+    def last_stage_frozen_below(self, backbone: nn.Module) -> list[nn.Module]:
+        if type(backbone).__name__ != "EfficientNet":  # conv_stem, blocks (stages), conv_head before the pooling
+            raise ValueError(f"--trainable layer4 and top split the timm EfficientNets (and the ResNets) at their last "
+                             f"stage; {type(backbone).__name__} trains all, or only the head (--trainable head)")
+        return [backbone.conv_stem, backbone.bn1, *backbone.blocks[:-1]]
+
+    def below_last_stage(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return backbone.blocks[:-1](backbone.bn1(backbone.conv_stem(x)))
+
+    def from_last_stage(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        x = backbone.bn2(backbone.conv_head(backbone.blocks[-1](x)))
+        return backbone.forward_head(x, pre_logits=True)
+
     def num_features(self, backbone: nn.Module) -> int:
         # timm's num_features is the feature map's width; models with a head after pooling (MobileNetV3/V4's
         # conv_head) pool to head_hidden_size instead

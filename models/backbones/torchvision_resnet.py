@@ -85,6 +85,13 @@ class TorchvisionResNets(BackboneFamily):
     def last_stage_frozen_below(self, backbone: nn.Module) -> list[nn.Module]:
         return [backbone.conv1, backbone.bn1, backbone.layer1, backbone.layer2, backbone.layer3]
 
+    def below_last_stage(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        b = backbone
+        return b.layer3(b.layer2(b.layer1(b.maxpool(b.relu(b.bn1(b.conv1(x)))))))
+
+    def from_last_stage(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(backbone.avgpool(backbone.layer4(x)), 1)
+
     def fold_for_inference(self, model: nn.Module) -> nn.Module:
         from models.lgconv import fold_resnet
 
