@@ -137,6 +137,13 @@ class ReviewHandlers:
         """The current view (on page load)."""
         return self.render(self.queue.view())
 
+    def refresh(self, pair: str) -> tuple[Any, Any, str, Any]:
+        """On picking the tab: the current pair if another tab moved the queue on, else only the progress line."""
+        view = self.queue.view()
+        if view.item is None or self.parse_pair(pair) != (view.item.image, view.item.label):
+            return self.render(view)
+        return gr.skip(), gr.skip(), progress_html(view, self.log_path), gr.skip()
+
     def _answer(self, pair: str, present: bool) -> tuple[Any, str, str, str]:
         shown = self.parse_pair(pair)
         if shown is None:
@@ -187,7 +194,7 @@ def review_tab(queue: ReviewQueue) -> ReviewTab:
     handlers = ReviewHandlers(queue)
     events = {"outputs": tab.outputs, "concurrency_id": "review", "show_progress": "hidden"}
     gr.on(None, handlers.show, None, api_name="review_show", **events)
-    page_tab.select(handlers.show, None, api_visibility="private", **events)  # Review by image may have moved on
+    page_tab.select(handlers.refresh, [pair], api_visibility="private", **events)  # Review by image may move on
     yes.click(handlers.yes, [pair], api_name="review_yes", **events)
     no.click(handlers.no, [pair], api_name="review_no", **events)
     skip.click(handlers.skip, [pair], api_name="review_skip", **events)
