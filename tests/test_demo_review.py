@@ -536,17 +536,22 @@ def test_review_tab_above_the_fold_and_its_keys_in_headless_chromium(app: dict[s
 
 
 def check_review_by_image_keys(browser: DevTools, queue: ReviewQueue, log: Path) -> None:
-    """In the *Review by image* tab: ``1`` ticks the first label, Enter saves the image (the rest: no); the Review tab,
-    picked again, asks about a pair still pending, and its ``u`` takes back the whole image."""
+    """In the *Review by image* tab (the model's controls, opened before, folded again): its parts in view, ``1`` ticks
+    the first label, Enter saves the image (the rest: no); the Review tab, picked again, asks about a pair still
+    pending, and its ``u`` takes back the whole image."""
     before, view, answered = len(log_rows(log)), queue.image_view(), queue.view().answered
     labels = [item.label for item in view.pending]
     assert labels, "the tests before left nothing to answer"
     progress = "document.querySelector('#spml-{}-progress').innerText.includes('{} of 6 answered')"
     boxes = ("[...document.querySelectorAll('#spml-byimage-labels label')].filter(l => l.offsetParent !== null)"
              ".map(l => l.innerText.trim().split(/\\s+/)[0])")
+    browser.evaluate("document.querySelector('#spml-settings .label-wrap').click()")  # the model's controls folded
+    browser.wait_for("document.querySelector('#spml-rules textarea')?.offsetParent === null")
     browser.evaluate("[...document.querySelectorAll('[role=tab]')].find(t => t.innerText.trim() === "
                      "'Review by image').click()")
     assert browser.wait_for(f"{boxes}.length === {len(labels)} && {boxes}") == labels
+    parts = ["image", "card .question", "labels", "save", "skip", "undo"]  # all in view at 1366x768
+    boxes_in_view(browser, [f"#spml-byimage-{part}" for part in parts])
     press(browser, "1", "Digit1")
     browser.wait_for("document.querySelectorAll('#spml-byimage-labels input:checked').length === 1")
     press(browser, "Enter", "Enter")
