@@ -599,6 +599,9 @@ def test_answers_survive_a_killed_server(tmp_path: Path, capsys: pytest.CaptureF
         first = client.predict(api_name="/review_show")[3]
         second = client.predict(first, api_name="/review_yes")[3]
         client.predict(second, api_name="/review_no")
+        by_image = client.predict(api_name="/review_image_show")[5]  # the Review by image tab: a's last suggestion
+        assert json.loads(by_image) == [str(tmp_path / "a.png"), ["person"]]
+        client.predict(by_image, [], api_name="/review_image_save")  # unticked: no
         # a second demo on the same answer log is refused while this one runs
         assert main(["demo", "--review", str(review), "--model", str(tmp_path / "no-model.pt")]) == 2
         assert "another demo is reviewing into this answer log" in capsys.readouterr().err
@@ -608,30 +611,33 @@ def test_answers_survive_a_killed_server(tmp_path: Path, capsys: pytest.CaptureF
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert log_rows(log) == [("a", "dog", True), ("b", "car", False)]
+    assert log_rows(log) == [("a", "dog", True), ("b", "car", False), ("a", "person", False)]
     proc = serve_review(review, port)
     try:
         client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
-        _, card, progress, third = client.predict(api_name="/review_show")
-        assert json.loads(third) == list(pair(tmp_path, "a", "person"))
-        assert "2 of 6 answered (1 yes, 1 no)" in progress and "person?" in card
+        _, card, progress, fourth = client.predict(api_name="/review_show")
+        assert json.loads(fourth) == list(pair(tmp_path, "c", "bird"))
+        assert "3 of 6 answered (1 yes, 2 no)" in progress and "bird?" in card
+        assert json.loads(client.predict(api_name="/review_image_show")[5]) == [str(tmp_path / "c.png"),
+                                                                              ["bird", "tree"]]
         config = httpx.get(f"http://127.0.0.1:{port}/config", timeout=5).json()
         assert not any(d.get("api_name") == "predict" for d in config["dependencies"])  # no model: Review only
-        if CHROMIUM is not None:  # the page too continues at the next pair, and its next answer is the 3rd line
+        if CHROMIUM is not None:  # the page too continues at the next pair, and its next answer is the 4th line
             browser = open_browser(f"http://127.0.0.1:{port}/", tmp_path / "profile")
             try:
-                check_review_page(browser, tmp_path / "restarted.png", "a", "person")
+                check_review_page(browser, tmp_path / "restarted.png", "c", "bird")
                 press(browser, "y")
-                browser.wait_for("document.querySelector('#spml-review-card .question')?.innerText === 'bird?'")
-                assert "3 of 6 answered (2 yes, 1 no)" in browser.evaluate(
+                browser.wait_for("document.querySelector('#spml-review-card .question')?.innerText === 'dog?'")
+                assert "4 of 6 answered (2 yes, 2 no)" in browser.evaluate(
                     "document.querySelector('#spml-review-progress').innerText")
             finally:
                 browser.close()
-            assert log_rows(log) == [("a", "dog", True), ("b", "car", False), ("a", "person", True)]
+            assert log_rows(log) == [("a", "dog", True), ("b", "car", False), ("a", "person", False),
+                                     ("c", "bird", True)]
     finally:
         proc.kill()
         out = proc.communicate()[0]
-    assert "only the Review and Review by image tabs" in out and "2 of 6 answered" in out
+    assert "only the Review and Review by image tabs" in out and "3 of 6 answered" in out
 
 
 def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
