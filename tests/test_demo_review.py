@@ -252,9 +252,10 @@ def test_review_by_image_handlers(tmp_path: Path) -> None:
     assert log_rows(log) == [("a", "dog", True), ("a", "person", False)]  # unticked: no, in the log on return
     assert "a.png: 1 yes, 1 no" in card and "2 of 6 answered (1 yes, 1 no)" in progress
     assert json.loads(shown_b)[1] == ["car", "dog"] and shown(queue.view()) == ("b", "car")
-    assert handlers.refresh(shown_b)[3] == gr.skip()  # picking the tab again keeps the page's ticks
+    assert handlers.refresh(shown_b, progress)[3] == gr.skip()  # picking the tab again keeps the page's ticks
+    assert handlers.refresh("", "") == (gr.skip(),) * 6  # picked as the page loads: the page load shows it
     queue.answer(*pair(tmp_path, "b", "car"), True)  # the Review tab answers one of the labels shown meanwhile
-    assert Path(json.loads(handlers.refresh(shown_b)[5])[0]).stem == "c"  # picked again: where the queue is now
+    assert Path(json.loads(handlers.refresh(shown_b, progress)[5])[0]).stem == "c"  # picked again: the queue now
     handlers.save(shown_b, ["dog"])  # car keeps that answer: not asked, not written again
     handlers.save(shown_b, ["dog"])  # a second press: nothing new
     assert log_rows(log)[2:] == [("b", "car", True), ("b", "dog", True)]

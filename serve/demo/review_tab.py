@@ -137,12 +137,13 @@ class ReviewHandlers:
         """The current view (on page load)."""
         return self.render(self.queue.view())
 
-    def refresh(self, pair: str) -> tuple[Any, Any, str, Any]:
-        """On picking the tab: the current pair if another tab moved the queue on, else only the progress line."""
+    def refresh(self, pair: str, progress: str) -> tuple[Any, ...]:
+        """On picking the tab: the current pair if another tab moved the queue on, else only the progress line;
+        nothing while the page loads (no progress yet)."""
         view = self.queue.view()
-        if view.item is None or self.parse_pair(pair) != (view.item.image, view.item.label):
+        if progress and self.parse_pair(pair) != ((view.item.image, view.item.label) if view.item else None):
             return self.render(view)
-        return gr.skip(), gr.skip(), progress_html(view, self.log_path), gr.skip()
+        return gr.skip(), gr.skip(), progress_html(view, self.log_path) if progress else gr.skip(), gr.skip()
 
     def _answer(self, pair: str, present: bool) -> tuple[Any, str, str, str]:
         shown = self.parse_pair(pair)
@@ -194,7 +195,7 @@ def review_tab(queue: ReviewQueue) -> ReviewTab:
     handlers = ReviewHandlers(queue)
     events = {"outputs": tab.outputs, "concurrency_id": "review", "show_progress": "hidden"}
     gr.on(None, handlers.show, None, api_name="review_show", **events)
-    page_tab.select(handlers.refresh, [pair], api_visibility="private", **events)  # Review by image may move on
+    page_tab.select(handlers.refresh, [pair, progress], api_visibility="private", **events)  # the other tab moves
     yes.click(handlers.yes, [pair], api_name="review_yes", **events)
     no.click(handlers.no, [pair], api_name="review_no", **events)
     skip.click(handlers.skip, [pair], api_name="review_skip", **events)

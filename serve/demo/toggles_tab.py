@@ -130,13 +130,13 @@ class TogglesHandlers:
         """The current image (on page load)."""
         return self.render(self.queue.image_view())
 
-    def refresh(self, shown: str) -> tuple[Any, ...]:
+    def refresh(self, shown: str, progress: str) -> tuple[Any, ...]:
         """On picking the tab: the current image if another tab moved the queue on, else only the progress line (so
-        that a tick or filter text already given stays)."""
+        that a tick or filter text already given stays); nothing while the page loads (no progress yet)."""
         view = self.queue.image_view()
-        if self.shown(view) != shown:
+        if progress and self.shown(view) != shown:
             return self.render(view)
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), self.progress(view), gr.skip()
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), self.progress(view) if progress else gr.skip(), gr.skip()
 
     def save(self, shown: str, ticked: list[str] | None) -> tuple[Any, ...]:
         """Answer every label shown of the image (ticked: yes, else no), in the log before returning; the next."""
@@ -181,7 +181,7 @@ def toggles_tab(handlers: TogglesHandlers, title: str, name: str, ids: str = "to
     tab = TogglesTab(image, card, search, labels, progress, shown, save, skip, undo)
     events = {"outputs": tab.outputs, "concurrency_id": name, "show_progress": "hidden"}
     gr.on(None, handlers.show, None, api_name=f"{name}_show", **events)
-    page_tab.select(handlers.refresh, [shown], api_visibility="private", **events)
+    page_tab.select(handlers.refresh, [shown, progress], api_visibility="private", **events)
     save.click(handlers.save, [shown, labels], api_name=f"{name}_save", **events)
     skip.click(handlers.skip, [shown], api_name=f"{name}_skip", **events)
     undo.click(handlers.undo, None, api_name=f"{name}_undo", **events)
