@@ -231,6 +231,59 @@ def test_an_image_at_a_time_and_the_audit_list_it_makes(tmp_path: Path) -> None:
         load_audit(str(queue.log.path), AUDIT_CLASSES[:-1])
 
 
+def test_review_by_image_handlers(tmp_path: Path) -> None:
+    """The *Review by image* tab's handlers without a browser: one Save answers the labels shown (unticked: no) in
+    the Review tab's log, a label answered meanwhile in the Review tab keeps its answer, restart, cap, undo, done."""
+    import gradio as gr
+
+    from serve.demo.review_by_image import ImageReviewHandlers
+
+    review = make_review(tmp_path)
+    log = default_log_path(review)
+    queue = ReviewQueue.open(review)
+    queue.per_image = 5
+    handlers = ImageReviewHandlers(queue)
+    image, card, _, toggles, progress, shown_a = handlers.show()
+    assert image.size == (32, 32) and "Which labels are in the image?" in card and "has: cat" in card
+    assert toggles.choices == [("dog  0.90", "dog"), ("person  0.70", "person")] and toggles.value == []
+    assert json.loads(shown_a) == [str(tmp_path / "a.png"), ["dog", "person"]]
+    assert "0 of 6 answered (0 yes, 0 no)" in progress
+    _, card, _, toggles, progress, shown_b = handlers.save(shown_a, ["dog"])
+    assert log_rows(log) == [("a", "dog", True), ("a", "person", False)]  # unticked: no, in the log on return
+    assert "a.png: 1 yes, 1 no" in card and "2 of 6 answered (1 yes, 1 no)" in progress
+    assert json.loads(shown_b)[1] == ["car", "dog"] and shown(queue.view()) == ("b", "car")
+    assert handlers.refresh(shown_b, progress)[3] == gr.skip()  # picking the tab again keeps the page's ticks
+    assert handlers.refresh("", "") == (gr.skip(),) * 6  # picked as the page loads: the page load shows it
+    queue.answer(*pair(tmp_path, "b", "car"), True)  # the Review tab answers one of the labels shown meanwhile
+    assert Path(json.loads(handlers.refresh(shown_b, progress)[5])[0]).stem == "c"  # picked again: the queue now
+    handlers.save(shown_b, ["dog"])  # car keeps that answer: not asked, not written again
+    handlers.save(shown_b, ["dog"])  # a second press: nothing new
+    assert log_rows(log)[2:] == [("b", "car", True), ("b", "dog", True)]
+    with pytest.raises(gr.Error, match="not an image shown"):
+        handlers.save("nonsense", [])
+    # a restarted demo continues at the next image, capped at per_image labels; undo takes back a whole image
+    restarted = ReviewQueue.open(review)
+    restarted.per_image = 1
+    handlers = ImageReviewHandlers(restarted)
+    *_, progress, shown_c = handlers.show()
+    assert json.loads(shown_c) == [str(tmp_path / "c.png"), ["bird"]] and "4 of 6 answered" in progress
+    assert "nothing to undo" in handlers.undo()[1]
+    assert json.loads(handlers.skip(shown_c)[5]) == [str(tmp_path / "c.png"), ["bird"]]  # the only image left
+    _, _, _, toggles, _, shown_c2 = handlers.save(shown_c, [])
+    assert log_rows(log)[-1] == ("c", "bird", False) and json.loads(shown_c2)[1] == ["tree"]
+    _, card, _, _, progress, again = handlers.undo()
+    assert again == shown_c and "bird: answer taken back" in card and "4 of 6 answered" in progress
+    assert log_rows(log)[-1] == ("c", "bird", None)
+    handlers.save(shown_c, ["bird"])
+    _, card, _, toggles, progress, last = handlers.save(handlers.show()[5], [])
+    assert last == "" and toggles.choices == [] and "6 of 6 answered (4 yes, 2 no)" in progress
+    assert "All 6 suggestions answered" in card and f"python -m train ... --review {log.resolve()}</pre>" in card
+    # what training reads (--review LOG): the last answer of each pair
+    assert AnswerLog(log).read() == {pair(tmp_path, "a", "dog"): True, pair(tmp_path, "a", "person"): False,
+                                     pair(tmp_path, "b", "car"): True, pair(tmp_path, "b", "dog"): True,
+                                     pair(tmp_path, "c", "bird"): True, pair(tmp_path, "c", "tree"): False}
+
+
 # ---- the tab in the launched app (with a model: the page's other tabs beside it)
 
 
@@ -246,6 +299,7 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("review-app")
     review = make_review(root / "data")
     queue = ReviewQueue.open(review, root / "answers.jsonl")
+    queue.per_image = 5  # as the command sets it
     audit = ReviewQueue.open(make_audit(root / "audit"))
     ckpt = make_run(root / "runs", "r", ["bird", "car", "cat", "dog", "person", "tree"], "csv:x")
     store = ModelStore({"r": ckpt}, device="cpu", loaded={"r": Predictor.load(ckpt, device="cpu")})
@@ -336,7 +390,8 @@ def check_review_page(browser: DevTools, shot: Path, letter: str, label: str) ->
 def test_tab_answers_through_the_api(app: dict[str, Any]) -> None:
     client, log, folder = app["client"], app["log"], app["folder"]
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert {"/predict", "/review_show", "/review_yes", "/review_no", "/review_skip", "/review_undo"} <= set(api)
+    assert {"/predict", "/review_show", "/review_yes", "/review_no", "/review_skip", "/review_undo",
+            "/review_image_show", "/review_image_save", "/review_image_skip", "/review_image_undo"} <= set(api)
     image, card, progress, first = client.predict(api_name="/review_show")
     assert json.loads(first) == list(pair(folder, "a", "dog")) and image is not None
     assert "dog?" in card and "has: cat" in card and "also suggested: person 0.70" in card
@@ -443,7 +498,7 @@ def test_review_tab_above_the_fold_and_its_keys_in_headless_chromium(app: dict[s
     try:
         # the Review tab comes first and is shown; the model's tabs after it, its controls folded away
         tabs = browser.wait_for("[...document.querySelectorAll('[role=tab]')].map(t => t.innerText.trim())")
-        assert tabs[:2] == ["Review", "Audit"] and {"Image", "Batch", "API"} <= set(tabs)
+        assert tabs[:3] == ["Review", "Review by image", "Audit"] and {"Image", "Batch", "API"} <= set(tabs)
         boxes = check_review_page(browser, tmp_path / "review.png", *first)
         print("review boxes at 1366x768:", json.dumps({k: round(v["bottom"]) for k, v in boxes.items()}))
         assert browser.evaluate("(e => !e || e.offsetParent === null)(document.querySelector('#spml-rules'))")
@@ -476,15 +531,49 @@ def test_review_tab_above_the_fold_and_its_keys_in_headless_chromium(app: dict[s
         assert log_rows(log)[before:] == [(*first, True), (*second, False), (*second, None), (*first, None)]
         assert browser.evaluate("document.querySelector('#spml-rules textarea').value") == "n"
         assert queue.view().answered == done
+        check_review_by_image_keys(browser, queue, log)
     finally:
         browser.close()
+
+
+def check_review_by_image_keys(browser: DevTools, queue: ReviewQueue, log: Path) -> None:
+    """In the *Review by image* tab (the model's controls, opened before, folded again): its parts in view, ``1`` ticks
+    the first label, Enter saves the image (the rest: no); the Review tab, picked again, asks about a pair still
+    pending, and its ``u`` takes back the whole image."""
+    before, view, answered = len(log_rows(log)), queue.image_view(), queue.view().answered
+    labels = [item.label for item in view.pending]
+    assert labels, "the tests before left nothing to answer"
+    progress = "document.querySelector('#spml-{}-progress').innerText.includes('{} of 6 answered')"
+    boxes = ("[...document.querySelectorAll('#spml-byimage-labels label')].filter(l => l.offsetParent !== null)"
+             ".map(l => l.innerText.trim().split(/\\s+/)[0])")
+    browser.evaluate("document.querySelector('#spml-settings .label-wrap').click()")  # the model's controls folded
+    browser.wait_for("document.querySelector('#spml-rules textarea')?.offsetParent === null")
+    browser.evaluate("[...document.querySelectorAll('[role=tab]')].find(t => t.innerText.trim() === "
+                     "'Review by image').click()")
+    assert browser.wait_for(f"{boxes}.length === {len(labels)} && {boxes}") == labels
+    parts = ["image", "card .question", "labels", "save", "skip", "undo"]  # all in view at 1366x768
+    boxes_in_view(browser, [f"#spml-byimage-{part}" for part in parts])
+    press(browser, "1", "Digit1")
+    browser.wait_for("document.querySelectorAll('#spml-byimage-labels input:checked').length === 1")
+    press(browser, "Enter", "Enter")
+    browser.wait_for(progress.format("byimage", answered + len(labels)))
+    image = Path(view.image).stem
+    assert log_rows(log)[before:] == [(image, labels[0], True), *((image, label, False) for label in labels[1:])]
+    browser.evaluate("[...document.querySelectorAll('[role=tab]')].find(t => t.innerText.trim() === 'Review')"
+                     ".click()")
+    following = queue.view().item  # the tab shows it on being picked, not the pair it showed before
+    browser.wait_for(f"document.querySelector('#spml-review-card .question')?.innerText === '{following.label}?' && "
+                     f"document.querySelector('#spml-review-card').innerText.includes({json.dumps(following.image)})")
+    press(browser, "u")
+    browser.wait_for(progress.format("review", answered))
+    assert log_rows(log)[before + len(labels):] == [(image, label, None) for label in labels]
 
 
 # ---- the command line
 
 
 def serve_review(review: Path, port: int) -> subprocess.Popen[str]:
-    """``python -m serve demo --review REVIEW --port PORT`` (no model under $SPML_RUNS: only the Review tab),
+    """``python -m serve demo --review REVIEW --port PORT`` (no model under $SPML_RUNS: only the Review tabs),
     once it answers."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False"}
     cmd = [sys.executable, "-m", "serve", "demo", "--review", str(review), "--port", str(port)]
@@ -511,6 +600,9 @@ def test_answers_survive_a_killed_server(tmp_path: Path, capsys: pytest.CaptureF
         first = client.predict(api_name="/review_show")[3]
         second = client.predict(first, api_name="/review_yes")[3]
         client.predict(second, api_name="/review_no")
+        by_image = client.predict(api_name="/review_image_show")[5]  # the Review by image tab: a's last suggestion
+        assert json.loads(by_image) == [str(tmp_path / "a.png"), ["person"]]
+        client.predict(by_image, [], api_name="/review_image_save")  # unticked: no
         # a second demo on the same answer log is refused while this one runs
         assert main(["demo", "--review", str(review), "--model", str(tmp_path / "no-model.pt")]) == 2
         assert "another demo is reviewing into this answer log" in capsys.readouterr().err
@@ -520,30 +612,33 @@ def test_answers_survive_a_killed_server(tmp_path: Path, capsys: pytest.CaptureF
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert log_rows(log) == [("a", "dog", True), ("b", "car", False)]
+    assert log_rows(log) == [("a", "dog", True), ("b", "car", False), ("a", "person", False)]
     proc = serve_review(review, port)
     try:
         client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
-        _, card, progress, third = client.predict(api_name="/review_show")
-        assert json.loads(third) == list(pair(tmp_path, "a", "person"))
-        assert "2 of 6 answered (1 yes, 1 no)" in progress and "person?" in card
+        _, card, progress, fourth = client.predict(api_name="/review_show")
+        assert json.loads(fourth) == list(pair(tmp_path, "c", "bird"))
+        assert "3 of 6 answered (1 yes, 2 no)" in progress and "bird?" in card
+        assert json.loads(client.predict(api_name="/review_image_show")[5]) == [str(tmp_path / "c.png"),
+                                                                              ["bird", "tree"]]
         config = httpx.get(f"http://127.0.0.1:{port}/config", timeout=5).json()
         assert not any(d.get("api_name") == "predict" for d in config["dependencies"])  # no model: Review only
-        if CHROMIUM is not None:  # the page too continues at the next pair, and its next answer is the 3rd line
+        if CHROMIUM is not None:  # the page too continues at the next pair, and its next answer is the 4th line
             browser = open_browser(f"http://127.0.0.1:{port}/", tmp_path / "profile")
             try:
-                check_review_page(browser, tmp_path / "restarted.png", "a", "person")
+                check_review_page(browser, tmp_path / "restarted.png", "c", "bird")
                 press(browser, "y")
-                browser.wait_for("document.querySelector('#spml-review-card .question')?.innerText === 'bird?'")
-                assert "3 of 6 answered (2 yes, 1 no)" in browser.evaluate(
+                browser.wait_for("document.querySelector('#spml-review-card .question')?.innerText === 'dog?'")
+                assert "4 of 6 answered (2 yes, 2 no)" in browser.evaluate(
                     "document.querySelector('#spml-review-progress').innerText")
             finally:
                 browser.close()
-            assert log_rows(log) == [("a", "dog", True), ("b", "car", False), ("a", "person", True)]
+            assert log_rows(log) == [("a", "dog", True), ("b", "car", False), ("a", "person", False),
+                                     ("c", "bird", True)]
     finally:
         proc.kill()
         out = proc.communicate()[0]
-    assert "only the Review tab" in out and "2 of 6 answered" in out
+    assert "only the Review and Review by image tabs" in out and "3 of 6 answered" in out
 
 
 def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -553,6 +648,7 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         main(["demo", "--help"])
     out = capsys.readouterr().out
     assert exited.value.code == 0 and "--review FILE" in out and "--answers LOG" in out and "Review tab" in out
+    assert "--per-image-toggles M" in out and "Review by image" in out
     review = make_review(tmp_path / "ok")
     (tmp_path / "empty.csv").write_text("image,label,score\n")
     (tmp_path / "gone.csv").write_text("image,label\n/nowhere/x.png,dog\n")
@@ -562,6 +658,7 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         (["--review", str(tmp_path / "gone.csv")], "1 image(s) not found: /nowhere/x.png"),
         (["--review", str(review), "--answers", str(tmp_path / "log.txt")], "an answer log is a .jsonl file"),
         (["--answers", str(tmp_path / "log.jsonl")], "--answers goes with --review"),
+        (["--review", str(review), "--per-image-toggles", "0"], "--per-image-toggles must be >= 1"),
     ]
     for args, message in cases:
         assert main(["demo", *args]) == 2, args

@@ -37,7 +37,9 @@ keys y n s u. Each answer is saved at once to the answer log (--answers, default
 .answers.jsonl, beside it), and a restarted demo continues where you stopped; train again with
 `--review LOG` added to your training command. The page opens on the Review tab, the image and the question
 large; the model's controls fold into a panel above the tabs (one click opens it). --review works without a
-model: with no --model and no model under --runs-dir, the page has only the Review tab.
+model: with no --model and no model under --runs-dir, the page has only the Review tabs. The Review by image
+tab beside the Review tab shows an image with its most likely suggestions (at most --per-image-toggles) as
+toggles, keys 1-9: Save (Enter) answers them all, unticked = no, into the same log.
 
 audit: --audit FILE (from `python -m train suggest RUN --audit 50 -o FILE`) adds an Audit tab to label a few
 validation images completely: each image with every class as a toggle, the most likely first and its given
@@ -104,6 +106,9 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--answers", type=Path, metavar="LOG",
                       help="the .jsonl file the review answers are appended to, and read back on start to continue "
                       "(default: FILE with the suffix .answers.jsonl); pass it to training as --review LOG")
+    demo.add_argument("--per-image-toggles", type=int, default=5, metavar="M",
+                      help="the Review by image tab shows at most M suggestions of an image at a time, the most "
+                      "likely first (default: %(default)s)")
     demo.add_argument("--audit", type=Path, metavar="FILE",
                       help="add an Audit tab to label the images of FILE (from `python -m train suggest RUN --audit "
                       "N`) completely, an image at a time; answers go to FILE with the suffix .answers.jsonl; works "
@@ -120,6 +125,8 @@ def _demo(args: argparse.Namespace) -> None:
     _check_options(args)
     review = _open_review(args.review, args.answers)  # before any model: a bad file fails at once
     audit = _open_review(args.audit, None, "audit")
+    if review is not None:
+        review.per_image = args.per_image_toggles
     from models.files.run_folder import default_runs_dir
 
     runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
@@ -135,8 +142,9 @@ def _demo(args: argparse.Namespace) -> None:
     from serve.demo.catalog import find_models
 
     if (review is not None or audit is not None) and args.model is None and not find_models(runs_dir):
-        tabs = " and ".join(name for name, queue in (("Review", review), ("Audit", audit)) if queue is not None)
-        print(f"no model under {runs_dir.resolve()}: the page has only the {tabs} tab", file=sys.stderr)
+        names = ["Review", "Review by image"] * (review is not None) + ["Audit"] * (audit is not None)
+        tabs = f"{', '.join(names[:-1])} and {names[-1]} tabs" if len(names) > 1 else f"{names[0]} tab"
+        print(f"no model under {runs_dir.resolve()}: the page has only the {tabs}", file=sys.stderr)
         _serve(args, build_demo(None, None, review=review, audit=audit))
         return
     store, key, examples = _load_models(args, runs_dir)
@@ -161,6 +169,8 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-file-size: {exc}") from None
     if args.examples is not None and not args.examples.is_dir():
         raise UsageError(f"examples folder not found: {args.examples}")
+    if args.per_image_toggles < 1:
+        raise UsageError("--per-image-toggles must be >= 1")
     if args.answers is not None and args.review is None:
         raise UsageError("--answers goes with --review FILE")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -139,6 +140,7 @@ class ReviewQueue:
         self.history: list[list[tuple[Pair, bool | None]]] = []
         self.lock = threading.RLock()  # re-entered: an image answer returns the next image's view
         self.held: IO[str] | None = None  # the answer log's lock (:meth:`open` with ``claim``)
+        self.per_image: int | None = None  # the most labels of an image shown (and answered) at once
 
     @classmethod
     def open(cls, review_path: str | Path, log_path: str | Path | None = None, claim: bool = False) -> ReviewQueue:
@@ -235,7 +237,8 @@ class ReviewQueue:
             return self._view(f"{Path(taken[0][0][0]).name}: its {len(taken)} answers taken back")
 
     def image_view(self, note: str = "") -> ImageView:
-        """The current image (the one of the first pending pair) with all of its pending labels."""
+        """The current image (the one of the first pending pair) with its :attr:`per_image` most likely pending
+        labels."""
         with self.lock:
             waiting = {p[0] for p in self.pending}
             done = sum(1 for image in self.by_image if image not in waiting)
@@ -245,7 +248,8 @@ class ReviewQueue:
             pairs = self.by_image[image]
             answered = tuple((p[1], self.answers[p]) for p in pairs if p in self.answers)
             given = next((self.items[p].given for p in pairs if self.items[p].given), ())
-            return ImageView(image, tuple(self._image_pairs(image)), given, answered, done, len(self.by_image), note)
+            shown = tuple(self._image_pairs(image)[:self.per_image])
+            return ImageView(image, shown, given, answered, done, len(self.by_image), note)
 
     def _image_pairs(self, image: str) -> list[ReviewItem]:
         """The pending pairs of ``image``, the most likely first (by score; file order among equal scores)."""
@@ -253,11 +257,16 @@ class ReviewQueue:
         pairs = [self.items[p] for p in self.by_image.get(image, []) if p in waiting]
         return sorted(pairs, key=lambda item: -(item.score if item.score is not None else -1.0))
 
-    def answer_image(self, image: str, present: set[str] | list[str]) -> ImageView:
-        """Answer every pending pair of ``image`` (yes for ``present``) in one write; ``KeyError`` if not pending."""
+    def answer_image(self, image: str, present: Collection[str], asked: Collection[str] | None = None) -> ImageView:
+        """Answer the pending pairs of ``image`` that :meth:`image_view` shows, or its pending pairs in ``asked`` (yes
+        for ``present``), in one write; ``KeyError`` for a label that is not a suggestion for it."""
         with self.lock:
-            pending = [item.label for item in self._image_pairs(image)]
-            unknown = set(present) - set(pending)
+            pairs, labels = self._image_pairs(image), {label for _, label in self.by_image.get(image, [])}
+            # a label asked but answered since (in the Review tab) keeps that answer
+            if asked is not None:
+                labels &= set(asked)
+            pending = [i.label for i in (pairs if asked is not None else pairs[:self.per_image]) if i.label in labels]
+            unknown = set(present) - labels
             if unknown:
                 raise KeyError(f"{', '.join(sorted(unknown))} on {image}: not a pending label of this image")
             if not pending:

@@ -137,6 +137,14 @@ class ReviewHandlers:
         """The current view (on page load)."""
         return self.render(self.queue.view())
 
+    def refresh(self, pair: str, progress: str) -> tuple[Any, ...]:
+        """On picking the tab: the current pair if another tab moved the queue on, else only the progress line;
+        nothing while the page loads (no progress yet)."""
+        view = self.queue.view()
+        if progress and self.parse_pair(pair) != ((view.item.image, view.item.label) if view.item else None):
+            return self.render(view)
+        return gr.skip(), gr.skip(), progress_html(view, self.log_path) if progress else gr.skip(), gr.skip()
+
     def _answer(self, pair: str, present: bool) -> tuple[Any, str, str, str]:
         shown = self.parse_pair(pair)
         if shown is None:
@@ -166,7 +174,7 @@ class ReviewHandlers:
 
 def review_tab(queue: ReviewQueue) -> ReviewTab:
     """Lay out the *Review* tab and connect it to a :class:`ReviewHandlers` over ``queue``."""
-    with gr.Tab("Review", id="review", elem_id="spml-review-tab"), gr.Row():
+    with gr.Tab("Review", id="review", elem_id="spml-review-tab") as page_tab, gr.Row():
         with gr.Column(scale=3):
             image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=IMAGE_HEIGHT,
                              buttons=["fullscreen"], elem_id="spml-review-image")
@@ -187,6 +195,7 @@ def review_tab(queue: ReviewQueue) -> ReviewTab:
     handlers = ReviewHandlers(queue)
     events = {"outputs": tab.outputs, "concurrency_id": "review", "show_progress": "hidden"}
     gr.on(None, handlers.show, None, api_name="review_show", **events)
+    page_tab.select(handlers.refresh, [pair, progress], api_visibility="private", **events)  # the other tab moves
     yes.click(handlers.yes, [pair], api_name="review_yes", **events)
     no.click(handlers.no, [pair], api_name="review_no", **events)
     skip.click(handlers.skip, [pair], api_name="review_skip", **events)
@@ -199,10 +208,13 @@ AUDIT_COMMAND = "python -m train ... --method auto --audit {log}"
 
 
 def answer_tabs(review: ReviewQueue | None, audit: ReviewQueue | None) -> None:
-    """The tabs that answer labels: *Review* (one label at a time) and *Audit* (every label of an image)."""
+    """The tabs that answer labels: *Review* and *Review by image* (the suggestions, one label or one image at a
+    time) and *Audit* (every label of an image)."""
+    from serve.demo.review_by_image import review_by_image_tab
+    from serve.demo.toggles_tab import TogglesHandlers, toggles_tab
+
     if review is not None:
         review_tab(review)
+        review_by_image_tab(review)
     if audit is not None:
-        from serve.demo.toggles_tab import toggles_tab
-
-        toggles_tab(audit, "Audit", "audit", AUDIT_COMMAND)
+        toggles_tab(TogglesHandlers(audit, AUDIT_COMMAND), "Audit", "audit")

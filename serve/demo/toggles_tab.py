@@ -12,24 +12,21 @@ import gradio as gr
 from serve.demo.review import ImageView, ReviewQueue, display_image
 from serve.demo.review_tab import CSS, IMAGE_HEIGHT, labels_html, progress_html
 
+#: Keys for the toggles tab shown (only one is: the others' parts have no offsetParent), found by their classes.
 KEYS_JS = """
 if (!window.spmlTogglesKeys) {
   window.spmlTogglesKeys = true;
+  const shown = (selector) => [...document.querySelectorAll(selector)].filter((e) => e.offsetParent !== null);
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
     const target = event.target;
     if (target && (target.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName))
         && target.type !== "checkbox") return;
-    const save = document.getElementById("spml-toggles-save");
-    if (!save || save.offsetParent === null) return;
+    if (!shown(".spml-toggles-save").length) return;
     const key = (event.key || "").toLowerCase();
-    const ids = {enter: "spml-toggles-save", s: "spml-toggles-skip", u: "spml-toggles-undo"};
-    let button = ids[key] && document.getElementById(ids[key]);
-    if (!button && /^[1-9]$/.test(key)) {
-      const boxes = [...document.querySelectorAll("#spml-toggles-labels input[type=checkbox]")]
-        .filter((box) => box.offsetParent !== null);
-      button = boxes[Number(key) - 1];
-    }
+    const classes = {enter: ".spml-toggles-save", s: ".spml-toggles-skip", u: ".spml-toggles-undo"};
+    let button = classes[key] && shown(classes[key])[0];
+    if (!button && /^[1-9]$/.test(key)) button = shown(".spml-toggles-labels input[type=checkbox]")[Number(key) - 1];
     if (!button || button.disabled) return;
     event.preventDefault();
     button.click();
@@ -96,40 +93,64 @@ def choices(view: ImageView) -> list[tuple[str, str]]:
 
 
 class TogglesHandlers:
-    """The tab's event handlers over the server's one :class:`ReviewQueue`."""
+    """The tab's event handlers over the server's one :class:`ReviewQueue`; the hooks (done card, progress line, what
+    the page keeps of the image shown) are the *Audit* tab's."""
 
-    def __init__(self, queue: ReviewQueue, command: str) -> None:
+    def __init__(self, queue: ReviewQueue, command: str = "") -> None:
         self.queue = queue
         self.command = command
         self.log_path = str(queue.log.path.resolve())
 
+    def done(self, view: ImageView) -> str:
+        """The card once every image is answered."""
+        return done_html(view.images_total, self.log_path, self.command)
+
+    def progress(self, view: ImageView) -> str:
+        """The progress line."""
+        return progress_html(view, self.log_path)
+
+    def shown(self, view: ImageView) -> str:
+        """What the page keeps of the image shown, to answer it (here its name)."""
+        return view.image or ""
+
+    def parse(self, shown: str) -> tuple[str, list[str] | None]:
+        """(image, the labels asked about: None for all those shown) from :meth:`shown`."""
+        return shown, None
+
     def render(self, view: ImageView) -> tuple[Any, ...]:
         """(image, card, filter, toggles, progress, image shown) of a view."""
-        progress = progress_html(view, self.log_path)
         if view.image is None:
-            return (None, done_html(view.images_total, self.log_path, self.command), "",
-                    gr.CheckboxGroup(choices=[], value=[]), progress, "")
+            return None, self.done(view), "", gr.CheckboxGroup(choices=[], value=[]), self.progress(view), ""
         image, note = display_image(self.queue.image_file(view.image))
         ticked = [item.label for item in view.pending if item.label in view.given]
-        return (image, card_html(view, note), "", gr.CheckboxGroup(choices=choices(view), value=ticked), progress,
-                view.image)
+        return (image, card_html(view, note), "", gr.CheckboxGroup(choices=choices(view), value=ticked),
+                self.progress(view), self.shown(view))
 
     def show(self) -> tuple[Any, ...]:
         """The current image (on page load)."""
         return self.render(self.queue.image_view())
 
-    def save(self, image: str, ticked: list[str] | None) -> tuple[Any, ...]:
-        """Answer every label of the image shown (ticked: yes, else no), in the log before returning; the next."""
-        if not image:
+    def refresh(self, shown: str, progress: str) -> tuple[Any, ...]:
+        """On picking the tab: the current image if another tab moved the queue on, else only the progress line (so
+        that a tick or filter text already given stays); nothing while the page loads (no progress yet)."""
+        view = self.queue.image_view()
+        if progress and self.shown(view) != shown:
+            return self.render(view)
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), self.progress(view) if progress else gr.skip(), gr.skip()
+
+    def save(self, shown: str, ticked: list[str] | None) -> tuple[Any, ...]:
+        """Answer every label shown of the image (ticked: yes, else no), in the log before returning; the next."""
+        if not shown:
             return self.render(self.queue.image_view("nothing to answer"))
+        image, asked = self.parse(shown)
         try:
-            return self.render(self.queue.answer_image(image, list(ticked or [])))
+            return self.render(self.queue.answer_image(image, list(ticked or []), asked))
         except KeyError as exc:
             raise gr.Error(str(exc.args[0]), print_exception=False) from None
 
-    def skip(self, image: str) -> tuple[Any, ...]:
+    def skip(self, shown: str) -> tuple[Any, ...]:
         """Leave the image shown for later; the next."""
-        return self.render(self.queue.skip_image(image) if image else self.queue.image_view())
+        return self.render(self.queue.skip_image(self.parse(shown)[0]) if shown else self.queue.image_view())
 
     def undo(self) -> tuple[Any, ...]:
         """Take back the last answers of this session and show that image again."""
@@ -137,30 +158,32 @@ class TogglesHandlers:
         return self.render(self.queue.image_view(note))
 
 
-def toggles_tab(queue: ReviewQueue, title: str, name: str, command: str) -> TogglesTab:
-    """Lay out the tab (``name``: its id and API prefix) and connect it to :class:`TogglesHandlers` over ``queue``."""
-    with gr.Tab(title, id=name, elem_id=f"spml-{name}-tab"), gr.Row():
+def toggles_tab(handlers: TogglesHandlers, title: str, name: str, ids: str = "toggles") -> TogglesTab:
+    """Lay out the tab (``name``: its id and API prefix; ``ids``: its parts' ``spml-IDS-*``) and connect it to
+    ``handlers``; the filter box only where every label of an image is shown."""
+    with gr.Tab(title, id=name, elem_id=f"spml-{name}-tab") as page_tab, gr.Row():
         with gr.Column(scale=3):
             image = gr.Image(type="pil", format="jpeg", interactive=False, label="Image", height=IMAGE_HEIGHT,
-                             buttons=["fullscreen"], elem_id="spml-toggles-image")
+                             buttons=["fullscreen"], elem_id=f"spml-{ids}-image")
         with gr.Column(scale=2):
-            card = gr.HTML("", elem_id="spml-toggles-card", js_on_load=KEYS_JS, css_template=CSS)
+            card = gr.HTML("", elem_id=f"spml-{ids}-card", js_on_load=KEYS_JS, css_template=CSS)
             with gr.Row():
-                save = gr.Button("Save (Enter)", variant="primary", elem_id="spml-toggles-save")
-                skip = gr.Button("Skip (s)", elem_id="spml-toggles-skip")
-                undo = gr.Button("Undo (u)", elem_id="spml-toggles-undo")
+                save = gr.Button("Save (Enter)", variant="primary", elem_id=f"spml-{ids}-save",
+                                 elem_classes="spml-toggles-save")
+                skip = gr.Button("Skip (s)", elem_id=f"spml-{ids}-skip", elem_classes="spml-toggles-skip")
+                undo = gr.Button("Undo (u)", elem_id=f"spml-{ids}-undo", elem_classes="spml-toggles-undo")
             search = gr.Textbox("", label="Filter the labels", placeholder="type part of a label",
-                                elem_id="spml-toggles-filter")
-            labels = gr.CheckboxGroup([], label="Present (ticked) - the rest are saved as absent",
-                                      elem_id="spml-toggles-labels")
-            progress = gr.HTML("", elem_id="spml-toggles-progress", css_template=CSS)
-            shown = gr.Textbox("", visible=False, elem_id="spml-toggles-shown")
+                                elem_id=f"spml-{ids}-filter", visible=handlers.queue.per_image is None)
+            labels = gr.CheckboxGroup([], label="Present (ticked, keys 1-9) - the rest are saved as absent",
+                                      elem_id=f"spml-{ids}-labels", elem_classes="spml-toggles-labels")
+            progress = gr.HTML("", elem_id=f"spml-{ids}-progress", css_template=CSS)
+            shown = gr.Textbox("", visible=False, elem_id=f"spml-{ids}-shown")
     tab = TogglesTab(image, card, search, labels, progress, shown, save, skip, undo)
-    handlers = TogglesHandlers(queue, command)
     events = {"outputs": tab.outputs, "concurrency_id": name, "show_progress": "hidden"}
     gr.on(None, handlers.show, None, api_name=f"{name}_show", **events)
+    page_tab.select(handlers.refresh, [shown, progress], api_visibility="private", **events)
     save.click(handlers.save, [shown, labels], api_name=f"{name}_save", **events)
     skip.click(handlers.skip, [shown], api_name=f"{name}_skip", **events)
     undo.click(handlers.undo, None, api_name=f"{name}_undo", **events)
-    search.change(None, [search], None, js=FILTER_JS, api_name=False)
+    search.change(None, [search], None, js=FILTER_JS.replace("spml-toggles", f"spml-{ids}"), api_name=False)
     return tab
