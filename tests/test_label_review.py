@@ -102,6 +102,17 @@ def test_apply_review_changes_observed_labels_and_given_labels_only_on_own_data(
     assert (record["confirmed"], record["rejected"], record["unknown_labels"], record["other_images"]) == (1, 1, 1, 1)
     assert np.array_equal(reviewed.train.labels, protocol.train.labels)  # a benchmark keeps its hidden labels
     assert reviewed.train_has_full_labels
+    # a validation answer: nothing where val has full labels; with val=observed the split becomes partial, not full
+    val_image, val_row = str(protocol.val.paths[0]), protocol.val.labels[0]
+    for spec in ("single", "single?val=observed"):
+        observed = build_protocol(tiny, parse_observed(spec))
+        assert observed.val_observed is not None
+        missing = tiny.classes[int(np.flatnonzero((val_row == 1) & (observed.val_observed[0] == 0))[0])]
+        answers.write_text(f"image,label,answer\n{val_image},{missing},yes\n")
+        reviewed, record = apply_review(observed, [str(answers)])
+        assert spec != "single" or "val has full labels, so these change nothing" in record["describe"]
+    assert reviewed.val.labels[0, tiny.classes.index(missing)] == 1 and reviewed.regimes["val"].kind == "partial"
+    assert record["val"] == {"confirmed": 1, "rejected": 0, "labels": "partial", "selection": "label-free"}
 
 
 def test_suggestions_rank_unobserved_pairs_and_retraining_records_the_answers(

@@ -89,16 +89,17 @@ def apply_review(protocol: ProtocolSplits, files: list[str] | tuple[str, ...]) -
     reviewed = replace(protocol, train_observed=train_observed, val_observed=val_observed)
     if "train" not in protocol.complete_splits:
         reviewed = replace(reviewed, train=_as_given(protocol.train, train_observed))
-    if "val" not in protocol.complete_splits or protocol.observed.val == "observed":
+    val_used = "val" not in protocol.complete_splits or protocol.observed.val == "observed"  # else: full labels
+    if val_used:  # its answers are in the labels the run selects by: no longer complete
         reviewed = replace(reviewed, val=_as_given(protocol.val, val_observed),
                            complete_splits=tuple(s for s in protocol.complete_splits if s != "val"))
-    val = {"confirmed": rest_counts.confirmed, "rejected": rest_counts.rejected,
-           "labels": reviewed.regimes["val"].kind, "selection": "by the val labels" if reviewed.has_full_labels("val")
-           else "label-free"}
-    said = "; val has full labels, so these change nothing" if val["selection"] != "label-free" else (
-        f"; val stays {val['labels']}, never full, so selection stays label-free")
+    full, kind = reviewed.has_full_labels("val"), reviewed.regimes["val"].kind
+    val = {"confirmed": rest_counts.confirmed, "rejected": rest_counts.rejected, "labels": kind,
+           "selection": "by the val labels" if full else "label-free"}
+    said = ("val has full labels, so these change nothing" if not val_used else f"val stays {kind}"
+            + ("" if full else ", never full, so selection stays label-free"))
     record = {"files": [{"path": str(Path(p).resolve()), "sha256": file_sha256(p)} for p in files],
               "answered_pairs": len(answers), **counts.to_dict(), "val": val, "describe": counts.describe() + (
-                  f" (on validation images: {val['confirmed']} confirmed, {val['rejected']} rejected{said})"
+                  f" (on validation images: {val['confirmed']} confirmed, {val['rejected']} rejected; {said})"
                   if val["confirmed"] or val["rejected"] else "")}
     return reviewed, record
