@@ -126,9 +126,10 @@ def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0,
         raise ValueError("the validation images of this run are labelled completely already: they need no "
                          + ("audit" if audit else "review"))
     pool = labelled_pool(data, features) if audit else training_pool(data, features, held_out_val=split != "train")
+    held_out = int((pool.folds < 0).sum())
     log(f"suggest: {FOLDS} {BASELINE} heads at lr {head_cfg.lr:g} on fixed {head_cfg.arch} features, cross-fitted "
-        f"over the {int((pool.folds >= 0).sum())} training" + (" and validation" if audit else "") + " images"
-        + (f"; the {int((pool.folds < 0).sum())} validation images held out, scored by them" * (split != "train")))
+        f"over the {len(pool) - held_out} training" + (" and validation" if audit else "") + " images"
+        + (f"; the {held_out} validation images held out, each scored by one of them" if held_out else ""))
     logits, failed = out_of_fold_logits(Candidate(BASELINE, head_cfg.lr), head_cfg, data, model, forward, pool, None)
     if failed:
         raise RuntimeError(f"the cross-fitted heads could not be trained: {failed}")
