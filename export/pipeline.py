@@ -158,7 +158,7 @@ def load_val_data(meta: ModelMeta, splits: ProtocolSplits, limit: int | None, lo
     inputs, keep = _load(paths, meta, progress)
     # single-positive val labels (no image with two positives) cannot give F1: positive-only calibration then
     return ValData(inputs, labels[keep], f"val split of {meta.data.get('source')} ({len(keep)} images)",
-                   detect_regime(labels[keep], "val"))
+                   detect_regime(labels[keep], "val", complete=splits.has_full_labels("val")))
 
 
 def load_audit_data(spec: str, meta: ModelMeta, log: Callable[[str], None], progress: bool) -> AuditData:

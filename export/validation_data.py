@@ -40,7 +40,8 @@ def folder_images(folder: str | Path, limit: int) -> VerifyImages:
 
 
 def rebuild_splits(meta: ModelMeta) -> ProtocolSplits:
-    """The model's splits rebuilt from ``meta.data``; ``VerificationDataError`` when impossible."""
+    """The model's splits rebuilt from ``meta.data``, with the run's review answers; ``VerificationDataError`` when
+    impossible."""
     data = meta.data or {}
     source = data.get("source")
     if not source:
@@ -48,14 +49,15 @@ def rebuild_splits(meta: ModelMeta) -> ProtocolSplits:
     try:
         from models.data.protocol import PROTOCOL_SEED, build_protocol, parse_observed
         from models.data.registry import load_dataset
+        from models.data.reviewed_labels import apply_review
 
-        return build_protocol(
+        return apply_review(build_protocol(
             load_dataset(str(source)),
             parse_observed(str(data.get("observed", "single"))),
             val_fraction=float(data.get("val_fraction", 0.2)),
             seed=int(data.get("protocol_seed", PROTOCOL_SEED)),
             labels=str(data.get("labels", "auto")),
-        )
+        ), list(data.get("review") or []))[0]  # the run's --review answers: val's reach the thresholds
     except Exception as exc:  # import error, missing files, bad CSV...: all mean "no val split here"
         raise VerificationDataError(
             f"cannot rebuild the validation split of dataset {source!r} ({type(exc).__name__}: {exc}); {_HINT}"

@@ -102,6 +102,17 @@ def test_apply_review_changes_observed_labels_and_given_labels_only_on_own_data(
     assert (record["confirmed"], record["rejected"], record["unknown_labels"], record["other_images"]) == (1, 1, 1, 1)
     assert np.array_equal(reviewed.train.labels, protocol.train.labels)  # a benchmark keeps its hidden labels
     assert reviewed.train_has_full_labels
+    # a validation answer: nothing where val has full labels; with val=observed the split becomes partial, not full
+    val_image, val_row = str(protocol.val.paths[0]), protocol.val.labels[0]
+    for spec in ("single", "single?val=observed"):
+        observed = build_protocol(tiny, parse_observed(spec))
+        assert observed.val_observed is not None
+        missing = tiny.classes[int(np.flatnonzero((val_row == 1) & (observed.val_observed[0] == 0))[0])]
+        answers.write_text(f"image,label,answer\n{val_image},{missing},yes\n")
+        reviewed, record = apply_review(observed, [str(answers)])
+        assert spec != "single" or "val has full labels, so these change nothing" in record["describe"]
+    assert reviewed.val.labels[0, tiny.classes.index(missing)] == 1 and reviewed.regimes["val"].kind == "partial"
+    assert record["val"] == {"confirmed": 1, "rejected": 0, "labels": "partial", "selection": "label-free"}
 
 
 def test_suggestions_rank_unobserved_pairs_and_retraining_records_the_answers(
@@ -203,3 +214,75 @@ def test_a_run_does_not_resume_on_answers_that_changed(reviewed: dict[str, objec
     assert "changed since" in err and "--from-run" in err
     log.record(items[1].image, items[1].label, None)  # undone: the answers are as they were
     assert train_main(["--resume", str(tmp_path / "killed")]) == 0
+
+
+def test_validation_images_are_scored_by_heads_that_never_trained_on_them(reviewed: dict[str, object]) -> None:
+    """``training_pool(held_out_val=True)``: the validation rows sit in no fold; each is scored by one fold's head and
+    none trains on them or picks its epoch on them."""
+    import torch
+
+    from train.cross_fitting import fold_data, training_pool
+    from train.prepared_run import RunData
+    from train.selection import Rows
+
+    dataset = load_dataset(f"csv:{reviewed['csv']}")
+    protocol = build_protocol(dataset, parse_observed("auto"))
+    data = RunData(dataset, protocol, b"")
+    features = {split: Rows(torch.zeros(len(images), 4), torch.ones(len(images), dtype=torch.bool))
+                for split, images in (("train", protocol.train), ("val", protocol.val))}
+    pool = training_pool(data, features, held_out_val=True)
+    val = {str(p) for p in protocol.val.paths}
+    assert [str(p) for p in pool.images.paths[len(protocol.train):]] == [str(p) for p in protocol.val.paths]
+    for fold in range(5):
+        fitted, rows = fold_data(data, pool, fold)
+        assert not val & {str(p) for p in [*fitted.splits.train.paths, *fitted.splits.val.paths]}
+        assert len(rows["scored"].values) == int((pool.folds == fold).sum()) + len(range(fold, len(val), 5))
+    assert sorted(pool.folds[len(protocol.train):]) == sorted(-1 - np.arange(len(val)) % 5)
+
+
+def test_validation_answers_reach_the_selection_criterion_and_the_thresholds(
+        reviewed: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
+    """``suggest --split val`` asks about validation images only; their answers become the val labels the run
+    selects its epoch by (observed-map, still label-free: the split is partial) and the export calibrates on."""
+    from export.validation_data import rebuild_splits
+    from models.checkpoint import load_checkpoint
+    from models.data.label_regime import detect_regime
+    from models.evaluation.criteria import observed_map
+
+    runs, base = Path(str(reviewed["runs"])), Path(str(reviewed["base"]))
+    hidden: dict[str, np.ndarray] = reviewed["hidden"]  # type: ignore[assignment]
+    tiny = reviewed["tiny"]
+    first = runs / "first"
+    protocol = build_protocol(load_dataset(f"csv:{reviewed['csv']}"), parse_observed("auto"))
+    row_of = {str(p): i for i, p in enumerate(protocol.val.paths)}
+    out = base / "val-review.csv"
+    capsys.readouterr()
+    assert train_main(["suggest", str(first), "-o", str(out), "--split", "val", "--top", "40", "--no-progress"]) == 0
+    assert "validation images" in capsys.readouterr().out
+    items = read_review(out)
+    assert len(items) == 40 and all(item.image in row_of for item in items)
+    assert all(protocol.val_observed[row_of[i.image], tiny.classes.index(i.label)] == 0 for i in items)
+    answers = [ReviewItem(i.image, i.label, i.score, bool(hidden[i.image][tiny.classes.index(i.label)]))
+               for i in items]
+    yes = sum(a.answer for a in answers)
+    assert 0 < yes < 40
+    write_review(base / "val-answers.jsonl", answers)
+    assert train_main(["--from-run", str(first), "--review", str(base / "val-answers.jsonl"), "--name", "val"]) == 0
+    said = capsys.readouterr().out
+    assert f"on validation images: {yes} confirmed, {40 - yes} rejected; val stays partial" in said
+    run = runs / "val"
+    config = json.loads((run / "config.json").read_text())["resolved"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert config["review"]["val"] == summary["val_review"] == {"confirmed": yes, "rejected": 40 - yes,
+                                                                "labels": "partial", "selection": "label-free"}
+    assert config["labels"]["val"]["kind"] == "partial" and config["selection"]["criterion"] == "observed-map"
+    scores = np.load(run / "scores.npz")
+    labels = scores["val_labels"]
+    for a in answers:
+        assert labels[row_of[a.image], tiny.classes.index(a.label)] == a.answer
+    assert np.array_equal(labels, np.maximum(protocol.val.labels, labels))  # the given labels kept
+    assert summary["best_score"] == pytest.approx(observed_map(scores["val_logits"], labels), abs=1e-3)
+    assert observed_map(scores["val_logits"], labels) != observed_map(scores["val_logits"], protocol.val.labels)
+    rebuilt = rebuild_splits(load_checkpoint(run / "best.pt").meta)  # what the export calibrates on
+    assert np.array_equal(rebuilt.val.labels, labels)
+    assert detect_regime(rebuilt.val.labels, "val", complete=rebuilt.has_full_labels("val")).kind == "partial"

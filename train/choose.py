@@ -267,15 +267,15 @@ def _head_logits(head: torch.nn.Module, rows: Rows) -> np.ndarray:
 
 def out_of_fold_logits(candidate: Candidate, cfg: TrainConfig, data: RunData, model: MultiLabelNet,
                        forward: DatasetForward, pool: Pool, k: ExpectedPositives | None) -> tuple[np.ndarray, str]:
-    """Cross-fitted logits of ``candidate`` for every image of ``pool`` (NaN rows for unreadable images) and why a fold
-    failed ("" when none did)."""
+    """Cross-fitted logits of ``candidate`` for every image of ``pool`` (NaN rows for unreadable images; held-out rows
+    too, :func:`train.cross_fitting.fold_data`) and why a fold failed ("" when none did)."""
     logits = np.full((len(pool), len(data.splits.classes)), np.nan, dtype=np.float32)
     folds = range(int(pool.folds.max()) + 1)
     results = _fit_heads(candidate, cfg, model, forward, [fold_data(data, pool, fold) for fold in folds], k)
     for fold, result in zip(folds, results, strict=True):
         if result.failed or result.scored_logits is None:
             return logits, result.failed or "no epoch could be scored"
-        logits[pool.folds == fold] = result.scored_logits
+        logits[(pool.folds == fold) | (pool.folds == -1 - fold)] = result.scored_logits
     return logits, ""
 
 

@@ -47,32 +47,36 @@ def fold_of(count: int, folds: int = FOLDS, seed: int = FOLD_SEED) -> np.ndarray
 
 def labelled_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) -> Pool:
     """The training and validation images of ``data`` with their observed labels and features, in folds."""
-    splits = data.splits
-    if splits.has_full_labels("val"):
+    if data.splits.has_full_labels("val"):
         raise ValueError("the validation labels are full: score models on them directly instead of cross-fitting")
-    val_observed = splits.val_observed if splits.val_observed is not None else splits.val.labels.astype(np.int8)
-    observed = np.concatenate([splits.train_observed.astype(np.int8), val_observed.astype(np.int8)])
-    images = LabelledImages([*splits.train.paths, *splits.val.paths], (observed > 0).astype(np.uint8),
-                            list(splits.classes))
-    rows = Rows(torch.cat([features["train"].values, features["val"].values]),
-                torch.cat([features["train"].present, features["val"].present]))
-    return Pool(images, observed, rows, fold_of(len(images), folds))
+    pool = training_pool(data, features, folds, held_out_val=True)
+    pool.folds = fold_of(len(pool), folds)
+    return pool
 
 
-def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS) -> Pool:
-    """The training images of ``data`` alone with their observed labels and features, in folds."""
-    splits = data.splits
+def training_pool(data: RunData, features: dict[str, Rows], folds: int = FOLDS, held_out_val: bool = False) -> Pool:
+    """The training images of ``data`` with their observed labels and features, in folds; ``held_out_val``: the
+    validation images after them, held out (fold ``-1 - f``: fold f's head scores them, no head trains on them)."""
+    splits, parts = data.splits, ("train", "val") if held_out_val else ("train",)
     observed = splits.train_observed.astype(np.int8)
-    images = LabelledImages(list(splits.train.paths), (observed > 0).astype(np.uint8), list(splits.classes))
-    return Pool(images, observed, features["train"], fold_of(len(images), folds))
+    if held_out_val:
+        val = splits.val_observed if splits.val_observed is not None else splits.val.labels
+        observed = np.concatenate([observed, val.astype(np.int8)])
+    images = LabelledImages([p for part in parts for p in getattr(splits, part).paths],
+                            (observed > 0).astype(np.uint8), list(splits.classes))
+    rows = Rows(torch.cat([features[part].values for part in parts]),
+                torch.cat([features[part].present for part in parts]))
+    held_out = -1 - np.arange(len(observed) - len(splits.train), dtype=np.int64) % folds
+    return Pool(images, observed, rows, np.concatenate([fold_of(len(splits.train), folds), held_out]))
 
 
 def fold_data(data: RunData, pool: Pool, fold: int) -> tuple[RunData, dict[str, Rows]]:
-    """The data that scores one fold: train on the others but the next, validate on the next."""
+    """The data that scores one fold and its held-out rows (fold ``-1 - fold``): train on the other folds but the
+    next, validate on the next."""
     pick = (fold + 1) % (int(pool.folds.max()) + 1)  # the fold whose images pick the epoch: the next one
-    train_rows = np.flatnonzero((pool.folds != fold) & (pool.folds != pick))
+    train_rows = np.flatnonzero((pool.folds != fold) & (pool.folds != pick) & (pool.folds >= 0))
     val_rows = np.flatnonzero(pool.folds == pick)
-    scored_rows = np.flatnonzero(pool.folds == fold)
+    scored_rows = np.flatnonzero((pool.folds == fold) | (pool.folds == -1 - fold))
     splits = dataclasses.replace(
         data.splits, train=pool.images.subset(train_rows), train_observed=pool.observed[train_rows],
         val=pool.images.subset(val_rows), val_observed=pool.observed[val_rows], test=None,

@@ -122,7 +122,9 @@ def _data_options(g: Any, d: TrainConfig) -> None:
     g.add_argument("--review", metavar="FILE", action="append", help="answers of a label review (repeatable; a "
                    "review file from `python -m train suggest` with its answer column filled in, or the demo's "
                    ".answers.jsonl): yes adds the label to the image, no makes it a known negative; the run records "
-                   "how many were confirmed and rejected (docs/label-review.md). Default: none")
+                   "how many were confirmed and rejected (docs/label-review.md). Answers on validation images (suggest "
+                   "--split val) join the val labels that select the epoch and calibrate the export's thresholds; the "
+                   "val split is then partial, never full, so selection stays label-free. Default: none")
 
 
 def _method_options(g: Any, d: TrainConfig) -> None:

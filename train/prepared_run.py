@@ -169,7 +169,7 @@ class PreparedRun:
                 "protocol_seed": cfg.protocol_seed,
                 "val_fraction": cfg.val_fraction, "num_train": len(splits.train), "num_val": len(splits.val),
                 "observed_file": OBSERVED_FILE, "observed_sha256": self.data.protocol_sha256,
-                "labels": cfg.labels,
+                "labels": cfg.labels, "review": list(cfg.review),  # export applies the answers to val again
                 "label_regimes": {split: regime.kind for split, regime in splits.regimes.items()},
                 "selection": self.selection.name, "expected_positives": k.to_dict() if k else None,
                 "k_estimate": cfg.chosen.get("expected_positives") if cfg.chosen else None,

@@ -6,7 +6,9 @@ present (every class's most likely first, then every class's second, ...: ``--or
 the image's own labels: linear ``an`` heads on the backbone's cached features (the fixed-feature phase of
 ``--trainable head``), cross-fitted in folds over the training images (train/cross_fitting.py), each image scored
 by the head trained on the other folds. The run's own model is not used: it was trained on these very labels, and
-its scores of a training image repeat them.
+its scores of a training image repeat them. ``--split val`` (or ``both``) asks about the validation images, each
+scored by one of the same heads (dealt in turn), none of which trained on them: their answers reach the epoch's
+selection criterion and the export's thresholds (docs/label-review.md).
 
 With ``--audit N`` it writes an audit file instead: N validation images drawn at random (seeded), each with EVERY
 class, the most likely first (the same cross-fitted heads, over the training and validation images). Label them
@@ -39,8 +41,8 @@ from train.console import log
 from train.cross_fitting import FOLDS, Pool, labelled_pool, training_pool
 from train.methods import BASELINE
 
-__all__ = ["AUDIT_SEED", "DEFAULT_ORDER", "DEFAULT_TOP", "ORDERS", "Suggestions", "audit_items", "main", "rank_pairs",
-           "suggest"]
+__all__ = ["AUDIT_SEED", "DEFAULT_ORDER", "DEFAULT_SPLIT", "DEFAULT_TOP", "ORDERS", "SPLITS", "Suggestions",
+           "audit_items", "main", "rank_pairs", "suggest"]
 
 #: Pairs written by default: about what one person reviews in half an hour.
 DEFAULT_TOP = 500
@@ -49,13 +51,17 @@ DEFAULT_TOP = 500
 #: development sets (a class with few labels gains more from one more than a frequent class), bench/README.md.
 ORDERS = ("balanced", "score")
 DEFAULT_ORDER = "balanced"
+#: Whose pairs are suggested. ``train`` by default: what a review buys (docs/label-review.md) was measured with
+#: training answers, which teach the model; a validation answer only sharpens the selection and the thresholds.
+SPLITS = ("train", "val", "both")
+DEFAULT_SPLIT = "train"
 #: Seed of the draw of the validation images of an audit file.
 AUDIT_SEED = 0
 
 
 @dataclass
 class Suggestions:
-    """The ranked pairs, how many unobserved pairs were scored over how many training images, and how long it took."""
+    """The ranked pairs, how many unobserved pairs were scored over how many images, and how long it took."""
 
     items: list[ReviewItem]
     images: int
@@ -108,19 +114,22 @@ def audit_items(pool: Pool, logits: np.ndarray, rows: np.ndarray) -> list[Review
 
 
 def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0,
-            order_by: str = DEFAULT_ORDER, audit: int = 0) -> Suggestions:
-    """Cross-fitted ``an`` heads on ``cfg``'s training images and the ``top`` pairs they rank highest; with ``audit``,
-    every class of ``audit`` random validation images."""
+            order_by: str = DEFAULT_ORDER, audit: int = 0, split: str = DEFAULT_SPLIT) -> Suggestions:
+    """Cross-fitted ``an`` heads on ``cfg``'s training images and the ``top`` pairs of ``split``'s images they rank
+    highest; with ``audit``, every class of ``audit`` random validation images."""
     started = time.perf_counter()
     head_cfg = dataclasses.replace(head_config(cfg), method=BASELINE)
     if not cfg.fixed_features:
         head_cfg = dataclasses.replace(head_cfg, lr=TrainConfig.lr)  # the run's lr is a fine-tune's
     data, model, forward, features = prepare(head_cfg)
-    if audit and data.splits.has_full_labels("val"):
-        raise ValueError("the validation images of this run are labelled completely already: they need no audit")
-    pool = labelled_pool(data, features) if audit else training_pool(data, features)
+    if (audit or split != "train") and data.splits.has_full_labels("val"):
+        raise ValueError("the validation images of this run are labelled completely already: they need no "
+                         + ("audit" if audit else "review"))
+    pool = labelled_pool(data, features) if audit else training_pool(data, features, held_out_val=split != "train")
+    held_out = int((pool.folds < 0).sum())
     log(f"suggest: {FOLDS} {BASELINE} heads at lr {head_cfg.lr:g} on fixed {head_cfg.arch} features, cross-fitted "
-        f"over the {len(pool)} training" + (" and validation" if audit else "") + " images")
+        f"over the {len(pool) - held_out} training" + (" and validation" if audit else "") + " images"
+        + (f"; the {held_out} validation images held out, each scored by one of them" if held_out else ""))
     logits, failed = out_of_fold_logits(Candidate(BASELINE, head_cfg.lr), head_cfg, data, model, forward, pool, None)
     if failed:
         raise RuntimeError(f"the cross-fitted heads could not be trained: {failed}")
@@ -130,8 +139,11 @@ def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0,
         drawn = np.sort(np.random.default_rng(AUDIT_SEED).permutation(val_rows)[:audit])
         items = audit_items(pool, logits, drawn)
         return Suggestions(items, len(pool), len(items), time.perf_counter() - started)
+    if split == "val":
+        logits[pool.folds >= 0] = np.nan  # the training images: not asked
     items, scored = rank_pairs(pool, logits, top, per_image, order_by)
-    return Suggestions(items, len(pool), scored, time.perf_counter() - started)
+    return Suggestions(items, len(pool) - (len(data.splits.train) if split == "val" else 0), scored,
+                       time.perf_counter() - started)
 
 
 def _run_config(run: str, runs_dir: str | None, review: list[str]) -> TrainConfig:
@@ -164,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--order", choices=ORDERS, default=DEFAULT_ORDER, help="balanced: every class's most likely "
                    "missing label first, then every class's second, ... (more mAP per review); score: by probability "
                    "alone (more labels found per review). Default: %(default)s")
+    p.add_argument("--split", choices=SPLITS, default=DEFAULT_SPLIT, help="whose labels to suggest: the training "
+                   "images' (answers teach the model), the validation images' (answers reach the selection criterion "
+                   "and the export's thresholds; the val split stays partial, so selection stays label-free) or both, "
+                   "ranked together. Default: %(default)s (the measured gains of a review are the training answers')")
     p.add_argument("--review", action="append", default=[], metavar="FILE",
                    help="answers given since the run (repeatable): they join the labels and are not asked again")
     p.add_argument("--runs-dir", help="where run names are looked up (default: the runs folder of python -m train)")
@@ -185,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"-o {args.output} exists (it may hold answers); choose another file or --overwrite")
         cfg = dataclasses.replace(_run_config(args.run, args.runs_dir, args.review), progress=args.progress)
         try:
-            result = suggest(cfg, args.top, args.per_image, args.order, args.audit)
+            result = suggest(cfg, args.top, args.per_image, args.order, args.audit, args.split)
         except (DataError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -197,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"label them completely: python -m serve demo --audit {args.output} (answers go to {answers}); "
                   f"then: python -m train --from-run {args.run} --method auto --audit {answers}")
             return
-        print(f"wrote {len(result.items)} suggestions on {images} of {result.images} training images to "
+        whose = {"train": "training", "val": "validation", "both": "training and validation"}[args.split]
+        print(f"wrote {len(result.items)} suggestions on {images} of {result.images} {whose} images to "
               f"{args.output} (the best of {result.scored_pairs:,} unobserved pairs; {result.seconds:.0f} s)")
         print(f"review them: python -m serve demo --review {args.output} (answers go to {answers}), or fill in "
               f"its answer column (yes / no); then retrain: python -m train --from-run {args.run} --review "

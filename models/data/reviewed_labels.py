@@ -1,5 +1,6 @@
 """A run's labels with the review answers (``--review FILE``; docs/label-review.md): ``yes`` an observed positive,
-``no`` a known negative; pairs that do not apply are counted and left out."""
+``no`` a known negative, on training and validation images; pairs that do not apply are counted and left out. A
+reviewed validation split is partial (never full), so its epochs are still selected label-free."""
 
 from __future__ import annotations
 
@@ -88,8 +89,17 @@ def apply_review(protocol: ProtocolSplits, files: list[str] | tuple[str, ...]) -
     reviewed = replace(protocol, train_observed=train_observed, val_observed=val_observed)
     if "train" not in protocol.complete_splits:
         reviewed = replace(reviewed, train=_as_given(protocol.train, train_observed))
-    if "val" not in protocol.complete_splits or protocol.observed.val == "observed":
-        reviewed = replace(reviewed, val=_as_given(protocol.val, val_observed))
+    val_used = "val" not in protocol.complete_splits or protocol.observed.val == "observed"  # else: full labels
+    if val_used:  # its answers are in the labels the run selects by: no longer complete
+        reviewed = replace(reviewed, val=_as_given(protocol.val, val_observed),
+                           complete_splits=tuple(s for s in protocol.complete_splits if s != "val"))
+    full, kind = reviewed.has_full_labels("val"), reviewed.regimes["val"].kind
+    val = {"confirmed": rest_counts.confirmed, "rejected": rest_counts.rejected, "labels": kind,
+           "selection": "by the val labels" if full else "label-free"}
+    said = ("val has full labels, so these change nothing" if not val_used else f"val stays {kind}"
+            + ("" if full else ", never full, so selection stays label-free"))
     record = {"files": [{"path": str(Path(p).resolve()), "sha256": file_sha256(p)} for p in files],
-              "answered_pairs": len(answers), **counts.to_dict(), "describe": counts.describe()}
+              "answered_pairs": len(answers), **counts.to_dict(), "val": val, "describe": counts.describe() + (
+                  f" (on validation images: {val['confirmed']} confirmed, {val['rejected']} rejected; {said})"
+                  if val["confirmed"] or val["rejected"] else "")}
     return reviewed, record
