@@ -1,10 +1,7 @@
-"""OpenVINO at export (``--openvino``): each file made for ONNX Runtime on the CPU (FP32, INT8) is run by OpenVINO, in
-float32 and, on CPUs with bfloat16 units, in bfloat16, through a gate against the FP32 reference like the
-precisions' (float32: parity; bfloat16 and INT8: identical decisions and mAP drop), with its throughput beside ONNX
-Runtime's. A runtime that passes and is at least :data:`PICK_MARGIN` times as fast is written into the file's metadata
-(:attr:`~models.checkpoint.ModelMeta.runtime_pick`); ``python -m serve`` uses it by default on a CPU of the same model.
-A failed check never fails the export: ONNX Runtime stays the file's runtime.
-"""
+"""OpenVINO at export (``--openvino``): each CPU file (FP32, INT8) run by OpenVINO in float32 and, where the CPU has
+bfloat16 units, bfloat16, through a gate against the FP32 reference like the precisions', timed beside ONNX Runtime.
+A runtime that passes and is :data:`PICK_MARGIN` times as fast goes into the file's ``runtime_pick``, which serve uses
+by default on a CPU of the same model; a failed check never fails the export (docs/export.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Per-class decision thresholds calibrated on validation scores (a class is tagged when its probability is ``>=`` its
-threshold), and a report of what they change. The modes: docs/export.md.
-
-Every distinct score is a candidate cut; the threshold goes at the midpoint to the next lower distinct score, so runtime
-differences cannot flip a decision, and ties go to the highest threshold. Thresholds are clamped to ``[1e-6, 1 - 1e-6]``
-(serve rounds probabilities to 6 decimals). A class with fewer than ``min_positives`` validation positives gets the same
-criterion's optimum on all classes pooled (0.5 only with no positive at all); :attr:`Calibration.rules` records the rule
-of each class."""
+"""Per-class decision thresholds calibrated on validation scores (tagged when the probability is ``>=`` the threshold)
+and a report of what they change (modes: docs/export.md). A threshold sits at the midpoint to the next lower distinct
+score (runtime differences cannot flip a decision), clamped to ``[1e-6, 1 - 1e-6]``; a class with fewer than
+``min_positives`` positives gets the criterion's pooled optimum; :attr:`Calibration.rules` records each rule."""
 
 from __future__ import annotations
 

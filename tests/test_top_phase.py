@@ -59,7 +59,8 @@ def test_top_trains_only_the_last_stage_and_the_head_on_cached_inputs(squares_cs
     after = model.state_dict()
     last = f"backbone.blocks.{len(model.backbone.blocks) - 1}."
     for key, value in after.items():
-        if key.startswith(("backbone.conv_stem", "backbone.bn1", "backbone.blocks")) and not key.startswith(last):  # weights and BatchNorm statistics: never run in training, never changed
+        # below the last stage: weights and BatchNorm statistics never run in training, never changed
+        if key.startswith(("backbone.conv_stem", "backbone.bn1", "backbone.blocks")) and not key.startswith(last):
             torch.testing.assert_close(value, start[key], rtol=0, atol=0, msg=key)
     changed = [k for k, v in after.items() if v.dtype.is_floating_point and not torch.equal(v, start[k])]
     assert any(k.startswith(last) for k in changed) and any(k.startswith("head.") for k in changed)

@@ -1,10 +1,7 @@
-"""Choosing the method and its learning rate on the user's own labels: ``python -m train --method auto``
-(docs/choosing.md, "What --method auto does").
-
-Linear heads of every candidate method at every learning rate of :data:`CANDIDATE_LRS` train on cached backbone
-features, one process per core; without full validation labels they are cross-fitted over the training and validation
-images and scored by :data:`CHOICE_CRITERION`, else by the validation mAP. The baseline (``an``) stays the choice unless
-a candidate beats it beyond the noise (:func:`pick`); an audit list can overrule that."""
+"""Choosing the method and its learning rate on the user's own labels (``--method auto``; docs/choosing.md): linear
+heads of every candidate at every :data:`CANDIDATE_LRS` on cached features, one process per core, cross-fitted and
+scored by :data:`CHOICE_CRITERION` without full val labels; ``an`` stays unless a candidate beats it beyond the noise
+(:func:`pick`), and an audit list can overrule that."""
 
 from __future__ import annotations
 

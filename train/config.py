@@ -1,9 +1,6 @@
-"""Training configuration: :class:`TrainConfig`, every default, and :func:`resolve_settings`, which resolves them and
-records where each value came from (config.json's ``sources``).
-
-A setting comes from the last layer that sets it: TrainConfig's default, ``--preset`` (:data:`RUN_PRESETS`),
-``--from-run``, the options given; then, for what none set, the regime's defaults (:data:`HEAD_EPOCHS`,
-:data:`FINE_TUNE_DEFAULTS`) and the data's (the ``auto`` model settings). The command line is :mod:`train.options`."""
+"""Training configuration: :class:`TrainConfig`, every default, and :func:`resolve_settings`, which takes each setting
+from the last layer that sets it (the default, ``--preset``, ``--from-run``, the options given, then the regime's and
+the data's defaults) and records where it came from (config.json's ``sources``); the command line: train.options."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""One end-to-end epoch: the training data, the training step (the model calls a method asks for and its loss, as one
-module DistributedDataParallel wraps; the method's buffers stay outside it: docs/distributed.md), the stage's
-optimisation (:data:`OPTIMIZERS`, :data:`SCHEDULERS`, scaler, EMA) and the step loop.
-
-The loop reads device values only every :data:`HOST_SYNC_EVERY` steps and at the end of the epoch; a non-finite loss is
-noticed there, and the error names the first step that had one."""
+"""One end-to-end epoch: the training data, the training step (one module DistributedDataParallel wraps; the method's
+buffers outside it: docs/distributed.md), the optimisation (:data:`OPTIMIZERS`, :data:`SCHEDULERS`, scaler, EMA) and
+the step loop, which reads device values only every :data:`HOST_SYNC_EVERY` steps and at the end of the epoch."""
 
 from __future__ import annotations
 

@@ -148,10 +148,14 @@ class FixedFeaturePhase:
         self.best_score = float(state["best_map"])
         self.best_state = state["best"]
 
+    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """The head's logits for cached rows, on the CPU."""
+        with torch.inference_mode(), head_threads(self.threads):
+            return self.head(rows).float().cpu()
+
     def predict_train(self, augment: bool) -> torch.Tensor:
         """Probabilities of the current head on the cached training features (no augmentation exists)."""
-        with torch.inference_mode(), head_threads(self.threads):
-            return torch.sigmoid(self.head(self.train_features)).cpu()
+        return torch.sigmoid(self._logits(self.train_features))
 
     @property
     def pace(self) -> tuple[int, int]:
@@ -206,8 +210,7 @@ class FixedFeaturePhase:
     def validate(self, metrics: bool = True) -> Assessment:
         """The current head's val predictions against the val labels, with the criterion and metrics."""
         present = self.val_present
-        with torch.inference_mode(), head_threads(self.threads):
-            logits = self.head(self.val_features[present.to(self.val_features.device)]).cpu().numpy()
+        logits = self._logits(self.val_features[present.to(self.val_features.device)]).numpy()
         return assess(logits, self.val_labels[present.numpy()], self.classes, self.criterion,
                       full_labels=self.val_full_labels, metrics=metrics)
 

@@ -1,24 +1,10 @@
-"""Suggested labels to review: ``python -m train suggest RUN -o FILE``.
+"""Suggested labels to review: ``python -m train suggest RUN -o FILE`` (docs/label-review.md).
 
-One label per image leaves most present labels unobserved, and a person confirms or rejects a suggested label in a
-second. This command ranks, across the whole training set of a run, the unobserved (image, label) pairs most likely
-present (every class's most likely first, then every class's second, ...: ``--order``), from scores that never saw
-the image's own labels: linear ``an`` heads on the backbone's cached features (the fixed-feature phase of
-``--trainable head``), cross-fitted in folds over the training images (train/cross_fitting.py), each image scored
-by the head trained on the other folds. The run's own model is not used: it was trained on these very labels, and
-its scores of a training image repeat them. ``--split val`` (or ``both``) asks about the validation images, each
-scored by one of the same heads (dealt in turn), none of which trained on them: their answers reach the epoch's
-selection criterion and the export's thresholds (docs/label-review.md).
-
-With ``--audit N`` it writes an audit file instead: N validation images drawn at random (seeded), each with EVERY
-class, the most likely first (the same cross-fitted heads, over the training and validation images). Label them
-completely in the demo's Audit tab (``python -m serve demo --audit FILE``), then ``--method auto --audit LOG``
-chooses the method on them (docs/choosing.md), and the export's thresholds take k from them.
-
-The result is a review file (models/data/review_file.py) with an empty ``answer`` column, best first: review it in
-the demo (``python -m serve demo --review FILE``) or fill in the column by hand, then retrain with the answers
-(``python -m train --from-run RUN --review ANSWERS``). The answers of ``--review`` files (the run's own and those
-given here) join the labels before scoring, so a second round learns from the first and never asks a pair again.
+It ranks the unobserved (image, label) pairs of a run's training (``--split val``: validation) images most likely
+present, from linear ``an`` heads on cached backbone features cross-fitted in folds (train/cross_fitting.py), so no
+image is scored by a head that saw its labels; the run's own model is not used (it repeats the labels it learnt).
+``--audit N`` writes an audit file instead: N validation images, each with every class, the most likely first. The
+answers of ``--review`` files join the labels before scoring, so a second round never asks a pair again.
 """
 
 from __future__ import annotations

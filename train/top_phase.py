@@ -1,6 +1,5 @@
-"""``--trainable top``: after LinearInit's head, the backbone's last stage and the head train on the cached output of
-the frozen stages below (:meth:`MultiLabelNet.below_last_stage`), seconds per epoch on a CPU instead of minutes. The
-random horizontal flip of training comes from a second cached pass over the flipped training images."""
+"""``--trainable top``: after LinearInit's head, the last stage and the head train on the cached output of the frozen
+stages below (seconds per epoch on a CPU), flipped at random from a second cached pass over the flipped images."""
 
 from __future__ import annotations
 
@@ -15,13 +14,13 @@ from models.network import MultiLabelNet
 from train.feature_cache import FeatureCache
 from train.fixed_features import FixedFeaturePhase, HeadOptimisation, head_optimiser
 from train.methods import Method
-from train.selection import Assessment, Criterion, DatasetForward, Rows, assess
+from train.selection import Criterion, DatasetForward, Rows
 
 CHUNK = 256  # rows per forward of the last stage when predicting a whole split
 
 
 class LastStage(nn.Module):
-    """``model`` from its last stage's input to the logits; BatchNorms in ``frozen`` keep their statistics."""
+    """``model`` from its last stage's input to the logits; with ``frozen_statistics`` its BatchNorms keep theirs."""
 
     def __init__(self, model: MultiLabelNet, frozen_statistics: bool) -> None:
         super().__init__()
@@ -33,16 +32,14 @@ class LastStage(nn.Module):
 
     def train(self, mode: bool = True) -> LastStage:
         super().train(mode)
-        if self.frozen_statistics:
-            for module in self.modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    module.eval()
+        for module in self.modules() if self.frozen_statistics else ():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.eval()
         return self
 
 
 class TopPhase(FixedFeaturePhase):
-    """The last stage + head of ``model`` trained on cached last-stage inputs: the body at ``optimisation.lr``, the
-    head at ``head_lr_mult`` times it; the features of :class:`FixedFeaturePhase` are those inputs (float16)."""
+    """The last stage (at ``optimisation.lr``) and head (``head_lr_mult`` times it) on cached float16 inputs."""
 
     def __init__(self, model: MultiLabelNet, method: Method, predictor: DatasetForward, train: LabelledImages,
                  val: LabelledImages, observed: torch.Tensor, negatives: torch.Tensor, annotated: torch.Tensor | None,
@@ -50,9 +47,8 @@ class TopPhase(FixedFeaturePhase):
                  val_full_labels: bool, cache: FeatureCache, cache_key: Callable[[LabelledImages], dict[str, Any]],
                  head_lr_mult: float = 1.0, frozen_statistics: bool = True) -> None:
         self.threads = torch.get_num_threads()  # convolutions: every thread pays
-        stage = LastStage(model, frozen_statistics)
-        super().__init__(model, method, predictor, train, val, observed, negatives, annotated, optimisation,
-                         batch_size, seed, criterion, val_full_labels, cache, cache_key, head=stage)
+        super().__init__(model, method, predictor, train, val, observed, negatives, annotated, optimisation, batch_size,
+                         seed, criterion, val_full_labels, cache, cache_key, head=LastStage(model, frozen_statistics))
         self.flipped, _ = self._extract(train, "train, flipped")
         head = {id(p) for p in model.head.parameters()}
         body = [p for p in model.parameters() if p.requires_grad and id(p) not in head]
@@ -87,24 +83,13 @@ class TopPhase(FixedFeaturePhase):
             yield number, size, batch
 
     def _logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """The network's logits for cached last-stage inputs, in chunks (eval mode; the mode is restored)."""
+        """The network's logits for cached last-stage inputs, in chunks, in eval mode (the mode is restored)."""
         was_training = self.head.training
         self.head.eval()
         with torch.inference_mode():
             out = torch.cat([self.head(rows[i:i + CHUNK]).float() for i in range(0, len(rows), CHUNK)])
         self.head.train(was_training)
         return out.cpu()
-
-    def predict_train(self, augment: bool) -> torch.Tensor:
-        """Probabilities of the current network on the training images (unflipped)."""
-        return torch.sigmoid(self._logits(self.train_features))
-
-    def validate(self, metrics: bool = True) -> Assessment:
-        """The current network's val predictions against the val labels, with the criterion and metrics."""
-        present = self.val_present
-        logits = self._logits(self.val_features[present.to(self.val_features.device)]).numpy()
-        return assess(logits, self.val_labels[present.numpy()], self.classes, self.criterion,
-                      full_labels=self.val_full_labels, metrics=metrics)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch of the last stage and head (phase 2 in metrics.jsonl)."""

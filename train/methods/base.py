@@ -1,10 +1,7 @@
-"""The method interface and registry (docs/methods.md, "The method interface").
-
-A method is an ``nn.Module`` whose buffers and parameters are checkpointed and restored by ``--resume``. It overrides
-:meth:`Method.loss` ``(logits, batch) -> LossOutput``; ``batch`` holds ``observed``, ``index`` and the model outputs its
-hooks ask for, never ground truth (except for an oracle). Log values are detached tensors; under torchrun, collectives a
-loss issues must run in the same order on every rank. Hyperparameters are a dataclass per method (``--hp``), with
-per-dataset ``presets`` and ``paper_settings``."""
+"""The method interface and registry (docs/methods.md, "The method interface"): a method is an ``nn.Module`` (its state
+checkpointed) overriding :meth:`Method.loss` ``(logits, batch) -> LossOutput``; ``batch`` holds ``observed``, ``index``
+and the model outputs its hooks ask for, never ground truth (but for an oracle); under torchrun a loss's collectives
+run in the same order on every rank. Hyperparameters: a dataclass per method (``--hp``), presets, paper settings."""
 
 from __future__ import annotations
 
