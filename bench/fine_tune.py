@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -28,36 +29,33 @@ from bench.choices import DEV_SETS, RUNS, TITLES, USER_VIEW, full_labels_by_path
 from bench.results_page import add_page_options, machine_line, publish
 from models.evaluation.criteria import LABEL_FREE_CRITERIA
 from models.evaluation.metrics import mean_average_precision
-from train import build_parser, config_from_args, extract_features
-from train.fixed_features import FixedFeaturePhase
-from train.methods import get_method
-from train.selection import AssessedWeights
-from train.top_phase import TopPhase
-from train.trainer import Trainer
+from train import Trainer, build_parser, config_from_args, extract_features
 
 OUT = Path("runs/fine-tune")
 SECTION = "fine-tune-top"
 PATIENCE = 3  # the package's fine-tune patience, applied to the recorded epochs
 CRITERION = "observed-map"  # what a run selects by when val has no full labels (--select auto)
 REAL_SETS = ("tuxpaint", "icons-phosphor", "openclipart")
+NEEDS_K = ("epr", "role")  # the methods whose loss takes k, the expected positives per image
 
 
 class ScoredTrainer(Trainer):
     """The product's trainer, scoring each epoch's val logits (every label-free criterion, the hidden full val mAP)
     and its test logits."""
 
-    def __init__(self, cfg: Any, val_full: np.ndarray) -> None:
+    def __init__(self, cfg: Any, dev: Any) -> None:
         super().__init__(cfg)
-        self.val_full = val_full
+        full = full_labels_by_path(dev, list(self.run.splits.classes), self.run.data.dataset)
+        self.val_full = np.stack([full[str(p)] for p in self.run.splits.val.paths])
         self.epochs: list[dict[str, float]] = []
         self._test_features: torch.Tensor | None = None
         self._test_inputs: torch.Tensor | None = None
 
-    def _candidates(self, linear: FixedFeaturePhase | None) -> list[AssessedWeights]:
+    def _candidates(self, linear: Any) -> list[Any]:
         candidates = super()._candidates(linear)
         run = self.run
         test = run.splits.test
-        if isinstance(linear, TopPhase):
+        if linear is not None and linear is self.top:
             if self._test_inputs is None:
                 self._test_inputs = linear._extract(test, "test")[0]
             test_logits = linear._logits(self._test_inputs).numpy()
@@ -74,7 +72,7 @@ class ScoredTrainer(Trainer):
         record = {name: float(fn(val, observed)) for name, fn in LABEL_FREE_CRITERIA.items()}
         record.update(val_full=float(mean_average_precision(val, self.val_full)),
                       test=float(mean_average_precision(test_logits, test.labels)),
-                      phase=2 if isinstance(linear, TopPhase) else 1, seconds=time.perf_counter())
+                      phase=2 if linear is self.top else 1, seconds=time.perf_counter())
         self.epochs.append(record)
         return candidates
 
@@ -91,24 +89,20 @@ def measure(dev_name: str, seed: int, method: str, lr: float, epochs: int, linea
             *USER_VIEW, "--trainable", "top", "--method", method, "--lr", str(lr), "--epochs", str(epochs),
             "--linear-init", str(linear_init), "--patience", "0", "--seed", str(seed), "--no-progress",
             "--runs-dir", str(OUT / "runs"), "--name", tag]
-    if get_method(method).uses_expected_positives:  # k as estimated without labels, not the benchmark's full labels
+    if method in NEEDS_K:  # k as estimated without labels, not the benchmark's full labels
         argv += ["--hp", f"k={chooser_k(dev_name, seed):.4f}"]
     cfg = config_from_args(build_parser().parse_args(argv))
+    shutil.rmtree(OUT / "runs" / tag, ignore_errors=True)  # a measurement killed before its record: run it again
     started = time.perf_counter()
-    from train.prepared_run import load_run_data
-
-    data = load_run_data(cfg)
-    splits = data.splits
-    full = full_labels_by_path(dev, list(splits.classes), data.dataset)
-    val_full = np.stack([full[str(p)] for p in splits.val.paths])
-    trainer = ScoredTrainer(cfg, val_full)
+    trainer = ScoredTrainer(cfg, dev)
     trainer.fit()
     for record in trainer.epochs:
         record["seconds"] -= started
     top_seconds = [b["seconds"] - a["seconds"] for a, b in zip(trainer.epochs, trainer.epochs[1:], strict=False)
                    if a["phase"] == b["phase"] == 2]
     result = {"dev_set": dev_name, "seed": seed, "method": method, "lr": lr, "epochs": epochs,
-              "linear_init": linear_init, "argv": argv, "train": len(splits.train), "per_epoch": trainer.epochs,
+              "linear_init": linear_init, "argv": argv, "train": len(trainer.run.splits.train),
+              "per_epoch": trainer.epochs,
               "seconds": round(time.perf_counter() - started, 1),
               "top_epoch_seconds": float(np.median(top_seconds)) if top_seconds else None}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -200,6 +194,17 @@ def report() -> str:
         seconds = f"{np.median(cost):.1f}" if cost else "n/a"
         lines.append(f"| {TITLES.get(dev, dev)} | {method} | {lr:g} | {len(runs)} | {_mean_std(picked)} | {gain} | "
                      f"{phase2}/{len(runs)} | {np.mean(losses):.2f} | {_mean_std(vals)} | {seconds} |")
+    lines += ["", "Selection loss by criterion (test mAP of the best epoch minus the picked one's, mean over the runs; "
+              "patience as above; `val_full` = the hidden full val labels, for reference):", "",
+              "| set | method | " + " | ".join(f"`{c}`" for c in [*LABEL_FREE_CRITERIA, "val_full"]) + " |",
+              "|---|---|" + "---|" * (len(LABEL_FREE_CRITERIA) + 1)]
+    for (dev, method, _lr), runs in sorted(groups.items()):
+        cells = []
+        for criterion in [*LABEL_FREE_CRITERIA, "val_full"]:
+            losses = [max(e["test"] for e in r["per_epoch"]) - r["per_epoch"][pick(r["per_epoch"], criterion)]["test"]
+                      for r in runs]
+            cells.append(f"{np.mean(losses):.2f}")
+        lines.append(f"| {TITLES.get(dev, dev)} | {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

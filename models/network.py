@@ -38,7 +38,7 @@ class TrainableScope:
 #: Which parameters train (``--trainable``).
 TRAINABLE_SCOPES: Table[TrainableScope] = Table("trainable scope", [
     Row("all", "every weight", TrainableScope(lambda family, backbone: [])),
-    Row("layer4", "the ResNets' last stage (LgConv branches + layer4 + head); stem and layers 1-3 frozen, their "
+    Row("layer4", "the last stage (the ResNets' LgConv branches + layer4) + head; the stages below frozen, their "
         "BatchNorms in eval mode so the frozen features really are fixed",
         TrainableScope(lambda family, backbone: family.last_stage_frozen_below(backbone), branches_train=True)),
     Row("top", "the backbone's last stage and the head, trained on the cached output of the frozen stages below "
@@ -146,8 +146,8 @@ class MultiLabelNet(nn.Module):
         return self._family[0]
 
     def set_trainable_scope(self, scope: str) -> None:
-        """``all``: every parameter trains; ``layer4`` (ResNets): the LgConv branches, layer4 and the head; ``head``:
-        the head only. Frozen parts keep their BatchNorm statistics."""
+        """``all``: every parameter trains; ``layer4`` and ``top``: the last stage (ResNets: with LgConv's branches)
+        and the head; ``head``: the head only. Frozen parts keep their BatchNorm statistics."""
         rule = TRAINABLE_SCOPES[scope]  # an unknown scope: the one message listing them
         for p in self.parameters():
             p.requires_grad_(True)

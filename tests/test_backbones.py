@@ -77,9 +77,12 @@ def test_lgconv_is_the_resnets_option() -> None:
     assert any(global_branches(build_model("resnet18", 3, lgconv=True)))
     with pytest.raises(ValueError, match="LgConv"):
         build_model("test_efficientnet", 3, lgconv=True)
+    with pytest.raises(ValueError, match="layer4 and top"):  # no stages to split at
+        build_model("test_vit", 3).set_trainable_scope("layer4")
     model = build_model("test_efficientnet", 3)
-    with pytest.raises(ValueError, match="layer4"):
-        model.set_trainable_scope("layer4")
+    model.set_trainable_scope("layer4")  # the EfficientNets' last stage
+    assert next(n for n, p in model.backbone.named_parameters() if p.requires_grad).startswith(
+        f"blocks.{len(model.backbone.blocks) - 1}.")
     model.set_trainable_scope("head")
     assert not any(p.requires_grad for p in model.backbone.parameters())
     assert all(p.requires_grad for p in model.head.parameters())

@@ -198,14 +198,14 @@ def _model_options(g: Any, d: TrainConfig) -> None:
     g.add_argument("--head-bias", choices=HEAD_BIASES.names(), help="initial bias of the new classifier head: "
                    f"{HEAD_BIASES.cli_help()}. A head loaded from --weights keeps its bias. Default: {d.head_bias}")
     scoped = ", ".join(f"{m.name}: {m.trainable_scope}" for m in METHODS.values() if m.trainable_scope)
-    g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all; layer4 (the ResNets' "
-                   "LgConv branches + layer4 + head; stem and layers 1-3 frozen); top (after LinearInit's head, the "
-                   "last stage and the head train on the cached output of the frozen stages below, with random "
-                   "flips: seconds per epoch on a CPU; the timm EfficientNets and the ResNets); or head (the seeds' "
-                   "fixed-feature "
-                   "mode, Cole et al.'s linear_fixed_features: the backbone is frozen, every image's features are "
-                   "computed once and cached in $SPML_CACHE/features, and the head trains on them in seconds; methods "
-                   "that need augmented views or feature maps refuse it). --preset paper applies a method's published "
+    g.add_argument("--trainable", choices=TRAINABLE_SCOPES, help="which weights train: all; layer4 (the last stage "
+                   "end to end and the head, the stages below frozen: the ResNets' LgConv branches + layer4, the timm "
+                   "EfficientNets' last block stage); top (after LinearInit's head, the same last stage and the head "
+                   "train on the cached output of the frozen stages below, with random flips: seconds per epoch on a "
+                   "CPU); or head (the seeds' fixed-feature mode, Cole et al.'s linear_fixed_features: the backbone "
+                   "is frozen, every image's features are computed once and cached in $SPML_CACHE/features, and the "
+                   "head trains on them in seconds; methods that need augmented views or feature maps refuse it). "
+                   "--preset paper applies a method's published "
                    f"scope ({scoped or 'none'}). Default: {d.trainable}")
 
 
