@@ -36,7 +36,6 @@ SECTION = "fine-tune-top"
 PATIENCE = 3  # the package's fine-tune patience, applied to the recorded epochs
 CRITERION = "observed-map"  # what a run selects by when val has no full labels (--select auto)
 REAL_SETS = ("tuxpaint", "icons-phosphor", "openclipart")
-NEEDS_K = ("epr", "role")  # the methods whose loss takes k, the expected positives per image
 
 
 class ScoredTrainer(Trainer):
@@ -89,12 +88,16 @@ def measure(dev_name: str, seed: int, method: str, lr: float, epochs: int, linea
             *USER_VIEW, "--trainable", "top", "--method", method, "--lr", str(lr), "--epochs", str(epochs),
             "--linear-init", str(linear_init), "--patience", "0", "--seed", str(seed), "--no-progress",
             "--runs-dir", str(OUT / "runs"), "--name", tag]
-    if method in NEEDS_K:  # k as estimated without labels, not the benchmark's full labels
-        argv += ["--hp", f"k={chooser_k(dev_name, seed):.4f}"]
-    cfg = config_from_args(build_parser().parse_args(argv))
     shutil.rmtree(OUT / "runs" / tag, ignore_errors=True)  # a measurement killed before its record: run it again
     started = time.perf_counter()
-    trainer = ScoredTrainer(cfg, dev)
+    given_k = ["--hp", f"k={chooser_k(dev_name, seed):.4f}"]  # k estimated without labels, not the full labels'
+    try:
+        trainer = ScoredTrainer(config_from_args(build_parser().parse_args([*argv, *given_k])), dev)
+        argv += given_k
+    except ValueError as exc:  # a method without k refuses it before the run folder is made
+        if "hyperparameter 'k'" not in str(exc):
+            raise
+        trainer = ScoredTrainer(config_from_args(build_parser().parse_args(argv)), dev)
     trainer.fit()
     for record in trainer.epochs:
         record["seconds"] -= started
@@ -153,7 +156,7 @@ def _mean_std(values: list[float]) -> str:
     return f"{np.mean(values):.2f} ± {np.std(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
-def report() -> str:
+def report(note: str = "") -> str:
     """The results page section from every measured run."""
     results = [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json"))]
     lines = [
@@ -205,7 +208,7 @@ def report() -> str:
                       for r in runs]
             cells.append(f"{np.mean(losses):.2f}")
         lines.append(f"| {TITLES.get(dev, dev)} | {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + ("\n\n" + note if note else "") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--epochs", type=int, default=15)
     m.add_argument("--linear-init", type=int, default=25)
     r = sub.add_parser("report", help="write the results page's section")
+    r.add_argument("--note", default="", help="a closing paragraph (what was not run, the machine's load)")
     add_page_options(r, SECTION)
     args = p.parse_args(argv)
     if args.command == "measure":
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 for method in args.methods.split(","):
                     measure(dev, seed, method, args.lr, args.epochs, args.linear_init)
         return 0
-    publish(args.section or SECTION, report(), args.page)
+    publish(args.section or SECTION, report(args.note), args.page)
     return 0
 
 
