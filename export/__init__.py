@@ -1,8 +1,6 @@
-"""Export trained checkpoints to verified, self-describing ONNX files (``python -m export``).
-
-The public API is imported lazily (``python -m export --help`` does not load torch): :func:`export_onnx`,
-:func:`export_run` (the whole pipeline), :func:`export_to_file`, :func:`convert_fp16`, :func:`quantize_int8`,
-:func:`calibrate`, the metadata readers and the :class:`ExportError` family. ``export`` imports ``models`` only."""
+"""Export trained checkpoints to verified, self-describing ONNX files (``python -m export``). The public API, imported
+lazily (``--help`` loads no torch): :func:`export_onnx`, :func:`export_run`, :func:`export_to_file`, ``convert_fp16``,
+:func:`quantize_int8`, :func:`calibrate`, the metadata readers, :class:`ExportError`; imports ``models`` only."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""PU-MLC's local-global convolution (LgConv) for torchvision ResNets, and its exact inference-time fold.
-
-Training form (Yuan, Zhang, Huang, ICME 2024; docs/methods.md, "PU-MLC and LgConv"): every 3x3 convolution ``conv(x)``
-becomes ``conv(x) + GB(x)``, ``GB`` a global branch with 8 attention heads. :class:`LgConv2d` *is* an ``nn.Conv2d`` with
-the branch as its ``global_branch`` child, so plain ResNet weights load into it unchanged. Inference form
-(:func:`fold_resnet`): BatchNorms folded, the branch's linear path added to the kernel's centre tap, the global term
-computed on 8 attention-pooled vectors."""
+"""PU-MLC's local-global convolution (LgConv) for torchvision ResNets, and its exact inference-time fold (Yuan, Zhang,
+Huang, ICME 2024; docs/methods.md, "PU-MLC and LgConv"): every 3x3 ``conv(x)`` becomes ``conv(x) + GB(x)``, ``GB`` a
+global branch with 8 attention heads; :class:`LgConv2d` *is* an ``nn.Conv2d`` with the branch as its child, so ResNet
+weights load unchanged. :func:`fold_resnet`: BatchNorms folded, the branch's linear path in the kernel's centre tap,
+the global term computed on 8 attention-pooled vectors."""
 
 from __future__ import annotations
 

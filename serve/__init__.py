@@ -1,9 +1,7 @@
 """Serving trained models (``python -m serve``): ``commands/``, ``tagging/``, ``outputs/``, ``demo/``, ``api/``,
-:mod:`serve.predictor`, :mod:`serve.images` and :mod:`serve.model_files`.
-
-Public API (``__all__``, imported lazily so that ``import serve`` loads neither torch nor onnxruntime): the CLI defaults
-below, :class:`Predictor`, the tagging pipeline, :func:`get_engine`, :class:`TaggingService` and :class:`ApiSettings`.
-``serve`` imports ``models`` only."""
+:mod:`serve.predictor`, :mod:`serve.images`, :mod:`serve.model_files`. Public API (``__all__``, lazy: ``import serve``
+loads neither torch nor onnxruntime): the CLI defaults below, :class:`Predictor`, the tagging pipeline,
+:func:`get_engine`, :class:`TaggingService` and :class:`ApiSettings`; ``serve`` imports ``models`` only."""
 
 from __future__ import annotations
 

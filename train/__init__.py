@@ -1,8 +1,6 @@
 """Training of single-positive multi-label classifiers (``python -m train``); importing it loads neither gradio nor
-onnxruntime.
-
-Public API (``__all__``, imported lazily): :class:`TrainConfig`, :func:`build_parser`, :func:`config_from_args`,
-:class:`Trainer`, and ``--method auto``'s :func:`choose` with its steps. ``train`` imports ``models`` only."""
+onnxruntime. Public API (``__all__``, imported lazily): :class:`TrainConfig`, :func:`build_parser`,
+:func:`config_from_args`, :class:`Trainer`, :func:`choose` (``--method auto``) and its steps; imports ``models``."""
 
 from __future__ import annotations
 

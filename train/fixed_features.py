@@ -87,9 +87,7 @@ class FixedFeaturePhase:
         self.given = dict(features or {})
         self.optimisation = optimisation
         self.total_steps = optimisation.epochs * self.steps_per_epoch(len(train))
-        self.optimizer, self.scheduler = head_optimiser(
-            [{"params": list(self.head.parameters())}, *method.param_groups(optimisation.lr)], optimisation,
-            self.total_steps)
+        self.optimizer, self.scheduler = head_optimiser(self.param_groups(), optimisation, self.total_steps)
         # Extraction must not consume the global RNG (a DataLoader iterator draws a seed from it), or a run
         # resumed inside the phase - which extracts again - would augment differently afterwards.
         devices = [predictor.device] if predictor.device.type == "cuda" else []
@@ -97,9 +95,17 @@ class FixedFeaturePhase:
         with torch.random.fork_rng(devices=devices):
             self.train_features, self.train_present = self._extract(train, "train", later=len(val))
             self.val_features, self.val_present = self._extract(val, "val")
+            self.extract_views(train)
         self._forward = None
         self.best_score = -np.inf
         self.best_state: dict[str, Any] | None = None
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups: the head's, then the method's."""
+        return [{"params": list(self.head.parameters())}, *self.method.param_groups(self.optimisation.lr)]
+
+    def extract_views(self, train: LabelledImages) -> None:
+        """Cache other views of the training images, inside the extraction's own random stream (none here)."""
 
     def steps_per_epoch(self, count: int) -> int:
         """Optimiser steps of one epoch over ``count`` training rows."""

@@ -128,7 +128,7 @@ class PreparedRun:
         phase = TopPhase(self.model, self.method, self.predictor, splits.train, splits.val, train.observed,
                          train.negatives, train.labels if train.annotated_in_items else None, optimisation,
                          cfg.batch_size, cfg.seed, self.selection.criterion, splits.has_full_labels("val"),
-                         FeatureCache(), key, cfg.head_lr_mult, cfg.bn_stats == "frozen")
+                         FeatureCache(), key, cfg.head_lr_mult)
         reused = sum(phase.cache_hits)
         log(f"last-stage inputs of {len(phase.cache_hits)} splits (training ones also flipped): {reused} from the "
             f"cache, {len(phase.cache_hits) - reused} computed and stored ({FeatureCache().folder})")

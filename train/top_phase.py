@@ -12,7 +12,7 @@ from torch import nn
 from models.data.types import LabelledImages
 from models.network import MultiLabelNet
 from train.feature_cache import FeatureCache
-from train.fixed_features import FixedFeaturePhase, HeadOptimisation, head_optimiser
+from train.fixed_features import FixedFeaturePhase, HeadOptimisation
 from train.methods import Method
 from train.selection import Criterion, DatasetForward, Rows
 
@@ -20,22 +20,14 @@ CHUNK = 256  # rows per forward of the last stage when predicting a whole split
 
 
 class LastStage(nn.Module):
-    """``model`` from its last stage's input to the logits; with ``frozen_statistics`` its BatchNorms keep theirs."""
+    """``model`` from its last stage's input to the logits (its BatchNorms as ``--bn-stats`` keeps them)."""
 
-    def __init__(self, model: MultiLabelNet, frozen_statistics: bool) -> None:
+    def __init__(self, model: MultiLabelNet) -> None:
         super().__init__()
         self.model = model
-        self.frozen_statistics = frozen_statistics
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.from_last_stage(x.float())
-
-    def train(self, mode: bool = True) -> LastStage:
-        super().train(mode)
-        for module in self.modules() if self.frozen_statistics else ():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                module.eval()
-        return self
 
 
 class TopPhase(FixedFeaturePhase):
@@ -45,16 +37,21 @@ class TopPhase(FixedFeaturePhase):
                  val: LabelledImages, observed: torch.Tensor, negatives: torch.Tensor, annotated: torch.Tensor | None,
                  optimisation: HeadOptimisation, batch_size: int, seed: int, criterion: Criterion,
                  val_full_labels: bool, cache: FeatureCache, cache_key: Callable[[LabelledImages], dict[str, Any]],
-                 head_lr_mult: float = 1.0, frozen_statistics: bool = True) -> None:
-        self.threads = torch.get_num_threads()  # convolutions: every thread pays
+                 head_lr_mult: float = 1.0) -> None:
+        self.threads, self.head_lr_mult = torch.get_num_threads(), head_lr_mult  # convolutions: every thread pays
         super().__init__(model, method, predictor, train, val, observed, negatives, annotated, optimisation, batch_size,
-                         seed, criterion, val_full_labels, cache, cache_key, head=LastStage(model, frozen_statistics))
+                         seed, criterion, val_full_labels, cache, cache_key, head=LastStage(model))
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The last stage's parameters at the phase's lr, the head's at ``head_lr_mult`` times it, the method's."""
+        head, lr = {id(p) for p in self.model.head.parameters()}, self.optimisation.lr
+        body = [p for p in self.model.parameters() if p.requires_grad and id(p) not in head]
+        return [{"params": body}, {"params": list(self.model.head.parameters()), "lr": lr * self.head_lr_mult},
+                *self.method.param_groups(lr)]
+
+    def extract_views(self, train: LabelledImages) -> None:
+        """The flipped training images' inputs (the random flip of training)."""
         self.flipped, _ = self._extract(train, "train, flipped")
-        head = {id(p) for p in model.head.parameters()}
-        body = [p for p in model.parameters() if p.requires_grad and id(p) not in head]
-        groups = [{"params": body}, {"params": list(model.head.parameters()), "lr": optimisation.lr * head_lr_mult},
-                  *method.param_groups(optimisation.lr)]
-        self.optimizer, self.scheduler = head_optimiser(groups, optimisation, self.total_steps)
 
     def _extract(self, images: LabelledImages, split: str, later: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The last stage's inputs of ``images`` (float16; flipped left-right for the split ``train, flipped``)."""
