@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
+from torchvision.transforms.v2 import RandomResizedCrop
 from torchvision.transforms.v2 import functional as F
 
 from models.registry import Row, Table
@@ -127,7 +128,16 @@ class EvalTransform:
 
 
 class TrainTransform(EvalTransform):
-    """The papers' training transform: the eval resize plus a random horizontal flip (p = 0.5)."""
+    """The papers' training transform: the eval resize plus a random horizontal flip (p = 0.5); with ``min_area`` < 1
+    torchvision's random resized crop (a share of the area in ``[min_area, 1]``) replaces the resize."""
+
+    min_area = 1.0
+
+    def resize(self, image: torch.Tensor) -> torch.Tensor:
+        if self.min_area >= 1.0:
+            return super().resize(image)
+        mode = INTERPOLATIONS[self.interpolation]
+        return RandomResizedCrop(self.image_size, (self.min_area, 1.0), interpolation=mode, antialias=True)(image)
 
     def __call__(self, image: torch.Tensor | str | Path) -> torch.Tensor:
         x = super().__call__(image)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,3 +173,26 @@ def test_first_run_fresh_cache_links_datasets_but_not_what_a_first_run_computes(
     made = fresh_cache(tmp_path / "fresh", real)
     assert sorted(p.name for p in made.iterdir()) == ["openclipart", "tuxpaint"]
     assert (made / "openclipart").resolve() == (real / "openclipart").resolve()
+
+
+def test_fine_tune_e2e_report_scores_the_label_free_pick_against_the_head(tmp_path: Path) -> None:
+    """bench.fine_tune_e2e's report: the criterion's pick with patience over both phases, the gain over the head alone
+    of the same seed, the selection loss and the candidate's own arguments (k's per-seed value left out)."""
+    from bench.fine_tune_e2e import report
+
+    def epoch(phase: int, observed: float, test: float) -> dict[str, float]:
+        scores = dict.fromkeys(("an-loss", "observed-auc", "observed-rank"), observed)
+        return {**scores, "observed-map": observed, "val_full": test, "test": test, "phase": phase, "k": 2.0}
+
+    head = [epoch(1, 30, 50), epoch(1, 31, 52)]
+    tuned = [epoch(1, 31, 52), epoch(2, 33, 55), epoch(2, 32, 58), *[epoch(2, 30, 60 + i) for i in range(4)]]
+    for tag, per, argv in (("head", head, ["--trainable", "head"]), ("x", tuned, ["--method", "x", "--hp", "k=2"])):
+        record = {"dev_set": "s", "seed": 0, "tag": tag, "train": 1000, "device": "cpu", "per_epoch": per,
+                  "epoch_seconds": None if tag == "head" else 2.0,
+                  "argv": ["--name", f"s-seed0-{tag}", *argv, "--workers", "2"]}
+        (tmp_path / f"s-seed0-{tag}.json").write_text(json.dumps(record))
+    rows = [line for line in report(tmp_path).splitlines() if line.startswith("| s |")]
+    # patience 3 stops after epochs 3-5 without a better criterion: epoch 2 (test 55) is picked, the best is 63
+    assert rows[0] == ("| s | `--trainable head` | 1 | 52.00 | - | 0/1 | 0.00 | 52.00 | n/a |")
+    assert rows[1] == ("| s | `--method x` (k: the head's estimate) | 1 | 55.00 | +3.00 (1/1 above) | 1/1 | 8.00 | "
+                       "55.00 | 2.00 |")

@@ -82,6 +82,7 @@ class TrainConfig:
     reset_head: bool = False
     image_size: int = 0  # 0: the default of the architecture and data
     crop: float = 1.0  # share of the resized image kept around its centre (1: the whole image)
+    train_crop: float = 1.0  # least area share of a training image's random resized crop (1: off)
     lgconv: bool | None = None  # None: on for the torchvision ResNets, off for timm backbones
     head: str = "auto"
     head_bias: str = "auto"
@@ -335,6 +336,9 @@ def validate(cfg: TrainConfig) -> None:
         (not cfg.cached_top or (cfg.boostlu is None and not head_on_feature_map(cfg.head) and cfg.ema == 0),
          "--trainable top trains the linear head on pooled features, without --boostlu, --head lem or --ema"),
         (0.0 < cfg.crop <= 1.0, "--crop must be in (0, 1]"),
+        (0.0 < cfg.train_crop <= 1.0, "--train-crop must be in (0, 1]"),
+        (cfg.train_crop == 1.0 or not (cfg.fixed_features or cfg.cached_top), "--train-crop crops images in "
+         "training; --trainable head and top train on cached features of whole images"),
         (cfg.head_bias in HEAD_BIASES, f"--head-bias must be one of {', '.join(HEAD_BIASES)}"),
         (cfg.bn_stats in BN_STATS, f"--bn-stats must be one of {', '.join(BN_STATS)}"),
         (cfg.clip_batch_size >= 1, "--clip-batch-size must be >= 1"),

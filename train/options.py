@@ -181,6 +181,8 @@ def _model_options(g: Any, d: TrainConfig) -> None:
                    "multi-label objects sit anywhere, the papers squash-resize), a fraction such as 0.875, or "
                    "'pretrained' for the backbone's own (timm's crop_pct). Mean, std and interpolation always come "
                    "from the backbone's pretrained configuration")
+    g.add_argument("--train-crop", type=float, metavar="AREA", help="train on torchvision's random resized crops "
+                   "covering AREA to all of each image (e.g. 0.5), then the flip. Default: 1 (whole images, as papers)")
     g.add_argument("--lgconv", action=argparse.BooleanOptionalAction, default=None,
                    help="PU-MLC's local-global convolution: a global-attention branch added to every 3x3 conv of a "
                    "torchvision ResNet (the original conv and its weights kept; folded away for export). "

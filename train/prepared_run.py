@@ -249,7 +249,9 @@ def prepare_run(cfg: TrainConfig, run_dir: Path | None = None, resume: bool = Fa
         option = "--trainable head" if cfg.fixed_features else "--trainable top" if cfg.cached_top else "--linear-init"
         raise ValueError(f"{option} trains on cached features of one fixed view; {cfg.method} trains on extra "
                          f"augmented views ({', '.join(views)}), so it cannot use {option}")
-    train_set = ImageLabelDataset(splits.train, TrainTransform.like(transform), splits.train_observed, views=views,
+    train_transform = TrainTransform.like(transform)
+    train_transform.min_area = cfg.train_crop
+    train_set = ImageLabelDataset(splits.train, train_transform, splits.train_observed, views=views,
                                   annotated_in_items=full_labels_in_batches)
     batch_per_process = per_rank_batch(cfg.batch_size, world)
     train = build_train_data(train_set, batch_per_process, cfg.batch_size, cfg.seed, cfg.workers,

@@ -23,14 +23,10 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
     """Items are dicts: ``images``, ``observed``, ``observed_negatives``, ``index``, the extra views, and the annotated
     labels under ``FULL_LABELS`` only with ``annotated_in_items``."""
 
-    def __init__(
-        self,
-        images: LabelledImages,
-        transform: Callable[[torch.Tensor], torch.Tensor],
-        observed: np.ndarray | None = None,
-        views: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
-        annotated_in_items: bool = False,
-    ) -> None:
+    def __init__(self, images: LabelledImages, transform: Callable[[torch.Tensor], torch.Tensor],
+                 observed: np.ndarray | None = None,
+                 views: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+                 annotated_in_items: bool = False) -> None:
         self.paths: list[Path] = list(images.paths)
         self.labels = torch.from_numpy(images.labels.astype(np.float32))
         matrix = self.labels.numpy() if observed is None else np.asarray(observed, dtype=np.float32)

@@ -223,13 +223,8 @@ def protocol_record(protocol: ProtocolSplits, splits: DatasetSplits) -> Protocol
     )
 
 
-def build_protocol(
-    splits: DatasetSplits,
-    observed: ObservedSpec,
-    val_fraction: float = 0.2,
-    seed: int = PROTOCOL_SEED,
-    labels: str = "auto",
-) -> ProtocolSplits:
+def build_protocol(splits: DatasetSplits, observed: ObservedSpec, val_fraction: float = 0.2, seed: int = PROTOCOL_SEED,
+                   labels: str = "auto") -> ProtocolSplits:
     """Apply the protocol to a loaded dataset: the observed labels, then ``val_fraction`` held out unless the dataset
     has a val split; ``labels`` declares the regimes."""
     parse_declarations(labels)  # a bad --labels value fails here

@@ -209,15 +209,10 @@ def estimate_expected_positives(logits: np.ndarray, observed: np.ndarray) -> flo
     return estimate_k(logits, observed).k
 
 
-def resolve_expected_positives(
-    *,
-    given: float | None = None,
-    published: float | None = None,
-    full_labels: np.ndarray | None = None,
-    audit_labels: np.ndarray | None = None,
-    estimate: float | KEstimate | None = None,
-    estimate_detail: str = "",
-) -> ExpectedPositives:
+def resolve_expected_positives(*, given: float | None = None, published: float | None = None,
+                               full_labels: np.ndarray | None = None, audit_labels: np.ndarray | None = None,
+                               estimate: float | KEstimate | None = None,
+                               estimate_detail: str = "") -> ExpectedPositives:
     """k from the first source of :data:`K_SOURCES` there is; ``ValueError`` when nothing is given."""
     if given is not None:
         return ExpectedPositives(float(given), "given", "--hp k")
