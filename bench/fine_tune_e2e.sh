@@ -14,9 +14,10 @@ SETS=${SETS:-$(ls "$BUNDLE")}
 SEEDS=${SEEDS:-0 1 2}
 COMMON=${COMMON:---linear-init 25 --epochs 15 --workers 2}
 HEAD=${HEAD:---epochs 25 --workers 2}
-# tag | k from the head alone | the run's arguments
+# tag | k from the head alone | the run's arguments (epr-own-k: the run's own estimate, as `--method epr` alone)
 CANDIDATES=(
   "an||--method an $COMMON"
+  "epr-own-k||--method epr $COMMON"
   "epr-crop|k|--method epr --train-crop 0.5 $COMMON"
   "an-crop||--method an --train-crop 0.5 $COMMON"
   "wan-crop||--method wan --train-crop 0.5 $COMMON"
