@@ -166,7 +166,7 @@ def report(out: Path, note: str = "") -> str:
     lines = [
         "## Fine-tuning end to end in the user's view (GPU)", "",
         "Command: `python -m bench.fine_tune_e2e bundle -o BUNDLE` (CPU), then on a CUDA machine "
-        "`bash bench/fine_tune_e2e.sh BUNDLE`, then `python -m bench.fine_tune_e2e report`", "",
+        "`bash bench/fine_tune_e2e.sh BUNDLE`, then `python -m bench.fine_tune_e2e report` (and `plot`)", "",
         f"Machine: {device}, PyTorch {torch.__version__}; bf16 autocast and channels_last (the package's `auto`)", "",
         "Each set as a user holds it (one label per training and validation image, test fully labelled and only "
         "scoring), EfficientNet-Lite0 ImageNet at 224 px, batch 32: LinearInit's head (25 epochs on fixed "
@@ -197,6 +197,7 @@ def report(out: Path, note: str = "") -> str:
                          f"{sum(c['phase'] == 2 for c in chosen)}/{len(group)} | {np.mean(losses):.2f} | "
                          f"{_mean_std([c['val_full'] for c in chosen])} | "
                          f"{f'{np.median(cost):.2f}' if cost else 'n/a'} |")
+    lines += ["", "![test mAP of every epoch, mean over the seeds](fine_tune_e2e.png)"]
     criteria = [*LABEL_FREE_CRITERIA, "val_full"]
     lines += ["", "Selection loss by criterion over the three sets (test mAP of the best epoch minus the picked one's, "
               f"mean over the runs; patience {PATIENCE} / every epoch; `val_full` = the hidden full val labels, for "
@@ -208,6 +209,36 @@ def report(out: Path, note: str = "") -> str:
                  for c in criteria]
         lines.append(f"| {tag} | {len(group)} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, *(["", note] if note else [])]) + "\n"
+
+
+def plot(out: Path, target: Path) -> None:
+    """The test mAP of every epoch, mean over the seeds, per set and candidate with 2 seeds or more (the head alone's
+    pick dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    names = list(dict.fromkeys(r["dev_set"] for r in runs))
+    colours = {tag: f"C{i}" for i, tag in enumerate(dict.fromkeys(r["tag"] for r in runs))}
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        for tag in dict.fromkeys(r["tag"] for r in runs if r["dev_set"] == name):
+            curves = [[e["test"] for e in r["per_epoch"]] for r in runs if r["dev_set"] == name and r["tag"] == tag]
+            if tag == HEAD:
+                picks = [r["per_epoch"][pick(r["per_epoch"], CRITERION)]["test"] for r in runs
+                         if r["dev_set"] == name and r["tag"] == tag]
+                ax.axhline(float(np.mean(picks)), color="black", linestyle="--", label="head alone (picked)")
+            elif len(curves) >= 2:  # a single seed is left out: noise
+                width = min(len(c) for c in curves)
+                mean = np.mean([c[:width] for c in curves], axis=0)
+                ax.plot(range(1, width + 1), mean, colours[tag], label=f"{tag} ({len(curves)} seeds)")
+        ax.set(title=TITLES.get(name, name), xlabel="epoch (head phase, then end to end)", ylabel="test mAP")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(target, dpi=90)
+    print(f"wrote {target}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--k", action="store_true", help="give the method the head alone's label-free k (--hp k=...)")
     m.add_argument("--out", type=Path, default=OUT)
     m.add_argument("train_args", nargs=argparse.REMAINDER)
+    g = sub.add_parser("plot", help="draw the test mAP curves into a PNG")
+    g.add_argument("--out", type=Path, default=OUT)
+    g.add_argument("-o", "--target", type=Path, default=Path("bench/fine_tune_e2e.png"))
     r = sub.add_parser("report", help="write the results page section")
     r.add_argument("--out", type=Path, default=OUT)
     r.add_argument("--note", default="")
@@ -236,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "measure":
         train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
         measure(args.bundle / args.set, args.seed, args.tag, train_args, args.out, args.k)
+    elif args.command == "plot":
+        plot(args.out, args.target)
     else:
         publish(args.section or SECTION, report(args.out, args.note), args.page)
     return 0
