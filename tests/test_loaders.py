@@ -265,6 +265,8 @@ def test_write_csv_round_trip(tmp_path: Path) -> None:
     np.testing.assert_array_equal(splits.test.labels, test.labels)
     with pytest.raises(DataError, match="no positive label"):
         write_csv(folder, {"train": LabelledImages([inside[0]], np.zeros((1, 2)), classes)})
+    with pytest.raises(DataError, match="a leading -"):  # it would read back as a known negative
+        write_csv(folder, {"train": LabelledImages([inside[0]], np.ones((1, 2)), ["red", "-"])})
 
 
 # ------------------------------------------------------------------------------------------------ VOC

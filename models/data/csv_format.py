@@ -279,8 +279,8 @@ def write_csv(folder: Path, splits: dict[str, LabelledImages]) -> Path:
         if list(images.classes) != list(classes):
             raise DataError(f"{folder}: split {split!r} has a different class list from the others")
     for name in classes:
-        if not name.strip() or name != name.strip() or LABEL_SEPARATOR in name or "\n" in name:
-            raise DataError(f"{folder}: class name {name!r} cannot be written (empty, padded or has ';')")
+        if name != name.strip() or not name or LABEL_SEPARATOR in name or "\n" in name or name[0] == NEGATIVE_MARK:
+            raise DataError(f"{folder}: class name {name!r} cannot be written (empty, padded, ';' or a leading -)")
     if len(set(classes)) != len(classes):
         raise DataError(f"{folder}: duplicate class names in {list(classes)}")
 
