@@ -15,10 +15,10 @@ the hidden val mAP (how a setting is picked); the cost per 1,000 training images
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ import torch
 from bench.choices import DEV_SETS, RUNS, TITLES, USER_VIEW, full_labels_by_path
 from bench.results_page import add_page_options, machine_line, publish
 from models.evaluation.criteria import LABEL_FREE_CRITERIA
+from models.evaluation.expected_positives import estimate_expected_positives
 from models.evaluation.metrics import mean_average_precision
-from train import Trainer, build_parser, config_from_args, extract_features
+from train import Trainer, build_parser, config_from_args
 
 OUT = Path("runs/fine-tune")
 SECTION = "fine-tune-top"
@@ -39,41 +40,49 @@ REAL_SETS = ("tuxpaint", "icons-phosphor", "openclipart")
 
 
 class ScoredTrainer(Trainer):
-    """The product's trainer, scoring each epoch's val logits (every label-free criterion, the hidden full val mAP)
-    and its test logits."""
+    """The product's trainer, scoring each epoch's pick (the model or its EMA) on test, on the hidden full val labels
+    (``hidden_val(run)``, which nothing in the run reads) and by every label-free criterion, with the label-free k."""
 
-    def __init__(self, cfg: Any, dev: Any) -> None:
+    def __init__(self, cfg: Any, hidden_val: Callable[[Any], np.ndarray]) -> None:
         super().__init__(cfg)
-        full = full_labels_by_path(dev, list(self.run.splits.classes), self.run.data.dataset)
-        self.val_full = np.stack([full[str(p)] for p in self.run.splits.val.paths])
-        self.epochs: list[dict[str, float]] = []
-        self._test_features: torch.Tensor | None = None
-        self._test_inputs: torch.Tensor | None = None
+        self.val_full = hidden_val(self.run)
+        self.epochs: list[dict[str, Any]] = []
+        self._test_inputs: tuple[Any, tuple[torch.Tensor, torch.Tensor]] | None = None  # (phase, its cached inputs)
+
+    def _test_logits(self, phase: Any, module: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The test logits of the epoch's pick and the readable rows: on the phase's cached inputs, else on images."""
+        test = self.run.splits.test
+        if phase is None:
+            rows = self._predict(module, self.run.predictor.eval_loader(test), "test")
+            return rows.values[rows.present].numpy(), rows.present.numpy()
+        if self._test_inputs is None or self._test_inputs[0] is not phase:
+            self._test_inputs = (phase, phase._extract(test, "test"))
+        inputs, present = self._test_inputs[1]
+        return phase._logits(inputs[present.to(inputs.device)]).numpy(), present.numpy()
 
     def _candidates(self, linear: Any) -> list[Any]:
         candidates = super()._candidates(linear)
         run = self.run
-        test = run.splits.test
-        if linear is not None and linear is self.top:
-            if self._test_inputs is None:
-                self._test_inputs = linear._extract(test, "test")[0]
-            test_logits = linear._logits(self._test_inputs).numpy()
-        else:
-            assert linear is not None, "every epoch of --trainable top runs on cached inputs"
-            if self._test_features is None:
-                head_cfg = dataclasses.replace(run.cfg, trainable="head")
-                self._test_features = extract_features(head_cfg, run.data, run.model, run.predictor,
-                                                       ("test",))["test"].values
-            with torch.inference_mode():
-                test_logits = run.model.head(self._test_features).float().numpy()
-        val = candidates[0].assessment.logits
-        observed = run.splits.val.labels
-        record = {name: float(fn(val, observed)) for name, fn in LABEL_FREE_CRITERIA.items()}
+        chosen = max(candidates, key=lambda c: c.assessment.score)
+        test, present = self._test_logits(linear, chosen.module)
+        val, observed = chosen.assessment.logits, run.splits.val.labels
+        record: dict[str, Any] = {name: float(fn(val, observed)) for name, fn in LABEL_FREE_CRITERIA.items()}
         record.update(val_full=float(mean_average_precision(val, self.val_full)),
-                      test=float(mean_average_precision(test_logits, test.labels)),
-                      phase=2 if linear is self.top else 1, seconds=time.perf_counter())
+                      test=float(mean_average_precision(test, run.splits.test.labels[present])),
+                      k=float(estimate_expected_positives(val, observed)), weights=chosen.name,
+                      phase=2 if linear is None or linear is self.top else 1, seconds=time.perf_counter())
         self.epochs.append(record)
         return candidates
+
+
+def hidden_val_labels(dev: Any) -> Callable[[Any], np.ndarray]:
+    """The full labels of a prepared run's val images, from the development set ``dev`` (they only score)."""
+
+    def labels(run: Any) -> np.ndarray:
+        full = full_labels_by_path(dev, list(run.splits.classes), run.data.dataset)
+        return np.stack([full[str(p)] for p in run.splits.val.paths])
+
+    return labels
 
 
 def measure(dev_name: str, seed: int, method: str, lr: float, epochs: int, linear_init: int) -> Path:
@@ -92,12 +101,12 @@ def measure(dev_name: str, seed: int, method: str, lr: float, epochs: int, linea
     started = time.perf_counter()
     given_k = ["--hp", f"k={chooser_k(dev_name, seed):.4f}"]  # k estimated without labels, not the full labels'
     try:
-        trainer = ScoredTrainer(config_from_args(build_parser().parse_args([*argv, *given_k])), dev)
+        trainer = ScoredTrainer(config_from_args(build_parser().parse_args([*argv, *given_k])), hidden_val_labels(dev))
         argv += given_k
     except ValueError as exc:  # a method without k refuses it before the run folder is made
         if "hyperparameter 'k'" not in str(exc):
             raise
-        trainer = ScoredTrainer(config_from_args(build_parser().parse_args(argv)), dev)
+        trainer = ScoredTrainer(config_from_args(build_parser().parse_args(argv)), hidden_val_labels(dev))
     trainer.fit()
     for record in trainer.epochs:
         record["seconds"] -= started
@@ -152,7 +161,7 @@ def head_alone(dev_name: str, seed: int) -> float | None:
     return None if entry is None else float(entry["test_mAP"][entry["picks"][CRITERION] - 1])
 
 
-def _mean_std(values: list[float]) -> str:
+def mean_std(values: list[float]) -> str:
     return f"{np.mean(values):.2f} ± {np.std(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
@@ -195,8 +204,8 @@ def report(note: str = "") -> str:
                 cost.append(r["top_epoch_seconds"] / r["train"] * 1000)
         gain = f"{np.mean(gains):+.2f} ({sum(g > 0 for g in gains)}/{len(gains)} above)" if gains else "n/a"
         seconds = f"{np.median(cost):.1f}" if cost else "n/a"
-        lines.append(f"| {TITLES.get(dev, dev)} | {method} | {lr:g} | {len(runs)} | {_mean_std(picked)} | {gain} | "
-                     f"{phase2}/{len(runs)} | {np.mean(losses):.2f} | {_mean_std(vals)} | {seconds} |")
+        lines.append(f"| {TITLES.get(dev, dev)} | {method} | {lr:g} | {len(runs)} | {mean_std(picked)} | {gain} | "
+                     f"{phase2}/{len(runs)} | {np.mean(losses):.2f} | {mean_std(vals)} | {seconds} |")
     lines += ["", "Selection loss by criterion (test mAP of the best epoch minus the picked one's, mean over the runs; "
               "patience as above; `val_full` = the hidden full val labels, for reference):", "",
               "| set | method | " + " | ".join(f"`{c}`" for c in [*LABEL_FREE_CRITERIA, "val_full"]) + " |",

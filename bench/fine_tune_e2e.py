@@ -24,12 +24,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bench.choices import DEV_SETS, TITLES, full_labels_by_path
-from bench.fine_tune import CRITERION, PATIENCE, REAL_SETS, pick
+from bench.choices import DEV_SETS, TITLES
+from bench.fine_tune import CRITERION, PATIENCE, REAL_SETS, ScoredTrainer, hidden_val_labels, mean_std, pick
 from bench.results_page import add_page_options, publish
 from models.evaluation.criteria import LABEL_FREE_CRITERIA
-from models.evaluation.expected_positives import estimate_expected_positives
-from models.evaluation.metrics import mean_average_precision
 from models.preprocess import read_image
 from train import Trainer, build_parser, config_from_args
 
@@ -39,17 +37,14 @@ HEAD = "head"  # the tag of the head-alone reference runs (the script's first wa
 IMAGE_SIZE = 224
 
 
-def _trainer(argv: list[str]) -> Trainer:
-    return Trainer(config_from_args(build_parser().parse_args(argv)))
-
-
 def bundle(names: list[str], out: Path) -> None:
     """Write each development set in the user's view into ``out/<set>/``: ``labels.csv`` (train and val: their one
     observed label; test: full), ``classes.txt``, ``images/`` at the runs' size and ``hidden.npz`` (full val labels)."""
     for name in names:
         dev = DEV_SETS[name]
         with tempfile.TemporaryDirectory() as runs:
-            run = _trainer(["--data", dev.data, *dev.train_args, "--runs-dir", runs, "--no-progress"]).run
+            argv = ["--data", dev.data, *dev.train_args, "--runs-dir", runs, "--no-progress"]
+            run = Trainer(config_from_args(build_parser().parse_args(argv))).run
         splits = run.splits  # a class named '-...' would read as a known negative in labels.csv: renamed
         classes = [f"minus{c[1:]}" if c.startswith("-") else c for c in run.classes]
         folder = out / name
@@ -67,39 +62,9 @@ def bundle(names: list[str], out: Path) -> None:
         with (folder / "labels.csv").open("w", newline="", encoding="utf-8") as f:
             csv.writer(f).writerows([("image", "labels", "split"), *rows])
         (folder / "classes.txt").write_text("".join(f"{c}\n" for c in classes), encoding="utf-8")
-        full = full_labels_by_path(dev, list(run.classes), run.data.dataset)
-        np.savez_compressed(folder / "hidden.npz", val=np.stack([full[str(p)] for p in splits.val.paths]))
+        np.savez_compressed(folder / "hidden.npz", val=hidden_val_labels(dev)(run))
         size = sum(p.stat().st_size for p in folder.rglob("*")) / 2**20
         print(f"{name}: {len(rows)} images, {len(classes)} classes, {size:.1f} MiB in {folder}", flush=True)
-
-
-class BundleTrainer(Trainer):
-    """The product's trainer on a bundled set, scoring each epoch's pick (model or EMA) on test, on the hidden full
-    val labels and by every label-free criterion, and recording the label-free k estimate."""
-
-    def __init__(self, cfg: Any, hidden_val: np.ndarray) -> None:
-        super().__init__(cfg)
-        self.hidden_val = hidden_val
-        self.epochs: list[dict[str, float]] = []
-        self.test_loader = self.run.predictor.eval_loader(self.run.splits.test)
-
-    def _candidates(self, linear: Any) -> list[Any]:
-        candidates = super()._candidates(linear)
-        run = self.run
-        chosen = max(candidates, key=lambda c: c.assessment.score)
-        if linear is not None:
-            rows = linear.head_rows(chosen.module, run.splits.test, "test")
-        else:
-            rows = self._predict(chosen.module, self.test_loader, "test")
-        test = rows.values[rows.present].numpy()
-        val, observed = chosen.assessment.logits, run.splits.val.labels
-        record = {name: float(fn(val, observed)) for name, fn in LABEL_FREE_CRITERIA.items()}
-        record.update(val_full=float(mean_average_precision(val, self.hidden_val)),
-                      test=float(mean_average_precision(test, run.splits.test.labels[rows.present.numpy()])),
-                      k=float(estimate_expected_positives(val, observed)), weights=chosen.name,
-                      phase=1 if linear is not None else 2, seconds=time.perf_counter())
-        self.epochs.append(record)
-        return candidates
 
 
 def label_free_k(out: Path, name: str, seed: int) -> float:
@@ -122,8 +87,9 @@ def measure(folder: Path, seed: int, tag: str, train_args: list[str], out: Path,
             *(["--hp", f"k={label_free_k(out, name, seed):.4f}"] if k else [])]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as runs:
-        trainer = BundleTrainer(config_from_args(build_parser().parse_args([*argv, "--runs-dir", runs])),
-                                np.load(folder / "hidden.npz")["val"])
+        hidden = np.load(folder / "hidden.npz")["val"]
+        trainer = ScoredTrainer(config_from_args(build_parser().parse_args([*argv, "--runs-dir", runs])),
+                                lambda run: hidden)
         trainer.fit()
     for record in trainer.epochs:
         record["seconds"] -= started
@@ -152,10 +118,6 @@ def candidate_text(argv: list[str]) -> str:
 def _loss(per_epoch: list[dict[str, Any]], criterion: str, patience: int) -> float:
     """The test mAP the pick of ``criterion`` with ``patience`` loses against the run's best epoch."""
     return max(e["test"] for e in per_epoch) - per_epoch[pick(per_epoch, criterion, patience)]["test"]
-
-
-def _mean_std(values: list[float]) -> str:
-    return f"{np.mean(values):.2f} ± {np.std(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
 def report(out: Path, note: str = "") -> str:
@@ -193,9 +155,9 @@ def report(out: Path, note: str = "") -> str:
             cost = [r["epoch_seconds"] / r["train"] * 1000 for r in group if r["epoch_seconds"]]
             gain = f"{np.mean(gains):+.2f} ({sum(g > 0 for g in gains)}/{len(gains)} above)" if tag != HEAD else "-"
             lines.append(f"| {TITLES.get(name, name)} | {candidate_text(group[0]['argv'])} "
-                         f"| {len(group)} | {_mean_std([c['test'] for c in chosen])} | {gain} | "
+                         f"| {len(group)} | {mean_std([c['test'] for c in chosen])} | {gain} | "
                          f"{sum(c['phase'] == 2 for c in chosen)}/{len(group)} | {np.mean(losses):.2f} | "
-                         f"{_mean_std([c['val_full'] for c in chosen])} | "
+                         f"{mean_std([c['val_full'] for c in chosen])} | "
                          f"{f'{np.median(cost):.2f}' if cost else 'n/a'} |")
     lines += ["", "![test mAP of every epoch, mean over the seeds](fine_tune_e2e.png)"]
     criteria = [*LABEL_FREE_CRITERIA, "val_full"]
