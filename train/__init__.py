@@ -26,6 +26,8 @@ _LAZY = {
     "out_of_fold_logits": "train.choose",
     "prepare": "train.choose",
     "labelled_pool": "train.cross_fitting",
+    "training_pool": "train.cross_fitting",
+    "rank_pairs": "train.suggestions",
 }
 
 if TYPE_CHECKING:
@@ -43,8 +45,9 @@ if TYPE_CHECKING:
         prepare,
     )
     from train.config import TrainConfig
-    from train.cross_fitting import labelled_pool
+    from train.cross_fitting import labelled_pool, training_pool
     from train.options import build_parser, config_from_args
+    from train.suggestions import rank_pairs
     from train.trainer import Trainer
 
 
@@ -68,4 +71,6 @@ __all__ = [
     "labelled_pool",
     "out_of_fold_logits",
     "prepare",
+    "rank_pairs",
+    "training_pool",
 ]

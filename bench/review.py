@@ -1,0 +1,331 @@
+"""Label review per minute of a reviewer's time: ``python -m bench.review measure``, then ``report``.
+
+On each development set as a user holds it (one positive per training and validation image, bench/choices.py's view;
+fixed EfficientNet-Lite0 features at 224 px), a simulated reviewer answers the product's suggestions
+(``python -m train suggest``: cross-fitted ``an`` heads, the balanced order) from the hidden keywords. A plan is
+``MODE/ROUND/SPLIT``:
+
+- MODE ``pair``: one (image, label) question at a time (the demo's Review tab); ``image``: an image with at most 5
+  of its most likely pending suggestions as toggles, one save answering them all (the Review-by-image tab, on a file
+  of 5,000 suggestions);
+- ROUND N: every N answers the suggesting heads are retrained on the labels and the answers so far and the pairs
+  re-ranked (the demo's ``--rounds N``); 0 ranks once;
+- SPLIT ``train``: training pairs only; ``both``: training and validation pairs ranked together (validation answers
+  reach the label-free selection, never making the split full).
+
+At each checkpoint (a number of answers, or minutes of the reviewer's time by the model below) an ``an`` head is
+trained on the labels and answers so far through the product's ``--review`` path (models/data/reviewed_labels.py),
+its epoch picked by ``observed-map`` on the validation labels as answered, and scored on the fully labelled test split
+and on the hidden full validation labels (by which the defaults are chosen, never by test).
+
+The time model (``--seconds QUESTION,LABEL,KEY``): a yes/no question about one image 1.6 s (Papadopoulos et al.,
+CVPR 2016, "We don't need no bounding-boxes": the mean time to verify one box); each further label judged on an image
+in view 1.0 s (Bearman et al., ECCV 2016, "What's the point": image-level labels at 1 s per class); a key press (a
+tick, a save) 0.28 s (Card, Moran and Newell 1980: the keystroke-level model's K for an average typist). A pair costs
+one question; an image showing m labels of which y are ticked costs 1.6 + 1.0 (m - 1) + 0.28 (y + 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.choices import DEV_SETS, TITLES, full_labels_by_path, prepare_with_test
+from bench.choices_report import BASELINE
+from bench.results_page import add_page_options, machine_line, publish
+from models.data.review_file import AnswerLog
+from models.data.reviewed_labels import apply_review
+from models.evaluation.metrics import mean_average_precision
+from models.files.atomic_writes import atomic_write_text
+from train import (
+    Candidate,
+    build_parser,
+    config_from_args,
+    fit_candidate,
+    out_of_fold_logits,
+    rank_pairs,
+    training_pool,
+)
+
+__all__ = ["PLANS", "Plan", "measure", "report", "reviewer_seconds"]
+
+RUNS = Path("runs/review")
+PLANS = ("pair/0/train", "pair/100/train", "image/100/train", "pair/100/both", "pair/250/train", "pair/50/train",
+         "image/0/train")
+ANSWERS = (250, 500, 1000)
+MINUTES = (10, 20, 30)
+SECONDS = (1.6, 1.0, 0.28)  # a question, each further label of an image in view, a key press
+TOGGLES = 5  # the Review-by-image tab's default --per-image-toggles
+IMAGE_FILE = 5000  # suggestions in the file the image mode reviews
+Pair = tuple[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the reviewer works: mode (``pair`` or ``image``), answers per round (0: one ranking), whose pairs and the
+    image mode's toggles."""
+
+    mode: str
+    round: int
+    split: str
+
+    toggles: int = TOGGLES
+
+    @classmethod
+    def parse(cls, text: str) -> Plan:
+        """``MODE/ROUND/SPLIT``, e.g. ``pair/100/train``; ``imageM`` shows at most M toggles (``image``: 5)."""
+        mode, size, split = [*text.split("/"), "", ""][:3]
+        toggles = (mode[5:] or str(TOGGLES)) if mode.startswith("image") else str(TOGGLES) * (mode == "pair")
+        if not toggles.isdigit() or int(toggles) < 1 or split not in ("train", "both") or not size.isdigit():
+            raise ValueError(f"bad plan {text!r}: MODE/ROUND/SPLIT with pair|image|imageM, N >= 0, train|both")
+        return cls(mode[:5], int(size), split, int(toggles))
+
+
+def reviewer_seconds(shown: int, ticked: int, mode: str, seconds: tuple[float, float, float] = SECONDS) -> float:
+    """The reviewer's time for one step: a pair (``shown`` 1), or an image with ``shown`` toggles, ``ticked`` yes."""
+    question, label, key = seconds
+    return question if mode == "pair" else question + label * (shown - 1) + key * (ticked + 1)
+
+
+class Reviewer:
+    """One dev set and seed: the features, the hidden labels, the suggestions and the head that scores answers."""
+
+    def __init__(self, dev_name: str, seed: int, folder: Path) -> None:
+        dev = DEV_SETS[dev_name]
+        argv = [*dev.train_args, "--data", dev.data, "--seed", str(seed), "--no-progress", "--method", BASELINE]
+        self.cfg = config_from_args(build_parser().parse_args(argv))
+        self.data, self.model, self.forward, self.features = prepare_with_test(self.cfg)
+        splits = self.data.splits
+        self.classes = list(splits.classes)
+        self.full = full_labels_by_path(dev, self.classes, self.data.dataset)
+        self.column = {c: j for j, c in enumerate(self.classes)}
+        self.val_full = np.stack([self.full[str(p)] for p in splits.val.paths])
+        assert splits.test is not None
+        self.test_labels = splits.test.labels
+        self.folder = folder
+        self.candidate = Candidate(BASELINE, self.cfg.lr)
+
+    def truth(self, pair: Pair) -> bool:
+        """The hidden keywords' answer to ``pair``."""
+        return bool(self.full[pair[0]][self.column[pair[1]]])
+
+    def reviewed(self, answers: dict[Pair, bool]) -> Any:
+        """The run's splits with ``answers`` applied as ``--review`` applies an answer log."""
+        if not answers:
+            return self.data.splits
+        log = AnswerLog(Path(tempfile.mkdtemp(dir=self.folder)) / "answers.jsonl")
+        log.record_many([(image, label, answer) for (image, label), answer in answers.items()])
+        return apply_review(self.data.splits, [str(log.path)])[0]
+
+    def ranking(self, answers: dict[Pair, bool], split: str, top: int) -> list[tuple[str, str, float]]:
+        """The product's top ``top`` suggestions given ``answers`` (train/suggestions.py's ranking)."""
+        data = dataclasses.replace(self.data, splits=self.reviewed(answers))
+        pool = training_pool(data, self.features, held_out_val=split == "both")
+        logits, failed = out_of_fold_logits(self.candidate, self.cfg, data, self.model, self.forward, pool, None)
+        if failed:
+            raise RuntimeError(failed)
+        return [(i.image, i.label, float(i.score or 0)) for i in rank_pairs(pool, logits, top)[0]]
+
+    def score(self, splits: Any, train_observed: np.ndarray | None = None) -> dict[str, float]:
+        """Test mAP and full-val mAP of an ``an`` head on ``splits`` (``train_observed`` replacing its labels)."""
+        if train_observed is not None:
+            splits = dataclasses.replace(splits, train_observed=train_observed)
+        data = dataclasses.replace(self.data, splits=splits)
+        features = {**self.features, "scored": self.features["test"]}
+        result = fit_candidate(self.candidate, self.cfg, data, self.model, self.forward, features, None)
+        if result.failed or result.val_logits is None or result.scored_logits is None:
+            raise RuntimeError(result.failed or "no logits")
+        return {"val_mAP_full": float(mean_average_precision(result.val_logits, self.val_full)),
+                "test_mAP": float(mean_average_precision(result.scored_logits, self.test_labels))}
+
+
+def simulate(r: Any, plan: Plan, seconds: tuple[float, float, float]) -> tuple[list[tuple[Pair, bool, float]],
+                                                                                     list[float]]:
+    """Answer ``plan``'s suggestions until the last checkpoint (``r``: ``ranking`` and ``truth`` as
+    :class:`Reviewer`'s): every answer with the reviewer's clock when given, and each ranking's seconds."""
+    answered: dict[Pair, bool] = {}
+    steps: list[tuple[Pair, bool, float]] = []
+    clock, rankings = 0.0, []
+
+    def more() -> bool:
+        return len(steps) < max(ANSWERS) or clock < max(MINUTES) * 60 - 1e-6
+
+    while more():
+        started = time.perf_counter()
+        top = IMAGE_FILE if plan.mode == "image" else plan.round or max(ANSWERS) * 2
+        ranked = [row for row in r.ranking(answered, plan.split, top) if row[:2] not in answered]
+        rankings.append(time.perf_counter() - started)
+        if not ranked:
+            break
+        given = 0
+        while ranked and (plan.round == 0 or given < plan.round) and more():
+            image = ranked[0][0]
+            shown = [ranked[0]] if plan.mode == "pair" else sorted(
+                (row for row in ranked if row[0] == image), key=lambda row: -row[2])[:plan.toggles]
+            truths = [r.truth(row[:2]) for row in shown]
+            clock += reviewer_seconds(len(shown), sum(truths), plan.mode, seconds)
+            for row, truth in zip(shown, truths, strict=True):
+                answered[row[:2]] = truth
+                steps.append((row[:2], truth, clock))
+            ranked = [row for row in ranked if row[:2] not in answered]
+            given += len(shown)
+    return steps, rankings
+
+
+def measure(dev_name: str, seed: int, plans: list[str], out: Path, seconds: tuple[float, float, float]) -> Path:
+    """Every plan on one dev set and seed; writes ``out/<dev>-seed<S>.json`` (plans already there are kept)."""
+    target = out / f"{dev_name}-seed{seed}.json"
+    record: dict[str, Any] = json.loads(target.read_text()) if target.is_file() else {}
+    todo = [p for p in plans if p not in record.get("plans", {})]
+    if not todo:
+        return target
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as folder:
+        r = Reviewer(dev_name, seed, Path(folder))
+        if not record:
+            train = r.data.splits.train
+            full = np.stack([r.full[str(p)] for p in train.paths]).astype(np.int8)
+            an, bound = r.score(r.data.splits), r.score(r.data.splits, full)
+            record = {"dev_set": dev_name, "seed": seed, "train_images": len(train),
+                      "unobserved_present": int(((full == 1) & (r.data.splits.train_observed != 1)).sum()),
+                      "an": an, "full": bound, "seconds_model": seconds, "plans": {}}
+        for text in todo:
+            started, plan = time.perf_counter(), Plan.parse(text)
+            steps, rankings = simulate(r, plan, seconds)
+            rows = []
+            for kind, marks in (("answers", ANSWERS), ("minutes", MINUTES)):
+                for mark in marks:
+                    taken = steps[:mark] if kind == "answers" else [s for s in steps if s[2] <= mark * 60 + 1e-6]
+                    answers = {pair: truth for pair, truth, _ in taken}
+                    rows.append({"kind": kind, "at": mark, "answers": len(taken), "yes": sum(answers.values()),
+                                 "minutes": taken[-1][2] / 60 if taken else 0.0, **r.score(r.reviewed(answers))})
+                    print(f"{dev_name} seed {seed} {text} {mark} {kind}: {rows[-1]['answers']} answers, "
+                          f"test mAP {rows[-1]['test_mAP']:.2f}", flush=True)
+            record["plans"][text] = {"rows": rows, "rankings": len(rankings),
+                                     "ranking_seconds": float(np.mean(rankings)),
+                                     "seconds": round(time.perf_counter() - started, 1)}
+            atomic_write_text(target, json.dumps(record, indent=1))
+    return target
+
+
+def _mean_std(values: list[float]) -> str:
+    return f"{np.mean(values):.2f} ± {np.std(values, ddof=1) if len(values) > 1 else 0.0:.2f}"
+
+
+def gap_rows(runs: list[dict[str, Any]], plan: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per checkpoint of ``plan`` over ``runs`` (seeds): answers, yes, minutes, test mAPs, test and val gaps (%)."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for run in runs:
+        an, full = run["an"], run["full"]
+        for row in run["plans"].get(plan, {}).get("rows", []):
+            cell = out.setdefault((row["kind"], row["at"]), {"answers": [], "yes": [], "minutes": [], "test": [],
+                                                             "gap": [], "val_gap": []})
+            cell["answers"].append(row["answers"])
+            cell["yes"].append(row["yes"])
+            cell["minutes"].append(row["minutes"])
+            cell["test"].append(row["test_mAP"])
+            for key, metric in (("gap", "test_mAP"), ("val_gap", "val_mAP_full")):
+                cell[key].append((row[metric] - an[metric]) / (full[metric] - an[metric]) * 100)
+    return out
+
+
+def report(out: Path, command: str) -> str:
+    """The results page section from every record under ``out``."""
+    records: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(out.glob("*-seed*.json")):
+        record = json.loads(path.read_text())
+        records.setdefault(record["dev_set"], []).append(record)
+    seconds = sum(p["seconds"] for runs in records.values() for r in runs for p in r["plans"].values())
+    model = next(iter(records.values()))[0]["seconds_model"] if records else SECONDS
+    lines = ["## Label review per minute of a reviewer's time (simulated reviewer, fixed EfficientNet-Lite0 features)",
+             "", machine_line(), "", f"Command (about {seconds / 60:.0f} minutes in all here):", "", "```", command,
+             "```", "",
+             "The hidden keywords answer the product's suggestions; a plan is MODE/ROUND/SPLIT: `pair` asks one "
+             "(image, label) at a time (the Review tab), `image` shows an image with at most 5 of its most likely "
+             "suggestions as toggles (the Review-by-image tab); ROUND N re-ranks every N answers with the suggesting "
+             "heads retrained on the answers so far (the demo's `--rounds N`; 0: one ranking); SPLIT `both` suggests "
+             "validation pairs too. At each checkpoint an `an` head on the labels and answers so far (its epoch "
+             "picked label-free) is scored: gap closed = (mAP - an) / (full - an), `an` the head on the labels as "
+             "given, full the head on every training label; val gap: the same on the hidden full validation labels, "
+             "by which the defaults are chosen (never by test). Minutes are the reviewer's, by the time model "
+             f"(bench/review.py's docstring, with its sources): {model[0]} s per yes/no question, {model[1]} s per "
+             f"further label of an image in view, {model[2]} s per key press. Per minute: test gap closed at 30 "
+             "minutes / 30.", ""]
+    for dev_name, runs in records.items():
+        an = [r["an"]["test_mAP"] for r in runs]
+        full = [r["full"]["test_mAP"] for r in runs]
+        lines += [f"**{TITLES.get(dev_name, dev_name)}** ({runs[0]['train_images']:,} training images, "
+                  f"{runs[0]['unobserved_present']:,} present labels unobserved; {len(runs)} seeds): `an` "
+                  f"{_mean_std(an)}, full {_mean_std(full)}.", "",
+                  "| plan | at | answers | yes | reviewer minutes | val gap closed | test mAP | test gap closed (min) "
+                  "|",
+                  "|---|---|---|---|---|---|---|---|"]
+        for plan in [p for p in PLANS if any(p in r["plans"] for r in runs)]:
+            for (kind, at), cell in gap_rows(runs, plan).items():
+                lines.append(f"| {plan} | {at} {kind} | {np.mean(cell['answers']):.0f} | {np.mean(cell['yes']):.0f} "
+                             f"| {np.mean(cell['minutes']):.1f} | {np.mean(cell['val_gap']):.1f}% | "
+                             f"{_mean_std(cell['test'])} | {np.mean(cell['gap']):.1f}% ({min(cell['gap']):.1f}%) |")
+        lines.append("")
+    lines += ["**Per plan** (mean over the sets above): val and test gap closed at 500 answers and at 30 minutes, test "
+              "gap per reviewer-minute, seconds per re-ranking on this machine.", "",
+              "| plan | val gap, 500 answers | val gap, 30 min | test gap, 500 answers | test gap, 30 min | per minute "
+              "| s per ranking |", "|---|---|---|---|---|---|---|"]
+    for plan in PLANS:
+        cells = [gap_rows(runs, plan) for runs in records.values()]
+        if not all(("answers", 500) in c and ("minutes", 30) in c for c in cells) or not cells:
+            continue
+        mean = {(k, key): np.mean([np.mean(c[k][key]) for c in cells]) for k in (("answers", 500), ("minutes", 30))
+                for key in ("val_gap", "gap")}
+        ranking = np.mean([r["plans"][plan]["ranking_seconds"] for runs in records.values() for r in runs])
+        lines.append(f"| {plan} | {mean[('answers', 500), 'val_gap']:.1f}% | {mean[('minutes', 30), 'val_gap']:.1f}% "
+                     f"| {mean[('answers', 500), 'gap']:.1f}% | {mean[('minutes', 30), 'gap']:.1f}% | "
+                     f"{mean[('minutes', 30), 'gap'] / 30:.2f}% | {ranking:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point."""
+    p = argparse.ArgumentParser(prog="python -m bench.review", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="simulate the reviewer on the dev sets")
+    m.add_argument("--dev-sets", default="openclipart,tuxpaint", help="default: %(default)s")
+    m.add_argument("--seeds", default="0,1,2", help="default: %(default)s")
+    m.add_argument("--plans", default=",".join(PLANS), help="MODE/ROUND/SPLIT,... (default: %(default)s)")
+    m.add_argument("--seconds", default=",".join(map(str, SECONDS)), help="the time model: a question, a further "
+                   "label of an image in view, a key press (default: %(default)s)")
+    m.add_argument("--out", type=Path, default=RUNS)
+    r = sub.add_parser("report", help="write the results page's section from the measurements")
+    r.add_argument("--out", type=Path, default=RUNS)
+    add_page_options(r, "review-simulated")
+    args = p.parse_args(argv)
+    if args.command == "report":
+        publish(args.section or "review-simulated", report(args.out, "python -m bench.review measure\n"
+                                                           "python -m bench.review report"), args.page)
+        return 0
+    try:
+        plans = args.plans.split(",")
+        [Plan.parse(t) for t in plans]
+        seconds = tuple(float(s) for s in args.seconds.split(","))
+    except ValueError as exc:
+        p.error(str(exc))
+    if len(seconds) != 3:
+        p.error("--seconds takes three numbers")
+    for name in args.dev_sets.split(","):
+        if name not in DEV_SETS:
+            p.error(f"--dev-sets: unknown {name!r} (choose from {', '.join(DEV_SETS)})")
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            measure(name, seed, plans, args.out, seconds)  # type: ignore[arg-type]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
