@@ -42,7 +42,7 @@ from models.evaluation.metrics import mean_average_precision
 from models.files.atomic_writes import atomic_path, atomic_write_text
 from train import Candidate, build_parser, config_from_args, fit_candidate, prepare
 
-__all__ = ["DEV_SETS", "DevSet", "measure"]
+__all__ = ["DEV_SETS", "DevSet", "dev_config", "measure"]
 
 RUNS = Path("runs/choices")
 BACKBONE = ["--arch", "tf_efficientnet_lite0", "--weights", "imagenet", "--trainable", "head"]
@@ -124,13 +124,8 @@ def measure(dev: DevSet, seed: int, batch_size: int, lrs: list[float], methods: 
     if target.is_file():
         print(f"{tag}: done already", flush=True)
         return target
-    argv = [*dev.train_args, "--data", dev.data, "--seed", str(seed), "--batch-size", str(batch_size),
-            "--no-progress", "--method", BASELINE]
-    if scheduler:
-        argv += ["--scheduler", scheduler]
-    if epochs:
-        argv += ["--epochs", str(epochs)]
-    cfg = config_from_args(build_parser().parse_args(argv))
+    cfg, argv = dev_config(dev, seed, "--batch-size", str(batch_size), *(["--epochs", str(epochs)] if epochs else []),
+                           *(["--scheduler", scheduler] if scheduler else []))
     started = time.perf_counter()
     prepared = prepare_with_test(cfg)
     data, _model, _forward, features = prepared
@@ -237,9 +232,7 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
     if target.is_file():
         print(f"{tag}: done already", flush=True)
         return target
-    argv = [*dev.train_args, "--data", dev.data, "--seed", str(seed), "--batch-size", "32", "--no-progress",
-            "--method", BASELINE]
-    cfg = config_from_args(build_parser().parse_args(argv))
+    cfg, argv = dev_config(dev, seed, "--batch-size", "32")
     started = time.perf_counter()
     data, model, forward, features = prepare(cfg)
     pool = labelled_pool(data, features)
@@ -276,6 +269,12 @@ def measure_crossfit(dev: DevSet, seed: int, lrs: list[float], methods: list[str
                 k = ExpectedPositives(min(ks), "estimated", "cross-fitted an heads")
     records["seconds"] = round(time.perf_counter() - started, 1)
     return write_measurement(target, records, arrays)
+
+
+def dev_config(dev: DevSet, seed: int, *extra: str) -> tuple[Any, list[str]]:
+    """The config of ``dev``'s ``an`` heads for ``seed``, with ``extra`` options, and its command line."""
+    argv = [*dev.train_args, "--data", dev.data, "--seed", str(seed), "--no-progress", "--method", BASELINE, *extra]
+    return config_from_args(build_parser().parse_args(argv)), argv
 
 
 def prepare_with_test(cfg: Any) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ import csv
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bench.choices import DEV_SETS, TITLES
-from bench.fine_tune import CRITERION, PATIENCE, REAL_SETS, ScoredTrainer, hidden_val_labels, mean_std, pick
+from bench.choices import DEV_SETS, TITLES, full_labels_by_path
 from bench.results_page import add_page_options, publish
 from models.evaluation.criteria import LABEL_FREE_CRITERIA
+from models.evaluation.expected_positives import estimate_expected_positives
+from models.evaluation.metrics import mean_average_precision
 from models.preprocess import read_image
 from train import Trainer, build_parser, config_from_args
 
@@ -35,6 +37,73 @@ OUT = Path("runs/fine-tune-e2e")
 SECTION = "fine-tune-e2e"
 HEAD = "head"  # the tag of the head-alone reference runs (the script's first wave)
 IMAGE_SIZE = 224
+PATIENCE = 3  # the package's fine-tune patience, applied to the recorded epochs
+CRITERION = "observed-map"  # what a run selects by when val has no full labels (--select auto)
+REAL_SETS = ("tuxpaint", "icons-phosphor", "openclipart")
+
+
+class ScoredTrainer(Trainer):
+    """The product's trainer, scoring each epoch's pick (the model or its EMA) on test, on the hidden full val labels
+    (``hidden_val(run)``, which nothing in the run reads) and by every label-free criterion, with the label-free k."""
+
+    def __init__(self, cfg: Any, hidden_val: Callable[[Any], np.ndarray]) -> None:
+        super().__init__(cfg)
+        self.val_full = hidden_val(self.run)
+        self.epochs: list[dict[str, Any]] = []
+        self._test_inputs: tuple[Any, tuple[torch.Tensor, torch.Tensor]] | None = None  # (phase, its cached inputs)
+
+    def _test_logits(self, phase: Any, module: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The test logits of the epoch's pick and the readable rows: on the phase's cached inputs, else on images."""
+        test = self.run.splits.test
+        if phase is None:
+            rows = self._predict(module, self.run.predictor.eval_loader(test), "test")
+            return rows.values[rows.present].numpy(), rows.present.numpy()
+        if self._test_inputs is None or self._test_inputs[0] is not phase:
+            self._test_inputs = (phase, phase._extract(test, "test"))
+        inputs, present = self._test_inputs[1]
+        return phase._logits(inputs[present.to(inputs.device)]).numpy(), present.numpy()
+
+    def _candidates(self, linear: Any) -> list[Any]:
+        candidates = super()._candidates(linear)
+        run = self.run
+        chosen = max(candidates, key=lambda c: c.assessment.score)
+        test, present = self._test_logits(linear, chosen.module)
+        val, observed = chosen.assessment.logits, run.splits.val.labels
+        record: dict[str, Any] = {name: float(fn(val, observed)) for name, fn in LABEL_FREE_CRITERIA.items()}
+        record.update(val_full=float(mean_average_precision(val, self.val_full)),
+                      test=float(mean_average_precision(test, run.splits.test.labels[present])),
+                      k=float(estimate_expected_positives(val, observed)), weights=chosen.name,
+                      phase=2 if linear is None or linear is self.top else 1, seconds=time.perf_counter())
+        self.epochs.append(record)
+        return candidates
+
+
+def hidden_val_labels(dev: Any) -> Callable[[Any], np.ndarray]:
+    """The full labels of a prepared run's val images, from the development set ``dev`` (they only score)."""
+
+    def labels(run: Any) -> np.ndarray:
+        full = full_labels_by_path(dev, list(run.splits.classes), run.data.dataset)
+        return np.stack([full[str(p)] for p in run.splits.val.paths])
+
+    return labels
+
+
+def pick(per_epoch: list[dict[str, float]], criterion: str, patience: int = PATIENCE) -> int:
+    """The epoch (0-based) ``criterion`` picks over both phases, the last-stage phase stopped by ``patience``."""
+    first_top = next((i for i, e in enumerate(per_epoch) if e["phase"] == 2), len(per_epoch))
+    best, best_score = 0, -np.inf
+    for i, epoch in enumerate(per_epoch):
+        if epoch[criterion] > best_score:
+            best, best_score = i, epoch[criterion]
+        if patience and i >= first_top and i + 1 - max(best + 1, first_top) >= patience:
+            break  # the trainer's rule: the last stage gets `patience` epochs to beat the stages before
+    return best
+
+
+def mean_std(values: list[float]) -> str:
+    return f"{np.mean(values):.2f} ± {np.std(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+
 
 
 def bundle(names: list[str], out: Path) -> None:

@@ -1,28 +1,16 @@
 """Label review per minute of a reviewer's time: ``python -m bench.review measure``, then ``report``.
 
-On each development set as a user holds it (one positive per training and validation image, bench/choices.py's view;
-fixed EfficientNet-Lite0 features at 224 px), a simulated reviewer answers the product's suggestions
-(``python -m train suggest``: cross-fitted ``an`` heads, the balanced order) from the hidden keywords. A plan is
-``MODE/ROUND/SPLIT``:
+On each development set as a user holds it (bench/choices.py's view, fixed EfficientNet-Lite0 features), the hidden
+keywords answer the product's suggestions (``python -m train suggest``) by plan ``MODE/ROUND/SPLIT``: ``pair`` asks
+one (image, label) at a time, ``imageM`` shows an image with at most M (default 5) of its likeliest suggestions as
+toggles (from a file of 5,000); every ROUND answers the suggesting heads are retrained and the pairs re-ranked (0:
+once); SPLIT ``both`` suggests validation pairs too. At each checkpoint an ``an`` head on the answers so far (through
+``--review``'s own code, its epoch picked label-free) is scored on test and on the hidden full val labels.
 
-- MODE ``pair``: one (image, label) question at a time (the demo's Review tab); ``image``: an image with at most 5
-  of its most likely pending suggestions as toggles, one save answering them all (the Review-by-image tab, on a file
-  of 5,000 suggestions);
-- ROUND N: every N answers the suggesting heads are retrained on the labels and the answers so far and the pairs
-  re-ranked (the demo's ``--rounds N``); 0 ranks once;
-- SPLIT ``train``: training pairs only; ``both``: training and validation pairs ranked together (validation answers
-  reach the label-free selection, never making the split full).
-
-At each checkpoint (a number of answers, or minutes of the reviewer's time by the model below) an ``an`` head is
-trained on the labels and answers so far through the product's ``--review`` path (models/data/reviewed_labels.py),
-its epoch picked by ``observed-map`` on the validation labels as answered, and scored on the fully labelled test split
-and on the hidden full validation labels (by which the defaults are chosen, never by test).
-
-The time model (``--seconds QUESTION,LABEL,KEY``): a yes/no question about one image 1.6 s (Papadopoulos et al.,
-CVPR 2016, "We don't need no bounding-boxes": the mean time to verify one box); each further label judged on an image
-in view 1.0 s (Bearman et al., ECCV 2016, "What's the point": image-level labels at 1 s per class); a key press (a
-tick, a save) 0.28 s (Card, Moran and Newell 1980: the keystroke-level model's K for an average typist). A pair costs
-one question; an image showing m labels of which y are ticked costs 1.6 + 1.0 (m - 1) + 0.28 (y + 1).
+The time model (``--seconds``): a yes/no question about an image 1.6 s (Papadopoulos et al., CVPR 2016, "We don't need
+no bounding-boxes": the mean time to verify a box); each further label judged on an image in view 1.0 s (Bearman et
+al., ECCV 2016, "What's the point": image-level labels at 1 s per class); a key press (a tick, a save) 0.28 s (Card,
+Moran and Newell 1980, the keystroke-level model's K). An image showing m labels, y ticked: 1.6 + (m-1) + 0.28 (y+1).
 """
 
 from __future__ import annotations
@@ -38,22 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.choices import DEV_SETS, TITLES, full_labels_by_path, prepare_with_test
+from bench.choices import DEV_SETS, TITLES, dev_config, full_labels_by_path, prepare_with_test
 from bench.choices_report import BASELINE
 from bench.results_page import add_page_options, machine_line, publish
 from models.data.review_file import AnswerLog
 from models.data.reviewed_labels import apply_review
 from models.evaluation.metrics import mean_average_precision
 from models.files.atomic_writes import atomic_write_text
-from train import (
-    Candidate,
-    build_parser,
-    config_from_args,
-    fit_candidate,
-    out_of_fold_logits,
-    rank_pairs,
-    training_pool,
-)
+from train import Candidate, fit_candidate, out_of_fold_logits, rank_pairs, training_pool
 
 __all__ = ["PLANS", "Plan", "measure", "report", "reviewer_seconds"]
 
@@ -70,13 +50,11 @@ Pair = tuple[str, str]
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How the reviewer works: mode (``pair`` or ``image``), answers per round (0: one ranking), whose pairs and the
-    image mode's toggles."""
+    """How the reviewer works: mode (``pair``, ``image``), answers per round (0: one ranking), whose pairs, toggles."""
 
     mode: str
     round: int
     split: str
-
     toggles: int = TOGGLES
 
     @classmethod
@@ -100,13 +78,11 @@ class Reviewer:
 
     def __init__(self, dev_name: str, seed: int, folder: Path) -> None:
         dev = DEV_SETS[dev_name]
-        argv = [*dev.train_args, "--data", dev.data, "--seed", str(seed), "--no-progress", "--method", BASELINE]
-        self.cfg = config_from_args(build_parser().parse_args(argv))
+        self.cfg = dev_config(dev, seed)[0]
         self.data, self.model, self.forward, self.features = prepare_with_test(self.cfg)
         splits = self.data.splits
-        self.classes = list(splits.classes)
-        self.full = full_labels_by_path(dev, self.classes, self.data.dataset)
-        self.column = {c: j for j, c in enumerate(self.classes)}
+        self.full = full_labels_by_path(dev, list(splits.classes), self.data.dataset)
+        self.column = {c: j for j, c in enumerate(splits.classes)}
         self.val_full = np.stack([self.full[str(p)] for p in splits.val.paths])
         assert splits.test is not None
         self.test_labels = splits.test.labels
@@ -201,17 +177,15 @@ def measure(dev_name: str, seed: int, plans: list[str], out: Path, seconds: tupl
             started, plan = time.perf_counter(), Plan.parse(text)
             steps, rankings = simulate(r, plan, seconds)
             rows = []
-            for kind, marks in (("answers", ANSWERS), ("minutes", MINUTES)):
-                for mark in marks:
-                    taken = steps[:mark] if kind == "answers" else [s for s in steps if s[2] <= mark * 60 + 1e-6]
-                    answers = {pair: truth for pair, truth, _ in taken}
-                    rows.append({"kind": kind, "at": mark, "answers": len(taken), "yes": sum(answers.values()),
-                                 "minutes": taken[-1][2] / 60 if taken else 0.0, **r.score(r.reviewed(answers))})
-                    print(f"{dev_name} seed {seed} {text} {mark} {kind}: {rows[-1]['answers']} answers, "
-                          f"test mAP {rows[-1]['test_mAP']:.2f}", flush=True)
-            record["plans"][text] = {"rows": rows, "rankings": len(rankings),
-                                     "ranking_seconds": float(np.mean(rankings)),
-                                     "seconds": round(time.perf_counter() - started, 1)}
+            for kind, mark in [("answers", n) for n in ANSWERS] + [("minutes", n) for n in MINUTES]:
+                taken = steps[:mark] if kind == "answers" else [s for s in steps if s[2] <= mark * 60 + 1e-6]
+                answers = {pair: truth for pair, truth, _ in taken}
+                rows.append({"kind": kind, "at": mark, "answers": len(taken), "yes": sum(answers.values()),
+                             "minutes": taken[-1][2] / 60 if taken else 0.0, **r.score(r.reviewed(answers))})
+                print(f"{dev_name} seed {seed} {text} {mark} {kind}: {len(taken)} answers, test mAP "
+                      f"{rows[-1]['test_mAP']:.2f}", flush=True)
+            record["plans"][text] = {"rows": rows, "rankings": len(rankings), "ranking_seconds": float(np.mean(
+                rankings)), "seconds": round(time.perf_counter() - started, 1)}
             atomic_write_text(target, json.dumps(record, indent=1))
     return target
 
@@ -226,14 +200,10 @@ def gap_rows(runs: list[dict[str, Any]], plan: str) -> dict[tuple[str, int], dic
     for run in runs:
         an, full = run["an"], run["full"]
         for row in run["plans"].get(plan, {}).get("rows", []):
-            cell = out.setdefault((row["kind"], row["at"]), {"answers": [], "yes": [], "minutes": [], "test": [],
-                                                             "gap": [], "val_gap": []})
-            cell["answers"].append(row["answers"])
-            cell["yes"].append(row["yes"])
-            cell["minutes"].append(row["minutes"])
-            cell["test"].append(row["test_mAP"])
-            for key, metric in (("gap", "test_mAP"), ("val_gap", "val_mAP_full")):
-                cell[key].append((row[metric] - an[metric]) / (full[metric] - an[metric]) * 100)
+            gaps = {key: (row[m] - an[m]) / (full[m] - an[m]) * 100 for key, m in (("gap", "test_mAP"),
+                                                                                  ("val_gap", "val_mAP_full"))}
+            for key, value in {**row, **gaps, "test": row["test_mAP"]}.items():
+                out.setdefault((row["kind"], row["at"]), {}).setdefault(key, []).append(value)
     return out
 
 
@@ -248,46 +218,41 @@ def report(out: Path, command: str) -> str:
     lines = ["## Label review per minute of a reviewer's time (simulated reviewer, fixed EfficientNet-Lite0 features)",
              "", machine_line(), "", f"Command (about {seconds / 60:.0f} minutes in all here):", "", "```", command,
              "```", "",
-             "The hidden keywords answer the product's suggestions; a plan is MODE/ROUND/SPLIT: `pair` asks one "
-             "(image, label) at a time (the Review tab), `image` shows an image with at most 5 of its most likely "
-             "suggestions as toggles (the Review-by-image tab); ROUND N re-ranks every N answers with the suggesting "
-             "heads retrained on the answers so far (the demo's `--rounds N`; 0: one ranking); SPLIT `both` suggests "
-             "validation pairs too. At each checkpoint an `an` head on the labels and answers so far (its epoch "
-             "picked label-free) is scored: gap closed = (mAP - an) / (full - an), `an` the head on the labels as "
-             "given, full the head on every training label; val gap: the same on the hidden full validation labels, "
-             "by which the defaults are chosen (never by test). Minutes are the reviewer's, by the time model "
-             f"(bench/review.py's docstring, with its sources): {model[0]} s per yes/no question, {model[1]} s per "
-             f"further label of an image in view, {model[2]} s per key press. Per minute: test gap closed at 30 "
-             "minutes / 30.", ""]
+             "The hidden keywords answer the product's suggestions by plan MODE/ROUND/SPLIT: `pair` asks one (image, "
+             "label) at a time (the Review tab), `image` shows an image with at most 5 (`imageM`: M) of its likeliest "
+             "suggestions as toggles (the Review-by-image tab); every ROUND answers the suggesting heads are retrained "
+             "and the rest re-ranked (the demo's `--rounds`; 0: one ranking); SPLIT `both` asks validation pairs too. "
+             "Gap closed = (mAP - an) / (full - an) of an `an` head on the answers so far, `an` on the labels as "
+             "given, full on every training label; val gap: on the hidden full val labels, by which defaults are "
+             f"chosen (never by test). Reviewer minutes by the time model of bench/review.py (its sources there): "
+             f"{model[0]} s per yes/no question, {model[1]} s per further label of an image in view, {model[2]} s per "
+             "key press.", ""]
+    summary: dict[str, list[dict[tuple[str, int], dict[str, Any]]]] = {}
     for dev_name, runs in records.items():
-        an = [r["an"]["test_mAP"] for r in runs]
-        full = [r["full"]["test_mAP"] for r in runs]
+        an, full = ([r[k]["test_mAP"] for r in runs] for k in ("an", "full"))
         lines += [f"**{TITLES.get(dev_name, dev_name)}** ({runs[0]['train_images']:,} training images, "
                   f"{runs[0]['unobserved_present']:,} present labels unobserved; {len(runs)} seeds): `an` "
-                  f"{_mean_std(an)}, full {_mean_std(full)}.", "",
-                  "| plan | at | answers | yes | reviewer minutes | val gap closed | test mAP | test gap closed (min) "
-                  "|",
-                  "|---|---|---|---|---|---|---|---|"]
+                  f"{_mean_std(an)}, full {_mean_std(full)}. Gap closed, mean over the seeds (test: the lowest seed).",
+                  "", "| plan | in 30 minutes: answers (yes) | val gap: 500 answers / 30 min | test gap: 250 / 500 / "
+                  "1,000 answers | test gap: 10 / 20 / 30 min | test mAP at 30 min |", "|---|---|---|---|---|---|"]
         for plan in [p for p in PLANS if any(p in r["plans"] for r in runs)]:
-            for (kind, at), cell in gap_rows(runs, plan).items():
-                lines.append(f"| {plan} | {at} {kind} | {np.mean(cell['answers']):.0f} | {np.mean(cell['yes']):.0f} "
-                             f"| {np.mean(cell['minutes']):.1f} | {np.mean(cell['val_gap']):.1f}% | "
-                             f"{_mean_std(cell['test'])} | {np.mean(cell['gap']):.1f}% ({min(cell['gap']):.1f}%) |")
+            c = gap_rows(runs, plan)
+            summary.setdefault(plan, []).append(c)
+            at = [np.mean(c[k, n]["gap"]) for k, marks in (("answers", ANSWERS), ("minutes", MINUTES)) for n in marks]
+            end, half = c["minutes", max(MINUTES)], c["answers", 500]
+            lines.append(f"| {plan} | {np.mean(end['answers']):.0f} ({np.mean(end['yes']):.0f}) | "
+                         f"{np.mean(half['val_gap']):.1f}% / {np.mean(end['val_gap']):.1f}% "
+                         f"| {' / '.join(f'{g:.1f}%' for g in at[:3])} | {' / '.join(f'{g:.1f}%' for g in at[3:])} "
+                         f"({min(end['gap']):.1f}%) | {_mean_std(end['test'])} |")
         lines.append("")
-    lines += ["**Per plan** (mean over the sets above): val and test gap closed at 500 answers and at 30 minutes, test "
-              "gap per reviewer-minute, seconds per re-ranking on this machine.", "",
-              "| plan | val gap, 500 answers | val gap, 30 min | test gap, 500 answers | test gap, 30 min | per minute "
-              "| s per ranking |", "|---|---|---|---|---|---|---|"]
-    for plan in PLANS:
-        cells = [gap_rows(runs, plan) for runs in records.values()]
-        if not all(("answers", 500) in c and ("minutes", 30) in c for c in cells) or not cells:
-            continue
-        mean = {(k, key): np.mean([np.mean(c[k][key]) for c in cells]) for k in (("answers", 500), ("minutes", 30))
-                for key in ("val_gap", "gap")}
-        ranking = np.mean([r["plans"][plan]["ranking_seconds"] for runs in records.values() for r in runs])
-        lines.append(f"| {plan} | {mean[('answers', 500), 'val_gap']:.1f}% | {mean[('minutes', 30), 'val_gap']:.1f}% "
-                     f"| {mean[('answers', 500), 'gap']:.1f}% | {mean[('minutes', 30), 'gap']:.1f}% | "
-                     f"{mean[('minutes', 30), 'gap'] / 30:.2f}% | {ranking:.1f} |")
+    lines += ["**Per plan**, mean over the sets: gap closed at 500 answers and in 30 reviewer minutes, and per minute.",
+              "", "| plan | sets | val gap: 500 answers / 30 min | test gap: 500 answers / 30 min | per minute |",
+              "|---|---|---|---|---|"]
+    for plan, cells in summary.items():
+        val, test = ([np.mean([np.mean(c[k][key]) for c in cells]) for k in (("answers", 500), ("minutes", 30))]
+                     for key in ("val_gap", "gap"))
+        lines.append(f"| {plan} | {len(cells)} | {val[0]:.1f}% / {val[1]:.1f}% | {test[0]:.1f}% / {test[1]:.1f}% | "
+                     f"{test[1] / 30:.2f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -311,19 +276,16 @@ def main(argv: list[str] | None = None) -> int:
         publish(args.section or "review-simulated", report(args.out, "python -m bench.review measure\n"
                                                            "python -m bench.review report"), args.page)
         return 0
+    plans, names, seconds = args.plans.split(","), args.dev_sets.split(","), args.seconds.split(",")
     try:
-        plans = args.plans.split(",")
-        [Plan.parse(t) for t in plans]
-        seconds = tuple(float(s) for s in args.seconds.split(","))
+        list(map(Plan.parse, plans))
+        model, runs = tuple(map(float, seconds)), [(n, int(seed)) for n in names for seed in args.seeds.split(",")]
+        if len(model) != 3 or set(names) - set(DEV_SETS):
+            raise ValueError(f"--seconds takes three numbers; --dev-sets from {', '.join(DEV_SETS)}")
     except ValueError as exc:
         p.error(str(exc))
-    if len(seconds) != 3:
-        p.error("--seconds takes three numbers")
-    for name in args.dev_sets.split(","):
-        if name not in DEV_SETS:
-            p.error(f"--dev-sets: unknown {name!r} (choose from {', '.join(DEV_SETS)})")
-        for seed in [int(s) for s in args.seeds.split(",")]:
-            measure(name, seed, plans, args.out, seconds)  # type: ignore[arg-type]
+    for name, seed in runs:
+        measure(name, seed, plans, args.out, model)  # type: ignore[arg-type]
     return 0
 
 

@@ -1,30 +1,18 @@
 """Tagger throughput against model-only throughput: ``python -m bench.tag_speed MODEL [MODEL ...]``.
 
-Writes a folder of JPEGs (``--images`` of ``--size`` px, made from the built-in dataset's images when it is
-cached, else random textures), then for each model file (``.pt`` -> PyTorch, ``.onnx`` -> ONNX Runtime):
+A folder of ``--images`` JPEGs of ``--size`` px (the built-in images when cached, else random textures); per model file
+(``.pt``: PyTorch, ``.onnx``: ONNX Runtime) the model-only images/s on preprocessed batches and the tagger's
+(``serve.tag_folder``, decoding overlapping the model, JSONL written) end to end, ``--repeats`` times interleaved so a
+change in load hits both: median (min-max) and the tagger / model-only ratio (target >= 90%). Section ``tag-cpu``.
 
-- model only: the runtime's images/s on already-preprocessed batches of ``--batch-size``;
-- tagger: ``serve.tag_folder`` over the folder (decoding in a thread pool overlapping the model, JSONL
-  written), images/s end to end.
+``--photos DIR`` (real JPEGs, e.g. Debian's ``mate-backgrounds``) times random 4:3 crops of them at each of
+``--photo-sizes`` (JPEG quality 90) and adds the loader alone (no model): where it is slower than the model, decoding
+limits the tagger. Section ``tag-photos``.
 
-The ratio tagger / model-only is the share of the model's speed the tagger keeps (target: >= 90%). Both run
-``--repeats`` times, interleaved (model-only, tagger, then tagger, model-only, ...), so a change in the machine's load
-hits both: the table gives the median (min-max) of the runs and of each round's ratio. The table, the command and
-the machine (with its load average) go to section ``tag-cpu`` of the results page.
-
-``--photos DIR`` (real JPEG photos, e.g. Debian's ``mate-backgrounds``: ``/usr/share/backgrounds/mate/nature``)
-times real photos instead, at each of ``--photo-sizes`` (default 800 x 600, 1920 x 1440, 4000 x 3000: a random 4:3
-crop of each photo, resized, JPEG quality 90), and adds a third run, the loader alone (as many decode threads,
-no model): when the loader is slower than the model, decoding is what limits the tagger, and the table gives
-the share of the tagger's time the loader alone needs. Section ``tag-photos``.
-
-``python -m bench.tag_speed decode``: image loading cost, full-size against reduced-scale JPEG decoding. For JPEGs
-of a few sizes (a 448 px square, a 1024 x 768 web image, a 4000 x 3000 camera photo) and network inputs of 64, 224
-and 448 px: milliseconds per image on one thread to decode and resize to the network input, once with every pixel
-decoded (``read_image(path)``) and once the way training, evaluation, the tagger and the demo load images
-(``EvalTransform.decode_side``: libjpeg DCT scaling down to no less than twice the network input per side), plus how
-far apart the two resized images are (grey levels, 0-255). The table, the command and the machine go to section
-``decode-cpu`` of the results page.
+``python -m bench.tag_speed decode``: milliseconds per image on one thread to decode and resize JPEGs (448 px, 1024 x
+768, 4000 x 3000) to network inputs of 64, 224 and 448 px, every pixel decoded (``read_image(path)``) against the
+package's reduced-scale decoding (``EvalTransform.decode_side``: libjpeg DCT scaling to no less than twice the input),
+and how far apart the two images are (grey levels). Section ``decode-cpu``.
 """
 
 from __future__ import annotations
