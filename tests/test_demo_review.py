@@ -151,19 +151,20 @@ def test_rerank_replaces_the_order_and_keeps_every_answer(tmp_path: Path) -> Non
     queue.answer(*pair(tmp_path, "a", "dog"), True)
     queue.answer(*pair(tmp_path, "b", "car"), False)
     ranked = [ReviewItem(*pair(tmp_path, i, label), score) for i, label, score in
-              [("c", "tree", 0.95), ("b", "dog", 0.9), ("a", "dog", 0.85), ("c", "cat", 0.5), ("a", "person", 0.3)]]
+              [("c", "tree", 0.95), ("c", "cat", 0.9), ("a", "dog", 0.85), ("b", "dog", 0.5), ("a", "person", 0.3)]]
     queue.answer(*pair(tmp_path, "c", "tree"), False)  # while the round computed
     queue.answer_image(str(tmp_path / "c.png"), ["bird"], ["bird"])  # a whole image: one call, one pair here
     queue.rerank(ranked)
     assert told == [1, 1, 1, 1]
     answered = [pair(tmp_path, "a", "dog"), pair(tmp_path, "b", "car"), pair(tmp_path, "c", "bird"),
                 pair(tmp_path, "c", "tree")]  # in the file's order
-    fresh = [pair(tmp_path, "b", "dog"), pair(tmp_path, "c", "cat"), pair(tmp_path, "a", "person")]
+    # the image on screen (a, its person pair) stays first, so the page's next answer is still a pending pair
+    fresh = [pair(tmp_path, "a", "person"), pair(tmp_path, "c", "cat"), pair(tmp_path, "b", "dog")]
     assert queue.pending == fresh and list(queue.items) == [*answered, *fresh]
-    assert queue.items[pair(tmp_path, "b", "dog")].score == pytest.approx(0.9)  # the new round's item
+    assert queue.items[pair(tmp_path, "b", "dog")].score == pytest.approx(0.5)  # the new round's item
     assert queue.by_image[str(tmp_path / "c.png")] == [answered[2], answered[3], fresh[1]]
     view = queue.view()
-    assert shown(view) == ("b", "dog") and view.progress() == "4 of 7 answered (2 yes, 2 no)"
+    assert shown(view) == ("a", "person") and view.progress() == "4 of 7 answered (2 yes, 2 no)"
     assert [(i.image, i.label) for i in read_review(review)] == list(queue.items)  # the file: answered, then new
     reopened = ReviewQueue.open(review, queue.log.path)
     assert (reopened.items, reopened.answers, reopened.pending, reopened.by_image) == \
@@ -173,7 +174,7 @@ def test_rerank_replaces_the_order_and_keeps_every_answer(tmp_path: Path) -> Non
     assert queue.pending[:3] == [answered[3], answered[2], fresh[0]]
     queue.answer(*pair(tmp_path, "c", "tree"), False)
     queue.rerank([ReviewItem(*p) for p in [*answered, fresh[2]]])  # answered pairs never come back
-    assert queue.pending == [answered[2], fresh[2]] and len(queue.items) == 5
+    assert queue.pending == [answered[2], fresh[1], fresh[2]] and len(queue.items) == 6
     assert AnswerLog(queue.log.path).read() == {answered[0]: True, answered[1]: False, answered[3]: False}
     queue.status = "round 2 re-ranked 2 pairs in 9 s"
     assert queue.view().progress().endswith("answered (1 yes, 2 no) · round 2 re-ranked 2 pairs in 9 s")

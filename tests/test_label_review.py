@@ -332,10 +332,12 @@ def test_demo_rounds_re_rank_with_train_suggest_in_the_background(reviewed: dict
     answers = AnswerLog(queue.log.path).read()
     assert len(answers) == 4 and queue.answers == answers
     assert re.fullmatch(rf"round 2 re-ranked {len(queue.pending)} pairs in \d+ s", queue.status), queue.status
-    assert 8 <= len(queue.pending) <= 9 and not set(queue.pending) & set(answers)  # 12 - 3 asked for
+    # 12 - 3 asked for, less the one answered meanwhile, and the image on screen kept first (at most 2 pairs)
+    assert 8 <= len(queue.pending) <= 11 and not set(queue.pending) & set(answers)
     assert set(list(queue.items)[:4]) == set(answers)  # the answered items first
     assert any(queue.items[p].score != scores[p] for p in queue.pending if p in scores), "scored again"
-    assert all(len([p for p in queue.pending if p[0] == image]) <= 2 for image in queue.by_image)
+    assert all(len([p for p in queue.pending if p[0] == image]) <= 2 for image in queue.by_image
+               if image != queue.pending[0][0])
     assert [(i.image, i.label) for i in read_review(out)] == list(queue.items)
     reopened = ReviewQueue.open(out)
     assert (reopened.pending, reopened.answers) == (queue.pending, queue.answers)

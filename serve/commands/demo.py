@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from serve.demo.catalog import ExampleSet
     from serve.demo.model_store import ModelStore
     from serve.demo.review import ReviewQueue
+    from serve.demo.review_rounds import ReviewRounds
 
 DEMO_EPILOG = """\
 The page shows every class's score against that class's own threshold. Thresholds are the model's
@@ -142,7 +143,9 @@ def _demo(args: argparse.Namespace) -> None:
     if review is not None:
         review.per_image = args.per_image_toggles
     from models.files.run_folder import default_runs_dir
+    from serve.demo.review_rounds import ReviewRounds
 
+    rounds = ReviewRounds(review, made, args.rounds) if review is not None and made is not None else None
     runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
     if args.model is not None and not Path(args.model).exists() and not (runs_dir / args.model).is_dir():
         raise UsageError(f"model not found: {args.model} (not a file, a run folder, or a run under {runs_dir})")
@@ -159,18 +162,11 @@ def _demo(args: argparse.Namespace) -> None:
         names = ["Review", "Review by image"] * (review is not None) + ["Audit"] * (audit is not None)
         tabs = f"{', '.join(names[:-1])} and {names[-1]} tabs" if len(names) > 1 else f"{names[0]} tab"
         print(f"no model under {runs_dir.resolve()}: the page has only the {tabs}", file=sys.stderr)
-        demo = build_demo(None, None, review=review, audit=audit)
-    else:
-        store, key, examples = _load_models(args, runs_dir)
-        demo = build_demo(store, key, examples, max_batch_files=args.max_batch_files, review=review, audit=audit)
-    from serve.demo.review_rounds import ReviewRounds
-
-    rounds = ReviewRounds(review, made, args.rounds) if review is not None and made is not None else None
-    try:
-        _serve(args, demo)
-    finally:
-        if rounds is not None:
-            rounds.close()
+        _serve(args, build_demo(None, None, review=review, audit=audit), rounds)
+        return
+    store, key, examples = _load_models(args, runs_dir)
+    _serve(args, build_demo(store, key, examples, max_batch_files=args.max_batch_files, review=review, audit=audit),
+           rounds)
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -201,8 +197,8 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def _rounds_source(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
-    """The review file's ``.suggest.json`` when rounds are on (``args.rounds`` set), or None and why not where it is
-    missing; ``UsageError`` when ``--rounds N`` asks for rounds without it."""
+    """The review file's ``.suggest.json`` for rounds every ``args.rounds`` answers (None: none, and why where it
+    lacks); ``UsageError`` for ``--rounds N`` without it."""
     from serve.demo.review_rounds import DEFAULT_ROUND, read_sidecar
 
     every = DEFAULT_ROUND if args.rounds is None else args.rounds
@@ -266,8 +262,9 @@ def _load_models(args: argparse.Namespace, runs_dir: Path) -> tuple[ModelStore, 
     return store, key, examples
 
 
-def _serve(args: argparse.Namespace, demo: gr.Blocks) -> None:
-    """Launch ``demo`` and serve until Ctrl-C (``CommandFailed`` when the server cannot start)."""
+def _serve(args: argparse.Namespace, demo: gr.Blocks, rounds: ReviewRounds | None = None) -> None:
+    """Launch ``demo`` and serve until Ctrl-C (``CommandFailed`` when the server cannot start); then stop
+    ``rounds``."""
     from serve.demo.app import launch_demo
 
     try:
@@ -277,3 +274,6 @@ def _serve(args: argparse.Namespace, demo: gr.Blocks) -> None:
         raise CommandFailed(f"cannot start the server: {exc}") from None
     except KeyboardInterrupt:
         pass  # Ctrl-C stops the server: done
+    finally:
+        if rounds is not None:
+            rounds.close()

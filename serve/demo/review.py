@@ -99,7 +99,8 @@ class ReviewView:
 
     def progress(self) -> str:
         """``N of M answered (Y yes, X no)``, then the rounds' status."""
-        return f"{self.answered} of {self.total} answered ({self.yes} yes, {self.no} no)" + _with_status(self.status)
+        status = f" · {self.status}" if self.status else ""
+        return f"{self.answered} of {self.total} answered ({self.yes} yes, {self.no} no){status}"
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,8 @@ class ImageView:
 
     def progress(self) -> str:
         """``N of M images answered``, then the rounds' status."""
-        return f"{self.images_done} of {self.images_total} images answered" + _with_status(self.status)
-
-
-def _with_status(status: str) -> str:
-    """`` · status`` after a progress line, or nothing."""
-    return f" · {status}" if status else ""
+        status = f" · {self.status}" if self.status else ""
+        return f"{self.images_done} of {self.images_total} images answered{status}"
 
 
 class ReviewQueue:
@@ -220,10 +217,13 @@ class ReviewQueue:
 
     def rerank(self, items: list[ReviewItem]) -> None:
         """A new round's ranking: the pending pairs become those of ``items`` in their order, less every pair
-        answered by now (answers and history stay); the review file is rewritten as the answered items, then these."""
+        answered by now (answers and history stay), after the pending pairs of the image on screen (the first
+        pending pair's, so a page answers what it shows); the review file is rewritten as the answered items, then
+        the pending ones."""
         with self.lock:
             answered = {pair: item for pair, item in self.items.items() if pair in self.answers}
-            fresh: dict[Pair, ReviewItem] = {}
+            shown = [p for p in self.pending if p[0] == self.pending[0][0]] if self.pending else []
+            fresh = {pair: self.items[pair] for pair in shown}
             for item in items:
                 if (item.image, item.label) not in self.answers:
                     fresh.setdefault((item.image, item.label), item)

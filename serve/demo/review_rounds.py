@@ -25,8 +25,6 @@ __all__ = ["DEFAULT_ROUND", "ReviewRounds", "read_sidecar"]
 DEFAULT_ROUND = 100
 #: The lines of a failed round's stderr kept as its note.
 ERROR_LINES = 2
-#: What a sidecar holds (``runs_dir`` may be null).
-SIDECAR_KEYS = ("run", "runs_dir", "top", "per_image", "order", "split", "review")
 
 
 def read_sidecar(review_path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -36,11 +34,10 @@ def read_sidecar(review_path: Path) -> tuple[dict[str, Any] | None, str]:
         return None, f"no {path} beside it (a file from an older `train suggest`: make it again)"
     try:
         made = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return None, f"{path} cannot be read ({exc}): make the file again with `train suggest`"
-    if not isinstance(made, dict) or not set(SIDECAR_KEYS) <= made.keys():
-        return None, f"{path} is not what `train suggest` writes: make the file again"
-    if not Path(str(made["run"])).is_dir():
+        run = Path(made["run"])
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return None, f"{path} cannot be read ({exc!r}): make the file again with `train suggest`"
+    if not run.is_dir():
         return None, f"the run folder {made['run']} that {path} names is gone"
     return made, ""
 
@@ -50,8 +47,6 @@ class ReviewRounds:
     thread: an answer never waits; a failed round keeps the order and says why in the progress line."""
 
     def __init__(self, queue: ReviewQueue, made: dict[str, Any], every: int) -> None:
-        if queue.source is None:
-            raise ValueError("rounds need the queue's review file")
         self.queue, self.made, self.every = queue, made, every
         self.size = len(queue.items)
         self.given = 0
@@ -88,14 +83,12 @@ class ReviewRounds:
         fd, name = tempfile.mkstemp(prefix=f".{source.stem}.round-", suffix=source.suffix, dir=source.parent)
         os.close(fd)
         output = Path(name)
-        root = str(Path(__file__).resolve().parents[2])  # this demo's own packages, train among them
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         try:
             with self.queue.lock:
                 if self.closed:
                     return
                 process = self.process = subprocess.Popen(self.command(output, top), stdout=subprocess.PIPE,
-                                                          stderr=subprocess.PIPE, text=True, env=env)
+                                                          stderr=subprocess.PIPE, text=True)
             _, err = process.communicate()
             if process.returncode != 0:
                 raise RuntimeError(" ".join(err.strip().splitlines()[-ERROR_LINES:]) or f"exit {process.returncode}")
@@ -106,7 +99,7 @@ class ReviewRounds:
                     self.round += 1
                     self.queue.status = (f"round {self.round} re-ranked {len(self.queue.pending)} pairs in "
                                          f"{time.monotonic() - started:.0f} s")
-        except (OSError, ValueError, RuntimeError) as exc:
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:  # KeyError: a sidecar lacking one
             with self.queue.lock:
                 self.queue.status = f"re-ranking failed: {exc}"
         finally:
@@ -120,11 +113,7 @@ class ReviewRounds:
         with self.queue.lock:
             self.closed = True
             process, thread = self.process, self.thread
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        if process is not None:
+            process.terminate()  # the thread's communicate() reaps it
         if thread is not None:
             thread.join(timeout=30)
