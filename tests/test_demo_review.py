@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 from test_demo import CHROMIUM, REPO, DevTools, free_port, make_run
 
-from models.data.review_file import AnswerLog, read_review
+from models.data.review_file import AnswerLog, ReviewItem, read_review
 from models.data.types import DataError
 from serve.demo.review import ReviewQueue, claim_log, default_log_path, display_image, load_review
 
@@ -139,6 +139,81 @@ def test_resume_from_the_log_and_the_file_own_answers(tmp_path: Path) -> None:
     assert shown(ReviewQueue.open(review, log.path).view()) == ("a", "person")  # a second restart continues
     assert queue.undo().note == "car: answer taken back"  # this session's answers only
     assert queue.undo().note == "nothing to undo in this session"
+
+
+def test_rerank_replaces_the_order_and_keeps_every_answer(tmp_path: Path) -> None:
+    """A round's ranking replaces the pending order; a pair answered before it or while it was computed is never
+    pending again; undo still works; the review file is rewritten so a restarted demo opens the same queue."""
+    review = make_review(tmp_path)
+    queue = ReviewQueue.open(review)
+    told: list[int] = []
+    queue.on_answers = told.append
+    queue.answer(*pair(tmp_path, "a", "dog"), True)
+    queue.answer(*pair(tmp_path, "b", "car"), False)
+    ranked = [ReviewItem(*pair(tmp_path, i, label), score) for i, label, score in
+              [("c", "tree", 0.95), ("c", "cat", 0.9), ("a", "dog", 0.85), ("b", "dog", 0.5), ("a", "person", 0.3)]]
+    queue.answer(*pair(tmp_path, "c", "tree"), False)  # while the round computed
+    queue.answer_image(str(tmp_path / "c.png"), ["bird"], ["bird"])  # a whole image: one call, one pair here
+    queue.rerank(ranked)
+    assert told == [1, 1, 1, 1]
+    answered = [pair(tmp_path, "a", "dog"), pair(tmp_path, "b", "car"), pair(tmp_path, "c", "bird"),
+                pair(tmp_path, "c", "tree")]  # in the file's order
+    # the image on screen (a, its person pair) stays first, so the page's next answer is still a pending pair
+    fresh = [pair(tmp_path, "a", "person"), pair(tmp_path, "c", "cat"), pair(tmp_path, "b", "dog")]
+    assert queue.pending == fresh and list(queue.items) == [*answered, *fresh]
+    assert queue.items[pair(tmp_path, "b", "dog")].score == pytest.approx(0.5)  # the new round's item
+    assert queue.by_image[str(tmp_path / "c.png")] == [answered[2], answered[3], fresh[1]]
+    view = queue.view()
+    assert shown(view) == ("a", "person") and view.progress() == "4 of 7 answered (2 yes, 2 no)"
+    assert [(i.image, i.label) for i in read_review(review)] == list(queue.items)  # the file: answered, then new
+    reopened = ReviewQueue.open(review, queue.log.path)
+    assert (reopened.items, reopened.answers, reopened.pending, reopened.by_image) == \
+        (queue.items, queue.answers, queue.pending, queue.by_image)
+    # undo reaches an answer given before the round: its pair is in front again
+    assert shown(queue.undo()) == ("c", "bird") and shown(queue.undo()) == ("c", "tree")
+    assert queue.pending[:3] == [answered[3], answered[2], fresh[0]]
+    queue.answer(*pair(tmp_path, "c", "tree"), False)
+    queue.rerank([ReviewItem(*p) for p in [*answered, fresh[2]]])  # answered pairs never come back
+    assert queue.pending == [answered[2], fresh[1], fresh[2]] and len(queue.items) == 6
+    assert AnswerLog(queue.log.path).read() == {answered[0]: True, answered[1]: False, answered[3]: False}
+    queue.status = "round 2 re-ranked 2 pairs in 9 s"
+    assert queue.view().progress().endswith("answered (1 yes, 2 no) · round 2 re-ranked 2 pairs in 9 s")
+    assert queue.image_view().progress() == "1 of 3 images answered · round 2 re-ranked 2 pairs in 9 s"
+
+
+def test_a_failed_round_keeps_the_order_and_close_ends_its_process(tmp_path: Path) -> None:
+    """A round whose ``train suggest`` fails leaves the order as it was and says why in the status; ``close()``
+    ends a round's running process and leaves no temporary file."""
+    from serve.demo.review_rounds import ReviewRounds, read_sidecar
+
+    review = make_review(tmp_path)
+    (tmp_path / "not-a-run").mkdir()
+    made = {"run": str(tmp_path / "not-a-run"), "runs_dir": None, "top": 6, "per_image": 0, "order": "balanced",
+            "split": "train", "review": []}
+    review.with_suffix(".suggest.json").write_text(json.dumps(made))
+    assert read_sidecar(review) == (made, "")
+    queue = ReviewQueue.open(review)
+    rounds = ReviewRounds(queue, made, every=2)
+    assert queue.view().progress().endswith(" · re-ranks every 2 answers")
+    queue.answer(*pair(tmp_path, "a", "dog"), True)
+    assert rounds.thread is None
+    order = list(queue.pending)
+    queue.answer(*pair(tmp_path, "b", "car"), True)
+    assert rounds.thread is not None and queue.status == "re-ranking in the background..."
+    deadline = time.monotonic() + 120
+    while rounds.thread is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert queue.status.startswith("re-ranking failed: ") and "config.json" in queue.status, queue.status
+    assert queue.pending == order[1:] and rounds.round == 1
+    queue.answer_image(str(tmp_path / "c.png"), [])  # one call, two more answers: the next round
+    process = None
+    while process is None and time.monotonic() < deadline:
+        process = rounds.process
+        time.sleep(0.01)
+    assert process is not None
+    rounds.close()
+    assert process.poll() is not None and rounds.thread is None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_bad_review_files_and_logs(tmp_path: Path) -> None:
@@ -649,7 +724,12 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert exited.value.code == 0 and "--review FILE" in out and "--answers LOG" in out and "Review tab" in out
     assert "--per-image-toggles M" in out and "Review by image" in out
+    assert "--rounds N" in out and "every N answers" in out and "0: one fixed order" in out
     review = make_review(tmp_path / "ok")
+    gone = make_review(tmp_path / "gone-run")
+    gone.with_suffix(".suggest.json").write_text(json.dumps(
+        {"run": "/nowhere/run", "runs_dir": None, "top": 6, "per_image": 0, "order": "balanced", "split": "train",
+         "review": []}))
     (tmp_path / "empty.csv").write_text("image,label,score\n")
     (tmp_path / "gone.csv").write_text("image,label\n/nowhere/x.png,dog\n")
     cases = [
@@ -659,6 +739,11 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         (["--review", str(review), "--answers", str(tmp_path / "log.txt")], "an answer log is a .jsonl file"),
         (["--answers", str(tmp_path / "log.jsonl")], "--answers goes with --review"),
         (["--review", str(review), "--per-image-toggles", "0"], "--per-image-toggles must be >= 1"),
+        (["--rounds", "5"], "--rounds goes with --review"),
+        (["--review", str(review), "--rounds", "-1"], "--rounds must be >= 0"),
+        (["--review", str(review), "--rounds", "5"],
+         f"--rounds 5: no {review.with_suffix('.suggest.json')} beside it (a file from an older `train suggest`"),
+        (["--review", str(gone), "--rounds", "5"], "the run folder /nowhere/run that "),
     ]
     for args, message in cases:
         assert main(["demo", *args]) == 2, args
@@ -666,3 +751,7 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert err.startswith("python -m serve demo: error: ") and message in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
     assert not default_log_path(review).exists()  # nothing written by a refused start
+    # without --rounds, a file with no sidecar keeps one fixed order and the start says why
+    assert main(["demo", "--review", str(review), "--model", str(tmp_path / "no-model.pt")]) == 2
+    err = capsys.readouterr().err
+    assert f"one fixed order, no rounds: no {review.with_suffix('.suggest.json')} beside it" in err, err

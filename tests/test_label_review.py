@@ -4,6 +4,8 @@ from cross-fitted heads (``python -m train suggest``), and retraining with the a
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +130,9 @@ def test_suggestions_rank_unobserved_pairs_and_retraining_records_the_answers(
     assert train_main(["suggest", str(first), "-o", str(out), "--top", "30", "--no-progress"]) == 0
     said = capsys.readouterr().out
     assert "wrote 30 suggestions" in said and f"--from-run {first} --review" in said
+    assert json.loads((base / "review.suggest.json").read_text()) == {  # how it was made, for the demo's rounds
+        "run": str(first.resolve()), "runs_dir": None, "top": 30, "per_image": 0, "order": "balanced",
+        "split": "train", "review": []}
     items = read_review(out)
     record = read_protocol_file(first / "observed.npz")
     protocol = build_protocol(load_dataset(f"csv:{reviewed['csv']}"), parse_observed("auto"))
@@ -259,6 +264,7 @@ def test_validation_answers_reach_the_selection_criterion_and_the_thresholds(
     capsys.readouterr()
     assert train_main(["suggest", str(first), "-o", str(out), "--split", "val", "--top", "40", "--no-progress"]) == 0
     assert "validation images" in capsys.readouterr().out
+    assert json.loads(out.with_suffix(".suggest.json").read_text())["split"] == "val"
     items = read_review(out)
     assert len(items) == 40 and all(item.image in row_of for item in items)
     assert all(protocol.val_observed[row_of[i.image], tiny.classes.index(i.label)] == 0 for i in items)
@@ -286,3 +292,53 @@ def test_validation_answers_reach_the_selection_criterion_and_the_thresholds(
     rebuilt = rebuild_splits(load_checkpoint(run / "best.pt").meta)  # what the export calibrates on
     assert np.array_equal(rebuilt.val.labels, labels)
     assert detect_regime(rebuilt.val.labels, "val", complete=rebuilt.has_full_labels("val")).kind == "partial"
+
+
+def test_demo_rounds_re_rank_with_train_suggest_in_the_background(reviewed: dict[str, object],
+                                                                   tmp_path: Path) -> None:
+    """The demo's rounds: after N answers a real ``train suggest`` process ranks the pairs again with the answers
+    (the sidecar's options and review files passed on); the queue takes the new order, keeps every answer, including
+    one given while the round ran, and the file reopens as the same queue."""
+    from serve.demo.review import ReviewQueue
+    from serve.demo.review_rounds import ReviewRounds, read_sidecar
+
+    runs = Path(str(reviewed["runs"]))
+    hidden: dict[str, np.ndarray] = reviewed["hidden"]  # type: ignore[assignment]
+    classes = reviewed["tiny"].classes  # type: ignore[attr-defined]
+    earlier = tmp_path / "earlier.answers.jsonl"
+    earlier.write_text("")
+    out = tmp_path / "review.csv"
+    assert train_main(["suggest", "first", "--runs-dir", str(runs), "-o", str(out), "--top", "12", "--per-image",
+                       "2", "--order", "score", "--review", str(earlier), "--no-progress"]) == 0
+    made, why = read_sidecar(out)
+    assert made == {"run": str((runs / "first").resolve()), "runs_dir": str(runs.resolve()), "top": 12,
+                    "per_image": 2, "order": "score", "split": "train", "review": [str(earlier.resolve())]}, why
+    queue = ReviewQueue.open(out)
+    scores = {pair: item.score for pair, item in queue.items.items()}
+    rounds = ReviewRounds(queue, made, every=3)
+    try:
+        for _ in range(3):
+            item = queue.view().item
+            queue.answer(item.image, item.label, bool(hidden[item.image][classes.index(item.label)]))
+        assert queue.status == "re-ranking in the background..." and rounds.thread is not None
+        assert "--per-image 2 --order score" in " ".join(rounds.command(out, 9))
+        item = queue.view().item  # answered while the round runs
+        queue.answer(item.image, item.label, False)
+        deadline = time.monotonic() + 180
+        while rounds.thread is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        rounds.close()
+    answers = AnswerLog(queue.log.path).read()
+    assert len(answers) == 4 and queue.answers == answers
+    assert re.fullmatch(rf"round 2 re-ranked {len(queue.pending)} pairs in \d+ s", queue.status), queue.status
+    # 12 - 3 asked for, less the one answered meanwhile, and the image on screen kept first (at most 2 pairs)
+    assert 8 <= len(queue.pending) <= 11 and not set(queue.pending) & set(answers)
+    assert set(list(queue.items)[:4]) == set(answers)  # the answered items first
+    assert any(queue.items[p].score != scores[p] for p in queue.pending if p in scores), "scored again"
+    assert all(len([p for p in queue.pending if p[0] == image]) <= 2 for image in queue.by_image
+               if image != queue.pending[0][0])
+    assert [(i.image, i.label) for i in read_review(out)] == list(queue.items)
+    reopened = ReviewQueue.open(out)
+    assert (reopened.pending, reopened.answers) == (queue.pending, queue.answers)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

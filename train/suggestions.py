@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import numpy as np
 from models.command_line import UsageError, run_command
 from models.data.review_file import ReviewItem, write_review
 from models.data.types import DataError
+from models.files.atomic_writes import atomic_write_text
 from train.choose import Candidate, head_config, out_of_fold_logits, prepare
 from train.config import TrainConfig, run_config
 from train.console import log
@@ -132,16 +134,24 @@ def suggest(cfg: TrainConfig, top: int = DEFAULT_TOP, per_image: int = 0,
                        time.perf_counter() - started)
 
 
-def _run_config(run: str, runs_dir: str | None, review: list[str]) -> TrainConfig:
-    """The run's config with ``review`` files added (absolute paths; each must exist)."""
+def _run_config(run: str, runs_dir: str | None, review: list[str]) -> tuple[Path, TrainConfig]:
+    """The run's folder and config with ``review`` files added (absolute paths; each must exist)."""
     try:
-        cfg = run_config(run, runs_dir)[1]
+        folder, cfg = run_config(run, runs_dir)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     for file in review:
         if not Path(file).is_file():
             raise UsageError(f"--review {file}: no such file")
-    return dataclasses.replace(cfg, review=[*cfg.review, *(str(Path(f).resolve()) for f in review)])
+    return folder, dataclasses.replace(cfg, review=[*cfg.review, *(str(Path(f).resolve()) for f in review)])
+
+
+def write_sidecar(args: argparse.Namespace, folder: Path) -> None:
+    """``FILE.suggest.json`` beside the review file: how it was made, for the demo's rounds to make it again."""
+    made = {"run": str(folder.resolve()), "runs_dir": str(Path(args.runs_dir).resolve()) if args.runs_dir else None,
+            "top": args.top, "per_image": args.per_image, "order": args.order, "split": args.split,
+            "review": [str(Path(f).resolve()) for f in args.review]}
+    atomic_write_text(args.output.with_suffix(".suggest.json"), json.dumps(made, indent=1) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"-o {args.output}: give a .csv or .jsonl file")
         if args.output.exists() and not args.overwrite:
             raise UsageError(f"-o {args.output} exists (it may hold answers); choose another file or --overwrite")
-        cfg = dataclasses.replace(_run_config(args.run, args.runs_dir, args.review), progress=args.progress)
+        folder, cfg = _run_config(args.run, args.runs_dir, args.review)
+        cfg = dataclasses.replace(cfg, progress=args.progress)
         try:
             result = suggest(cfg, args.top, args.per_image, args.order, args.audit, args.split)
         except (DataError, ValueError) as exc:
@@ -199,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"label them completely: python -m serve demo --audit {args.output} (answers go to {answers}); "
                   f"then: python -m train --from-run {args.run} --method auto --audit {answers}")
             return
+        write_sidecar(args, folder)
         whose = {"train": "training", "val": "validation", "both": "training and validation"}[args.split]
         print(f"wrote {len(result.items)} suggestions on {images} of {result.images} {whose} images to "
               f"{args.output} (the best of {result.scored_pairs:,} unobserved pairs; {result.seconds:.0f} s)")

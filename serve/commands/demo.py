@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from models.command_line import CommandFailed, UsageError, run_command
 from serve import BACKEND_HELP, DEVICE_HELP
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from serve.demo.catalog import ExampleSet
     from serve.demo.model_store import ModelStore
     from serve.demo.review import ReviewQueue
+    from serve.demo.review_rounds import ReviewRounds
 
 DEMO_EPILOG = """\
 The page shows every class's score against that class's own threshold. Thresholds are the model's
@@ -41,6 +42,11 @@ model: with no --model and no model under --runs-dir, the page has only the Revi
 tab beside the Review tab shows an image with its most likely suggestions (at most --per-image-toggles) as
 toggles, keys 1-9: Save (Enter) answers them all, unticked = no, into the same log.
 
+rounds: every --rounds N answers the demo runs `python -m train suggest` again in the background, the answers
+joined to the labels, and the pairs still to answer take the new order (the review file is rewritten with it).
+It needs FILE's .suggest.json, written beside it by `train suggest`, and the run folder it names; without
+them the order stays fixed. --rounds 0: one fixed order.
+
 audit: --audit FILE (from `python -m train suggest RUN --audit 50 -o FILE`) adds an Audit tab to label a few
 validation images completely: each image with every class as a toggle, the most likely first and its given
 label ticked, a filter box for long lists; Save (Enter) answers them all at once (unticked = absent), and the
@@ -55,7 +61,8 @@ exit status:
   1  the model could not be loaded (missing runtime or GPU provider, broken file), or the server could not
      start (port in use, gradio missing)
   2  usage error: MODEL not found, no model found under --runs-dir, unsupported model file, bad option value,
-     a review file that is missing, unreadable, empty or names missing images, an answer log in use
+     a review file that is missing, unreadable, empty or names missing images, an answer log in use, --rounds N
+     for a review file without its .suggest.json
 
 examples:
   python -m serve demo                                    # newest run under ./runs (or $SPML_RUNS)
@@ -69,6 +76,7 @@ examples:
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     """The ``demo`` subcommand's options (defaults from :mod:`serve.demo.app`, which imports nothing heavy)."""
     from serve.demo import app as d
+    from serve.demo.review_rounds import DEFAULT_ROUND
 
     demo = sub.add_parser(
         "demo",
@@ -109,6 +117,10 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--per-image-toggles", type=int, default=5, metavar="M",
                       help="the Review by image tab shows at most M suggestions of an image at a time, the most "
                       "likely first (default: %(default)s)")
+    demo.add_argument("--rounds", type=int, metavar="N",
+                      help="re-rank the pairs still to review every N answers: `train suggest` runs again in the "
+                      "background with the answers, as the review file's .suggest.json (written beside it by `train "
+                      f"suggest`) says; 0: one fixed order (default: {DEFAULT_ROUND} when that file is there, else 0)")
     demo.add_argument("--audit", type=Path, metavar="FILE",
                       help="add an Audit tab to label the images of FILE (from `python -m train suggest RUN --audit "
                       "N`) completely, an image at a time; answers go to FILE with the suffix .answers.jsonl; works "
@@ -123,12 +135,17 @@ def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _demo(args: argparse.Namespace) -> None:
     """Check the options, load the model, serve (the exceptions of :func:`models.command_line.run_command`)."""
     _check_options(args)
+    made, no_rounds = _rounds_source(args)
     review = _open_review(args.review, args.answers)  # before any model: a bad file fails at once
+    if no_rounds:
+        print(f"review {args.review}: one fixed order, no rounds: {no_rounds}", file=sys.stderr)
     audit = _open_review(args.audit, None, "audit")
     if review is not None:
         review.per_image = args.per_image_toggles
     from models.files.run_folder import default_runs_dir
+    from serve.demo.review_rounds import ReviewRounds
 
+    rounds = ReviewRounds(review, made, args.rounds) if review is not None and made is not None else None
     runs_dir = args.runs_dir if args.runs_dir is not None else default_runs_dir()
     if args.model is not None and not Path(args.model).exists() and not (runs_dir / args.model).is_dir():
         raise UsageError(f"model not found: {args.model} (not a file, a run folder, or a run under {runs_dir})")
@@ -145,10 +162,11 @@ def _demo(args: argparse.Namespace) -> None:
         names = ["Review", "Review by image"] * (review is not None) + ["Audit"] * (audit is not None)
         tabs = f"{', '.join(names[:-1])} and {names[-1]} tabs" if len(names) > 1 else f"{names[0]} tab"
         print(f"no model under {runs_dir.resolve()}: the page has only the {tabs}", file=sys.stderr)
-        _serve(args, build_demo(None, None, review=review, audit=audit))
+        _serve(args, build_demo(None, None, review=review, audit=audit), rounds)
         return
     store, key, examples = _load_models(args, runs_dir)
-    _serve(args, build_demo(store, key, examples, max_batch_files=args.max_batch_files, review=review, audit=audit))
+    _serve(args, build_demo(store, key, examples, max_batch_files=args.max_batch_files, review=review, audit=audit),
+           rounds)
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -171,8 +189,26 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"examples folder not found: {args.examples}")
     if args.per_image_toggles < 1:
         raise UsageError("--per-image-toggles must be >= 1")
-    if args.answers is not None and args.review is None:
-        raise UsageError("--answers goes with --review FILE")
+    for option in ("answers", "rounds"):
+        if getattr(args, option) is not None and args.review is None:
+            raise UsageError(f"--{option} goes with --review FILE")
+    if args.rounds is not None and args.rounds < 0:
+        raise UsageError("--rounds must be >= 0 (0: one fixed order)")
+
+
+def _rounds_source(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
+    """The review file's ``.suggest.json`` for rounds every ``args.rounds`` answers (None: none, and why where it
+    lacks); ``UsageError`` for ``--rounds N`` without it."""
+    from serve.demo.review_rounds import DEFAULT_ROUND, read_sidecar
+
+    every = DEFAULT_ROUND if args.rounds is None else args.rounds
+    if args.review is None or not args.review.is_file() or every == 0:
+        return None, ""
+    made, why = read_sidecar(args.review)
+    if made is None and args.rounds is not None:
+        raise UsageError(f"--rounds {every}: {why}")
+    args.rounds = every
+    return made, why
 
 
 def _open_review(review: Path | None, answers: Path | None, option: str = "review") -> ReviewQueue | None:
@@ -226,8 +262,9 @@ def _load_models(args: argparse.Namespace, runs_dir: Path) -> tuple[ModelStore, 
     return store, key, examples
 
 
-def _serve(args: argparse.Namespace, demo: gr.Blocks) -> None:
-    """Launch ``demo`` and serve until Ctrl-C (``CommandFailed`` when the server cannot start)."""
+def _serve(args: argparse.Namespace, demo: gr.Blocks, rounds: ReviewRounds | None = None) -> None:
+    """Launch ``demo`` and serve until Ctrl-C (``CommandFailed`` when the server cannot start); then stop
+    ``rounds``."""
     from serve.demo.app import launch_demo
 
     try:
@@ -237,3 +274,6 @@ def _serve(args: argparse.Namespace, demo: gr.Blocks) -> None:
         raise CommandFailed(f"cannot start the server: {exc}") from None
     except KeyboardInterrupt:
         pass  # Ctrl-C stops the server: done
+    finally:
+        if rounds is not None:
+            rounds.close()

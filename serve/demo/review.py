@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from PIL import Image, ImageOps
 
-from models.data.review_file import AnswerLog, ReviewItem, final_answers, read_review
+from models.data.review_file import AnswerLog, ReviewItem, final_answers, read_review, write_review
 from models.data.types import DataError
 
 __all__ = ["ImageView", "ReviewQueue", "ReviewView", "claim_log", "default_log_path", "display_image", "load_review"]
@@ -90,6 +90,7 @@ class ReviewView:
     yes: int
     no: int
     note: str = ""
+    status: str = ""  # the rounds' (:mod:`serve.demo.review_rounds`)
 
     @property
     def done(self) -> bool:
@@ -97,8 +98,9 @@ class ReviewView:
         return self.answered == self.total
 
     def progress(self) -> str:
-        """``N of M answered (Y yes, X no)``."""
-        return f"{self.answered} of {self.total} answered ({self.yes} yes, {self.no} no)"
+        """``N of M answered (Y yes, X no)``, then the rounds' status."""
+        status = f" · {self.status}" if self.status else ""
+        return f"{self.answered} of {self.total} answered ({self.yes} yes, {self.no} no){status}"
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,12 @@ class ImageView:
     images_done: int
     images_total: int
     note: str = ""
+    status: str = ""
 
     def progress(self) -> str:
-        """``N of M images answered``."""
-        return f"{self.images_done} of {self.images_total} images answered"
+        """``N of M images answered``, then the rounds' status."""
+        status = f" · {self.status}" if self.status else ""
+        return f"{self.images_done} of {self.images_total} images answered{status}"
 
 
 class ReviewQueue:
@@ -128,9 +132,7 @@ class ReviewQueue:
         for item in items:  # a pair listed twice is shown once, where it first appears (the file is ranked)
             first.setdefault((item.image, item.label), item)
         self.items = first
-        self.by_image: dict[str, list[Pair]] = {}
-        for pair in first:
-            self.by_image.setdefault(pair[0], []).append(pair)
+        self.by_image = self._by_image()
         logged = read_review(log.path) if log.path.is_file() else []
         known = final_answers([*items, *logged])  # the file's answers, then the log's: the last row wins
         self.from_file = len(final_answers(items))  # answers filled in the review file itself
@@ -141,6 +143,14 @@ class ReviewQueue:
         self.lock = threading.RLock()  # re-entered: an image answer returns the next image's view
         self.held: IO[str] | None = None  # the answer log's lock (:meth:`open` with ``claim``)
         self.per_image: int | None = None  # the most labels of an image shown (and answered) at once
+        self.on_answers: Callable[[int], None] | None = None  # told how many pairs were answered, under the lock
+        self.status = ""  # a line after the progress (the rounds')
+
+    def _by_image(self) -> dict[str, list[Pair]]:
+        by_image: dict[str, list[Pair]] = {}
+        for pair in self.items:
+            by_image.setdefault(pair[0], []).append(pair)
+        return by_image
 
     @classmethod
     def open(cls, review_path: str | Path, log_path: str | Path | None = None, claim: bool = False) -> ReviewQueue:
@@ -181,7 +191,7 @@ class ReviewQueue:
             answered = tuple((p[1], self.answers[p]) for p in pairs if p in self.answers)
         yes = sum(self.answers.values())
         return ReviewView(item, others, answered, len(self.answers), len(self.items), yes, len(self.answers) - yes,
-                          note)
+                          note, self.status)
 
     def view(self, note: str = "") -> ReviewView:
         """The current view (the first pending pair)."""
@@ -201,6 +211,27 @@ class ReviewQueue:
             else:
                 self.answers[pair] = answer
         self.pending[:0] = undone
+        given = sum(answer is not None for _, answer in answers)
+        if given and self.on_answers is not None:
+            self.on_answers(given)
+
+    def rerank(self, items: list[ReviewItem]) -> None:
+        """A new round's ranking: the pending pairs become those of ``items`` in their order, less every pair
+        answered by now (answers and history stay), after the pending pairs of the image on screen (the first
+        pending pair's, so a page answers what it shows); the review file is rewritten as the answered items, then
+        the pending ones."""
+        with self.lock:
+            answered = {pair: item for pair, item in self.items.items() if pair in self.answers}
+            shown = [p for p in self.pending if p[0] == self.pending[0][0]] if self.pending else []
+            fresh = {pair: self.items[pair] for pair in shown}
+            for item in items:
+                if (item.image, item.label) not in self.answers:
+                    fresh.setdefault((item.image, item.label), item)
+            self.items = {**answered, **fresh}
+            self.pending = list(fresh)
+            self.by_image = self._by_image()
+            if self.source is not None:
+                write_review(self.source, self.items.values())
 
     def answer(self, image: str, label: str, present: bool) -> ReviewView:
         """Answer the pair (logged on return) and show the next; ``KeyError`` for a pair not in the file."""
@@ -243,13 +274,13 @@ class ReviewQueue:
             waiting = {p[0] for p in self.pending}
             done = sum(1 for image in self.by_image if image not in waiting)
             if not self.pending:
-                return ImageView(None, (), (), (), done, len(self.by_image), note)
+                return ImageView(None, (), (), (), done, len(self.by_image), note, self.status)
             image = self.pending[0][0]
             pairs = self.by_image[image]
             answered = tuple((p[1], self.answers[p]) for p in pairs if p in self.answers)
             given = next((self.items[p].given for p in pairs if self.items[p].given), ())
             shown = tuple(self._image_pairs(image)[:self.per_image])
-            return ImageView(image, shown, given, answered, done, len(self.by_image), note)
+            return ImageView(image, shown, given, answered, done, len(self.by_image), note, self.status)
 
     def _image_pairs(self, image: str) -> list[ReviewItem]:
         """The pending pairs of ``image``, the most likely first (by score; file order among equal scores)."""
