@@ -39,14 +39,13 @@ __all__ = ["PLANS", "Plan", "measure", "report", "reviewer_seconds"]
 
 RUNS = Path("runs/review")
 PLANS = ("pair/0/train", "pair/100/train", "image/100/train", "pair/100/both", "pair/250/train", "pair/50/train",
-         "image/0/train", "pair/100+/train", "pair/250+/train", "image2/0/train")
+         "image/0/train")
 ANSWERS = (250, 500, 1000)
 MINUTES = (10, 20, 30)
 SECONDS = (1.6, 1.0, 0.28)  # a question, each further label of an image in view, a key press
 TOGGLES = 5  # the Review-by-image tab's default --per-image-toggles
 IMAGE_FILE = 5000  # suggestions in the file the image mode reviews
 Pair = tuple[str, str]
-Row = tuple[str, str, float]  # a suggestion: image, label, score
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,17 +56,15 @@ class Plan:
     round: int
     split: str
     toggles: int = TOGGLES
-    carry: bool = False  # ROUND written N+: a class's balanced depth continues from its answered pairs
 
     @classmethod
     def parse(cls, text: str) -> Plan:
         """``MODE/ROUND/SPLIT``, e.g. ``pair/100/train``; ``imageM`` shows at most M toggles (``image``: 5)."""
         mode, size, split = [*text.split("/"), "", ""][:3]
         toggles = (mode[5:] or str(TOGGLES)) if mode.startswith("image") else str(TOGGLES) * (mode == "pair")
-        size, carry = size.rstrip("+"), size.endswith("+")
         if not toggles.isdigit() or int(toggles) < 1 or split not in ("train", "both") or not size.isdigit():
             raise ValueError(f"bad plan {text!r}: MODE/ROUND/SPLIT with pair|image|imageM, N >= 0, train|both")
-        return cls(mode[:5], int(size), split, int(toggles), carry)
+        return cls(mode[:5], int(size), split, int(toggles))
 
 
 def reviewer_seconds(shown: int, ticked: int, mode: str, seconds: tuple[float, float, float] = SECONDS) -> float:
@@ -80,14 +77,16 @@ class Reviewer:
     """One dev set and seed: the features, the hidden labels, the suggestions and the head that scores answers."""
 
     def __init__(self, dev_name: str, seed: int, folder: Path) -> None:
-        dev, self.folder = DEV_SETS[dev_name], folder
+        dev = DEV_SETS[dev_name]
         self.cfg = dev_config(dev, seed)[0]
         self.data, self.model, self.forward, self.features = prepare_with_test(self.cfg)
         splits = self.data.splits
         self.full = full_labels_by_path(dev, list(splits.classes), self.data.dataset)
         self.column = {c: j for j, c in enumerate(splits.classes)}
         self.val_full = np.stack([self.full[str(p)] for p in splits.val.paths])
-        self.test_labels = splits.test.labels  # type: ignore[union-attr]
+        assert splits.test is not None
+        self.test_labels = splits.test.labels
+        self.folder = folder
         self.candidate = Candidate(BASELINE, self.cfg.lr)
 
     def truth(self, pair: Pair) -> bool:
@@ -102,19 +101,19 @@ class Reviewer:
         log.record_many([(image, label, answer) for (image, label), answer in answers.items()])
         return apply_review(self.data.splits, [str(log.path)])[0]
 
-    def ranking(self, answers: dict[Pair, bool], split: str, top: int, carry: bool = False) -> list[Row]:
+    def ranking(self, answers: dict[Pair, bool], split: str, top: int) -> list[tuple[str, str, float]]:
         """The product's top ``top`` suggestions given ``answers`` (train/suggestions.py's ranking)."""
         data = dataclasses.replace(self.data, splits=self.reviewed(answers))
         pool = training_pool(data, self.features, held_out_val=split == "both")
         logits, failed = out_of_fold_logits(self.candidate, self.cfg, data, self.model, self.forward, pool, None)
         if failed:
             raise RuntimeError(failed)
-        # with ``carry`` each class's balanced depth continues from its answered pairs
-        asked = np.bincount([self.column[label] for _, label in answers] if carry else [], minlength=len(self.column))
-        return [(i.image, i.label, float(i.score or 0)) for i in rank_pairs(pool, logits, top, asked=asked)[0]]
+        return [(i.image, i.label, float(i.score or 0)) for i in rank_pairs(pool, logits, top)[0]]
 
-    def score(self, splits: Any) -> dict[str, float]:
-        """Test mAP and full-val mAP of an ``an`` head trained on ``splits``."""
+    def score(self, splits: Any, train_observed: np.ndarray | None = None) -> dict[str, float]:
+        """Test mAP and full-val mAP of an ``an`` head on ``splits`` (``train_observed`` replacing its labels)."""
+        if train_observed is not None:
+            splits = dataclasses.replace(splits, train_observed=train_observed)
         data = dataclasses.replace(self.data, splits=splits)
         features = {**self.features, "scored": self.features["test"]}
         result = fit_candidate(self.candidate, self.cfg, data, self.model, self.forward, features, None)
@@ -138,7 +137,7 @@ def simulate(r: Any, plan: Plan, seconds: tuple[float, float, float]) -> tuple[l
     while more():
         started = time.perf_counter()
         top = IMAGE_FILE if plan.mode == "image" else plan.round or max(ANSWERS) * 2
-        ranked = [row for row in r.ranking(answered, plan.split, top, plan.carry) if row[:2] not in answered]
+        ranked = [row for row in r.ranking(answered, plan.split, top) if row[:2] not in answered]
         rankings.append(time.perf_counter() - started)
         if not ranked:
             break
@@ -170,7 +169,7 @@ def measure(dev_name: str, seed: int, plans: list[str], out: Path, seconds: tupl
         if not record:
             train = r.data.splits.train
             full = np.stack([r.full[str(p)] for p in train.paths]).astype(np.int8)
-            an, bound = r.score(r.data.splits), r.score(dataclasses.replace(r.data.splits, train_observed=full))
+            an, bound = r.score(r.data.splits), r.score(r.data.splits, full)
             record = {"dev_set": dev_name, "seed": seed, "train_images": len(train),
                       "unobserved_present": int(((full == 1) & (r.data.splits.train_observed != 1)).sum()),
                       "an": an, "full": bound, "seconds_model": seconds, "plans": {}}

@@ -57,10 +57,9 @@ class Suggestions:
     seconds: float
 
 
-def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0, order_by: str = DEFAULT_ORDER,
-               asked: np.ndarray | None = None) -> tuple[list[ReviewItem], int]:
-    """The ``top`` unobserved pairs of ``pool`` in order ``order_by`` (``per_image`` cap), and the count; ``asked``:
-    each class's pairs answered in earlier rounds, where its balanced depth continues."""
+def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0,
+               order_by: str = DEFAULT_ORDER) -> tuple[list[ReviewItem], int]:
+    """The ``top`` unobserved pairs of ``pool`` in order ``order_by`` (``per_image`` cap), and the count."""
     if order_by not in ORDERS:
         raise ValueError(f"unknown order {order_by!r}; choose from {', '.join(ORDERS)}")
     classes = pool.images.classes
@@ -75,7 +74,7 @@ def rank_pairs(pool: Pool, logits: np.ndarray, top: int, per_image: int = 0, ord
         depth = np.empty(len(values), dtype=np.int64)
         starts = np.searchsorted(columns[by_class], columns[by_class], side="left")
         depth[by_class] = np.arange(len(values)) - starts
-        order = np.lexsort((-values, depth + (0 if asked is None else asked[columns])))
+        order = np.lexsort((-values, depth))
     taken: dict[int, int] = {}
     items = []
     for k in order:
