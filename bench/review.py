@@ -39,7 +39,7 @@ __all__ = ["PLANS", "Plan", "measure", "report", "reviewer_seconds"]
 
 RUNS = Path("runs/review")
 PLANS = ("pair/0/train", "pair/100/train", "image/100/train", "pair/100/both", "pair/250/train", "pair/50/train",
-         "image/0/train")
+         "image/0/train", "image2/0/train")
 ANSWERS = (250, 500, 1000)
 MINUTES = (10, 20, 30)
 SECONDS = (1.6, 1.0, 0.28)  # a question, each further label of an image in view, a key press

@@ -204,7 +204,7 @@ class _FakeReviewer:
     def __init__(self) -> None:
         self.seen: list[int] = []  # answers known at each ranking
 
-    def ranking(self, answers: dict, split: str, top: int, carry: bool) -> list[tuple[str, str, float]]:
+    def ranking(self, answers: dict, split: str, top: int) -> list[tuple[str, str, float]]:
         self.seen.append(len(answers))
         rows = [(f"img{i}", f"c{j}", 1.0 - 1e-4 * (3 * i + j)) for i in range(2000) for j in range(3)]
         return [row for row in rows if row[:2] not in answers][:top]
