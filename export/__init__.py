@@ -24,8 +24,7 @@ _LAZY = {
     "export_run": "export.pipeline",
     "convert_fp16": "export.quantize",
     "quantize_int8": "export.quantize",
-    "calibrate": "export.threshold_calibration",
-}
+    "calibrate": "export.threshold_calibration"}
 
 if TYPE_CHECKING:
     from export.errors import ExportError, ParityError, VerificationDataError
@@ -58,5 +57,4 @@ __all__ = [
     "quantize_int8",
     "read_onnx_meta",
     "read_sidecar",
-    "sidecar_path",
-]
+    "sidecar_path"]

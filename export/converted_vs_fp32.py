@@ -54,8 +54,7 @@ class PrecisionReport:
         text = (
             f"{self.precision} vs fp32 on {self.images} images: max |dprob| {self.max_prob_diff:.3g}, "
             f"decisions identical {100 * self.decision_agreement:.2f}% ({self.decisions_changed} changed, "
-            f"thresholds: {self.thresholds_source})"
-        )
+            f"thresholds: {self.thresholds_source})")
         if self.map_drop is not None:
             text += f", mAP {self.map_reference:.2f} -> {self.map_candidate:.2f} (drop {self.map_drop:+.2f})"
         return text
@@ -118,8 +117,7 @@ def compare_outputs(reference_logits: np.ndarray, candidate_logits: np.ndarray, 
         "max_logit_diff": float(np.abs(ref - cand).max()),
         "decision_agreement": float(same.mean()),
         "decisions_changed": int((~same).sum()),
-        "image_agreement": float(same.all(axis=1).mean()),
-    }
+        "image_agreement": float(same.all(axis=1).mean())}
     if labels is not None:
         labels = np.asarray(labels)
         if labels.shape != ref.shape:
@@ -140,17 +138,14 @@ def check_precision(report: PrecisionReport, bounds: PrecisionBounds | None = No
     if bounds.min_agreement is not None and not report.decision_agreement >= bounds.min_agreement:
         failures.append(
             f"identical decisions {100 * report.decision_agreement:.2f}% < {100 * bounds.min_agreement:.2f}% "
-            f"({report.decisions_changed} of {report.images * report.classes} changed)"
-        )
+            f"({report.decisions_changed} of {report.images * report.classes} changed)")
     if bounds.max_map_drop is not None and report.map_drop is not None and not report.map_drop <= bounds.max_map_drop:
         failures.append(
             f"mAP drop {report.map_drop:.2f} points ({report.map_reference:.2f} -> {report.map_candidate:.2f}) "
-            f"> {bounds.max_map_drop:g}"
-        )
+            f"> {bounds.max_map_drop:g}")
     report.failures = failures
     if failures:
         raise PrecisionError(
             f"{report.precision} model {report.candidate} fails against {report.reference} on {report.images} "
-            f"images: " + "; ".join(failures), failures
-        )
+            f"images: " + "; ".join(failures), failures)
     return report

@@ -32,13 +32,11 @@ def calibration_batches(data: np.ndarray | Iterable[Any], image_size: int, *, ma
         if arr.ndim != 4 or tuple(arr.shape[1:]) != expect:
             raise CalibrationDataError(
                 f"calibration batch {i} has shape {tuple(arr.shape)}; expected (N, {expect[0]}, {expect[1]}, "
-                f"{expect[2]}) preprocessed like the model's inputs"
-            )
+                f"{expect[2]}) preprocessed like the model's inputs")
         if not np.issubdtype(arr.dtype, np.floating):
             raise CalibrationDataError(
                 f"calibration batch {i} has dtype {arr.dtype}; expected float32 images normalised with the "
-                "model's mean/std (not raw pixels)"
-            )
+                "model's mean/std (not raw pixels)")
         arr = arr.astype(np.float32, copy=False)
         if not np.isfinite(arr).all():
             raise CalibrationDataError(f"calibration batch {i} contains NaN or infinite values")

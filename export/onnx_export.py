@@ -190,8 +190,7 @@ def export_onnx(checkpoint: str | Path, output: str | Path | None = None, *, ops
             raise ParityError(
                 f"parity check failed: max |ONNX Runtime - PyTorch| logit difference {result.max_abs_diff:.3g} "
                 f"> atol {atol:g} over {result.images_used} images ({chosen.source}); "
-                f"per batch size {result.per_batch_size_max_diff}; no model written to {out_path}"
-            )
+                f"per batch size {result.per_batch_size_max_diff}; no model written to {out_path}")
         digest = file_sha256(tmp)
         size_bytes = tmp.stat().st_size
     # the .onnx is in place now (os.replace on leaving the block); its sidecar follows
@@ -208,8 +207,7 @@ def export_onnx(checkpoint: str | Path, output: str | Path | None = None, *, ops
         "checkpoint_sha256": file_sha256(ckpt_path),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "export_seconds": round(export_seconds, 3),
-        "versions": _versions(),
-    }
+        "versions": _versions()}
     side = sidecar_path(out_path)
     doc = sidecar_document(out_path, meta, export_info, result.to_dict(), sha256=digest)
     atomic_write_text(side, json.dumps(doc, indent=2, sort_keys=False) + "\n")

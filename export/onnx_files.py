@@ -61,8 +61,7 @@ def sidecar_document(onnx_path: Path, meta: ModelMeta, export_info: Mapping[str,
         "size_bytes": onnx_path.stat().st_size,
         "meta": asdict(meta),
         "export": dict(export_info),
-        "verification": dict(verification),
-    }
+        "verification": dict(verification)}
 
 
 def read_sidecar(path: str | Path) -> dict[str, Any]:

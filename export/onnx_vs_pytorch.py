@@ -75,8 +75,7 @@ def verify_parity(onnx_path: str | Path, model: torch.nn.Module, images: VerifyI
     if len(inputs) == 0:
         raise VerificationDataError(
             f"none of the {len(images.paths)} images from {images.source} could be read "
-            f"(first: {skipped[0] if skipped else '-'}); pass --images FOLDER with readable images"
-        )
+            f"(first: {skipped[0] if skipped else '-'}); pass --images FOLDER with readable images")
     model = model.eval()
     try:
         session = ort_cpu_runtime(onnx_path)

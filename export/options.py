@@ -123,28 +123,14 @@ class ExportOptions:
         bounds = ({p: dataclasses.replace(PrecisionBounds.for_precision(p), **changes) for p in precisions}
                   if changes else None)
         return cls(
-            precisions=tuple(precisions),
+            precisions=tuple(precisions), val_images=args.val_images, calibration_images=args.calibration_images,
             calibrate_mode=f"threshold:{args.threshold}" if args.threshold is not None else args.calibrate,
-            val_images=args.val_images,
-            calibration_images=args.calibration_images,
-            int8_calibration=args.int8_calibration,
-            int8_report=args.int8_report,
-            int8_keep_float=args.int8_keep_float,
-            int8_qat=args.int8_qat,
-            int8_qat_epochs=args.int8_qat_epochs,
-            trt=args.trt,
+            int8_calibration=args.int8_calibration, int8_report=args.int8_report, int8_keep_float=args.int8_keep_float,
+            int8_qat=args.int8_qat, int8_qat_epochs=args.int8_qat_epochs, trt=args.trt, bounds=bounds,
             trt_targets=tuple(args.trt_target.split(",")) if args.trt_target else None,
             trt_batch=trt_batch,  # type: ignore[arg-type]
-            bounds=bounds,
-            opset=args.opset,
-            images=args.images,
-            verify_images=args.verify_images,
-            atol=args.atol,
-            runs_dir=args.runs_dir,
-            progress=args.progress,
-            audit=args.audit,
-            openvino=args.openvino,
-        )
+            opset=args.opset, images=args.images, verify_images=args.verify_images, atol=args.atol,
+            runs_dir=args.runs_dir, progress=args.progress, audit=args.audit, openvino=args.openvino)
 
     def as_dict(self) -> dict[str, Any]:
         """The options by name, as :func:`export.pipeline.export_run` takes them."""

@@ -21,14 +21,7 @@ from export.converted_vs_fp32 import CpuModel, PrecisionReport, check_precision,
 from export.errors import ExportError, PrecisionError, VerificationDataError
 from export.model_card import CardFile, write_model_card
 from export.onnx_export import ExportResult, export_onnx
-from export.onnx_files import (
-    file_sha256,
-    onnx_meta,
-    read_sidecar,
-    set_onnx_meta,
-    sidecar_document,
-    sidecar_path,
-)
+from export.onnx_files import file_sha256, onnx_meta, read_sidecar, set_onnx_meta, sidecar_document, sidecar_path
 from export.options import ExportOptions
 from export.precisions import PRECISIONS, Conversion, ConversionInputs, PrecisionBounds
 from export.threshold_calibration import (
@@ -510,8 +503,7 @@ def _write_summary(result: RunExport, say: Callable[[str], None]) -> None:
         "checkpoint": str(result.fp32.checkpoint),
         "artifacts": [a.to_dict() for a in result.artifacts],
         "thresholds": {a.name: a.thresholds for a in result.artifacts},
-        "fp32_parity": result.fp32.verification.to_dict(),
-    }
+        "fp32_parity": result.fp32.verification.to_dict()}
     atomic_write_text(result.folder / "summary.json", json.dumps(doc, indent=2) + "\n")
     table = result.table()
     text = (f"# Export of {result.fp32.checkpoint}\n\nval mAP and decision agreement on the validation split; "

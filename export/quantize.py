@@ -49,8 +49,7 @@ _ELEM_NAMES = {
     onnx.TensorProto.DOUBLE: "float64",
     onnx.TensorProto.INT8: "int8",
     onnx.TensorProto.UINT8: "uint8",
-    onnx.TensorProto.INT32: "int32",
-}
+    onnx.TensorProto.INT32: "int32"}
 
 
 @dataclass(frozen=True)
@@ -106,8 +105,7 @@ class ConversionResult:
             "sha256": self.sha256,
             "seconds": round(self.seconds, 3),
             "op_counts": dict(self.op_counts),
-            "quantization": self.meta.quantization,
-        }
+            "quantization": self.meta.quantization}
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -151,8 +149,7 @@ def load_fp32_model(path: str | Path) -> tuple[onnx.ModelProto, ModelMeta]:
         raise ConversionError(str(exc)) from exc
     if meta.precision != "fp32":
         raise NotFP32Error(
-            f"{path}: its metadata says precision {meta.precision!r}; convert the FP32 export (model.onnx) instead"
-        )
+            f"{path}: its metadata says precision {meta.precision!r}; convert the FP32 export (model.onnx) instead")
     graph_precision = model_precision(model)
     if graph_precision != "fp32":
         raise NotFP32Error(f"{path}: the graph is already {graph_precision} (not an FP32 model)")
@@ -275,8 +272,7 @@ def convert_fp16(src: str | Path, dst: str | Path, *, op_block_list: Sequence[st
             "op_block_list": list(op_block_list) if op_block_list is not None else "converter default",
             "target_runtime": "GPU (TensorRT strongly typed build, ONNX Runtime CUDA); no faster than FP32 on CPU",
             "source_sha256": file_sha256(src),
-        },
-    )
+        })
     topological_sort(converted)  # the converter appends its input Casts at the end of the node list
     return _finish(converted, reference, fp16_meta, src, dst, t0)
 
@@ -428,8 +424,7 @@ def quantize_int8(src: str | Path, dst: str | Path, calibration: np.ndarray | It
         "QuantizeBias": flavour.quantize_bias,
         "CalibTensorRangeSymmetric": flavour.activation_symmetric,
         # calibrate chunk by chunk (ORT's option has MinMax in its name but works for every method)
-        "CalibStridedMinMax": chunk_stride(len(batches), batch_size, meta.image_size),
-    }
+        "CalibStridedMinMax": chunk_stride(len(batches), batch_size, meta.image_size)}
     if method == "percentile":
         extra["CalibPercentile"] = float(percentile)
 
@@ -494,6 +489,5 @@ def quantize_int8(src: str | Path, dst: str | Path, calibration: np.ndarray | It
                                "nodes": list(dict.fromkeys(keep_float))}} if keep_float else {}),
             **(record or {}),
             "source_sha256": file_sha256(src),
-        },
-    )
+        })
     return _finish(quantized, model, int8_meta, src, dst, t0)

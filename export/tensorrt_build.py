@@ -50,16 +50,14 @@ KNOWN_RTX_TARGETS: tuple[str, ...] = ("sm75", "sm80", "sm86", "sm89", "sm120", "
 _TARGET_RE = re.compile(r"^sm_?(\d{2,3})$")
 _DOTTED_RE = re.compile(r"^(\d{1,2})\.(\d)$")
 _QOPERATOR_OPS = frozenset(
-    {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QLinearAdd", "QLinearMul", "QGemm"}
-)
+    {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QLinearAdd", "QLinearMul", "QGemm"})
 _QUANT_NAMES = {
     onnx.TensorProto.INT8: "int8",
     onnx.TensorProto.UINT8: "uint8",
     onnx.TensorProto.INT4: "int4",
     onnx.TensorProto.UINT4: "uint4",
     onnx.TensorProto.FLOAT8E4M3FN: "fp8",
-    onnx.TensorProto.INT32: "int32",
-}
+    onnx.TensorProto.INT32: "int32"}
 _FLOAT_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
 
 
@@ -115,8 +113,7 @@ def parse_targets(targets: Sequence[str] | str | None) -> list[str]:
         else:
             raise TensorRTBuildError(
                 f"invalid TensorRT target {raw!r}: use a compute capability such as sm86 (or 8.6), or 'current'; "
-                f"TensorRT-RTX builds for {', '.join(KNOWN_RTX_TARGETS)}"
-            )
+                f"TensorRT-RTX builds for {', '.join(KNOWN_RTX_TARGETS)}")
         if norm in out:
             raise TensorRTBuildError(f"TensorRT target {norm} given twice")
         out.append(norm)
@@ -164,13 +161,11 @@ def quantization_problems(model: onnx.ModelProto) -> list[str]:
         for n in graph.node
         if n.op_type == "DequantizeLinear"
         and n.input[0] in inits
-        and inits[n.input[0]].data_type == onnx.TensorProto.INT32
-    ]
+        and inits[n.input[0]].data_type == onnx.TensorProto.INT32]
     if int32_dq:
         problems.append(
             f"{len(int32_dq)} int32 bias DequantizeLinear node(s) (e.g. {int32_dq[0]}); keep biases in float "
-            "(onnxruntime quantize_static: extra_options={'QuantizeBias': False})"
-        )
+            "(onnxruntime quantize_static: extra_options={'QuantizeBias': False})")
     asym: list[str] = []
     for node in graph.node:
         if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(node.input) < 3:
@@ -216,8 +211,7 @@ def _resolve_flavour(flavour: str, targets: list[str]) -> str:
         if here is not None and tensorrt_importable(FLAVOUR_TENSORRT):
             raise TensorRTBuildError(
                 f"full TensorRT builds only for this machine's GPU ({here}); targets {', '.join(targets)} need "
-                f"TensorRT for RTX: {TENSORRT_FLAVOURS[FLAVOUR_RTX].install}"
-            )
+                f"TensorRT for RTX: {TENSORRT_FLAVOURS[FLAVOUR_RTX].install}")
         raise TensorRTBuildError("no TensorRT found: install TensorRT for RTX (builds on any machine, GPU or not): "
                                  f"{TENSORRT_FLAVOURS[FLAVOUR_RTX].install}; or, on a GPU machine, "
                                  f"{TENSORRT_FLAVOURS[FLAVOUR_TENSORRT].install}")
@@ -225,13 +219,11 @@ def _resolve_flavour(flavour: str, targets: list[str]) -> str:
         if here is None:
             raise TensorRTBuildError(
                 "full TensorRT builds engines on the GPU they are for, and torch sees no CUDA GPU here; "
-                f"to build without a GPU use flavour tensorrt-rtx ({TENSORRT_FLAVOURS[FLAVOUR_RTX].install})"
-            )
+                f"to build without a GPU use flavour tensorrt-rtx ({TENSORRT_FLAVOURS[FLAVOUR_RTX].install})")
         if not full_ok:
             raise TensorRTBuildError(
                 f"full TensorRT builds only for this machine's GPU ({here}), not for {', '.join(targets)}; "
-                "use flavour tensorrt-rtx for other targets"
-            )
+                "use flavour tensorrt-rtx for other targets")
     if not tensorrt_importable(flavour):
         raise TensorRTBuildError(f"{flavour} is not installed: {TENSORRT_FLAVOURS[flavour].install}")
     return flavour
@@ -270,8 +262,7 @@ def _check_network(network: Any, meta: ModelMeta, onnx_path: Path) -> None:
     if ins != [(INPUT_NAME, (-1, 3, size, size))] or outs != [(OUTPUT_NAME, (-1, n_cls))]:
         raise TensorRTBuildError(
             f"{onnx_path}: unexpected graph interface inputs {ins}, outputs {outs}; expected "
-            f"[({INPUT_NAME!r}, (-1, 3, {size}, {size}))] -> [({OUTPUT_NAME!r}, (-1, {n_cls}))] with a dynamic batch"
-        )
+            f"[({INPUT_NAME!r}, (-1, 3, {size}, {size}))] -> [({OUTPUT_NAME!r}, (-1, {n_cls}))] with a dynamic batch")
 
 
 def _io_dtype(tensor: Any) -> str:
@@ -299,8 +290,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path | None = None, *
         raise TensorRTBuildError(f"engine file must end in {' or '.join(ENGINE_SUFFIXES)}: {out}")
     if not 1 <= min_batch <= opt_batch <= max_batch:
         raise TensorRTBuildError(
-            f"invalid batch profile min {min_batch} / opt {opt_batch} / max {max_batch}: need 1 <= min <= opt <= max"
-        )
+            f"invalid batch profile min {min_batch} / opt {opt_batch} / max {max_batch}: need 1 <= min <= opt <= max")
     if optimization_level is not None and not 0 <= optimization_level <= 5:
         raise TensorRTBuildError(f"optimization level {optimization_level} not in 0..5")
     if workspace_mib is not None and workspace_mib < 1:
@@ -378,8 +368,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path | None = None, *
                         "size_bytes": onnx_path.stat().st_size},
         "meta": asdict(meta),
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "build_seconds": round(build_seconds, 3),
-    }
+        "build_seconds": round(build_seconds, 3)}
     side = engine_sidecar_path(out)
     try:
         atomic_write_text(side, json.dumps(doc, indent=2) + "\n")
@@ -405,5 +394,4 @@ __all__ = [
     "engine_sidecar_path",
     "onnx_precision",
     "parse_targets",
-    "quantization_problems",
-]
+    "quantization_problems"]

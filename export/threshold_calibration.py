@@ -30,8 +30,7 @@ __all__ = [
     "default_mode",
     "parse_mode",
     "plot_pr_curves",
-    "write_report",
-]
+    "write_report"]
 
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_MIN_POSITIVES = 5
@@ -72,8 +71,7 @@ class Calibration:
             "rules": list(self.rules),
             "positives": [int(n) for n in self.positives],
             "min_positives": int(self.min_positives),
-            "fallback_threshold": None if self.fallback_threshold is None else float(self.fallback_threshold),
-        }
+            "fallback_threshold": None if self.fallback_threshold is None else float(self.fallback_threshold)}
 
 
 def _parse_number(text: str) -> float | None:
@@ -330,8 +328,7 @@ def calibration_report(probs: Any, labels: Any, thresholds: Sequence[float] | np
         "num_images": int(p.shape[0]),
         "num_classes": int(num_classes),
         "overall": {"at_0.5": f1_scores(p, y, DEFAULT_THRESHOLD), "calibrated": f1_scores(p, y, t)},
-        "per_class": per_class,
-    }
+        "per_class": per_class}
 
 
 def _md_cell(text: str) -> str:
@@ -346,8 +343,7 @@ def _report_markdown(report: dict[str, Any]) -> str:
         f"{report['num_images']} images, {report['num_classes']} classes"
         + (f", mode `{mode}`" if mode else "")
         + (f", metrics against the {labels}" if labels else "")
-        + ". Metrics in percent; a class is predicted when its probability is >= its threshold."
-    )
+        + ". Metrics in percent; a class is predicted when its probability is >= its threshold.")
     if labels and "single-positive" in labels:
         lines.append("Single-positive labels: every unobserved positive counts as a false positive, so precision "
                      "and F1 here are lower bounds; recall is measured on the observed positives.")

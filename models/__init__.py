@@ -14,8 +14,7 @@ _EXPORTS = {
     "save_checkpoint": "models.checkpoint",
     "MultiLabelNet": "models.network",
     "build_model": "models.network",
-    "model_from_meta": "models.network",
-}
+    "model_from_meta": "models.network"}
 
 __all__ = sorted(_EXPORTS)
 

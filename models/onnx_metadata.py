@@ -22,8 +22,7 @@ def meta_to_props(meta: ModelMeta) -> dict[str, str]:
         "std": json.dumps([float(v) for v in meta.std]),
         "interpolation": meta.interpolation,
         "crop": str(float(meta.crop)),
-        "output": meta.output,
-    }
+        "output": meta.output}
 
 
 def meta_from_props(props: Mapping[str, str], source: str | Path = "model") -> ModelMeta:

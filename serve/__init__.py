@@ -42,8 +42,7 @@ _LAZY = {
     "tag_folder": "serve.tagging.run",
     "get_engine": "serve.tagging.engines",
     "ApiSettings": "serve.api.service",
-    "TaggingService": "serve.api.service",
-}
+    "TaggingService": "serve.api.service"}
 
 __getattr__ = lazy_exports("serve", _LAZY)
 
@@ -64,5 +63,4 @@ __all__ = [
     "plan_tagging",
     "run_plan",
     "tag",
-    "tag_folder",
-]
+    "tag_folder"]

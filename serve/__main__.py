@@ -27,8 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``python -m serve`` (subcommands ``tag``, ``demo``, ``api`` and ``summary``)."""
     parser = _Parser(
         prog="python -m serve",
-        description="Serve trained multi-label tagging models.",
-    )
+        description="Serve trained multi-label tagging models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     add_tag_parser(sub)
     add_demo_parser(sub)

@@ -50,8 +50,7 @@ def _check_pixels(source: str, width: int, height: int, max_pixels: int | None) 
         raise ImageError(
             source,
             f"image too large: {width}x{height} = {width * height:,} pixels, the limit is {max_pixels:,} "
-            "(refused as a possible decompression bomb)", "too-large",
-        )
+            "(refused as a possible decompression bomb)", "too-large")
 
 
 def _decode_error(source: str, exc: BaseException) -> ImageError:

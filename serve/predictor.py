@@ -55,8 +55,7 @@ class Prediction:
         return cls(
             scores={c: float(p) for c, p in zip(classes, probs, strict=True)},
             thresholds={c: float(t) for c, t in zip(classes, thresholds, strict=True)},
-            tags=tags,
-        )
+            tags=tags)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready ``{"scores": {...}, "thresholds": {...}, "tags": [...]}``."""
@@ -160,8 +159,7 @@ class Predictor:
             "method": self.meta.method,
             "boostlu": self.meta.head.get("boostlu"),  # the head's BoostLU factor (None: plain linear head)
             "calibrated_thresholds": self.meta.thresholds is not None,
-            "dataset": (self.meta.data or {}).get("source"),
-        }
+            "dataset": (self.meta.data or {}).get("source")}
 
     def __repr__(self) -> str:
         return f"Predictor({self.path}, {self.device_description}, {len(self.classes)} classes)"

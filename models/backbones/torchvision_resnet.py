@@ -18,8 +18,7 @@ RESNETS: dict[str, Callable[..., tvm.ResNet]] = {
     "resnet18": tvm.resnet18,
     "resnet34": tvm.resnet34,
     "resnet50": tvm.resnet50,
-    "resnet101": tvm.resnet101,
-}
+    "resnet101": tvm.resnet101}
 
 PAPER_WEIGHTS = "IMAGENET1K_V1"  # what "imagenet" means for these: the weights the papers used
 

@@ -41,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m models.data.class_subset",
         description="Write a copy of a CSV dataset that keeps only some classes: labels of other classes are "
-        "dropped, and so are images left without a label. Images are referenced, not copied.",
-    )
+        "dropped, and so are images left without a label. Images are referenced, not copied.")
     parser.add_argument("csv", type=Path, help="the source labels.csv (e.g. a built-in dataset's folder/labels.csv)")
     parser.add_argument("--keep", required=True, help="comma-separated class names to keep")
     parser.add_argument("--out", type=Path, required=True, help="folder for the new labels.csv and classes.txt")

@@ -129,8 +129,7 @@ def _load_split(
     if skipped:
         emit_note(
             notes,
-            f"coco: skipped {skipped} of {len(paths)} {split}{year} images with no instance annotation",
-        )
+            f"coco: skipped {skipped} of {len(paths)} {split}{year} images with no instance annotation")
     if len(keep) == 0:
         raise DataError(f"{path}: no image has an instance annotation")
     classes = [name for _, name in categories]
@@ -187,8 +186,7 @@ def load_coco(root: Path, reference: bool = False) -> DatasetSplits:
     if year is None:
         expected = " or ".join(
             f"{_json_path(root, 'train', y).relative_to(root)} + {_json_path(root, 'val', y).name}"
-            for y in YEARS
-        )
+            for y in YEARS)
         raise DataError(f"{root}: not a COCO folder (expected {expected})")
     notes: list[str] = []
     if year == "2014" and _has_year(root, "2017"):

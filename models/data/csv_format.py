@@ -145,13 +145,11 @@ def _read_rows(csv_path: Path) -> tuple[dict[str, int], int, list[tuple[int, lis
         if required not in columns:
             raise DataError(
                 f"{csv_path}:{header_line}: missing required column {required!r} in the header "
-                f"(found: {', '.join(repr(h) for h in header)}; {_HEADER_HINT})"
-            )
+                f"(found: {', '.join(repr(h) for h in header)}; {_HEADER_HINT})")
     for line, row in rows:
         if len(row) != len(header):
             raise DataError(
-                f"{csv_path}:{line}: expected {len(header)} fields (as in the header), found {len(row)}"
-            )
+                f"{csv_path}:{line}: expected {len(header)} fields (as in the header), found {len(row)}")
     return columns, header_line, rows
 
 
@@ -210,8 +208,7 @@ def load_csv(
             if entry.split != split:
                 raise DataError(
                     f"{where}: image {image_text!r} has split {split!r} but line {entry.line} "
-                    f"gave it split {entry.split!r}"
-                )
+                    f"gave it split {entry.split!r}")
             merged_rows += 1
             merged_images.add(image)
         entry.labels.extend(names)
@@ -230,14 +227,12 @@ def load_csv(
         emit_note(
             notes,
             f"csv: no class file ({CLASSES_FILENAME} next to {csv_path.name}); using the {len(classes)} "
-            "class names seen in the labels, sorted alphabetically",
-        )
+            "class names seen in the labels, sorted alphabetically")
     if merged_rows:
         emit_note(
             notes,
             f"csv: merged {merged_rows} duplicate rows into {len(merged_images)} images "
-            "(same image on several rows: union of their labels)",
-        )
+            "(same image on several rows: union of their labels)")
 
     by_split: dict[str, list[tuple[Path, _Entry]]] = {split: [] for split in SPLITS}
     for image, entry in entries.items():

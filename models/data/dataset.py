@@ -57,8 +57,7 @@ class ImageLabelDataset(Dataset[dict[str, torch.Tensor]]):
             "images": self.transform(image),
             "observed": self.observed[index],
             NEGATIVES: self.negatives[index],
-            "index": torch.tensor(index, dtype=torch.long),
-        }
+            "index": torch.tensor(index, dtype=torch.long)}
         if self.annotated_in_items:
             item[FULL_LABELS] = self.labels[index]
         for key, view in self.views.items():

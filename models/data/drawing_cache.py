@@ -111,7 +111,6 @@ def view_splits(kind: str, source: str, view: str, full_view: str, min_count: in
         source=f"{kind}:{source}" + (f"?{'&'.join(options)}" if options else ""), classes=classes,
         train=parts["train"], val=parts["val"] if len(parts["val"]) else None,
         test=parts["test"] if len(parts["test"]) else None,
-        complete_splits=("test",) if folders else ALL_SPLITS,
-    )
+        complete_splits=("test",) if folders else ALL_SPLITS)
 
 

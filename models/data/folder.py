@@ -76,8 +76,7 @@ def _layout(root: Path) -> dict[str, Path]:
         raise DataError(
             f"{root}: has split folders ({', '.join(f.name for f in split_folders)}) beside other folders "
             f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); use either ROOT/<class>/<image> or "
-            "ROOT/{train,val,test}/<class>/<image>"
-        )
+            "ROOT/{train,val,test}/<class>/<image>")
     by_split: dict[str, Path] = {}
     for folder in split_folders:
         name = folder.name.lower()
@@ -306,8 +305,7 @@ def _build_splits(root: Path, layout: dict[str, Path], classes: list[str], image
                   f"docs/datasets.md), e.g. {linked[0]}")
     return DatasetSplits(
         name=root.name, source=f"folder:{root}", classes=list(classes), train=splits["train"],
-        val=splits.get("val"), test=splits.get("test"), notes=notes,
-    )
+        val=splits.get("val"), test=splits.get("test"), notes=notes)
 
 
 def load_folder_spec(argument: str) -> DatasetSplits:

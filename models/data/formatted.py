@@ -25,8 +25,7 @@ OPTIONS = ("image-root", "dataset", "resample")
 # where the seeds' datasets.py (get_metadata) keeps each dataset's images, relative to its data folder
 _IMAGE_FOLDERS: dict[str, tuple[str, ...]] = {
     "voc": ("VOCdevkit/VOC2012/JPEGImages",), "coco": (), "nus": ("Flickr",),
-    "cub": ("CUB_200_2011/images", "CUB_200_2011/CUB_200_2011/images"),
-}
+    "cub": ("CUB_200_2011/images", "CUB_200_2011/CUB_200_2011/images")}
 
 
 def is_formatted_dir(path: Path) -> bool:

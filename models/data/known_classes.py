@@ -66,6 +66,5 @@ _CUB_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("has_leg_color", _COLOURS),
     ("has_bill_color", _COLOURS),
     ("has_crown_color", _COLOURS),
-    ("has_wing_pattern", _PATTERNS),
-)
+    ("has_wing_pattern", _PATTERNS))
 CUB_ATTRIBUTES: tuple[str, ...] = tuple(f"{group}::{value}" for group, values in _CUB_GROUPS for value in values)

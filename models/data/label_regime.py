@@ -10,8 +10,7 @@ import numpy as np
 
 __all__ = [
     "DECLARABLE", "NOT_AVAILABLE", "REGIMES", "SPLITS", "LabelRegime", "describe_regimes", "detect_regime",
-    "detect_regimes", "parse_declarations", "parse_declared",
-]
+    "detect_regimes", "parse_declarations", "parse_declared"]
 
 FULL, SINGLE, PARTIAL = "full", "single-positive", "partial"
 REGIMES = (FULL, SINGLE, PARTIAL)

@@ -48,8 +48,7 @@ class ProtocolRecord:
             "train_observed": np.ascontiguousarray(self.train_observed, dtype=np.int8),
             "val_paths": np.array(self.val_paths, dtype=str),
             "val_observed": np.ascontiguousarray(val_observed, dtype=np.int8), "observed": np.array(self.observed),
-            "protocol_seed": np.array(self.protocol_seed, dtype=np.int64),
-        }
+            "protocol_seed": np.array(self.protocol_seed, dtype=np.int64)}
 
 
 def protocol_file_bytes(record: ProtocolRecord) -> bytes:
@@ -97,8 +96,7 @@ def read_protocol_file(path: Path) -> ProtocolRecord:
         dataset=str(arrays["dataset"]), fingerprint=str(arrays["fingerprint"]),
         classes=[str(c) for c in arrays["classes"]], train_paths=[str(p) for p in arrays["train_paths"]],
         train_observed=train_observed, val_paths=[str(p) for p in arrays["val_paths"]],
-        observed=str(arrays["observed"]), protocol_seed=int(arrays["protocol_seed"]), val_observed=val_observed,
-    )
+        observed=str(arrays["observed"]), protocol_seed=int(arrays["protocol_seed"]), val_observed=val_observed)
 
 
 def image_root(parts: list[LabelledImages]) -> Path:

@@ -164,8 +164,7 @@ def _split_pool(
         classes=list(splits.classes), train=train, train_observed=train_obs,
         val=_val_part(val, val_obs, observed, f"dataset {splits.name}'s val split"),
         test=splits.test if splits.test is not None and len(splits.test) > 0 else None,
-        observed=observed, fingerprint=dataset_fingerprint(splits), seed=seed, val_observed=val_obs,
-    )
+        observed=observed, fingerprint=dataset_fingerprint(splits), seed=seed, val_observed=val_obs)
 
 
 def _rows_by_path(record_paths: list[str], candidates: dict[str, int], path: Path, what: str) -> list[int]:
@@ -207,8 +206,7 @@ def _protocol_from_record(splits: DatasetSplits, record: ProtocolRecord, path: P
     return ProtocolSplits(
         classes=list(splits.classes), train=pool.subset(train_rows), train_observed=record.train_observed,
         val=val, test=splits.test if splits.test is not None and len(splits.test) > 0 else None,
-        observed=observed, fingerprint=fingerprint, seed=record.protocol_seed, val_observed=record.val_observed,
-    )
+        observed=observed, fingerprint=fingerprint, seed=record.protocol_seed, val_observed=record.val_observed)
 
 
 def protocol_record(protocol: ProtocolSplits, splits: DatasetSplits) -> ProtocolRecord:
@@ -219,8 +217,7 @@ def protocol_record(protocol: ProtocolSplits, splits: DatasetSplits) -> Protocol
         dataset=splits.name, fingerprint=protocol.fingerprint, classes=list(protocol.classes),
         train_paths=relative_paths(protocol.train, root), train_observed=protocol.train_observed,
         val_paths=relative_paths(protocol.val, root), observed=str(protocol.observed), protocol_seed=protocol.seed,
-        val_observed=protocol.val_observed,
-    )
+        val_observed=protocol.val_observed)
 
 
 def build_protocol(splits: DatasetSplits, observed: ObservedSpec, val_fraction: float = 0.2, seed: int = PROTOCOL_SEED,

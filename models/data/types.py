@@ -29,8 +29,7 @@ class LabelledImages:
         self.labels = np.asarray(self.labels, dtype=np.uint8)
         if self.labels.ndim != 2 or self.labels.shape != (len(self.paths), len(self.classes)):
             raise ValueError(
-                f"labels must have shape ({len(self.paths)}, {len(self.classes)}), got {self.labels.shape}"
-            )
+                f"labels must have shape ({len(self.paths)}, {len(self.classes)}), got {self.labels.shape}")
         if self.negatives is not None:
             self.negatives = np.asarray(self.negatives, dtype=np.uint8)
             if self.negatives.shape != self.labels.shape:
@@ -72,8 +71,7 @@ class ObjectTable:
             classes=np.array([o[0] for o in flat], dtype=np.int64),
             areas=np.array([o[1] for o in flat], dtype=np.float64),
             centres=np.array([(o[2], o[3]) for o in flat], dtype=np.float64).reshape(-1, 2),
-            sizes=np.asarray(sizes, dtype=np.float64).reshape(-1, 2),
-        )
+            sizes=np.asarray(sizes, dtype=np.float64).reshape(-1, 2))
 
     def __len__(self) -> int:
         return len(self.sizes)

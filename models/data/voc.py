@@ -66,8 +66,7 @@ def _read_id_list(path: Path) -> list[tuple[str, int]]:
         image_id = parts[0]
         if image_id in seen:
             raise DataError(
-                f"{path}:{lineno}: duplicate image id {image_id!r} (first on line {seen[image_id]})"
-            )
+                f"{path}:{lineno}: duplicate image id {image_id!r} (first on line {seen[image_id]})")
         seen[image_id] = lineno
         ids.append((image_id, lineno))
     if not ids:
@@ -125,8 +124,7 @@ def _load_list(year_dir: Path, list_name: str, notes: list[str]) -> LabelledImag
     if skipped:
         emit_note(
             notes,
-            f"voc: skipped {skipped} of {len(ids)} images in {list_name} with no non-difficult object",
-        )
+            f"voc: skipped {skipped} of {len(ids)} images in {list_name} with no non-difficult object")
     if not paths:
         raise DataError(f"{list_path}: no image has a non-difficult object")
     return LabelledImages(paths, np.stack(rows), list(VOC_CLASSES))
@@ -141,12 +139,10 @@ def load_voc(root: Path | str) -> DatasetSplits:
     if not found:
         raise DataError(
             f"{root}: not a PASCAL VOC folder (expected Annotations/, JPEGImages/ and ImageSets/Main/ "
-            "here or in a VOC20xx subfolder such as VOCdevkit/VOC2012)"
-        )
+            "here or in a VOC20xx subfolder such as VOCdevkit/VOC2012)")
     if len(found) > 1:
         raise DataError(
-            f"{root}: several VOC years found ({', '.join(p.name for p in found)}); point at one of them"
-        )
+            f"{root}: several VOC years found ({', '.join(p.name for p in found)}); point at one of them")
     year_dir = found[0]
     match = _YEAR_DIR.match(year_dir.name)
     name = f"voc{match.group(1)}" if match else "voc"
@@ -164,8 +160,7 @@ def load_voc(root: Path | str) -> DatasetSplits:
             emit_note(
                 notes,
                 f"voc: {test_list} lacks annotations for {missing} of {len(test_ids)} images; "
-                "using train.txt as train and val.txt as test",
-            )
+                "using train.txt as train and val.txt as test")
     if use_test:
         train = _load_list(year_dir, "trainval.txt", notes)
         test = _load_list(year_dir, "test.txt", notes)

@@ -12,8 +12,7 @@ from models.registry import Row, Table
 
 __all__ = [
     "CRITERIA", "DESCRIPTIONS", "FULL_LABEL_DEFAULT", "LABEL_FREE_CRITERIA", "LABEL_FREE_DEFAULT", "an_loss_score",
-    "default_criterion", "observed_auc", "observed_map", "observed_rank", "validation_map",
-]
+    "default_criterion", "observed_auc", "observed_map", "observed_rank", "validation_map"]
 
 Criterion = Callable[[np.ndarray, np.ndarray], float]
 

@@ -18,8 +18,7 @@ from models.registry import Row, Table
 __all__ = [
     "BRACKET_RATIO", "CHOOSER_K", "K_SOURCES", "MIN_OBSERVED_RANK", "ExpectedPositives", "KEstimate",
     "estimate_class_priors", "estimate_expected_positives", "estimate_k", "mean_positives",
-    "resolve_expected_positives",
-]
+    "resolve_expected_positives"]
 
 #: Where k came from, first source first; a row's value: whether k is known (given, published or counted on
 #: labelled images) rather than estimated from one label per image.

@@ -67,8 +67,7 @@ def f1_scores(probs: np.ndarray, labels: np.ndarray, thresholds: float | np.ndar
     cr = float(ratio(tp, n_pos).mean())
     return {
         "OP": 100 * op, "OR": 100 * orec, "OF1": 100 * hmean(op, orec),
-        "CP": 100 * cp, "CR": 100 * cr, "CF1": 100 * hmean(cp, cr),
-    }
+        "CP": 100 * cp, "CR": 100 * cr, "CF1": 100 * hmean(cp, cr)}
 
 
 def evaluate(
@@ -87,7 +86,5 @@ def evaluate(
         "classes_without_positives": int((~valid).sum()),
         **f1_scores(probs, labels, threshold),
         "per_class_AP": {
-            n: (None if np.isnan(a) else round(100 * float(a), 4)) for n, a in zip(names, ap, strict=True)
-        },
-        "num_images": len(logits),
-    }
+            n: (None if np.isnan(a) else round(100 * float(a), 4)) for n, a in zip(names, ap, strict=True)},
+        "num_images": len(logits)}

@@ -145,5 +145,4 @@ __all__ = [
     "RUNTIMES", "BackendUnavailableError", "ModelLoadError", "ModelSpecError", "OnnxRuntimeBackend", "OpenVinoBackend",
     "OpenVinoBf16Backend", "Runtime",
     "TensorRTBackend", "TorchBackend", "open_runtime", "parse_device", "read_model_meta",
-    "runtime_class", "runtime_for", "runtime_named",
-]
+    "runtime_class", "runtime_for", "runtime_named"]

@@ -49,8 +49,7 @@ ENGINE_SUFFIXES: tuple[str, ...] = (".engine", ".plan")
 # TensorRT DataType member name -> torch dtype name (names are shared by both flavours)
 _TORCH_DTYPES: dict[str, str] = {
     "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "UINT8": "uint8", "INT32": "int32",
-    "INT64": "int64", "BOOL": "bool",
-}
+    "INT64": "int64", "BOOL": "bool"}
 
 
 class TensorRTRuntimeError(RuntimeError, OSError):
@@ -360,5 +359,4 @@ def supported_targets(trt: ModuleType) -> list[str]:
 __all__ = [
     "ENGINE_SIDECAR_FORMAT", "ENGINE_SUFFIXES", "FLAVOURS", "FLAVOUR_RTX", "FLAVOUR_TENSORRT", "TensorRTBackend",
     "TensorRTRuntimeError", "batch_chunks", "cuda_target", "engine_sidecar_path", "import_tensorrt", "make_logger",
-    "read_engine_sidecar", "supported_targets", "tensorrt_importable",
-]
+    "read_engine_sidecar", "supported_targets", "tensorrt_importable"]

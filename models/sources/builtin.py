@@ -86,8 +86,7 @@ def label_statistics(labels: np.ndarray) -> dict[str, Any]:
         "min_labels": int(per_image.min()) if len(labels) else 0,
         "max_labels": int(per_image.max()) if len(labels) else 0,
         "class_frequency": [float(f) for f in freq],
-        "max_min_ratio": ratio,
-    }
+        "max_min_ratio": ratio}
 
 
 def read_label_matrix(folder: Path) -> tuple[list[str], np.ndarray, list[str]]:
@@ -247,8 +246,7 @@ def _format_statistics(stats: dict[str, Any], classes: list[str]) -> str:
         f"labels per image: mean {stats['mean_labels']:.3f}, min {stats['min_labels']}, "
         f"max {stats['max_labels']}",
         f"class frequency max/min ratio: {stats['max_min_ratio']:.2f}",
-        "class frequencies (fraction of images):",
-    ]
+        "class frequencies (fraction of images):"]
     order = np.argsort(stats["class_frequency"])[::-1]
     lines += [f"  {classes[i]:<15} {stats['class_frequency'][i]:.3f}" for i in order]
     return "\n".join(lines)
@@ -262,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache, unless it is there already, then print its folder and label statistics.",
         epilog="Presets: " + "; ".join(
             f"{p.name}: {p.image_size}px, {p.n_train} train + {p.n_test} test" for p in BUILTIN_PRESETS.values()
-        ),
-    )
+        ))
     parser.add_argument("--preset", default="default", choices=list(BUILTIN_PRESETS),
                         help="dataset size (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="generation seed, >= 0 (default: %(default)s)")

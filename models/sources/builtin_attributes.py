@@ -51,8 +51,7 @@ def scene_attributes(scene: list[SceneObject], canvas: int) -> np.ndarray:
         "bottom_right": any(o.cx >= 0.5 and o.cy >= 0.5 for o, _ in shown),
         "large": any(o.size >= LARGE_SIZE for o, _ in shown),
         "partly_hidden": any(fraction < PARTLY_HIDDEN_FRACTION for _, fraction in shown),
-        "crowded": len(shown) >= CROWDED_OBJECTS,
-    }
+        "crowded": len(shown) >= CROWDED_OBJECTS}
     return np.array([values[name] for name in ATTRIBUTE_NAMES], dtype=np.uint8)
 
 

@@ -35,8 +35,7 @@ _ZIPF_EXPONENT = 0.85
 #: When the first class of a pair is drawn, the second is added too with probability ``_PAIR_PROBABILITY``.
 COOCCURRING_PAIRS: list[tuple[str, str]] = [
     ("star", "crescent"), ("heart", "arrow"), ("ellipse", "hourglass"), ("diamond", "pentagon"),
-    ("l_shape", "square_frame"),
-]
+    ("l_shape", "square_frame")]
 _PAIR_PROBABILITY = 0.85
 
 # Number of independently drawn objects (partners of co-occurring pairs come on top, up to MAX_OBJECTS).

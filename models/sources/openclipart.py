@@ -53,8 +53,7 @@ __all__ = [
     "ARTIFACT_PATTERNS", "AUTHOR_KEYWORDS", "BATCH_KEYWORDS", "DEFAULT_ROOT", "DROPPED_FOLDERS", "DROPPED_KEYWORDS",
     "MERGED_KEYWORDS", "MIN_CLASS_COUNT", "OPENCLIPART_OPTIONS", "RASTER_SIZE", "canonical_keyword", "content_box",
     "ensure_openclipart", "export_folder_view", "folder_class", "load_openclipart", "load_openclipart_spec",
-    "normalise_keyword", "rasterise_drawing", "read_svg_metadata",
-]
+    "normalise_keyword", "rasterise_drawing", "read_svg_metadata"]
 
 DEFAULT_ROOT = Path("/usr/share/openclipart/svg")
 DEBIAN_PACKAGE = "openclipart-svg"
@@ -78,8 +77,7 @@ _RDF = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}"
 DROPPED_FOLDERS: dict[str, str] = {
     "special/gradients": "118 colour-gradient swatches (gradient-americana.svg, ...), tagged only 'gradients "
                          "special': fills for other drawings, no subject",
-    "special/patterns": "96 tiling patterns (pattern-arches-intersecting-1.svg, ...): fills, no subject",
-}
+    "special/patterns": "96 tiling patterns (pattern-arches-intersecting-1.svg, ...): fills, no subject"}
 
 #: A drawing carrying one of these keywords is part of a machine-made batch and is left out.
 BATCH_KEYWORDS: dict[str, str] = {
@@ -88,16 +86,14 @@ BATCH_KEYWORDS: dict[str, str] = {
     "theme": "computer/icons/{flat,lemon,etiquette}-theme: about 1,420 icons of three desktop themes, tagged with "
              "the theme's words (computer icons theme action application filesystem mimetypes), not their picture",
     "lemon_theme_icon": "the lemon theme's marker (416 icons, some also filed under computer/); they carry "
-                        "'theme' too, listed so that a copy without it is caught as well",
-}
+                        "'theme' too, listed so that a copy without it is caught as well"}
 
 #: Whole keywords removed from every drawing: artifacts of the library's import script.
 ARTIFACT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r""), "an empty <rdf:li> (3,364 files)"),
     (re.compile(r"hash|hash\(0x[0-9a-f]+\)"), "'HASH(0x8a07724)' / 'hash': a Perl reference printed by the import "
                                               "script instead of a keyword (1,795 files)"),
-    (re.compile(r"\d+"), "a bare number ('11' on 28 unrelated drawings)"),
-)
+    (re.compile(r"\d+"), "a bare number ('11' on 28 unrelated drawings)"))
 
 #: Keywords removed from every drawing, with the reason.
 DROPPED_KEYWORDS: dict[str, str] = {
@@ -115,13 +111,11 @@ DROPPED_KEYWORDS: dict[str, str] = {
     "white": "the name of one 54-card deck (recreation/games/cards/white); the cards are tagged 'card'",
     "ornamental": "the name of one 54-card deck (recreation/games/cards/ornamental)",
     "simple": "the name of one 54-card deck (recreation/games/cards/simple)",
-    "bordered": "the name of one 54-card deck (recreation/games/cards/bordered)",
-}
+    "bordered": "the name of one 54-card deck (recreation/games/cards/bordered)"}
 
 #: Author names typed as keywords (the name is in <dc:creator>, kept in the manifest as ``author``).
 AUTHOR_KEYWORDS: dict[str, str] = {
-    "architetto_francesco_rollandin": "Architetto Francesco Rollandin tagged 58 of his drawings with his name",
-}
+    "architetto_francesco_rollandin": "Architetto Francesco Rollandin tagged 58 of his drawings with his name"}
 
 #: Plurals, spelling variants and synonyms -> one keyword (applied to folder names too, for the folder view).
 MERGED_KEYWORDS: dict[str, str] = {
@@ -141,8 +135,7 @@ MERGED_KEYWORDS: dict[str, str] = {
     "stickman": "stickmen", "map_symbols": "map_symbol", "mapsym": "map_symbol",
     # synonyms
     "transportation": "transport", "xmas": "christmas", "appicon": "icon", "arrowshape": "arrow",
-    "caution": "warning", "bug": "insect", "bugs": "insect", "boating": "boat", "home": "house", "homes": "house",
-}
+    "caution": "warning", "bug": "insect", "bugs": "insect", "boating": "boat", "home": "house", "homes": "house"}
 
 _SEPARATORS = re.compile(r"[\s\-/.]+")
 _ITEM_SPLIT = re.compile(r"[,;]")
@@ -286,8 +279,7 @@ def resolve_source(root: Path | str | None) -> _Source:
             f"openclipart: {path}: no such folder. The Open Clip Art Library 0.18 is the Debian/Ubuntu package "
             f"{DEBIAN_PACKAGE}: `sudo apt-get install {DEBIAN_PACKAGE}` (openclipart-png adds the PNG renders used "
             "where an SVG does not render); or give another copy of the same layout with "
-            "--data openclipart:DIR (DIR: its svg folder, or the folder holding svg/ and png/)"
-        )
+            "--data openclipart:DIR (DIR: its svg folder, or the folder holding svg/ and png/)")
     png = path.parent / "png"
     return _Source(path, png if path.name == "svg" and png.is_dir() else None)
 
@@ -375,8 +367,7 @@ def rule_description(min_count: int) -> dict[str, Any]:
         "min_count": int(min_count),
         "splits": [list(pair) for pair in SPLIT_FRACTIONS],
         "raster": {"size": RASTER_SIZE, "render": RENDER_SIZE, "max_render": MAX_RENDER_SIZE,
-                   "margin": CROP_MARGIN, "tolerance": BACKGROUND_TOLERANCE, "format": "png", "background": "white"},
-    }
+                   "margin": CROP_MARGIN, "tolerance": BACKGROUND_TOLERANCE, "format": "png", "background": "white"}}
 
 
 def cache_digest(source: _Source, min_count: int) -> str:
@@ -528,8 +519,7 @@ def _build_manifest(source: _Source, folder: Path, digest: str, min_count: int,
         "classes": classes,
         "keyword_counts": keyword_counts,
         "images": images,
-        "left_out": left_out,
-    }
+        "left_out": left_out}
 
 
 def ensure_openclipart(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT,
@@ -559,8 +549,7 @@ def _keyword_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], di
         f"{manifest['rule']['min_count']} images), {ds.labels_per_image(parts)} labels per image, from "
         f"{counts['drawings']:,} distinct drawings ({counts['svg_paths']:,} SVG paths)",
         f"openclipart: left out: {_format_left_out(counts['left_out'])} "
-        f"(python -m models.sources.openclipart prints the rule and the counts)",
-    ]
+        f"(python -m models.sources.openclipart prints the rule and the counts)"]
     return classes, parts, notes
 
 
@@ -574,8 +563,7 @@ def _folder_view(folder: Path, manifest: dict[str, Any]) -> tuple[list[str], dic
         f"openclipart folders: left out {no_folder['train'] + no_folder['val']:,} train/val images whose folders "
         f"name none of their classes" + (f", {unseen_val} val images of a class with no training image"
                                          if unseen_val else "")
-        + f", {no_folder['test']:,} test images with none of the view's classes",
-    ]
+        + f", {no_folder['test']:,} test images with none of the view's classes"]
     return classes, parts, notes
 
 
@@ -665,8 +653,7 @@ def report(folder: Path, manifest: dict[str, Any]) -> str:
         "left out / merged, by reason (in the order the rule applies them):",
         *(f"  {reason:<20} {n:>6,}" for reason, n in counts["left_out"].items()),
         f"rasterised from the PNG render (SVG failed): {counts['png_fallbacks']}; rendering time (sum over "
-        f"drawings): {counts['render_seconds']:.0f} s",
-    ]
+        f"drawings): {counts['render_seconds']:.0f} s"]
     lines += [ds.images_line(manifest), *ds.class_lines(manifest, 22)]
     train_val = [image for image in images if image["split"] != "test"]
     placed = Counter(image["split"] for image in train_val if image["folder_class"] is not None)

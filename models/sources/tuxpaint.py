@@ -12,13 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from models.data.csv_format import emit_note
-from models.data.drawing_cache import (
-    MANIFEST_FORMAT,
-    folder_view_parts,
-    parse_spec,
-    split_parts,
-    view_splits,
-)
+from models.data.drawing_cache import MANIFEST_FORMAT, folder_view_parts, parse_spec, split_parts, view_splits
 from models.data.types import DataError, DatasetSplits
 from models.sources import drawing_sets as ds
 from models.sources.drawings import RASTER_SIZE
@@ -43,14 +37,12 @@ SPLIT_FRACTIONS = (("train", 0.6), ("val", 0.2), ("test", 0.2))
 #: Folders (relative to DIR, POSIX) whose stamps are left out, with the reason.
 DROPPED_FOLDERS: dict[str, str] = {
     "symbols/alphabets": "158 letters (filled, outlined, upper and lower case of four alphabets) and hand signs "
-                         "of the American Sign Language: glyphs whose folders name a font variant",
-}
+                         "of the American Sign Language: glyphs whose folders name a font variant"}
 
 #: Folder names that say how a stamp is drawn or sorted, not what it shows (never labels).
 STYLE_FOLDERS: dict[str, str] = {
     "cartoon": "a drawing style (animals/dinosaur/cartoon, vehicles/locomotive/cartoon, ...), in many categories",
-    "00_symbols": "symbols/money/00_symbols: a sorting folder of currency signs",
-}
+    "00_symbols": "symbols/money/00_symbols: a sorting folder of currency signs"}
 
 #: Plurals and variants -> one label (folder names and description words alike).
 MERGED_LABELS: dict[str, str] = {
@@ -63,8 +55,7 @@ MERGED_LABELS: dict[str, str] = {
     "notes": "note", "nuts": "nut", "operators": "operator", "planes": "plane", "planets": "planet",
     "plants": "plant", "rodents": "rodent", "roadsigns": "roadsign", "shapes": "shape", "sports": "sport",
     "squares": "square", "stars": "star", "stones": "stone", "symbols": "symbol", "tools": "tool", "toys": "toy",
-    "trees": "tree", "utensils": "utensil", "vegetables": "vegetable", "vehicles": "vehicle",
-}
+    "trees": "tree", "utensils": "utensil", "vegetables": "vegetable", "vehicles": "vehicle"}
 
 #: Description words that are not labels: function words, numbers and words that name no visible content.
 STOP_WORDS: frozenset[str] = frozenset((
@@ -145,8 +136,7 @@ def resolve_root(root: Path | str | None) -> Path:
         raise DataError(
             f"tuxpaint: {path}: no such folder. The Tux Paint stamps are the Debian/Ubuntu package "
             f"{DEBIAN_PACKAGE}: `sudo apt-get install {DEBIAN_PACKAGE}`; or give a copy of the same layout with "
-            "--data tuxpaint:DIR (DIR: the stamps folder, <category>/[<sub-folder>/]<name>.png with <name>.txt)"
-        )
+            "--data tuxpaint:DIR (DIR: the stamps folder, <category>/[<sub-folder>/]<name>.png with <name>.txt)")
     return path
 
 
@@ -197,8 +187,7 @@ def rule_description(min_count: int) -> dict[str, Any]:
         "rule_version": RULE_VERSION, "dropped_folders": sorted(DROPPED_FOLDERS),
         "style_folders": sorted(STYLE_FOLDERS),
         "merged": sorted(MERGED_LABELS.items()), "stop_words": sorted(STOP_WORDS), "min_word_length": MIN_WORD_LENGTH,
-        "min_count": int(min_count), "splits": [list(pair) for pair in SPLIT_FRACTIONS], "raster_size": RASTER_SIZE,
-    }
+        "min_count": int(min_count), "splits": [list(pair) for pair in SPLIT_FRACTIONS], "raster_size": RASTER_SIZE}
 
 
 def cache_digest(root: Path, min_count: int) -> str:
@@ -276,8 +265,7 @@ def _build_manifest(root: Path, folder: Path, digest: str, min_count: int, progr
         "counts": {"stamps": len(stamps), "images": len(images), "classes": len(classes),
                    "left_out": ds.reason_counts(left_out, _LEFT_OUT_REASONS)},
         "classes": classes, "label_counts": label_counts,
-        "images": images, "left_out": left_out,
-    }
+        "images": images, "left_out": left_out}
 
 
 def ensure_tuxpaint(root: Path | str | None = None, min_count: int = MIN_CLASS_COUNT, cache_dir: Path | None = None,

@@ -61,8 +61,7 @@ def deployment_options(settings: ApiSettings, replicas: int, max_replicas: int |
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus},
         "max_ongoing_requests": settings.max_queue,
-        "max_queued_requests": settings.max_queue,
-    }
+        "max_queued_requests": settings.max_queue}
     if max_replicas:
         options["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": max_replicas,
                                          "target_ongoing_requests": settings.max_batch}

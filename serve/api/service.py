@@ -267,5 +267,4 @@ class TaggingService:
             "limits": {"max_images": s.max_images, "max_upload_bytes": s.max_upload_bytes,
                        "max_pixels": s.max_pixels, "max_batch": s.max_batch, "max_wait_ms": s.max_wait_ms,
                        "max_queue": s.max_queue},
-            "inputs": {"upload": True, "paths": bool(s.allow_paths), "urls": s.allow_urls},
-        }
+            "inputs": {"upload": True, "paths": bool(s.allow_paths), "urls": s.allow_urls}}

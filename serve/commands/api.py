@@ -76,8 +76,7 @@ def add_api_parser(sub: argparse._SubParsersAction) -> None:
         description="Serve MODEL as an HTTP service: each image's class scores and tags (the selection and caption "
         "rules of `serve tag`), dynamic batching, health and readiness, Prometheus metrics, an OpenAPI "
         "description. One process (uvicorn) or Ray Serve replicas (--engine ray).",
-        epilog=API_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog=API_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     api.add_argument("--model", "-m", type=Path, required=True, metavar="MODEL",
                      help="exported .onnx, training checkpoint .pt, or another registered runtime's file, e.g. "
                      "-m runs/voc-an/export/model.onnx")

@@ -84,8 +84,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         description="Start a local web page to try a model on images (scores, thresholds, batch, API) or to "
         "review suggested labels.",
         epilog=DEMO_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--model", "-m", metavar="MODEL",
                       help="model file (.pt checkpoint, .onnx export, ...), run folder, or run name under --runs-dir "
                       "(default: the newest model found under --runs-dir)")

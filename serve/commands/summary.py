@@ -34,8 +34,7 @@ def add_summary_parser(sub: argparse._SubParsersAction) -> None:
         help="images per tag, tags per image and classes never predicted, for an existing run file",
         description="Summarise a run file written by `serve tag`: a short table, a Markdown/JSON report and a plot.",
         epilog=SUMMARY_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     summary.add_argument("run_file", type=Path, metavar="RUNFILE", help="the run file (.jsonl, or .csv)")
     summary.add_argument("--separator", metavar="SEP",
                          help=f"tag separator of a CSV run file, e.g. --separator '; ' (default: the one its manifest "

@@ -59,18 +59,15 @@ def add_tag_parser(sub: argparse._SubParsersAction) -> None:
         description="Tag every image of SOURCE with MODEL: one run file with every class score (JSONL or CSV) and "
         "a summary; optionally sidecar files (txt, json, xmp) and folders of links by tag.",
         epilog=TAG_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     tag.add_argument(
         "source", metavar="SOURCE",
         help="folder (scanned recursively), list file of paths/URIs, or .tar shards, e.g. ~/photos, urls.txt, "
-        "'shards/{000..099}.tar'",
-    )
+        "'shards/{000..099}.tar'")
     tag.add_argument(
         "--model", "-m", type=Path, required=True, metavar="MODEL",
         help="exported .onnx (ONNX Runtime), training checkpoint .pt (PyTorch), or another registered runtime's "
-        "file, e.g. -m runs/voc-an/export/model.onnx",
-    )
+        "file, e.g. -m runs/voc-an/export/model.onnx")
     tag.add_argument("--backend", metavar="NAME", help=BACKEND_HELP)
     tag.add_argument("--device", metavar="DEV", help=DEVICE_HELP + ", e.g. --device cuda:1")
     _output_options(tag.add_argument_group("outputs"))
@@ -86,8 +83,7 @@ def _output_options(out: argparse._ArgumentGroup) -> None:
 
     out.add_argument(
         "--output", "-o", type=Path, default=DEFAULT_OUTPUT, metavar="PATH",
-        help=f"run file: JSONL, or CSV when PATH ends in .csv, e.g. -o photos.csv (default: ./{DEFAULT_OUTPUT})",
-    )
+        help=f"run file: JSONL, or CSV when PATH ends in .csv, e.g. -o photos.csv (default: ./{DEFAULT_OUTPUT})")
     out.add_argument("--errors", type=Path, metavar="PATH",
                      help="errors file, path<TAB>reason, e.g. --errors bad.tsv (default: <output stem>.errors.tsv)")
     out.add_argument("--no-summary", action="store_true",
@@ -95,13 +91,11 @@ def _output_options(out: argparse._ArgumentGroup) -> None:
                      "quick re-run; python -m serve summary RUNFILE makes them later)")
     out.add_argument(
         "--existing", choices=("skip", "overwrite", "append"), default="skip",
-        help="what to do with images already done, e.g. --existing append (default: %(default)s; see below)",
-    )
+        help="what to do with images already done, e.g. --existing append (default: %(default)s; see below)")
     out.add_argument(
         "--dry-run", action="store_true",
         help="list the images that would be tagged (stdout) and how many are already done; loads no model, "
-        "e.g. --dry-run | wc -l",
-    )
+        "e.g. --dry-run | wc -l")
 
 
 def add_selection_options(sel: argparse._ArgumentGroup) -> None:
@@ -112,13 +106,11 @@ def add_selection_options(sel: argparse._ArgumentGroup) -> None:
     sel.add_argument(
         "--select", type=selection_type, default=DEFAULT_MODE, metavar="MODE",
         help="how tags are chosen: thresholds (per-class), mcut (largest score gap) or top-k:K, e.g. --select mcut, "
-        "--select top-k:5 (default: %(default)s)",
-    )
+        "--select top-k:5 (default: %(default)s)")
     sel.add_argument(
         "--threshold", type=float, metavar="X",
         help="thresholds mode: one probability threshold in [0, 1] for every class, e.g. --threshold 0.35 "
-        f"(default: the model's calibrated per-class thresholds when it has them, else {DEFAULT_THRESHOLD})",
-    )
+        f"(default: the model's calibrated per-class thresholds when it has them, else {DEFAULT_THRESHOLD})")
     sel.add_argument("--thresholds", type=Path, metavar="FILE",
                      help="thresholds mode: per-class thresholds overriding the others, e.g. --thresholds mine.json")
     sel.add_argument("--max-tags", type=int, metavar="N",
@@ -159,15 +151,13 @@ def _sidecar_options(side: argparse._ArgumentGroup) -> None:
     side.add_argument(
         "--sidecar-format", metavar="LIST",
         help=f"sidecar formats, comma-separated, of {SIDECAR_FORMATS.cli_help()} (implies --sidecar), "
-        "e.g. --sidecar-format txt,json (default: txt)",
-    )
+        "e.g. --sidecar-format txt,json (default: txt)")
     side.add_argument("--sidecar-ext", default=".txt", metavar="EXT",
                       help="txt sidecar file extension, e.g. --sidecar-ext .caption (default: %(default)s)")
     side.add_argument(
         "--sidecar-dir", type=Path, metavar="DIR",
         help="write sidecars under DIR, mirroring SOURCE's tree (implies --sidecar), e.g. --sidecar-dir captions "
-        "(default: next to each image)",
-    )
+        "(default: next to each image)")
     side.add_argument("--separator", default=", ", metavar="SEP",
                       help="tag separator of txt sidecars and CSV run files, e.g. --separator ' ' "
                       "(default: %(default)r)")
@@ -186,33 +176,27 @@ def _run_options(run: argparse._ArgumentGroup) -> None:
 
     run.add_argument(
         "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
-        help="images per inference batch, e.g. --batch-size 64 (default: %(default)s)",
-    )
+        help="images per inference batch, e.g. --batch-size 64 (default: %(default)s)")
     run.add_argument(
         "--workers", type=int, metavar="N",
         help="local engine: image decoding threads, working ahead of the model (default: CPU count, at most 8); "
         "ray engine: model actors (default: one per node, or per --gpus-per-worker share of the GPUs); "
-        "e.g. --workers 4",
-    )
+        "e.g. --workers 4")
     run.add_argument(
         "--engine", choices=engine_names(), default=DEFAULT_ENGINE,
         help="where the work runs: local (this machine) or ray (Ray actors; see below), e.g. --engine ray "
-        "(default: %(default)s)",
-    )
+        "(default: %(default)s)")
     run.add_argument(
         "--address", metavar="ADDR",
-        help="ray engine: Ray cluster address, e.g. auto or ray://host:10001 (default: start a local Ray instance)",
-    )
+        help="ray engine: Ray cluster address, e.g. auto or ray://host:10001 (default: start a local Ray instance)")
     run.add_argument(
         "--gpus-per-worker", type=float, default=0.0, metavar="F",
         help="ray engine: GPUs per model actor, fractions allowed, e.g. --gpus-per-worker 0.5 (default: "
-        "%(default)s, CPU actors; with GPUs the actors use --device cuda unless told otherwise)",
-    )
+        "%(default)s, CPU actors; with GPUs the actors use --device cuda unless told otherwise)")
     run.add_argument(
         "--cpus-per-worker", type=int, metavar="N",
         help="ray engine: CPUs per model actor, its decoding threads and the model's CPU threads, e.g. "
-        "--cpus-per-worker 8 (default: the node's CPUs split between the actors it holds)",
-    )
+        "--cpus-per-worker 8 (default: the node's CPUs split between the actors it holds)")
     run.add_argument("--shard", metavar="K/N",
                      help="tag only part K of N of SOURCE (deterministic; see sources below), e.g. --shard 3/8")
     add_max_pixels(run)
@@ -293,8 +277,7 @@ def _tag_job(args: argparse.Namespace) -> TagJob:
         engine=args.engine, backend=args.backend, device=args.device, batch_size=args.batch_size,
         workers=args.workers, max_pixels=args.max_pixels or None, progress=not args.no_progress,
         partition=args.partition, address=args.address, gpus_per_worker=args.gpus_per_worker,
-        cpus_per_worker=args.cpus_per_worker,
-    )
+        cpus_per_worker=args.cpus_per_worker)
 
 
 def _print_dry_run(plan: TagPlan) -> None:
@@ -311,8 +294,7 @@ def _print_dry_run(plan: TagPlan) -> None:
         f"dry run: {found} images found, {len(plan.done)} already done{journaled} (--existing "
         f"{plan.job.outputs.existing}), {todo} would be tagged; {plan.source.ignored} non-image files ignored; "
         "no model loaded",
-        file=sys.stderr,
-    )
+        file=sys.stderr)
 
 
 def run_tag(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -372,8 +354,7 @@ def _tag(args: argparse.Namespace, prog: str, kept: str) -> int:
     print(
         f"model {args.model}: {len(plan.meta.classes)} classes; {chosen}; batch {args.batch_size}; "
         f"engine {args.engine}{resumed}",
-        file=sys.stderr,
-    )
+        file=sys.stderr)
     if plan.reselected:
         print(f"note: {len(plan.kept)} records kept from an earlier run get their tags chosen again from their "
               "scores with this run's options", file=sys.stderr)
@@ -391,7 +372,6 @@ def _tag(args: argparse.Namespace, prog: str, kept: str) -> int:
             f"{prog}: {len(summary.failed)} of "
             f"{summary.tagged + len(summary.failed)} images could not be used (listed above and in "
             f"{summary.errors_file})",
-            file=sys.stderr,
-        )
+            file=sys.stderr)
         return ExitCode.FAILED
     return ExitCode.OK

@@ -89,15 +89,6 @@ def launch_demo(demo: gr.Blocks, *, host: str = DEFAULT_HOST, port: int | None =
                 quiet: bool = False) -> tuple[Any, str, str | None]:
     """Queue and launch on ``host:port`` (``port=None`` scans from 7860); returns ``(app, local_url, share_url)``."""
     demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
-    return demo.launch(
-        server_name=host,
-        server_port=port,
-        share=share,
-        max_file_size=parse_size(max_file_size) if max_file_size is not None else None,
-        prevent_thread_lock=prevent_thread_lock,
-        quiet=quiet,
-        show_error=False,
-        ssr_mode=False,
-        css=PAGE_CSS,
-        footer_links=["api", "gradio"],
-    )
+    return demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=prevent_thread_lock,
+                       max_file_size=parse_size(max_file_size) if max_file_size is not None else None, quiet=quiet,
+                       show_error=False, ssr_mode=False, css=PAGE_CSS, footer_links=["api", "gradio"])

@@ -125,8 +125,7 @@ def find_examples(
 
     return ExampleSet(
         note=f"no example images: the built-in dataset is not generated under {cache_root()} "
-        "(`python -m models.sources.builtin --preset default` makes it in about a minute), or pass --examples DIR"
-    )
+        "(`python -m models.sources.builtin --preset default` makes it in about a minute), or pass --examples DIR")
 
 
 def _example_set(picked: list[tuple[Path, list[str]]], where: str) -> ExampleSet:

@@ -77,8 +77,7 @@ def model_markdown(key: str, predictor: Predictor) -> str:
         info["device"],
         f"{info['arch']} at {info['image_size']} px",
         *([str(precision)] if (precision := getattr(predictor.meta, "precision", "fp32")) != "fp32" else []),
-        f"{info['classes']} classes",
-    ]
+        f"{info['classes']} classes"]
     if info["method"]:
         parts.append(f"method {info['method']}")
     if info["boostlu"] is not None:

@@ -129,8 +129,7 @@ def scores_html(prediction: Prediction, *, description: str, truth: Sequence[str
         sub.append(
             f'<span class="truth">true labels: {esc(", ".join(truth) or "none")}</span>'
             + (f' · <span class="miss">missed: {esc(", ".join(missed))}</span>' if missed else "")
-            + (f' · <span class="miss">not true: {esc(", ".join(extra))}</span>' if extra else "")
-        )
+            + (f' · <span class="miss">not true: {esc(", ".join(extra))}</span>' if extra else ""))
     header = "<tr><th>class</th><th>score (| = threshold)</th><th>score</th><th>threshold</th><th>margin</th>"
     header += "<th>status</th>" + ("<th>true</th>" if truth is not None else "") + "</tr>"
     rows = []
@@ -145,8 +144,7 @@ def scores_html(prediction: Prediction, *, description: str, truth: Sequence[str
             f'<td><div class="bar"><div class="fill" style="width:{100 * s:.1f}%"></div>'
             f'<div class="mark" style="left:calc({100 * t:.1f}% - 1px)"></div></div></td>'
             f'<td class="num">{s:.3f}</td><td class="num">{t:.3f}</td><td class="num">{s - t:+.3f}</td>'
-            f"<td>{status}</td>{true_cell}</tr>"
-        )
+            f"<td>{status}</td>{true_cell}</tr>")
     return (f'{CSS}<div class="spml-res"><div class="spml-sum">{summary}</div><div class="spml-sub">{" · ".join(sub)}'
             f"</div><table>{header}{''.join(rows)}</table></div>")
 

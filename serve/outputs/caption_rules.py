@@ -110,8 +110,7 @@ def rules_from_dict(doc: dict[str, Any]) -> CaptionRules:
             exclude=tuple(doc.get("exclude", ())), exclude_re=tuple(doc.get("exclude_re", ())),
             replace=tuple((str(k), str(v)) for k, v in dict(doc.get("replace", {})).items()),
             first=tuple(doc.get("first", ())), spaces=bool(doc.get("spaces")), escape=bool(doc.get("escape")),
-            weights=bool(doc.get("weights")),
-        )
+            weights=bool(doc.get("weights")))
     except (TypeError, ValueError, AttributeError) as exc:
         raise CaptionRuleError(f"not a set of caption rules: {doc!r} ({exc})") from None
 
@@ -137,8 +136,7 @@ def make_rules(
     return CaptionRules(
         exclude=tuple(e.strip() for e in exclude if e.strip()), exclude_re=tuple(exclude_re),
         replace=tuple(parse_replacement(r) for r in replace), first=tuple(w.strip() for w in first),
-        spaces=spaces, escape=escape, weights=weights,
-    )
+        spaces=spaces, escape=escape, weights=weights)
 
 
 def parse_rules_text(text: str, source: str = "rules") -> CaptionRules:
@@ -175,5 +173,4 @@ def combine(base: CaptionRules, extra: CaptionRules) -> CaptionRules:
     return CaptionRules(
         exclude=base.exclude + extra.exclude, exclude_re=base.exclude_re + extra.exclude_re,
         replace=base.replace + extra.replace, first=base.first + extra.first,
-        spaces=base.spaces or extra.spaces, escape=base.escape or extra.escape, weights=base.weights or extra.weights,
-    )
+        spaces=base.spaces or extra.spaces, escape=base.escape or extra.escape, weights=base.weights or extra.weights)

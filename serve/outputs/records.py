@@ -38,8 +38,7 @@ def tag_record(rel_path: str, probs: np.ndarray, classes: list[str], thresholds:
     return {
         "path": rel_path,
         "scores": dict(zip(classes, scores.tolist(), strict=True)),
-        "tags": rules.apply(names, [float(scores[i]) for i in chosen]) if rules is not None else names,
-    }
+        "tags": rules.apply(names, [float(scores[i]) for i in chosen]) if rules is not None else names}
 
 
 class OutputConflictError(ValueError):
@@ -82,8 +81,7 @@ def _csv_records(lines: Iterable[str], separator: str) -> Iterator[dict[str, Any
         yield {
             "path": row[0],
             "scores": {c: float(v) for c, v in zip(classes, row[2:], strict=True)},
-            "tags": split_tags(row[1], separator),
-        }
+            "tags": split_tags(row[1], separator)}
 
 
 def write_run_file(path: Path, records: Iterable[dict[str, Any]], classes: Sequence[str], separator: str) -> None:

@@ -69,8 +69,7 @@ def summarize(
         per_tag=dict(sorted(per_tag.items(), key=lambda kv: (-kv[1], kv[0]))),
         tags_per_image=dict(sorted(per_count.items())),
         never_predicted=[c for c in classes if c not in predicted],
-        classes=classes,
-    )
+        classes=classes)
 
 
 def summarize_run_file(run_file: Path, separator: str, select: TagSelector | None = None) -> RunSummary:

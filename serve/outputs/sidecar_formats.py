@@ -20,8 +20,7 @@ Combine = Callable[[Sequence[str], Sequence[str]], list[str]]
 _NS = {
     "x": "adobe:ns:meta/",
     "rdf": "http://www.w3.org/1999/02/22-rdf-syntax-ns#",
-    "dc": "http://purl.org/dc/elements/1.1/",
-}
+    "dc": "http://purl.org/dc/elements/1.1/"}
 for _prefix, _uri in _NS.items():
     ET.register_namespace(_prefix, _uri)
 

@@ -14,8 +14,7 @@ _EXPORTS = {
     "TagSummary": "serve.tagging.run",
     "run_plan": "serve.tagging.run",
     "tag": "serve.tagging.run",
-    "tag_folder": "serve.tagging.run",
-}
+    "tag_folder": "serve.tagging.run"}
 
 if TYPE_CHECKING:
     from serve.tagging.job import TagJob

@@ -60,8 +60,7 @@ class JournalHeader:
             return
         raise OutputConflictError(
             f"the journal {path} of an interrupted run was written by {why}: its results are not merged; "
-            "rerun with the same model, or delete the journal (or use --existing overwrite) to start again"
-        )
+            "rerun with the same model, or delete the journal (or use --existing overwrite) to start again")
 
 
 @dataclass
@@ -90,8 +89,7 @@ def read_journal(path: Path) -> JournalContents:
                 if contents.header is None:
                     raise OutputConflictError(
                         f"{path} is not a tagging journal of this version (no header line); delete it, or use "
-                        "--existing overwrite, to start again"
-                    )
+                        "--existing overwrite, to start again")
                 contents.size = offset
                 continue
             try:

@@ -109,8 +109,7 @@ def plan_tagging(job: TagJob, read_model: bool = True) -> TagPlan:
     plan.imports = plan.kept - set(plan.journal.offsets)
     if plan.meta is not None and run_classes is not None and run_classes != list(plan.meta.classes) and plan.imports:
         raise OutputConflictError(
-            f"{job.output} was written by a model with other classes; use --existing overwrite or another --output"
-        )
+            f"{job.output} was written by a model with other classes; use --existing overwrite or another --output")
     if plan.header is not None and job.outputs.existing == "skip":
         _check_earlier_options(plan, bool(run_keys))
     plan.scan_errors = list(src.scan_errors)
@@ -137,8 +136,7 @@ def _check_earlier_options(plan: TagPlan, has_run_file: bool) -> None:
             raise OutputConflictError(
                 f"{where} was written with other tag options ({differ} differ): the sidecars of the "
                 f"{len(plan.done)} images already done (--existing skip) would not match this run's; rerun with "
-                "the same options to resume, or use --existing overwrite to tag every image again"
-            )
+                "the same options to resume, or use --existing overwrite to tag every image again")
 
 
 def _partition_name(source: Source, key: str) -> str:

@@ -92,8 +92,7 @@ def run_manifest(plan: TagPlan) -> dict[str, Any]:
         "sidecars": None if sidecar is None else {
             "formats": list(sidecar.formats), "ext": sidecar.ext, "folder": str(sidecar.folder or "") or None},
         "sort_into": None if sort_into is None else {
-            "folder": str(sort_into.root), "mode": sort_into.how, "untagged": sort_into.untagged},
-    }
+            "folder": str(sort_into.root), "mode": sort_into.how, "untagged": sort_into.untagged}}
 
 
 def run_plan(plan: TagPlan, *, outputs: Callable[[TagPlan, Journal], OutputStage] = default_outputs,

@@ -75,14 +75,12 @@ class AdaptiveEfficientVisionLanguagePseudoLabels(GeneralizedRobustLoss):
                 "grid_size": 4, "negative_ratio": 0.2, "top_k": 3},
         "cub": {"beta": _BETA_COCO, "alpha": _ALPHA, "q2": 0.01, "q3": 1.5, "lam": (0.8, 0.2), "rho": 0.9,
                 "reg": 0.01, "k": EXPECTED_POSITIVES["cub"], "temperature": 0.1, "eta": 0.005, "threshold": 0.005,
-                "grid_size": 5, "negative_ratio": 0.2, "top_k": 32},
-    }
+                "grid_size": 5, "negative_ratio": 0.2, "top_k": 32}}
     # configs/*.json: Adam at 1e-5 without schedule, the head at 10x (--head-lr-mult)
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
         "*": {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8, "optimizer": "adam",
               "scheduler": "none"},
-        "coco": {"batch_size": 16}, "nus": {"batch_size": 16, "epochs": 10}, "cub": {"epochs": 10},
-    }
+        "coco": {"batch_size": 16}, "nus": {"batch_size": 16, "epochs": 10}, "cub": {"epochs": 10}}
     paper = "Tran et al. 2025"
     description = ("GR-Loss on unknown labels + CLIP pseudo-positives from the whole image and a grid of crops, "
                    "weighted by a clamped v(p), + expected-positives regulariser")

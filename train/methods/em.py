@@ -41,13 +41,11 @@ class EntropyMaximisation(Method):
     name = "em"
     Hparams = EmHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "voc": {"alpha": 0.2}, "coco": {"alpha": 0.1}, "nus": {"alpha": 0.1}, "cub": {"alpha": 0.01},
-    }
+        "voc": {"alpha": 0.2}, "coco": {"alpha": 0.1}, "nus": {"alpha": 0.1}, "cub": {"alpha": 0.01}}
     # Zhou et al.'s main.py: Adam without schedule for 10 epochs (the paper preset); batch and lr per dataset
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
         "voc": {"batch_size": 8, "lr": 1e-5}, "coco": {"batch_size": 16, "lr": 1e-5},
-        "nus": {"batch_size": 16, "lr": 1e-5}, "cub": {"batch_size": 8, "lr": 1e-4},
-    }
+        "nus": {"batch_size": 16, "lr": 1e-5}, "cub": {"batch_size": 8, "lr": 1e-4}}
     paper = "Zhou et al. 2022"
     description = "entropy maximisation on unobserved labels"
 
@@ -86,8 +84,7 @@ class EmAsymmetricPseudoLabels(EntropyMaximisation):
         "voc": {"alpha": 0.2, "theta": 0.9, "warmup_epochs": 5, "beta": 0.02},
         "coco": {"alpha": 0.1, "theta": 0.9, "warmup_epochs": 5, "beta": 0.9},
         "nus": {"alpha": 0.1, "theta": 0.9, "warmup_epochs": 4, "beta": 0.2},
-        "cub": {"alpha": 0.01, "theta": 0.9, "warmup_epochs": 3, "beta": 0.4},
-    }
+        "cub": {"alpha": 0.01, "theta": 0.9, "warmup_epochs": 3, "beta": 0.4}}
     description = "EM + accumulating soft negative pseudo-labels after a warm-up"
 
     def __init__(self, ctx: MethodContext, hparams: EmAplHparams) -> None:
@@ -103,8 +100,7 @@ class EmAsymmetricPseudoLabels(EntropyMaximisation):
         pseudo_labelled = soft >= 0
         loss = torch.where(
             z > 0.5, neg_log(p),
-            torch.where(pseudo_labelled, self.hp.beta * prob_bce(p, soft.clamp(min=0.0)), -self.hp.alpha * entropy(p)),
-        )
+            torch.where(pseudo_labelled, self.hp.beta * prob_bce(p, soft.clamp(min=0.0)), -self.hp.alpha * entropy(p)))
         return LossOutput(loss.mean())
 
     def total_epochs(self) -> int:

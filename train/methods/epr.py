@@ -7,14 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from train.methods.base import (
-    LossOutput,
-    Method,
-    MethodHparams,
-    expected_positives_regulariser,
-    neg_log,
-    register,
-)
+from train.methods.base import LossOutput, Method, MethodHparams, expected_positives_regulariser, neg_log, register
 
 # Expected positives per image from Cole et al.'s lookup (fully labelled train sets).
 EXPECTED_POSITIVES = {"voc": 1.5, "coco": 2.9, "nus": 1.9, "cub": 31.4}

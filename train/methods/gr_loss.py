@@ -85,8 +85,7 @@ def gr_entry_loss(logits: torch.Tensor, observed: torch.Tensor, schedule: Quad, 
 
 # The GRLoss repository's config.py defaults, one set for every dataset (docs/methods.md, "GR-Loss")
 PAPER_SETTINGS: dict[str, dict[str, Any]] = {
-    "*": {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8, "optimizer": "adam", "scheduler": "none"},
-}
+    "*": {"batch_size": 8, "lr": 1e-5, "head_lr_mult": 10.0, "epochs": 8, "optimizer": "adam", "scheduler": "none"}}
 
 
 @register
@@ -101,8 +100,7 @@ class GeneralizedRobustLoss(Method):
         "voc": {"beta": (0.0, 2.0, -2.0, -2.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.0},
         "coco": {"beta": (0.0, 10.0, -2.0, -8.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.0},
         "nus": {"beta": (0.0, 10.0, -2.0, -8.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.0},
-        "cub": {"beta": (0.0, 10.0, -2.0, -8.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.5},
-    }
+        "cub": {"beta": (0.0, 10.0, -2.0, -8.0), "alpha": (0.5, 2.0, 0.8, 0.5), "q2": 0.01, "q3": 1.5}}
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = PAPER_SETTINGS
     paper = "Chen et al. 2024"
     description = ("positives `-log p`; unobserved: soft pseudo-label k(p) between two robust losses, "

@@ -89,8 +89,7 @@ class LabelAwareConsistency(Method):
     # 40 epochs per stage
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
         "*": {"optimizer": "adamw", "weight_decay": 1e-2, "scheduler": "onecycle", "lr": 1e-4, "ema": 0.9997,
-              "batch_size": 32, "epochs": 40},
-    }
+              "batch_size": 32, "epochs": 40}}
     needs_embeddings = True
     leaves_parameters_unused = True  # the projector: unused in stage 1, and on a rank that selects no pair
     paper = "Xie, Xiao, Huang 2022"

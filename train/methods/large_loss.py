@@ -61,8 +61,7 @@ PAPER_SETTINGS: dict[str, dict[str, Any]] = {
     "voc": {"optimizer": "sgd", "lr": 5e-3, "momentum": 0.9, "weight_decay": 1e-3},
     "coco": {"optimizer": "adam", "lr": 1e-5},
     "nus": {"optimizer": "adam", "lr": 1e-5},
-    "cub": {"optimizer": "adam", "lr": 7.5e-5},
-}
+    "cub": {"optimizer": "adam", "lr": 7.5e-5}}
 
 
 class LargeLoss(Method):
@@ -128,8 +127,7 @@ class LargeLossRejection(LargeLoss):
     Hparams = LlrHparams
     correct = False
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "voc": {"delta_rel": 0.2}, "coco": {"delta_rel": 0.4}, "nus": {"delta_rel": 0.4}, "cub": {"delta_rel": 0.4},
-    }
+        "voc": {"delta_rel": 0.2}, "coco": {"delta_rel": 0.4}, "nus": {"delta_rel": 0.4}, "cub": {"delta_rel": 0.4}}
     description = "AN; from epoch 2 the largest unobserved losses are dropped, a share growing each epoch"
 
 
@@ -140,8 +138,7 @@ class LargeLossTemporaryCorrection(LargeLoss):
     name = "ll-ct"
     Hparams = LargeLossHparams
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "voc": {"delta_rel": 0.2}, "coco": {"delta_rel": 0.2}, "nus": {"delta_rel": 0.2}, "cub": {"delta_rel": 0.4},
-    }
+        "voc": {"delta_rel": 0.2}, "coco": {"delta_rel": 0.2}, "nus": {"delta_rel": 0.2}, "cub": {"delta_rel": 0.4}}
     description = "as `ll-r`, but those entries are trained as positives"
 
 
@@ -153,8 +150,7 @@ class LargeLossPermanentCorrection(LargeLoss):
     Hparams = LlcpHparams
     permanent = True
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "voc": {"delta_rel": 0.1}, "coco": {"delta_rel": 0.2}, "nus": {"delta_rel": 0.2}, "cub": {"delta_rel": 0.2},
-    }
+        "voc": {"delta_rel": 0.1}, "coco": {"delta_rel": 0.2}, "nus": {"delta_rel": 0.2}, "cub": {"delta_rel": 0.2}}
     description = "as `ll-ct`, and they stay positives for the rest of training"
 
     def __init__(self, ctx: MethodContext, hparams: LargeLossHparams) -> None:

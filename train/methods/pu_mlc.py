@@ -71,8 +71,7 @@ class PuMlc(Method):
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
         "*": {"weight_decay": 1e-4, "scheduler": "onecycle"},
         "coco": {"batch_size": 70, "lr": 1e-4, "ema": 0.9997, "epochs": 40},
-        "voc": {"batch_size": 90, "lr": 4e-5, "ema": 0.991, "epochs": 55},
-    }
+        "voc": {"batch_size": 90, "lr": 4e-5, "ema": 0.991, "epochs": 55}}
     paper = "Yuan, Zhang, Huang 2024"
     description = ("variational PU loss (positives vs all images), adaptive temperature, re-balance factor, "
                    "mixup regulariser")

@@ -61,13 +61,11 @@ class VisionLanguagePseudoLabels(Method):
     Hparams = VlplHparams
     uses_pseudo_labels = True
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "voc": {"alpha": 0.2}, "coco": {"alpha": 0.1}, "nus": {"alpha": 0.1}, "cub": {"alpha": 0.01},
-    }
+        "voc": {"alpha": 0.2}, "coco": {"alpha": 0.1}, "nus": {"alpha": 0.1}, "cub": {"alpha": 0.01}}
     # main_clip.py: Adam without schedule for 10 epochs, batch 8 (ResNet-50), lr 1e-5 (1e-4 on CUB)
     paper_settings: ClassVar[dict[str, dict[str, Any]]] = {
         "*": {"batch_size": 8, "lr": 1e-5, "epochs": 10, "optimizer": "adam", "scheduler": "none"},
-        "cub": {"lr": 1e-4},
-    }
+        "cub": {"lr": 1e-4}}
     paper = "Xing et al. 2024"
     description = ("EM + CLIP pseudo-positives (softmax over the class prompts above 0.3) trained as "
                    "label-smoothed positives")

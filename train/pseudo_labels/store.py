@@ -91,8 +91,7 @@ def write(path: Path, content: PseudoLabelFile) -> None:
         "classes": np.array(content.classes, dtype=str), "prompts": np.array(content.prompts, dtype=str),
         "paths": np.array(content.paths, dtype=str),
         **{name: np.ascontiguousarray(value, dtype=np.float32) for name, value in content.scores.items()},
-        "readable": np.asarray(content.readable, dtype=bool), "positives": np.asarray(content.positives, dtype=bool),
-    }
+        "readable": np.asarray(content.readable, dtype=bool), "positives": np.asarray(content.positives, dtype=bool)}
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
         np.savez_compressed(handle, **arrays)
 
