@@ -270,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", type=Path, default=RUNS)
     r = sub.add_parser("report", help="write the results page's section from the measurements")
     r.add_argument("--out", type=Path, default=RUNS)
-    add_page_options(r, "review-simulated")
+    add_page_options(r, "review-minutes")
     args = p.parse_args(argv)
     if args.command == "report":
-        publish(args.section or "review-simulated", report(args.out, "python -m bench.review measure\n"
+        publish(args.section or "review-minutes", report(args.out, "python -m bench.review measure\n"
                                                            "python -m bench.review report"), args.page)
         return 0
     plans, names, seconds = args.plans.split(","), args.dev_sets.split(","), args.seconds.split(",")

@@ -32,8 +32,9 @@ from train.methods import BASELINE
 __all__ = ["AUDIT_SEED", "DEFAULT_ORDER", "DEFAULT_SPLIT", "DEFAULT_TOP", "ORDERS", "SPLITS", "Suggestions",
            "audit_items", "main", "rank_pairs", "suggest"]
 
-#: Pairs written by default: about what one person reviews in half an hour.
-DEFAULT_TOP = 500
+#: Pairs written by default: about half an hour of a reviewer's time at 1.6 s a yes/no question (the time model of
+#: bench/review.py, from published annotation times).
+DEFAULT_TOP = 1000
 #: How the pairs are ordered: ``balanced``, every class's most likely pair (strongest first), then every class's
 #: second, ...; ``score``, by probability alone. Balanced gained more validation mAP per review on both real
 #: development sets (a class with few labels gains more from one more than a frequent class), bench/README.md.
