@@ -38,8 +38,9 @@ from train import Candidate, fit_candidate, out_of_fold_logits, rank_pairs, trai
 __all__ = ["PLANS", "Plan", "measure", "report", "reviewer_seconds"]
 
 RUNS = Path("runs/review")
-PLANS = ("pair/0/train", "pair/100/train", "image/100/train", "pair/100/both", "pair/250/train", "pair/50/train",
-         "image/0/train", "image2/0/train")
+PLANS = tuple(f"pair/{n}/train/rare" for n in (0, 100, 250)) + tuple(f"{p}/balanced" for p in (
+    "pair/0/train", "pair/100/train", "image/100/train", "pair/100/both", "pair/250/train", "pair/50/train",
+    "image/0/train", "image2/0/train"))
 ANSWERS = (250, 500, 1000)
 MINUTES = (10, 20, 30)
 SECONDS = (1.6, 1.0, 0.28)  # a question, each further label of an image in view, a key press
@@ -50,21 +51,23 @@ Pair = tuple[str, str]
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How the reviewer works: mode (``pair``, ``image``), answers per round (0: one ranking), whose pairs, toggles."""
+    """How the reviewer works: mode, answers per round (0: one ranking), whose pairs, ``--order``, toggles."""
 
     mode: str
     round: int
     split: str
+    order: str
     toggles: int = TOGGLES
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """``MODE/ROUND/SPLIT``, e.g. ``pair/100/train``; ``imageM`` shows at most M toggles (``image``: 5)."""
-        mode, size, split = [*text.split("/"), "", ""][:3]
+        """``MODE/ROUND/SPLIT/ORDER``, e.g. ``pair/100/train/rare``; ``imageM``: at most M toggles (``image``: 5)."""
+        mode, size, split, order = [*text.split("/"), "", "", ""][:4]
         toggles = (mode[5:] or str(TOGGLES)) if mode.startswith("image") else str(TOGGLES) * (mode == "pair")
-        if not toggles.isdigit() or int(toggles) < 1 or split not in ("train", "both") or not size.isdigit():
-            raise ValueError(f"bad plan {text!r}: MODE/ROUND/SPLIT with pair|image|imageM, N >= 0, train|both")
-        return cls(mode[:5], int(size), split, int(toggles))
+        if not (toggles.isdigit() and int(toggles) > 0 and size.isdigit() and split in ("train", "both")) or order \
+                not in ("rare", "balanced", "score"):
+            raise ValueError(f"bad plan {text!r}: pair|image|imageM / N >= 0 / train|both / rare|balanced|score")
+        return cls(mode[:5], int(size), split, order, int(toggles))
 
 
 def reviewer_seconds(shown: int, ticked: int, mode: str, seconds: tuple[float, float, float] = SECONDS) -> float:
@@ -84,10 +87,8 @@ class Reviewer:
         self.full = full_labels_by_path(dev, list(splits.classes), self.data.dataset)
         self.column = {c: j for j, c in enumerate(splits.classes)}
         self.val_full = np.stack([self.full[str(p)] for p in splits.val.paths])
-        assert splits.test is not None
-        self.test_labels = splits.test.labels
-        self.folder = folder
-        self.candidate = Candidate(BASELINE, self.cfg.lr)
+        self.test_labels = splits.test.labels  # type: ignore[union-attr]
+        self.folder, self.candidate = folder, Candidate(BASELINE, self.cfg.lr)
 
     def truth(self, pair: Pair) -> bool:
         """The hidden keywords' answer to ``pair``."""
@@ -101,14 +102,14 @@ class Reviewer:
         log.record_many([(image, label, answer) for (image, label), answer in answers.items()])
         return apply_review(self.data.splits, [str(log.path)])[0]
 
-    def ranking(self, answers: dict[Pair, bool], split: str, top: int) -> list[tuple[str, str, float]]:
+    def ranking(self, answers: dict[Pair, bool], split: str, top: int, order: str) -> list[tuple[str, str, float]]:
         """The product's top ``top`` suggestions given ``answers`` (train/suggestions.py's ranking)."""
         data = dataclasses.replace(self.data, splits=self.reviewed(answers))
         pool = training_pool(data, self.features, held_out_val=split == "both")
         logits, failed = out_of_fold_logits(self.candidate, self.cfg, data, self.model, self.forward, pool, None)
         if failed:
             raise RuntimeError(failed)
-        return [(i.image, i.label, float(i.score or 0)) for i in rank_pairs(pool, logits, top)[0]]
+        return [(i.image, i.label, float(i.score or 0)) for i in rank_pairs(pool, logits, top, order_by=order)[0]]
 
     def score(self, splits: Any, train_observed: np.ndarray | None = None) -> dict[str, float]:
         """Test mAP and full-val mAP of an ``an`` head on ``splits`` (``train_observed`` replacing its labels)."""
@@ -137,7 +138,7 @@ def simulate(r: Any, plan: Plan, seconds: tuple[float, float, float]) -> tuple[l
     while more():
         started = time.perf_counter()
         top = IMAGE_FILE if plan.mode == "image" else plan.round or max(ANSWERS) * 2
-        ranked = [row for row in r.ranking(answered, plan.split, top) if row[:2] not in answered]
+        ranked = [row for row in r.ranking(answered, plan.split, top, plan.order) if row[:2] not in answered]
         rankings.append(time.perf_counter() - started)
         if not ranked:
             break
@@ -160,8 +161,7 @@ def measure(dev_name: str, seed: int, plans: list[str], out: Path, seconds: tupl
     """Every plan on one dev set and seed; writes ``out/<dev>-seed<S>.json`` (plans already there are kept)."""
     target = out / f"{dev_name}-seed{seed}.json"
     record: dict[str, Any] = json.loads(target.read_text()) if target.is_file() else {}
-    todo = [p for p in plans if p not in record.get("plans", {})]
-    if not todo:
+    if not (todo := [p for p in plans if p not in record.get("plans", {})]):
         return target
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:
@@ -191,7 +191,7 @@ def measure(dev_name: str, seed: int, plans: list[str], out: Path, seconds: tupl
 
 
 def _mean_std(values: list[float]) -> str:
-    return f"{np.mean(values):.2f} ± {np.std(values, ddof=1) if len(values) > 1 else 0.0:.2f}"
+    return f"{np.mean(values):.2f} ± {np.std(values, ddof=len(values) > 1):.2f}"
 
 
 def gap_rows(runs: list[dict[str, Any]], plan: str) -> dict[tuple[str, int], dict[str, Any]]:
@@ -215,7 +215,8 @@ def report(out: Path, command: str) -> str:
         records.setdefault(record["dev_set"], []).append(record)
     seconds = sum(p["seconds"] for runs in records.values() for r in runs for p in r["plans"].values())
     model = next(iter(records.values()))[0]["seconds_model"] if records else SECONDS
-    lines = ["## Label review per minute of a reviewer's time (simulated reviewer, fixed EfficientNet-Lite0 features)",
+    lines = [f"## Label review per minute of a reviewer's time{'' if out == RUNS else ', ' + out.name} (simulated "
+             "reviewer, fixed EfficientNet-Lite0 features)",
              "", machine_line(), "", f"Command (about {seconds / 60:.0f} minutes in all here):", "", "```", command,
              "```", "",
              "The hidden keywords answer the product's suggestions by plan MODE/ROUND/SPLIT: `pair` asks one (image, "
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("measure", help="simulate the reviewer on the dev sets")
     m.add_argument("--dev-sets", default="openclipart,tuxpaint,icons-phosphor", help="default: %(default)s")
     m.add_argument("--seeds", default="0,1,2", help="default: %(default)s")
-    m.add_argument("--plans", default=",".join(PLANS), help="MODE/ROUND/SPLIT,... (default: %(default)s)")
+    m.add_argument("--plans", default=",".join(PLANS), help="MODE/ROUND/SPLIT/ORDER,... (default: %(default)s)")
     m.add_argument("--seconds", default=",".join(map(str, SECONDS)), help="the time model: a question, a further "
                    "label of an image in view, a key press (default: %(default)s)")
     m.add_argument("--out", type=Path, default=RUNS)

@@ -204,7 +204,7 @@ class _FakeReviewer:
     def __init__(self) -> None:
         self.seen: list[int] = []  # answers known at each ranking
 
-    def ranking(self, answers: dict, split: str, top: int) -> list[tuple[str, str, float]]:
+    def ranking(self, answers: dict, split: str, top: int, order: str) -> list[tuple[str, str, float]]:
         self.seen.append(len(answers))
         rows = [(f"img{i}", f"c{j}", 1.0 - 1e-4 * (3 * i + j)) for i in range(2000) for j in range(3)]
         return [row for row in rows if row[:2] not in answers][:top]
@@ -217,19 +217,21 @@ def test_review_simulation_answers_in_rounds_by_the_time_model() -> None:
     from bench import review
 
     fake = _FakeReviewer()
-    steps, rankings = review.simulate(fake, review.Plan.parse("pair/100/train"), (1.6, 1.0, 0.28))
+    steps, rankings = review.simulate(fake, review.Plan.parse("pair/100/train/rare"), (1.6, 1.0, 0.28))
     assert fake.seen == list(range(0, 1200, 100)) and len(rankings) == 12  # 30 minutes at 1.6 s: 1,125 answers
     assert len({pair for pair, _, _ in steps}) == len(steps) == 1125
     assert steps[-1][2] == pytest.approx(1125 * 1.6) and sum(t for _, t, _ in steps) == 375
     fake = _FakeReviewer()
-    steps, _ = review.simulate(fake, review.Plan.parse("image2/0/train"), (1.6, 1.0, 0.28))
+    steps, _ = review.simulate(fake, review.Plan.parse("image2/0/train/balanced"), (1.6, 1.0, 0.28))
     assert fake.seen == [0]  # one ranking
     # an image shows its 2 most likely pending labels; its third comes next, as the demo's queue shows it
     assert [pair for pair, _, _ in steps[:4]] == [("img0", "c0"), ("img0", "c1"), ("img0", "c2"), ("img1", "c0")]
     two, one = 1.6 + 1.0 + 0.28 * 2, 1.6 + 0.28  # two labels shown and one ticked, then one unticked; each saved
     assert steps[1][2] == steps[0][2] == pytest.approx(two) and steps[2][2] == pytest.approx(two + one)
     with pytest.raises(ValueError, match="bad plan"):
-        review.Plan.parse("image0/10/train")
+        review.Plan.parse("image0/10/train/rare")
+    with pytest.raises(ValueError, match="bad plan"):
+        review.Plan.parse("pair/10/train")  # no order
 
 
 def test_review_report_gives_gap_closed_per_checkpoint_and_per_minute(tmp_path: Path) -> None:
@@ -240,10 +242,10 @@ def test_review_report_gives_gap_closed_per_checkpoint_and_per_minute(tmp_path: 
             for kind, marks in (("answers", review.ANSWERS), ("minutes", review.MINUTES)) for at in marks]
     record = {"dev_set": "tuxpaint", "seed": 0, "train_images": 10, "unobserved_present": 5,
               "an": {"test_mAP": 50.0, "val_mAP_full": 40.0}, "full": {"test_mAP": 60.0, "val_mAP_full": 50.0},
-              "seconds_model": [1.6, 1.0, 0.28], "plans": {"pair/0/train": {"rows": rows, "rankings": 1,
+              "seconds_model": [1.6, 1.0, 0.28], "plans": {"pair/0/train/rare": {"rows": rows, "rankings": 1,
                                                                            "ranking_seconds": 2.0, "seconds": 9.0}}}
     (tmp_path / "tuxpaint-seed0.json").write_text(json.dumps(record))
     text = review.report(tmp_path, "cmd")
-    row = "| pair/0/train | 900 (10) | 10.0% / 10.0% | 25.0% / 50.0% / 100.0% | 10.0% / 20.0% / 30.0% (30.0%) |"
+    row = "| pair/0/train/rare | 900 (10) | 10.0% / 10.0% | 25.0% / 50.0% / 100.0% | 10.0% / 20.0% / 30.0% (30.0%) |"
     assert row + " 53.00 ± 0.00 |" in text  # a row per plan: answers in 30 minutes, gaps by answers and by minutes
-    assert "| pair/0/train | 1 | 10.0% / 10.0% | 50.0% / 30.0% | 1.00% |" in text  # the summary over the sets
+    assert "| pair/0/train/rare | 1 | 10.0% / 10.0% | 50.0% / 30.0% | 1.00% |" in text  # the summary over the sets

@@ -127,7 +127,8 @@ def test_suggestions_rank_unobserved_pairs_and_retraining_records_the_answers(
     assert labels["train"]["known_negatives"] + labels["val"]["known_negatives"] == 10
     out = base / "review.csv"
     capsys.readouterr()
-    assert train_main(["suggest", str(first), "-o", str(out), "--top", "30", "--no-progress"]) == 0
+    assert train_main(["suggest", str(first), "-o", str(out), "--top", "30", "--order", "balanced",
+                       "--no-progress"]) == 0
     said = capsys.readouterr().out
     assert "wrote 30 suggestions" in said and f"--from-run {first} --review" in said
     assert json.loads((base / "review.suggest.json").read_text()) == {  # how it was made, for the demo's rounds
@@ -172,8 +173,9 @@ def test_suggestions_rank_unobserved_pairs_and_retraining_records_the_answers(
 
 
 def test_balanced_order_takes_every_class_s_best_pair_first() -> None:
-    """``balanced``: each class's most likely missing pair (strongest first), then each class's second; ``score``:
-    by probability alone; observed pairs (given or known negative) are never suggested; ``--per-image`` caps."""
+    """``balanced``: each class's most likely missing pair (strongest first), then each class's second; ``rare``: the
+    same, a class with fewer labels asked more often; ``score``: by probability alone; observed pairs (given or known
+    negative) are never suggested; ``--per-image`` caps."""
     from models.data.types import LabelledImages
     from train.cross_fitting import Pool
     from train.suggestions import rank_pairs
@@ -184,10 +186,22 @@ def test_balanced_order_takes_every_class_s_best_pair_first() -> None:
                 observed, None, np.zeros(4, dtype=np.int64))  # type: ignore[arg-type]
     pairs = {order: [(i.image, i.label) for i in rank_pairs(pool, logits, 20, order_by=order)[0]]
              for order in ("balanced", "score")}
+    first_pool, first_logits = pool, logits
     assert pairs["balanced"] == [("c", "x"), ("a", "y"), ("a", "z"), ("c", "y"), ("b", "x"), ("c", "z"),
                                  ("d", "y"), ("d", "x")]
     assert pairs["score"] == [("c", "x"), ("a", "y"), ("c", "y"), ("a", "z"), ("b", "x"), ("d", "y"), ("c", "z"),
                               ("d", "x")]
+    # rare: a class's k-th pair at k x sqrt(its labels + 1): y (no label) is asked three times as often as x (8)
+    observed = np.zeros((12, 2), dtype=np.int8)
+    observed[:8, 0] = 1
+    logits = np.stack([np.r_[np.zeros(8), [4.0, 3.0, 2.0, 1.0]], -0.1 * np.arange(12)], 1)
+    pool = Pool(LabelledImages([Path(str(i)) for i in range(12)], observed.clip(0), ["x", "y"]), observed, None,
+                np.zeros(12, dtype=np.int64))  # type: ignore[arg-type]
+    first = {order: [f"{i.label}{i.image}" for i in rank_pairs(pool, logits, 8, order_by=order)[0]]
+             for order in ("rare", "balanced")}
+    assert first == {"rare": ["y0", "y1", "x8", "y2", "y3", "y4", "x9", "y5"],
+                     "balanced": ["x8", "y0", "x9", "y1", "x10", "y2", "x11", "y3"]}
+    pool, logits = first_pool, first_logits
     items, scored = rank_pairs(pool, logits, 3, per_image=1, order_by="score")
     assert scored == 8 and [(i.image, i.label) for i in items] == [("c", "x"), ("a", "y"), ("b", "x")]
     assert items[1].given == ("x",) and items[1].score == pytest.approx(1 / (1 + np.exp(-3)))
