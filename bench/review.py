@@ -134,7 +134,6 @@ def simulate(r: Any, plan: Plan, seconds: tuple[float, float, float]) -> tuple[l
 
     def more() -> bool:
         return len(steps) < max(ANSWERS) or clock < max(MINUTES) * 60 - 1e-6
-
     while more():
         started = time.perf_counter()
         top = IMAGE_FILE if plan.mode == "image" else plan.round or max(ANSWERS) * 2
@@ -207,27 +206,28 @@ def gap_rows(runs: list[dict[str, Any]], plan: str) -> dict[tuple[str, int], dic
     return out
 
 
-def report(out: Path, command: str) -> str:
-    """The results page section from every record under ``out``."""
+def report(out: Path, section: str = "review-minutes") -> str:
+    """The results page section from every record under ``out``, with the commands that make it."""
     records: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(out.glob("*-seed*.json")):
         record = json.loads(path.read_text())
         records.setdefault(record["dev_set"], []).append(record)
     seconds = sum(p["seconds"] for runs in records.values() for r in runs for p in r["plans"].values())
     model = next(iter(records.values()))[0]["seconds_model"] if records else SECONDS
-    lines = [f"## Label review per minute of a reviewer's time{'' if out == RUNS else ', ' + out.name} (simulated "
-             "reviewer, fixed EfficientNet-Lite0 features)",
+    plans = ",".join(p for p in PLANS if any(p in r["plans"] for runs in records.values() for r in runs))
+    command = (f"python -m bench.review measure --dev-sets {','.join(records)} --plans {plans} --out {out}\n"
+               f"python -m bench.review report --out {out} --section {section}")
+    title = "" if out == RUNS else ": " + ", ".join(records)
+    lines = [f"## Label review per minute of a reviewer's time{title} (simulated reviewer, fixed Lite0 features)",
              "", machine_line(), "", f"Command (about {seconds / 60:.0f} minutes in all here):", "", "```", command,
              "```", "",
-             "The hidden keywords answer the product's suggestions by plan MODE/ROUND/SPLIT: `pair` asks one (image, "
-             "label) at a time (the Review tab), `image` shows an image with at most 5 (`imageM`: M) of its likeliest "
-             "suggestions as toggles (the Review-by-image tab); every ROUND answers the suggesting heads are retrained "
-             "and the rest re-ranked (the demo's `--rounds`; 0: one ranking); SPLIT `both` asks validation pairs too. "
-             "Gap closed = (mAP - an) / (full - an) of an `an` head on the answers so far, `an` on the labels as "
-             "given, full on every training label; val gap: on the hidden full val labels, by which defaults are "
-             f"chosen (never by test). Reviewer minutes by the time model of bench/review.py (its sources there): "
-             f"{model[0]} s per yes/no question, {model[1]} s per further label of an image in view, {model[2]} s per "
-             "key press.", ""]
+             "Plans MODE/ROUND/SPLIT/ORDER: `pair` asks one (image, label) at a time (the Review tab), `imageM` shows "
+             "an image with at most M (`image`: 5) of its likeliest suggestions as toggles (Review by image); ROUND N "
+             "re-ranks every N answers (`--rounds`; 0: once); SPLIT `both` asks validation pairs too; ORDER: `train "
+             "suggest --order`. Gap closed = (mAP - an) / (full - an), `an` on the labels as given, full on every "
+             "training label, on test and on the hidden full val labels (val gap: by which defaults are chosen, never "
+             f"by test). Minutes by the time model of bench/review.py (sources there): {model[0]} s per yes/no "
+             f"question, {model[1]} s per further label of an image in view, {model[2]} s per key press.", ""]
     summary: dict[str, list[dict[tuple[str, int], dict[str, Any]]]] = {}
     for dev_name, runs in records.items():
         an, full = ([r[k]["test_mAP"] for r in runs] for k in ("an", "full"))
@@ -274,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     add_page_options(r, "review-minutes")
     args = p.parse_args(argv)
     if args.command == "report":
-        publish(args.section or "review-minutes", report(args.out, "python -m bench.review measure\n"
-                                                           "python -m bench.review report"), args.page)
+        section = args.section or "review-minutes"
+        publish(section, report(args.out, section), args.page)
         return 0
     plans, names, seconds = args.plans.split(","), args.dev_sets.split(","), args.seconds.split(",")
     try:

@@ -45,7 +45,7 @@ toggles, keys 1-9: Save (Enter) answers them all, unticked = no, into the same l
 rounds: every --rounds N answers the demo runs `python -m train suggest` again in the background, the answers
 joined to the labels, and the pairs still to answer take the new order (the review file is rewritten with it).
 It needs FILE's .suggest.json, written beside it by `train suggest`, and the run folder it names; without
-them the order stays fixed. --rounds 0: one fixed order.
+them the order stays fixed. --rounds 0 (the default): one fixed order.
 
 audit: --audit FILE (from `python -m train suggest RUN --audit 50 -o FILE`) adds an Audit tab to label a few
 validation images completely: each image with every class as a toggle, the most likely first and its given
@@ -119,7 +119,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--rounds", type=int, metavar="N",
                       help="re-rank the pairs still to review every N answers: `train suggest` runs again in the "
                       "background with the answers, as the review file's .suggest.json (written beside it by `train "
-                      f"suggest`) says; 0: one fixed order (default: {DEFAULT_ROUND} when that file is there, else 0)")
+                      f"suggest`) says; 0: one fixed order (default: {DEFAULT_ROUND}, measured: docs/label-review.md)")
     demo.add_argument("--audit", type=Path, metavar="FILE",
                       help="add an Audit tab to label the images of FILE (from `python -m train suggest RUN --audit "
                       "N`) completely, an image at a time; answers go to FILE with the suffix .answers.jsonl; works "
