@@ -38,12 +38,12 @@ DEFAULT_TOP = 1000
 #: How the pairs are ordered: ``balanced``, every class's most likely pair (strongest first), then every class's
 #: second, ...; ``rare``, the same with a class's k-th pair at k x sqrt(its labels + 1), so a class with few labels
 #: is asked more often; ``score``, by probability alone. A class with few labels gains more from one more than a
-#: frequent class: balanced beat score, and rare beat balanced, on the hidden validation labels of every real
-#: development set (bench/README.md).
+#: frequent class: balanced beat score, and rare beat balanced, on the hidden validation labels of the three real
+#: development sets (docs/label-review.md, section 6).
 ORDERS = ("rare", "balanced", "score")
 DEFAULT_ORDER = "rare"
-#: Whose pairs are suggested. ``train`` by default: what a review buys (docs/label-review.md) was measured with
-#: training answers, which teach the model; a validation answer only sharpens the selection and the thresholds.
+#: Whose pairs are suggested. ``train`` by default: in the same reviewer time, training and validation pairs together
+#: closed less of the gap than training pairs, which teach the model (docs/label-review.md, section 6).
 SPLITS = ("train", "val", "both")
 DEFAULT_SPLIT = "train"
 #: Seed of the draw of the validation images of an audit file.
