@@ -171,7 +171,7 @@ def measure(dev_name: str, seed: int, plans: list[str], out: Path, seconds: tupl
             an, bound = r.score(r.data.splits), r.score(r.data.splits, full)
             record = {"dev_set": dev_name, "seed": seed, "train_images": len(train),
                       "unobserved_present": int(((full == 1) & (r.data.splits.train_observed != 1)).sum()),
-                      "an": an, "full": bound, "seconds_model": seconds, "plans": {}}
+                      "given": an, "full": bound, "seconds_model": seconds, "plans": {}}
         for text in todo:
             started, plan = time.perf_counter(), Plan.parse(text)
             steps, rankings = simulate(r, plan, seconds)
@@ -197,7 +197,7 @@ def gap_rows(runs: list[dict[str, Any]], plan: str) -> dict[tuple[str, int], dic
     """Per checkpoint of ``plan`` over ``runs`` (seeds): answers, yes, minutes, test mAPs, test and val gaps (%)."""
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for run in runs:
-        an, full = run["an"], run["full"]
+        an, full = run["given"], run["full"]
         for row in run["plans"].get(plan, {}).get("rows", []):
             gaps = {key: (row[m] - an[m]) / (full[m] - an[m]) * 100 for key, m in (("gap", "test_mAP"),
                                                                                   ("val_gap", "val_mAP_full"))}
@@ -230,7 +230,7 @@ def report(out: Path, section: str = "review-minutes") -> str:
              f"question, {model[1]} s per further label of an image in view, {model[2]} s per key press.", ""]
     summary: dict[str, list[dict[tuple[str, int], dict[str, Any]]]] = {}
     for dev_name, runs in records.items():
-        an, full = ([r[k]["test_mAP"] for r in runs] for k in ("an", "full"))
+        an, full = ([r[k]["test_mAP"] for r in runs] for k in ("given", "full"))
         lines += [f"**{TITLES.get(dev_name, dev_name)}** ({runs[0]['train_images']:,} training images, "
                   f"{runs[0]['unobserved_present']:,} present labels unobserved; {len(runs)} seeds): `an` "
                   f"{_mean_std(an)}, full {_mean_std(full)}. Gap: seeds mean (lowest at 30 min).",

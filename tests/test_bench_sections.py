@@ -241,7 +241,7 @@ def test_review_report_gives_gap_closed_per_checkpoint_and_per_minute(tmp_path: 
              "test_mAP": 50.0 + at / 100 if kind == "answers" else 50.0 + at / 10, "val_mAP_full": 41.0}
             for kind, marks in (("answers", review.ANSWERS), ("minutes", review.MINUTES)) for at in marks]
     record = {"dev_set": "tuxpaint", "seed": 0, "train_images": 10, "unobserved_present": 5,
-              "an": {"test_mAP": 50.0, "val_mAP_full": 40.0}, "full": {"test_mAP": 60.0, "val_mAP_full": 50.0},
+              "given": {"test_mAP": 50.0, "val_mAP_full": 40.0}, "full": {"test_mAP": 60.0, "val_mAP_full": 50.0},
               "seconds_model": [1.6, 1.0, 0.28], "plans": {"pair/0/train/rare": {"rows": rows, "rankings": 1,
                                                                            "ranking_seconds": 2.0, "seconds": 9.0}}}
     (tmp_path / "tuxpaint-seed0.json").write_text(json.dumps(record))
