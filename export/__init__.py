@@ -23,8 +23,7 @@ _LAZY = {
     "export_to_file": "export.onnx_export",
     "export_run": "export.pipeline",
     "convert_fp16": "export.quantize",
-    "quantize_int8": "export.quantize",
-    "calibrate": "export.threshold_calibration"}
+    "quantize_int8": "export.quantize", "calibrate": "export.threshold_calibration"}
 
 if TYPE_CHECKING:
     from export.errors import ExportError, ParityError, VerificationDataError
@@ -56,5 +55,4 @@ __all__ = [
     "export_to_file",
     "quantize_int8",
     "read_onnx_meta",
-    "read_sidecar",
-    "sidecar_path"]
+    "read_sidecar", "sidecar_path"]

@@ -40,8 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m export",
         description="Export a trained checkpoint to ONNX (FP32, FP16, INT8) and TensorRT engines, verify every "
         "artifact, and calibrate per-class thresholds on the validation split.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", nargs="?", metavar="RUN_OR_CHECKPOINT",
                         help="run folder, run name under --runs-dir, or checkpoint .pt file (default: the latest "
                         "run's best.pt)")

@@ -116,8 +116,7 @@ def compare_outputs(reference_logits: np.ndarray, candidate_logits: np.ndarray, 
         "mean_prob_diff": float(np.abs(p_ref - p_cand).mean()),
         "max_logit_diff": float(np.abs(ref - cand).max()),
         "decision_agreement": float(same.mean()),
-        "decisions_changed": int((~same).sum()),
-        "image_agreement": float(same.all(axis=1).mean())}
+        "decisions_changed": int((~same).sum()), "image_agreement": float(same.all(axis=1).mean())}
     if labels is not None:
         labels = np.asarray(labels)
         if labels.shape != ref.shape:

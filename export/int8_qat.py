@@ -170,8 +170,7 @@ def quantization_aware_distillation(model: nn.Module, images: np.ndarray, *, epo
             parametrize.remove_parametrizations(layer, "weight", leave_parametrized=False)
     record = QatRecord(images=len(data), epochs=epochs, lr=lr, batch_size=batch_size,
                        activation_points=len(points) + 1, weights_quantized=len(layers),
-                       loss_first_epoch=losses[0], loss_last_epoch=losses[-1],
-                       seconds=time.perf_counter() - start)
+                       loss_first_epoch=losses[0], loss_last_epoch=losses[-1], seconds=time.perf_counter() - start)
     return {k: v.detach().clone() for k, v in student.state_dict().items()}, record
 
 

@@ -206,8 +206,7 @@ def export_onnx(checkpoint: str | Path, output: str | Path | None = None, *, ops
         "checkpoint": str(ckpt_path.resolve()),
         "checkpoint_sha256": file_sha256(ckpt_path),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "export_seconds": round(export_seconds, 3),
-        "versions": _versions()}
+        "export_seconds": round(export_seconds, 3), "versions": _versions()}
     side = sidecar_path(out_path)
     doc = sidecar_document(out_path, meta, export_info, result.to_dict(), sha256=digest)
     atomic_write_text(side, json.dumps(doc, indent=2, sort_keys=False) + "\n")

@@ -60,8 +60,7 @@ def sidecar_document(onnx_path: Path, meta: ModelMeta, export_info: Mapping[str,
         "sha256": sha256 or file_sha256(onnx_path),
         "size_bytes": onnx_path.stat().st_size,
         "meta": asdict(meta),
-        "export": dict(export_info),
-        "verification": dict(verification)}
+        "export": dict(export_info), "verification": dict(verification)}
 
 
 def read_sidecar(path: str | Path) -> dict[str, Any]:

@@ -123,8 +123,7 @@ class RunExport:
         """The summary table as markdown."""
         against = f" ({self.val_labels})" if self.val_labels else ""
         rows = [f"| artifact | file | size (MB) | val mAP{against} | decisions = FP32 | max |dprob| | "
-                "img/s (this CPU) | note |",
-                "|---|---|---|---|---|---|---|---|"]
+                "img/s (this CPU) | note |", "|---|---|---|---|---|---|---|---|"]
         for a in self.artifacts:
             rows.append(
                 f"| {a.name} | {a.path.name} | {a.size_bytes / 1e6:.1f} | {_fmt(a.val_mAP, '.2f')} | "
@@ -174,8 +173,7 @@ def expected_tags(val: ValData, val_logits: np.ndarray, audit: AuditData | None 
         if record and (record.get("source") != "estimated" or record.get("detail", "").startswith(CHOOSER_K)):
             return ExpectedPositives.from_dict(record)
     estimate = estimate_k(val_logits, val.labels)
-    return ExpectedPositives(estimate.k, "estimated", f"from the scores of the {val.labels_name}",
-                             estimate)
+    return ExpectedPositives(estimate.k, "estimated", f"from the scores of the {val.labels_name}", estimate)
 
 
 def load_train_sample(meta: ModelMeta, splits: ProtocolSplits, count: int, seed: int, progress: bool) -> np.ndarray:

@@ -48,8 +48,7 @@ _ELEM_NAMES = {
     onnx.TensorProto.BFLOAT16: "bfloat16",
     onnx.TensorProto.DOUBLE: "float64",
     onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.UINT8: "uint8",
-    onnx.TensorProto.INT32: "int32"}
+    onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT32: "int32"}
 
 
 @dataclass(frozen=True)
@@ -104,8 +103,7 @@ class ConversionResult:
             "size_bytes": self.size_bytes,
             "sha256": self.sha256,
             "seconds": round(self.seconds, 3),
-            "op_counts": dict(self.op_counts),
-            "quantization": self.meta.quantization}
+            "op_counts": dict(self.op_counts), "quantization": self.meta.quantization}
 
 
 # --------------------------------------------------------------------------------------------- checks

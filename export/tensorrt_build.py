@@ -56,8 +56,7 @@ _QUANT_NAMES = {
     onnx.TensorProto.UINT8: "uint8",
     onnx.TensorProto.INT4: "int4",
     onnx.TensorProto.UINT4: "uint4",
-    onnx.TensorProto.FLOAT8E4M3FN: "fp8",
-    onnx.TensorProto.INT32: "int32"}
+    onnx.TensorProto.FLOAT8E4M3FN: "fp8", onnx.TensorProto.INT32: "int32"}
 _FLOAT_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
 
 

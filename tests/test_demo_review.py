@@ -179,6 +179,12 @@ def test_rerank_replaces_the_order_and_keeps_every_answer(tmp_path: Path) -> Non
     queue.status = "round 2 re-ranked 2 pairs in 9 s"
     assert queue.view().progress().endswith("answered (1 yes, 2 no) · round 2 re-ranked 2 pairs in 9 s")
     assert queue.image_view().progress() == "1 of 3 images answered · round 2 re-ranked 2 pairs in 9 s"
+    # a round asks for the file's size less the answers; the pairs of the image on screen come on top, so the tail
+    # is cut to keep the size, never those pairs
+    queue.rerank([ReviewItem(*p) for p in [fresh[2], fresh[0]]], total=6)
+    assert queue.pending == [answered[2], fresh[1], fresh[2]] and len(queue.items) == 6
+    queue.rerank([ReviewItem(*fresh[0])], total=4)
+    assert queue.pending == [answered[2], fresh[1]] and len(queue.items) == 5
 
 
 def test_a_failed_round_keeps_the_order_and_close_ends_its_process(tmp_path: Path) -> None:
@@ -609,6 +615,41 @@ def test_review_tab_above_the_fold_and_its_keys_in_headless_chromium(app: dict[s
         check_review_by_image_keys(browser, queue, log)
     finally:
         browser.close()
+
+
+def test_rounds_status_shows_without_an_answer_in_headless_chromium(tmp_path: Path) -> None:
+    """With ``--rounds`` the page polls the progress line: two answers by key start a round, the line says so, and
+    the round's end (here its ``train suggest`` fails: the sidecar names a folder that is no run) shows with no
+    further event from the reviewer."""
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
+    from serve.demo.app import build_demo, launch_demo
+    from serve.demo.review_rounds import ReviewRounds
+
+    review = make_review(tmp_path / "data")
+    (tmp_path / "not-a-run").mkdir()
+    made = {"run": str(tmp_path / "not-a-run"), "runs_dir": None, "top": 6, "per_image": 0, "order": "rare",
+            "split": "train", "review": []}
+    queue = ReviewQueue.open(review)
+    rounds = ReviewRounds(queue, made, every=2)
+    demo = build_demo(None, None, review=queue)
+    _, url, _ = launch_demo(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    browser = open_browser(url, tmp_path / "profile")
+    progress = "document.querySelector('#spml-review-progress').innerText"
+    try:
+        browser.wait_for(f"{progress}.includes('0 of 6 answered') && {progress}.includes('re-ranks every 2 answers')")
+        press(browser, "y")
+        browser.wait_for(f"{progress}.includes('1 of 6 answered')")
+        press(browser, "n")
+        line = browser.wait_for(f"{progress}.includes('2 of 6 answered') && {progress}")
+        assert "re-ranking in the background..." in line  # the answer's own reply: the round has just started
+        line = browser.wait_for(f"{progress}.includes('re-ranking failed: ') && {progress}", timeout=120)
+        assert "2 of 6 answered (1 yes, 1 no)" in line and "config.json" in line, line
+        assert len(log_rows(queue.log.path)) == 2 and rounds.round == 1
+    finally:
+        browser.close()
+        rounds.close()
+        demo.close()
 
 
 def check_review_by_image_keys(browser: DevTools, queue: ReviewQueue, log: Path) -> None:

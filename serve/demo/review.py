@@ -215,11 +215,11 @@ class ReviewQueue:
         if given and self.on_answers is not None:
             self.on_answers(given)
 
-    def rerank(self, items: list[ReviewItem]) -> None:
+    def rerank(self, items: list[ReviewItem], total: int = 0) -> None:
         """A new round's ranking: the pending pairs become those of ``items`` in their order, less every pair
         answered by now (answers and history stay), after the pending pairs of the image on screen (the first
-        pending pair's, so a page answers what it shows); the review file is rewritten as the answered items, then
-        the pending ones."""
+        pending pair's, so a page answers what it shows), the last cut so that the file holds ``total`` pairs (0:
+        no cut); the review file is rewritten as the answered items, then the pending ones."""
         with self.lock:
             answered = {pair: item for pair, item in self.items.items() if pair in self.answers}
             shown = [p for p in self.pending if p[0] == self.pending[0][0]] if self.pending else []
@@ -227,6 +227,8 @@ class ReviewQueue:
             for item in items:
                 if (item.image, item.label) not in self.answers:
                     fresh.setdefault((item.image, item.label), item)
+            if total:
+                fresh = dict(list(fresh.items())[:max(len(shown), total - len(answered))])
             self.items = {**answered, **fresh}
             self.pending = list(fresh)
             self.by_image = self._by_image()

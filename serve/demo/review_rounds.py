@@ -97,7 +97,7 @@ class ReviewRounds:
             items = read_review(output)
             with self.queue.lock:
                 if not self.closed:
-                    self.queue.rerank(items)
+                    self.queue.rerank(items, self.size)
                     self.round += 1
                     self.queue.status = (f"round {self.round} re-ranked {len(self.queue.pending)} pairs in "
                                          f"{time.monotonic() - started:.0f} s")

@@ -203,6 +203,21 @@ def review_tab(queue: ReviewQueue) -> ReviewTab:
     return tab
 
 
+#: Seconds between two looks at the progress line while rounds re-rank in the background.
+POLL_SECONDS = 2.0
+
+
+def poll_progress(queue: ReviewQueue, lines: list[gr.HTML]) -> None:
+    """Refresh the progress ``lines`` every :data:`POLL_SECONDS` where they changed (one not shown yet stays)."""
+    log_path = str(queue.log.path.resolve())
+
+    def tick(*shown: str) -> list[Any]:
+        line = progress_html(queue.view(), log_path)
+        return [line if old and old != line else gr.skip() for old in shown]
+    gr.Timer(POLL_SECONDS).tick(tick, lines, lines, api_visibility="private", concurrency_id="review_poll",
+                                show_progress="hidden")
+
+
 #: What the Audit tab's done card says to run with the answers.
 AUDIT_COMMAND = "python -m train ... --method auto --audit {log}"
 
@@ -214,7 +229,8 @@ def answer_tabs(review: ReviewQueue | None, audit: ReviewQueue | None) -> None:
     from serve.demo.toggles_tab import TogglesHandlers, toggles_tab
 
     if review is not None:
-        review_tab(review)
-        review_by_image_tab(review)
+        lines = [review_tab(review).progress, review_by_image_tab(review).progress]
+        if review.on_answers is not None:  # rounds (--rounds N): a finished round shows without another answer
+            poll_progress(review, lines)
     if audit is not None:
         toggles_tab(TogglesHandlers(audit, AUDIT_COMMAND), "Audit", "audit")
