@@ -604,8 +604,11 @@ def test_review_tab_above_the_fold_and_its_keys_in_headless_chromium(app: dict[s
         # the model's controls are one click away; a key typed into one of their text fields is text, not an answer
         browser.evaluate("document.querySelector('#spml-settings .label-wrap').click()")
         browser.wait_for("document.querySelector('#spml-rules textarea')?.offsetParent !== null")
-        browser.evaluate("document.querySelector('#spml-rules textarea').focus()")
+        rules = "document.querySelector('#spml-rules textarea')"
+        browser.wait_for(f"({rules}.focus(), document.activeElement === {rules})")  # focused before the key
         press(browser, "n")
+        browser.wait_for(f"{rules}.value === 'n'")
+        time.sleep(0.5)  # the textbox takes typed text into its state after the input event; a blur sooner undoes it
         browser.evaluate("document.activeElement.blur()")
         press(browser, "u")  # takes back the Yes: the page is back where it started
         browser.wait_for(question.format(first[1]))
