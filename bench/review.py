@@ -33,7 +33,7 @@ from models.data.review_file import AnswerLog
 from models.data.reviewed_labels import apply_review
 from models.evaluation.metrics import mean_average_precision
 from models.files.atomic_writes import atomic_write_text
-from train import Candidate, fit_candidate, out_of_fold_logits, rank_pairs, training_pool
+from train import ORDERS, Candidate, fit_candidate, out_of_fold_logits, rank_pairs, training_pool
 
 __all__ = ["PLANS", "Plan", "measure", "report", "reviewer_seconds"]
 
@@ -65,8 +65,8 @@ class Plan:
         mode, size, split, order = [*text.split("/"), "", "", ""][:4]
         toggles = (mode[5:] or str(TOGGLES)) if mode.startswith("image") else str(TOGGLES) * (mode == "pair")
         if not (toggles.isdigit() and int(toggles) > 0 and size.isdigit() and split in ("train", "both")) or order \
-                not in ("rare", "balanced", "score"):
-            raise ValueError(f"bad plan {text!r}: pair|image|imageM / N >= 0 / train|both / rare|balanced|score")
+                not in ORDERS:
+            raise ValueError(f"bad plan {text!r}: pair|image|imageM / N >= 0 / train|both / {'|'.join(ORDERS)}")
         return cls(mode[:5], int(size), split, order, int(toggles))
 
 

@@ -186,22 +186,20 @@ def test_balanced_order_takes_every_class_s_best_pair_first() -> None:
                 observed, None, np.zeros(4, dtype=np.int64))  # type: ignore[arg-type]
     pairs = {order: [(i.image, i.label) for i in rank_pairs(pool, logits, 20, order_by=order)[0]]
              for order in ("balanced", "score")}
-    first_pool, first_logits = pool, logits
     assert pairs["balanced"] == [("c", "x"), ("a", "y"), ("a", "z"), ("c", "y"), ("b", "x"), ("c", "z"),
                                  ("d", "y"), ("d", "x")]
     assert pairs["score"] == [("c", "x"), ("a", "y"), ("c", "y"), ("a", "z"), ("b", "x"), ("d", "y"), ("c", "z"),
                               ("d", "x")]
     # rare: a class's k-th pair at k x sqrt(its labels + 1): y (no label) is asked three times as often as x (8)
-    observed = np.zeros((12, 2), dtype=np.int8)
-    observed[:8, 0] = 1
-    logits = np.stack([np.r_[np.zeros(8), [4.0, 3.0, 2.0, 1.0]], -0.1 * np.arange(12)], 1)
-    pool = Pool(LabelledImages([Path(str(i)) for i in range(12)], observed.clip(0), ["x", "y"]), observed, None,
-                np.zeros(12, dtype=np.int64))  # type: ignore[arg-type]
-    first = {order: [f"{i.label}{i.image}" for i in rank_pairs(pool, logits, 8, order_by=order)[0]]
+    rare_observed = np.zeros((12, 2), dtype=np.int8)
+    rare_observed[:8, 0] = 1
+    rare_logits = np.stack([np.r_[np.zeros(8), [4.0, 3.0, 2.0, 1.0]], -0.1 * np.arange(12)], 1)
+    rare_pool = Pool(LabelledImages([Path(str(i)) for i in range(12)], rare_observed.clip(0), ["x", "y"]),
+                     rare_observed, None, np.zeros(12, dtype=np.int64))  # type: ignore[arg-type]
+    first = {order: [f"{i.label}{i.image}" for i in rank_pairs(rare_pool, rare_logits, 8, order_by=order)[0]]
              for order in ("rare", "balanced")}
     assert first == {"rare": ["y0", "y1", "x8", "y2", "y3", "y4", "x9", "y5"],
                      "balanced": ["x8", "y0", "x9", "y1", "x10", "y2", "x11", "y3"]}
-    pool, logits = first_pool, first_logits
     items, scored = rank_pairs(pool, logits, 3, per_image=1, order_by="score")
     assert scored == 8 and [(i.image, i.label) for i in items] == [("c", "x"), ("a", "y"), ("b", "x")]
     assert items[1].given == ("x",) and items[1].score == pytest.approx(1 / (1 + np.exp(-3)))

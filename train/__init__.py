@@ -27,7 +27,7 @@ _LAZY = {
     "prepare": "train.choose",
     "labelled_pool": "train.cross_fitting",
     "training_pool": "train.cross_fitting",
-    "rank_pairs": "train.suggestions"}
+    "rank_pairs": "train.suggestions", "ORDERS": "train.suggestions"}
 
 if TYPE_CHECKING:
     from train.choose import (
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from train.config import TrainConfig
     from train.cross_fitting import labelled_pool, training_pool
     from train.options import build_parser, config_from_args
-    from train.suggestions import rank_pairs
+    from train.suggestions import ORDERS, rank_pairs
     from train.trainer import Trainer
 
 
@@ -55,6 +55,7 @@ __getattr__ = lazy_exports("train", _LAZY)
 
 __all__ = [
     "CHOICE_CRITERION",
+    "ORDERS",
     "Candidate",
     "CandidateResult",
     "Choice",
