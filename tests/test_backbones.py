@@ -224,7 +224,7 @@ def test_frozen_batchnorm_statistics_stay_while_scale_and_shift_learn() -> None:
             assert module.training == (name in branch)
         assert any(not torch.equal(before[n][1], m.weight) for n, m in norms.items() if n not in branch)
     assert resolve_model_defaults(TrainConfig(data="tuxpaint")).bn_stats == "frozen"  # ImageNet weights
-    assert resolve_model_defaults(TrainConfig()).bn_stats == "train"  # the built-in data: from random init
+    assert resolve_model_defaults(TrainConfig(weights="none")).bn_stats == "train"  # from random init
     assert resolve_model_defaults(TrainConfig(data="tuxpaint", bn_stats="train")).bn_stats == "train"
     assert TrainConfig.from_dict({"method": "an"}).bn_stats == "train"  # a config.json written before the option
     assert TrainConfig.from_dict({"trainable": "head"}).bn_stats == "frozen"

@@ -46,7 +46,7 @@ def run(builtin_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     rejects large losses."""
     runs = tmp_path_factory.mktemp("pipeline-runs")
     assert train_main(["--data", "builtin:tiny", "--method", "ll-r", "--hp", "delta_rel=5", "--boostlu",
-                       "--epochs", "2", "--image-size", "32", "--batch-size", "16",
+                       "--epochs", "2", "--image-size", "32", "--batch-size", "16", "--weights", "none",
                        "--workers", "0", "--no-progress", "--runs-dir", str(runs), "--name", "tiny"]) == 0
     return runs / "tiny"
 

@@ -28,8 +28,8 @@ from train.prepared_run import lem_token_warning
 
 # plain ResNet: LgConv is not what these tests are about, and at 32 px its global branches cost about as much
 # as the rest of the network (tests/test_lgconv.py and test_train.py train and resume with it)
-FAST = ["--data", "builtin:tiny", "--image-size", "32", "--batch-size", "16", "--no-progress", "--workers", "0",
-        "--no-lgconv"]
+FAST = ["--data", "builtin:tiny", "--weights", "none", "--image-size", "32", "--batch-size", "16", "--no-progress",
+        "--workers", "0", "--no-lgconv"]
 
 
 def sig(x: float) -> float:

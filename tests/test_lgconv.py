@@ -264,7 +264,7 @@ def test_checkpoints_record_lgconv_and_rebuild_the_right_graph(tmp_path: Path) -
 
 
 def test_lgconv_is_on_by_default_and_old_run_configs_stay_plain() -> None:
-    assert resolve_model_defaults(TrainConfig()).lgconv is True  # the built-in data: ResNet-18 with LgConv
+    assert resolve_model_defaults(TrainConfig(weights="none")).lgconv is True  # built-in, no weights: ResNet-18
     assert resolve_model_defaults(TrainConfig(arch="test_efficientnet")).lgconv is False  # timm: no LgConv
     assert TrainConfig.from_dict({"method": "an"}).lgconv is False  # a config.json written before LgConv
     assert TrainConfig.from_dict({"lgconv": True}).lgconv is True

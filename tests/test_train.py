@@ -251,6 +251,31 @@ def test_epochs_zero_needs_linear_init(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--epochs must be >= 1 (0 only with --linear-init N" in capsys.readouterr().err
 
 
+def test_the_quick_start_is_a_pretrained_head_on_the_small_built_in_shapes() -> None:
+    """No option at all: builtin:small, Lite0's ImageNet weights at the preset's 96 px, a head on fixed features for 25
+    epochs; a method that cannot train a head alone, a named backbone, no weights or --trainable all keep theirs."""
+    from train.config import FINE_TUNE_DEFAULTS, HEAD_EPOCHS
+    from train.options import build_parser, config_from_args
+
+    def resolve(*argv: str) -> TrainConfig:
+        return config_from_args(build_parser().parse_args(list(argv)))
+
+    quick = resolve()
+    assert (quick.data, quick.arch, quick.weights, quick.image_size) == ("builtin:small", "tf_efficientnet_lite0",
+                                                                         "imagenet", 96)
+    assert (quick.trainable, quick.epochs, quick.bn_stats, quick.linear_init) == ("head", HEAD_EPOCHS, "frozen", 0)
+    assert quick.sources["trainable"] == quick.sources["image_size"] == "auto: the built-in shapes"
+    assert resolve("--data", "builtin:tiny").image_size == 64 and resolve("--epochs", "3").epochs == 3
+    lac = resolve("--method", "lac")  # its label-wise head needs feature maps: end to end, the fine-tune defaults
+    assert (lac.trainable, lac.weights, lac.lr) == ("all", "imagenet", FINE_TUNE_DEFAULTS["lr"])
+    whole = resolve("--trainable", "all")
+    assert (whole.trainable, whole.linear_init, whole.epochs) == ("all", HEAD_EPOCHS, FINE_TUNE_DEFAULTS["epochs"])
+    for argv in (["--weights", "none"], ["--arch", "resnet18"]):  # from random init, offline: ResNet-18 at 64 px
+        scratch = resolve(*argv)
+        assert (scratch.arch, scratch.weights, scratch.image_size, scratch.trainable) == ("resnet18", "none", 64,
+                                                                                          "all"), argv
+
+
 def test_fine_tuning_pretrained_weights_gets_the_fine_tune_defaults() -> None:
     """A pretrained backbone trained end to end gets LinearInit, the fine-tune learning rate, no schedule, patience
     and frozen BatchNorm statistics for every setting not given; random init, --trainable head and --preset paper keep

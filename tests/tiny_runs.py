@@ -8,7 +8,8 @@ from train.config import TrainConfig
 
 #: ``python -m train`` options of a tiny run: plain ResNet unless a test is about the default (LgConv) model, since at
 #: 32 px the global branches halve training speed (test_run_folder_contents and the first resume case train it).
-FAST = ["--data", "builtin:tiny", "--image-size", "32", "--batch-size", "16", "--no-progress", "--no-lgconv"]
+FAST = ["--data", "builtin:tiny", "--weights", "none", "--image-size", "32", "--batch-size", "16", "--no-progress",
+        "--no-lgconv"]
 
 
 def tiny_config(tmp_path: Path, **kw: object) -> TrainConfig:

