@@ -795,7 +795,11 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert err.startswith("python -m serve demo: error: ") and message in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
     assert not default_log_path(review).exists()  # nothing written by a refused start
-    # without --rounds: one fixed order (the default), which needs no sidecar
+    # without --rounds: rounds of 100 by default, which a file without its sidecar cannot have: one fixed order and
+    # why, not a refusal (the start stops at the missing model only)
     assert main(["demo", "--review", str(review), "--model", str(tmp_path / "no-model.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "model not found" in err and f"one fixed order, no rounds: no {review.with_suffix('.suggest.json')}" in err
+    assert main(["demo", "--review", str(review), "--rounds", "0", "--model", str(tmp_path / "no-model.pt")]) == 2
     err = capsys.readouterr().err
     assert "model not found" in err and "rounds" not in err, err

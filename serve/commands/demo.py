@@ -45,7 +45,7 @@ toggles, keys 1-9: Save (Enter) answers them all, unticked = no, into the same l
 rounds: every --rounds N answers the demo runs `python -m train suggest` again in the background, the answers
 joined to the labels, and the pairs still to answer take the new order (the review file is rewritten with it).
 It needs FILE's .suggest.json, written beside it by `train suggest`, and the run folder it names; without
-them the order stays fixed. --rounds 0 (the default): one fixed order.
+them the order stays fixed. Default: every 100 answers; --rounds 0: one fixed order.
 
 audit: --audit FILE (from `python -m train suggest RUN --audit 50 -o FILE`) adds an Audit tab to label a few
 validation images completely: each image with every class as a toggle, the most likely first and its given
