@@ -77,8 +77,7 @@ class CpuModel:
         outs = [self.run(inputs[s:s + batch_size]) for s in range(0, len(inputs), batch_size)]
         return np.concatenate(outs).astype(np.float32, copy=False)
 
-    def images_per_second(self, inputs: np.ndarray, batch_size: int = 32,
-                          seconds: float = 2.0) -> float:
+    def images_per_second(self, inputs: np.ndarray, batch_size: int = 32, seconds: float = 2.0) -> float:
         """Images/s over repeated batches of ``batch_size`` (one warm-up run first)."""
         batch = np.ascontiguousarray(inputs[np.arange(batch_size) % len(inputs)])
         self.run(batch)

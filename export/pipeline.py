@@ -416,8 +416,7 @@ def _distillation(fp32: ExportResult, splits: ProtocolSplits, opts: ExportOption
                             epochs=opts.int8_qat_epochs, progress=opts.progress, say=say)
 
 
-def _measure(art: Artifact, model: CpuModel, logits: np.ndarray, report: PrecisionReport | None,
-             val: ValData) -> None:
+def _measure(art: Artifact, model: CpuModel, logits: np.ndarray, report: PrecisionReport | None, val: ValData) -> None:
     from models.evaluation.metrics import mean_average_precision
 
     if report is not None and report.map_candidate is not None:

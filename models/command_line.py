@@ -25,8 +25,7 @@ class CommandFailed(RuntimeError):
     """The command could not do its work (a model that does not load, a check that fails); exit status 1."""
 
 
-def run_command(prog: str, body: Callable[[], int | None],
-                interrupted: str | Callable[[], str] = "interrupted") -> int:
+def run_command(prog: str, body: Callable[[], int | None], interrupted: str | Callable[[], str] = "interrupted") -> int:
     """Run ``body`` and return its exit code: a :class:`UsageError` / :class:`CommandFailed` prints ``PROG: error:
     MESSAGE`` and returns 2 / 1, Ctrl-C prints ``PROG: INTERRUPTED`` and returns 130."""
     lead = f"{prog}: " if prog else ""

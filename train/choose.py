@@ -519,8 +519,7 @@ def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callabl
     return max(qualified, key=lambda r: r.versus_baseline[0]).candidate if qualified else baseline
 
 
-def _rows_score(criterion: Callable[[np.ndarray, np.ndarray], float], logits: np.ndarray,
-                labels: np.ndarray) -> float:
+def _rows_score(criterion: Callable[[np.ndarray, np.ndarray], float], logits: np.ndarray, labels: np.ndarray) -> float:
     """``criterion`` over the rows of ``logits`` without a NaN (unreadable images); -inf when it is undefined."""
     keep = ~np.isnan(logits).any(1)
     value = float(criterion(logits[keep], labels[keep]))

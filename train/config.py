@@ -261,14 +261,13 @@ def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
         resolved["weights"] = ("none" if builtin and arch != REAL_IMAGES_ARCH else "imagenet"), data
     weights = resolved["weights"][0] if "weights" in resolved else cfg.weights
     scratch = weights.lower() == "none"
-    if not cfg.image_size and builtin:
-        resolved["image_size"] = (SCRATCH_IMAGE_SIZE if scratch else builtin_image_size(cfg.data)), data
-    elif not cfg.image_size:
-        resolved["image_size"] = default_image_size(arch), f"auto: {arch}"
-    if builtin and not scratch and "trainable" not in cfg.sources and head_alone_fits(cfg):
+    if not cfg.image_size:
+        resolved["image_size"] = default_image_size(arch, cfg.data, scratch), data if builtin else f"auto: {arch}"
+    head_fits = ((cfg.method == METHOD_AUTO or get_method(cfg.method).trains_on_pooled_features()) and not cfg.boostlu
+                 and not head_on_feature_map(cfg.head) and not (cfg.linear_init or cfg.ema) and cfg.train_crop == 1.0)
+    if builtin and not scratch and "trainable" not in cfg.sources and head_fits:
         resolved["trainable"] = "head", data  # the quick start: a head on the pretrained features, about a minute
-        if "epochs" not in cfg.sources:
-            resolved["epochs"] = HEAD_EPOCHS, data
+        resolved.update({} if "epochs" in cfg.sources else {"epochs": (HEAD_EPOCHS, data)})
     trainable = resolved["trainable"][0] if "trainable" in resolved else cfg.trainable
     fixed = on_fixed_features(trainable)
     if cfg.lgconv is None:
@@ -363,29 +362,17 @@ def is_builtin(data: str) -> bool:
     return spec == "builtin" or spec.startswith("builtin:")
 
 
-def default_image_size(arch: str) -> int:
-    """``--image-size auto`` on real images: the backbone's pretrained input size (224 for the default Lite0)."""
+def default_image_size(arch: str, data: str, scratch: bool) -> int:
+    """``--image-size auto``: on the built-in shapes the preset's own size (64 px from random init), else the
+    backbone's pretrained input size (224 for the default Lite0)."""
     from models.backbones import family_of
-
-    if arch == REAL_IMAGES_ARCH:
-        return REAL_IMAGE_SIZE
-    return family_of(arch).input_config(arch).image_size
-
-
-def builtin_image_size(data: str) -> int:
-    """``--image-size auto`` for a pretrained backbone on the built-in shapes: the preset's own image size."""
     from models.data.registry import parse_builtin_argument
     from models.sources.builtin import BUILTIN_PRESETS
 
-    preset = parse_builtin_argument(data.strip().partition(":")[2])[0]
-    return BUILTIN_PRESETS[preset].image_size if preset in BUILTIN_PRESETS else SCRATCH_IMAGE_SIZE
-
-
-def head_alone_fits(cfg: TrainConfig) -> bool:
-    """Whether ``cfg``'s method and options can train the head alone on fixed features."""
-    method_fits = cfg.method == METHOD_AUTO or get_method(cfg.method).trains_on_pooled_features()
-    return (method_fits and cfg.boostlu is None and not head_on_feature_map(cfg.head) and cfg.linear_init == 0
-            and cfg.train_crop == 1.0 and cfg.ema == 0)
+    if is_builtin(data):
+        preset = parse_builtin_argument(data.strip().partition(":")[2])[0]
+        return BUILTIN_PRESETS[preset].image_size if preset in BUILTIN_PRESETS and not scratch else SCRATCH_IMAGE_SIZE
+    return REAL_IMAGE_SIZE if arch == REAL_IMAGES_ARCH else family_of(arch).input_config(arch).image_size
 
 
 def default_head_bias(trainable: str, weights: str, starts_at_label_prior: bool) -> str:

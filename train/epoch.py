@@ -106,8 +106,7 @@ def fusable(groups: Iterable[dict[str, Any]]) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
-def _adam(groups: Groups, lr: float, weight_decay: float, momentum: float,
-          fused: bool | None) -> torch.optim.Optimizer:
+def _adam(groups: Groups, lr: float, weight_decay: float, momentum: float, fused: bool | None) -> torch.optim.Optimizer:
     return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
@@ -116,8 +115,7 @@ def _adamw(groups: Groups, lr: float, weight_decay: float, momentum: float,
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
-def _sgd(groups: Groups, lr: float, weight_decay: float, momentum: float,
-         fused: bool | None) -> torch.optim.Optimizer:
+def _sgd(groups: Groups, lr: float, weight_decay: float, momentum: float, fused: bool | None) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=True, fused=fused)
 
 

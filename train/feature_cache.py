@@ -56,8 +56,7 @@ def feature_key(paths: list[Path], arch: str, backbone_digest: str, preprocessin
             "backbone": backbone_digest, "preprocessing": preprocessing, "precision": precision}
 
 
-def split_feature_key(arch: str, model: nn.Module, transform: Any,
-                      precision: str) -> Callable[[Any], dict[str, Any]]:
+def split_feature_key(arch: str, model: nn.Module, transform: Any, precision: str) -> Callable[[Any], dict[str, Any]]:
     """``images -> key`` of a split's features for ``model``'s backbone, preprocessing and ``precision``."""
     backbone = weights_digest(model.backbone)
     preprocessing = {"image_size": transform.image_size, "mean": list(transform.mean), "std": list(transform.std),

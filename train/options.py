@@ -33,10 +33,10 @@ _FINE_TUNE_TEXT = "when fine-tuning pretrained weights"
 _DESCRIPTION = """\
 Train a multi-label image classifier from single-positive (or full / partial) labels.
 
-With no --data it trains on the built-in procedural shapes (builtin:small, generated on first use into
-~/.cache/spml or $SPML_CACHE): a head on the ImageNet EfficientNet-Lite0 features, about a minute on 2 CPU cores.
-Everything a run produces goes to RUNS_DIR/NAME/: config.json, metrics.jsonl (one line per epoch), best.pt
-(the best epoch by --select), last.pt (for --resume) and summary.json (test metrics of the best epoch).
+With no --data: a head on Lite0's ImageNet features of the built-in shapes (builtin:small, generated on first use
+into ~/.cache/spml or $SPML_CACHE), about a minute on 2 CPU cores. Everything a run produces goes to RUNS_DIR/NAME/:
+config.json, metrics.jsonl (one line per epoch), best.pt (the best epoch by --select), last.pt (for --resume) and
+summary.json (test metrics of the best epoch).
 
 python -m train suggest RUN -o FILE writes the labels a run's training images most likely miss, for a quick review
 (python -m train suggest --help; docs/label-review.md).
@@ -209,8 +209,7 @@ def _model_options(g: Any, d: TrainConfig) -> None:
                    "is frozen, every image's features are computed once and cached in $SPML_CACHE/features, and the "
                    "head trains on them in seconds; methods that need augmented views or feature maps refuse it). "
                    "--preset paper applies a method's published "
-                   f"scope ({scoped or 'none'}). Default: {d.trainable}; head on the built-in shapes with pretrained "
-                   "weights, where the method can (the quick start: about a minute on 2 CPU cores)")
+                   f"scope ({scoped or 'none'}). Default: {d.trainable} (head on the built-in shapes, where it can)")
 
 
 def _optimisation_options(g: Any, d: TrainConfig) -> None:

@@ -153,9 +153,7 @@ def _read_rows(csv_path: Path) -> tuple[dict[str, int], int, list[tuple[int, lis
     return columns, header_line, rows
 
 
-def load_csv(
-    csv_path: Path, classes_file: Path | None = None, images_root: Path | None = None
-) -> DatasetSplits:
+def load_csv(csv_path: Path, classes_file: Path | None = None, images_root: Path | None = None) -> DatasetSplits:
     """Load a dataset in the CSV format from ``csv_path``, named after its folder."""
     csv_path = Path(csv_path).expanduser().resolve()
     if not csv_path.is_file():

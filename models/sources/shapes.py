@@ -213,17 +213,13 @@ def transform(poly: Polygon, cx: float, cy: float, radius: float, angle: float) 
     return list(zip((x * radius + cx).tolist(), (y * radius + cy).tolist(), strict=True))
 
 
-def draw_footprint(
-    draw: ImageDraw.ImageDraw, cls: int, cx: float, cy: float, radius: float, angle: float
-) -> None:
+def draw_footprint(draw: ImageDraw.ImageDraw, cls: int, cx: float, cy: float, radius: float, angle: float) -> None:
     """Draw class ``cls``'s footprint (255, holes 0) on ``draw`` at the given centre, radius and angle."""
     for poly, add in SHAPES[cls].footprint:
         draw.polygon(transform(poly, cx, cy, radius, angle), fill=255 if add else 0)
 
 
-def draw_pattern(
-    draw: ImageDraw.ImageDraw, cls: int, cx: float, cy: float, radius: float, angle: float
-) -> bool:
+def draw_pattern(draw: ImageDraw.ImageDraw, cls: int, cx: float, cy: float, radius: float, angle: float) -> bool:
     """Draw class ``cls``'s second-colour pattern on ``draw``; False for classes without one."""
     pattern = SHAPES[cls].pattern
     for poly in pattern:

@@ -77,8 +77,7 @@ def done_html(view: ReviewView, log_path: str, review_path: str = "", from_file:
             f"you used:</div><pre>{html.escape(f'python -m train ... {files}')}</pre>{in_file}</div>")
 
 
-def card_html(view: ReviewView, log_path: str, image_note: str = "", review_path: str = "",
-              from_file: int = 0) -> str:
+def card_html(view: ReviewView, log_path: str, image_note: str = "", review_path: str = "", from_file: int = 0) -> str:
     """The card: the label asked about, its score, the image's labels and answers, the note."""
     note = f'<div class="muted">{html.escape(view.note)}</div>' if view.note else ""
     if view.item is None:

@@ -61,8 +61,7 @@ def gr_weights(p_detached: torch.Tensor, schedule: Quad) -> tuple[torch.Tensor, 
     return k, v
 
 
-def gr_unobserved_loss(logits: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2: float,
-                       q3: float) -> torch.Tensor:
+def gr_unobserved_loss(logits: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2: float, q3: float) -> torch.Tensor:
     """The ``(N, C)`` unobserved-entry term ``v [k (1 - p^q2) / q2 + (1 - k) (1 - (1 - p)^q3) / q3]`` of every
     entry."""
     # from logsigmoid: equal to the reference's (1 - pow(p, q)) / q, but finite where float32 sigmoid underflows to 0
@@ -71,8 +70,7 @@ def gr_unobserved_loss(logits: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
     return v * (k * towards_one + (1.0 - k) * towards_zero)
 
 
-def gr_entry_loss(logits: torch.Tensor, observed: torch.Tensor, schedule: Quad, q2: float,
-                  q3: float) -> torch.Tensor:
+def gr_entry_loss(logits: torch.Tensor, observed: torch.Tensor, schedule: Quad, q2: float, q3: float) -> torch.Tensor:
     """The ``(N, C)`` matrix of GR-Loss entries: observed 1 -> the positive term, 0 -> the
     weighted robust terms, anything else 0."""
     p = torch.sigmoid(logits)
