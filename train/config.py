@@ -215,12 +215,17 @@ def resolve_settings(given: dict[str, Any], preset: str = "", from_run: dict[str
     return cfg
 
 
+def pooled_head_fits(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s method, head and BoostLU let its head train on cached pooled features (LinearInit's head,
+    ``--trainable head``); ``--method auto``'s candidates all can."""
+    method_fits = cfg.method == METHOD_AUTO or get_method(cfg.method).trains_on_pooled_features()
+    return method_fits and cfg.boostlu is None and cfg.head in ("auto", "linear")
+
+
 def fine_tune_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
     """``cfg`` with :data:`FINE_TUNE_DEFAULTS` where not ``given``, and LinearInit where the run can have it."""
     updates = {name: value for name, value in FINE_TUNE_DEFAULTS.items() if name not in given}
-    method = get_method(cfg.method) if cfg.method != METHOD_AUTO else None
-    if ("linear_init" not in given and method is not None and method.trains_on_pooled_features()
-            and cfg.boostlu is None and cfg.head in ("auto", "linear")):
+    if "linear_init" not in given and cfg.method != METHOD_AUTO and pooled_head_fits(cfg):
         updates["linear_init"] = HEAD_EPOCHS
     return dataclasses.replace(cfg, **updates, sources={**cfg.sources, **dict.fromkeys(updates, "fine-tune")})
 
@@ -263,10 +268,9 @@ def resolve_model_defaults(cfg: TrainConfig) -> TrainConfig:
     scratch = weights.lower() == "none"
     if not cfg.image_size:
         resolved["image_size"] = default_image_size(arch, cfg.data, scratch), data if builtin else f"auto: {arch}"
-    head_fits = ((cfg.method == METHOD_AUTO or get_method(cfg.method).trains_on_pooled_features()) and not cfg.boostlu
-                 and not head_on_feature_map(cfg.head) and not (cfg.linear_init or cfg.ema) and cfg.train_crop == 1.0)
+    head_fits = pooled_head_fits(cfg) and not (cfg.linear_init or cfg.ema) and cfg.train_crop == 1.0
     if builtin and not scratch and "trainable" not in cfg.sources and head_fits:
-        resolved["trainable"] = "head", data  # the quick start: a head on the pretrained features, about a minute
+        resolved["trainable"] = "head", data  # the quick start: a head on the pretrained features
         resolved.update({} if "epochs" in cfg.sources else {"epochs": (HEAD_EPOCHS, data)})
     trainable = resolved["trainable"][0] if "trainable" in resolved else cfg.trainable
     fixed = on_fixed_features(trainable)
@@ -366,10 +370,11 @@ def default_image_size(arch: str, data: str, scratch: bool) -> int:
     """``--image-size auto``: on the built-in shapes the preset's own size (64 px from random init), else the
     backbone's pretrained input size (224 for the default Lite0)."""
     from models.backbones import family_of
-    from models.data.registry import parse_builtin_argument
-    from models.sources.builtin import BUILTIN_PRESETS
 
     if is_builtin(data):
+        from models.data.registry import parse_builtin_argument
+        from models.sources.builtin import BUILTIN_PRESETS
+
         preset = parse_builtin_argument(data.strip().partition(":")[2])[0]
         return BUILTIN_PRESETS[preset].image_size if preset in BUILTIN_PRESETS and not scratch else SCRATCH_IMAGE_SIZE
     return REAL_IMAGE_SIZE if arch == REAL_IMAGES_ARCH else family_of(arch).input_config(arch).image_size
