@@ -97,6 +97,7 @@ class DevData:
     criterion: str = CHOICE_CRITERION  # the chooser's criterion
     by_seed: dict[int, dict[int, Measurement]] = field(default_factory=dict)
     crossfit: dict[int, Measurement] = field(default_factory=dict)
+    scored: dict[int, list[CandidateResult]] = field(default_factory=dict)  # per seed, as the label-free pick left them
 
     @property
     def seeds(self) -> list[int]:
@@ -218,16 +219,15 @@ def crossfit_results(cf: Measurement, criterion: str) -> list[CandidateResult]:
 
 def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = None,
                     selection: str = LABEL_FREE_DEFAULT, label_free: str | None = None) -> ChooserOutcome | None:
-    """What ``--method auto`` picks on one dev set and seed - the package's own rule
-    (:func:`train.choose_on_scores`) on the measured cross-fitted scores, with the pool rows ``audit_rows``
-    as the audit list (their hidden full labels) when given (``label_free``: the pick without it, when known) -
-    and the test mAP of the head a ``--trainable head``
-    run of the pick trains, against the best candidate by test and ``an`` at the default."""
+    """What ``--method auto`` picks on one dev set and seed - the package's own rule (:func:`train.choose_on_scores`)
+    on the measured cross-fitted scores, with the pool rows ``audit_rows`` as the audit list (their hidden full labels)
+    when given (``label_free``: the pick without it, made before on ``dev.scored``) - and the test mAP of the head a
+    ``--trainable head`` run of the pick trains, against the best candidate by test and ``an`` at the default."""
     m = dev.by_seed.get(seed, {}).get(DEFAULT_BATCH)
     cf = dev.crossfit.get(seed)
     if m is None or cf is None:
         return None
-    results = crossfit_results(cf, dev.criterion)
+    results = dev.scored[seed] = dev.scored[seed] if label_free is not None else crossfit_results(cf, dev.criterion)
     audit = None if audit_rows is None else (audit_rows, cf.arrays["pool_full"][audit_rows])
     known = None if label_free is None else Candidate(label_free.rsplit("@", 1)[0], float(label_free.rsplit("@", 1)[1]))
     chosen, _ = choose_on_scores(results, Candidate(BASELINE, DEFAULT_LR), cf.arrays["pool_observed"], audit,
@@ -487,8 +487,8 @@ def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: s
                      f"{', '.join(tags) or 'n/a'} | {worst_text} |")
     lines += ["", f"With an audit list (`--method auto --audit FILE`): {AUDIT_DRAWS} lists of each size drawn at "
               "random from the validation images of every seed, their hidden full labels as the user's answers. The "
-              "label-free pick stands unless a candidate beats it beyond the noise by the val mAP of the audited "
-              "images (paired bootstrap; docs/choosing.md), or `an` does (then `an`). Each cell: "
+              "label-free pick stands unless `an` or a candidate that passed the label-free test beats it by the "
+              "class AUC of the audited images (paired bootstrap, the margins of docs/choosing.md). Each cell: "
               "choice - best method (mean over seeds and lists) / worst seed - `an` (mean over its lists) / lists "
               "more than 0.3 below `an`.", "", *audit_table(devs, titles, fitted_on)]
     lines += ["", "How the switching rule was picked: `python -m bench.choices report --rules` compared seven rules on "

@@ -77,9 +77,10 @@ def test_pick_keeps_the_baseline_unless_a_candidate_is_better_beyond_the_noise()
 
 
 def test_an_audit_replaces_or_vetoes_the_label_free_pick() -> None:
-    """With an audit list, a candidate that the audited images' full labels show better beyond the noise replaces the
-    label-free pick; a label-free pick that they show worse than the baseline goes back to the baseline; without a
-    clear difference the label-free pick stands. The left-out methods are never candidates."""
+    """With an audit list, a candidate that passed the label-free test and that the audited images' full labels show
+    better beyond the noise replaces the label-free pick; a label-free pick that they show worse than the baseline goes
+    back to the baseline; a candidate the label-free scores did not pass is not taken however it scores on the audit;
+    without a clear difference the label-free pick stands. The left-out methods are never candidates."""
     rng = np.random.default_rng(2)
     n, c = 300, 6
     full = (rng.random((n, c)) < 0.4).astype(np.uint8)
@@ -89,7 +90,7 @@ def test_an_audit_replaces_or_vetoes_the_label_free_pick() -> None:
         observed[i, rng.choice(np.flatnonzero(full[i]))] = 1
     baseline = Candidate("an", 2e-3)
     base = _ranked(full, 2.0, rng)
-    good = _ranked(full, 5.0, rng)  # better on the hidden labels
+    good = _ranked(full, 5.0, rng) + 3.0 * observed  # better on the given labels beyond the noise, and on the hidden
     looks_good = _ranked(observed, 4.0, rng)  # fits the given labels, ranks the hidden ones as negatives
 
     def results() -> list[CandidateResult]:
@@ -106,6 +107,13 @@ def test_an_audit_replaces_or_vetoes_the_label_free_pick() -> None:
     chosen, first = choose_on_scores(two, baseline, observed, (rows, full[rows]), criterion="observed-map")
     assert first == Candidate("role", 1e-2) and chosen == baseline
     assert choose_on_scores(two, baseline, observed, None, criterion="observed-map")[0] == Candidate("role", 1e-2)
+    # best on the audited rows, below the baseline by the label-free scores elsewhere: not a contender
+    only_audited = _ranked(full, 0.3, rng)
+    only_audited[rows] = _ranked(full, 8.0, rng)[rows]
+    three = [*two, _result("epr", 2e-3, only_audited, observed)]
+    assert observed_map(only_audited, observed) < observed_map(base, observed)
+    chosen, first = choose_on_scores(three, baseline, observed, (rows, full[rows]), criterion="observed-map")
+    assert first == Candidate("role", 1e-2) and chosen == baseline and not three[2].qualified
     # no difference on the audit beyond its noise: the label-free pick stands
     same = [_result("an", 2e-3, base, observed), _result("wan", 2e-3, base + 1e-3, observed)]
     assert choose_on_scores(same, baseline, observed, (rows[:10], full[rows[:10]]))[0] == baseline
@@ -182,7 +190,7 @@ def test_method_auto_chooses_then_trains_the_choice(single_positive_csv: Path, s
     assert main([*args, "--method", "auto", "--candidates", "an,wan", "--trainable", "head", "--epochs", "3",
                  "--audit", str(log.path), "--name", "audited"]) == 0
     chosen = json.loads((tmp_path / "audited" / "config.json").read_text())["config"]["chosen"]
-    assert chosen["criterion"] == f"observed-rank, then val_mAP on {len(audited)} audited images"
+    assert chosen["criterion"] == f"observed-rank, then the class AUC of {len(audited)} audited images"
     assert chosen["label_free"] in {f"{m}@{lr:g}" for m in ("an", "wan") for lr in (1e-2, 2e-3, 5e-4)}
     summary = json.loads((tmp_path / "audited" / "summary.json").read_text())
     assert summary["expected_positives"]["source"] == "audit"

@@ -47,9 +47,10 @@ from train.prepared_run import (
 from train.selection import CRITERIA, Assessment, DatasetForward, Rows, resolve_criterion
 
 __all__ = ["AUDIT_CRITERION", "AUDIT_Z", "CANDIDATE_LRS", "CHOICE_CRITERION", "CONTENDERS", "GUARD_CRITERION",
-           "MIN_AUDITED", "SWITCH_Z", "Candidate", "CandidateResult", "Choice", "apply_choice", "audited_rows",
-           "candidate_methods", "choice_table", "choose", "choose_on_scores", "describe_choice", "extract_features",
-           "fit_candidate", "left_out", "out_of_fold_logits", "paired_difference", "pick", "prepare"]
+           "MIN_AUDITED", "SWITCH_Z", "VETO_Z", "Candidate", "CandidateResult", "Choice", "apply_choice",
+           "audited_rows", "candidate_methods", "choice_table", "choose", "choose_on_scores", "describe_choice",
+           "extract_features", "fit_candidate", "left_out", "out_of_fold_logits", "paired_difference", "pick",
+           "prepare"]
 
 #: The learning rates every candidate method is trained with (the run's optimiser and schedule).
 CANDIDATE_LRS: tuple[float, ...] = (1e-2, 2e-3, 5e-4)
@@ -61,13 +62,14 @@ GUARD_CRITERION = "observed-map"
 CONTENDERS = 5
 #: A contender replaces the baseline when its score is higher by at least this many standard errors (one-sided 95%).
 SWITCH_Z = 1.645
-#: With an audit list (``--audit``): candidates are compared by this criterion (a name of
-#: :data:`train.selection.CRITERIA`) of their cross-fitted scores of the audited images against their full labels.
-AUDIT_CRITERION = "val_mAP"
+#: With an audit list (``--audit``): the label-free pick and the candidates that passed its test are compared by this
+#: criterion of their cross-fitted scores of the audited images against their full labels (there: the class AUC).
+AUDIT_CRITERION = "observed-auc"
 #: The least number of audited training or validation images the choice is made on.
 MIN_AUDITED = 10
-#: The audit replaces the label-free pick (or sends it back to the baseline) at this many standard errors.
-AUDIT_Z = 2.326
+#: The audit replaces the label-free pick by a candidate that passed its test at this many standard errors, and sends
+#: the choice back to the baseline at VETO_Z (one-sided 95%; measured on the development sets: docs/choosing.md).
+AUDIT_Z, VETO_Z = 0.5, 1.645
 #: Bootstrap resamples of the scored images for a paired difference.
 RESAMPLES = 200
 BOOTSTRAP_SEED = 0
@@ -99,6 +101,7 @@ class CandidateResult:
     scored_logits: np.ndarray | None = None  # the logits of the features given as ``scored``, at that epoch
     seconds: float = 0.0
     versus_baseline: tuple[float, float] | None = None  # paired difference to the baseline: mean, standard error
+    qualified: bool = False  # it passed :func:`pick`'s test against the baseline
 
 
 @dataclass
@@ -336,7 +339,7 @@ def choose(cfg: TrainConfig, methods: list[str] | None = None, lrs: tuple[float,
     else:
         chosen, label_free = choose_on_scores(results, baseline, pool.images.labels, audit, criterion)
         if audit is not None:
-            used = f"{criterion}, then {AUDIT_CRITERION} on {len(audit[0])} audited images"
+            used = f"{criterion}, then the class AUC of {len(audit[0])} audited images"
     for r in results:
         r.val_logits = None  # the table keeps scores only
     return Choice(chosen, results, used, cross_fitted, baseline, k, time.perf_counter() - started, label_free)
@@ -444,18 +447,23 @@ def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observ
                      audit: tuple[np.ndarray, np.ndarray] | None = None, criterion: str = CHOICE_CRITERION,
                      label_free: Candidate | None = None) -> tuple[Candidate, Candidate]:
     """The choice from the candidates' cross-fitted scores and the observed labels (:func:`pick` guarded by
-    :data:`GUARD_CRITERION`); with ``audit`` (rows, full labels), a candidate that beats that pick by :data:`AUDIT_Z`
-    standard errors of :data:`AUDIT_CRITERION` replaces it. Returns (the choice, the label-free pick)."""
+    :data:`GUARD_CRITERION`); with ``audit`` (rows, full labels), a candidate that passed that test replaces the pick
+    when it beats it by :data:`AUDIT_Z` standard errors of :data:`AUDIT_CRITERION`, and the baseline replaces that
+    choice at :data:`VETO_Z`. ``label_free``: the pick when known (the results then carry its ``qualified`` marks).
+    Returns (the choice, the label-free pick)."""
     if label_free is None:
         label_free = pick(results, baseline, CRITERIA[criterion], observed, CRITERIA[GUARD_CRITERION])
     if audit is None:
         return label_free, label_free
     rows, labels = audit
     criterion = CRITERIA[AUDIT_CRITERION]
-    audited = [dataclasses.replace(r, val_logits=r.val_logits[rows], versus_baseline=None,
-                                   score=_rows_score(criterion, r.val_logits[rows], labels))
-               for r in results if r.val_logits is not None and not r.failed]
-    return pick(audited, label_free, criterion, labels, z=AUDIT_Z), label_free
+    audited = [dataclasses.replace(r, val_logits=r.val_logits[rows], versus_baseline=None, qualified=False,
+                                   score=_rows_score(criterion, r.val_logits[rows], labels)) for r in results
+               if r.val_logits is not None and not r.failed and (r.qualified or r.candidate in (label_free, baseline))]
+    chosen = pick([r for r in audited if r.candidate != baseline or baseline == label_free], label_free, criterion,
+                  labels, z=AUDIT_Z)
+    vetoed = pick([r for r in audited if r.candidate in (chosen, baseline)], chosen, criterion, labels, z=VETO_Z)
+    return vetoed, label_free
 
 
 def audited_rows(spec: str, pool: Pool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -507,15 +515,13 @@ def pick(results: list[CandidateResult], baseline: Candidate, criterion: Callabl
         return max(scored, key=lambda r: r.score).candidate
     contenders = sorted((r for r in scored if r.candidate != baseline and r.score > base.score),
                         key=lambda r: -r.score)[:CONTENDERS]
-    qualified = []
     for r in contenders:
         assert r.val_logits is not None and base.val_logits is not None
         r.versus_baseline = paired_difference(criterion, r.val_logits, base.val_logits, labels)
         mean, error = r.versus_baseline
-        if not (math.isfinite(error) and error > 0 and mean >= z * error):
-            continue
-        if guard is None or _rows_score(guard, r.val_logits, labels) >= _rows_score(guard, base.val_logits, labels):
-            qualified.append(r)
+        r.qualified = math.isfinite(error) and error > 0 and mean >= z * error and (
+            guard is None or _rows_score(guard, r.val_logits, labels) >= _rows_score(guard, base.val_logits, labels))
+    qualified = [r for r in contenders if r.qualified]
     return max(qualified, key=lambda r: r.versus_baseline[0]).candidate if qualified else baseline
 
 
@@ -583,18 +589,15 @@ def describe_choice(choice: Choice) -> str:
     methods = len({r.candidate.method for r in choice.results})
     lrs = len({r.candidate.lr for r in choice.results})
     how = "cross-fitted over the training and validation images" if choice.cross_fitted else "on the val split"
-    audited = AUDIT_CRITERION in choice.criterion and choice.cross_fitted
+    audited = "audited images" in choice.criterion and choice.cross_fitted
     first = choice.label_free or choice.chosen
-    if first == choice.baseline:
-        why = (f"no candidate beat the baseline {choice.baseline.name} by {SWITCH_Z:g} standard errors of "
-               f"{choice.criterion.split(',')[0]}")
-    else:
-        why = (f"{first.name} beat the baseline {choice.baseline.name} by {SWITCH_Z:g} standard errors of "
-               f"{choice.criterion.split(',')[0]}" + (f" and did not lose to it by {GUARD_CRITERION}"
-                                                       if choice.cross_fitted else ""))
+    basis = f"{SWITCH_Z:g} standard errors of {choice.criterion.split(',')[0]}"
+    why = (f"no candidate beat the baseline {choice.baseline.name} by {basis}" if first == choice.baseline else
+           f"{first.name} beat the baseline {choice.baseline.name} by {basis}"
+           + (f" and did not lose to it by {GUARD_CRITERION}" if choice.cross_fitted else ""))
     if audited:
-        audit = choice.criterion.split(", then ")[-1]
-        why += ("; the audit kept it" if choice.chosen == first else
-                f"; by {audit}, {choice.chosen.name} beat it by {AUDIT_Z:g} standard errors")
+        margin = VETO_Z if choice.chosen == choice.baseline else AUDIT_Z
+        why += ("; the audit kept it" if choice.chosen == first else f"; by {choice.criterion.split(', then ')[-1]}, "
+                f"{choice.chosen.name} beat it by {margin:g} standard errors")
     return (f"choose: {choice.chosen.method} at lr {choice.chosen.lr:g}: {why}, {how}, among {methods} methods x "
             f"{lrs} learning rates on fixed features ({choice.seconds:.0f} s)")
