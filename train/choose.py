@@ -62,8 +62,8 @@ GUARD_CRITERION = "observed-map"
 CONTENDERS = 5
 #: A contender replaces the baseline when its score is higher by at least this many standard errors (one-sided 95%).
 SWITCH_Z = 1.645
-#: With an audit list (``--audit``): the label-free pick and the candidates that passed its test are compared by this
-#: criterion of their cross-fitted scores of the audited images against their full labels (there: the class AUC).
+#: With an audit list (``--audit``): the label-free pick, the candidates that passed its test and the baseline are
+#: compared by this criterion of their cross-fitted scores of the audited images against their full labels (class AUC).
 AUDIT_CRITERION = "observed-auc"
 #: The least number of audited training or validation images the choice is made on.
 MIN_AUDITED = 10
