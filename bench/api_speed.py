@@ -98,8 +98,7 @@ async def load(url: str, bodies: list[bytes], clients: int, requests: int) -> tu
     import aiohttp
 
     latencies: list[float] = []
-    failed = 0
-    sent = 0
+    failed = sent = 0
 
     async def client(http: aiohttp.ClientSession) -> None:
         nonlocal sent, failed
@@ -238,14 +237,13 @@ def report(args: argparse.Namespace, argv: list[str] | None, predictor: Predicto
              f"preprocessing the request bodies, no model): {', '.join(f'{d:.0f}' for d in decoding)} img/s. "
              "Each engine's share is of the lower best beside it (before and after it, the load of the machine "
              "drifts); shared-core bound = 1 / (1 / model-only + 1 / decoding), the rate when decoding and the model "
-             "take turns on the same cores (HTTP and the client left out), the lower beside it. "
-             f"Requests: one {args.size} px JPEG each (the raw body, {args.images} "
-             "distinct files in turn), from C concurrent clients on the same machine, each waiting for its answer; "
-             f"`serve api --max-batch {args.max_batch}` with its other defaults; `ray:N` = `--engine ray --replicas "
-             "N` on a local Ray instance (the CPUs split between the replicas), through Ray Serve's proxy; "
-             "`ray:N:haproxy`: the same through Ray Serve's HAProxy ingress straight to the replicas (" + \
-             ", ".join(f"`{k}=1`" for k in HAPROXY) + "). Throughput = answered requests / the level's wall "
-             "time.", "",
+             "take turns on the same cores (HTTP and the client left out), the lower beside it. Requests: one "
+             f"{args.size} px JPEG each (the raw body, {args.images} distinct files in turn), from C concurrent "
+             f"clients on the same machine, each waiting for its answer; `serve api --max-batch {args.max_batch}` with "
+             "its other defaults; `ray:N` = `--engine ray --replicas N` on a local Ray instance (the CPUs split "
+             "between the replicas), through Ray Serve's proxy; `ray:N:haproxy`: the same through Ray Serve's HAProxy "
+             "ingress straight to the replicas (" + \
+             ", ".join(f"`{k}=1`" for k in HAPROXY) + "). Throughput = answered requests / the level's wall time.", "",
              "| engine | clients | requests | p50 ms | p99 ms | p99 / p50 | img/s | model-only img/s | of model-only "
              "| of the bound | not 200 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for engine, rows in results.items():

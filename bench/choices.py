@@ -81,6 +81,8 @@ DEV_SETS: dict[str, DevSet] = {d.name: d for d in (
 #: The development sets the chooser's rule (criterion, guard, switching margin, left-out methods) was fitted on; the
 #: others are reported out of sample.
 FITTED_ON = ("openclipart", "tuxpaint", "dense-small", "openclipart-folders", "tuxpaint-folders")
+#: The development sets the audit's margins were picked on (docs/choosing.md).
+AUDIT_FITTED_ON = (*FITTED_ON, "icons-lucide", "icons-phosphor")
 
 #: The dev sets as the results page names them.
 TITLES = {
@@ -306,8 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--criterion", default=CHOICE_CRITERION, choices=list(LABEL_FREE_CRITERIA),
                    help="what --method auto compares the candidates' cross-fitted scores by (docs/choosing.md; "
                    "default: %(default)s)")
+    r.add_argument("--audit-margins", type=lambda v: tuple(float(x) for x in v.split(",")), default=None,
+                   metavar="Z,V", help="the audit's switching and veto margins (default: the package's)")
     add_page_options(r, "choices-summary and choices-<dev set>")
     args = p.parse_args(argv)
+    if args.command == "report" and args.audit_margins is not None and len(args.audit_margins) != 2:
+        p.error("--audit-margins takes two numbers: Z,V")
     if args.command == "report":
         from bench.choices_report import dev_section, load, summary_section
 
@@ -317,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         command = ("python -m bench.choices measure --batch-sizes 32 --lrs 1e-2,2e-3,5e-4   # every epoch\n"
                    "python -m bench.choices measure --crossfit --lrs 1e-2,2e-3,5e-4   # the chooser's scores\n"
                    "python -m bench.choices report")
-        publish("choices-summary", summary_section(devs, TITLES, command, machine, FITTED_ON), args.page)
+        publish("choices-summary", summary_section(devs, TITLES, command, machine, FITTED_ON, AUDIT_FITTED_ON,
+                                                   args.audit_margins), args.page)
         for name, dev in devs.items():
             publish(f"choices-{name}", dev_section(dev, TITLES[name], command, machine), args.page)
         return 0

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from models.evaluation.criteria import LABEL_FREE_CRITERIA, LABEL_FREE_DEFAULT
+from models.evaluation.metrics import mean_average_precision
 from train import CHOICE_CRITERION, Candidate, CandidateResult, TrainConfig, candidate_methods, choose_on_scores
 
 FULL_VAL = "val_mAP_full"
@@ -195,6 +196,8 @@ class ChooserOutcome:
     best_candidate: str
     best_candidate_test: float
     an_test: float
+    held_out: tuple[float, float] = (math.nan, math.nan)  # with an audit: val mAP of the val images not audited,
+    # the choice's minus the label-free pick's and minus an's (the figures the audit margins were picked by)
 
 
 def crossfit_results(cf: Measurement, criterion: str) -> list[CandidateResult]:
@@ -217,8 +220,15 @@ def crossfit_results(cf: Measurement, criterion: str) -> list[CandidateResult]:
     return results
 
 
+def _candidate(name: str) -> Candidate:
+    """``method@lr`` as a candidate."""
+    method, lr = name.rsplit("@", 1)
+    return Candidate(method, float(lr))
+
+
 def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = None,
-                    selection: str = LABEL_FREE_DEFAULT, label_free: str | None = None) -> ChooserOutcome | None:
+                    selection: str = LABEL_FREE_DEFAULT, label_free: str | None = None,
+                    margins: tuple[float, float] | None = None) -> ChooserOutcome | None:
     """What ``--method auto`` picks on one dev set and seed - the package's own rule (:func:`train.choose_on_scores`)
     on the measured cross-fitted scores, with the pool rows ``audit_rows`` as the audit list (their hidden full labels)
     when given (``label_free``: the pick without it, made before on ``dev.scored``) - and the test mAP of the head a
@@ -229,9 +239,9 @@ def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = Non
         return None
     results = dev.scored[seed] = dev.scored[seed] if label_free is not None else crossfit_results(cf, dev.criterion)
     audit = None if audit_rows is None else (audit_rows, cf.arrays["pool_full"][audit_rows])
-    known = None if label_free is None else Candidate(label_free.rsplit("@", 1)[0], float(label_free.rsplit("@", 1)[1]))
+    known = None if label_free is None else _candidate(label_free)
     chosen, _ = choose_on_scores(results, Candidate(BASELINE, DEFAULT_LR), cf.arrays["pool_observed"], audit,
-                                 dev.criterion, label_free=known)
+                                 dev.criterion, known, **({"margins": margins} if margins else {}))
     tests = {r.candidate.name: m.test_at(r.candidate.method, r.candidate.lr, selection) for r in results
              if not r.failed}
     per_method: dict[str, tuple[str, float]] = {}
@@ -241,8 +251,15 @@ def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = Non
             per_method[method] = (name, value)
     best_method = max(per_method.values(), key=lambda x: x[1])
     best_candidate = max(tests.items(), key=lambda x: x[1])
+    held_out = (math.nan, math.nan)
+    if audit_rows is not None and label_free is not None:  # the validation images the audit did not see
+        full = m.arrays["val_full"]
+        rest = np.setdiff1d(np.arange(len(full)), audit_rows - int(m.record["train"]))
+        val = {name: mean_average_precision(m.logits_at(*astuple(_candidate(name)), "val", selection)[rest], full[rest])
+               for name in (chosen.name, label_free, f"{BASELINE}@{DEFAULT_LR:g}")}
+        held_out = (val[chosen.name] - val[label_free], val[chosen.name] - val[f"{BASELINE}@{DEFAULT_LR:g}"])
     return ChooserOutcome(seed, chosen.name, tests[chosen.name], best_method[0], best_method[1], best_candidate[0],
-                          best_candidate[1], m.test_at(BASELINE, DEFAULT_LR, selection))
+                          best_candidate[1], m.test_at(BASELINE, DEFAULT_LR, selection), held_out)
 
 
 #: Audit lists the chooser is measured with: images drawn at random from the validation split, each size drawn
@@ -263,9 +280,10 @@ def audit_draws(dev: DevData, seed: int, size: int, draws: int = AUDIT_DRAWS) ->
     return [np.sort(rng.choice(val_rows, min(size, len(val_rows)), replace=False)) for _ in range(draws)]
 
 
-def audit_outcomes(dev: DevData, size: int, draws: int = AUDIT_DRAWS) -> dict[int, list[ChooserOutcome]]:
+def audit_outcomes(dev: DevData, size: int, draws: int = AUDIT_DRAWS,
+                   margins: tuple[float, float] | None = None) -> dict[int, list[ChooserOutcome]]:
     """Per seed, the chooser's outcome with each of ``draws`` random audit lists of ``size`` validation images (0:
-    no audit)."""
+    no audit), at the audit's ``margins`` (default: the package's)."""
     out: dict[int, list[ChooserOutcome]] = {}
     for seed in sorted(dev.crossfit):
         if seed not in dev.seeds:
@@ -276,38 +294,49 @@ def audit_outcomes(dev: DevData, size: int, draws: int = AUDIT_DRAWS) -> dict[in
         if size == 0:
             out[seed] = [first]
             continue
-        outcomes = (chooser_outcome(dev, seed, rows, label_free=first.chosen)
+        outcomes = (chooser_outcome(dev, seed, rows, label_free=first.chosen, margins=margins)
                     for rows in audit_draws(dev, seed, size, draws))
         out[seed] = [o for o in outcomes if o is not None]
     return out
 
 
 def audit_table(devs: dict[str, DevData], titles: dict[str, str], fitted_on: tuple[str, ...],
-                sizes: tuple[int, ...] = (0, *AUDIT_SIZES)) -> list[str]:
-    """Markdown lines: per development set and audit size, the chooser's test mAP against the best candidate (mean
-    over seeds and draws), its worst seed against ``an`` (mean over that seed's draws) and the share of draws more
-    than 0.3 below ``an``."""
-    lines = ["| development set | " + " | ".join("no audit" if n == 0 else f"{n} audited" for n in sizes) + " |",
-             "|---|" + "---|" * len(sizes)]
+                sizes: tuple[int, ...] = (0, *AUDIT_SIZES), margins: tuple[float, float] | None = None,
+                ) -> tuple[list[str], list[str]]:
+    """Two markdown tables, per development set and audit size. Test: the chooser's test mAP against the best
+    candidate (mean over seeds and draws), its worst seed against ``an`` (mean over that seed's draws) and the share
+    of draws more than 0.3 below ``an``. Held out: on the validation images each list leaves out, the choice's mAP
+    over the label-free pick's (mean), its worst seed against ``an``, and the label-free pick's."""
+    head = ["| development set | " + " | ".join("no audit" if n == 0 else f"{n} audited" for n in sizes) + " |",
+            "|---|" + "---|" * len(sizes)]
+    audited = [n for n in sizes if n]
+    test, held = list(head), ["| development set | " + " | ".join(f"{n} audited" for n in audited) + " |",
+                              "|---|" + "---|" * len(audited)]
     for name, dev in devs.items():
         if not dev.crossfit or not dev.seeds:
             continue
         best = best_method_by_mean(dev)[1]
-        cells = []
+        cells, held_cells = [], []
         for size in sizes:
-            per_seed = audit_outcomes(dev, size)
+            per_seed = {s: o for s, o in audit_outcomes(dev, size, margins=margins).items() if o}
             outcomes = [o for seed_outcomes in per_seed.values() for o in seed_outcomes]
             if not outcomes:
                 cells.append("n/a")
+                held_cells += ["n/a"] if size else []
                 continue
-            versus_best = statistics.fmean(o.test for o in outcomes) - best
-            worst_an = min(statistics.fmean(o.test - o.an_test for o in seed_outcomes)
-                           for seed_outcomes in per_seed.values() if seed_outcomes)
+            worst_an = min(statistics.fmean(o.test - o.an_test for o in x) for x in per_seed.values())
             below = statistics.fmean(o.test - o.an_test < -0.3 for o in outcomes)
-            cells.append(f"{versus_best:+.2f} / {worst_an:+.2f} / {100 * below:.0f}%")
+            cells.append(f"{statistics.fmean(o.test for o in outcomes) - best:+.2f} / {worst_an:+.2f} / "
+                         f"{100 * below:.0f}%")
+            if size:
+                worst = [min(statistics.fmean(o.held_out[1] - shift * o.held_out[0] for o in x)
+                             for x in per_seed.values()) for shift in (0, 1)]
+                held_cells.append(f"{statistics.fmean(o.held_out[0] for o in outcomes):+.2f} / {worst[0]:+.2f} "
+                                  f"({worst[1]:+.2f})")
         title = titles.get(name, name) + ("" if name in fitted_on else " (out of sample)")
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
-    return lines
+        test.append(f"| {title} | " + " | ".join(cells) + " |")
+        held.append(f"| {title} | " + " | ".join(held_cells) + " |")
+    return test, held
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -445,10 +474,11 @@ def best_method_by_mean(dev: DevData) -> tuple[str, float]:
 
 
 def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: str, machine: str,
-                    fitted_on: tuple[str, ...]) -> str:
+                    fitted_on: tuple[str, ...], audit_fitted_on: tuple[str, ...],
+                    margins: tuple[float, float] | None = None) -> str:
     """The one table over every development set (those not in ``fitted_on`` marked out of sample: the rule was not
     fitted on them): the chooser's loss, k and tags per image, the worst selection loss; the chooser with audit lists
-    of each size."""
+    of each size (out of sample: not in ``audit_fitted_on``, the sets the audit's margins were picked on)."""
     lines = ["## Choices that hold: summary over the development sets", "", machine, "", "Commands:", "", "```",
              command, "```", "",
              "Each development set as a user holds it: one label per training and validation image, test fully "
@@ -485,12 +515,18 @@ def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: s
         title = titles.get(name, name) + ("" if name in fitted_on else " (out of sample)")
         lines.append(f"| {title} | {choice} | {loss} | {worst_an} | {k_text} | "
                      f"{', '.join(tags) or 'n/a'} | {worst_text} |")
+    test, held = audit_table(devs, titles, audit_fitted_on, margins=margins)
+    how = "the margins of docs/choosing.md" if margins is None else f"margins {margins[0]:g} and {margins[1]:g}"
     lines += ["", f"With an audit list (`--method auto --audit FILE`): {AUDIT_DRAWS} lists of each size drawn at "
               "random from the validation images of every seed, their hidden full labels as the user's answers. The "
-              "label-free pick stands unless `an` or a candidate that passed the label-free test beats it by the "
-              "class AUC of the audited images (paired bootstrap, the margins of docs/choosing.md). Each cell: "
-              "choice - best method (mean over seeds and lists) / worst seed - `an` (mean over its lists) / lists "
-              "more than 0.3 below `an`.", "", *audit_table(devs, titles, fitted_on)]
+              "label-free pick stands unless a candidate that passed the label-free test, then `an`, beats it by the "
+              f"class AUC of the audited images (paired bootstrap, {how}). Each cell: choice - best method by test "
+              "mAP (mean over seeds and lists) / worst seed - `an` (mean over its lists) / lists more than 0.3 below "
+              "`an`.", "", *test, "", "The margins were picked on what the audit did not see: the validation images "
+              "left out of each list, scored by their hidden full labels (test only scores). Each cell: val mAP of "
+              "the choice - the label-free pick's (mean over seeds and lists) / worst seed: choice - `an` (the "
+              "label-free pick - `an` on the same images); `report --audit-margins Z,V` measures other margins.",
+              "", *held]
     lines += ["", "How the switching rule was picked: `python -m bench.choices report --rules` compared seven rules on "
               "these measurements (docs/choosing.md); that generator was removed at commit eafb47c."]
     return "\n".join(lines) + "\n"

@@ -155,8 +155,7 @@ def to_markdown(rows: list[dict[str, Any]], batches: list[int], command: str) ->
     """The results section: command, machine and the table."""
     archs = ", ".join(dict.fromkeys(str(r["config"]).split(" ")[0] for r in rows))
     lines = [f"## Export precisions on CPU: {archs}", "",
-             f"Command: `{command}`", "",
-             machine_line(), "",
+             f"Command: `{command}`", "", machine_line(), "",
              "images/s per batch size, median (min-max) over interleaved rounds of every cell of a configuration; ONNX "
              "models are the folded export (BatchNorm + LgConv); INT8 is the `cpu` flavour (u8 activations, s8 "
              "weights, head in float) calibrated on 256 training images; `distilled`: the same after the export's "

@@ -104,8 +104,6 @@ def mean_std(values: list[float]) -> str:
     return f"{np.mean(values):.2f} ± {np.std(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
-
-
 def bundle(names: list[str], out: Path) -> None:
     """Write each development set in the user's view into ``out/<set>/``: ``labels.csv`` (train and val: their one
     observed label; test: full), ``classes.txt``, ``images/`` at the runs' size and ``hidden.npz`` (full val labels)."""
@@ -138,8 +136,7 @@ def bundle(names: list[str], out: Path) -> None:
 
 def label_free_k(out: Path, name: str, seed: int) -> float:
     """k as the head alone estimates it without labels, at its label-free pick (what ``--method auto`` gives)."""
-    record = json.loads((out / f"{name}-seed{seed}-{HEAD}.json").read_text())
-    per = record["per_epoch"]
+    per = json.loads((out / f"{name}-seed{seed}-{HEAD}.json").read_text())["per_epoch"]
     return per[pick(per, CRITERION)]["k"]
 
 
@@ -200,17 +197,15 @@ def report(out: Path, note: str = "") -> str:
         "`bash bench/fine_tune_e2e.sh BUNDLE`, then `python -m bench.fine_tune_e2e report` (and `plot`)", "",
         f"Machine: {device}, PyTorch {torch.__version__}; bf16 autocast and channels_last (the package's `auto`)", "",
         "Each set as a user holds it (one label per training and validation image, test fully labelled and only "
-        "scoring), EfficientNet-Lite0 ImageNet at 224 px, batch 32: LinearInit's head (25 epochs on fixed "
-        "features), then the whole network 15 epochs with the candidate's settings. Picked = the epoch "
-        f"`{CRITERION}` picks over both phases, patience {PATIENCE} counted from the start of the end-to-end "
-        "phase: what the user gets. Head alone = `--trainable head --method an --lr 0.002` at its pick, same seed; "
-        "k for the methods that need it = the head alone's label-free estimate. Selection loss = the best "
-        "epoch's test mAP minus the picked one's. Val (hidden) = the full val labels at the pick, which only score.",
-        "",
+        "scoring), EfficientNet-Lite0 ImageNet at 224 px, batch 32: LinearInit's head (25 epochs on fixed features), "
+        f"then the whole network 15 epochs with the candidate's settings. Picked = the epoch `{CRITERION}` picks over "
+        f"both phases, patience {PATIENCE} counted from the start of the end-to-end phase: what the user gets. Head "
+        "alone = `--trainable head --method an --lr 0.002` at its pick, same seed; k for the methods that need it = "
+        "the head alone's label-free estimate. Selection loss = the best epoch's test mAP minus the picked one's. Val "
+        "(hidden) = the full val labels at the pick, which only score.", "",
         "| set | candidate | seeds | picked test mAP | vs head alone, same seed | picked end to end | selection loss "
         "| val mAP (hidden) | s per epoch per 1,000 images |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+        "|---|---|---|---|---|---|---|---|---|"]
     tags = list(dict.fromkeys(r["tag"] for r in runs))
     for name in dict.fromkeys(r["dev_set"] for r in runs):
         for tag in tags:

@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.results_page import add_page_options, publish
+from bench.results_page import add_page_options, machine_line, publish
 
 NUM_CLASSES = 80  # COCO's label count
 
@@ -57,11 +58,7 @@ SETTINGS = [
 
 def gpu_counts(available: int) -> list[int]:
     """The DDP sizes to run: powers of two below ``available``, then ``available`` itself."""
-    counts, n = [], 1
-    while n < available:
-        counts.append(n)
-        n *= 2
-    return [*counts, available] if available >= 1 else []
+    return [*(2**i for i in range((available - 1).bit_length())), available] if available >= 1 else []
 
 
 def scaling_rows(images_per_s: dict[int, float]) -> list[tuple[int, float, float]]:
@@ -100,15 +97,16 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, setting: Train
     return step
 
 
-def time_steps(step: Callable[[], None], batch: int, steps: int, warmup: int) -> float:
-    """Images/s of ``step`` over ``steps`` calls after ``warmup`` calls (CUDA synchronised)."""
+def time_steps(step: Callable[[], Any], batch: int, steps: int, warmup: int, cuda_sync: bool = True) -> float:
+    """Images/s of ``step`` over ``steps`` calls after ``warmup`` calls (CUDA synchronised if ``cuda_sync``)."""
+    sync = torch.cuda.synchronize if cuda_sync else lambda: None
     for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    sync()
     return batch * steps / (time.perf_counter() - start)
 
 
@@ -187,17 +185,9 @@ def bench_onnx(args: argparse.Namespace, folder: Path) -> list[tuple[str, float]
     rows = []
     for label, path in (("fp32", fp32), ("fp16", fp16)):
         session = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
-        name = session.get_inputs()[0].name
-
-        def run(session: Any = session, name: str = name) -> None:
-            session.run(None, {name: x})
-
-        for _ in range(args.warmup):
-            run()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            run()
-        rows.append((label, args.infer_batch * args.steps / (time.perf_counter() - start)))
+        feed = {session.get_inputs()[0].name: x}
+        run = partial(session.run, None, feed)
+        rows.append((label, time_steps(run, args.infer_batch, args.steps, args.warmup, cuda_sync=False)))
         print(f"ONNX Runtime CUDA {label}: {rows[-1][1]:.1f} img/s", file=sys.stderr)
     return rows
 
@@ -254,8 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU visible: nothing to benchmark (run python -m bench.gpu on a machine with NVIDIA GPUs)")
         return 0
-    from bench.results_page import machine_line
-
     with tempfile.TemporaryDirectory() as tmp:
         train = bench_training(args)
         ddp = bench_ddp(args, Path(tmp))

@@ -35,9 +35,7 @@ def read_section(name: str, page: Path = PAGE) -> str | None:
     start, end = _markers(name)
     text = page.read_text() if page.exists() else ""
     i, j = text.find(start), text.find(end)
-    if i < 0 or j < i:
-        return None
-    return text[i + len(start):j].strip("\n")
+    return None if i < 0 or j < i else text[i + len(start):j].strip("\n")
 
 
 def write_section(name: str, markdown: str, page: Path = PAGE) -> Path:
@@ -91,9 +89,8 @@ def publish(name: str, markdown: str, page: Path = PAGE) -> Path:
 
 def gpu_names() -> list[str]:
     """The names of the visible CUDA devices (empty without CUDA)."""
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [torch.cuda.get_device_name(i) for i in range(count)]
 
 
 def threads_text(n: int) -> str:

@@ -29,6 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.results_page import add_page_options, command_line, machine_line, publish
+from bench.timing import Spread, interleaved_order
+
 ENGINES = ("local", "ray")
 
 
@@ -47,10 +50,8 @@ def make_model(root: Path, image_size: int, calibration: Path) -> Path:
 
 def peak_rss_mb(pid: int) -> int:
     """Peak resident memory of process ``pid`` (``VmHWM``: unlike ``ru_maxrss``, not inherited from a parent)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) // 1024
-    return 0
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next((int(line.split()[1]) // 1024 for line in lines if line.startswith("VmHWM:")), 0)
 
 
 class ActorMemory:
@@ -171,8 +172,6 @@ def scores(path: Path) -> dict[str, list[float]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (or, with ``--child``, one engine of it) and write its results section."""
-    from bench.results_page import add_page_options
-
     parser = argparse.ArgumentParser(prog="python -m bench.tag_engines", description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=1200, help="number of JPEGs (default: %(default)s)")
     parser.add_argument("--width", type=int, default=800, help="JPEG width in pixels (default: %(default)s)")
@@ -197,7 +196,6 @@ def main(argv: list[str] | None = None) -> int:
             or args.images < 2:
         parser.error("every option must be >= 1 (--images >= 2)")
     from bench.tag_speed import make_jpegs
-    from bench.timing import interleaved_order
 
     rows = []
     load = [os.getloadavg()[0]]
@@ -225,15 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def publish_results(
-    args: argparse.Namespace, argv: list[str] | None, rows: list[tuple[int, dict, float]], load: list[float]
-) -> None:
+def publish_results(args: argparse.Namespace, argv: list[str] | None, rows: list[tuple[int, dict, float]],
+                    load: list[float]) -> None:
     """Write the section: one line per regime and engine (median (min-max) over the repeats), the paired ratio, the
     command, the machine and its load (the 1-minute load average at the start and at the end: above the CPU count,
     other work shared the CPUs)."""
-    from bench.results_page import command_line, machine_line, publish
-    from bench.timing import Spread
-
     lines = ["## Tagging engines: local vs Ray", "", "```", command_line("bench.tag_engines", argv), "```", "",
              f"{args.images} JPEGs of {args.width}x{args.height} px, random resnet18 exported to ONNX (ONNX Runtime, "
              f"CPU), batch {args.batch_size}; each engine in a fresh process, `python -m serve tag`'s pipeline. Ray: "

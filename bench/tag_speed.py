@@ -157,8 +157,7 @@ def measure(predictor: Predictor, folder: Path, paths: list[Path], output: Path,
     result = {name: Spread.of(values) for name, values in rates.items()}
     result["share"] = Spread.of([t / m for t, m in zip(rates["tagger"], rates["model_only"], strict=True)])
     if with_loader:
-        result["decode_share"] = Spread.of([t / d for t, d in zip(rates["tagger"], rates["loader_only"],
-                                                                  strict=True)])
+        result["decode_share"] = Spread.of([t / d for t, d in zip(rates["tagger"], rates["loader_only"], strict=True)])
         bounds = [1 / (1 / m + 1 / d) for m, d in zip(rates["model_only"], rates["loader_only"], strict=True)]
         result["shared_bound"] = Spread.of(bounds)
         result["bound_share"] = Spread.of([t / b for t, b in zip(rates["tagger"], bounds, strict=True)])
@@ -195,18 +194,16 @@ def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, 
     lines = ["## Tagging real photos with the default model (CPU, local engine)", "",
              f"Command: `{command_line('bench.tag_speed', argv)}`", "", machine_line(), "",
              f"{args.images} JPEGs per size, each a random 4:3 crop (70-100% of the largest) of one of {len(photos)} "
-             f"photographs in `{args.photos}`, resized (Lanczos) and saved at quality 90; sizes above the "
-             "photograph's own are upscaled. Batch "
-             f"{args.batch_size}, {decode_threads()} decode threads. Model-only = the runtime on preprocessed "
-             "batches; loader-only = as many decode threads with no model (reduced-scale JPEG decoding, resize, "
-             "read-ahead window); tagger = `serve.tag_folder` end to end. The three ran "
+             f"photographs in `{args.photos}`, resized (Lanczos) and saved at quality 90; sizes above the photograph's "
+             f"own are upscaled. Batch {args.batch_size}, {decode_threads()} decode threads. Model-only = the runtime "
+             "on preprocessed batches; loader-only = as many decode threads with no model (reduced-scale JPEG "
+             "decoding, resize, read-ahead window); tagger = `serve.tag_folder` end to end. The three ran "
              f"{args.repeats} time(s), interleaved: median (min-max). Decoding share = tagger img/s / loader-only "
              "img/s, the share of the tagger's time the loader alone needs (near 100%: decoding limits the tagger). "
-             "Shared-core bound = 1 / (1 / model-only + 1 / loader-only): the rate when decoding and the model, "
-             "each using every core, take turns on the same cores; a tagger cannot do better when both need all of "
-             "them. What was tried to close the rest: [docs/tagging-at-scale.md](../docs/tagging-at-scale.md#memory-"
-             "and-speed).",
-             "", "| model | backend | photos | model-only img/s | loader-only img/s | tagger img/s | "
+             "Shared-core bound = 1 / (1 / model-only + 1 / loader-only): the rate when decoding and the model, each "
+             "using every core, take turns on the same cores; a tagger cannot do better when both need all of them. "
+             "What was tried to close the rest: [docs/tagging-at-scale.md](../docs/tagging-at-scale.md#memory-and-"
+             "speed).", "", "| model | backend | photos | model-only img/s | loader-only img/s | tagger img/s | "
              "tagger / model-only | decoding share | shared-core bound img/s | tagger / bound |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for width, height in sizes:
@@ -218,9 +215,8 @@ def photos_section(args: argparse.Namespace, argv: list[str] | None, tmp: Path, 
                         args.repeats, with_loader=True)
             print(model, width, height, r, file=sys.stderr, flush=True)
             lines.append(f"| {model.name} | {predictor.backend} | {width} x {height} | "
-                         f"{r['model_only'].text('.1f')} | {r['loader_only'].text('.1f')} | "
-                         f"{r['tagger'].text('.1f')} | "
-                         f"{r['share'].scaled(100).text('.0f', '%')} | "
+                         f"{r['model_only'].text('.1f')} | {r['loader_only'].text('.1f')} | {r['tagger'].text('.1f')} "
+                         f"| {r['share'].scaled(100).text('.0f', '%')} | "
                          f"{r['decode_share'].scaled(100).text('.0f', '%')} | {r['shared_bound'].text('.1f')} | "
                          f"{r['bound_share'].scaled(100).text('.0f', '%')} |")
     return "\n".join(lines) + "\n"
@@ -332,23 +328,18 @@ def measure_decoding(sizes: list[int], seconds: float) -> list[dict[str, float |
 
 def decoding_markdown(rows: list[dict[str, float | int | str]], command: str) -> str:
     """Section ``decode-cpu``: command, machine, and the table."""
-    lines = [
-        "## Image loading: full-size vs reduced-scale JPEG decoding (CPU, one thread)", "",
-        f"Command: `{command}`", "",
-        machine_line(), "",
-        "Time = median ms per image to decode "
-        "(PIL) and resize to the network input (torchvision, bilinear, antialiased); full and reduced are timed in "
-        "interleaved rounds. `reduced` is what training, "
-        f"evaluation, export checks, the tagger and the demo do: JPEGs are decoded at 1/2, 1/4 or 1/8 scale while "
-        f"both sides stay >= {DECODE_MARGIN}x the network input. Difference = |reduced - full| of the resized "
-        "uint8 pixels (0-255). Synthetic photo-like JPEGs, quality 90.", "",
-        "| JPEG | network input | decoded at | full ms | reduced ms | speed-up | max diff | mean diff |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['photo']} | {r['input']} px | {r['decoded']} | {r['full_ms']:.2f} | {r['reduced_ms']:.2f} | "
-            f"{float(r['full_ms']) / float(r['reduced_ms']):.1f}x | {r['max_diff']} | {float(r['mean_diff']):.2f} |")
+    lines = ["## Image loading: full-size vs reduced-scale JPEG decoding (CPU, one thread)", "",
+             f"Command: `{command}`", "", machine_line(), "",
+             "Time = median ms per image to decode (PIL) and resize to the network input (torchvision, bilinear, "
+             "antialiased); full and reduced are timed in interleaved rounds. `reduced` is what training, evaluation, "
+             "export checks, the tagger and the demo do: JPEGs are decoded at 1/2, 1/4 or 1/8 scale while both sides "
+             f"stay >= {DECODE_MARGIN}x the network input. Difference = |reduced - full| of the resized uint8 pixels "
+             "(0-255). Synthetic photo-like JPEGs, quality 90.",
+             "", "| JPEG | network input | decoded at | full ms | reduced ms | speed-up | max diff | mean diff |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['photo']} | {r['input']} px | {r['decoded']} | {r['full_ms']:.2f} | {r['reduced_ms']:.2f} | "
+              f"{float(r['full_ms']) / float(r['reduced_ms']):.1f}x | {r['max_diff']} | {float(r['mean_diff']):.2f} |"
+              for r in rows]
     return "\n".join(lines) + "\n"
 
 

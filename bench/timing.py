@@ -73,8 +73,7 @@ def time_interleaved_spread(fns: dict[str, Callable[[], Any]], budget_s: float, 
 def time_interleaved(fns: dict[str, Callable[[], Any]], budget_s: float, min_rounds: int = 3,
                      max_rounds: int = 50) -> dict[str, float]:
     """Median seconds per call of each function of ``fns``: :func:`time_interleaved_spread`'s medians."""
-    spread = time_interleaved_spread(fns, budget_s, min_rounds, max_rounds)
-    return {name: s.median for name, s in spread.items()}
+    return {name: s.median for name, s in time_interleaved_spread(fns, budget_s, min_rounds, max_rounds).items()}
 
 
 def time_call(fn: Callable[[], Any], budget_s: float, min_repeats: int = 3) -> float:

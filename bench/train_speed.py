@@ -110,14 +110,10 @@ def _markdown(results: list[dict[str, Any]], command: str) -> str:
     if gpu:
         head += " peak CUDA (MB) |"
         rule += "---|"
-    rows = []
-    for r in results:
-        row = (f"| {r['arch']} | {r.get('weights', 'none')} | {r['image_size']} | {r['batch_size']} | {r['variant']} | "
-               f"{r['input']} | "
-               f"{r['workers']} | {r['images_per_s']:.1f} | {r['seconds_per_step']:.3f} | {r['peak_rss_mb']:.0f} |")
-        if gpu:
-            row += f" {r.get('peak_cuda_mb', float('nan')):.0f} |"
-        rows.append(row)
+    rows = [f"| {r['arch']} | {r.get('weights', 'none')} | {r['image_size']} | {r['batch_size']} | {r['variant']} | "
+            f"{r['input']} | {r['workers']} | {r['images_per_s']:.1f} | {r['seconds_per_step']:.3f} | "
+            f"{r['peak_rss_mb']:.0f} |" + (f" {r.get('peak_cuda_mb', float('nan')):.0f} |" if gpu else "")
+            for r in results]
     return "\n".join([
         "## Training throughput", "",
         machine_line(f"python {platform.python_version()}", gpu=gpu), "",
@@ -252,16 +248,17 @@ class Steps:
         base = self.tmp / f"r{self._count}"
         return fresh_cache(base / "cache", self.real_cache), base / "runs"
 
-    def _add(self, name: str, value: float) -> None:
-        self.values.setdefault(name, []).append(value)
+    def _add(self, **values: float) -> None:
+        for name, value in values.items():
+            self.values.setdefault(name, []).append(value)
 
     def quick_start(self) -> None:
         """``python -m train`` from an empty cache, then ``python -m export``."""
         cache, runs = self._folders()
         seconds, run = run_command(["train", *self.extra], cache, runs)
-        self._add("quick_start_train", seconds)
+        self._add(quick_start_train=seconds)
         assert run is not None
-        self._add("quick_start_export", run_command(["export", str(run)], cache, runs)[0])
+        self._add(quick_start_export=run_command(["export", str(run)], cache, runs)[0])
 
     def fine_tune(self) -> None:
         """One epoch of the own-data default fine-tune's whole network (without LinearInit's head phase, which the
@@ -271,8 +268,8 @@ class Steps:
         assert run is not None
         info = read_run(run)
         self.notes["fine_tune_images"] = info["images"]
-        self._add("fine_tune_wall", seconds)
-        self._add("fine_tune_epoch_per_1000", 1000 * info["train_seconds"][0] / info["images"]["train"])
+        self._add(fine_tune_wall=seconds,
+                  fine_tune_epoch_per_1000=1000 * info["train_seconds"][0] / info["images"]["train"])
 
     def head_only(self) -> None:
         """``--trainable head`` with no cached features, then again with them cached."""
@@ -283,13 +280,9 @@ class Steps:
         assert run is not None
         info = read_run(run)
         images = info["images"]["train"] + info["images"]["val"]  # the feature cache's splits (test: full network)
-        self.notes["head_images"] = info["images"]
-        self.notes["head_epochs"] = len(info["train_seconds"])
-        self._add("head_cold_wall", cold)
-        self._add("head_warm_wall", warm)
-        self._add("feature_pass_per_1000", 1000 * (cold - warm) / images)
-        self._add("head_epoch", sum(info["train_seconds"]) / len(info["train_seconds"]))
-
+        self.notes.update(head_images=info["images"], head_epochs=len(info["train_seconds"]))
+        self._add(head_cold_wall=cold, head_warm_wall=warm, feature_pass_per_1000=1000 * (cold - warm) / images,
+                  head_epoch=sum(info["train_seconds"]) / len(info["train_seconds"]))
 
     def auto_head(self) -> None:
         """``--method auto --trainable head`` with no cached features."""
@@ -297,9 +290,8 @@ class Steps:
         seconds, run = run_command(["train", "--data", self.data, "--method", "auto", "--trainable", "head",
                                     *self.extra], cache, runs)
         assert run is not None
-        info = read_run(run)
-        self.notes["auto_images"] = info["images"]
-        self._add("auto_head_wall", seconds)
+        self.notes["auto_images"] = read_run(run)["images"]
+        self._add(auto_head_wall=seconds)
 
 
 def sample_csv(spec: str, count: int, folder: Path, seed: int = 0) -> str:
@@ -315,8 +307,7 @@ def sample_csv(spec: str, count: int, folder: Path, seed: int = 0) -> str:
     rows = ["image,labels,split"]
     for split in ("train", "val", "test"):
         part = getattr(data, split)
-        for path, labels in zip(part.paths if part is not None else [], part.labels if part is not None else [],
-                                strict=True):
+        for path, labels in zip(part.paths, part.labels, strict=True) if part is not None else []:
             if len(rows) > count:
                 break
             names = [data.classes[j] for j in np.flatnonzero(labels)]
@@ -349,18 +340,14 @@ def to_markdown(values: dict[str, Spread], notes: dict[str, Any], data: str, rep
         f"Command: `{command}`", "", machine_line(), "",
         "Each step is its own process with a fresh cache (links to the rendered datasets only: the built-in images and "
         f"the features are computed as on a first run) and a fresh runs folder; {repeats} repeat(s) interleaved, "
-        f"median (min-max).{sizes}", "",
-        "| step | command | measured |",
-        "|---|---|---|",
-    ]
+        f"median (min-max).{sizes}", "", "| step | command | measured |", "|---|---|---|"]
     if "quick_start_train" in values:
         lines += [f"| quick start, training | `python -m train{plus}` (built-in data generated first) | "
                   f"{minutes('quick_start_train')} |",
                   f"| quick start, export | `python -m export RUN` | {seconds('quick_start_export')} |"]
     if "fine_tune_wall" in values:
         lines.append(f"| own-data fine-tune, one epoch | `python -m train --data {data} {shlex.join(FINE_TUNE_EPOCH)}"
-                     f"{plus}` | "
-                     f"{seconds('fine_tune_epoch_per_1000')} per 1,000 training images (run: "
+                     f"{plus}` | {seconds('fine_tune_epoch_per_1000')} per 1,000 training images (run: "
                      f"{minutes('fine_tune_wall')}) |")
     if "head_cold_wall" in values:
         head = notes["head_images"]

@@ -107,6 +107,11 @@ def test_an_audit_replaces_or_vetoes_the_label_free_pick() -> None:
     chosen, first = choose_on_scores(two, baseline, observed, (rows, full[rows]), criterion="observed-map")
     assert first == Candidate("role", 1e-2) and chosen == baseline
     assert choose_on_scores(two, baseline, observed, None, criterion="observed-map")[0] == Candidate("role", 1e-2)
+    # margins out of reach: the audit can move nothing
+    assert choose_on_scores(two, baseline, observed, (rows, full[rows]), criterion="observed-map",
+                            margins=(1e9, 1e9))[0] == Candidate("role", 1e-2)
+    assert choose_on_scores(results(), baseline, observed, (rows, full[rows]), criterion="observed-map",
+                            margins=(1e9, 1e9))[0] == label_free
     # best on the audited rows, below the baseline by the label-free scores elsewhere: not a contender
     only_audited = _ranked(full, 0.3, rng)
     only_audited[rows] = _ranked(full, 8.0, rng)[rows]

@@ -67,8 +67,8 @@ SWITCH_Z = 1.645
 AUDIT_CRITERION = "observed-auc"
 #: The least number of audited training or validation images the choice is made on.
 MIN_AUDITED = 10
-#: The audit replaces the label-free pick by a candidate that passed its test at this many standard errors, and sends
-#: the choice back to the baseline at VETO_Z (one-sided 95%; measured on the development sets: docs/choosing.md).
+#: An audit's margins in standard errors: a candidate that passed the label-free test replaces the pick at AUDIT_Z, the
+#: baseline replaces that at VETO_Z (picked on the validation images the audits left out: docs/choosing.md).
 AUDIT_Z, VETO_Z = 0.5, 1.645
 #: Bootstrap resamples of the scored images for a paired difference.
 RESAMPLES = 200
@@ -445,12 +445,12 @@ def _score_all(first: list[Candidate], rest: list[Candidate], shared: _Shared,
 
 def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observed: np.ndarray,
                      audit: tuple[np.ndarray, np.ndarray] | None = None, criterion: str = CHOICE_CRITERION,
-                     label_free: Candidate | None = None) -> tuple[Candidate, Candidate]:
-    """The choice from the candidates' cross-fitted scores and the observed labels (:func:`pick` guarded by
-    :data:`GUARD_CRITERION`); with ``audit`` (rows, full labels), a candidate that passed that test replaces the pick
-    when it beats it by :data:`AUDIT_Z` standard errors of :data:`AUDIT_CRITERION`, and the baseline replaces that
-    choice at :data:`VETO_Z`. ``label_free``: the pick when known (the results then carry its ``qualified`` marks).
-    Returns (the choice, the label-free pick)."""
+                     label_free: Candidate | None = None, margins: tuple[float, float] = (AUDIT_Z, VETO_Z),
+                     ) -> tuple[Candidate, Candidate]:
+    """(The choice, the label-free pick) from the candidates' cross-fitted scores and the observed labels (:func:`pick`
+    guarded by :data:`GUARD_CRITERION`); with ``audit`` (rows, full labels), a candidate that passed that test replaces
+    the pick when it beats it by ``margins[0]`` standard errors of :data:`AUDIT_CRITERION`, the baseline replaces that
+    choice at ``margins[1]``. ``label_free``: the pick when known (the results carry its ``qualified`` marks)."""
     if label_free is None:
         label_free = pick(results, baseline, CRITERIA[criterion], observed, CRITERIA[GUARD_CRITERION])
     if audit is None:
@@ -461,8 +461,8 @@ def choose_on_scores(results: list[CandidateResult], baseline: Candidate, observ
                                    score=_rows_score(criterion, r.val_logits[rows], labels)) for r in results
                if r.val_logits is not None and not r.failed and (r.qualified or r.candidate in (label_free, baseline))]
     chosen = pick([r for r in audited if r.candidate != baseline or baseline == label_free], label_free, criterion,
-                  labels, z=AUDIT_Z)
-    vetoed = pick([r for r in audited if r.candidate in (chosen, baseline)], chosen, criterion, labels, z=VETO_Z)
+                  labels, z=margins[0])
+    vetoed = pick([r for r in audited if r.candidate in (chosen, baseline)], chosen, criterion, labels, z=margins[1])
     return vetoed, label_free
 
 
