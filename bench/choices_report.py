@@ -525,8 +525,8 @@ def summary_section(devs: dict[str, DevData], titles: dict[str, str], command: s
               "`an`.", "", *test, "", "The margins were picked on what the audit did not see: the validation images "
               "left out of each list, scored by their hidden full labels (test only scores). Each cell: val mAP of "
               "the choice - the label-free pick's (mean over seeds and lists) / worst seed: choice - `an` (the "
-              "label-free pick - `an` on the same images); `report --audit-margins Z,V` measures other margins.",
-              "", *held]
+              "label-free pick - `an` on the same images); `report --audit-margins Z,V --page FILE` measures other "
+              "margins.", "", *held]
     lines += ["", "How the switching rule was picked: `python -m bench.choices report --rules` compared seven rules on "
               "these measurements (docs/choosing.md); that generator was removed at commit eafb47c."]
     return "\n".join(lines) + "\n"
