@@ -200,6 +200,12 @@ class ChooserOutcome:
     # the choice's minus the label-free pick's and minus an's (the figures the audit margins were picked by)
 
 
+def _candidate(name: str) -> Candidate:
+    """``method@lr`` as a candidate."""
+    method, lr = name.rsplit("@", 1)
+    return Candidate(method, float(lr))
+
+
 def crossfit_results(cf: Measurement, criterion: str) -> list[CandidateResult]:
     """The candidates ``--method auto`` compares (the product's :func:`train.candidate_methods` at the measured
     learning rates) with their cross-fitted scores of one measurement, scored by ``criterion`` against the observed
@@ -208,22 +214,15 @@ def crossfit_results(cf: Measurement, criterion: str) -> list[CandidateResult]:
     allowed = {BASELINE, *candidate_methods(labels)}
     results = []
     for name, entry in cf.record["candidates"].items():
-        method, lr = name.rsplit("@", 1)
-        if method not in allowed:
+        if (candidate := _candidate(name)).method not in allowed:
             continue
-        result = CandidateResult(Candidate(method, float(lr)), failed=entry.get("failed", ""))
+        result = CandidateResult(candidate, failed=entry.get("failed", ""))
         if not result.failed:
             result.val_logits = cf.arrays[f"{name}/oof"].astype(np.float32)
             keep = ~np.isnan(result.val_logits).any(1)
             result.score = float(LABEL_FREE_CRITERIA[criterion](result.val_logits[keep], labels[keep]))
         results.append(result)
     return results
-
-
-def _candidate(name: str) -> Candidate:
-    """``method@lr`` as a candidate."""
-    method, lr = name.rsplit("@", 1)
-    return Candidate(method, float(lr))
 
 
 def chooser_outcome(dev: DevData, seed: int, audit_rows: np.ndarray | None = None,
@@ -385,9 +384,7 @@ def tags_row(dev: DevData, seed: int, chosen: str, k: float, mode: str = "rate",
     m = dev.by_seed.get(seed, {}).get(DEFAULT_BATCH)
     if m is None:
         return None
-    method, lr = chosen.rsplit("@", 1)
-    val = m.logits_at(method, float(lr), "val", selection)
-    test = m.logits_at(method, float(lr), "test", selection)
+    val, test = (m.logits_at(*astuple(_candidate(chosen)), split, selection) for split in ("val", "test"))
     val_p, test_p = 1 / (1 + np.exp(-val.astype(np.float64))), 1 / (1 + np.exp(-test.astype(np.float64)))
     thresholds = np.asarray(calibrate(val_p, m.arrays["val_observed"], f"{mode}:{k:g}").thresholds)
     labels = m.arrays["test_labels"]
